@@ -1,0 +1,59 @@
+"""The Bus seam: what agents and the coordinator need from a message bus, and nothing more.
+
+Two implementations pass the same contract tests (``tests/contract/test_bus_contract.py``):
+:class:`ftd.bus.mqtt.MqttBus` (aiomqtt, the only module that imports it) and
+:class:`ftd.bus.memory.MemoryBus` (in-process, for unit tests and the simulator).
+
+Semantics, whichever the implementation:
+
+* ``publish`` returns once the broker has the message (QoS 1 PUBACK); it raises
+  :class:`BusUnavailable` while disconnected, so the caller decides whether to queue or drop.
+* ``subscribe`` patterns are remembered and re-established after every reconnect.
+* ``messages()`` yields every delivered message (at-least-once: duplicates are possible).
+* ``will`` is published by the broker if the client vanishes without a clean ``stop``;
+  ``birth`` is published (retained) on every (re)connect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class BusUnavailable(ConnectionError):
+    """The bus is not connected right now; try again later."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    topic: str
+    payload: bytes
+    retain: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LastWill:
+    topic: str
+    payload: bytes
+    retain: bool = True
+
+
+class Bus(Protocol):
+    @property
+    def connected(self) -> bool: ...
+
+    async def start(self) -> None:
+        """Begin connecting (in the background); returns without waiting for the broker."""
+
+    async def wait_connected(self, timeout: float | None = None) -> bool:
+        """Wait until connected; False on timeout."""
+
+    async def stop(self) -> None:
+        """Disconnect cleanly (the broker does not publish the will)."""
+
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None: ...
+
+    async def subscribe(self, pattern: str) -> None: ...
+
+    def messages(self) -> AsyncIterator[Message]: ...

@@ -1,0 +1,98 @@
+"""Topic names (v1) and MQTT wildcard matching.
+
+Every topic ftd uses is built here so a typo cannot invent a new one. Layout (DESIGN §4)::
+
+    ftd/v1/nodes/{node}/status              retained NodeStatus; Last Will says offline
+    ftd/v1/nodes/{node}/events/{kind}       Event
+    ftd/v1/nodes/{node}/conditions/{type}   retained, on change
+    ftd/v1/nodes/{node}/jobs/{job}          retained JobPresence (empty payload clears)
+    ftd/v1/nodes/{node}/acks                Ack from a trainer, relayed by the agent
+    ftd/v1/nodes/{node}/directives          Directive, coordinator -> agent
+    ftd/v1/jobs/{job}/directives            Directive, coordinator -> every agent hosting the job
+    ftd/v1/actions/{id}/{phase}             action lifecycle, coordinator only
+
+Everything a node publishes lives under its own ``nodes/{node}/`` subtree, except ``directives``,
+which only the coordinator may write; the Mosquitto ACL in ``deploy/mosquitto`` enforces that.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "ftd/v1"
+
+# Names that appear as one topic level: no wildcards, no separators, no NUL, not empty.
+_LEVEL_RE = re.compile(r"^[^/#+\x00]{1,128}$")
+
+
+class TopicError(ValueError):
+    pass
+
+
+def check_level(value: str, what: str = "name") -> str:
+    if not _LEVEL_RE.match(value):
+        raise TopicError(f"invalid {what} {value!r}: must be 1-128 chars without '/', '+', '#' or NUL")
+    return value
+
+
+def node_status(node: str) -> str:
+    return f"{PREFIX}/nodes/{check_level(node, 'node')}/status"
+
+
+def node_event(node: str, kind: str) -> str:
+    return f"{PREFIX}/nodes/{check_level(node, 'node')}/events/{check_level(kind, 'kind')}"
+
+
+def node_condition(node: str, type_: str) -> str:
+    return f"{PREFIX}/nodes/{check_level(node, 'node')}/conditions/{check_level(type_, 'condition')}"
+
+
+def node_job(node: str, job: str) -> str:
+    return f"{PREFIX}/nodes/{check_level(node, 'node')}/jobs/{check_level(job, 'job')}"
+
+
+def node_acks(node: str) -> str:
+    return f"{PREFIX}/nodes/{check_level(node, 'node')}/acks"
+
+
+def node_directives(node: str) -> str:
+    return f"{PREFIX}/nodes/{check_level(node, 'node')}/directives"
+
+
+def job_directives(job: str) -> str:
+    return f"{PREFIX}/jobs/{check_level(job, 'job')}/directives"
+
+
+def action_phase(action_id: str, phase: str) -> str:
+    return f"{PREFIX}/actions/{check_level(action_id, 'action id')}/{check_level(phase, 'phase')}"
+
+
+# Subscription patterns.
+ALL_NODE_EVENTS = f"{PREFIX}/nodes/+/events/+"
+ALL_NODE_STATUS = f"{PREFIX}/nodes/+/status"
+ALL_NODE_JOBS = f"{PREFIX}/nodes/+/jobs/+"
+ALL_NODE_ACKS = f"{PREFIX}/nodes/+/acks"
+ALL_JOB_DIRECTIVES = f"{PREFIX}/jobs/+/directives"
+
+
+def matches(pattern: str, topic: str) -> bool:
+    """MQTT 3.1.1 topic-filter matching (``+`` one level, ``#`` the rest, ``$``-topics excluded)."""
+    if topic.startswith("$") and not pattern.startswith("$"):
+        return False
+    p_levels = pattern.split("/")
+    t_levels = topic.split("/")
+    for i, p in enumerate(p_levels):
+        if p == "#":
+            return True  # '#' also matches the parent level itself ("a/#" matches "a")
+        if i >= len(t_levels):
+            return False
+        if p != "+" and p != t_levels[i]:
+            return False
+    return len(p_levels) == len(t_levels)
+
+
+def parse(topic: str) -> tuple[str, ...]:
+    """Split a v1 topic into its levels after the prefix; raise TopicError for foreign topics."""
+    if not topic.startswith(PREFIX + "/"):
+        raise TopicError(f"not an ftd v1 topic: {topic!r}")
+    return tuple(topic[len(PREFIX) + 1 :].split("/"))

@@ -1,0 +1,213 @@
+"""Wire types: everything that crosses the bus or the agent's local socket.
+
+One envelope (:class:`Event`) carries every observation a node makes; directives, acknowledgements,
+job presence and node status have their own small structs. All are frozen msgspec Structs encoded as
+JSON: decoding is *strict about types* (a string where an int belongs is an error) and *tolerant of
+unknown fields* (a newer agent may add fields an older coordinator ignores). ``schema`` is the
+envelope version; a receiver rejects versions it does not know.
+
+Kinds and severities are closed sets (:class:`Kind`, :class:`Severity`): a payload naming an unknown
+kind is a decode error, counted and logged by the receiver, never fatal.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import time
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class Kind(enum.StrEnum):
+    """Every event kind an agent may publish. Adding one is a (compatible) schema change."""
+
+    XID = "xid"
+    SXID = "sxid"
+    GPU_FALLEN_OFF_BUS = "gpu_fallen_off_bus"
+    GPU_HEALTH = "gpu_health"
+    ECC = "ecc"
+    ROW_REMAP = "row_remap"
+    THERMAL = "thermal"
+    GPU_MISSING = "gpu_missing"
+    PCIE_AER = "pcie_aer"
+    OOM_KILL = "oom_kill"
+    HUNG_TASK = "hung_task"
+    IB_LINK = "ib_link"
+    LOG_PATTERN = "log_pattern"
+    LOG_STALE = "log_stale"
+    FS_FILL = "fs_fill"
+    MEM_PRESSURE = "mem_pressure"
+    RANK_HEARTBEAT_LOST = "rank_heartbeat_lost"
+    RANK_STRAGGLER = "rank_straggler"
+    AGENT_HEALTH = "agent_health"
+    NODE_OFFLINE = "node_offline"
+    OPERATOR_REQUEST = "operator_request"
+
+
+class Severity(enum.StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANK[self]
+
+
+_SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2, Severity.CRITICAL: 3}
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """The envelope of every observation. ``id`` is unique so receivers can drop QoS-1 duplicates."""
+
+    schema: int = SCHEMA_VERSION
+    id: str
+    ts: float
+    node: str
+    kind: Kind
+    severity: Severity
+    source: str
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+    count: int = 1  # >1 when storm control collapsed identical events into this one
+
+
+DirectiveAction = Literal["save", "stop", "resume", "gpu_reset"]
+
+
+class Directive(msgspec.Struct, frozen=True, kw_only=True):
+    """Coordinator -> agent(s) -> trainers. Sent on a job's or a node's directive topic."""
+
+    schema: int = SCHEMA_VERSION
+    id: str
+    ts: float
+    action: DirectiveAction
+    job: str | None = None
+    node: str | None = None
+    reason: str = ""
+    deadline_s: float | None = None
+    action_id: str | None = None  # the coordinator action this directive belongs to
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Ack(msgspec.Struct, frozen=True, kw_only=True):
+    """A trainer rank's answer to a directive (saved, or could not), relayed by its node's agent."""
+
+    schema: int = SCHEMA_VERSION
+    directive_id: str
+    job: str
+    rank: int
+    node: str
+    ok: bool = True
+    step: int | None = None
+    path: str | None = None
+    reason: str = ""
+    ts: float = 0.0
+
+
+class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
+    rank: int
+    local_rank: int | None = None
+    pid: int | None = None
+    step: int | None = None
+    last_beat: float | None = None
+
+
+class JobPresence(msgspec.Struct, frozen=True, kw_only=True):
+    """Retained per (node, job): which ranks of a job run on a node. An empty payload clears it."""
+
+    schema: int = SCHEMA_VERSION
+    job: str
+    node: str
+    ranks: list[RankInfo] = msgspec.field(default_factory=list)
+    ts: float = 0.0
+
+
+NodeState = Literal["online", "offline"]
+
+
+class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Retained node status; the MQTT Last Will publishes ``offline`` when the agent dies."""
+
+    schema: int = SCHEMA_VERSION
+    node: str
+    state: NodeState
+    ts: float = 0.0
+    agent_version: str = ""
+
+
+class DecodeError(ValueError):
+    """A payload that is not valid for its type. Receivers count and log it, then move on."""
+
+
+_T = TypeVar("_T")
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+def encode(obj: msgspec.Struct) -> bytes:
+    return _encoder.encode(obj)
+
+
+def decode(payload: bytes | str, type_: type[_T]) -> _T:
+    """Decode ``payload`` as ``type_``; raise :class:`DecodeError` with a readable reason."""
+    decoder = _decoders.get(type_)
+    if decoder is None:
+        decoder = _decoders[type_] = msgspec.json.Decoder(type_)
+    try:
+        obj = decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(str(exc)) from None
+    schema = getattr(obj, "schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        raise DecodeError(f"unsupported schema version {schema} (this ftd speaks {SCHEMA_VERSION})")
+    return obj
+
+
+def to_builtins(obj: msgspec.Struct) -> dict[str, Any]:
+    result: dict[str, Any] = msgspec.to_builtins(obj)
+    return result
+
+
+# --- identifiers -------------------------------------------------------------------------------
+
+_seq = itertools.count()
+_boot = f"{os.getpid():x}{time.time_ns() & 0xFFFFFF:06x}"
+
+
+def new_id(prefix: str) -> str:
+    """A unique, roughly time-ordered id: ``{prefix}-{ms since epoch}-{process tag}-{seq}``.
+
+    ``prefix`` is normally the node name, so ids from different nodes can never collide, and the
+    process tag keeps ids unique across restarts of the same agent.
+    """
+    return f"{prefix}-{time.time_ns() // 1_000_000:x}-{_boot}-{next(_seq):x}"
+
+
+def make_event(
+    node: str,
+    kind: Kind | str,
+    *,
+    severity: Severity | str = Severity.WARNING,
+    source: str = "test",
+    data: dict[str, Any] | None = None,
+    ts: float | None = None,
+    count: int = 1,
+    id: str | None = None,
+) -> Event:
+    """Build a well-formed event (used by watchers, the simulator and rule authors' tests)."""
+    return Event(
+        id=id or new_id(node),
+        ts=time.time() if ts is None else ts,
+        node=node,
+        kind=Kind(kind),
+        severity=Severity(severity),
+        source=source,
+        data=dict(data or {}),
+        count=count,
+    )
