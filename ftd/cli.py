@@ -1,0 +1,55 @@
+"""The ``ftd`` command: a thin dispatcher over :mod:`ftd.commands` (DESIGN §9, a stable contract)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ftd import __version__
+
+# Sub-command modules, in the order `ftd --help` lists them.
+COMMAND_MODULES = (
+    "ftd.commands.daemons",  # agent, coordinator
+    "ftd.commands.check_config",
+    "ftd.commands.demo",
+    "ftd.commands.parse",
+    "ftd.commands.xid",
+    "ftd.commands.bench",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ftd", description="Fault-tolerance daemon for GPU training clusters.")
+    parser.add_argument("--version", action="version", version=f"ftd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # a command not built yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `ftd parse kmsg big.log | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
