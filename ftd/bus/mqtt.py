@@ -1,0 +1,187 @@
+"""The MQTT bus on aiomqtt — the only module in ftd that imports aiomqtt.
+
+A background task owns the connection: it connects, publishes the retained *birth* message (the
+node's ``online`` status), re-subscribes every remembered pattern, then pumps incoming messages into a
+queue. When the connection drops it reconnects with exponential backoff and full jitter (so a
+restarted broker is not hit by every node in the same millisecond).
+
+Sessions are persistent (``clean_session=False`` with a stable client id): QoS 1 messages published
+to a briefly disconnected coordinator wait in the broker. ``publish`` is QoS 1 and returns on PUBACK;
+while disconnected it raises :class:`~ftd.bus.base.BusUnavailable` at once instead of blocking, so
+the agent's outbox keeps the event and retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import ssl
+from collections.abc import AsyncIterator
+
+import aiomqtt
+
+from ftd.bus.base import BusUnavailable, LastWill, Message
+from ftd.logs import get_logger
+
+log = get_logger(__name__)
+
+_QOS = 1
+
+
+class MqttBus:
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        client_id: str,
+        username: str | None = None,
+        password: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
+        keepalive_s: int = 5,
+        will: LastWill | None = None,
+        birth: Message | None = None,
+        clean_session: bool = False,
+        reconnect_min_s: float = 0.2,
+        reconnect_max_s: float = 10.0,
+        publish_timeout_s: float = 10.0,
+    ) -> None:
+        self.host, self.port, self.client_id = host, port, client_id
+        self._username, self._password, self._tls = username, password, tls_context
+        self._keepalive = keepalive_s
+        self._will, self._birth = will, birth
+        self._clean_session = clean_session
+        self._backoff = (reconnect_min_s, reconnect_max_s)
+        self._publish_timeout = publish_timeout_s
+        self._patterns: list[str] = []
+        self._queue: asyncio.Queue[Message] = asyncio.Queue()
+        self._client: aiomqtt.Client | None = None
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.connects = 0  # successful connections so far (reconnects = connects - 1)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"mqtt:{self.client_id}")
+
+    async def wait_connected(self, timeout: float | None = None) -> bool:
+        try:
+            await asyncio.wait_for(self._connected.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._connected.clear()
+
+    def abort(self) -> None:
+        """Drop the connection without DISCONNECT, as a crash would: the broker sends the will."""
+        client, task = self._client, self._task
+        self._task = None
+        if task is not None:
+            task.cancel()
+        if client is not None:
+            sock = client._client.socket()
+            if isinstance(sock, socket.socket):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._connected.clear()
+
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        client = self._client
+        if client is None or not self.connected:
+            raise BusUnavailable(f"not connected to {self.host}:{self.port}")
+        try:
+            await client.publish(topic, payload, qos=_QOS, retain=retain, timeout=self._publish_timeout)
+        except aiomqtt.MqttError as exc:
+            raise BusUnavailable(f"publish to {topic} failed: {exc}") from exc
+
+    async def subscribe(self, pattern: str) -> None:
+        if pattern in self._patterns:
+            return
+        self._patterns.append(pattern)
+        client = self._client
+        if client is not None and self.connected:
+            try:
+                await client.subscribe(pattern, qos=_QOS)
+            except aiomqtt.MqttError as exc:  # re-established on the next connect
+                log.warning("subscribe deferred", pattern=pattern, error=str(exc))
+
+    async def messages(self) -> AsyncIterator[Message]:
+        while True:
+            yield await self._queue.get()
+
+    # --- connection loop ---------------------------------------------------------------------
+
+    def _make_client(self) -> aiomqtt.Client:
+        will = None
+        if self._will is not None:
+            will = aiomqtt.Will(self._will.topic, self._will.payload, qos=_QOS, retain=self._will.retain)
+        return aiomqtt.Client(
+            self.host,
+            self.port,
+            identifier=self.client_id,
+            username=self._username,
+            password=self._password,
+            tls_context=self._tls,
+            keepalive=self._keepalive,
+            will=will,
+            clean_session=self._clean_session,
+            timeout=self._publish_timeout,
+        )
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                async with self._make_client() as client:
+                    self._client = client
+                    for pattern in self._patterns:
+                        await client.subscribe(pattern, qos=_QOS)
+                    if self._birth is not None:
+                        await client.publish(
+                            self._birth.topic, self._birth.payload, qos=_QOS, retain=self._birth.retain
+                        )
+                    self.connects += 1
+                    failures = 0
+                    self._connected.set()
+                    log.info("bus connected", broker=f"{self.host}:{self.port}", client_id=self.client_id)
+                    async for msg in client.messages:
+                        self._queue.put_nowait(Message(str(msg.topic), _as_bytes(msg.payload), msg.retain))
+            except aiomqtt.MqttError as exc:
+                was_connected = self.connected
+                self._connected.clear()
+                self._client = None
+                failures += 1
+                delay = _backoff_delay(failures, *self._backoff)
+                log_fn = log.warning if was_connected or failures == 1 else log.debug
+                log_fn("bus disconnected", error=str(exc), retry_in_s=round(delay, 3), attempt=failures)
+                await asyncio.sleep(delay)
+            finally:
+                self._connected.clear()
+                self._client = None
+
+
+def _backoff_delay(failures: int, low: float, high: float) -> float:
+    """Exponential backoff with full jitter, between ``low`` and ``high`` seconds."""
+    ceiling = min(high, low * (2 ** min(failures - 1, 16)))
+    return low + random.random() * max(0.0, ceiling - low)
+
+
+def _as_bytes(payload: object) -> bytes:
+    if isinstance(payload, bytes | bytearray):
+        return bytes(payload)
+    if payload is None:
+        return b""
+    return str(payload).encode()
