@@ -1,0 +1,195 @@
+"""The coordinator daemon: subscribes to the bus, keeps cluster state, runs the engine.
+
+Inputs (all decoded strictly; a payload that fails is counted in ``bad_messages`` and logged,
+never fatal): node events, retained node status (an ``offline`` from the Last Will becomes a
+``node_offline`` event), retained job presence, and trainer acks. A payload whose ``node`` differs
+from the node in its topic is rejected: the broker's ACL vouches for the topic, not the payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ftd.bus import topics
+from ftd.bus.base import Bus, Message
+from ftd.config import Config
+from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.drain import DrainNode, ResumeNode
+from ftd.coordinator.actions.scheduler import Scheduler
+from ftd.coordinator.actions.trainer import CheckpointRestart
+from ftd.coordinator.engine import Engine
+from ftd.coordinator.hookspecs import Executor
+from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.model import ActionKind
+from ftd.coordinator.plugins import PluginError, make_plugin_manager
+from ftd.coordinator.policy import PolicyGate
+from ftd.coordinator.state import ClusterState
+from ftd.events import Ack, DecodeError, Event, JobPresence, Kind, NodeStatus, Severity, decode
+from ftd.logs import get_logger
+from ftd.sdnotify import notify, watchdog_interval_s
+
+log = get_logger(__name__)
+
+SUBSCRIPTIONS = (topics.ALL_NODE_STATUS, topics.ALL_NODE_JOBS, topics.ALL_NODE_ACKS, topics.ALL_NODE_EVENTS)
+
+
+def make_scheduler(config: Config) -> Scheduler | None:
+    cfg = config.coordinator
+    if cfg.scheduler == "none":
+        return None
+    from ftd.coordinator.actions.slurm import SlurmScheduler
+
+    return SlurmScheduler(scontrol=cfg.slurm.scontrol, slurm_conf=cfg.slurm.slurm_conf, timeout_s=cfg.slurm.timeout_s)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        bus: Bus,
+        scheduler: Scheduler | None,
+        ledger: Ledger | None = None,
+        extra_plugins: tuple[object, ...] = (),
+    ) -> None:
+        cfg = config.coordinator
+        self.config = config
+        self.bus = bus
+        self.scheduler = scheduler
+        self.state = ClusterState()
+        self.acks = AckBook()
+        self.ledger = ledger or Ledger(cfg.ledger_path)
+        self.bad_messages = 0
+        plugins = make_plugin_manager(disabled=cfg.disabled_rules, extra=extra_plugins)
+        executors: dict[str, Executor] = {
+            ActionKind.CHECKPOINT_RESTART: CheckpointRestart(
+                publish=self._publish,
+                state=self.state,
+                acks=self.acks,
+                scheduler=scheduler,
+                save_deadline_s=cfg.save_deadline_s,
+                stop_deadline_s=cfg.stop_deadline_s,
+            ),
+        }
+        if scheduler is not None:
+            executors[ActionKind.DRAIN_NODE] = DrainNode(scheduler, self.state)
+            executors[ActionKind.RESUME_NODE] = ResumeNode(scheduler, self.state)
+        for offered in plugins.hook.ftd_register_actions():
+            for kind, executor in dict(offered or {}).items():
+                if kind in executors:
+                    raise PluginError(f"two executors for action kind {kind!r}")
+                executors[kind] = executor
+        gate = PolicyGate(
+            cooldown_s=cfg.policy.cooldown_s, dry_run=cfg.policy.dry_run, dry_run_rules=cfg.policy.dry_run_rules
+        )
+        self.engine = Engine(state=self.state, ledger=self.ledger, gate=gate, plugins=plugins, executors=executors)
+        self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], None]] = {
+            "events": self._on_event,
+            "status": self._on_status,
+            "jobs": self._on_presence,
+            "acks": self._on_ack,
+        }
+
+    async def _publish(self, topic: str, payload: bytes) -> None:
+        await self.bus.publish(topic, payload)
+
+    async def start(self) -> None:
+        for pattern in SUBSCRIPTIONS:
+            await self.bus.subscribe(pattern)
+        await self.bus.start()
+
+    async def run(self, ready: Callable[[], None] | None = None) -> None:
+        """Process bus messages until cancelled."""
+        await self.start()
+        await self.bus.wait_connected()
+        # Let retained status and job presence arrive before resuming actions that depend on them.
+        await asyncio.sleep(0.5)
+        self.engine.resume_unfinished()
+        notify("READY=1")
+        if ready is not None:
+            ready()
+        watchdog = asyncio.create_task(self._watchdog())
+        try:
+            async for message in self.bus.messages():
+                self.handle_message(message)
+        finally:
+            watchdog.cancel()
+
+    async def _watchdog(self) -> None:
+        interval = watchdog_interval_s()
+        if interval is None:
+            return
+        while True:
+            notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def close(self) -> None:
+        await self.engine.close()
+        await self.bus.stop()
+        self.ledger.close()
+
+    # --- message handling --------------------------------------------------------------------
+
+    def handle_message(self, message: Message) -> None:
+        try:
+            levels = topics.parse(message.topic)
+            if len(levels) < 3 or levels[0] != "nodes":
+                raise DecodeError("unexpected topic")
+            handler = self._handlers.get(levels[2])
+            if handler is None:
+                raise DecodeError("unexpected topic")
+            handler(levels, message)
+        except (DecodeError, topics.TopicError, ValueError) as exc:
+            self._bad(message, str(exc))
+
+    def _bad(self, message: Message, why: str) -> None:
+        self.bad_messages += 1
+        if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:
+            log.warning("bad bus message ignored", topic=message.topic, error=why[:300], total=self.bad_messages)
+
+    def _on_event(self, levels: tuple[str, ...], message: Message) -> None:
+        event = decode(message.payload, Event)
+        if event.node != levels[1]:
+            raise DecodeError(f"event for node {event.node!r} published under node {levels[1]!r}")
+        self.engine.handle_event(event)
+
+    def _on_status(self, levels: tuple[str, ...], message: Message) -> None:
+        if not message.payload:
+            return
+        status = decode(message.payload, NodeStatus)
+        if status.node != levels[1]:
+            raise DecodeError(f"status for node {status.node!r} published under node {levels[1]!r}")
+        changed = self.state.apply_status(status)
+        log.info("node status", node=status.node, state=status.state, retained=message.retain)
+        if changed and status.state == "offline":
+            self.engine.handle_event(
+                Event(
+                    id=f"{status.node}-offline-{int((status.ts or time.time()) * 1000)}",
+                    ts=status.ts or time.time(),
+                    node=status.node,
+                    kind=Kind.NODE_OFFLINE,
+                    severity=Severity.ERROR,
+                    source="coordinator",
+                    data={"jobs": self.state.jobs_on_node(status.node)},
+                )
+            )
+
+    def _on_presence(self, levels: tuple[str, ...], message: Message) -> None:
+        node, job = levels[1], levels[3]
+        presence = decode(message.payload, JobPresence) if message.payload else None
+        if presence is not None and (presence.node != node or presence.job != job):
+            raise DecodeError("job presence does not match its topic")
+        self.state.apply_presence(node, job, presence)
+
+    def _on_ack(self, levels: tuple[str, ...], message: Message) -> None:
+        ack = decode(message.payload, Ack)
+        if ack.node != levels[1]:
+            raise DecodeError(f"ack from node {ack.node!r} published under node {levels[1]!r}")
+        log.info("trainer ack", job=ack.job, rank=ack.rank, ok=ack.ok, step=ack.step, directive=ack.directive_id)
+        self.acks.record(ack)
+
+    def summary(self) -> dict[str, Any]:
+        return {**self.engine.counters, "bad_messages": self.bad_messages}

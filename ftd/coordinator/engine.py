@@ -1,0 +1,165 @@
+"""The decision engine: event -> rules -> policy gate -> ledger -> executor.
+
+For each event: drop it if the ledger has seen its id; ask every rule (each in isolation); pass each
+proposed action through the policy gate; record the verdict in the ledger *before* anything runs;
+then run allowed actions concurrently, each with its executor, and record how they ended. Nothing
+here does I/O of its own except through the ledger and the executors it was given.
+
+Observers (the demo's timeline, metrics, the API's live view) subscribe with :meth:`Engine.observe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pluggy
+
+from ftd.coordinator.hookspecs import Executor
+from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
+from ftd.coordinator.plugins import evaluate
+from ftd.coordinator.policy import PolicyGate
+from ftd.coordinator.state import ClusterState
+from ftd.events import Event, new_id
+from ftd.logs import get_logger
+
+log = get_logger(__name__)
+
+Observer = Callable[[str, Any], None]  # ("event" | "action", payload)
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        state: ClusterState,
+        ledger: Ledger,
+        gate: PolicyGate,
+        plugins: pluggy.PluginManager,
+        executors: Mapping[str, Executor],
+    ) -> None:
+        self.state = state
+        self.ledger = ledger
+        self.gate = gate
+        self.plugins = plugins
+        self.executors = dict(executors)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._observers: list[Observer] = []
+        self.counters: dict[str, int] = {
+            "events": 0, "duplicates": 0, "rule_errors": 0, "actions_started": 0, "actions_suppressed": 0,
+        }
+        self.decision_latencies: list[float] = []  # seconds from receipt to verdict, for benchmarks
+        self.gate.restore(ledger.unfinished())
+        self.gate.restore(ledger.recent(time.time() - gate.cooldown_s))
+
+    def observe(self, observer: Observer) -> None:
+        self._observers.append(observer)
+
+    def _notify(self, what: str, payload: Any) -> None:
+        for observer in self._observers:
+            try:
+                observer(what, payload)
+            except Exception:
+                log.exception("observer failed", what=what)
+
+    # --- events ------------------------------------------------------------------------------
+
+    def handle_event(self, event: Event) -> list[ActionRecord]:
+        """Decide on one event; returns the action records created (running ones continue as tasks)."""
+        received = time.perf_counter()
+        if not self.ledger.record_event(event):
+            self.counters["duplicates"] += 1
+            return []
+        self.counters["events"] += 1
+        self._notify("event", event)
+        result = evaluate(self.plugins, event, self.state)
+        for rule, error in result.errors:
+            self.counters["rule_errors"] += 1
+            log.error("rule failed; other rules still decide", rule=rule, event_id=event.id, error=error)
+        for rule, seconds in result.slow:
+            log.warning("slow rule", rule=rule, seconds=round(seconds, 4), event_id=event.id)
+        records = [self.submit(request) for request in result.requests]
+        self.decision_latencies.append(time.perf_counter() - received)
+        return records
+
+    # --- actions -----------------------------------------------------------------------------
+
+    def submit(self, request: ActionRequest) -> ActionRecord:
+        """Gate, record and (if allowed) start one action. Also the entry point for manual actions."""
+        verdict = self.gate.decide(request)
+        record = ActionRecord(id=new_id("act"), request=request, state=verdict.state)
+        if verdict.reason:
+            record.detail["policy"] = verdict.reason
+        if verdict.allowed and request.kind not in self.executors:
+            record.state = ActionState.FAILED
+            record.detail["error"] = f"no executor registered for {request.kind!r}"
+        self.ledger.save_action(record)
+        log.info(
+            "action decided", action_id=record.id, kind=request.kind, target=request.target,
+            state=str(record.state), rule=request.rule, reason=request.reason, policy=verdict.reason or None,
+        )
+        self._notify("action", record)
+        if record.state == ActionState.PENDING:
+            self._start(record)
+        elif record.state == ActionState.SUPPRESSED:
+            self.counters["actions_suppressed"] += 1
+        return record
+
+    def _start(self, record: ActionRecord) -> None:
+        self.gate.started(record)
+        self.counters["actions_started"] += 1
+        task = asyncio.create_task(self._run(record), name=f"action:{record.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, record: ActionRecord) -> None:
+        executor = self.executors[record.request.kind]
+        record.state = ActionState.RUNNING
+        self.ledger.save_action(record)
+        self._notify("action", record)
+        try:
+            detail = dict(await executor(record))
+            record.state = ActionState(detail.pop("state", ActionState.SUCCEEDED))
+            record.detail.update(detail)
+        except asyncio.CancelledError:
+            raise  # shutting down: the record stays 'running' and is resumed on the next start
+        except Exception as exc:
+            record.state = ActionState.FAILED
+            record.detail["error"] = f"{type(exc).__name__}: {exc}"
+            log.error("action failed", action_id=record.id, kind=record.request.kind,
+                      target=record.request.target, error=record.detail["error"])
+        self.gate.finished(record)
+        self.ledger.save_action(record)
+        log.info("action finished", action_id=record.id, kind=record.request.kind,
+                 target=record.request.target, state=str(record.state))
+        self._notify("action", record)
+
+    def resume_unfinished(self) -> list[ActionRecord]:
+        """Restart actions a previous run left pending or running (executors are idempotent)."""
+        resumed = self.ledger.unfinished()
+        for record in resumed:
+            if record.request.kind not in self.executors:
+                record.state = ActionState.FAILED
+                record.detail["error"] = f"no executor registered for {record.request.kind!r}"
+                self.ledger.save_action(record)
+                continue
+            log.info("resuming unfinished action", action_id=record.id, kind=record.request.kind,
+                     target=record.request.target)
+            record.detail["resumed"] = record.detail.get("resumed", 0) + 1
+            self._start(record)
+        return resumed
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no action is running; False on timeout."""
+        if not self._tasks:
+            return True
+        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+        return not pending
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

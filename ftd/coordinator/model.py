@@ -1,0 +1,59 @@
+"""What rules return and what the ledger records: action requests and their lifecycle.
+
+A rule never performs I/O; it returns :class:`ActionRequest` values. The engine passes each through
+the policy gate and, if allowed, hands it to the executor registered for its ``kind``. The ``key``
+(kind + target) is what dedupe and cooldown work on: two rules asking to drain the same node ask for
+the same action.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+
+class ActionKind(enum.StrEnum):
+    DRAIN_NODE = "drain_node"
+    RESUME_NODE = "resume_node"
+    CHECKPOINT_RESTART = "checkpoint_restart"
+    GPU_RESET = "gpu_reset"
+    NOTIFY = "notify"
+    COLLECT_DIAGNOSTICS = "collect_diagnostics"
+
+
+class ActionState(enum.StrEnum):
+    PENDING = "pending"  # allowed, recorded, not started yet
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    ESCALATED = "escalated"  # finished, but not as planned (e.g. a rank never acked its save)
+    FAILED = "failed"
+    SUPPRESSED = "suppressed"  # stopped by the policy gate; ``detail`` says why
+    DRY_RUN = "dry_run"  # would have run; dry-run mode recorded it instead
+
+    @property
+    def finished(self) -> bool:
+        return self not in (ActionState.PENDING, ActionState.RUNNING)
+
+
+class ActionRequest(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    target: str  # a node name for node actions, a job id for job actions
+    reason: str
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    rule: str = ""  # filled in by the engine with the proposing rule's name
+    event_id: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.target}"
+
+
+class ActionRecord(msgspec.Struct, kw_only=True):
+    id: str
+    request: ActionRequest
+    state: ActionState
+    detail: dict[str, Any] = msgspec.field(default_factory=dict)
+    created: float = 0.0
+    updated: float = 0.0

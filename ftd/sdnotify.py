@@ -1,0 +1,32 @@
+"""systemd notification (READY=1, WATCHDOG=1, STATUS=...) without a dependency.
+
+The protocol is one datagram to the unix socket named by ``$NOTIFY_SOCKET`` (a leading ``@`` means
+the abstract namespace). Outside systemd the variable is unset and every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def notify(message: str) -> bool:
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return False
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(message.encode(), address)
+    except OSError:
+        return False
+    return True
+
+
+def watchdog_interval_s() -> float | None:
+    """Half the watchdog timeout systemd asked for (``$WATCHDOG_USEC``), or None when there is none."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    if not usec or not usec.isdigit() or int(usec) == 0:
+        return None
+    return int(usec) / 2_000_000
