@@ -36,7 +36,7 @@ class ResumeNode:
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         node = record.request.target
         info = await self._scheduler.node_info(node)
-        if not info.reason.startswith(REASON_PREFIX):
+        if not (info.reason or "").startswith(REASON_PREFIX):
             raise RuntimeError(f"{node} was not drained by ftd (reason {info.reason!r}); leaving it alone")
         await self._scheduler.resume(node)
         self._state.mark_drained(node, "", drained=False)

@@ -1,0 +1,208 @@
+"""A whole ftd cluster in one process: broker, coordinator, N real agents and trainer ranks.
+
+Everything is the production code — the agents read their kernel log from a file (the simulated
+``/dev/kmsg``), trainers are real :class:`ftd.client.Client` instances on threads talking to their
+agent's unix socket, the bus is MQTT on an embedded broker (or any broker given) — except the
+scheduler, which is the in-process :class:`FakeScheduler` (Slurm is not needed to watch ftd work).
+
+Used by ``ftd demo`` and by tests that want the full loop without subprocesses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftd.agent.app import Agent, status_messages
+from ftd.bus.base import Bus
+from ftd.bus.embedded import EmbeddedBroker
+from ftd.bus.mqtt import MqttBus
+from ftd.client import Client
+from ftd.config import AgentConfig, Config, CoordinatorConfig, PolicyConfig
+from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.coordinator.app import Coordinator
+from ftd.coordinator.ledger import Ledger
+
+Timeline = Callable[[str, str], None]  # (who, what)
+
+
+@dataclass
+class SimRank:
+    """One simulated training rank: a thread running a tiny training loop with the real client."""
+
+    job: str
+    rank: int
+    node: str
+    socket_path: str
+    checkpoint_dir: Path
+    timeline: Timeline
+    start_step: int = 0
+    step_s: float = 0.01
+    saved: list[tuple[int, str]] = field(default_factory=list)
+    step: int = 0
+    stopped: bool = False
+    save_seen_ns: int | None = None
+    _thread: threading.Thread | None = None
+    _quit: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> SimRank:
+        self._thread = threading.Thread(target=self._loop, name=f"rank-{self.job}-{self.rank}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        with Client(job=self.job, rank=self.rank, socket_path=self.socket_path) as client:
+            self.step = self.start_step
+            while not self._quit.is_set():
+                self.step += 1
+                time.sleep(self.step_s)  # "train"
+                client.heartbeat(self.step)
+                if client.should_save():
+                    directive = client.pending_directive()
+                    if self.save_seen_ns is None and directive is not None:
+                        self.save_seen_ns = directive.received_ns
+                    path = self.checkpoint_dir / f"job{self.job}-rank{self.rank}-step{self.step}.pt"
+                    path.write_text(f"step={self.step}\n")
+                    client.ack_saved(self.step, str(path))
+                    self.saved.append((self.step, str(path)))
+                    self.timeline(f"rank {self.rank}@{self.node}", f"saved checkpoint at step {self.step}, acked")
+                if client.should_stop():
+                    self.stopped = True
+                    self.timeline(f"rank {self.rank}@{self.node}", f"stop received, exiting at step {self.step}")
+                    break
+
+    def join(self, timeout: float = 5.0) -> None:
+        self._quit.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class SimCluster:
+    def __init__(
+        self,
+        *,
+        nodes: int = 4,
+        workdir: Path | None = None,
+        broker_port: int | None = None,
+        timeline: Timeline | None = None,
+        save_deadline_s: float = 10.0,
+    ) -> None:
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ftd-sim-", dir="/tmp")
+        self.workdir = workdir or Path(self._tmp.name if self._tmp else ".")
+        self.node_names = [f"node-{i}" for i in range(1, nodes + 1)]
+        self.timeline = timeline or (lambda who, what: None)
+        self.broker_port = broker_port
+        self.scheduler = FakeScheduler()
+        for name in self.node_names:
+            self.scheduler.add_node(name)
+        self.config = Config(
+            coordinator=CoordinatorConfig(
+                ledger_path=str(self.workdir / "ledger.sqlite"),
+                save_deadline_s=save_deadline_s,
+                stop_deadline_s=save_deadline_s,
+                scheduler="none",
+                policy=PolicyConfig(cooldown_s=600.0),
+            )
+        )
+        self.broker: EmbeddedBroker | None = None
+        self.coordinator: Coordinator | None = None
+        self.agents: dict[str, Agent] = {}
+        self.ranks: list[SimRank] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def kmsg_path(self, node: str) -> Path:
+        return self.workdir / node / "kmsg"
+
+    def socket_path(self, node: str) -> str:
+        return str(self.workdir / node / "agent.sock")
+
+    def _bus(self, client_id: str, **kw: Any) -> Bus:
+        assert self.broker_port is not None
+        return MqttBus(host="127.0.0.1", port=self.broker_port, client_id=client_id, reconnect_max_s=1.0, **kw)
+
+    async def start(self) -> None:
+        if self.broker_port is None:
+            self.broker = await EmbeddedBroker().start()
+            self.broker_port = self.broker.port
+        self.coordinator = Coordinator(
+            self.config,
+            bus=self._bus("ftd-coordinator"),
+            scheduler=self.scheduler,
+            ledger=Ledger(self.config.coordinator.ledger_path),
+        )
+        ready = asyncio.Event()
+        self._tasks.append(asyncio.create_task(self.coordinator.run(ready.set)))
+        for node in self.node_names:
+            (self.workdir / node).mkdir(parents=True, exist_ok=True)
+            self.kmsg_path(node).touch()
+            cfg = AgentConfig(
+                node=node,
+                kmsg_path=str(self.kmsg_path(node)),
+                state_dir=str(self.workdir / node / "state"),
+                socket_path=self.socket_path(node),
+            )
+            will, birth = status_messages(node)
+            agent = Agent(cfg, bus=self._bus(f"ftd-agent-{node}", will=will, birth=birth), node=node)
+            self.agents[node] = agent
+            self._tasks.append(asyncio.create_task(agent.run()))
+        await asyncio.wait_for(ready.wait(), 15)
+        await self.wait_for(lambda: set(self.coordinator_state.online_nodes()) >= set(self.node_names), 15)
+
+    @property
+    def coordinator_state(self) -> Any:
+        assert self.coordinator is not None
+        return self.coordinator.state
+
+    async def wait_for(self, condition: Callable[[], bool], timeout: float, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+            await asyncio.sleep(0.01)
+
+    async def launch_job(self, job: str, nodes: list[str], *, start_step: int = 0) -> list[SimRank]:
+        """Start one rank per node (as the scheduler would) and wait until the coordinator sees them."""
+        if job in self.scheduler.jobs:
+            self.scheduler.start_job(job, nodes)
+        else:
+            self.scheduler.add_job(job, nodes)
+        ckpt = self.workdir / "checkpoints"
+        ckpt.mkdir(exist_ok=True)
+        ranks = [
+            SimRank(job, rank, node, self.socket_path(node), ckpt, self.timeline, start_step=start_step).start()
+            for rank, node in enumerate(nodes)
+        ]
+        self.ranks.extend(ranks)
+        await self.wait_for(
+            lambda: sorted(self.coordinator_state.job_nodes(job)) == sorted(nodes), 15, f"job {job} registered"
+        )
+        return ranks
+
+    def write_kernel_line(self, node: str, line: str) -> float:
+        """Append a kernel-log line to ``node``'s simulated /dev/kmsg; returns perf_counter() at write."""
+        with self.kmsg_path(node).open("a") as f:
+            f.write(line.rstrip("\n") + "\n")
+            f.flush()
+            return time.perf_counter()
+
+    async def stop(self) -> None:
+        for rank in self.ranks:
+            await asyncio.to_thread(rank.join, 2.0)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.coordinator is not None:
+            await self.coordinator.close()
+        if self.broker is not None:
+            await self.broker.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()

@@ -1,0 +1,143 @@
+"""Engine: rule isolation, event dedupe through the ledger, recording before/after, restart safety."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftd.coordinator.engine import Engine
+from ftd.coordinator.hookspecs import hookimpl
+from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.coordinator.plugins import PluginError, make_plugin_manager
+from ftd.coordinator.policy import PolicyGate
+from ftd.coordinator.state import ClusterState, ClusterView
+from ftd.events import JobPresence, Kind, RankInfo, make_event
+
+
+class Broken:
+    @hookimpl
+    def ftd_evaluate(self, event: Any, view: ClusterView) -> list[ActionRequest]:
+        raise RuntimeError("rule bug")
+
+
+class DrainOnEcc:
+    @hookimpl
+    def ftd_evaluate(self, event: Any, view: ClusterView) -> list[ActionRequest] | None:
+        if event.kind == Kind.ECC:
+            return [ActionRequest(kind=ActionKind.DRAIN_NODE, target=event.node, reason="ecc")]
+        return None
+
+
+class Recorder:
+    def __init__(self, fail: bool = False, block: asyncio.Event | None = None) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+        self.block = block
+
+    async def __call__(self, record: ActionRecord) -> dict[str, Any]:
+        self.calls.append(record.request.target)
+        if self.block is not None:
+            await self.block.wait()
+        if self.fail:
+            raise RuntimeError("scontrol exploded")
+        return {"done": True}
+
+
+def make_engine(tmp_path: Path, executor: Recorder, plugins: tuple[object, ...] = (DrainOnEcc(),)) -> Engine:
+    pm = make_plugin_manager(extra=plugins, entry_points=False, disabled=["xid_catalog"])
+    return Engine(
+        state=ClusterState(), ledger=Ledger(tmp_path / "ledger.sqlite"), gate=PolicyGate(cooldown_s=600),
+        plugins=pm, executors={ActionKind.DRAIN_NODE: executor},
+    )
+
+
+async def test_a_raising_rule_does_not_silence_the_others(tmp_path: Path) -> None:
+    executor = Recorder()
+    engine = make_engine(tmp_path, executor, (Broken(), DrainOnEcc()))
+    records = engine.handle_event(make_event("node-1", Kind.ECC))
+    assert [r.request.kind for r in records] == ["drain_node"]
+    assert records[0].request.rule  # the proposing rule is named
+    assert engine.counters["rule_errors"] == 1
+    await engine.wait_idle(5)
+    assert executor.calls == ["node-1"]
+    assert engine.ledger.action(records[0].id).state == ActionState.SUCCEEDED
+
+
+async def test_duplicate_event_ids_are_evaluated_once(tmp_path: Path) -> None:
+    executor = Recorder()
+    engine = make_engine(tmp_path, executor)
+    event = make_event("node-1", Kind.ECC)
+    assert engine.handle_event(event)
+    assert engine.handle_event(event) == []
+    assert engine.counters["duplicates"] == 1
+
+
+async def test_failed_executor_is_recorded_with_its_error(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, Recorder(fail=True))
+    [record] = engine.handle_event(make_event("node-1", Kind.ECC))
+    await engine.wait_idle(5)
+    stored = engine.ledger.action(record.id)
+    assert stored.state == ActionState.FAILED
+    assert "scontrol exploded" in stored.detail["error"]
+
+
+async def test_action_without_executor_fails_visibly(tmp_path: Path) -> None:
+    pm = make_plugin_manager(extra=(DrainOnEcc(),), entry_points=False, disabled=["xid_catalog"])
+    engine = Engine(state=ClusterState(), ledger=Ledger(":memory:"), gate=PolicyGate(), plugins=pm, executors={})
+    [record] = engine.handle_event(make_event("node-1", Kind.ECC))
+    assert record.state == ActionState.FAILED and "no executor" in record.detail["error"]
+
+
+async def test_restart_neither_repeats_finished_nor_loses_unfinished_actions(tmp_path: Path) -> None:
+    first = Recorder()
+    engine = make_engine(tmp_path, first)
+    event_done = make_event("node-1", Kind.ECC)
+    engine.handle_event(event_done)
+    await engine.wait_idle(5)
+    block = asyncio.Event()
+    engine.executors[ActionKind.DRAIN_NODE] = Recorder(block=block)
+    [unfinished] = engine.handle_event(make_event("node-2", Kind.ECC))
+    await asyncio.sleep(0.05)
+    await engine.close()  # "crash" while node-2's drain is running
+    engine.ledger.close()
+
+    second = Recorder()
+    engine2 = make_engine(tmp_path, second)
+    assert engine2.handle_event(event_done) == []  # redelivered event: already seen
+    assert not engine2.gate.decide(ActionRequest(kind="drain_node", target="node-1", reason="x")).allowed
+    resumed = engine2.resume_unfinished()
+    assert [r.id for r in resumed] == [unfinished.id]
+    await engine2.wait_idle(5)
+    assert second.calls == ["node-2"]
+    assert engine2.ledger.action(unfinished.id).state == ActionState.SUCCEEDED
+
+
+def test_plugin_with_unknown_hook_fails_at_startup() -> None:
+    class Typo:
+        @hookimpl
+        def ftd_evaluat(self, event: Any, view: Any) -> None: ...
+
+    with pytest.raises(PluginError, match="unknown hook"):
+        make_plugin_manager(extra=(Typo(),), entry_points=False)
+
+
+async def test_builtin_xid_rule_drains_on_79_and_restarts_the_job_elsewhere(tmp_path: Path) -> None:
+    executor = Recorder()
+    pm = make_plugin_manager(entry_points=False)
+    state = ClusterState()
+    state.apply_presence("node-2", "1001", JobPresence(job="1001", node="node-2", ranks=[RankInfo(rank=1)]))
+    restarts = Recorder()
+    engine = Engine(state=state, ledger=Ledger(":memory:"), gate=PolicyGate(), plugins=pm,
+                    executors={ActionKind.DRAIN_NODE: executor, ActionKind.CHECKPOINT_RESTART: restarts})
+    records = engine.handle_event(make_event("node-2", Kind.XID, data={"code": 79, "pci": "0000:3b:00.0"}))
+    by_kind = {r.request.kind: r.request for r in records}
+    assert set(by_kind) == {"drain_node", "checkpoint_restart"}
+    assert by_kind["drain_node"].reason == "xid 79 gpu 0000:3b:00.0 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"
+    assert by_kind["checkpoint_restart"].target == "1001"
+    assert by_kind["checkpoint_restart"].params["exclude"] == ["node-2"]
+    assert engine.handle_event(make_event("node-2", Kind.XID, data={"code": 43})) == []
+    await engine.wait_idle(5)
