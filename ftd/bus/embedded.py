@@ -31,7 +31,7 @@ class EmbeddedBroker:
 
     async def start(self) -> EmbeddedBroker:
         # amqtt logs every connection at INFO; keep the demo's timeline readable.
-        logging.getLogger("amqtt").setLevel(logging.WARNING)
+        logging.getLogger("amqtt").setLevel(logging.ERROR)
         config = {
             "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},

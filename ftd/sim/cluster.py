@@ -33,6 +33,31 @@ from ftd.coordinator.ledger import Ledger
 Timeline = Callable[[str, str], None]  # (who, what)
 
 
+class StepSync:
+    """What ``all_reduce(MAX)`` of the save/stop flags does for a real DDP job: every rank of the job
+    agrees, at each step, on whether to save or stop — so they all save at the same step."""
+
+    def __init__(self, ranks: int) -> None:
+        self._flags: dict[int, tuple[bool, bool]] = {}
+        self._agreed = (False, False)
+        self._barrier = threading.Barrier(ranks, action=self._reduce)
+
+    def _reduce(self) -> None:
+        values = list(self._flags.values())
+        self._agreed = (any(v[0] for v in values), any(v[1] for v in values))
+
+    def agree(self, rank: int, save: bool, stop: bool) -> tuple[bool, bool]:
+        self._flags[rank] = (save, stop)
+        try:
+            self._barrier.wait(timeout=5)
+        except threading.BrokenBarrierError:  # a peer is gone: act on what this rank knows
+            return save, stop
+        return self._agreed
+
+    def abort(self) -> None:
+        self._barrier.abort()
+
+
 @dataclass
 class SimRank:
     """One simulated training rank: a thread running a tiny training loop with the real client."""
@@ -43,12 +68,14 @@ class SimRank:
     socket_path: str
     checkpoint_dir: Path
     timeline: Timeline
+    sync: StepSync
     start_step: int = 0
     step_s: float = 0.01
     saved: list[tuple[int, str]] = field(default_factory=list)
     step: int = 0
     stopped: bool = False
     save_seen_ns: int | None = None
+    _last_save_t: float = 0.0
     _thread: threading.Thread | None = None
     _quit: threading.Event = field(default_factory=threading.Event)
 
@@ -64,22 +91,31 @@ class SimRank:
                 self.step += 1
                 time.sleep(self.step_s)  # "train"
                 client.heartbeat(self.step)
-                if client.should_save():
-                    directive = client.pending_directive()
+                wants_save = client.should_save()
+                if wants_save and self.saved and time.monotonic() - self._last_save_t < 2.0:
+                    # A peer's flag made us save a moment ago, before our own directive arrived:
+                    # that checkpoint is the answer to it.
+                    client.ack_saved(*self.saved[-1])
+                    wants_save = False
+                save, stop = self.sync.agree(self.rank, wants_save, client.should_stop())
+                if save:
+                    directive = client.pending_directive
                     if self.save_seen_ns is None and directive is not None:
                         self.save_seen_ns = directive.received_ns
                     path = self.checkpoint_dir / f"job{self.job}-rank{self.rank}-step{self.step}.pt"
                     path.write_text(f"step={self.step}\n")
                     client.ack_saved(self.step, str(path))
                     self.saved.append((self.step, str(path)))
+                    self._last_save_t = time.monotonic()
                     self.timeline(f"rank {self.rank}@{self.node}", f"saved checkpoint at step {self.step}, acked")
-                if client.should_stop():
+                if stop:
                     self.stopped = True
                     self.timeline(f"rank {self.rank}@{self.node}", f"stop received, exiting at step {self.step}")
                     break
 
     def join(self, timeout: float = 5.0) -> None:
         self._quit.set()
+        self.sync.abort()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -175,8 +211,9 @@ class SimCluster:
             self.scheduler.add_job(job, nodes)
         ckpt = self.workdir / "checkpoints"
         ckpt.mkdir(exist_ok=True)
+        sync = StepSync(len(nodes))
         ranks = [
-            SimRank(job, rank, node, self.socket_path(node), ckpt, self.timeline, start_step=start_step).start()
+            SimRank(job, rank, node, self.socket_path(node), ckpt, self.timeline, sync, start_step=start_step).start()
             for rank, node in enumerate(nodes)
         ]
         self.ranks.extend(ranks)

@@ -1,0 +1,34 @@
+# ftd — every target creates .venv (and installs ftd into it) when missing.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+FTD    := $(VENV)/bin/ftd
+STAMP  := $(VENV)/.ftd-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test check bench real-parts clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(FTD) demo
+
+real-parts:
+	bash scripts/install-real-parts.sh
+
+test: $(STAMP) real-parts
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+check: $(STAMP)
+	$(VENV)/bin/ruff check ftd tests
+	$(VENV)/bin/mypy
+
+bench: $(STAMP) real-parts
+	$(FTD) bench e2e --json
+	$(FTD) bench kmsg --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
