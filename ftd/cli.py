@@ -21,7 +21,9 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ftd", description="Fault-tolerance daemon for GPU training clusters.")
+    parser = argparse.ArgumentParser(
+        prog="ftd", description="Fault-tolerance daemon for GPU training clusters."
+    )
     parser.add_argument("--version", action="version", version=f"ftd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:

@@ -141,6 +141,16 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     agent_version: str = ""
 
 
+class CoordinatorStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Retained coordinator status; its Last Will publishes ``offline``. ``online`` is published only
+    once the coordinator is subscribed and ready, so a publisher that sees it knows it is heard."""
+
+    schema: int = SCHEMA_VERSION
+    state: NodeState
+    ts: float = 0.0
+    version: str = ""
+
+
 class DecodeError(ValueError):
     """A payload that is not valid for its type. Receivers count and log it, then move on."""
 
@@ -160,7 +170,7 @@ def decode(payload: bytes | str, type_: type[_T]) -> _T:
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
     try:
-        obj = decoder.decode(payload)
+        obj: _T = decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DecodeError(str(exc)) from None
     schema = getattr(obj, "schema", SCHEMA_VERSION)

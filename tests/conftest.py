@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.realparts import Mosquitto
+from tests.realparts import Mosquitto, SlurmCluster
 
 
 @pytest.fixture
@@ -17,3 +17,23 @@ def mosquitto(tmp_path: Path) -> Iterator[Mosquitto]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """One private Slurm cluster for the whole session (starting it costs about a second)."""
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The session cluster, cleaned before and after each test: no jobs left, no node drained."""
+    slurm_cluster.reset()
+    try:
+        yield slurm_cluster
+    finally:
+        slurm_cluster.reset()

@@ -48,7 +48,9 @@ class Agent:
         self.node = node or node_name(cfg)
         self.bus = bus
         self.outbox = Outbox(bus, max_entries=cfg.outbox_max)
-        self.local_api = LocalApi(cfg.socket_path, self.node, on_presence=self._on_presence, on_ack=self._on_ack)
+        self.local_api = LocalApi(
+            cfg.socket_path, self.node, on_presence=self._on_presence, on_ack=self._on_ack
+        )
         state_dir = Path(cfg.state_dir)
         self.kmsg = KmsgWatcher(
             cfg.kmsg_path,
@@ -69,8 +71,15 @@ class Agent:
         self.outbox.put(
             Outgoing(topics.node_event(self.node, event.kind), encode(event), priority=event.severity.rank)
         )
-        log.info("event", kind=str(event.kind), severity=str(event.severity), id=event.id,
-                 code=event.data.get("code"), pci=event.data.get("pci"), count=event.count)
+        log.info(
+            "event",
+            kind=str(event.kind),
+            severity=str(event.severity),
+            id=event.id,
+            code=event.data.get("code"),
+            pci=event.data.get("pci"),
+            count=event.count,
+        )
 
     async def _on_presence(self, job: str, ranks: list[RankInfo]) -> None:
         topic = topics.node_job(self.node, job)
@@ -94,8 +103,13 @@ class Agent:
                 if directive.job not in self.local_api.jobs():
                     continue  # a job this node does not host
                 reached = await self.local_api.deliver(directive)
-                log.info("directive relayed", action=directive.action, job=directive.job, ranks=reached,
-                         directive_id=directive.id)
+                log.info(
+                    "directive relayed",
+                    action=directive.action,
+                    job=directive.job,
+                    ranks=reached,
+                    directive_id=directive.id,
+                )
             else:
                 log.warning("node directive not supported by this agent yet", action=directive.action)
 
@@ -138,7 +152,9 @@ class Agent:
                 task.cancel()
         await self.local_api.stop()
         will, _ = status_messages(self.node)
-        offline = encode(NodeStatus(node=self.node, state="offline", ts=time.time(), agent_version=__version__))
+        offline = encode(
+            NodeStatus(node=self.node, state="offline", ts=time.time(), agent_version=__version__)
+        )
         self.outbox.put(Outgoing(will.topic, offline, retain=True, priority=3))
         await self.outbox.flush(flush_s)
         for task in tasks:

@@ -47,8 +47,11 @@ class Outbox:
             if self._queue[index].priority > item.priority:  # everything queued matters more
                 log.warning("outbox full, dropping new message", topic=item.topic, dropped=self.dropped)
                 return
-            log.warning("outbox full, dropping oldest lowest-priority message",
-                        topic=self._queue[index].topic, dropped=self.dropped)
+            log.warning(
+                "outbox full, dropping oldest lowest-priority message",
+                topic=self._queue[index].topic,
+                dropped=self.dropped,
+            )
             del self._queue[index]
         self._queue.append(item)
         self._ready.set()

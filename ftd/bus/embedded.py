@@ -24,7 +24,9 @@ def _free_port(host: str) -> int:
 class EmbeddedBroker:
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         if not ipaddress.ip_address(host).is_loopback:
-            raise ValueError(f"the embedded broker allows anonymous clients: it binds loopback only, not {host}")
+            raise ValueError(
+                f"the embedded broker allows anonymous clients: it binds loopback only, not {host}"
+            )
         self.host = host
         self.port = port or _free_port(host)
         self._broker: Any = None

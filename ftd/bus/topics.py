@@ -10,6 +10,7 @@ Every topic ftd uses is built here so a typo cannot invent a new one. Layout (DE
     ftd/v1/nodes/{node}/directives          Directive, coordinator -> agent
     ftd/v1/jobs/{job}/directives            Directive, coordinator -> every agent hosting the job
     ftd/v1/actions/{id}/{phase}             action lifecycle, coordinator only
+    ftd/v1/coordinator/status               retained CoordinatorStatus; Last Will says offline
 
 Everything a node publishes lives under its own ``nodes/{node}/`` subtree, except ``directives``,
 which only the coordinator may write; the Mosquitto ACL in ``deploy/mosquitto`` enforces that.
@@ -66,6 +67,8 @@ def job_directives(job: str) -> str:
 def action_phase(action_id: str, phase: str) -> str:
     return f"{PREFIX}/actions/{check_level(action_id, 'action id')}/{check_level(phase, 'phase')}"
 
+
+COORDINATOR_STATUS = f"{PREFIX}/coordinator/status"
 
 # Subscription patterns.
 ALL_NODE_EVENTS = f"{PREFIX}/nodes/+/events/+"

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -37,16 +38,14 @@ def _load(path: str) -> Any:
     return config
 
 
-def _run_until_signal(main: Callable[[], Awaitable[None]]) -> int:
+def _run_until_signal(main: Callable[[], Coroutine[Any, Any, None]]) -> int:
     async def runner() -> None:
         task = asyncio.create_task(main())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass
 
     asyncio.run(runner())
     return 0
@@ -74,7 +73,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     if config is None:
         return 2
     from ftd.bus.factory import make_mqtt_bus
-    from ftd.coordinator.app import Coordinator, make_scheduler
+    from ftd.coordinator.app import Coordinator, coordinator_will, make_scheduler
 
     async def main() -> None:
         broker = None
@@ -82,7 +81,7 @@ def _coordinator(args: argparse.Namespace) -> int:
             from ftd.bus.embedded import EmbeddedBroker
 
             broker = await EmbeddedBroker(config.bus.host, config.bus.port).start()
-        bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator")
+        bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will())
         coordinator = Coordinator(config, bus=bus, scheduler=make_scheduler(config))
         try:
             await coordinator.run()

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 XID_LINES = {
-    "xid79": "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.",
-    "xid13": "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, Graphics SM Warp Exception on "
-    "(GPC 0, TPC 1, SM 0): Out Of Range Address",
+    "xid79": "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, "
+    "GPU has fallen off the bus.",
+    "xid13": "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, "
+    "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address",
     "xid43": "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 43, pid=4242, name=python, Ch 00000008",
 }
 
@@ -46,8 +47,12 @@ SCENARIOS = {
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("demo", help="run a self-contained demo cluster", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = sub.add_parser(
+        "demo",
+        help="run a self-contained demo cluster",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="xid79")
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (>= 3)")
     parser.add_argument("--json", action="store_true", help="end with one JSON summary line")
@@ -86,13 +91,19 @@ async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str,
         if what == "event" and isinstance(payload, Event):
             detected_at.setdefault(payload.kind, time.perf_counter())
             code = payload.data.get("code")
-            say("coordinator", f"event {payload.kind}{f' {code}' if code else ''} from {payload.node} "
-                f"(severity {payload.severity})")
+            say(
+                "coordinator",
+                f"event {payload.kind}{f' {code}' if code else ''} from {payload.node} "
+                f"(severity {payload.severity})",
+            )
         elif what == "action" and isinstance(payload, ActionRecord):
             actions[payload.id] = payload
             note = payload.detail.get("policy") or payload.detail.get("error") or ""
-            say("coordinator", f"{payload.request.kind} {payload.request.target}: {payload.state}"
-                f"{' — ' + note if note else ''}")
+            say(
+                "coordinator",
+                f"{payload.request.kind} {payload.request.target}: {payload.state}"
+                f"{' — ' + note if note else ''}",
+            )
 
     job, job_nodes = "1001", cluster.node_names[:2]
     faulty = job_nodes[1]
@@ -119,7 +130,10 @@ async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str,
             restarted_on = healthy[: len(job_nodes)]
             steps = [step for rank in cluster.ranks for step, _ in rank.saved]
             resume = max(steps) if steps else 0
-            say("scheduler", f"job {job} requeued; starting again on {', '.join(restarted_on)} from step {resume}")
+            say(
+                "scheduler",
+                f"job {job} requeued; starting again on {', '.join(restarted_on)} from step {resume}",
+            )
             await cluster.launch_job(job, restarted_on, start_step=resume)
             say("demo", f"job {job} training again on {', '.join(restarted_on)}")
         acks = sum(len(rank.saved) for rank in cluster.ranks)
@@ -141,8 +155,11 @@ async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str,
         "drained": drained_nodes,
         "restarted_on": restarted_on,
     }
-    did_restart = any(a["kind"] == "checkpoint_restart" and a["state"] == ActionState.SUCCEEDED
-                      for a in summary["actions"])
-    summary["ok"] = (bool(drained_nodes) == scenario.expect_drain) and (did_restart == scenario.expect_restart)
+    did_restart = any(
+        a["kind"] == "checkpoint_restart" and a["state"] == ActionState.SUCCEEDED for a in summary["actions"]
+    )
+    summary["ok"] = (bool(drained_nodes) == scenario.expect_drain) and (
+        did_restart == scenario.expect_restart
+    )
     say("demo", "done: " + ("as expected" if summary["ok"] else "NOT as expected"))
     return summary

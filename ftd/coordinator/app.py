@@ -9,12 +9,14 @@ from the node in its topic is rejected: the broker's ACL vouches for the topic, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ftd import __version__
 from ftd.bus import topics
-from ftd.bus.base import Bus, Message
+from ftd.bus.base import Bus, BusUnavailable, LastWill, Message
 from ftd.config import Config
 from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
@@ -27,7 +29,19 @@ from ftd.coordinator.model import ActionKind
 from ftd.coordinator.plugins import PluginError, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
-from ftd.events import Ack, DecodeError, Event, JobPresence, Kind, NodeStatus, Severity, decode
+from ftd.events import (
+    Ack,
+    CoordinatorStatus,
+    DecodeError,
+    Event,
+    JobPresence,
+    Kind,
+    NodeState,
+    NodeStatus,
+    Severity,
+    decode,
+    encode,
+)
 from ftd.logs import get_logger
 from ftd.sdnotify import notify, watchdog_interval_s
 
@@ -36,13 +50,23 @@ log = get_logger(__name__)
 SUBSCRIPTIONS = (topics.ALL_NODE_STATUS, topics.ALL_NODE_JOBS, topics.ALL_NODE_ACKS, topics.ALL_NODE_EVENTS)
 
 
+def coordinator_status(state: NodeState) -> bytes:
+    return encode(CoordinatorStatus(state=state, ts=time.time(), version=__version__))
+
+
+def coordinator_will() -> LastWill:
+    return LastWill(topics.COORDINATOR_STATUS, coordinator_status("offline"), retain=True)
+
+
 def make_scheduler(config: Config) -> Scheduler | None:
     cfg = config.coordinator
     if cfg.scheduler == "none":
         return None
     from ftd.coordinator.actions.slurm import SlurmScheduler
 
-    return SlurmScheduler(scontrol=cfg.slurm.scontrol, slurm_conf=cfg.slurm.slurm_conf, timeout_s=cfg.slurm.timeout_s)
+    return SlurmScheduler(
+        scontrol=cfg.slurm.scontrol, slurm_conf=cfg.slurm.slurm_conf, timeout_s=cfg.slurm.timeout_s
+    )
 
 
 class Coordinator:
@@ -83,9 +107,13 @@ class Coordinator:
                     raise PluginError(f"two executors for action kind {kind!r}")
                 executors[kind] = executor
         gate = PolicyGate(
-            cooldown_s=cfg.policy.cooldown_s, dry_run=cfg.policy.dry_run, dry_run_rules=cfg.policy.dry_run_rules
+            cooldown_s=cfg.policy.cooldown_s,
+            dry_run=cfg.policy.dry_run,
+            dry_run_rules=cfg.policy.dry_run_rules,
         )
-        self.engine = Engine(state=self.state, ledger=self.ledger, gate=gate, plugins=plugins, executors=executors)
+        self.engine = Engine(
+            state=self.state, ledger=self.ledger, gate=gate, plugins=plugins, executors=executors
+        )
         self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], None]] = {
             "events": self._on_event,
             "status": self._on_status,
@@ -108,6 +136,7 @@ class Coordinator:
         # Let retained status and job presence arrive before resuming actions that depend on them.
         await asyncio.sleep(0.5)
         self.engine.resume_unfinished()
+        await self.bus.publish(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
         notify("READY=1")
         if ready is not None:
             ready()
@@ -128,6 +157,9 @@ class Coordinator:
 
     async def close(self) -> None:
         await self.engine.close()
+        if self.bus.connected:
+            with contextlib.suppress(BusUnavailable):
+                await self.bus.publish(topics.COORDINATOR_STATUS, coordinator_status("offline"), retain=True)
         await self.bus.stop()
         self.ledger.close()
 
@@ -148,7 +180,9 @@ class Coordinator:
     def _bad(self, message: Message, why: str) -> None:
         self.bad_messages += 1
         if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:
-            log.warning("bad bus message ignored", topic=message.topic, error=why[:300], total=self.bad_messages)
+            log.warning(
+                "bad bus message ignored", topic=message.topic, error=why[:300], total=self.bad_messages
+            )
 
     def _on_event(self, levels: tuple[str, ...], message: Message) -> None:
         event = decode(message.payload, Event)
@@ -188,7 +222,9 @@ class Coordinator:
         ack = decode(message.payload, Ack)
         if ack.node != levels[1]:
             raise DecodeError(f"ack from node {ack.node!r} published under node {levels[1]!r}")
-        log.info("trainer ack", job=ack.job, rank=ack.rank, ok=ack.ok, step=ack.step, directive=ack.directive_id)
+        log.info(
+            "trainer ack", job=ack.job, rank=ack.rank, ok=ack.ok, step=ack.step, directive=ack.directive_id
+        )
         self.acks.record(ack)
 
     def summary(self) -> dict[str, Any]:

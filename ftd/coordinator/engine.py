@@ -49,7 +49,11 @@ class Engine:
         self._tasks: set[asyncio.Task[None]] = set()
         self._observers: list[Observer] = []
         self.counters: dict[str, int] = {
-            "events": 0, "duplicates": 0, "rule_errors": 0, "actions_started": 0, "actions_suppressed": 0,
+            "events": 0,
+            "duplicates": 0,
+            "rule_errors": 0,
+            "actions_started": 0,
+            "actions_suppressed": 0,
         }
         self.decision_latencies: list[float] = []  # seconds from receipt to verdict, for benchmarks
         self.gate.restore(ledger.unfinished())
@@ -98,8 +102,14 @@ class Engine:
             record.detail["error"] = f"no executor registered for {request.kind!r}"
         self.ledger.save_action(record)
         log.info(
-            "action decided", action_id=record.id, kind=request.kind, target=request.target,
-            state=str(record.state), rule=request.rule, reason=request.reason, policy=verdict.reason or None,
+            "action decided",
+            action_id=record.id,
+            kind=request.kind,
+            target=request.target,
+            state=str(record.state),
+            rule=request.rule,
+            reason=request.reason,
+            policy=verdict.reason or None,
         )
         self._notify("action", record)
         if record.state == ActionState.PENDING:
@@ -129,12 +139,22 @@ class Engine:
         except Exception as exc:
             record.state = ActionState.FAILED
             record.detail["error"] = f"{type(exc).__name__}: {exc}"
-            log.error("action failed", action_id=record.id, kind=record.request.kind,
-                      target=record.request.target, error=record.detail["error"])
+            log.error(
+                "action failed",
+                action_id=record.id,
+                kind=record.request.kind,
+                target=record.request.target,
+                error=record.detail["error"],
+            )
         self.gate.finished(record)
         self.ledger.save_action(record)
-        log.info("action finished", action_id=record.id, kind=record.request.kind,
-                 target=record.request.target, state=str(record.state))
+        log.info(
+            "action finished",
+            action_id=record.id,
+            kind=record.request.kind,
+            target=record.request.target,
+            state=str(record.state),
+        )
         self._notify("action", record)
 
     def resume_unfinished(self) -> list[ActionRecord]:
@@ -146,8 +166,12 @@ class Engine:
                 record.detail["error"] = f"no executor registered for {record.request.kind!r}"
                 self.ledger.save_action(record)
                 continue
-            log.info("resuming unfinished action", action_id=record.id, kind=record.request.kind,
-                     target=record.request.target)
+            log.info(
+                "resuming unfinished action",
+                action_id=record.id,
+                kind=record.request.kind,
+                target=record.request.target,
+            )
             record.detail["resumed"] = record.detail.get("resumed", 0) + 1
             self._start(record)
         return resumed

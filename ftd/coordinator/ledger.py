@@ -58,8 +58,15 @@ class Ledger:
         """Store ``event``; False if its id was already recorded (a duplicate)."""
         cursor = self._db.execute(
             "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (event.id, event.ts, event.node, str(event.kind), str(event.severity),
-             msgspec.json.encode(event).decode(), time.time()),
+            (
+                event.id,
+                event.ts,
+                event.node,
+                str(event.kind),
+                str(event.severity),
+                msgspec.json.encode(event).decode(),
+                time.time(),
+            ),
         )
         return cursor.rowcount == 1
 
@@ -85,17 +92,29 @@ class Ledger:
         self._db.execute(
             "INSERT INTO actions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
             "state = excluded.state, detail = excluded.detail, updated = excluded.updated",
-            (record.id, req.key, req.kind, req.target, str(record.state),
-             msgspec.json.encode(req).decode(), json.dumps(record.detail, default=str),
-             record.created, record.updated),
+            (
+                record.id,
+                req.key,
+                req.kind,
+                req.target,
+                str(record.state),
+                msgspec.json.encode(req).decode(),
+                json.dumps(record.detail, default=str),
+                record.created,
+                record.updated,
+            ),
         )
 
     def _rows(self, where: str = "", args: tuple[Any, ...] = ()) -> Iterator[ActionRecord]:
         sql = "SELECT id, state, request, detail, created, updated FROM actions " + where
         for id_, state, request, detail, created, updated in self._db.execute(sql, args):
             yield ActionRecord(
-                id=id_, request=_request_decoder.decode(request), state=ActionState(state),
-                detail=json.loads(detail), created=created, updated=updated,
+                id=id_,
+                request=_request_decoder.decode(request),
+                state=ActionState(state),
+                detail=json.loads(detail),
+                created=created,
+                updated=updated,
             )
 
     def actions(self, *, limit: int = 100) -> list[ActionRecord]:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import cast
 
 import pluggy
 
@@ -61,7 +62,7 @@ def evaluate(pm: pluggy.PluginManager, event: Event, view: ClusterView, slow_s: 
         rule = impl.plugin_name
         started = time.perf_counter()
         try:
-            proposed = impl.function(event=event, view=view)
+            proposed = cast(Iterable[object] | None, impl.function(event=event, view=view))
         except Exception as exc:  # isolation: one broken rule must not silence the others
             result.errors.append((rule, f"{type(exc).__name__}: {exc}"))
             continue

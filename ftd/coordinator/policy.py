@@ -57,12 +57,16 @@ class PolicyGate:
     def decide(self, request: ActionRequest) -> Verdict:
         key = request.key
         if key in self._active:
-            return Verdict(ActionState.SUPPRESSED, f"duplicate: {key} already in progress ({self._active[key]})")
+            return Verdict(
+                ActionState.SUPPRESSED, f"duplicate: {key} already in progress ({self._active[key]})"
+            )
         finished = self._finished_at.get(key)
         if finished is not None:
             remaining = self.cooldown_s - (self._clock() - finished)
             if remaining > 0:
-                return Verdict(ActionState.SUPPRESSED, f"cooldown: {key} finished {self.cooldown_s - remaining:.0f}s ago")
+                return Verdict(
+                    ActionState.SUPPRESSED, f"cooldown: {key} finished {self.cooldown_s - remaining:.0f}s ago"
+                )
         if self.dry_run:
             return Verdict(ActionState.DRY_RUN, "dry-run: coordinator in dry-run mode")
         if request.rule in self.dry_run_rules:

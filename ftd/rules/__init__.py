@@ -14,5 +14,5 @@ from types import ModuleType
 _NAMES = ("xid_catalog",)
 
 
-def BUILTIN_RULES() -> list[ModuleType]:  # noqa: N802 - reads as a constant at call sites
+def BUILTIN_RULES() -> list[ModuleType]:
     return [importlib.import_module(f"ftd.rules.{name}") for name in _NAMES]

@@ -25,6 +25,8 @@ from ftd.coordinator.model import ActionKind, ActionRequest
 from ftd.coordinator.state import ClusterView
 from ftd.events import Event, Kind
 
+_CATALOG = load_xid_catalog()  # loaded when the rule is, not on the first Xid (decision latency)
+
 _DRAIN_BUCKETS = frozenset({"RESTART_BM", "CONTACT_SUPPORT", "CHECK_MECHANICALS"})
 _RESTART_BUCKETS = frozenset({"RESTART_APP"})
 _RESET_BUCKETS = frozenset({"RESET_GPU"})
@@ -49,7 +51,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
         return None
     if not isinstance(code, int) or event.data.get("caused_by") is not None:
         return None
-    info = load_xid_catalog().lookup(code)
+    info = _CATALOG.lookup(code)
     bucket = info.action if info else "UNKNOWN"
     fatal = bool(info and info.fatal)
     reason = _describe(code, info.name if info else "", event.data)

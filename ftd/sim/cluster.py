@@ -27,7 +27,7 @@ from ftd.bus.mqtt import MqttBus
 from ftd.client import Client
 from ftd.config import AgentConfig, Config, CoordinatorConfig, PolicyConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.app import Coordinator
+from ftd.coordinator.app import Coordinator, coordinator_will
 from ftd.coordinator.ledger import Ledger
 
 Timeline = Callable[[str, str], None]  # (who, what)
@@ -107,10 +107,14 @@ class SimRank:
                     client.ack_saved(self.step, str(path))
                     self.saved.append((self.step, str(path)))
                     self._last_save_t = time.monotonic()
-                    self.timeline(f"rank {self.rank}@{self.node}", f"saved checkpoint at step {self.step}, acked")
+                    self.timeline(
+                        f"rank {self.rank}@{self.node}", f"saved checkpoint at step {self.step}, acked"
+                    )
                 if stop:
                     self.stopped = True
-                    self.timeline(f"rank {self.rank}@{self.node}", f"stop received, exiting at step {self.step}")
+                    self.timeline(
+                        f"rank {self.rank}@{self.node}", f"stop received, exiting at step {self.step}"
+                    )
                     break
 
     def join(self, timeout: float = 5.0) -> None:
@@ -161,7 +165,9 @@ class SimCluster:
 
     def _bus(self, client_id: str, **kw: Any) -> Bus:
         assert self.broker_port is not None
-        return MqttBus(host="127.0.0.1", port=self.broker_port, client_id=client_id, reconnect_max_s=1.0, **kw)
+        return MqttBus(
+            host="127.0.0.1", port=self.broker_port, client_id=client_id, reconnect_max_s=1.0, **kw
+        )
 
     async def start(self) -> None:
         if self.broker_port is None:
@@ -169,7 +175,7 @@ class SimCluster:
             self.broker_port = self.broker.port
         self.coordinator = Coordinator(
             self.config,
-            bus=self._bus("ftd-coordinator"),
+            bus=self._bus("ftd-coordinator", will=coordinator_will()),
             scheduler=self.scheduler,
             ledger=Ledger(self.config.coordinator.ledger_path),
         )
@@ -213,12 +219,16 @@ class SimCluster:
         ckpt.mkdir(exist_ok=True)
         sync = StepSync(len(nodes))
         ranks = [
-            SimRank(job, rank, node, self.socket_path(node), ckpt, self.timeline, sync, start_step=start_step).start()
+            SimRank(
+                job, rank, node, self.socket_path(node), ckpt, self.timeline, sync, start_step=start_step
+            ).start()
             for rank, node in enumerate(nodes)
         ]
         self.ranks.extend(ranks)
         await self.wait_for(
-            lambda: sorted(self.coordinator_state.job_nodes(job)) == sorted(nodes), 15, f"job {job} registered"
+            lambda: sorted(self.coordinator_state.job_nodes(job)) == sorted(nodes),
+            15,
+            f"job {job} registered",
         )
         return ranks
 

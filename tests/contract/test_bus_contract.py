@@ -53,7 +53,9 @@ async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         mosq = Mosquitto(tmp_path / "mosq").start()
 
         def make(**kw: Any) -> Any:
-            bus = MqttBus(host="127.0.0.1", port=mosq.port, client_id=f"c{next(_ids)}", reconnect_max_s=0.5, **kw)
+            bus = MqttBus(
+                host="127.0.0.1", port=mosq.port, client_id=f"c{next(_ids)}", reconnect_max_s=0.5, **kw
+            )
             buses.append(bus)
             return bus
 
@@ -71,7 +73,9 @@ async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         embedded = await EmbeddedBroker().start()
 
         def make(**kw: Any) -> Any:
-            bus = MqttBus(host="127.0.0.1", port=embedded.port, client_id=f"c{next(_ids)}", reconnect_max_s=0.5, **kw)
+            bus = MqttBus(
+                host="127.0.0.1", port=embedded.port, client_id=f"c{next(_ids)}", reconnect_max_s=0.5, **kw
+            )
             buses.append(bus)
             return bus
 
@@ -147,13 +151,17 @@ async def test_birth_on_connect_and_will_on_abort_but_not_on_clean_stop(harness:
     await watcher.subscribe("ftd/v1/nodes/+/status")
     await asyncio.sleep(0.1)
     topic = "ftd/v1/nodes/node-7/status"
-    node = await started(harness.make(will=LastWill(topic, b"offline"), birth=Message(topic, b"online", True)))
+    node = await started(
+        harness.make(will=LastWill(topic, b"offline"), birth=Message(topic, b"online", True))
+    )
     assert (await next_message(watcher)).payload == b"online"
 
     node.abort()
     assert (await next_message(watcher, 10)).payload == b"offline"
 
-    clean = await started(harness.make(will=LastWill(topic, b"offline"), birth=Message(topic, b"online", True)))
+    clean = await started(
+        harness.make(will=LastWill(topic, b"offline"), birth=Message(topic, b"online", True))
+    )
     assert (await next_message(watcher)).payload == b"online"
     await clean.stop()
     await no_message(watcher, 0.5)

@@ -31,7 +31,9 @@ class Daemon:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ftd.cli", role, "--config", str(config)],
-            stdout=log, stderr=log, cwd=REPO,
+            stdout=log,
+            stderr=log,
+            cwd=REPO,
         )
         return self
 
@@ -44,7 +46,9 @@ class Daemon:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited {self.proc.returncode}:\n{self.log()[-3000:]}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name}: {needle!r} not logged after {timeout}s:\n{self.log()[-3000:]}")
+                raise TimeoutError(
+                    f"{self.name}: {needle!r} not logged after {timeout}s:\n{self.log()[-3000:]}"
+                )
             time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGTERM) -> int | None:

@@ -14,8 +14,13 @@ pytestmark = pytest.mark.slow
 
 
 def run_demo(*args: str) -> tuple[str, dict[str, object]]:
-    proc = subprocess.run([sys.executable, "-m", "ftd.cli", "demo", "--json", *args],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ftd.cli", "demo", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     return proc.stdout, json.loads(lines[-1])

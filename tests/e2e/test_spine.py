@@ -60,8 +60,11 @@ exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
 
     def wait_registered(self, job: str, timeout: float = 20.0) -> None:
         """Wait until the coordinator can know the job: its presence is retained on the bus."""
+
         async def watch() -> None:
-            bus = MqttBus(host="127.0.0.1", port=self.broker.port, client_id=f"e2e-watch-{job}", clean_session=True)
+            bus = MqttBus(
+                host="127.0.0.1", port=self.broker.port, client_id=f"e2e-watch-{job}", clean_session=True
+            )
             await bus.subscribe(topics.node_job("node-1", job))
             await bus.start()
             try:
@@ -76,7 +79,9 @@ exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
 
     def ledger_events(self, kind: str) -> list[dict[str, object]]:
         with sqlite3.connect(self.ledger) as db:
-            return [json.loads(body) for (body,) in db.execute("SELECT body FROM events WHERE kind = ?", (kind,))]
+            return [
+                json.loads(body) for (body,) in db.execute("SELECT body FROM events WHERE kind = ?", (kind,))
+            ]
 
 
 def trainer_records(log: Path) -> list[dict[str, object]]:
@@ -107,18 +112,24 @@ port = {mosquitto.port}
 keepalive_s = 2
 reconnect_max_s = 1.0
 """
-    agent = Daemon("agent-node-1", f"""{bus}
+    agent = Daemon(
+        "agent-node-1",
+        f"""{bus}
 [agent]
 node = "node-1"
 kmsg_path = "{kmsg}"
-state_dir = "{tmp_path / 'agent-state'}"
+state_dir = "{tmp_path / "agent-state"}"
 socket_path = "{socket_path}"
 
 [log]
 level = "info"
 json = true
-""", tmp_path)
-    coordinator = Daemon("coordinator", f"""{bus}
+""",
+        tmp_path,
+    )
+    coordinator = Daemon(
+        "coordinator",
+        f"""{bus}
 [coordinator]
 ledger_path = "{ledger}"
 save_deadline_s = 20
@@ -131,7 +142,9 @@ slurm_conf = "{slurm.conf_path}"
 [log]
 level = "info"
 json = true
-""", tmp_path)
+""",
+        tmp_path,
+    )
     coordinator.start()
     agent.start()
     try:

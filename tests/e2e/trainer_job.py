@@ -21,7 +21,10 @@ def main() -> int:
 
     def record(what: str, **fields: object) -> None:
         with log.open("a") as f:
-            f.write(json.dumps({"what": what, "job": client.job, "rank": client.rank, "t": time.time(), **fields}) + "\n")
+            f.write(
+                json.dumps({"what": what, "job": client.job, "rank": client.rank, "t": time.time(), **fields})
+                + "\n"
+            )
 
     client = Client()  # job from SLURM_JOB_ID, rank from SLURM_PROCID, socket from FTD_SOCKET
     record("started")

@@ -50,8 +50,11 @@ class Recorder:
 def make_engine(tmp_path: Path, executor: Recorder, plugins: tuple[object, ...] = (DrainOnEcc(),)) -> Engine:
     pm = make_plugin_manager(extra=plugins, entry_points=False, disabled=["xid_catalog"])
     return Engine(
-        state=ClusterState(), ledger=Ledger(tmp_path / "ledger.sqlite"), gate=PolicyGate(cooldown_s=600),
-        plugins=pm, executors={ActionKind.DRAIN_NODE: executor},
+        state=ClusterState(),
+        ledger=Ledger(tmp_path / "ledger.sqlite"),
+        gate=PolicyGate(cooldown_s=600),
+        plugins=pm,
+        executors={ActionKind.DRAIN_NODE: executor},
     )
 
 
@@ -87,7 +90,9 @@ async def test_failed_executor_is_recorded_with_its_error(tmp_path: Path) -> Non
 
 async def test_action_without_executor_fails_visibly(tmp_path: Path) -> None:
     pm = make_plugin_manager(extra=(DrainOnEcc(),), entry_points=False, disabled=["xid_catalog"])
-    engine = Engine(state=ClusterState(), ledger=Ledger(":memory:"), gate=PolicyGate(), plugins=pm, executors={})
+    engine = Engine(
+        state=ClusterState(), ledger=Ledger(":memory:"), gate=PolicyGate(), plugins=pm, executors={}
+    )
     [record] = engine.handle_event(make_event("node-1", Kind.ECC))
     assert record.state == ActionState.FAILED and "no executor" in record.detail["error"]
 
@@ -131,8 +136,13 @@ async def test_builtin_xid_rule_drains_on_79_and_restarts_the_job_elsewhere(tmp_
     state = ClusterState()
     state.apply_presence("node-2", "1001", JobPresence(job="1001", node="node-2", ranks=[RankInfo(rank=1)]))
     restarts = Recorder()
-    engine = Engine(state=state, ledger=Ledger(":memory:"), gate=PolicyGate(), plugins=pm,
-                    executors={ActionKind.DRAIN_NODE: executor, ActionKind.CHECKPOINT_RESTART: restarts})
+    engine = Engine(
+        state=state,
+        ledger=Ledger(":memory:"),
+        gate=PolicyGate(),
+        plugins=pm,
+        executors={ActionKind.DRAIN_NODE: executor, ActionKind.CHECKPOINT_RESTART: restarts},
+    )
     records = engine.handle_event(make_event("node-2", Kind.XID, data={"code": 79, "pci": "0000:3b:00.0"}))
     by_kind = {r.request.kind: r.request for r in records}
     assert set(by_kind) == {"drain_node", "checkpoint_restart"}

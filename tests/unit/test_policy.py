@@ -53,19 +53,28 @@ def test_dry_run_global_and_per_rule() -> None:
 def test_restore_from_ledger_keeps_dedupe_and_cooldown() -> None:
     clock = Clock()
     gate = PolicyGate(cooldown_s=60, clock=clock)
-    gate.restore([
-        ActionRecord(id="x", request=req(target="node-1"), state=ActionState.RUNNING),
-        ActionRecord(id="y", request=req(target="node-2"), state=ActionState.SUCCEEDED, updated=clock.now - 10),
-        ActionRecord(id="z", request=req(target="node-3"), state=ActionState.SUCCEEDED, updated=clock.now - 100),
-    ])
+    gate.restore(
+        [
+            ActionRecord(id="x", request=req(target="node-1"), state=ActionState.RUNNING),
+            ActionRecord(
+                id="y", request=req(target="node-2"), state=ActionState.SUCCEEDED, updated=clock.now - 10
+            ),
+            ActionRecord(
+                id="z", request=req(target="node-3"), state=ActionState.SUCCEEDED, updated=clock.now - 100
+            ),
+        ]
+    )
     assert not gate.decide(req(target="node-1")).allowed
     assert not gate.decide(req(target="node-2")).allowed
     assert gate.decide(req(target="node-3")).allowed
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["request", "finish", "tick"]), st.sampled_from(["node-1", "node-2"]),
-              st.floats(0, 50)),
+    st.tuples(
+        st.sampled_from(["request", "finish", "tick"]),
+        st.sampled_from(["node-1", "node-2"]),
+        st.floats(0, 50),
+    ),
     max_size=60,
 )
 

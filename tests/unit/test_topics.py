@@ -17,6 +17,7 @@ pattern_st = st.lists(st.sampled_from(["a", "b", "node-1", "xid", "", "+"]), min
 
 def reference(pattern: str, topic: str) -> bool:
     """Straightforward recursive definition of MQTT 3.1.1 §4.7 matching."""
+
     def rec(p: list[str], t: list[str]) -> bool:
         if not p:
             return not t
@@ -25,6 +26,7 @@ def reference(pattern: str, topic: str) -> bool:
         if not t:
             return False
         return (p[0] == "+" or p[0] == t[0]) and rec(p[1:], t[1:])
+
     return rec(pattern.split("/"), topic.split("/"))
 
 

@@ -93,15 +93,23 @@ class CheckpointRestart:
         if ranks:
             save_id = await self._send(record, "save", self.save_deadline_s)
             outcome = await self._acks.wait(save_id, ranks, self.save_deadline_s)
-            detail["saved"] = {str(r): {"step": a.step, "path": a.path} for r, a in sorted(outcome.acked.items())}
+            detail["saved"] = {
+                str(r): {"step": a.step, "path": a.path} for r, a in sorted(outcome.acked.items())
+            }
             steps = {a.step for a in outcome.acked.values()}
-            detail["save_step"] = steps.pop() if len(steps) == 1 else sorted(s for s in steps if s is not None)
+            detail["save_step"] = (
+                steps.pop() if len(steps) == 1 else sorted(s for s in steps if s is not None)
+            )
             if not outcome.complete:
                 escalated = True
                 detail["save_missing"] = sorted(outcome.missing)
                 detail["save_failed"] = {str(r): a.reason for r, a in outcome.nacked.items()}
-                log.warning("save incomplete, stopping anyway", job=job, missing=sorted(outcome.missing),
-                            nacked=sorted(outcome.nacked))
+                log.warning(
+                    "save incomplete, stopping anyway",
+                    job=job,
+                    missing=sorted(outcome.missing),
+                    nacked=sorted(outcome.nacked),
+                )
             await self._send(record, "stop", self.stop_deadline_s)
             detail["stopped"] = await self._wait_job_gone(job)
             escalated = escalated or not detail["stopped"]

@@ -1,0 +1,512 @@
+"""Pure kernel-log parser: text lines in, :class:`KernelEvent` out. No I/O, never raises.
+
+What it understands (DESIGN §5 "kmsg"):
+
+* **Line shapes**: raw ``/dev/kmsg`` records (``PRI,SEQ,TS_USEC,FLAGS;msg``; continuation lines that
+  start with a space are ``KEY=value`` dictionary entries and are skipped), ``dmesg``
+  (``[12345.678901] msg``), ``dmesg -T`` (``[Mon Dec  9 12:34:44 2024] msg``), syslog
+  (``Dec  9 12:34:44 host kernel: [ 123.456] msg``), ``journalctl -k`` (``Dec 09 12:34:44 host
+  kernel: msg``), ``dmesg --time-format iso`` (optionally with the ``kern  :err   :`` prefix of
+  ``dmesg -x``) and caller tags (``[ T1946]``, ``[    C3]``). Prefixes are peeled in that order,
+  each optional, so combinations (syslog + dmesg timestamp + caller tag) work too.
+* **Events**: NVIDIA Xid in every driver era (with or without ``PCI:``, with ``pid=``/``name=`` or
+  ``Ch``/``Channel``, ``pid='<unknown>'``), NVSwitch SXid, the "GPU has fallen off the bus" banner
+  (single-line and the older three-line form), the ``NVRM: GPU at PCI:... GPU-<uuid>`` line (kept as a
+  PCI -> UUID map attached to later events), PCIe AER, the OOM killer, hung tasks and mlx5/IPoIB link
+  down.
+
+The Xid code is the first number *after the closing parenthesis* of the device address, never "the
+first number after Xid" (that is the PCI domain). Xid 154 also carries the driver's recovery action
+in text ("... to 0x2 (Node Reboot Required)"); it becomes the event's ``action``.
+
+Speed: almost every kernel line is noise, so each line first goes through a handful of substring
+tests (``'Xid' in line`` ...); regular expressions only run on lines that pass. Prefixes are parsed
+only for those candidate lines as well.
+
+Duplicate suppression inside one incident (documented choices):
+
+* The kernel prints an OOM kill twice (``oom-kill:...`` then ``Killed process N``): the second line
+  is folded into the first when the pid matches and it comes within a few lines.
+* An AER incident prints ``AER: ... error received`` then ``PCIe Bus Error: severity=...``: the
+  detail line is folded into the first within a few lines.
+* After ``Xid 79`` the driver also prints ``GPU ... has fallen off the bus``: that line is folded
+  into the Xid event for the same PCI address. The fall-off banner *without* an Xid becomes a
+  ``gpu_fallen_off_bus`` event (action RESTART_BM).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from ftd.catalog import XidCatalog, load_xid_catalog
+from ftd.events import Kind
+
+__all__ = ["KernelEvent", "KmsgParser", "normalize_pci", "parse_lines", "strip_prefix"]
+
+
+class KernelEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One recognised kernel event (DESIGN §9 keys plus context)."""
+
+    line: int  # 1-based number of the record's first input line
+    kind: Kind
+    code: int | None = None
+    pci: str | None = None  # lowercase dddd:bb:dd.f
+    pid: int | None = None
+    process: str | None = None
+    action: str | None = None  # catalog bucket (Xid) or ftd's bucket for the non-Xid kinds
+    severity: str = "warning"
+    message: str = ""
+    ts: float | None = None  # kernel timestamp, seconds since boot
+    seq: int | None = None  # /dev/kmsg sequence number
+    uuid: str | None = None
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+# --- PCI addresses ------------------------------------------------------------------------------
+
+_PCI_RE = re.compile(r"(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?")
+
+
+def normalize_pci(text: str | None) -> str | None:
+    """``0000:3B:00`` -> ``0000:3b:00.0``; ``3b:00.0`` -> ``0000:3b:00.0``; junk -> ``None``."""
+    if not text:
+        return None
+    text = text.strip()
+    if text[:4].upper() == "PCI:":
+        text = text[4:]
+    match = _PCI_RE.fullmatch(text)
+    if match is None:
+        return None
+    domain, bus, dev, fn = match.groups()
+    domain = (domain or "").lower().lstrip("0").rjust(4, "0")  # nvidia-smi prints 8 digits
+    return f"{domain}:{bus.lower()}:{dev.lower()}.{fn or '0'}"
+
+
+# --- prefixes -----------------------------------------------------------------------------------
+
+_RAW_RE = re.compile(r"(\d{1,3}),(\d+),(\d+),[^;]*;")
+_SYSLOG_RE = re.compile(
+    r"([A-Z][a-z]{2} [ \d]?\d \d\d:\d\d:\d\d(?:\.\d+)?"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
+    r" \S+ kernel(?:\[\d+\])?: ?"
+)
+_LEVEL_RE = re.compile(r"[a-z]{2,8} *:[a-z]{3,6} *: ?")
+_ISO_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\s+")
+_MONO_RE = re.compile(r"\[ *(\d+\.\d+)\] ?")
+_CTIME_RE = re.compile(r"\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?")
+_CALLER_RE = re.compile(r"\[ *[TC]\d+\] ?")
+_DICT_RE = re.compile(r" [A-Z_]+=")
+
+
+class _Prefix(msgspec.Struct):
+    message: str
+    ts: float | None = None
+    seq: int | None = None
+    time: str | None = None  # wall-clock time as printed (dmesg -T, iso, syslog)
+
+
+def strip_prefix(line: str) -> _Prefix:
+    """Peel every known prefix off ``line``; return the bare message and what the prefixes said."""
+    out = _Prefix(message="")
+    pos = 0
+    match = _RAW_RE.match(line)
+    if match is not None:
+        out.seq = int(match.group(2))
+        out.ts = int(match.group(3)) / 1e6
+        pos = match.end()
+    else:
+        match = _SYSLOG_RE.match(line)
+        if match is not None:
+            out.time = match.group(1)
+            pos = match.end()
+        match = _LEVEL_RE.match(line, pos)
+        if match is not None:
+            pos = match.end()
+        match = _ISO_RE.match(line, pos)
+        if match is not None:
+            out.time = match.group(1)
+            pos = match.end()
+    match = _MONO_RE.match(line, pos)
+    if match is not None:
+        out.ts = float(match.group(1))
+        pos = match.end()
+    else:
+        match = _CTIME_RE.match(line, pos)
+        if match is not None:
+            out.time = _ctime_to_iso(match.group(1))
+            pos = match.end()
+    match = _CALLER_RE.match(line, pos)
+    if match is not None:
+        pos = match.end()
+    out.message = line[pos:].rstrip("\r\n")
+    return out
+
+
+def _ctime_to_iso(text: str) -> str:
+    try:
+        return datetime.strptime(" ".join(text.split()), "%a %b %d %H:%M:%S %Y").isoformat()
+    except ValueError:
+        return text
+
+
+# --- message patterns ---------------------------------------------------------------------------
+
+_XID_RE = re.compile(
+    r"\bXid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+    r"|[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\):\s*(\d+)\s*(?:,\s*)?(.*)"
+)
+_SXID_RE = re.compile(
+    r"\b(nvidia-nvswitch\d*)?:?\s*SXid \((?:PCI:)?([0-9a-fA-F:.]+)\):\s*(\d+)\s*(?:,\s*)?(.*)"
+)
+_PID_RE = re.compile(r"\bpid=(?:'?<unknown>'?|(\d+))")
+_NAME_RE = re.compile(r"\bname=([^,]*)")
+_CHANNEL_RE = re.compile(r"\b(?:Ch(?:annel)?)\s+(?:0x)?([0-9a-fA-F]+)")
+_PREVIOUS_RE = re.compile(r"(?i)previous xid(?:\s*\(?(\d+)\)?)?")
+_RECOVERY_RE = re.compile(r"(?i)recovery action changed from \S+ \(([^)]*)\) to \S+ \(([^)]*)\)")
+_UUID_LINE_RE = re.compile(r"NVRM: GPU at (?:PCI:)?([0-9a-fA-F:.]+):\s*(GPU-[0-9a-fA-F-]+)")
+_ANY_PCI_RE = re.compile(r"\b((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
+_BANNER_START_RE = re.compile(r"NVRM: The NVIDIA GPU ([0-9a-fA-F:.]+)")
+_DEVICE_RE = re.compile(r"^(\S+) ([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\b")
+_AER_RECEIVED_RE = re.compile(
+    r"AER: (?:Multiple )?(Corrected|Uncorrected \((?:Non-)?Fatal\)|Uncorrectable|Fatal)"
+    r" error(?:s)? (?:received|message received)(?::|\s+from)?\s*(?:id=)?(\S+)?"
+)
+_AER_DETAIL_RE = re.compile(r"PCIe Bus Error: severity=([^,]+)(?:, type=([^,]+))?")
+_OOM_KILL_RE = re.compile(r"oom-kill:(\S*)")
+_OOM_KILLED_RE = re.compile(
+    r"(?:(Memory cgroup o|O)ut of memory(?: \([^)]*\))?: )?Killed process (\d+) \(([^)]*)\)"
+)
+_HUNG_RE = re.compile(r"INFO: task (.+):(\d+) blocked for more than (\d+) seconds")
+_LINK_DOWN_RE = re.compile(r"(?i)\blink (?:is )?down\b|lost carrier|port module event")
+_IB_IFACE_RE = re.compile(r"\bib[a-z0-9_]*\d\b")
+_IFACE_RE = re.compile(r"\b(ib[a-z0-9_]*\d|en[a-z0-9]+|eth\d+)\b:")
+
+_RECOVERY_ACTIONS = {
+    "none": "IGNORE",
+    "drain p2p": "RESET_GPU",
+    "drain and reset": "RESET_GPU",
+    "gpu reset required": "RESET_GPU",
+    "node reboot required": "RESTART_BM",
+}
+_BUCKET_SEVERITY = {"IGNORE": "info", "RESET_GPU": "critical", "RESTART_BM": "critical"}
+_FOLD_WINDOW = 5  # lines within which a detail line is folded into its header event
+_BANNER_WINDOW = 8  # lines within which the three-line fall-off banner must complete
+_XID79_WINDOW = 50  # lines after an Xid 79 within which "fallen off the bus" is the same incident
+
+
+def _is_candidate(line: str) -> bool:
+    """Cheap pre-filter: can this line possibly be an event? (substring tests only)"""
+    return (
+        "Xid" in line
+        or "NVRM" in line
+        or "AER" in line
+        or "PCIe Bus Error" in line
+        or "oom-kill" in line
+        or "Killed process" in line
+        or "blocked for more than" in line
+        or ("ink" in line and ("own" in line or "OWN" in line))  # link (is) down, Link Down
+        or "lost carrier" in line
+        or "odule event" in line
+    )
+
+
+class KmsgParser:
+    """Stateful line parser. State is only what multi-line records need (see module doc)."""
+
+    def __init__(self, catalog: XidCatalog | None = None) -> None:
+        self._catalog = catalog or load_xid_catalog()
+        self._uuids: dict[str, str] = {}
+        self._banner: tuple[int, str | None, _Prefix] | None = None  # (line, pci, prefix)
+        self._recent: dict[tuple[str, Any], int] = {}  # (fold key) -> line number
+
+    @property
+    def uuids(self) -> dict[str, str]:
+        """PCI address -> GPU UUID, learned from ``NVRM: GPU at PCI:...`` lines."""
+        return dict(self._uuids)
+
+    def feed(self, line: str, lineno: int) -> list[KernelEvent]:
+        """Parse one input line (``lineno`` is 1-based). Never raises."""
+        if not _is_candidate(line):
+            return []
+        try:
+            return self._parse(line, lineno)
+        except Exception:  # a parser bug must never take the agent down
+            return []
+
+    def flush(self) -> list[KernelEvent]:
+        """End of input: drop partial multi-line state. Returns events still pending (none today)."""
+        self._banner = None
+        self._recent.clear()
+        return []
+
+    # --- dispatch -------------------------------------------------------------------------------
+
+    def _parse(self, line: str, lineno: int) -> list[KernelEvent]:
+        if line[:1] == " " and _DICT_RE.match(line):
+            return []  # /dev/kmsg dictionary continuation line (KEY=value)
+        if len(line) > 65536:
+            line = line[:65536]
+        prefix = strip_prefix(line)
+        msg = prefix.message
+        if "Xid" in msg:
+            event = self._xid(msg, lineno, prefix)
+            if event is not None:
+                return [event]
+        if "NVRM" in msg:
+            return self._nvrm(msg, lineno, prefix)
+        if "AER" in msg or "PCIe Bus Error" in msg:
+            return self._aer(msg, lineno, prefix)
+        if "oom-kill" in msg or "Killed process" in msg:
+            return self._oom(msg, lineno, prefix)
+        if "blocked for more than" in msg:
+            return self._hung(msg, lineno, prefix)
+        return self._link(msg, lineno, prefix)
+
+    def _event(self, lineno: int, prefix: _Prefix, kind: Kind, **fields: Any) -> KernelEvent:
+        pci = fields.get("pci")
+        if pci is not None and "uuid" not in fields:
+            fields["uuid"] = self._uuids.get(pci)
+        extra = fields.setdefault("extra", {})
+        if prefix.time is not None:
+            extra["time"] = prefix.time
+        return KernelEvent(
+            line=lineno, kind=kind, message=prefix.message, ts=prefix.ts, seq=prefix.seq, **fields
+        )
+
+    def _fold(self, key: tuple[str, Any], lineno: int, window: int) -> bool:
+        """True when ``key`` was recorded within ``window`` lines before ``lineno``."""
+        seen = self._recent.get(key)
+        return seen is not None and 0 <= lineno - seen <= window
+
+    def _remember(self, key: tuple[str, Any], lineno: int) -> None:
+        if len(self._recent) > 256:
+            self._recent.clear()
+        self._recent[key] = lineno
+
+    # --- NVIDIA ---------------------------------------------------------------------------------
+
+    def _xid(self, msg: str, lineno: int, prefix: _Prefix) -> KernelEvent | None:
+        if "SXid" in msg:
+            return self._sxid(msg, lineno, prefix)
+        match = _XID_RE.search(msg)
+        if match is None:
+            return None
+        pci = normalize_pci(match.group(1))
+        code = int(match.group(2))
+        rest = match.group(3)
+        info = self._catalog.get(code)
+        extra: dict[str, Any] = {"name": info.name}
+        if not info.known:
+            extra["unknown_code"] = True
+        action, severity = info.action, info.severity
+        pid, process = _pid_name(rest)
+        channel = _CHANNEL_RE.search(rest)
+        if channel is not None:
+            extra["channel"] = channel.group(1).lower()
+        previous = _PREVIOUS_RE.search(rest)
+        if previous is not None:
+            extra["caused_by_previous"] = int(previous.group(1)) if previous.group(1) else True
+        if code == 154:
+            action, severity = _recovery_action(rest, extra, action, severity)
+        if code == 79:
+            self._remember(("xid79", pci), lineno)
+        return self._event(
+            lineno, prefix, Kind.XID, code=code, pci=pci, pid=pid, process=process,
+            action=action, severity=severity, extra=extra,
+        )  # fmt: skip
+
+    def _sxid(self, msg: str, lineno: int, prefix: _Prefix) -> KernelEvent | None:
+        match = _SXID_RE.search(msg)
+        if match is None:
+            return None
+        rest = match.group(4)
+        head = rest[:40].lower()
+        fatal = "fatal" in head and "non-fatal" not in head
+        extra: dict[str, Any] = {"fatal": fatal}
+        if match.group(1):
+            extra["switch"] = match.group(1)
+        link = re.search(r"\bLink (\d+)", rest)
+        if link is not None:
+            extra["link"] = int(link.group(1))
+        return self._event(
+            lineno, prefix, Kind.SXID, code=int(match.group(3)), pci=normalize_pci(match.group(2)),
+            action=None, severity="critical" if fatal else "warning", extra=extra,
+        )  # fmt: skip
+
+    def _nvrm(self, msg: str, lineno: int, prefix: _Prefix) -> list[KernelEvent]:
+        uuid_match = _UUID_LINE_RE.search(msg)
+        if uuid_match is not None:
+            pci = normalize_pci(uuid_match.group(1))
+            if pci is not None:
+                self._uuids[pci] = uuid_match.group(2).lower().replace("gpu-", "GPU-", 1)
+            return []
+        banner = _BANNER_START_RE.search(msg)
+        if banner is not None and "fallen off" not in msg:
+            self._banner = (lineno, normalize_pci(banner.group(1)), prefix)
+            return []
+        if "fallen off the bus" not in msg:
+            return []
+        return self._fallen_off(msg, lineno, prefix)
+
+    def _fallen_off(self, msg: str, lineno: int, prefix: _Prefix) -> list[KernelEvent]:
+        first_line, pci = lineno, None
+        if self._banner is not None and lineno - self._banner[0] <= _BANNER_WINDOW:
+            first_line, pci, prefix = self._banner
+        self._banner = None
+        if pci is None:
+            any_pci = _ANY_PCI_RE.search(msg)
+            pci = normalize_pci(any_pci.group(1)) if any_pci else None
+        if self._fold(("xid79", pci), lineno, _XID79_WINDOW):
+            return []  # the driver's own repeat of an Xid 79 already reported
+        self._remember(("xid79", pci), lineno)
+        return [
+            self._event(
+                first_line, prefix, Kind.GPU_FALLEN_OFF_BUS, code=None, pci=pci, action="RESTART_BM",
+                severity="critical", extra={},
+            )
+        ]  # fmt: skip
+
+    # --- PCIe AER -------------------------------------------------------------------------------
+
+    def _aer(self, msg: str, lineno: int, prefix: _Prefix) -> list[KernelEvent]:
+        device = _DEVICE_RE.match(msg)
+        dev_pci = normalize_pci(device.group(2)) if device else None
+        received = _AER_RECEIVED_RE.search(msg)
+        if received is not None:
+            level = received.group(1)
+            source = normalize_pci(received.group(2)) if received.group(2) else None
+            self._remember(("aer", None), lineno)
+            extra: dict[str, Any] = {"aer": level}
+            if dev_pci is not None and source is not None and source != dev_pci:
+                extra["reported_by"] = dev_pci
+            return [self._aer_event(lineno, prefix, source or dev_pci, level, extra)]
+        detail = _AER_DETAIL_RE.search(msg)
+        if detail is None or self._fold(("aer", None), lineno, _FOLD_WINDOW):
+            return []
+        extra = {"aer": detail.group(1).strip()}
+        if detail.group(2):
+            extra["type"] = detail.group(2).strip()
+        if device is not None:
+            extra["driver"] = device.group(1)
+        return [self._aer_event(lineno, prefix, dev_pci, detail.group(1), extra)]
+
+    def _aer_event(
+        self, lineno: int, prefix: _Prefix, pci: str | None, level: str, extra: dict[str, Any]
+    ) -> KernelEvent:
+        lowered = level.lower()
+        if "non-fatal" in lowered:
+            severity = "error"
+        elif "fatal" in lowered:
+            severity = "critical"
+        elif "uncorrect" in lowered:
+            severity = "error"
+        else:
+            severity = "info"
+        return self._event(lineno, prefix, Kind.PCIE_AER, pci=pci, severity=severity, extra=extra)
+
+    # --- host -----------------------------------------------------------------------------------
+
+    def _oom(self, msg: str, lineno: int, prefix: _Prefix) -> list[KernelEvent]:
+        kill = _OOM_KILL_RE.search(msg)
+        if kill is not None:
+            fields = dict(part.split("=", 1) for part in kill.group(1).split(",") if "=" in part)
+            pid = _to_int(fields.get("pid"))
+            self._remember(("oom", pid), lineno)
+            extra: dict[str, Any] = {
+                k: fields[k] for k in ("constraint", "oom_memcg", "task_memcg", "uid") if k in fields
+            }
+            return [
+                self._event(
+                    lineno, prefix, Kind.OOM_KILL, pid=pid, process=fields.get("task"),
+                    severity="error", extra=extra,
+                )
+            ]  # fmt: skip
+        killed = _OOM_KILLED_RE.search(msg)
+        if killed is None:
+            return []
+        pid = int(killed.group(2))
+        if self._fold(("oom", pid), lineno, _FOLD_WINDOW):
+            return []
+        cgroup: dict[str, Any] = {"cgroup": True} if killed.group(1) == "Memory cgroup o" else {}
+        return [
+            self._event(
+                lineno,
+                prefix,
+                Kind.OOM_KILL,
+                pid=pid,
+                process=killed.group(3),
+                severity="error",
+                extra=cgroup,
+            )
+        ]
+
+    def _hung(self, msg: str, lineno: int, prefix: _Prefix) -> list[KernelEvent]:
+        match = _HUNG_RE.search(msg)
+        if match is None:
+            return []
+        return [
+            self._event(
+                lineno, prefix, Kind.HUNG_TASK, pid=int(match.group(2)), process=match.group(1),
+                severity="warning", extra={"blocked_s": int(match.group(3))},
+            )
+        ]  # fmt: skip
+
+    def _link(self, msg: str, lineno: int, prefix: _Prefix) -> list[KernelEvent]:
+        lowered = msg.lower()
+        if "mlx" not in lowered and _IB_IFACE_RE.search(msg) is None:
+            return []  # only InfiniBand / RoCE links; other NICs are not the training fabric
+        if _LINK_DOWN_RE.search(msg) is None:
+            return []
+        if "port module event" in lowered and not ("error" in lowered or "unplugged" in lowered):
+            return []  # "Cable plugged" and other benign module events
+        device = _DEVICE_RE.match(msg)
+        iface = _IFACE_RE.search(msg)
+        extra: dict[str, Any] = {}
+        if device is not None:
+            extra["driver"] = device.group(1)
+        if iface is not None:
+            extra["interface"] = iface.group(1)
+        pci = normalize_pci(device.group(2)) if device else None
+        return [self._event(lineno, prefix, Kind.IB_LINK, pci=pci, severity="error", extra=extra)]
+
+
+def _pid_name(rest: str) -> tuple[int | None, str | None]:
+    pid_match = _PID_RE.search(rest)
+    pid = int(pid_match.group(1)) if pid_match is not None and pid_match.group(1) else None
+    name_match = _NAME_RE.search(rest)
+    process = name_match.group(1).strip().strip("'\"") if name_match is not None else None
+    if process in ("", "<unknown>"):
+        process = None
+    return pid, process
+
+
+def _recovery_action(rest: str, extra: dict[str, Any], action: str, severity: str) -> tuple[str, str]:
+    match = _RECOVERY_RE.search(rest)
+    if match is None:
+        return action, severity
+    extra["recovery_from"] = match.group(1)
+    extra["recovery_to"] = match.group(2)
+    bucket = _RECOVERY_ACTIONS.get(match.group(2).strip().lower())
+    if bucket is None:
+        return action, severity
+    return bucket, _BUCKET_SEVERITY.get(bucket, severity)
+
+
+def _to_int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
+
+
+def parse_lines(lines: Iterable[str], parser: KmsgParser | None = None) -> Iterator[KernelEvent]:
+    """Parse an iterable of lines (numbered from 1) and yield every event, then flush."""
+    parser = parser or KmsgParser()
+    feed = parser.feed
+    candidate = _is_candidate
+    for lineno, line in enumerate(lines, 1):
+        if candidate(line):
+            yield from feed(line, lineno)
+    yield from parser.flush()

@@ -1,0 +1,558 @@
+"""The agent's local API: a unix-socket server that training ranks on this node connect to.
+
+Why: the coordinator talks to a job through the bus, but trainers must not speak MQTT (the trainer
+client is stdlib only and must be cheap and fail-open). So each node agent relays: it pushes
+``save``/``stop`` directives down to the ranks it hosts, turns their acknowledgements into
+:class:`ftd.events.Ack`, and watches their heartbeats (job presence for the coordinator, silence
+for hang detection).
+
+Protocol (version 1)
+--------------------
+One persistent connection per rank over a ``SOCK_STREAM`` unix socket. Every message, in both
+directions, is one JSON object on one line (UTF-8, terminated by ``\\n``, at most 64 KiB). Each
+carries ``"v"`` (protocol version; the agent answers an error for a version it does not speak; a
+client may omit it, meaning 1) and ``"op"``.
+
+Client -> agent:
+
+- ``{"v":1,"op":"register","job":"1234","rank":3,"local_rank":3,"pid":4242}``. Must come first.
+  ``job`` is 1..256 characters without ``/ + #``, whitespace or NUL (it becomes part of MQTT
+  topics); ``rank`` >= 0. Answer: ``{"v":1,"op":"ok","re":"register"}`` then every directive
+  still pending for that job (see below), or ``{"v":1,"op":"error","re":"register","error":...}``.
+- ``{"v":1,"op":"heartbeat","step":1200}`` (``step`` may be null). No answer. The client sends
+  one only when the training loop has called ``heartbeat()`` since the last one, so a hung loop
+  goes silent here (:meth:`LocalApi.ranks_silent_for`).
+- ``{"v":1,"op":"ack","directive_id":"...","ok":true,"step":1200,"path":"/ckpt/1200","reason":""}``.
+  No answer; relayed to ``on_ack`` as an :class:`~ftd.events.Ack` with ``node`` and ``ts`` set.
+
+Agent -> client, pushed at any time:
+
+- ``{"v":1,"op":"directive", <every Directive field: schema, id, ts, action, job, node, reason,
+  deadline_s, action_id, params>}``.
+- ``{"v":1,"op":"error","re":<op or null>,"error":"..."}`` for a bad message: not JSON, not an
+  object, unknown op, wrong field types, an op before ``register``, a line over 64 KiB. Bad input is
+  counted (``counters["bad_messages"]``) and logged (rate-limited); the connection stays open and
+  nothing else is affected.
+
+Unknown fields are ignored in both directions (a newer peer may add some).
+
+Pending directives
+------------------
+:meth:`LocalApi.deliver` pushes a directive to every connected rank of its job (all jobs when
+``job`` is None) and keeps it *pending*: a rank that registers later (a reconnect after an agent or
+client restart) receives it too, unless that rank already answered it. A pending directive is
+dropped when its deadline passes (``deadline_s`` counted from when *this agent* received it: node
+and coordinator clocks may disagree), after ``pending_ttl_s`` when it has no deadline, or once
+every rank it reached has answered it (so a job requeued later onto this node does not receive a
+stale ``stop``). A directive id seen before is never delivered again.
+
+Thread-safety: everything here runs on the agent's event loop; call it from that loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import msgspec
+
+from ftd.events import Ack, Directive, RankInfo
+from ftd.logs import get_logger
+
+log = get_logger(__name__)
+
+PROTOCOL_VERSION = 1
+MAX_LINE = 64 * 1024
+"""Longest accepted message line in bytes, newline excluded."""
+MAX_WRITE_BUFFER = 1024 * 1024
+"""A client that lets more than this pile up unread is disconnected (it reconnects and re-registers)."""
+MAX_CONNECTIONS = 4096
+MAX_PENDING = 256
+MAX_SEEN_IDS = 8192
+PRESENCE_MIN_INTERVAL_S = 1.0
+
+JobName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^/+#\s\x00]+$")]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="register"):
+    v: int = PROTOCOL_VERSION
+    job: JobName
+    rank: NonNegInt
+    local_rank: NonNegInt | None = None
+    pid: NonNegInt | None = None
+
+
+class _Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="heartbeat"):
+    v: int = PROTOCOL_VERSION
+    step: int | None = None
+
+
+class _AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="ack"):
+    v: int = PROTOCOL_VERSION
+    directive_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    ok: bool = True
+    step: int | None = None
+    path: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
+    reason: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+
+
+_ClientMsg = _Register | _Heartbeat | _AckMsg
+_OPS: dict[type[Any], str] = {_Register: "register", _Heartbeat: "heartbeat", _AckMsg: "ack"}
+_decoder = msgspec.json.Decoder(_ClientMsg)
+_encoder = msgspec.json.Encoder()
+
+PresenceCallback = Callable[[str, list[RankInfo]], Awaitable[None]]
+AckCallback = Callable[[Ack], Awaitable[None]]
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return _encoder.encode(obj) + b"\n"
+
+
+def _error_line(re: str | None, error: str) -> bytes:
+    return _line({"v": PROTOCOL_VERSION, "op": "error", "re": re, "error": error})
+
+
+_OK_REGISTER = _line({"v": PROTOCOL_VERSION, "op": "ok", "re": "register"})
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One connected client (a rank once it has registered)."""
+
+    writer: asyncio.StreamWriter
+    connected_at: float
+    job: str | None = None
+    rank: int = -1
+    local_rank: int | None = None
+    pid: int | None = None
+    step: int | None = None
+    last_beat: float | None = None  # wall clock, reported in RankInfo
+    last_beat_mono: float = 0.0  # registration time until the first heartbeat
+    errors: int = 0
+
+    def info(self) -> RankInfo:
+        return RankInfo(
+            rank=self.rank, local_rank=self.local_rank, pid=self.pid, step=self.step, last_beat=self.last_beat
+        )
+
+
+@dataclass(eq=False)
+class _Pending:
+    directive: Directive
+    line: bytes
+    expires: float  # monotonic
+    reached: set[tuple[str, int]] = field(default_factory=set)
+    answered: set[tuple[str, int]] = field(default_factory=set)
+
+    def for_job(self, job: str) -> bool:
+        return self.directive.job is None or self.directive.job == job
+
+
+class LocalApi:
+    """Unix-socket server for the trainer ranks of one node; see the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        node: str,
+        on_presence: PresenceCallback,
+        on_ack: AckCallback,
+        *,
+        socket_mode: int = 0o660,
+        pending_ttl_s: float = 600.0,
+    ) -> None:
+        self.socket_path = socket_path
+        self._socket_dir = os.path.dirname(os.path.abspath(socket_path))
+        self.node = node
+        self._on_presence = on_presence
+        self._on_ack = on_ack
+        self._socket_mode = socket_mode
+        self._pending_ttl_s = pending_ttl_s
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[_Conn] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._jobs: dict[str, set[_Conn]] = {}
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._dirty: set[str] = set()
+        self._last_presence: dict[str, float] = {}
+        self._calls: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.counters: dict[str, int] = {
+            "connections": 0,
+            "registrations": 0,
+            "bad_messages": 0,
+            "heartbeats": 0,
+            "acks": 0,
+            "directives": 0,
+            "duplicate_directives": 0,
+            "slow_clients_dropped": 0,
+            "callback_errors": 0,
+        }
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on ``socket_path``: create its directory, replace a stale socket, set its mode.
+
+        Raises ``RuntimeError`` if another process is listening there, or the path is not a socket.
+        """
+        if self._server is not None:
+            return
+        os.makedirs(self._socket_dir, mode=0o755, exist_ok=True)
+        await self._remove_stale_socket()
+        self._server = await asyncio.start_unix_server(
+            self._handle, path=self.socket_path, limit=MAX_LINE + 1
+        )
+        os.chmod(self.socket_path, self._socket_mode)
+        self._tasks = [
+            asyncio.create_task(self._call_worker(), name="ftd-localapi-callbacks"),
+            asyncio.create_task(self._presence_ticker(), name="ftd-localapi-presence"),
+        ]
+        log.info("local_api_listening", path=self.socket_path, node=self.node)
+
+    async def stop(self) -> None:
+        """Stop listening, drop every connection, remove the socket file.
+
+        Pending directives are kept: a later :meth:`start` on this object re-delivers them.
+        """
+        server, self._server = self._server, None
+        if server is None:
+            return
+        # The ranks did not leave, the agent did: no "job left this node" presence for them.
+        self._stopping = True
+        server.close()
+        for conn in list(self._conns):
+            conn.writer.close()
+        handlers = list(self._handlers)
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 2.0)
+        # Let the callbacks already queued (acks, the presence of ranks that just left) go out.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._calls.join(), 2.0)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        self._stopping = False
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
+                os.unlink(self.socket_path)
+        log.info("local_api_stopped", path=self.socket_path)
+
+    async def _remove_stale_socket(self) -> None:
+        try:
+            st = os.lstat(self.socket_path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise RuntimeError(f"{self.socket_path} exists and is not a socket; refusing to replace it")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), 1.0)
+        except (OSError, TimeoutError):
+            os.unlink(self.socket_path)
+            log.info("local_api_stale_socket_removed", path=self.socket_path)
+            return
+        writer.close()
+        raise RuntimeError(f"another process is already listening on {self.socket_path}")
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def jobs(self) -> dict[str, list[RankInfo]]:
+        """Registered ranks by job, each list sorted by rank."""
+        return {job: self._ranks(job) for job in sorted(self._jobs)}
+
+    def ranks_silent_for(self, seconds: float) -> list[tuple[str, RankInfo]]:
+        """Registered ranks with no heartbeat for ``seconds`` (counted from registration if none yet)."""
+        limit = time.monotonic() - seconds
+        silent = [
+            (conn.job, conn.info())
+            for conn in self._conns
+            if conn.job is not None and conn.last_beat_mono <= limit
+        ]
+        return sorted(silent, key=lambda item: (item[0], item[1].rank))
+
+    def pending(self) -> list[Directive]:
+        """Directives still pending (not expired, not answered by every rank they reached)."""
+        self._prune(time.monotonic())
+        return [p.directive for p in self._pending.values()]
+
+    def _ranks(self, job: str) -> list[RankInfo]:
+        return sorted((c.info() for c in self._jobs.get(job, ())), key=lambda r: (r.rank, r.pid or 0))
+
+    # --- directives --------------------------------------------------------------------------
+
+    async def deliver(self, directive: Directive) -> int:
+        """Push ``directive`` to every connected rank of its job (every job if ``job`` is None).
+
+        Returns how many ranks it reached now. The directive stays pending for ranks that register
+        later (see the module docstring). A directive whose id was seen before is ignored (returns 0).
+        """
+        if directive.id in self._seen:
+            self.counters["duplicate_directives"] += 1
+            log.debug("local_api_duplicate_directive", directive_id=directive.id)
+            return 0
+        self._seen[directive.id] = None
+        while len(self._seen) > MAX_SEEN_IDS:
+            self._seen.popitem(last=False)
+        self.counters["directives"] += 1
+        now = time.monotonic()
+        self._prune(now)
+        ttl = directive.deadline_s if directive.deadline_s is not None else self._pending_ttl_s
+        body = {"v": PROTOCOL_VERSION, "op": "directive", **msgspec.to_builtins(directive)}
+        pending = _Pending(directive=directive, line=_line(body), expires=now + ttl)
+        self._pending[directive.id] = pending
+        while len(self._pending) > MAX_PENDING:
+            dropped_id, _ = self._pending.popitem(last=False)
+            log.warning("local_api_pending_overflow", dropped=dropped_id)
+        jobs = [directive.job] if directive.job is not None else list(self._jobs)
+        reached = 0
+        for job in jobs:
+            for conn in list(self._jobs.get(job, ())):
+                if self._send(conn, pending.line):
+                    pending.reached.add((job, conn.rank))
+                    reached += 1
+        log.info(
+            "local_api_directive",
+            directive_id=directive.id,
+            action=directive.action,
+            job=directive.job,
+            reached=reached,
+        )
+        return reached
+
+    def _prune(self, now: float) -> None:
+        for did in [d for d, p in self._pending.items() if p.expires <= now]:
+            del self._pending[did]
+
+    # --- connections -------------------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+        conn = _Conn(writer=writer, connected_at=time.monotonic())
+        try:
+            if len(self._conns) >= MAX_CONNECTIONS:
+                writer.write(_error_line(None, "too many connections"))
+                return
+            self._conns.add(conn)
+            self.counters["connections"] += 1
+            await self._serve(conn, reader)
+        except (ConnectionError, OSError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # a bug here must cost one connection, never the agent
+            log.exception("local_api_connection_error", job=conn.job, rank=conn.rank)
+        finally:
+            self._conns.discard(conn)
+            self._unregister(conn)
+            writer.close()
+            if task is not None:
+                self._handlers.discard(task)
+
+    async def _serve(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
+        buf = b""
+        discarding = False  # inside an over-long line: drop bytes until its newline
+        while True:
+            chunk = await reader.read(65536)
+            if not chunk:
+                return
+            buf += chunk
+            while True:
+                nl = buf.find(b"\n")
+                if nl < 0:
+                    break
+                line, buf = buf[:nl], buf[nl + 1 :]
+                if discarding:
+                    discarding = False
+                    continue
+                if len(line) > MAX_LINE:
+                    self._bad(conn, None, f"line longer than {MAX_LINE} bytes")
+                    continue
+                if line.strip():
+                    self._on_line(conn, line)
+            if len(buf) > MAX_LINE:
+                if not discarding:
+                    self._bad(conn, None, f"line longer than {MAX_LINE} bytes")
+                discarding = True
+                buf = b""
+            if conn.writer.transport.is_closing():
+                return
+            await conn.writer.drain()
+
+    def _on_line(self, conn: _Conn, line: bytes) -> None:
+        try:
+            msg = _decoder.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._bad(conn, _peek_op(line), str(exc))
+            return
+        if msg.v != PROTOCOL_VERSION:
+            self._bad(conn, _OPS[type(msg)], f"unsupported protocol version {msg.v}")
+            return
+        if isinstance(msg, _Register):
+            self._register(conn, msg)
+        elif conn.job is None:
+            self._bad(conn, _OPS[type(msg)], "not registered")
+        elif isinstance(msg, _Heartbeat):
+            self._heartbeat(conn, msg)
+        else:
+            self._ack(conn, msg)
+
+    def _register(self, conn: _Conn, msg: _Register) -> None:
+        if conn.job is not None:
+            self._bad(conn, "register", f"already registered as job {conn.job} rank {conn.rank}")
+            return
+        conn.job, conn.rank, conn.local_rank, conn.pid = msg.job, msg.rank, msg.local_rank, msg.pid
+        conn.last_beat_mono = time.monotonic()
+        members = self._jobs.setdefault(msg.job, set())
+        if any(other.rank == msg.rank for other in members):
+            log.warning("local_api_duplicate_rank", job=msg.job, rank=msg.rank, pid=msg.pid)
+        members.add(conn)
+        self.counters["registrations"] += 1
+        self._send(conn, _OK_REGISTER)
+        now = time.monotonic()
+        self._prune(now)
+        key = (msg.job, msg.rank)
+        for pending in self._pending.values():
+            if pending.for_job(msg.job) and key not in pending.answered and self._send(conn, pending.line):
+                pending.reached.add(key)
+        log.info("local_api_rank_registered", job=msg.job, rank=msg.rank, pid=msg.pid)
+        self._presence_now(msg.job)
+
+    def _unregister(self, conn: _Conn) -> None:
+        job = conn.job
+        if job is None:
+            return
+        members = self._jobs.get(job)
+        if members is not None:
+            members.discard(conn)
+            if not members:
+                del self._jobs[job]
+        log.info("local_api_rank_left", job=job, rank=conn.rank, pid=conn.pid)
+        if not self._stopping:
+            self._presence_now(job)
+
+    def _heartbeat(self, conn: _Conn, msg: _Heartbeat) -> None:
+        self.counters["heartbeats"] += 1
+        conn.last_beat = time.time()
+        conn.last_beat_mono = time.monotonic()
+        if msg.step != conn.step:
+            conn.step = msg.step
+            assert conn.job is not None
+            self._dirty.add(conn.job)
+
+    def _ack(self, conn: _Conn, msg: _AckMsg) -> None:
+        assert conn.job is not None
+        self.counters["acks"] += 1
+        key = (conn.job, conn.rank)
+        pending = self._pending.get(msg.directive_id)
+        if pending is not None:
+            pending.answered.add(key)
+            if pending.reached and pending.reached <= pending.answered:
+                del self._pending[msg.directive_id]
+        ack = Ack(
+            directive_id=msg.directive_id,
+            job=conn.job,
+            rank=conn.rank,
+            node=self.node,
+            ok=msg.ok,
+            step=msg.step,
+            path=msg.path,
+            reason=msg.reason,
+            ts=time.time(),
+        )
+        log.info(
+            "local_api_ack",
+            directive_id=ack.directive_id,
+            job=ack.job,
+            rank=ack.rank,
+            ok=ack.ok,
+            step=ack.step,
+        )
+        self._calls.put_nowait(lambda: self._on_ack(ack))
+
+    def _send(self, conn: _Conn, line: bytes) -> bool:
+        transport = conn.writer.transport
+        if transport.is_closing():
+            return False
+        if transport.get_write_buffer_size() > MAX_WRITE_BUFFER:
+            self.counters["slow_clients_dropped"] += 1
+            log.warning("local_api_slow_client_dropped", job=conn.job, rank=conn.rank)
+            transport.abort()
+            return False
+        conn.writer.write(line)
+        return True
+
+    def _bad(self, conn: _Conn, re: str | None, error: str) -> None:
+        self.counters["bad_messages"] += 1
+        conn.errors += 1
+        if conn.errors <= 10 or conn.errors % 1000 == 0:
+            log.warning(
+                "local_api_bad_message", job=conn.job, rank=conn.rank, error=error[:200], count=conn.errors
+            )
+        self._send(conn, _error_line(re, error[:500]))
+
+    # --- callbacks ---------------------------------------------------------------------------
+
+    def _presence_now(self, job: str) -> None:
+        ranks = self._ranks(job)
+        self._dirty.discard(job)
+        self._last_presence[job] = time.monotonic()
+        if not ranks:
+            self._last_presence.pop(job, None)
+        self._calls.put_nowait(lambda: self._on_presence(job, ranks))
+
+    async def _presence_ticker(self) -> None:
+        """Report step progress: at most once per second per job, only when a step moved."""
+        while True:
+            await asyncio.sleep(0.2)
+            now = time.monotonic()
+            for job in list(self._dirty):
+                if job not in self._jobs:
+                    self._dirty.discard(job)
+                elif now - self._last_presence.get(job, 0.0) >= PRESENCE_MIN_INTERVAL_S:
+                    self._presence_now(job)
+
+    async def _call_worker(self) -> None:
+        """Run callbacks one at a time, in order, off the connection handlers (a slow bus never
+        stalls a trainer's connection; a failing callback is logged, never fatal)."""
+        while True:
+            call = await self._calls.get()
+            try:
+                await call()
+            except Exception:
+                self.counters["callback_errors"] += 1
+                log.exception("local_api_callback_failed")
+            finally:
+                self._calls.task_done()
+
+
+def _peek_op(line: bytes) -> str | None:
+    """Best-effort ``op`` of a message that failed to decode, for the error reply."""
+    try:
+        obj = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(obj, dict):
+        op = obj.get("op")
+        if isinstance(op, str):
+            return op[:64]
+    return None
+
+
+__all__ = ["MAX_LINE", "PROTOCOL_VERSION", "LocalApi"]

@@ -1,0 +1,47 @@
+"""A private Mosquitto on a free loopback port, for benchmarks that need the real broker."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+class PrivateMosquitto:
+    def __init__(self) -> None:
+        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        if not Path(binary).exists():
+            raise RuntimeError(
+                "mosquitto not found: install the Debian package `mosquitto` (make real-parts)"
+            )
+        self._binary = binary
+        self._dir = tempfile.TemporaryDirectory(prefix="ftd-bench-mosq-")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> PrivateMosquitto:
+        conf = Path(self._dir.name) / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\nlog_dest none\nset_tcp_nodelay true\n"
+        )
+        self._proc = subprocess.Popen([self._binary, "-c", str(conf)])
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("mosquitto did not start") from None
+                time.sleep(0.02)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(5)
+        self._dir.cleanup()

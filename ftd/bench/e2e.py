@@ -1,0 +1,190 @@
+"""``ftd bench e2e``: an Xid line written to the kernel-log source -> the trainer client sees ``save``.
+
+Everything real except the GPU: a private Mosquitto on loopback, ``ftd agent`` and
+``ftd coordinator`` as separate processes with config files, and a real :class:`ftd.client.Client`
+in this process. The agent reads a FIFO, which it watches with ``add_reader`` exactly as it watches
+the ``/dev/kmsg`` character device.
+
+One sample: a new job registers (a fresh job id each time, so dedupe and cooldown never apply);
+once its presence is on the bus, an Xid 13 line (RESTART_APP: checkpoint-and-restart, no drain) is
+written to the FIFO, and the latency is the time until the client's I/O thread has the ``save``
+directive (both ends use ``time.perf_counter_ns`` in this process). The client then acks, gets
+``stop``, and leaves; the next sample starts when the coordinator has seen it go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ftd.bench.broker import PrivateMosquitto
+from ftd.bus import topics
+from ftd.bus.mqtt import MqttBus
+from ftd.client import Client
+
+NODE = "bench-node"
+
+
+def _config(port: int, work: Path, fifo: Path) -> tuple[str, str]:
+    common = f'[bus]\nhost = "127.0.0.1"\nport = {port}\n\n[log]\nlevel = "info"\njson = true\n'
+    agent = common + (
+        f'\n[agent]\nnode = "{NODE}"\nkmsg_path = "{fifo}"\nstate_dir = "{work}/agent"\n'
+        f'socket_path = "{work}/agent.sock"\n'
+    )
+    coordinator = common + (
+        f'\n[coordinator]\nledger_path = "{work}/ledger.sqlite"\nscheduler = "none"\n'
+        "save_deadline_s = 5\nstop_deadline_s = 5\n"
+    )
+    return agent, coordinator
+
+
+def _spawn(role: str, config_text: str, work: Path) -> subprocess.Popen[bytes]:
+    path = work / f"{role}.toml"
+    path.write_text(config_text)
+    log = (work / f"{role}.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "ftd.cli", role, "--config", str(path)], stdout=log, stderr=log
+    )
+
+
+def _open_fifo_writer(fifo: Path, timeout: float = 20.0) -> int:
+    """Open the FIFO for writing once the agent has it open for reading."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            if time.monotonic() > deadline:
+                raise RuntimeError("the agent never opened its kernel-log FIFO") from None
+            time.sleep(0.05)
+
+
+class _PresenceWatch:
+    """Follows the node's retained job presence so a sample starts only when the coordinator can act."""
+
+    def __init__(self, port: int) -> None:
+        self.bus = MqttBus(host="127.0.0.1", port=port, client_id="ftd-bench-watch", clean_session=True)
+        self.jobs: set[str] = set()
+        self.coordinator_online = False
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.bus.subscribe(topics.COORDINATOR_STATUS)
+        await self.bus.subscribe(f"{topics.PREFIX}/nodes/{NODE}/jobs/+")
+        await self.bus.start()
+        self._task = asyncio.create_task(self._pump())
+
+    async def _pump(self) -> None:
+        async for message in self.bus.messages():
+            if message.topic == topics.COORDINATOR_STATUS:
+                self.coordinator_online = b'"online"' in message.payload
+                self._changed.set()
+                continue
+            job = message.topic.rsplit("/", 1)[1]
+            (self.jobs.add if message.payload else self.jobs.discard)(job)
+            self._changed.set()
+
+    async def wait_coordinator(self, timeout: float = 20.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.coordinator_online:
+            if loop.time() > deadline:
+                raise TimeoutError("the coordinator never came online")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 0.5)
+
+    async def wait(self, job: str, present: bool, timeout: float = 10.0) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (job in self.jobs) != present:
+            self._changed.clear()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"job {job} {'never appeared' if present else 'never left'}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self.bus.stop()
+
+
+async def _measure(port: int, work: Path, fifo_fd: int, samples: int, warmup: int) -> list[float]:
+    watch = _PresenceWatch(port)
+    await watch.start()
+    await watch.wait_coordinator()
+    latencies: list[float] = []
+    try:
+        for i in range(samples + warmup):
+            job = f"bench-{i}"
+            client = Client(job=job, rank=0, socket_path=str(work / "agent.sock"))
+            await watch.wait(job, present=True)
+            await asyncio.sleep(0.02)  # the coordinator received the same retained message
+            client.heartbeat(1)
+            line = (
+                f"[ {1000 + i}.000001] NVRM: Xid (PCI:0000:3b:00): 13, pid={10000 + i}, name=python, "
+                "Graphics Exception\n"
+            )
+            started = time.perf_counter_ns()
+            os.write(fifo_fd, line.encode())
+            got = await asyncio.to_thread(client.wait, 10)
+            directive = client.pending_directive
+            if got != "save" or directive is None:
+                raise RuntimeError(f"sample {i}: expected a save directive, got {got!r}; see {work}/*.log")
+            if i >= warmup:
+                latencies.append((directive.received_ns - started) / 1e6)
+            client.ack_saved(1, None)
+            await asyncio.to_thread(client.wait, 10)  # the stop
+            client.close()
+            await watch.wait(job, present=False)
+    finally:
+        await watch.stop()
+    return latencies
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def bench_e2e(samples: int = 200, warmup: int = 10) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ftd-bench-", dir="/tmp") as tmp, PrivateMosquitto() as broker:
+        work = Path(tmp)
+        fifo = work / "kmsg.fifo"
+        os.mkfifo(fifo)
+        agent_conf, coordinator_conf = _config(broker.port, work, fifo)
+        procs = [_spawn("coordinator", coordinator_conf, work), _spawn("agent", agent_conf, work)]
+        fd = -1
+        try:
+            fd = _open_fifo_writer(fifo)
+            latencies = asyncio.run(_measure(broker.port, work, fd, samples, warmup))
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    latencies.sort()
+    return {
+        "p50_ms": round(statistics.median(latencies), 3),
+        "p99_ms": round(_percentile(latencies, 0.99), 3),
+        "max_ms": round(latencies[-1], 3),
+        "mean_ms": round(statistics.fmean(latencies), 3),
+        "samples": len(latencies),
+        "broker": "mosquitto (loopback)",
+    }

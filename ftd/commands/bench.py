@@ -1,0 +1,40 @@
+"""``ftd bench NAME [--json]``: run one benchmark; with ``--json`` the last line is one JSON object.
+
+Benchmarks measure; they never assert. Targets (DESIGN §10) are printed beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from typing import Any
+
+# name -> (module, function, keyword arguments from the command line, target text)
+BENCHES: dict[str, tuple[str, str, str]] = {
+    "e2e": ("ftd.bench.e2e", "bench_e2e", "p50 <= 5 ms, p99 <= 25 ms"),
+    "kmsg": ("ftd.agent.kmsg_bench", "bench_kmsg", ">= 300,000 lines/s on one core"),
+    "client": ("ftd.client.bench", "bench_client", "<= 20 us per step"),
+}
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("bench", help="run a benchmark", description=__doc__)
+    parser.add_argument("name", choices=sorted(BENCHES))
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    parser.add_argument("--samples", type=int, default=None, help="samples (e2e)")
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    module_name, function, target = BENCHES[args.name]
+    function_ = getattr(importlib.import_module(module_name), function)
+    kwargs = {"samples": args.samples} if args.samples is not None and args.name == "e2e" else {}
+    result = function_(**kwargs)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for key, value in result.items():
+            print(f"{key:>16}: {value}")
+        print(f"{'target':>16}: {target}")
+    return 0

@@ -1,0 +1,212 @@
+"""The scheduler seam: what the coordinator's actions need from a batch scheduler, and a fake.
+
+The drain/resume and checkpoint-restart actions (DESIGN §6) talk to the scheduler only through the
+:class:`Scheduler` protocol, so the same action code drives Slurm (:mod:`ftd.coordinator.actions.slurm`),
+Kubernetes later, or :class:`FakeScheduler` in unit tests and the demo. One contract suite
+(``tests/contract/test_scheduler_contract.py``) runs against the fake and the real Slurm, so the fake
+cannot drift from what Slurm really does.
+
+Semantics every implementation keeps (the coordinator retries after a crash, so all are idempotent):
+
+* ``drain(node, reason)``: the node takes no new work; running work is left alone. The stored reason is
+  :func:`sanitize_reason` of the given one (``"ftd: "`` prefix, one line, bounded), so an operator (and
+  ``resume_node``, which resumes only what ftd drained) can tell ftd's drains from others. Draining a
+  drained node replaces the reason.
+* ``resume(node)``: undo a drain. Resuming a node that is not drained is a no-op.
+* ``requeue(job, exclude)``: make the job pending again (Restarts + 1) with ``exclude`` added to its
+  excluded nodes, whether it is running or already finished (the coordinator stops the trainers first,
+  so the batch job may have just exited). A job that is already pending only gets the exclusion (a
+  retried requeue does not count a second restart).
+* Unknown nodes and jobs, and refusals by the scheduler, raise :class:`SchedulerError`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+REASON_PREFIX = "ftd: "
+MAX_REASON_LEN = 200
+
+_UNSAFE_RE = re.compile(r"[\x00-\x1f\x7f\"\\]+")
+
+
+class SchedulerError(RuntimeError):
+    """A scheduler command failed; the message names the command, its exit status and its stderr."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        command: Sequence[str] = (),
+        returncode: int | None = None,
+        stderr: str = "",
+    ) -> None:
+        self.command = tuple(command)
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        parts = [message]
+        if self.command:
+            parts.append(f"command: {' '.join(self.command)}")
+        if returncode is not None:
+            parts.append(f"exit status {returncode}")
+        if self.stderr:
+            parts.append(f"stderr: {self.stderr}")
+        super().__init__("; ".join(parts))
+
+
+def sanitize_reason(reason: str) -> str:
+    """One printable line, no double quotes or backslashes, ``ftd: `` prefix, at most 200 chars.
+
+    Slurm stores the reason verbatim but its own parsers and ``sinfo -R`` choke on quotes and
+    newlines; an event's text (a kernel line, a log line) must never be able to smuggle them in.
+    """
+    text = _UNSAFE_RE.sub(" ", reason.replace('"', "'"))
+    text = " ".join(text.split())
+    if not text.startswith(REASON_PREFIX.strip()):
+        text = REASON_PREFIX + text if text else REASON_PREFIX.strip()
+    if len(text) > MAX_REASON_LEN:
+        text = text[: MAX_REASON_LEN - 3].rstrip() + "..."
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    state: str  # the scheduler's own spelling, e.g. "IDLE+DRAIN"
+    flags: tuple[str, ...]  # state split into its parts, e.g. ("IDLE", "DRAIN")
+    drained: bool  # drained or draining: takes no new work
+    reason: str | None  # the drain reason as stored (without Slurm's "[user@time]" suffix)
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    job: str
+    state: str  # e.g. "RUNNING", "PENDING", "COMPLETED"
+    nodes: tuple[str, ...]  # nodes it runs (or last ran) on; empty while pending
+    excluded: tuple[str, ...]  # nodes it may not run on
+    restarts: int  # times it was requeued
+    reason: str | None = None  # why it is pending, if the scheduler says
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    name: str
+
+    async def drain(self, node: str, reason: str) -> None: ...
+
+    async def resume(self, node: str) -> None: ...
+
+    async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None: ...
+
+    async def node_info(self, node: str) -> NodeInfo: ...
+
+    async def job_info(self, job: str) -> JobInfo: ...
+
+
+@dataclass
+class _FakeNode:
+    state: str = "IDLE"
+    drained: bool = False
+    reason: str | None = None
+
+
+@dataclass
+class _FakeJob:
+    state: str = "RUNNING"
+    nodes: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
+    restarts: int = 0
+    requeue_allowed: bool = True
+
+
+@dataclass
+class FakeScheduler:
+    """In-process scheduler with Slurm's semantics; records every call in ``calls``.
+
+    Add nodes and jobs with :meth:`add_node` / :meth:`add_job`; :meth:`finish_job` and
+    :meth:`start_job` move a job along as the real scheduler would. ``fail_next`` makes the next call
+    raise (to test error paths in actions).
+    """
+
+    name: str = "fake"
+    nodes: dict[str, _FakeNode] = field(default_factory=dict)
+    jobs: dict[str, _FakeJob] = field(default_factory=dict)
+    calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
+    fail_next: SchedulerError | None = None
+
+    # -- test controls ----------------------------------------------------------------------------
+
+    def add_node(self, node: str, state: str = "IDLE") -> None:
+        self.nodes[node] = _FakeNode(state=state)
+
+    def add_job(
+        self, job: str, nodes: Sequence[str], *, state: str = "RUNNING", requeue: bool = True
+    ) -> None:
+        for node in nodes:
+            self.nodes.setdefault(node, _FakeNode())
+        self.jobs[job] = _FakeJob(state=state, nodes=tuple(nodes), requeue_allowed=requeue)
+
+    def finish_job(self, job: str, state: str = "COMPLETED") -> None:
+        self._job(job).state = state
+
+    def start_job(self, job: str, nodes: Sequence[str]) -> None:
+        j = self._job(job)
+        bad = set(nodes) & set(j.excluded)
+        if bad:
+            raise SchedulerError(f"job {job} may not run on excluded nodes {sorted(bad)}")
+        j.state, j.nodes = "RUNNING", tuple(nodes)
+
+    # -- Scheduler --------------------------------------------------------------------------------
+
+    def _record(self, op: str, *args: object) -> None:
+        self.calls.append((op, args))
+        if self.fail_next is not None:
+            err, self.fail_next = self.fail_next, None
+            raise err
+
+    def _node(self, node: str) -> _FakeNode:
+        try:
+            return self.nodes[node]
+        except KeyError:
+            raise SchedulerError(f"unknown node {node!r}", stderr="Invalid node name specified") from None
+
+    def _job(self, job: str) -> _FakeJob:
+        try:
+            return self.jobs[job]
+        except KeyError:
+            raise SchedulerError(f"unknown job {job!r}", stderr="Invalid job id specified") from None
+
+    async def drain(self, node: str, reason: str) -> None:
+        self._record("drain", node, reason)
+        n = self._node(node)
+        n.drained, n.reason = True, sanitize_reason(reason)
+
+    async def resume(self, node: str) -> None:
+        self._record("resume", node)
+        n = self._node(node)
+        n.drained, n.reason = False, None
+
+    async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
+        self._record("requeue", job, tuple(exclude))
+        j = self._job(job)
+        for node in exclude:
+            self._node(node)  # like Slurm: an unknown excluded node is an error, the job is untouched
+        if not j.requeue_allowed:
+            raise SchedulerError(
+                f"job {job} does not allow requeue", stderr="Requested operation is presently disabled"
+            )
+        if j.state != "PENDING":
+            j.state, j.nodes, j.restarts = "PENDING", (), j.restarts + 1
+        j.excluded = tuple(sorted(set(j.excluded) | set(exclude)))
+
+    async def node_info(self, node: str) -> NodeInfo:
+        n = self._node(node)
+        flags = (n.state, "DRAIN") if n.drained else (n.state,)
+        return NodeInfo(node, "+".join(flags), flags, n.drained, n.reason)
+
+    async def job_info(self, job: str) -> JobInfo:
+        j = self._job(job)
+        return JobInfo(job, j.state, j.nodes, j.excluded, j.restarts)

@@ -1,0 +1,266 @@
+"""Slurm behind the :class:`~ftd.coordinator.actions.scheduler.Scheduler` seam, through ``scontrol``.
+
+Why ``scontrol`` and not slurmrestd: it is on every Slurm login/controller host, needs no token setup,
+and its behaviour is what operators already know. Every call is an asyncio subprocess with an argument
+list (never a shell), ``SLURM_CONF`` exported when configured, and a timeout that kills the child.
+
+What was checked against a real Slurm 22.05 (one slurmctld, one slurmd; ``tests/contract``):
+
+* ``scontrol update nodename=N state=drain reason=...`` takes the reason as one argv element; no shell
+  quoting is needed, but a ``"`` inside it is mangled (Slurm drops the last one) and ``sinfo -R``
+  cannot show newlines, so reasons go through :func:`sanitize_reason`. ``scontrol show node -o``
+  prints ``Reason=<text> [user@time]``; the suffix is stripped here.
+* ``state=resume`` on a node that is not drained fails with "Invalid node state specified"; it is
+  treated as a no-op (after checking that the node exists and is indeed not drained).
+* ``scontrol update jobid=J excnodelist=...`` is refused for a RUNNING job ("Job is no longer pending
+  execution"), so the exclusion has to be set after the requeue. It is accepted for a pending job,
+  including one still COMPLETING right after the requeue.
+* ``scontrol requeue J`` works for a running job and for a *finished* batch job (COMPLETED, FAILED,
+  CANCELLED): the job goes back to PENDING with ``Restarts`` + 1. It fails with "Job is pending
+  execution" when the job is already pending, and with "Requested operation is presently disabled"
+  for a job submitted with ``--no-requeue``.
+* A requeued job may not start again before the credential lifetime passes (``AuthInfo
+  cred_expire``, default 120 s; ``EligibleTime`` shows it), so "requeue, then set the exclusion" is
+  practically safe. To make it strictly safe, this module uses ``scontrol requeuehold J`` (pending and
+  held, ``Reason=job_requeued_in_held_state``), then ``update excnodelist``, then ``scontrol release``:
+  the job can never start on a node being excluded. Exclusions are merged with the job's existing
+  ``ExcNodeList`` (a retried or second requeue never re-admits a node excluded earlier).
+* A retried requeue of a job that is already pending only sets the exclusion (and releases the job if
+  it is still held by an interrupted earlier requeue), so ``Restarts`` is not bumped twice.
+* A requeued job excluded from every node of its partition simply stays PENDING; the same holds for a
+  job whose only allowed nodes are drained.
+* Unknown nodes and jobs: "Invalid node name specified" / "Node X not found" / "Invalid job id
+  specified", exit status 1; these become :class:`SchedulerError`. Exclusion lists are validated
+  before the job is touched, so a typo cannot leave a job held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections.abc import Sequence
+
+from ftd.coordinator.actions.scheduler import JobInfo, NodeInfo, SchedulerError, sanitize_reason
+
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_JOB_RE = re.compile(r"^[0-9]{1,20}([_+][0-9]{1,20})?$")
+_KEY_RE = re.compile(r"^[A-Z][A-Za-z0-9_:/]*$")
+# A node's Reason ends with " [user@time]"; a job's Reason is one word followed by the next key.
+_NODE_REASON_RE = re.compile(r"(?:^| )Reason=(.*?) \[[^\]\s]*@[^\]\s]*\](?: |$)")
+_REASON_RE = re.compile(r"(?:^| )Reason=(.*?)(?: [A-Z][A-Za-z]*=|$)")
+_NULLS = {"", "(null)", "None", "N/A"}
+HELD_BY_REQUEUE = "job_requeued_in_held_state"
+
+
+def expand_hostlist(expr: str) -> tuple[str, ...]:
+    """Expand a Slurm hostlist (``node-[1-3,7],gpu[01-02]x``) into names, keeping zero padding."""
+    if expr.strip() in _NULLS:
+        return ()
+    items: list[str] = []
+    depth, start = 0, 0
+    for i, ch in enumerate(expr):
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            items.append(expr[start:i])
+            start = i + 1
+    items.append(expr[start:])
+    out: list[str] = []
+    for item in (x.strip() for x in items):
+        if item:
+            out.extend(_expand_item(item))
+    return tuple(out)
+
+
+def _expand_item(item: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", item)
+    if m is None:
+        return [item]
+    head, tail = item[: m.start()], item[m.end() :]
+    values: list[str] = []
+    for part in m.group(1).split(","):
+        lo, sep, hi = part.partition("-")
+        if not sep:
+            values.append(lo)
+            continue
+        width = len(lo)
+        values.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
+    return [name for v in values for name in _expand_item(head + v + tail)]
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """Parse one ``scontrol show ... -o`` record into ``{Key: value}``.
+
+    Values may contain spaces (``Command=``, ``Reason=``): a token that does not start a new
+    ``Key=`` is glued onto the previous value. ``Reason`` is re-read with a dedicated pattern because
+    a free-text reason may itself contain ``word=value``.
+    """
+    out: dict[str, str] = {}
+    key: str | None = None
+    for token in line.strip().split(" "):
+        name, sep, value = token.partition("=")
+        if sep and _KEY_RE.match(name):
+            key = name
+            out[key] = value
+        elif key is not None:
+            out[key] += " " + token
+    result = {k: v.strip() for k, v in out.items()}
+    m = _NODE_REASON_RE.search(line.strip()) or _REASON_RE.search(line.strip())
+    if m is not None:
+        result["Reason"] = m.group(1).strip()
+    return result
+
+
+def _check_node(node: str) -> str:
+    if not _NODE_RE.match(node):
+        raise SchedulerError(f"invalid node name {node!r}")
+    return node
+
+
+def _check_job(job: str) -> str:
+    if not _JOB_RE.match(job):
+        raise SchedulerError(f"invalid Slurm job id {job!r}")
+    return job
+
+
+class SlurmScheduler:
+    """Drain, resume and requeue through ``scontrol`` (see the module docstring for the semantics)."""
+
+    name = "slurm"
+
+    def __init__(self, scontrol: str = "scontrol", slurm_conf: str | None = None, timeout_s: float = 30.0):
+        self.scontrol = scontrol
+        self.slurm_conf = slurm_conf
+        self.timeout_s = timeout_s
+
+    async def _run(self, *args: str, check: bool = True) -> tuple[int, str, str]:
+        argv = [self.scontrol, *args]
+        env = dict(os.environ)
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+        except OSError as exc:
+            raise SchedulerError(f"cannot run scontrol: {exc}", command=argv) from exc
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            msg = f"scontrol timed out after {self.timeout_s}s (killed)"
+            raise SchedulerError(msg, command=argv) from None
+        except asyncio.CancelledError:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+        rc = proc.returncode if proc.returncode is not None else -1
+        stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+        if check and rc != 0:
+            raise SchedulerError("scontrol failed", command=argv, returncode=rc, stderr=stderr or stdout)
+        return rc, stdout, stderr
+
+    # -- nodes ------------------------------------------------------------------------------------
+
+    async def drain(self, node: str, reason: str) -> None:
+        await self._run(
+            "update", f"nodename={_check_node(node)}", "state=drain", f"reason={sanitize_reason(reason)}"
+        )
+
+    async def resume(self, node: str) -> None:
+        rc, out, err = await self._run("update", f"nodename={_check_node(node)}", "state=resume", check=False)
+        if rc == 0:
+            return
+        if "invalid node state" in (err + out).lower():
+            info = await self.node_info(node)  # raises for an unknown node
+            if not info.drained:
+                return  # nothing to undo: resume is idempotent
+        raise SchedulerError(
+            "scontrol failed",
+            command=[self.scontrol, "update", f"nodename={node}", "state=resume"],
+            returncode=rc,
+            stderr=err or out,
+        )
+
+    async def node_info(self, node: str) -> NodeInfo:
+        _, out, _ = await self._run("show", "node", "-o", _check_node(node))
+        for line in out.splitlines():
+            rec = parse_oneliner(line)
+            if rec.get("NodeName") == node:
+                state = rec.get("State", "UNKNOWN")
+                flags = tuple(f for f in state.split("+") if f)
+                reason = rec.get("Reason")
+                return NodeInfo(
+                    name=node,
+                    state=state,
+                    flags=flags,
+                    drained=any(f.startswith("DRAIN") for f in flags),
+                    reason=None if reason in _NULLS else reason,
+                )
+        raise SchedulerError(f"node {node!r} not found", command=[self.scontrol, "show", "node", "-o", node])
+
+    async def _check_nodes_exist(self, nodes: Sequence[str]) -> None:
+        if not nodes:
+            return
+        _, out, _ = await self._run("show", "node", "-o", ",".join(_check_node(n) for n in nodes))
+        found = {parse_oneliner(line).get("NodeName") for line in out.splitlines()}
+        missing = sorted(set(nodes) - found)
+        if missing:
+            raise SchedulerError(f"unknown node(s) {missing} in exclusion list")
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    async def job_info(self, job: str) -> JobInfo:
+        _, out, _ = await self._run("show", "job", "-o", _check_job(job))
+        lines = [line for line in out.splitlines() if line.strip()]
+        if not lines:
+            raise SchedulerError(f"job {job!r} not found", command=[self.scontrol, "show", "job", "-o", job])
+        rec = parse_oneliner(lines[0])
+        try:
+            restarts = int(rec.get("Restarts", "0"))
+        except ValueError:
+            restarts = 0
+        reason = rec.get("Reason")
+        return JobInfo(
+            job=job,
+            state=rec.get("JobState", "UNKNOWN"),
+            nodes=expand_hostlist(rec.get("NodeList", "")),
+            excluded=expand_hostlist(rec.get("ExcNodeList", "")),
+            restarts=restarts,
+            reason=None if reason in _NULLS else reason,
+        )
+
+    async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
+        _check_job(job)
+        exclude = tuple(dict.fromkeys(exclude))
+        await self._check_nodes_exist(exclude)
+        rc, out, err = await self._run("requeuehold", job, check=False)
+        held_by_us = rc == 0
+        if rc != 0:
+            if "pending execution" not in (err + out).lower():
+                raise SchedulerError(
+                    "scontrol failed",
+                    command=[self.scontrol, "requeuehold", job],
+                    returncode=rc,
+                    stderr=err or out,
+                )
+            # Already pending: a retry, or a job that never started. Only the exclusion is left to do.
+            held_by_us = (await self.job_info(job)).reason == HELD_BY_REQUEUE
+        if exclude:
+            current = (await self.job_info(job)).excluded
+            merged = list(dict.fromkeys([*current, *exclude]))
+            if set(merged) != set(current):
+                try:
+                    await self._run("update", f"jobid={job}", f"excnodelist={','.join(merged)}")
+                except SchedulerError as exc:
+                    held = " (the job is left held; retry the requeue or `scontrol release` it)"
+                    raise SchedulerError(str(exc) + (held if held_by_us else "")) from exc
+        if held_by_us:
+            await self._run("release", job)

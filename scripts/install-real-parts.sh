@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Install the real parts the tests start themselves (DESIGN §12): Mosquitto, munge, Slurm 22.05.
+#
+# Idempotent: does nothing when every binary is already there, and (re)creates only what is missing.
+# The tests run their own mosquitto/slurmctld/slurmd on free loopback ports with private configs, so
+# the system services the Debian packages would start (mosquitto on 1883, slurmctld, slurmd) are not
+# used; a policy-rc.d keeps the packages from starting them during the install, and one that is
+# running anyway does not matter. munged is shared: the tests reuse a running one or start it.
+set -euo pipefail
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null; then SUDO="sudo"; else echo "install-real-parts: need root" >&2; exit 1; fi
+fi
+
+have() { command -v "$1" >/dev/null 2>&1 || [[ -x /usr/sbin/$1 || -x /usr/bin/$1 ]]; }
+
+missing=()
+for bin in mosquitto mosquitto_passwd munged slurmctld slurmd scontrol sbatch; do
+  have "$bin" || missing+=("$bin")
+done
+
+if ((${#missing[@]})); then
+  echo "install-real-parts: missing ${missing[*]}; installing packages"
+  policy=/usr/sbin/policy-rc.d
+  created_policy=0
+  if [[ ! -e $policy ]]; then
+    # exit 101 = "action forbidden": packages do not start their services while we install.
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 0755 "$policy"
+    created_policy=1
+  fi
+  cleanup() { if ((created_policy)); then $SUDO rm -f "$policy"; fi; }
+  trap cleanup EXIT
+  $SUDO apt-get update
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+    mosquitto mosquitto-clients munge slurmctld slurmd slurm-client
+else
+  echo "install-real-parts: mosquitto, munge and slurm are installed"
+fi
+
+# munge needs a shared key; the package usually creates one, a minimal image may not.
+key=/etc/munge/munge.key
+if ! $SUDO test -s "$key"; then
+  echo "install-real-parts: creating $key"
+  $SUDO mkdir -p /etc/munge
+  if have mungekey; then
+    $SUDO mungekey --create --keyfile="$key"
+  elif have create-munge-key; then
+    $SUDO create-munge-key -f
+  else
+    $SUDO dd if=/dev/urandom of="$key" bs=1 count=1024 status=none
+  fi
+  $SUDO chown munge:munge "$key"
+  $SUDO chmod 0400 "$key"
+fi
+
+# munged's socket directory is on tmpfs (/run): recreate it after a reboot.
+$SUDO mkdir -p /run/munge
+$SUDO chown munge:munge /run/munge
