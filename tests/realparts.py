@@ -78,6 +78,7 @@ class Mosquitto:
             "log_type error",
             "log_type warning",
             "persistence true",
+            "set_tcp_nodelay true",
             f"persistence_location {self.workdir}/",
         ]
         if not any(line.startswith("allow_anonymous") for line in self.extra_conf):
