@@ -190,9 +190,14 @@ def test_xid79_saves_stops_drains_and_requeues_without_the_node(stack: Stack) ->
 
     # The ledger shows the decision trail: the event once, both actions succeeded.
     assert [e["data"]["code"] for e in stack.ledger_events("xid")] == [79]  # type: ignore[index]
-    with sqlite3.connect(stack.ledger) as db:
-        states = dict(db.execute("SELECT kind, state FROM actions"))
-    assert states == {"drain_node": "succeeded", "checkpoint_restart": "succeeded"}
+
+    def action_states() -> dict[str, str]:
+        with sqlite3.connect(stack.ledger) as db:
+            return dict(db.execute("SELECT kind, state FROM actions"))
+
+    # The ledger is written right after the scheduler call returns: wait for it, do not race it.
+    expected = {"drain_node": "succeeded", "checkpoint_restart": "succeeded"}
+    wait_until(lambda: action_states() == expected, 10, f"ledger states {expected}")
 
 
 def test_non_fatal_xid43_is_recorded_but_drains_nothing(stack: Stack) -> None:
