@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,10 +29,6 @@ from ftd.sdnotify import notify, watchdog_interval_s
 log = get_logger(__name__)
 
 
-def node_name(cfg: AgentConfig) -> str:
-    return cfg.node or socket.gethostname().split(".")[0]
-
-
 def status_messages(node: str) -> tuple[LastWill, Message]:
     """The Last Will (offline) and birth (online) messages for ``node``'s MQTT session."""
     topic = topics.node_status(node)
@@ -45,7 +40,7 @@ def status_messages(node: str) -> tuple[LastWill, Message]:
 class Agent:
     def __init__(self, cfg: AgentConfig, *, bus: Bus, node: str | None = None) -> None:
         self.cfg = cfg
-        self.node = node or node_name(cfg)
+        self.node = node or cfg.resolved_node()
         self.bus = bus
         self.outbox = Outbox(bus, max_entries=cfg.outbox_max)
         self.local_api = LocalApi(

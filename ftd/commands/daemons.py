@@ -55,10 +55,10 @@ def _agent(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if config is None:
         return 2
-    from ftd.agent.app import Agent, node_name, status_messages
+    from ftd.agent.app import Agent, status_messages
     from ftd.bus.factory import make_mqtt_bus
 
-    node = node_name(config.agent)
+    node = config.agent.resolved_node()
     will, birth = status_messages(node)
     bus = make_mqtt_bus(config.bus, client_id=f"ftd-agent-{node}", will=will, birth=birth)
 

@@ -19,13 +19,10 @@ from ftd.bus import topics
 from ftd.bus.base import Bus, BusUnavailable, LastWill, Message
 from ftd.config import Config
 from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions.drain import DrainNode, ResumeNode
+from ftd.coordinator.actions import ExecutorContext, build_executors
 from ftd.coordinator.actions.scheduler import Scheduler
-from ftd.coordinator.actions.trainer import CheckpointRestart
 from ftd.coordinator.engine import Engine
-from ftd.coordinator.hookspecs import Executor
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.model import ActionKind
 from ftd.coordinator.plugins import PluginError, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
@@ -60,7 +57,7 @@ def coordinator_will() -> LastWill:
 
 def make_scheduler(config: Config) -> Scheduler | None:
     cfg = config.coordinator
-    if cfg.scheduler == "none":
+    if cfg.scheduler == "none" or not cfg.slurm.enabled:
         return None
     from ftd.coordinator.actions.slurm import SlurmScheduler
 
@@ -88,19 +85,11 @@ class Coordinator:
         self.ledger = ledger or Ledger(cfg.ledger_path)
         self.bad_messages = 0
         plugins = make_plugin_manager(disabled=cfg.disabled_rules, extra=extra_plugins)
-        executors: dict[str, Executor] = {
-            ActionKind.CHECKPOINT_RESTART: CheckpointRestart(
-                publish=self._publish,
-                state=self.state,
-                acks=self.acks,
-                scheduler=scheduler,
-                save_deadline_s=cfg.save_deadline_s,
-                stop_deadline_s=cfg.stop_deadline_s,
-            ),
-        }
-        if scheduler is not None:
-            executors[ActionKind.DRAIN_NODE] = DrainNode(scheduler, self.state)
-            executors[ActionKind.RESUME_NODE] = ResumeNode(scheduler, self.state)
+        executors = build_executors(
+            ExecutorContext(
+                config=config, state=self.state, acks=self.acks, publish=self._publish, scheduler=scheduler
+            )
+        )
         for offered in plugins.hook.ftd_register_actions():
             for kind, executor in dict(offered or {}).items():
                 if kind in executors:
