@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -80,8 +81,13 @@ async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str,
     out = out or sys.stdout
     t0 = time.perf_counter()
 
+    lock = threading.Lock()  # trainer ranks report from their own threads: one whole line at a time
+
     def say(who: str, what: str) -> None:
-        print(f"{(time.perf_counter() - t0) * 1000:9.1f} ms  {who:<16} {what}", file=out, flush=True)
+        line = f"{(time.perf_counter() - t0) * 1000:9.1f} ms  {who:<16} {what}\n"
+        with lock:
+            out.write(line)
+            out.flush()
 
     cluster = SimCluster(nodes=nodes, timeline=say)
     detected_at: dict[str, float] = {}
