@@ -78,6 +78,9 @@ class Mosquitto:
             "log_type error",
             "log_type warning",
             "persistence true",
+            # Started as root, Mosquitto drops to the `mosquitto` user, which cannot write its session
+            # database into a root-owned temp dir: sessions would silently not survive a restart.
+            "user root",
             "set_tcp_nodelay true",
             f"persistence_location {self.workdir}/",
         ]

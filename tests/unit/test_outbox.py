@@ -15,10 +15,14 @@ from tests.realparts import Mosquitto
 
 
 async def collect(
-    bus: MemoryBus | MqttBus, count: int, timeout: float = 15.0, distinct: bool = False
+    bus: MemoryBus | MqttBus,
+    count: int,
+    timeout: float = 15.0,
+    distinct: bool = False,
+    sink: list[bytes] | None = None,
 ) -> list[bytes]:
     """The first ``count`` payloads (or, with ``distinct``, every payload until ``count`` distinct ones)."""
-    got: list[bytes] = []
+    got: list[bytes] = [] if sink is None else sink
 
     async def run() -> None:
         async for message in bus.messages():
@@ -74,7 +78,8 @@ async def test_real_mosquitto_restart_mid_stream_loses_nothing(tmp_path: Path) -
         assert await sub.wait_connected(10) and await pub.wait_connected(10)
         outbox = Outbox(pub, max_entries=10_000)
         runner = asyncio.create_task(outbox.run())
-        received = asyncio.create_task(collect(sub, 300, timeout=60, distinct=True))
+        partial: list[bytes] = []
+        received = asyncio.create_task(collect(sub, 300, timeout=60, distinct=True, sink=partial))
         for i in range(100):
             outbox.put(Outgoing("t/x", f"{i}".encode()))
         await asyncio.sleep(0.2)
@@ -85,7 +90,15 @@ async def test_real_mosquitto_restart_mid_stream_loses_nothing(tmp_path: Path) -
         await asyncio.to_thread(broker.start)
         for i in range(200, 300):
             outbox.put(Outgoing("t/x", f"{i}".encode()))
-        got = await received
+        try:
+            got = await received
+        except TimeoutError:
+            missing = sorted(set(range(300)) - {int(p) for p in partial})
+            raise AssertionError(
+                f"missing {len(missing)} of 300 after 60 s (first: {missing[:10]}); outbox holds {len(outbox)}, "
+                f"pub connected={pub.connected} connects={pub.connects}, sub connected={sub.connected} "
+                f"connects={sub.connects}"
+            ) from None
         # At-least-once: duplicates are allowed (the coordinator drops them by id), gaps are not.
         assert {int(p) for p in got} == set(range(300))
         runner.cancel()
