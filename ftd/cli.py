@@ -17,6 +17,9 @@ COMMAND_MODULES = (
     "ftd.commands.parse",
     "ftd.commands.xid",
     "ftd.commands.bench",
+    "ftd.commands.status",
+    "ftd.commands.events",
+    "ftd.commands.rules",
 )
 
 

@@ -39,15 +39,26 @@ import msgspec.inspect as mi
 
 __all__ = [
     "AgentConfig",
+    "ApiConfig",
     "BusConfig",
     "Config",
     "ConfigError",
     "CoordinatorConfig",
+    "FsConfig",
+    "FsMount",
+    "HeartbeatConfig",
+    "KubernetesConfig",
     "LogConfig",
+    "LogsConfig",
+    "MemoryConfig",
+    "NotifyConfig",
+    "NvmlConfig",
     "Option",
     "PolicyConfig",
     "Problem",
     "SlurmConfig",
+    "SpoolConfig",
+    "StormConfig",
     "config_from_data",
     "describe_options",
     "load_config",
@@ -70,8 +81,9 @@ NodeName = Annotated[
     ),
 ]
 
-SCHEDULERS = ("slurm", "none")
+SCHEDULERS = ("slurm", "none", "kubernetes")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+NODE_LABELS = ("rack", "nvlink_domain")
 
 
 def _doc(text: str, **kwargs: Any) -> msgspec.Meta:
@@ -117,6 +129,156 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = False
 
 
+class NvmlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """GPU health through NVML (``ftd.agent.watchers.nvml``). Without NVML the watcher disables itself."""
+
+    enabled: Annotated[bool, _doc("Watch the GPUs through NVML.")] = True
+    interval_s: Annotated[
+        PositiveSeconds, _doc("Seconds between two polls of every GPU (Xids arrive at once, not polled).")
+    ] = 5.0
+    call_timeout_s: Annotated[
+        PositiveSeconds, _doc("Deadline for one GPU's probe; past it the probe is reported as stalled.")
+    ] = 5.0
+    expected_gpus: Annotated[
+        Annotated[int, msgspec.Meta(ge=0)] | None,
+        _doc("GPUs this node should have; fewer is a gpu_missing event. Unset: no check."),
+    ] = None
+    temperature_c: Annotated[
+        float, _doc("GPU temperature (Celsius) at or above which a thermal event is sent.", gt=0)
+    ] = 85.0
+    temperature_hysteresis_c: Annotated[
+        float, _doc("A hot GPU counts as cool again below temperature_c minus this.", ge=0)
+    ] = 5.0
+    pcie_replay_burst: Annotated[
+        int, _doc("PCIe replays between two polls that count as a burst (gpu_health event).", ge=1)
+    ] = 100
+    nvlink_error_burst: Annotated[
+        int, _doc("NVLink error-counter increase between two polls that is reported (gpu_health).", ge=1)
+    ] = 1
+    xid_events: Annotated[bool, _doc("Receive Xid errors through NVML's event API.")] = True
+
+
+class LogsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Training logs followed for error patterns and hangs (``ftd.agent.watchers.logfile``)."""
+
+    paths: Annotated[
+        list[NonEmptyStr], _doc("Files or globs to follow; new files matching a glob are picked up.")
+    ] = msgspec.field(default_factory=list)
+    stale_after_s: Annotated[
+        PositiveSeconds | None,
+        _doc("A followed log that has not grown for this long is a hang suspect; unset: never."),
+    ] = 300.0
+    max_line_bytes: Annotated[
+        int, _doc("Longest line examined; the rest of a longer line is skipped (and counted).", ge=256)
+    ] = 65536
+    patterns_file: Annotated[
+        NonEmptyStr | None, _doc("Pattern table (TOML) replacing the built-in log_patterns.toml.")
+    ] = None
+    rate_limit_s: Annotated[
+        float, _doc("Per pattern and file, at most one log_pattern event per this many seconds.", ge=0)
+    ] = 10.0
+    rescan_s: Annotated[
+        PositiveSeconds, _doc("Fallback poll / glob rescan interval (inotify does the fast path).")
+    ] = 2.0
+
+
+class FsMount(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One filesystem watched for fill."""
+
+    path: Annotated[NonEmptyStr, _doc("A path on the filesystem (its mount point, usually).")]
+    warn_pct: Annotated[float, _doc("Fill (% of effective capacity) that warns.", gt=0, le=100)] = 85.0
+    critical_pct: Annotated[
+        float, _doc("Fill (% of effective capacity) that is critical.", gt=0, le=100)
+    ] = 95.0
+    capacity_factor: Annotated[
+        float,
+        _doc("Fraction of the raw size that is usable (0.8: the filesystem fails at 80%).", gt=0, le=1),
+    ] = 1.0
+
+
+class FsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Filesystem fill: bytes and inodes per mount (``ftd.agent.watchers.fs``)."""
+
+    mounts: Annotated[list[FsMount], _doc("Filesystems to watch.")] = msgspec.field(default_factory=list)
+    interval_s: Annotated[PositiveSeconds, _doc("Seconds between two samples.")] = 30.0
+    hysteresis_pct: Annotated[
+        float, _doc("A level clears only below its threshold minus this many percent.", ge=0, le=50)
+    ] = 2.0
+    forecast_horizon_s: Annotated[
+        PositiveSeconds, _doc("Report when the fill-rate forecast says full within this many seconds.")
+    ] = 3600.0
+    forecast_window_s: Annotated[
+        PositiveSeconds, _doc("Samples this recent feed the fill-rate fit.")
+    ] = 900.0
+
+
+class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Host memory pressure and trainer RSS growth (``ftd.agent.watchers.memory``)."""
+
+    enabled: Annotated[bool, _doc("Watch host memory and trainer RSS.")] = True
+    interval_s: Annotated[PositiveSeconds, _doc("Seconds between two samples.")] = 10.0
+    available_warn_pct: Annotated[
+        float, _doc("MemAvailable below this % of MemTotal is pressure (warning).", gt=0, le=100)
+    ] = 10.0
+    available_critical_pct: Annotated[
+        float, _doc("MemAvailable below this % of MemTotal is critical.", gt=0, le=100)
+    ] = 5.0
+    psi_some_avg10_pct: Annotated[
+        float, _doc("PSI memory 'some avg10' at or above this % is pressure (when the kernel has PSI).", gt=0)
+    ] = 20.0
+    leak_window_s: Annotated[PositiveSeconds, _doc("RSS samples this recent feed the growth fit.")] = 1800.0
+    leak_min_samples: Annotated[int, _doc("Samples needed before a growth rate is trusted.", ge=3)] = 6
+    leak_min_growth_mb_per_min: Annotated[
+        float, _doc("RSS growth (MB/min) below this is never a leak.", ge=0)
+    ] = 10.0
+    leak_horizon_s: Annotated[
+        PositiveSeconds, _doc("Report a leak when memory would run out within this many seconds.")
+    ] = 3600.0
+
+
+class HeartbeatConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Trainer ranks' heartbeats to the local API: silence and stragglers."""
+
+    timeout_s: Annotated[
+        PositiveSeconds, _doc("A rank silent this long is reported (rank_heartbeat_lost), once per silence.")
+    ] = 60.0
+    check_interval_s: Annotated[
+        float, _doc("How often the ranks are checked (report latency past the deadline).", gt=0, le=10)
+    ] = 0.25
+    straggler_steps: Annotated[
+        int,
+        _doc("Steps behind the fastest rank of its job on this node that make a straggler; 0: off.", ge=0),
+    ] = 100
+    straggler_fraction: Annotated[
+        float,
+        _doc("... and this fraction of the fastest rank's step behind (both must hold).", ge=0, le=1),
+    ] = 0.05
+
+
+class StormConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Storm control: identical events collapse into one with a count; follow-on Xids are linked."""
+
+    window_s: Annotated[
+        float,
+        _doc("Repeats of an event within this window go out as one summary with a count; 0: off.", ge=0),
+    ] = 10.0
+    follow_window_s: Annotated[
+        float,
+        _doc("An Xid that follows a causing Xid on the same GPU within this window is linked to it.", ge=0),
+    ] = 30.0
+
+
+class SpoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The on-disk outbox spool under agent.state_dir (events survive broker outages and agent restarts)."""
+
+    max_mb: Annotated[
+        float, _doc("Largest spool (live entries); the oldest lowest-severity go first.", gt=0)
+    ] = 64.0
+    fsync: Annotated[
+        bool, _doc("fdatasync every record (survives power loss; costs a disk flush per event).")
+    ] = False
+
+
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The per-node agent (``ftd agent``)."""
 
@@ -144,6 +306,19 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         bool, _doc("Report records already in the kernel log at first start (else only new ones).")
     ] = False
 
+    nvml: Annotated[NvmlConfig, _doc("GPU health through NVML.")] = msgspec.field(default_factory=NvmlConfig)
+    logs: Annotated[LogsConfig, _doc("Training logs.")] = msgspec.field(default_factory=LogsConfig)
+    fs: Annotated[FsConfig, _doc("Filesystem fill.")] = msgspec.field(default_factory=FsConfig)
+    memory: Annotated[MemoryConfig, _doc("Host memory and trainer RSS.")] = msgspec.field(
+        default_factory=MemoryConfig
+    )
+
+    heartbeat: Annotated[HeartbeatConfig, _doc("Trainer heartbeats and stragglers.")] = msgspec.field(
+        default_factory=HeartbeatConfig
+    )
+    storm: Annotated[StormConfig, _doc("Storm control.")] = msgspec.field(default_factory=StormConfig)
+    spool: Annotated[SpoolConfig, _doc("Durable outbox spool.")] = msgspec.field(default_factory=SpoolConfig)
+
     def resolved_node(self) -> str:
         """``node``, or the short host name when unset (the name Slurm usually knows the node by)."""
         return self.node or socket.gethostname().split(".", 1)[0]
@@ -163,6 +338,77 @@ class SlurmConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     timeout_s: Annotated[PositiveSeconds, _doc("Deadline for one scontrol call.")] = 30.0
 
 
+class KubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the coordinator drives Kubernetes (cordon + taint + evict; requeue by deleting pods)."""
+
+    host: Annotated[
+        NonEmptyStr | None,
+        _doc(
+            "API server URL, e.g. https://10.0.0.1:6443; unset: in-cluster "
+            "(https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)."
+        ),
+    ] = None
+    token_file: Annotated[
+        NonEmptyStr | None,
+        _doc("Bearer token file, re-read on every request (rotated tokens); unset: no token."),
+    ] = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ca_file: Annotated[
+        NonEmptyStr | None, _doc("CA bundle to verify the API server; unset: system CAs.")
+    ] = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    namespace: Annotated[NonEmptyStr, _doc("Namespace of the training jobs' pods (requeue, job_info).")] = (
+        "default"
+    )
+    taint_key: Annotated[
+        NonEmptyStr, _doc("Taint key ftd puts on drained nodes (NoSchedule; value: the reason slug).")
+    ] = "ftd.dev/fault"
+    job_label: Annotated[
+        NonEmptyStr, _doc("Pod label whose value is the ftd job id (selects a job's pods).")
+    ] = "ftd.dev/job"
+    evict: Annotated[
+        bool, _doc("On drain, also evict the node's pods (Eviction API; DaemonSet and mirror pods stay).")
+    ] = True
+    timeout_s: Annotated[PositiveSeconds, _doc("Deadline for one API request.")] = 30.0
+
+
+class NotifyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ``notify`` action: a JSON webhook (Slack-, PagerDuty- or ChatOps-style receiver)."""
+
+    webhook_url: Annotated[
+        NonEmptyStr | None,
+        _doc("Webhook URL (often holds a token: prefer url_file). Exclusive with url_file."),
+    ] = None
+    url_file: Annotated[
+        NonEmptyStr | None, _doc("File holding the webhook URL (trailing newline ignored), read per call.")
+    ] = None
+    timeout_s: Annotated[PositiveSeconds, _doc("Deadline for one webhook POST.")] = 10.0
+    retries: Annotated[int, _doc("Retries after a failed POST (exponential backoff).", ge=0, le=20)] = 3
+
+
+class RateLimitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A rate limit on one action kind."""
+
+    kind: Annotated[NonEmptyStr, _doc("Action kind limited (drain_node, checkpoint_restart, ...).")]
+    max: Annotated[int, _doc("Most actions of this kind started within the window.", ge=1)]
+    window_s: Annotated[PositiveSeconds, _doc("Sliding window, in seconds.")]
+
+
+class NodeLabelsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Labels shared by a group of nodes (one entry per rack, say)."""
+
+    nodes: Annotated[list[NodeName], _doc("Nodes these labels apply to.")]
+    rack: Annotated[NonEmptyStr | None, _doc("Rack the nodes are in.")] = None
+    nvlink_domain: Annotated[NonEmptyStr | None, _doc("NVLink domain (e.g. NVL72 rack) of the nodes.")] = None
+
+
+class DomainBudgetConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A drain budget per failure domain: nodes sharing a label value (coordinator.node_labels)."""
+
+    label: Annotated[
+        str, _doc("Node label naming the domain.", extra={"choices": NODE_LABELS})
+    ]
+    max_drained: Annotated[int, _doc("Most nodes of one domain drained by ftd at once.", ge=0)]
+
+
 class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The policy gate every action request passes through."""
 
@@ -173,6 +419,43 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     dry_run_rules: Annotated[
         list[NonEmptyStr], _doc("Rules whose actions are only logged (trial a new rule).")
     ] = msgspec.field(default_factory=list)
+    rate_limits: Annotated[
+        list[RateLimitConfig], _doc("Per action kind: at most max started within window_s.")
+    ] = msgspec.field(default_factory=list)
+    max_drained_fraction: Annotated[
+        float, _doc("Most of the cluster (fraction of known nodes) ftd may have drained at once.", ge=0, le=1)
+    ] = 0.1
+    min_drain_budget: Annotated[
+        int, _doc("Nodes ftd may always have drained, whatever the fraction (small clusters).", ge=0)
+    ] = 1
+    max_drained_per_job: Annotated[
+        Annotated[int, msgspec.Meta(ge=1)] | None,
+        _doc("Most nodes of one running job drained at once; unset: no per-job limit."),
+    ] = None
+    domain_budgets: Annotated[
+        list[DomainBudgetConfig],
+        _doc("Most nodes drained at once per value of a node label (rack, NVLink domain)."),
+    ] = msgspec.field(default_factory=list)
+    approval_required_kinds: Annotated[
+        list[NonEmptyStr], _doc("Action kinds held as awaiting_approval until a human approves them.")
+    ] = msgspec.field(default_factory=list)
+
+
+class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The coordinator's HTTP API and dashboard (``/healthz``, ``/metrics``, ``/v1/...``, ``/``)."""
+
+    enabled: Annotated[bool, _doc("Serve the HTTP API and the dashboard.")] = True
+    host: Annotated[
+        NonEmptyStr, _doc("Address to listen on; keep it on loopback unless a proxy adds TLS.")
+    ] = "127.0.0.1"
+    port: Annotated[int, _doc("TCP port to listen on.", ge=1, le=65535)] = 8787
+    token_file: Annotated[
+        NonEmptyStr | None,
+        _doc(
+            "File holding the bearer token that mutating calls (drain, resume, restart, approvals) need; "
+            "relative paths resolve against $CREDENTIALS_DIRECTORY. Unset: mutating calls are refused."
+        ),
+    ] = None
 
 
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -193,9 +476,29 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     rule_dirs: Annotated[
         list[NonEmptyStr], _doc("Extra directories of rule modules (besides entry-point plugins).")
     ] = msgspec.field(default_factory=list)
+    rules_file: Annotated[
+        NonEmptyStr | None, _doc("Declarative rules (TOML, [[rule]] tables); unset: none.")
+    ] = None
+    node_labels: Annotated[
+        list[NodeLabelsConfig],
+        _doc("Failure domains of nodes: rack and NVLink domain (for policy.domain_budgets)."),
+    ] = msgspec.field(default_factory=list)
     scheduler: Annotated[str, _doc("Scheduler to act on.", extra={"choices": SCHEDULERS})] = "slurm"
     policy: Annotated[PolicyConfig, _doc("Policy gate.")] = msgspec.field(default_factory=PolicyConfig)
     slurm: Annotated[SlurmConfig, _doc("Slurm settings.")] = msgspec.field(default_factory=SlurmConfig)
+    api: Annotated[ApiConfig, _doc("HTTP API and dashboard.")] = msgspec.field(default_factory=ApiConfig)
+    kubernetes: Annotated[KubernetesConfig, _doc("Kubernetes settings (scheduler = kubernetes).")] = (
+        msgspec.field(default_factory=KubernetesConfig)
+    )
+    notify: Annotated[NotifyConfig, _doc("Webhook for the notify action.")] = msgspec.field(
+        default_factory=NotifyConfig
+    )
+    gpu_reset_deadline_s: Annotated[
+        PositiveSeconds, _doc("How long a node's agent gets to answer a gpu_reset directive.")
+    ] = 120.0
+    diagnostics_deadline_s: Annotated[
+        PositiveSeconds, _doc("How long agents get to answer a collect_diagnostics directive.")
+    ] = 60.0
 
 
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -553,6 +856,12 @@ def _unknown_key_message(key: str, value: object, path: str, fields: Mapping[str
 
 def _cross_check(data: Mapping[Any, Any], problems: list[Problem]) -> None:
     """Rules spanning several fields. Presence-based, so they hold even when a value had a type error."""
+    coordinator = data.get("coordinator")
+    notify = coordinator.get("notify") if isinstance(coordinator, dict) else None
+    if isinstance(notify, dict) and None not in (notify.get("webhook_url"), notify.get("url_file")):
+        problems.append(
+            Problem("coordinator.notify.url_file", "mutually exclusive with webhook_url; keep one of them")
+        )
     bus = data.get("bus")
     if not isinstance(bus, dict):
         return

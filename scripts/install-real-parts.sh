@@ -58,3 +58,13 @@ fi
 # munged's socket directory is on tmpfs (/run): recreate it after a reboot.
 $SUDO mkdir -p /run/munge
 $SUDO chown munge:munge /run/munge
+
+# --------------------------------------------------------------------------------------------------
+# Headless Chromium for the dashboard test (tests/e2e/test_dashboard.py). Appended as its own block.
+if ! have chromium; then
+  echo "install-real-parts: installing chromium (dashboard test)"
+  $SUDO apt-get update
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+else
+  echo "install-real-parts: chromium is installed"
+fi

@@ -1,9 +1,36 @@
-"""The node agent: watchers -> outbox -> bus, and bus directives -> local API -> trainers.
+"""The node agent: watchers -> storm control -> durable outbox -> bus, and bus directives -> actions.
 
 One asyncio process per node. Its MQTT session is its heartbeat: the retained ``online`` status is
 published on every connect and the broker publishes the Last Will ``offline`` if the agent dies.
-A clean shutdown publishes ``offline`` itself. Everything outbound goes through the :class:`Outbox`
-(ordered, bounded, retried until acknowledged), so a broker outage delays events but loses none.
+A clean shutdown publishes ``offline`` itself.
+
+Outbound path: every watcher calls :meth:`Agent.emit`; :class:`~ftd.agent.storm.StormControl` lets
+first occurrences through at once and folds repeats into one counted summary per window; the
+:class:`~ftd.agent.spool.Outbox` appends each event to the on-disk spool under ``state_dir`` before
+publishing and tombstones it after the PUBACK, so neither a broker outage nor an agent restart loses
+an event (the coordinator drops re-published duplicates by id).
+
+Watchers are pluggable: any object with ``name`` and ``async run()`` (:mod:`ftd.agent.watchers.base`),
+constructed as ``Watcher(cfg_section, node, emit)``. Each runs under a supervisor: a watcher whose
+``run()`` raises is reported as ``agent_health`` and restarted with exponential backoff (0.5 s
+doubling to 30 s; reset after a minute of good running); one exposing ``last_progress`` (monotonic
+time of its last loop pass) that has not progressed for ``stall_s`` is reported, cancelled and
+restarted the same way (judged only once it completed a pass in the current run, so an idle,
+disabled watcher is never "stalled"; a probe that hangs on its very first pass is the watcher's own
+business, e.g. the NVML watcher's probe deadline). A watcher whose ``run()`` returns is done.
+The whole agent ends (and systemd restarts it) only if a core task dies: the outbox publisher, the
+directive pump or the storm flusher.
+
+sd_notify: ``READY=1`` once subscribed and running; ``WATCHDOG=1`` from the health loop, only while
+the core tasks are alive and the event loop is responsive (a blocked loop stops the pings, and
+systemd's ``WatchdogSec`` restarts us).
+
+Inbound: job directives are relayed to the trainers of jobs this node hosts; node directives with
+``action = "gpu_reset"`` go to :class:`~ftd.agent.gpu_reset.GpuResetter`, whose answer is both a
+``gpu_health`` event and an :class:`~ftd.events.Ack` on ``ftd/v1/nodes/{node}/acks``; those with
+``action = "collect_diagnostics"`` go to :func:`~ftd.agent.diagnostics.collect_diagnostics` (py-spy
+dumps of the job's ranks on this node under ``{state_dir}/diagnostics/{action id}/``), answered
+the same way with the result's Ack.
 """
 
 from __future__ import annotations
@@ -11,22 +38,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ftd import __version__
+from ftd.agent.diagnostics import collect_diagnostics
+from ftd.agent.gpu_reset import GpuResetter, Runner
 from ftd.agent.local_api import LocalApi
 from ftd.agent.spool import Outbox, Outgoing
+from ftd.agent.storm import StormControl
+from ftd.agent.watchers.base import Watcher
+from ftd.agent.watchers.fs import FsWatcher
+from ftd.agent.watchers.heartbeat import HeartbeatWatcher
 from ftd.agent.watchers.kmsg import KmsgWatcher
+from ftd.agent.watchers.logfile import LogWatcher
+from ftd.agent.watchers.memory import MemoryWatcher
+from ftd.agent.watchers.nvml import NvmlBackend, NvmlWatcher
 from ftd.bus import topics
 from ftd.bus.base import Bus, LastWill, Message
 from ftd.config import AgentConfig
-from ftd.events import Ack, DecodeError, Directive, Event, JobPresence, NodeStatus, RankInfo, decode, encode
+from ftd.events import (
+    Ack,
+    DecodeError,
+    Directive,
+    Event,
+    JobPresence,
+    Kind,
+    NodeStatus,
+    RankInfo,
+    Severity,
+    decode,
+    encode,
+    make_event,
+)
 from ftd.logs import get_logger
 from ftd.sdnotify import notify, watchdog_interval_s
 
 log = get_logger(__name__)
+
+_BACKOFF_MIN_S = 0.5
+_BACKOFF_MAX_S = 30.0
+_GOOD_RUN_S = 60.0  # a watcher that ran this long before failing starts its backoff afresh
 
 
 def status_messages(node: str) -> tuple[LastWill, Message]:
@@ -37,16 +90,49 @@ def status_messages(node: str) -> tuple[LastWill, Message]:
     return LastWill(topic, offline, retain=True), Message(topic, online, retain=True)
 
 
+class _Named:
+    """Gives a watcher without a ``name`` attribute (the kmsg watcher) one."""
+
+    def __init__(self, name: str, inner: Any) -> None:
+        self.name = name
+        self.inner = inner
+
+    async def run(self) -> None:
+        await self.inner.run()
+
+    @property
+    def last_progress(self) -> float | None:
+        value = getattr(self.inner, "last_progress", None)
+        return value if isinstance(value, float) else None
+
+
 class Agent:
-    def __init__(self, cfg: AgentConfig, *, bus: Bus, node: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        *,
+        bus: Bus,
+        node: str | None = None,
+        watchers: Sequence[Watcher] | None = None,
+        gpu_runner: Runner | None = None,
+        nvml_backend: NvmlBackend | None = None,
+        stall_s: float = 120.0,
+        health_interval_s: float = 1.0,
+    ) -> None:
         self.cfg = cfg
         self.node = node or cfg.resolved_node()
         self.bus = bus
-        self.outbox = Outbox(bus, max_entries=cfg.outbox_max)
+        self.stall_s = stall_s
+        self.health_interval_s = health_interval_s
+        state_dir = Path(cfg.state_dir)
+        self._startup_problems: list[dict[str, Any]] = []
+        self.outbox = self._open_outbox(state_dir)
+        self.storm = StormControl(
+            self._publish_event, window_s=cfg.storm.window_s, follow_window_s=cfg.storm.follow_window_s
+        )
         self.local_api = LocalApi(
             cfg.socket_path, self.node, on_presence=self._on_presence, on_ack=self._on_ack
         )
-        state_dir = Path(cfg.state_dir)
         self.kmsg = KmsgWatcher(
             cfg.kmsg_path,
             self.node,
@@ -54,15 +140,70 @@ class Agent:
             state_path=state_dir / "kmsg.position",
             from_start=cfg.kmsg_from_start,
         )
+        self.heartbeat = HeartbeatWatcher(cfg.heartbeat, self.node, self.emit, local_api=self.local_api)
+        self.watchers: list[Watcher] = [_Named("kmsg", self.kmsg), self.heartbeat]
+        self.watchers.extend(self._configured_watchers(nvml_backend))
+        self.watchers.extend(watchers or ())
+        self.gpu_resetter = GpuResetter(self.node, runner=gpu_runner)
         self.bad_messages = 0
         self.events_emitted = 0
+        self.watcher_restarts: dict[str, int] = {}
+        self._reported_drops = 0
+        self._watcher_tasks: dict[str, asyncio.Task[None]] = {}
+        self._watcher_started: dict[str, float] = {}
+        self._stall_cancelled: set[str] = set()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._core: list[asyncio.Task[Any]] = []
+        self._side: set[asyncio.Task[Any]] = set()
+        self.watchdog_pings = 0
+
+    def _open_outbox(self, state_dir: Path) -> Outbox:
+        spool = self.cfg.spool
+        try:
+            return Outbox(
+                self.bus,
+                max_entries=self.cfg.outbox_max,
+                path=state_dir / "outbox.spool",
+                max_bytes=int(spool.max_mb * (1 << 20)),
+                fsync=spool.fsync,
+            )
+        except OSError as exc:  # unwritable state_dir: run, but say loudly that nothing is durable
+            log.error("spool unavailable, events are held in memory only", error=str(exc))
+            self._startup_problems.append({"problem": "spool_unavailable", "error": str(exc)})
+            return Outbox(self.bus, max_entries=self.cfg.outbox_max)
+
+    def _configured_watchers(self, nvml_backend: NvmlBackend | None) -> list[Watcher]:
+        """The configurable watchers (NVML, logs, filesystem, memory); off or empty sections are skipped."""
+        cfg = self.cfg
+        found: list[Watcher] = []
+        if cfg.nvml.enabled:  # without NVML it logs "disabled" and idles; it never crashes the agent
+            found.append(NvmlWatcher(cfg.nvml, self.node, self.emit, backend=nvml_backend))
+        if cfg.logs.paths:
+            found.append(LogWatcher(cfg.logs, self.node, self.emit))
+        if cfg.fs.mounts:
+            found.append(FsWatcher(cfg.fs, self.node, self.emit))
+        if cfg.memory.enabled:
+            found.append(MemoryWatcher(cfg.memory, self.node, self.emit, pids=self._trainer_pids))
+        return found
+
+    def _trainer_pids(self) -> dict[int, tuple[str, int]]:
+        """pid -> (job, rank) of every trainer rank registered with the local API (memory watcher)."""
+        return {
+            rank.pid: (job, rank.rank)
+            for job, ranks in self.local_api.jobs().items()
+            for rank in ranks
+            if rank.pid is not None
+        }
 
     # --- outbound ------------------------------------------------------------------------------
 
     async def emit(self, event: Event) -> None:
-        """Queue an event for the bus (called by watchers)."""
+        """Hand an event to storm control (called by watchers); first occurrences go out at once."""
         self.events_emitted += 1
+        await self.storm.process(event)
+
+    async def _publish_event(self, event: Event) -> None:
+        """Storm control's downstream: spool and queue for the bus."""
         self.outbox.put(
             Outgoing(topics.node_event(self.node, event.kind), encode(event), priority=event.severity.rank)
         )
@@ -74,12 +215,20 @@ class Agent:
             code=event.data.get("code"),
             pci=event.data.get("pci"),
             count=event.count,
+            caused_by=event.data.get("caused_by"),
+        )
+
+    async def health_event(self, severity: Severity, **data: Any) -> None:
+        """Report the agent's own trouble as an ``agent_health`` event."""
+        await self.emit(
+            make_event(self.node, Kind.AGENT_HEALTH, severity=severity, source="agent", data=data)
         )
 
     async def _on_presence(self, job: str, ranks: list[RankInfo]) -> None:
         topic = topics.node_job(self.node, job)
         payload = encode(JobPresence(job=job, node=self.node, ranks=ranks, ts=time.time())) if ranks else b""
-        self.outbox.put(Outgoing(topic, payload, retain=True, priority=3))
+        # Not durable: replaying a stale presence after a restart would resurrect a gone job.
+        self.outbox.put(Outgoing(topic, payload, retain=True, priority=3, durable=False))
 
     async def _on_ack(self, ack: Ack) -> None:
         self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
@@ -87,6 +236,7 @@ class Agent:
     # --- inbound -------------------------------------------------------------------------------
 
     async def _pump_directives(self) -> None:
+        node_topic = topics.node_directives(self.node)
         async for message in self.bus.messages():
             try:
                 directive = decode(message.payload, Directive)
@@ -94,7 +244,9 @@ class Agent:
                 self.bad_messages += 1
                 log.warning("bad directive ignored", topic=message.topic, error=str(exc)[:300])
                 continue
-            if directive.job is not None:
+            if message.topic == node_topic:
+                self._node_directive(directive)
+            elif directive.job is not None:
                 if directive.job not in self.local_api.jobs():
                     continue  # a job this node does not host
                 reached = await self.local_api.deliver(directive)
@@ -105,8 +257,129 @@ class Agent:
                     ranks=reached,
                     directive_id=directive.id,
                 )
-            else:
-                log.warning("node directive not supported by this agent yet", action=directive.action)
+
+    def _node_directive(self, directive: Directive) -> None:
+        if directive.action == "gpu_reset":
+            task = asyncio.create_task(self._gpu_reset(directive), name=f"gpu_reset:{directive.id}")
+            self._side.add(task)
+            task.add_done_callback(self._side.discard)
+        elif directive.action == "collect_diagnostics":
+            task = asyncio.create_task(
+                self._collect_diagnostics(directive), name=f"collect_diagnostics:{directive.id}"
+            )
+            self._side.add(task)
+            task.add_done_callback(self._side.discard)
+        else:
+            log.warning("node directive not supported", action=directive.action, directive_id=directive.id)
+
+    async def _gpu_reset(self, directive: Directive) -> None:
+        result = await self.gpu_resetter.reset(directive)
+        event, ack = self.gpu_resetter.report(directive, result)
+        await self.emit(event)
+        self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
+
+    async def _collect_diagnostics(self, directive: Directive) -> None:
+        jobs = self.local_api.jobs()
+        job = directive.job or directive.params.get("job")
+        if job:
+            ranks = jobs.get(str(job), [])
+        else:  # no job named: every rank registered on this node
+            ranks = [rank for job_ranks in jobs.values() for rank in job_ranks]
+        result = await collect_diagnostics(directive, ranks, Path(self.cfg.state_dir) / "diagnostics")
+        log.info(
+            "diagnostics collected",
+            directive_id=directive.id,
+            ok=result.ok,
+            path=result.path,
+            summary=result.summary,
+        )
+        ack = result.to_ack(directive, self.node)
+        self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
+
+    # --- supervision ---------------------------------------------------------------------------
+
+    async def _supervise(self, watcher: Watcher) -> None:
+        name = watcher.name
+        failures = 0
+        me = asyncio.current_task()
+        while True:
+            started = time.monotonic()
+            self._watcher_started[name] = started
+            inner = asyncio.create_task(watcher.run(), name=f"watcher:{name}")
+            self._watcher_tasks[name] = inner
+            try:
+                await inner
+                log.info("watcher finished", watcher=name)
+                return
+            except asyncio.CancelledError:
+                if (me is not None and me.cancelling()) or name not in self._stall_cancelled:
+                    inner.cancel()
+                    raise
+                self._stall_cancelled.discard(name)
+                reason = f"stalled: no progress for {self.stall_s:g} s"
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"[:500]
+            if time.monotonic() - started > _GOOD_RUN_S:
+                failures = 0
+            failures += 1
+            backoff = min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * 2 ** (failures - 1))
+            self.watcher_restarts[name] = self.watcher_restarts.get(name, 0) + 1
+            log.error("watcher failed, restarting", watcher=name, reason=reason, backoff_s=backoff)
+            await self.health_event(
+                Severity.ERROR,
+                problem="watcher_restart",
+                watcher=name,
+                reason=reason,
+                restarts=self.watcher_restarts[name],
+                backoff_s=backoff,
+            )
+            await asyncio.sleep(backoff)
+
+    def _check_stalls(self, now: float) -> None:
+        for watcher in self.watchers:
+            progress = getattr(watcher, "last_progress", None)
+            task = self._watcher_tasks.get(watcher.name)
+            if not isinstance(progress, float) or task is None or task.done():
+                continue
+            started = self._watcher_started.get(watcher.name, 0.0)
+            if progress < started:
+                continue  # no pass completed in this run yet (or an idle, disabled watcher): not judged
+            since = progress
+            if now - since > self.stall_s and watcher.name not in self._stall_cancelled:
+                log.error("watcher stalled", watcher=watcher.name, idle_s=round(now - since, 1))
+                self._stall_cancelled.add(watcher.name)
+                task.cancel()
+
+    def healthy(self) -> bool:
+        return bool(self._core) and all(not task.done() for task in self._core)
+
+    async def _health_loop(self) -> None:
+        """Stall checks, drop reports and the systemd watchdog ping."""
+        ping_every = watchdog_interval_s()
+        last_ping = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.health_interval_s)
+            lag = loop.time() - before - self.health_interval_s
+            now = time.monotonic()
+            self._check_stalls(now)
+            if self.outbox.dropped > self._reported_drops:
+                dropped = self.outbox.dropped - self._reported_drops
+                self._reported_drops = self.outbox.dropped
+                await self.health_event(
+                    Severity.WARNING,
+                    problem="spool_dropped",
+                    dropped=dropped,
+                    total_dropped=self.outbox.dropped,
+                )
+            if ping_every is not None and now - last_ping >= ping_every:
+                if self.healthy() and lag < ping_every:
+                    notify("WATCHDOG=1")
+                    self.watchdog_pings += 1
+                    last_ping = now
+                else:
+                    log.error("not pinging the systemd watchdog", healthy=self.healthy(), loop_lag_s=lag)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -115,46 +388,61 @@ class Agent:
         await self.bus.subscribe(topics.ALL_JOB_DIRECTIVES)
         await self.bus.subscribe(topics.node_directives(self.node))
         await self.bus.start()
-        self._tasks = [
+        self._core = [
             asyncio.create_task(self.outbox.run(), name="outbox"),
             asyncio.create_task(self._pump_directives(), name="directives"),
-            asyncio.create_task(self.kmsg.run(), name="kmsg"),
-            asyncio.create_task(self._watchdog(), name="watchdog"),
+            asyncio.create_task(self.storm.run(), name="storm"),
         ]
+        self._tasks = [
+            *self._core,
+            asyncio.create_task(self._health_loop(), name="health"),
+            *(asyncio.create_task(self._supervise(w), name=f"supervise:{w.name}") for w in self.watchers),
+        ]
+        for problem in self._startup_problems:
+            await self.health_event(Severity.ERROR, **problem)
+        for path, detail in zip(self.outbox.quarantined, self.outbox.problems, strict=False):
+            await self.health_event(Severity.ERROR, problem="spool_corrupt", quarantined=path, detail=detail)
+        if self.outbox.replayed:
+            log.info("re-publishing spooled events from the previous run", entries=self.outbox.replayed)
         notify("READY=1")
-        log.info("agent started", node=self.node, kmsg=self.cfg.kmsg_path, socket=self.cfg.socket_path)
+        log.info(
+            "agent started",
+            node=self.node,
+            kmsg=self.cfg.kmsg_path,
+            socket=self.cfg.socket_path,
+            watchers=[w.name for w in self.watchers],
+        )
         if ready is not None:
             ready()
         try:
-            done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
+            done, _ = await asyncio.wait(self._core, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                task.result()  # a crashed task ends the agent loudly; systemd restarts it
+                task.result()  # a crashed core task ends the agent loudly; systemd restarts it
         finally:
             await self.close()
 
-    async def _watchdog(self) -> None:
-        interval = watchdog_interval_s()
-        if interval is None:
-            return
-        while True:
-            notify("WATCHDOG=1")
-            await asyncio.sleep(interval)
-
     async def close(self, flush_s: float = 2.0) -> None:
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            if task.get_name() != "outbox":
+        side, self._side = list(self._side), set()
+        outbox_task = next((t for t in tasks if t.get_name() == "outbox"), None)
+        for task in [*tasks, *side]:
+            if task is not outbox_task:
                 task.cancel()
+        with contextlib.suppress(Exception):
+            await self.storm.close()  # pending repeat counts go out as summaries
         await self.local_api.stop()
-        will, _ = status_messages(self.node)
         offline = encode(
             NodeStatus(node=self.node, state="offline", ts=time.time(), agent_version=__version__)
         )
-        self.outbox.put(Outgoing(will.topic, offline, retain=True, priority=3))
-        await self.outbox.flush(flush_s)
-        for task in tasks:
+        self.outbox.put(
+            Outgoing(topics.node_status(self.node), offline, retain=True, priority=3, durable=False)
+        )
+        if outbox_task is not None and not outbox_task.done():
+            await self.outbox.flush(flush_s)
+        for task in [*tasks, *side]:
             task.cancel()
-        for task in tasks:
+        for task in [*tasks, *side]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self.outbox.close()
         await self.bus.stop()

@@ -33,6 +33,28 @@ A ``stop`` makes :meth:`Client.should_stop` true for the rest of the process. :m
 (or leaving the ``with`` block) acknowledges pending stops ("exiting") on a best-effort basis.
 Directives addressed to another job are ignored.
 
+Other sources map onto the same two flags (so the training loop has one place to look):
+
+- **Signals** (opt-in: ``Client(signals=True)`` or :meth:`Client.install_signal_handlers`, main
+  thread only): ``SIGUSR1`` -> save, ``SIGTERM`` -> stop. A Python handler installed before ours is
+  still called after ours; ``SIG_DFL``/``SIG_IGN`` are not (calling the default SIGTERM action would
+  kill the process before it can save, which is the point of catching it).
+- **Kill switch** (``stop_file=`` or ``$FTD_STOP_FILE``): while the file exists, ``should_stop()`` is
+  true; it is also checked once in the constructor so a queued job array "burns through" at once.
+- **Save switch** (``save_file=`` or ``$FTD_SAVE_FILE``): when the file appears, ``should_save()``
+  becomes true; the file is removed when the save is answered (acked or nacked), so it triggers one
+  save, not one per step.
+- **Memory** (:meth:`Client.memory_guard`): host RSS (against ``MemTotal`` or the cgroup's limit) and,
+  when the trainer already imported torch and CUDA is available, ``torch.cuda.memory_reserved``
+  against the device's total: above the threshold both flags are set (save, then exit before OOM).
+
+The switch files are polled at most every ``switch_poll_s`` (0.2 s) from the per-step calls (one
+``stat`` per poll): the hot path stays a few attribute reads.
+
+Deadlines: a ``save`` directive carries ``deadline_s``. If it is still unanswered that long after it
+arrived (the rank is stuck, or its save is failing slowly), the I/O thread answers it with a nack
+("save not completed within deadline") so the coordinator learns why instead of waiting for silence.
+
 The wire protocol (newline-delimited JSON over a unix socket, version 1) is documented in
 ``ftd/agent/local_api.py``.
 """
@@ -45,7 +67,9 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
+import sys
 import threading
 import time
 
@@ -65,6 +89,7 @@ _MAX_BUFFER = 1024 * 1024
 _MAX_SEEN = 4096
 _IO_TIMEOUT_S = 2.0
 _REGISTER_TIMEOUT_S = 5.0
+DEADLINE_REASON = "save not completed within deadline"
 
 
 class DirectiveInfo:
@@ -134,6 +159,9 @@ class Client:
     ``"default"``); ``rank`` to ``$RANK`` or ``$SLURM_PROCID`` (else 0); ``local_rank`` to
     ``$LOCAL_RANK`` or ``$SLURM_LOCALID``; ``socket_path`` to ``$FTD_SOCKET`` or
     ``/run/ftd/agent.sock``. With ``connect=False`` nothing happens until :meth:`start`.
+    ``signals=True`` installs the SIGUSR1/SIGTERM handlers (:meth:`install_signal_handlers`);
+    ``stop_file``/``save_file`` default to ``$FTD_STOP_FILE``/``$FTD_SAVE_FILE`` (kill and save
+    switches, polled every ``switch_poll_s`` seconds).
     """
 
     def __init__(
@@ -146,6 +174,10 @@ class Client:
         *,
         heartbeat_interval: float = 0.2,
         retry_interval: float = 1.0,
+        signals: bool = False,
+        stop_file: str | None = None,
+        save_file: str | None = None,
+        switch_poll_s: float = 0.2,
     ) -> None:
         self.job: str = job or _env("FTD_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID") or DEFAULT_JOB
         env_rank = _env_int("RANK", "SLURM_PROCID")
@@ -164,6 +196,19 @@ class Client:
         self._stop = False
         self._step: int | None = None
         self._beat = False
+        # Why a save is wanted besides directives ("signal", "save_file", "memory"): set from signal
+        # handlers too, so it is touched without the lock (a set.add is atomic under the GIL).
+        self._local_saves: set[str] = set()
+        self.stop_reason: str | None = None
+        self.stop_file: str | None = stop_file or _env("FTD_STOP_FILE")
+        self.save_file: str | None = save_file or _env("FTD_SAVE_FILE")
+        self.switch_poll_s = switch_poll_s
+        # Next time.monotonic() at which to stat the switch files; None when there are none.
+        self._poll_at: float | None = 0.0 if (self.stop_file or self.save_file) else None
+        self._save_file_seen = False
+        self._previous_handlers: dict[int, Any] = {}
+        #: The latest readings of :meth:`memory_guard` (``{"host"|"cgroup"|"gpu": {used, limit, fraction}}``).
+        self.memory_report: dict[str, Any] = {}
 
         self._lock = threading.Lock()  # guards the dicts below and the flag/event transitions
         self._signal = threading.Event()  # set while a save or a stop is pending
@@ -180,6 +225,10 @@ class Client:
         self._warned = False
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
+        if self._poll_at is not None:
+            self._poll_switches()  # a kill switch present at start stops the job before step one
+        if signals:
+            self.install_signal_handlers()
         if connect:
             self.start()
 
@@ -191,12 +240,138 @@ class Client:
         self._beat = True
 
     def should_save(self) -> bool:
-        """True while a ``save`` directive is pending and not yet acknowledged."""
+        """True while a save is wanted and not yet answered: a ``save`` directive, SIGUSR1, the
+        save-switch file or the memory guard."""
+        if self._poll_at is not None and time.monotonic() >= self._poll_at:
+            self._poll_switches()
         return self._save
 
     def should_stop(self) -> bool:
-        """True once a ``stop`` directive arrived (and for the rest of the process)."""
+        """True once a ``stop`` directive, SIGTERM, the kill-switch file or the memory guard asked
+        for it (and for the rest of the process)."""
+        if self._poll_at is not None and time.monotonic() >= self._poll_at:
+            self._poll_switches()
         return self._stop
+
+    @property
+    def save_directive_pending(self) -> bool:
+        """True while a ``save`` *directive* (not a local trigger) is pending: the torch helper tells
+        its peers so a rank that saved for a peer's directive can answer its own when it arrives."""
+        return bool(self._saves)
+
+    # --- local triggers: switch files, signals, memory --------------------------------------------
+
+    def request_save(self, reason: str = "local") -> None:
+        """Ask for a save from inside the process (the same flag a ``save`` directive sets)."""
+        self._local_saves.add(reason)
+        self._save = True
+        self._signal.set()
+
+    def request_stop(self, reason: str = "local") -> None:
+        """Ask for a stop from inside the process (sticky, like a ``stop`` directive)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self._stop = True
+        self._signal.set()
+
+    def _flag_from_signal(self, stop: bool, reason: str) -> None:
+        # Runs inside a signal handler, i.e. between two bytecodes of the main thread, which may be
+        # holding self._lock or the Event's lock (in wait()): touch plain attributes only, and let a
+        # helper thread set the Event.
+        if stop:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+            self._stop = True
+        else:
+            self._local_saves.add(reason)
+            self._save = True
+        threading.Thread(target=self._signal.set, name="ftd-client-signal", daemon=True).start()
+
+    def _poll_switches(self) -> None:
+        try:
+            self._poll_at = time.monotonic() + self.switch_poll_s
+            if self.stop_file and not self._stop and os.path.exists(self.stop_file):
+                _log.info("ftd client: kill switch %s present: stopping", self.stop_file)
+                self.request_stop("stop_file")
+            if self.save_file and not self._save_file_seen and os.path.exists(self.save_file):
+                self._save_file_seen = True
+                _log.info("ftd client: save switch %s present: saving", self.save_file)
+                self.request_save("save_file")
+        except Exception:  # fail-open
+            _log.debug("ftd client: switch poll failed", exc_info=True)
+
+    def install_signal_handlers(self) -> bool:
+        """SIGUSR1 -> save, SIGTERM -> stop. Main thread only (Python's rule for signal handlers);
+        returns False (and changes nothing) elsewhere. A Python handler installed before is called
+        after ours; the default action and SIG_IGN are not."""
+        if threading.current_thread() is not threading.main_thread():
+            _log.warning("ftd client: signal handlers can only be installed from the main thread")
+            return False
+        try:
+            for signum in (signal.SIGUSR1, signal.SIGTERM):
+                if signum in self._previous_handlers:
+                    continue
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        except Exception:
+            _log.warning("ftd client: could not install signal handlers", exc_info=True)
+            return False
+        return True
+
+    def uninstall_signal_handlers(self) -> None:
+        """Put back the handlers :meth:`install_signal_handlers` replaced (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in list(self._previous_handlers.items()):
+            with contextlib.suppress(Exception):
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            del self._previous_handlers[signum]
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        with contextlib.suppress(Exception):  # fail-open, even here
+            self._flag_from_signal(signum == signal.SIGTERM, signal.Signals(signum).name)
+        previous = self._previous_handlers.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+
+    def memory_guard(self, max_rss_fraction: float = 0.9, gpu: bool = True) -> bool:
+        """Save and stop before an out-of-memory kill: True (and both flags set) when host memory or,
+        with ``gpu`` and torch already imported with CUDA available, the current device's reserved
+        memory is above ``max_rss_fraction`` of what is available. Call it every few steps (it reads
+        a few ``/proc`` and cgroup files: tens of microseconds). Details in :attr:`memory_report`.
+
+        Host: this process's RSS against ``MemTotal``; inside a cgroup with a memory limit, the
+        cgroup's working set (usage minus inactive file cache) against that limit, since every
+        process of the cgroup counts towards it."""
+        try:
+            report: dict[str, Any] = {}
+            over: list[str] = []
+            rss, total = _process_rss(), _mem_total()
+            if rss is not None and total:
+                report["host"] = {"used": rss, "limit": total, "fraction": rss / total}
+                if rss > max_rss_fraction * total:
+                    over.append(f"host rss {rss / total:.0%} of MemTotal")
+            cgroup = _cgroup_memory()
+            if cgroup is not None:
+                used, limit = cgroup
+                report["cgroup"] = {"used": used, "limit": limit, "fraction": used / limit}
+                if used > max_rss_fraction * limit:
+                    over.append(f"cgroup memory {used / limit:.0%} of its limit")
+            if gpu:
+                cuda = _cuda_memory()
+                if cuda is not None:
+                    used, limit = cuda
+                    report["gpu"] = {"used": used, "limit": limit, "fraction": used / limit}
+                    if used > max_rss_fraction * limit:
+                        over.append(f"gpu reserved {used / limit:.0%} of device memory")
+            self.memory_report = report
+            if over:
+                _log.warning("ftd client: memory guard: %s: saving and stopping", "; ".join(over))
+                self.request_save("memory")
+                self.request_stop("memory")
+                return True
+        except Exception:  # fail-open
+            _log.debug("ftd client: memory guard failed", exc_info=True)
+        return False
 
     # --- answers -------------------------------------------------------------------------------
 
@@ -208,14 +383,34 @@ class Client:
         """Answer every pending ``save`` with a failure (``reason`` says why) and clear it."""
         self._answer(ok=False, step=self._step, path=None, reason=reason)
 
-    def _answer(self, *, ok: bool, step: int | None, path: str | None, reason: str) -> None:
+    def _answer(
+        self,
+        *,
+        ok: bool,
+        step: int | None,
+        path: str | None,
+        reason: str,
+        only: list[str] | None = None,
+    ) -> None:
+        """Answer pending saves (every one, or the ids in ``only``: the deadline nack) and clear the
+        local triggers with them (removing the save-switch file)."""
         try:
             with self._lock:
-                saves = list(self._saves)
-                self._saves.clear()
-                self._save = False
-                if not self._stop:
+                if only is None:
+                    saves = list(self._saves)
+                    self._saves.clear()
+                    local = bool(self._local_saves)
+                    self._local_saves.clear()
+                else:
+                    saves = [did for did in only if self._saves.pop(did, None) is not None]
+                    local = False
+                self._save = bool(self._saves) or bool(self._local_saves)
+                if not self._save and not self._stop:
                     self._signal.clear()
+            if local and self._save_file_seen and self.save_file:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.save_file)
+                self._save_file_seen = False
             for did in saves:
                 self._outbox.append(
                     _line(
@@ -421,11 +616,27 @@ class Client:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + self.heartbeat_interval
+                    self._nack_overdue()
                     if self._beat:
                         self._beat = False
                         sock.sendall(_line({"v": PROTOCOL_VERSION, "op": "heartbeat", "step": self._step}))
             if self._closed.is_set():
                 return registered
+
+    def _nack_overdue(self) -> None:
+        """Nack every save directive still unanswered past its ``deadline_s``."""
+        if not self._saves:
+            return
+        now = time.perf_counter_ns()
+        with self._lock:
+            overdue = [
+                did
+                for did, info in self._saves.items()
+                if info.deadline_s is not None and now - info.received_ns > info.deadline_s * 1e9
+            ]
+        if overdue:
+            _log.warning("ftd client: %s: nacking %s", DEADLINE_REASON, ", ".join(overdue))
+            self._answer(ok=False, step=self._step, path=None, reason=DEADLINE_REASON, only=overdue)
 
     def _on_line(self, line: bytes, arrived_ns: int) -> bool:
         """Handle one message from the agent; True if it accepted our registration."""
@@ -484,3 +695,70 @@ class Client:
                 _log.debug("ftd client: ignoring directive action %r", action)
                 return
         _log.info("ftd client: %s requested (%s) id=%s", action, info.reason or "no reason", did)
+
+
+# --- memory probes (module level: memory_guard stays small; each returns None when unknown) -------
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _process_rss() -> int | None:
+    text = _read("/proc/self/statm")
+    if text is None:
+        return None
+    return int(text.split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _mem_total() -> int | None:
+    text = _read("/proc/meminfo")
+    for line in (text or "").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def _cgroup_memory() -> tuple[int, int] | None:
+    """(working set, limit) of this process's memory cgroup, if it has a limit (v2, else v1)."""
+    text = _read("/proc/self/cgroup") or ""
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":  # cgroup v2
+            base = "/sys/fs/cgroup" + parts[2].rstrip("/")
+            limit_text, usage_text = _read(base + "/memory.max"), _read(base + "/memory.current")
+            stat_key = "inactive_file"
+        elif "memory" in parts[1].split(","):  # cgroup v1
+            base = "/sys/fs/cgroup/memory" + parts[2].rstrip("/")
+            limit_text = _read(base + "/memory.limit_in_bytes")
+            usage_text = _read(base + "/memory.usage_in_bytes")
+            stat_key = "total_inactive_file"
+        else:
+            continue
+        if not limit_text or not usage_text or limit_text.strip() == "max":
+            continue
+        limit, usage = int(limit_text), int(usage_text)
+        if limit <= 0 or limit >= 1 << 60:  # v1 spells "no limit" as a huge number
+            continue
+        for stat_line in (_read(base + "/memory.stat") or "").splitlines():
+            key, _, value = stat_line.partition(" ")
+            if key == stat_key:
+                usage -= int(value)
+                break
+        return max(usage, 0), limit
+    return None
+
+
+def _cuda_memory() -> tuple[int, int] | None:
+    """(reserved, total) bytes of the current CUDA device, only if the trainer imported torch."""
+    torch: Any = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    device = torch.cuda.current_device()
+    return int(torch.cuda.memory_reserved(device)), int(torch.cuda.get_device_properties(device).total_memory)

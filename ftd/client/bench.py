@@ -13,6 +13,11 @@ agent's loop -> the client's I/O thread has read it (``Client.last_directive_ns`
 ``time.perf_counter_ns()``. Agent, client I/O thread and the measuring thread share one process
 (and its GIL), so this is an upper bound of what separate processes see.
 The connected part needs the daemon extra (msgspec, structlog); without it only ``no_agent`` runs.
+
+With torch installed, ``torch_agree_us`` is the cost of one :meth:`ftd.client.torch.TorchCoordinator.agree`
+(an all-reduce MAX of two int32 on a one-rank gloo group on this host: the fixed per-call overhead,
+not the network latency of a real job — call it every N steps when that matters), measured apart
+from ``us_per_step``.
 """
 
 from __future__ import annotations
@@ -117,6 +122,33 @@ def _bench_connected(steps: int, latency_samples: int) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _bench_agree(calls: int = 2000) -> float | None:
+    """Microseconds per ``TorchCoordinator.agree`` on a one-rank gloo group (None without torch)."""
+    try:
+        import torch.distributed as dist
+
+        from ftd.client.torch import TorchCoordinator
+    except ImportError:
+        return None
+    if dist.is_initialized():
+        return None
+    tmp = tempfile.mkdtemp(prefix="ftdb", dir="/tmp")
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        with Client(job="bench", rank=0, socket_path=os.path.join(tmp, "absent.sock")) as client:
+            coordinator = TorchCoordinator(client)
+            for step in range(100):  # warm-up: first collectives set up buffers
+                coordinator.agree(step)
+            start = time.perf_counter_ns()
+            for step in range(calls):
+                coordinator.agree(step)
+            return (time.perf_counter_ns() - start) / calls / 1000.0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def bench_client(steps: int = 200_000, latency_samples: int = 200) -> dict[str, Any]:
     """Measure the client's per-step cost without and with an agent; ``us_per_step`` is the worse."""
     tmp = tempfile.mkdtemp(prefix="ftdb", dir="/tmp")
@@ -126,6 +158,21 @@ def bench_client(steps: int = 200_000, latency_samples: int = 200) -> dict[str, 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result: dict[str, Any] = {"steps": steps, "us_per_step_no_agent": no_agent}
+    tmp = tempfile.mkdtemp(prefix="ftdb", dir="/tmp")
+    try:  # kill and save switch files configured (absent): one monotonic() per call, a stat per 0.2 s
+        with Client(
+            job="bench",
+            rank=0,
+            socket_path=os.path.join(tmp, "absent.sock"),
+            stop_file=os.path.join(tmp, "STOP"),
+            save_file=os.path.join(tmp, "SAVE"),
+        ) as client:
+            result["us_per_step_switch_files"] = _per_step_us(client, steps)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    agree_us = _bench_agree()
+    if agree_us is not None:
+        result["torch_agree_us"] = agree_us
     try:
         connected = _bench_connected(steps, latency_samples)
     except ImportError as exc:  # the daemon extra is not installed

@@ -27,6 +27,7 @@ from ftd.coordinator.plugins import PluginError, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
 from ftd.events import (
+    SCHEMA_VERSION,
     Ack,
     CoordinatorStatus,
     DecodeError,
@@ -44,6 +45,10 @@ from ftd.sdnotify import notify, watchdog_interval_s
 
 log = get_logger(__name__)
 
+# Event kind level of a batched event message (``topics.node_event(node, EVENT_BATCH)``); matched by
+# ALL_NODE_EVENTS, never a Kind value.
+EVENT_BATCH = "batch"
+
 SUBSCRIPTIONS = (topics.ALL_NODE_STATUS, topics.ALL_NODE_JOBS, topics.ALL_NODE_ACKS, topics.ALL_NODE_EVENTS)
 
 
@@ -57,6 +62,10 @@ def coordinator_will() -> LastWill:
 
 def make_scheduler(config: Config) -> Scheduler | None:
     cfg = config.coordinator
+    if cfg.scheduler == "kubernetes":
+        from ftd.coordinator.actions.kubernetes import KubernetesScheduler
+
+        return KubernetesScheduler.from_config(cfg.kubernetes)
     if cfg.scheduler == "none" or not cfg.slurm.enabled:
         return None
     from ftd.coordinator.actions.slurm import SlurmScheduler
@@ -84,7 +93,12 @@ class Coordinator:
         self.acks = AckBook()
         self.ledger = ledger or Ledger(cfg.ledger_path)
         self.bad_messages = 0
-        plugins = make_plugin_manager(disabled=cfg.disabled_rules, extra=extra_plugins)
+        plugins = make_plugin_manager(
+            disabled=cfg.disabled_rules,
+            extra=extra_plugins,
+            rule_dirs=cfg.rule_dirs,
+            rules_file=cfg.rules_file,
+        )
         executors = build_executors(
             ExecutorContext(
                 config=config, state=self.state, acks=self.acks, publish=self._publish, scheduler=scheduler
@@ -95,14 +109,11 @@ class Coordinator:
                 if kind in executors:
                     raise PluginError(f"two executors for action kind {kind!r}")
                 executors[kind] = executor
-        gate = PolicyGate(
-            cooldown_s=cfg.policy.cooldown_s,
-            dry_run=cfg.policy.dry_run,
-            dry_run_rules=cfg.policy.dry_run_rules,
-        )
+        gate = PolicyGate.from_config(cfg)
         self.engine = Engine(
             state=self.state, ledger=self.ledger, gate=gate, plugins=plugins, executors=executors
         )
+        self.engine.startup(self)  # ftd_startup hooks, each on its own
         self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], None]] = {
             "events": self._on_event,
             "status": self._on_status,
@@ -120,21 +131,33 @@ class Coordinator:
 
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         """Process bus messages until cancelled."""
+        from ftd.coordinator.api import start_api  # HTTP API + dashboard (None when disabled)
+
+        self.api = await start_api(self)
         await self.start()
         await self.bus.wait_connected()
-        # Let retained status and job presence arrive before resuming actions that depend on them.
-        await asyncio.sleep(0.5)
-        self.engine.resume_unfinished()
-        await self.bus.publish(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
-        notify("READY=1")
-        if ready is not None:
-            ready()
-        watchdog = asyncio.create_task(self._watchdog())
+        # Handle (not just receive) what the broker delivers first -- retained status and job presence,
+        # acks it queued for this persistent session while we were down -- before resuming actions that
+        # depend on it: a resumed checkpoint_restart must know the job's ranks and see acks sent meanwhile.
+        pump = asyncio.create_task(self._pump(), name="bus-messages")
+        watchdog: asyncio.Task[None] | None = None
         try:
-            async for message in self.bus.messages():
-                self.handle_message(message)
+            await asyncio.sleep(0.5)
+            self.engine.resume_unfinished()
+            await self.bus.publish(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
+            notify("READY=1")
+            if ready is not None:
+                ready()
+            watchdog = asyncio.create_task(self._watchdog())
+            await pump
         finally:
-            watchdog.cancel()
+            pump.cancel()
+            if watchdog is not None:
+                watchdog.cancel()
+
+    async def _pump(self) -> None:
+        async for message in self.bus.messages():
+            self.handle_message(message)
 
     async def _watchdog(self) -> None:
         interval = watchdog_interval_s()
@@ -145,6 +168,9 @@ class Coordinator:
             await asyncio.sleep(interval)
 
     async def close(self) -> None:
+        api = getattr(self, "api", None)
+        if api is not None:
+            await api.stop()
         await self.engine.close()
         if self.bus.connected:
             with contextlib.suppress(BusUnavailable):
@@ -174,6 +200,20 @@ class Coordinator:
             )
 
     def _on_event(self, levels: tuple[str, ...], message: Message) -> None:
+        if levels[3:] == (EVENT_BATCH,):
+            # ftd/v1/nodes/{node}/events/batch: a JSON list of Events, all of that node (the ACL
+            # vouches for the topic). Checked as a whole before any is handled: one bad event
+            # rejects the batch, so a batch is never half-applied.
+            batch = decode(message.payload, list[Event])
+            for event in batch:
+                if event.schema != SCHEMA_VERSION:
+                    raise DecodeError(f"unsupported schema version {event.schema} in batch")
+                if event.node != levels[1]:
+                    raise DecodeError(f"event for node {event.node!r} in a batch under node {levels[1]!r}")
+            with self.ledger.transaction():  # one commit per batch: the storm's hot path
+                for event in batch:
+                    self.engine.handle_event(event)
+            return
         event = decode(message.payload, Event)
         if event.node != levels[1]:
             raise DecodeError(f"event for node {event.node!r} published under node {levels[1]!r}")

@@ -6,6 +6,20 @@ then run allowed actions concurrently, each with its executor, and record how th
 here does I/O of its own except through the ledger and the executors it was given.
 
 Observers (the demo's timeline, metrics, the API's live view) subscribe with :meth:`Engine.observe`.
+
+After the rules have decided on an event it is folded into the cluster history
+(:meth:`ClusterState.apply_event`), so rules see the past, not the event itself, in
+``view.node_history``; the history is rebuilt from the ledger's recent events at start-up.
+
+Approval: an action whose kind needs a human (``policy.approval_required_kinds``) is recorded as
+``awaiting_approval``; :meth:`Engine.approve` re-checks it with the gate (the cluster may have
+changed) and starts it, :meth:`Engine.reject` closes it as ``suppressed`` with the operator's
+reason (the key then cools down like a finished action, so the rule does not ask again at once).
+
+``checkpoint`` (save without stopping) runs on the ``checkpoint_restart`` executor when no executor
+is registered for it: that executor skips stop and requeue for this kind (``params["stop"]``).
+Plugins learn how executed actions ended through ``ftd_action_completed`` (each implementation
+called on its own; a failure is logged).
 """
 
 from __future__ import annotations
@@ -19,8 +33,8 @@ import pluggy
 
 from ftd.coordinator.hookspecs import Executor
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
-from ftd.coordinator.plugins import evaluate
+from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.coordinator.plugins import call_each, evaluate
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
 from ftd.events import Event, new_id
@@ -46,6 +60,8 @@ class Engine:
         self.gate = gate
         self.plugins = plugins
         self.executors = dict(executors)
+        if ActionKind.CHECKPOINT not in self.executors and ActionKind.CHECKPOINT_RESTART in self.executors:
+            self.executors[ActionKind.CHECKPOINT] = self.executors[ActionKind.CHECKPOINT_RESTART]
         self._tasks: set[asyncio.Task[None]] = set()
         self._observers: list[Observer] = []
         self.counters: dict[str, int] = {
@@ -54,10 +70,22 @@ class Engine:
             "rule_errors": 0,
             "actions_started": 0,
             "actions_suppressed": 0,
+            "actions_awaiting_approval": 0,
+            "hook_errors": 0,
         }
         self.decision_latencies: list[float] = []  # seconds from receipt to verdict, for benchmarks
         self.gate.restore(ledger.unfinished())
-        self.gate.restore(ledger.recent(time.time() - gate.cooldown_s))
+        recent = ledger.recent(time.time() - max(gate.cooldown_s, self.AWAITING_LOOKBACK_S))
+        self.gate.restore(r for r in recent if r.state != ActionState.AWAITING_APPROVAL)
+        self.awaiting: dict[str, ActionRecord] = {
+            r.id: r for r in recent if r.state == ActionState.AWAITING_APPROVAL
+        }
+        self.gate.restore(self.awaiting.values())
+        for event in reversed(ledger.events(limit=self.HISTORY_EVENTS)):
+            state.apply_event(event)
+
+    AWAITING_LOOKBACK_S = 7 * 86400.0  # held actions older than this are not restored after a restart
+    HISTORY_EVENTS = 20_000  # recent events replayed into the cluster history at start-up
 
     def observe(self, observer: Observer) -> None:
         self._observers.append(observer)
@@ -80,6 +108,7 @@ class Engine:
         self.counters["events"] += 1
         self._notify("event", event)
         result = evaluate(self.plugins, event, self.state)
+        self.state.apply_event(event)
         for rule, error in result.errors:
             self.counters["rule_errors"] += 1
             log.error("rule failed; other rules still decide", rule=rule, event_id=event.id, error=error)
@@ -93,11 +122,13 @@ class Engine:
 
     def submit(self, request: ActionRequest) -> ActionRecord:
         """Gate, record and (if allowed) start one action. Also the entry point for manual actions."""
-        verdict = self.gate.decide(request)
+        verdict = self.gate.decide(request, self.state)
         record = ActionRecord(id=new_id("act"), request=request, state=verdict.state)
         if verdict.reason:
             record.detail["policy"] = verdict.reason
-        if verdict.allowed and request.kind not in self.executors:
+        if (verdict.allowed or verdict.state == ActionState.AWAITING_APPROVAL) and (
+            request.kind not in self.executors
+        ):
             record.state = ActionState.FAILED
             record.detail["error"] = f"no executor registered for {request.kind!r}"
         self.ledger.save_action(record)
@@ -116,7 +147,54 @@ class Engine:
             self._start(record)
         elif record.state == ActionState.SUPPRESSED:
             self.counters["actions_suppressed"] += 1
+        elif record.state == ActionState.AWAITING_APPROVAL:
+            self.counters["actions_awaiting_approval"] += 1
+            self.gate.hold(record)
+            self.awaiting[record.id] = record
         return record
+
+    def approve(self, action_id: str, by: str = "") -> ActionRecord:
+        """Start an action awaiting approval (if the gate still allows it). KeyError if not held."""
+        record = self.awaiting.pop(action_id, None)
+        if record is None:
+            raise KeyError(f"no action {action_id!r} is awaiting approval")
+        verdict = self.gate.decide(record.request, self.state, approving=record.id)
+        record.detail["approved_by"] = by or "operator"
+        if verdict.allowed:
+            record.state = ActionState.PENDING
+            record.detail.pop("policy", None)
+        else:
+            self.gate.release(record)
+            record.state = verdict.state
+            record.detail["policy"] = f"approved, then {verdict.reason}"
+            if record.state == ActionState.SUPPRESSED:
+                self.counters["actions_suppressed"] += 1
+        self.ledger.save_action(record)
+        log.info("action approved", action_id=record.id, state=str(record.state), by=by or None)
+        self._notify("action", record)
+        if record.state == ActionState.PENDING:
+            self._start(record)
+        return record
+
+    def reject(self, action_id: str, reason: str = "", by: str = "") -> ActionRecord:
+        """Close an action awaiting approval as suppressed, with the operator's reason."""
+        record = self.awaiting.pop(action_id, None)
+        if record is None:
+            raise KeyError(f"no action {action_id!r} is awaiting approval")
+        record.state = ActionState.SUPPRESSED
+        record.detail["policy"] = f"rejected by {by or 'operator'}: {reason or 'no reason given'}"
+        self.gate.finished(record)
+        self.counters["actions_suppressed"] += 1
+        self.ledger.save_action(record)
+        log.info("action rejected", action_id=record.id, reason=reason, by=by or None)
+        self._notify("action", record)
+        return record
+
+    def startup(self, coordinator: Any) -> None:
+        """Call every ``ftd_startup`` implementation on its own (failures logged, start-up goes on)."""
+        for plugin, error in call_each(self.plugins, "ftd_startup", coordinator=coordinator):
+            self.counters["hook_errors"] += 1
+            log.error("ftd_startup failed; start-up goes on", plugin=plugin, error=error)
 
     def _start(self, record: ActionRecord) -> None:
         self.gate.started(record)
@@ -156,6 +234,11 @@ class Engine:
             state=str(record.state),
         )
         self._notify("action", record)
+        for plugin, error in call_each(
+            self.plugins, "ftd_action_completed", request=record.request, record=record
+        ):
+            self.counters["hook_errors"] += 1
+            log.error("ftd_action_completed failed", plugin=plugin, action_id=record.id, error=error)
 
     def resume_unfinished(self) -> list[ActionRecord]:
         """Restart actions a previous run left pending or running (executors are idempotent)."""

@@ -8,6 +8,7 @@ repeats finished ones. ``export_events`` writes JSON lines for what-if replays.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -51,6 +52,23 @@ class Ledger:
 
     def close(self) -> None:
         self._db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group the writes inside into one SQLite transaction (one commit instead of one per row).
+
+        Used for a batch of events from one bus message: an autocommitted INSERT costs ~0.1 ms, most
+        of a non-actionable event's handling. Whatever was written is committed on leaving, also on an
+        exception (the same outcome as autocommit); nested use joins the outer transaction.
+        """
+        if self._db.in_transaction:
+            yield
+            return
+        self._db.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._db.execute("COMMIT")
 
     # --- events ------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ class ActionKind(enum.StrEnum):
     DRAIN_NODE = "drain_node"
     RESUME_NODE = "resume_node"
     CHECKPOINT_RESTART = "checkpoint_restart"
+    CHECKPOINT = "checkpoint"  # save without stopping: checkpoint_restart with params["stop"] = False
     GPU_RESET = "gpu_reset"
     NOTIFY = "notify"
     COLLECT_DIAGNOSTICS = "collect_diagnostics"
@@ -31,10 +32,11 @@ class ActionState(enum.StrEnum):
     FAILED = "failed"
     SUPPRESSED = "suppressed"  # stopped by the policy gate; ``detail`` says why
     DRY_RUN = "dry_run"  # would have run; dry-run mode recorded it instead
+    AWAITING_APPROVAL = "awaiting_approval"  # held for a human: Engine.approve / Engine.reject
 
     @property
     def finished(self) -> bool:
-        return self not in (ActionState.PENDING, ActionState.RUNNING)
+        return self not in (ActionState.PENDING, ActionState.RUNNING, ActionState.AWAITING_APPROVAL)
 
 
 class ActionRequest(msgspec.Struct, frozen=True, kw_only=True):

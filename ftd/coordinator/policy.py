@@ -2,32 +2,89 @@
 
 Checks, in order, each recorded with its reason when it says no:
 
-1. **dedupe** — an action with the same key (kind + target) is pending or running;
+1. **dedupe** — an action with the same key (kind + target) is pending, running or awaiting approval;
 2. **cooldown** — the same key finished less than ``cooldown_s`` ago (a flapping GPU must not be
    drained, resumed and drained again every minute);
-3. **dry-run** — globally, or for the proposing rule: the action is recorded as ``dry_run``.
+3. **rate limit** — at most ``max`` actions of a kind started within ``window_s`` (per
+   :class:`RateLimit`; a storm of Xids on many nodes must not restart every job at once);
+4. **blast radius** (``drain_node`` only) — the nodes drained by ftd (from the cluster state) plus
+   the drains in flight may not exceed ``max(min_drain_budget, floor(max_drained_fraction x
+   nodes known))``; nor ``max_drained_per_job`` among the nodes of any job on the target; nor
+   ``max_drained`` of a :class:`DomainBudget` among nodes sharing the target's label value (rack,
+   NVLink domain: ``coordinator.node_labels``). A node with no such label is not in any domain;
+5. **dry-run** — globally, or for the proposing rule (shadow mode): recorded as ``dry_run``;
+6. **approval** — a kind in ``approval_required_kinds`` is recorded as ``awaiting_approval``; a human
+   approves (the request goes through checks 1-5 again, as the cluster may have changed) or rejects
+   it (:meth:`ftd.coordinator.engine.Engine.approve` / ``reject``).
 
-The gate is a pure object over its own memory plus a clock; the engine restores that memory from
-the ledger at start-up so a restart does not reset cooldowns.
+The gate is a pure object over its own memory, a clock and the read-only cluster view handed to
+:meth:`PolicyGate.decide`; the engine restores that memory from the ledger at start-up so a restart
+does not reset dedupe or cooldowns (rate-limit windows do start afresh after a restart).
+``checkpoint_restart`` and the other job actions are never held back by the drain budgets: moving a
+job off a dead node is what saves its work, and the node is gone either way.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
+from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
+
+if TYPE_CHECKING:
+    from ftd.config import CoordinatorConfig
+    from ftd.coordinator.state import NodeRecord
 
 
 @dataclass(frozen=True)
 class Verdict:
-    state: ActionState  # PENDING (go), SUPPRESSED or DRY_RUN
+    state: ActionState  # PENDING (go), SUPPRESSED, DRY_RUN or AWAITING_APPROVAL
     reason: str = ""
 
     @property
     def allowed(self) -> bool:
         return self.state == ActionState.PENDING
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    kind: str
+    max: int
+    window_s: float
+
+
+@dataclass(frozen=True)
+class DomainBudget:
+    label: str  # a node label, e.g. "rack" or "nvlink_domain"
+    max_drained: int
+
+
+def labels_from_config(cfg: CoordinatorConfig) -> dict[str, dict[str, str]]:
+    """``coordinator.node_labels`` entries as node -> {label: value} (a later entry wins)."""
+    labels: dict[str, dict[str, str]] = {}
+    for entry in cfg.node_labels:
+        for node in entry.nodes:
+            for label in ("rack", "nvlink_domain"):
+                value = getattr(entry, label)
+                if value is not None:
+                    labels.setdefault(node, {})[label] = value
+    return labels
+
+
+class GateView(Protocol):
+    """What the gate reads from the cluster (ClusterState provides it)."""
+
+    def node(self, name: str) -> NodeRecord | None: ...
+
+    def jobs_on_node(self, node: str) -> list[str]: ...
+
+    def job_nodes(self, job: str) -> list[str]: ...
+
+    def node_names(self) -> list[str]: ...
 
 
 class PolicyGate:
@@ -37,47 +94,171 @@ class PolicyGate:
         cooldown_s: float = 600.0,
         dry_run: bool = False,
         dry_run_rules: Iterable[str] = (),
+        rate_limits: Iterable[RateLimit] = (),
+        max_drained_fraction: float = 1.0,
+        min_drain_budget: int = 1,
+        max_drained_per_job: int | None = None,
+        domain_budgets: Iterable[DomainBudget] = (),
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
+        approval_required_kinds: Iterable[str] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cooldown_s = cooldown_s
         self.dry_run = dry_run
         self.dry_run_rules = frozenset(dry_run_rules)
+        self.rate_limits = {limit.kind: limit for limit in rate_limits}
+        self.max_drained_fraction = max_drained_fraction
+        self.min_drain_budget = min_drain_budget
+        self.max_drained_per_job = max_drained_per_job
+        self.domain_budgets = tuple(domain_budgets)
+        self.node_labels = {node: dict(labels) for node, labels in (node_labels or {}).items()}
+        self.approval_required_kinds = frozenset(approval_required_kinds)
         self._clock = clock
-        self._active: dict[str, str] = {}  # key -> action id
+        self._active: dict[str, str] = {}  # key -> action id (pending, running, awaiting approval)
+        self._active_requests: dict[str, ActionRequest] = {}  # key -> its request
         self._finished_at: dict[str, float] = {}  # key -> when the last one finished
+        self._starts: dict[str, deque[float]] = {}  # kind -> start times inside its rate window
+
+    @classmethod
+    def from_config(cls, cfg: CoordinatorConfig, *, clock: Callable[[], float] = time.time) -> PolicyGate:
+        policy = cfg.policy
+        return cls(
+            cooldown_s=policy.cooldown_s,
+            dry_run=policy.dry_run,
+            dry_run_rules=policy.dry_run_rules,
+            rate_limits=[RateLimit(r.kind, r.max, r.window_s) for r in policy.rate_limits],
+            max_drained_fraction=policy.max_drained_fraction,
+            min_drain_budget=policy.min_drain_budget,
+            max_drained_per_job=policy.max_drained_per_job,
+            domain_budgets=[DomainBudget(b.label, b.max_drained) for b in policy.domain_budgets],
+            node_labels=labels_from_config(cfg),
+            approval_required_kinds=policy.approval_required_kinds,
+            clock=clock,
+        )
 
     def restore(self, records: Iterable[ActionRecord]) -> None:
         for record in records:
             key = record.request.key
-            if record.state in (ActionState.PENDING, ActionState.RUNNING):
+            if record.state in (ActionState.PENDING, ActionState.RUNNING, ActionState.AWAITING_APPROVAL):
                 self._active[key] = record.id
+                self._active_requests[key] = record.request
             elif record.state in (ActionState.SUCCEEDED, ActionState.ESCALATED, ActionState.FAILED):
                 self._finished_at[key] = max(self._finished_at.get(key, 0.0), record.updated)
 
-    def decide(self, request: ActionRequest) -> Verdict:
+    # --- the decision ---------------------------------------------------------------------------
+
+    def decide(
+        self, request: ActionRequest, view: GateView | None = None, *, approving: str | None = None
+    ) -> Verdict:
+        """The verdict on ``request``. ``approving``: the id of the held action a human approves."""
         key = request.key
-        if key in self._active:
-            return Verdict(
-                ActionState.SUPPRESSED, f"duplicate: {key} already in progress ({self._active[key]})"
-            )
+        holder = self._active.get(key)
+        if holder is not None and holder != approving:
+            return Verdict(ActionState.SUPPRESSED, f"duplicate: {key} already in progress ({holder})")
+        now = self._clock()
         finished = self._finished_at.get(key)
         if finished is not None:
-            remaining = self.cooldown_s - (self._clock() - finished)
+            remaining = self.cooldown_s - (now - finished)
             if remaining > 0:
                 return Verdict(
                     ActionState.SUPPRESSED, f"cooldown: {key} finished {self.cooldown_s - remaining:.0f}s ago"
                 )
+        limit = self.rate_limits.get(request.kind)
+        if limit is not None:
+            starts = self._window(request.kind, now)
+            if len(starts) >= limit.max:
+                return Verdict(
+                    ActionState.SUPPRESSED,
+                    f"rate limit: {len(starts)} {request.kind} started in the last {limit.window_s:g}s "
+                    f"(max {limit.max})",
+                )
+        if request.kind == ActionKind.DRAIN_NODE and view is not None:
+            reason = self._blast_radius(request, view, approving)
+            if reason:
+                return Verdict(ActionState.SUPPRESSED, reason)
         if self.dry_run:
             return Verdict(ActionState.DRY_RUN, "dry-run: coordinator in dry-run mode")
         if request.rule in self.dry_run_rules:
             return Verdict(ActionState.DRY_RUN, f"dry-run: rule {request.rule} is in shadow mode")
+        if approving is None and request.kind in self.approval_required_kinds:
+            return Verdict(
+                ActionState.AWAITING_APPROVAL, f"approval: {request.kind} actions need a human's approval"
+            )
         return Verdict(ActionState.PENDING)
+
+    def drain_budget(self, cluster_size: int) -> int:
+        return max(self.min_drain_budget, math.floor(self.max_drained_fraction * cluster_size + 1e-9))
+
+    def drained_set(self, view: GateView, *, exclude_id: str | None = None) -> set[str]:
+        """Nodes out of service because of ftd: drained (state) plus drains pending/running/held."""
+        drained = {name for name in view.node_names() if (n := view.node(name)) and n.drained_by_ftd}
+        for key, request in self._active_requests.items():
+            if request.kind == ActionKind.DRAIN_NODE and self._active.get(key) != exclude_id:
+                drained.add(request.target)
+        return drained
+
+    def _blast_radius(self, request: ActionRequest, view: GateView, approving: str | None) -> str:
+        node = request.target
+        drained = self.drained_set(view, exclude_id=approving)
+        if node in drained:
+            return ""  # already out: draining it again removes nothing more
+        size = len(set(view.node_names()) | {node})
+        budget = self.drain_budget(size)
+        if len(drained) + 1 > budget:
+            return (
+                f"blast radius: draining {node} would make {len(drained) + 1} of {size} nodes drained by "
+                f"ftd (budget {budget}: max_drained_fraction {self.max_drained_fraction:g}, "
+                f"min_drain_budget {self.min_drain_budget})"
+            )
+        if self.max_drained_per_job is not None:
+            for job in view.jobs_on_node(node):
+                out = drained & set(view.job_nodes(job))
+                if len(out) + 1 > self.max_drained_per_job:
+                    return (
+                        f"blast radius: job {job} already has {len(out)} node(s) drained "
+                        f"(max_drained_per_job {self.max_drained_per_job})"
+                    )
+        labels = self.node_labels.get(node, {})
+        for budget_rule in self.domain_budgets:
+            value = labels.get(budget_rule.label)
+            if value is None:
+                continue
+            peers = {n for n in drained if self.node_labels.get(n, {}).get(budget_rule.label) == value}
+            if len(peers) + 1 > budget_rule.max_drained:
+                return (
+                    f"blast radius: {budget_rule.label} {value} already has {len(peers)} node(s) drained "
+                    f"(max {budget_rule.max_drained})"
+                )
+        return ""
+
+    def _window(self, kind: str, now: float) -> deque[float]:
+        starts = self._starts.setdefault(kind, deque())
+        limit = self.rate_limits.get(kind)
+        if limit is not None:
+            while starts and starts[0] <= now - limit.window_s:
+                starts.popleft()
+        return starts
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def hold(self, record: ActionRecord) -> None:
+        """An action is awaiting approval: it occupies its key (dedupe) and, for drains, the budget."""
+        self._active[record.request.key] = record.id
+        self._active_requests[record.request.key] = record.request
 
     def started(self, record: ActionRecord) -> None:
         self._active[record.request.key] = record.id
+        self._active_requests[record.request.key] = record.request
+        if record.request.kind in self.rate_limits:
+            self._window(record.request.kind, self._clock()).append(self._clock())
 
-    def finished(self, record: ActionRecord) -> None:
+    def release(self, record: ActionRecord) -> None:
+        """A held action was rejected or dropped: free its key without starting a cooldown."""
         key = record.request.key
         if self._active.get(key) == record.id:
             del self._active[key]
-        self._finished_at[key] = self._clock()
+            self._active_requests.pop(key, None)
+
+    def finished(self, record: ActionRecord) -> None:
+        self.release(record)
+        self._finished_at[record.request.key] = self._clock()

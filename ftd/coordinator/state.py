@@ -1,17 +1,28 @@
-"""The coordinator's picture of the cluster: nodes, and which ranks of which jobs run where.
+"""The coordinator's picture of the cluster: nodes, GPUs by UUID, and which ranks of which jobs run where.
 
 Built from the bus: retained node status (online/offline, with the Last Will for crashes) and
 retained job presence published by each agent. Rules read it through :class:`ClusterView`, a
 read-only protocol, so a rule cannot change state behind the engine's back.
+
+History (for rules such as ``repeat_offender``): :meth:`ClusterState.apply_event` is called by the
+engine *after* the rules have evaluated an event, so a rule sees the history *before* the event it
+is deciding on. Faults (severity >= error) are kept per node and per GPU UUID (bounded: the last
+``HISTORY_LIMIT`` per node / GPU); every event carrying ``data.uuid`` updates that GPU's record
+(which node it is in now, its PCI address), so a GPU moved to another node keeps its past. The
+engine rebuilds this from the ledger's recent events at start-up.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from ftd.events import JobPresence, NodeStatus, RankInfo
+from ftd.events import Event, JobPresence, NodeStatus, RankInfo, Severity
+
+HISTORY_LIMIT = 256
 
 
 @dataclass
@@ -21,6 +32,49 @@ class NodeRecord:
     last_change: float = 0.0
     drained_by_ftd: bool = False
     drain_reason: str = ""
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """One past fault: an event of severity >= error, as history keeps it."""
+
+    ts: float
+    node: str
+    kind: str
+    code: int | None = None
+    uuid: str | None = None
+    event_id: str = ""
+
+    @property
+    def signature(self) -> tuple[str, int | None]:
+        """What makes two faults "the same fault": the kind and (for Xid/SXid) the code."""
+        return (self.kind, self.code)
+
+
+@dataclass
+class GpuRecord:
+    """A GPU by UUID: where it is now, where it has been, what went wrong with it (newest last)."""
+
+    uuid: str
+    node: str
+    pci: str | None = None
+    nodes_seen: list[str] = field(default_factory=list)
+    faults: deque[FaultRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_LIMIT))
+
+
+def fault_of(event: Event) -> FaultRecord:
+    code: Any = event.data.get("code")
+    if event.kind == "gpu_fallen_off_bus":
+        code = 79
+    uuid = event.data.get("uuid")
+    return FaultRecord(
+        ts=event.ts,
+        node=event.node,
+        kind=str(event.kind),
+        code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+        uuid=uuid if isinstance(uuid, str) and uuid else None,
+        event_id=event.id,
+    )
 
 
 @dataclass
@@ -53,11 +107,17 @@ class ClusterView(Protocol):
 
     def online_nodes(self) -> list[str]: ...
 
+    def gpu(self, uuid: str) -> GpuRecord | None: ...
+
+    def node_history(self, node: str) -> Sequence[FaultRecord]: ...
+
 
 class ClusterState:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeRecord] = {}
         self.jobs: dict[str, JobRecord] = {}
+        self.gpus: dict[str, GpuRecord] = {}
+        self.history: dict[str, deque[FaultRecord]] = {}  # node -> faults, oldest first
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -94,6 +154,28 @@ class ClusterState:
         record.drained_by_ftd = drained
         record.drain_reason = reason if drained else ""
 
+    def apply_event(self, event: Event) -> None:
+        """Fold an event into the history (called by the engine after the rules decided on it)."""
+        self._node(event.node)
+        uuid = event.data.get("uuid")
+        gpu: GpuRecord | None = None
+        if isinstance(uuid, str) and uuid:
+            gpu = self.gpus.get(uuid)
+            if gpu is None:
+                gpu = self.gpus[uuid] = GpuRecord(uuid=uuid, node=event.node)
+            gpu.node = event.node
+            if not gpu.nodes_seen or gpu.nodes_seen[-1] != event.node:
+                gpu.nodes_seen.append(event.node)
+            pci = event.data.get("pci")
+            if isinstance(pci, str) and pci:
+                gpu.pci = pci
+        if event.severity.rank < Severity.ERROR.rank:
+            return
+        fault = fault_of(event)
+        self.history.setdefault(event.node, deque(maxlen=HISTORY_LIMIT)).append(fault)
+        if gpu is not None:
+            gpu.faults.append(fault)
+
     # --- ClusterView -------------------------------------------------------------------------
 
     def node(self, name: str) -> NodeRecord | None:
@@ -108,3 +190,13 @@ class ClusterState:
 
     def online_nodes(self) -> list[str]:
         return sorted(n.name for n in self.nodes.values() if n.online)
+
+    def node_names(self) -> list[str]:
+        """Every node known (online or not): the cluster size the drain budget is a fraction of."""
+        return list(self.nodes)
+
+    def gpu(self, uuid: str) -> GpuRecord | None:
+        return self.gpus.get(uuid)
+
+    def node_history(self, node: str) -> Sequence[FaultRecord]:
+        return tuple(self.history.get(node, ()))

@@ -25,7 +25,7 @@ from ftd.bus.base import Bus
 from ftd.bus.embedded import EmbeddedBroker
 from ftd.bus.mqtt import MqttBus
 from ftd.client import Client
-from ftd.config import AgentConfig, Config, CoordinatorConfig, PolicyConfig
+from ftd.config import AgentConfig, ApiConfig, Config, CoordinatorConfig, PolicyConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.app import Coordinator, coordinator_will
 from ftd.coordinator.ledger import Ledger
@@ -149,6 +149,7 @@ class SimCluster:
                 stop_deadline_s=save_deadline_s,
                 scheduler="none",
                 policy=PolicyConfig(cooldown_s=600.0),
+                api=ApiConfig(enabled=False),  # a simulation must not take the operator's API port
             )
         )
         self.broker: EmbeddedBroker | None = None

@@ -335,10 +335,18 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
         return st.booleans()
     if isinstance(t, mi.IntType):
         low = t.ge if t.ge is not None else (t.gt + 1 if t.gt is not None else -(2**40))
-        return st.integers(min_value=low, max_value=t.le if t.le is not None else 2**40)
+        high = t.le if t.le is not None else (t.lt - 1 if t.lt is not None else 2**40)
+        return st.integers(min_value=low, max_value=high)
     if isinstance(t, mi.FloatType):
-        bound = t.ge if t.ge is not None else t.gt
-        return st.floats(min_value=bound, exclude_min=t.gt is not None, max_value=1e9, allow_nan=False)
+        low = t.ge if t.ge is not None else t.gt
+        high = t.le if t.le is not None else (t.lt if t.lt is not None else 1e9)
+        return st.floats(
+            min_value=low,
+            exclude_min=t.gt is not None,
+            max_value=high,
+            exclude_max=t.lt is not None,
+            allow_nan=False,
+        )
     if isinstance(t, mi.StrType):
         if t.pattern is not None:
             return st.from_regex(t.pattern)
@@ -346,27 +354,47 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
     if isinstance(t, mi.ListType):
         return st.lists(strategy_for(t.item_type), max_size=3)
     if isinstance(t, mi.StructType):
-        return st.fixed_dictionaries({}, optional={f.encode_name: strategy_for(f.type) for f in t.fields})
+        return st.fixed_dictionaries(
+            {f.encode_name: strategy_for(f.type) for f in t.fields if f.required},
+            optional={f.encode_name: strategy_for(f.type) for f in t.fields if not f.required},
+        )
     raise AssertionError(f"no strategy for {t}")
 
 
-CROSS_FIELD_KEYS = {"username", "password", "password_file", "ca_file", "reconnect_min_s", "reconnect_max_s"}
+# Keys governed by cross-field rules (each tested on its own elsewhere), by the table holding them.
+CROSS_FIELD_KEYS = {
+    ("bus",): {"username", "password", "password_file", "ca_file", "reconnect_min_s", "reconnect_max_s"},
+    ("coordinator", "notify"): {"url_file"},
+}
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(strategy_for(mi.type_info(Config)))
 def test_valid_data_is_accepted_and_kept(data: dict[str, Any]) -> None:
-    for key in CROSS_FIELD_KEYS:  # governed by cross-field rules, tested above
-        data.get("bus", {}).pop(key, None)
+    for path, keys in CROSS_FIELD_KEYS.items():
+        table = data
+        for part in path:
+            table = table.get(part, {})
+        for key in keys:
+            table.pop(key, None)
     config = config_from_data(data)
     for section, table in data.items():
-        for key, value in table.items():
-            got = getattr(getattr(config, section), key)
-            if isinstance(value, dict):
-                for sub, subvalue in value.items():
-                    assert getattr(got, sub) == subvalue
-            else:
-                assert got == value or (isinstance(value, float) and math.isclose(got, value))
+        assert_kept(table, getattr(config, section))
+
+
+def assert_kept(given: Any, built: Any) -> None:
+    """Every value given survives into the built config (structs compared field by given field)."""
+    if isinstance(given, dict):
+        for key, value in given.items():
+            assert_kept(value, getattr(built, key))
+    elif isinstance(given, list):
+        assert len(given) == len(built)
+        for g, b in zip(given, built, strict=True):
+            assert_kept(g, b)
+    elif isinstance(given, float):
+        assert math.isclose(built, given)
+    else:
+        assert built == given
 
 
 # --- ftd check-config --------------------------------------------------------------------------------

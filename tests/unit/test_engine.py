@@ -151,3 +151,71 @@ async def test_builtin_xid_rule_drains_on_79_and_restarts_the_job_elsewhere(tmp_
     assert by_kind["checkpoint_restart"].params["exclude"] == ["node-2"]
     assert engine.handle_event(make_event("node-2", Kind.XID, data={"code": 43})) == []
     await engine.wait_idle(5)
+
+
+async def test_approval_queue_holds_then_approve_starts_and_reject_closes(tmp_path: Path) -> None:
+    executor = Recorder()
+    pm = make_plugin_manager(extra=(DrainOnEcc(),), entry_points=False, disabled=["xid_catalog"])
+    engine = Engine(
+        state=ClusterState(),
+        ledger=Ledger(tmp_path / "ledger.sqlite"),
+        gate=PolicyGate(approval_required_kinds=["drain_node"]),
+        plugins=pm,
+        executors={ActionKind.DRAIN_NODE: executor},
+    )
+    [held] = engine.handle_event(make_event("node-1", Kind.ECC))
+    assert held.state == ActionState.AWAITING_APPROVAL and "approval" in held.detail["policy"]
+    assert engine.ledger.action(held.id).state == ActionState.AWAITING_APPROVAL
+    [dup] = engine.handle_event(make_event("node-1", Kind.ECC))
+    assert dup.state == ActionState.SUPPRESSED  # the held one occupies its key
+    approved = engine.approve(held.id, by="alice")
+    assert approved.state == ActionState.PENDING
+    await engine.wait_idle(5)
+    assert executor.calls == ["node-1"]
+    assert engine.ledger.action(held.id).state == ActionState.SUCCEEDED
+    with pytest.raises(KeyError):
+        engine.approve(held.id)
+
+    [other] = engine.handle_event(make_event("node-2", Kind.ECC))
+    rejected = engine.reject(other.id, "known flaky sensor", by="bob")
+    assert rejected.state == ActionState.SUPPRESSED
+    assert engine.ledger.action(other.id).detail["policy"] == "rejected by bob: known flaky sensor"
+    assert executor.calls == ["node-1"]
+    [pending_human] = engine.handle_event(make_event("node-3", Kind.ECC))
+    engine.ledger.close()
+
+    restarted = make_engine(tmp_path, Recorder())  # a held action survives a restart
+    assert list(restarted.awaiting) == [pending_human.id]
+    assert restarted.handle_event(make_event("node-3", Kind.ECC))[0].state == ActionState.SUPPRESSED
+
+
+async def test_checkpoint_runs_on_the_checkpoint_restart_executor(tmp_path: Path) -> None:
+    class SaveOnFill:
+        @hookimpl
+        def ftd_evaluate(self, event: Any, view: ClusterView) -> list[ActionRequest]:
+            save = ActionRequest(kind=ActionKind.CHECKPOINT, target="j1", reason="fs", params={"stop": False})
+            return [save]
+
+    restarts = Recorder()
+    pm = make_plugin_manager(extra=(SaveOnFill(),), entry_points=False, builtins=False)
+    engine = Engine(
+        state=ClusterState(),
+        ledger=Ledger(":memory:"),
+        gate=PolicyGate(),
+        plugins=pm,
+        executors={ActionKind.CHECKPOINT_RESTART: restarts},
+    )
+    [record] = engine.handle_event(make_event("node-1", Kind.FS_FILL))
+    await engine.wait_idle(5)
+    assert restarts.calls == ["j1"] and engine.ledger.action(record.id).state == ActionState.SUCCEEDED
+
+
+async def test_history_is_folded_in_after_the_rules_and_rebuilt_from_the_ledger(tmp_path: Path) -> None:
+    engine = make_engine(tmp_path, Recorder())
+    engine.handle_event(make_event("node-1", Kind.XID, severity="error", data={"code": 13, "uuid": "GPU-1"}))
+    assert [f.code for f in engine.state.node_history("node-1")] == [13]
+    await engine.wait_idle(5)
+    engine.ledger.close()
+    again = make_engine(tmp_path, Recorder())
+    assert [f.code for f in again.state.node_history("node-1")] == [13]
+    assert again.state.gpu("GPU-1") is not None

@@ -95,7 +95,8 @@ async def test_real_mosquitto_restart_mid_stream_loses_nothing(tmp_path: Path) -
         except TimeoutError:
             missing = sorted(set(range(300)) - {int(p) for p in partial})
             raise AssertionError(
-                f"missing {len(missing)} of 300 after 60 s (first: {missing[:10]}); outbox holds {len(outbox)}, "
+                f"missing {len(missing)} of 300 after 60 s (first: {missing[:10]}); "
+                f"outbox holds {len(outbox)}, "
                 f"pub connected={pub.connected} connects={pub.connects}, sub connected={sub.connected} "
                 f"connects={sub.connects}"
             ) from None

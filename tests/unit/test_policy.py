@@ -1,4 +1,4 @@
-"""Policy gate: dedupe, cooldown, dry-run — with a property test over random histories."""
+"""Policy gate: dedupe, cooldown, dry-run, rate limit, blast radius, approval — with property tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
-from ftd.coordinator.policy import PolicyGate
+from ftd.coordinator.policy import DomainBudget, PolicyGate, RateLimit
+from ftd.coordinator.state import ClusterState
+from ftd.events import JobPresence, RankInfo
 
 
 class Clock:
@@ -100,3 +102,130 @@ def test_never_two_at_once_and_never_inside_cooldown(history: list[tuple[str, st
                 running[target] = run(gate, req(target=target), i)
             else:
                 assert target in running or clock.now - last_finish[target] < cooldown
+
+
+# --- rate limit, blast radius, approval ------------------------------------------------------------
+
+
+def cluster(n: int, jobs: dict[str, list[str]] | None = None) -> ClusterState:
+    state = ClusterState()
+    for i in range(n):
+        state._node(f"node-{i}")
+    for job, nodes in (jobs or {}).items():
+        for rank, node in enumerate(nodes):
+            state.apply_presence(node, job, JobPresence(job=job, node=node, ranks=[RankInfo(rank=rank)]))
+    return state
+
+
+def test_rate_limit_per_kind_in_a_sliding_window() -> None:
+    clock = Clock()
+    gate = PolicyGate(rate_limits=[RateLimit("checkpoint_restart", 2, 60)], clock=clock)
+    for i, job in enumerate(["j1", "j2"]):
+        assert gate.decide(req("checkpoint_restart", job)).allowed
+        run(gate, req("checkpoint_restart", job), i)
+    verdict = gate.decide(req("checkpoint_restart", "j3"))
+    assert verdict.state == ActionState.SUPPRESSED and verdict.reason.startswith("rate limit")
+    assert gate.decide(req("drain_node", "node-1")).allowed  # other kinds are not limited
+    clock.now += 61
+    assert gate.decide(req("checkpoint_restart", "j3")).allowed
+
+
+def test_blast_radius_fraction_counts_drained_and_in_flight_nodes() -> None:
+    state = cluster(20)
+    gate = PolicyGate(max_drained_fraction=0.1, min_drain_budget=1)  # budget: 2 of 20
+    state.mark_drained("node-0", "earlier")
+    assert gate.decide(req(target="node-1"), state).allowed
+    run(gate, req(target="node-1"))
+    verdict = gate.decide(req(target="node-2"), state)
+    assert verdict.state == ActionState.SUPPRESSED and "blast radius" in verdict.reason
+    assert "budget 2" in verdict.reason
+    assert gate.decide(req("checkpoint_restart", "j1"), state).allowed  # job actions are not budgeted
+    state.mark_drained("node-0", "", drained=False)  # resumed: room again
+    assert gate.decide(req(target="node-2"), state).allowed
+
+
+def test_blast_radius_per_job_and_per_domain() -> None:
+    state = cluster(40, jobs={"big": [f"node-{i}" for i in range(8)]})
+    labels = {f"node-{i}": {"rack": f"r{i // 10}", "nvlink_domain": f"d{i // 5}"} for i in range(40)}
+    gate = PolicyGate(
+        max_drained_fraction=1.0,
+        max_drained_per_job=1,
+        domain_budgets=[DomainBudget("rack", 2)],
+        node_labels=labels,
+    )
+    state.mark_drained("node-0", "x")
+    verdict = gate.decide(req(target="node-1"), state)
+    assert "job big" in verdict.reason and not verdict.allowed
+    state.mark_drained("node-10", "x")
+    assert gate.decide(req(target="node-11"), state).allowed  # rack r1 has 1 of 2
+    state.mark_drained("node-11", "x")
+    verdict = gate.decide(req(target="node-12"), state)
+    assert not verdict.allowed and "rack r1" in verdict.reason
+    assert gate.decide(req(target="node-25"), state).allowed  # another rack
+
+
+def test_approval_required_kinds_are_held_and_occupy_their_key() -> None:
+    gate = PolicyGate(approval_required_kinds=["drain_node"])
+    verdict = gate.decide(req())
+    assert verdict.state == ActionState.AWAITING_APPROVAL
+    held = ActionRecord(id="h1", request=req(), state=verdict.state)
+    gate.hold(held)
+    assert gate.decide(req()).reason.startswith("duplicate")
+    assert gate.decide(req(), approving="h1").allowed  # the approval itself is not a duplicate
+    assert gate.decide(req("checkpoint_restart", "j1")).allowed
+
+
+drain_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["drain", "finish", "resume", "tick"]),
+        st.integers(0, 11),
+        st.floats(0, 40),
+    ),
+    max_size=80,
+)
+
+
+@given(drain_ops, st.floats(0, 1), st.integers(0, 3), st.integers(1, 4))
+def test_never_exceeds_the_drain_budget_nor_the_rate_limit(
+    history: list[tuple[str, int, float]], fraction: float, floor: int, rate: int
+) -> None:
+    clock = Clock()
+    state = cluster(12)
+    window = 100.0
+    gate = PolicyGate(
+        cooldown_s=30,
+        max_drained_fraction=fraction,
+        min_drain_budget=floor,
+        rate_limits=[RateLimit("drain_node", rate, window)],
+        domain_budgets=[DomainBudget("rack", 2)],
+        node_labels={f"node-{i}": {"rack": f"r{i % 3}"} for i in range(12)},
+        clock=clock,
+    )
+    budget = gate.drain_budget(12)
+    running: dict[str, ActionRecord] = {}
+    starts: list[float] = []
+    last_finish: dict[str, float] = {}
+    for i, (op, n, dt) in enumerate(history):
+        node = f"node-{n}"
+        if op == "tick":
+            clock.now += dt
+        elif op == "finish" and node in running:
+            record = running.pop(node)
+            state.mark_drained(node, "ftd")
+            gate.finished(record)
+            last_finish[node] = clock.now
+        elif op == "resume":
+            state.mark_drained(node, "", drained=False)
+        elif op == "drain":
+            verdict = gate.decide(req(target=node), state)
+            if not verdict.allowed:
+                continue
+            assert node not in running, "allowed a duplicate"
+            assert clock.now - last_finish.get(node, -1e9) >= 30, "allowed inside the cooldown"
+            running[node] = run(gate, req(target=node), i)
+            starts.append(clock.now)
+            out = {f"node-{k}" for k in range(12) if state.nodes[f"node-{k}"].drained_by_ftd} | set(running)
+            assert len(out) <= budget, "drained more than the budget"
+            for rack in ("r0", "r1", "r2"):
+                assert sum(1 for x in out if f"r{int(x.split('-')[1]) % 3}" == rack) <= 2, "rack budget"
+            assert sum(1 for t in starts if t > clock.now - window) <= rate, "rate limit exceeded"

@@ -2,6 +2,12 @@
 
 :func:`build_executors` assembles the built-in executors for a coordinator from its configuration;
 rule plugins may add more through the ``ftd_register_actions`` hook.
+
+Always registered: ``checkpoint_restart``, ``gpu_reset`` and ``collect_diagnostics`` (bus directives to
+agents). ``drain_node`` / ``resume_node`` go through whichever scheduler ``coordinator.scheduler``
+selects (Slurm, Kubernetes) and are absent with none. ``notify`` is registered when a webhook is
+configured (``coordinator.notify.webhook_url`` or ``url_file``), so a rule asking for it without one
+is recorded as failed ("no executor") rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -11,7 +17,10 @@ from dataclasses import dataclass
 
 from ftd.config import Config
 from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.diagnostics import CollectDiagnostics
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
+from ftd.coordinator.actions.gpu_reset import GpuReset
+from ftd.coordinator.actions.notify import Notify
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.trainer import CheckpointRestart
 from ftd.coordinator.hookspecs import Executor
@@ -41,7 +50,15 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
             save_deadline_s=cfg.save_deadline_s,
             stop_deadline_s=cfg.stop_deadline_s,
         ),
+        ActionKind.GPU_RESET: GpuReset(
+            publish=ctx.publish, acks=ctx.acks, deadline_s=cfg.gpu_reset_deadline_s
+        ),
+        ActionKind.COLLECT_DIAGNOSTICS: CollectDiagnostics(
+            publish=ctx.publish, state=ctx.state, acks=ctx.acks, deadline_s=cfg.diagnostics_deadline_s
+        ),
     }
+    if cfg.notify.webhook_url or cfg.notify.url_file:
+        executors[ActionKind.NOTIFY] = Notify(cfg.notify, ctx.state)
     if ctx.scheduler is not None:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)
         executors[ActionKind.RESUME_NODE] = ResumeNode(ctx.scheduler, ctx.state)

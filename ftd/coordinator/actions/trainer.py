@@ -10,6 +10,9 @@ Phases, each recorded in the action's detail:
    agents (the retained job presence empties), so the scheduler does not kill a rank mid-write.
 3. **requeue** — through the scheduler, excluding ``params.exclude`` (the faulty nodes).
 
+With ``params["stop"] = False`` (the default for action kind ``checkpoint``) only phase 1 runs: the
+job saves and keeps training (a filesystem filling up: save while there is still room).
+
 Directive ids derive from the action id, so a resumed action re-sends the *same* directives and
 agents and trainers ignore the repeats.
 """
@@ -89,6 +92,11 @@ class CheckpointRestart:
         ranks = sorted(job_record.ranks) if job_record else []
         detail: dict[str, Any] = {"job": job, "ranks": ranks, "nodes": job_record.nodes if job_record else []}
         escalated = False
+        stop = bool(record.request.params.get("stop", record.request.kind != "checkpoint"))
+        if not stop and not ranks:
+            detail["stop"] = False
+            detail["note"] = "no ranks of this job are registered with any agent: nothing to save"
+            return detail
 
         if ranks:
             save_id = await self._send(record, "save", self.save_deadline_s)
@@ -100,6 +108,12 @@ class CheckpointRestart:
             detail["save_step"] = (
                 steps.pop() if len(steps) == 1 else sorted(s for s in steps if s is not None)
             )
+            if not stop:
+                detail["stop"] = False
+                if not outcome.complete:
+                    detail["state"] = str(ActionState.ESCALATED)
+                    detail["save_missing"] = sorted(outcome.missing)
+                return detail  # save only: no stop, no requeue
             if not outcome.complete:
                 escalated = True
                 detail["save_missing"] = sorted(outcome.missing)

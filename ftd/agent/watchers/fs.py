@@ -1,0 +1,240 @@
+"""Filesystem fill: bytes and inodes per configured mount, thresholds with hysteresis, time-to-full.
+
+Every ``interval_s`` each mount is sampled with ``statvfs`` (injectable for tests). Fill is measured
+the way ``df`` does (``used / (used + available-to-users)``, so root-reserved blocks count as full)
+and then divided by the mount's ``capacity_factor``: a distributed filesystem that fails at 80% raw
+fill has ``capacity_factor = 0.8`` and counts as 100% full there. The worse of bytes and inodes
+decides the level (``ok`` / ``warning`` / ``critical``); a level is entered at its threshold and
+left only below ``threshold - hysteresis_pct``, so a mount hovering at the line does not flap.
+
+Time to full: a least-squares line through the (time, used bytes) samples of the last
+``forecast_window_s`` (at least 3 samples spanning ``interval_s``) gives the fill rate; with the
+effective capacity it gives seconds to full. Below ``forecast_horizon_s`` that is reported once per
+episode (re-armed when the forecast goes back above 1.5x the horizon or the fill rate turns flat).
+
+Events: ``fs_fill`` with ``data.reason`` ``level`` (a level change; ``info`` when it clears) or
+``forecast``, plus ``path``, ``level``, ``used_pct``, ``inodes_used_pct`` (both effective),
+``bytes_free``, ``fill_rate_bytes_per_s`` and ``time_to_full_s`` when known.
+
+``statvfs`` runs in a daemon thread: a hung network mount must not block the agent. While a mount's
+call is still outstanding that mount is skipped (one stuck thread per mount at most) and, once,
+reported as ``fs_fill`` with ``stalled=true``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+
+from ftd.agent.watchers.base import Emit
+from ftd.config import FsConfig, FsMount
+from ftd.events import Kind, Severity, make_event
+
+__all__ = ["FsWatcher", "StatvfsResult", "linear_slope"]
+
+log = structlog.get_logger(__name__)
+
+_LEVELS = ("ok", "warning", "critical")
+
+
+class StatvfsResult(Protocol):
+    @property
+    def f_frsize(self) -> int: ...
+    @property
+    def f_blocks(self) -> int: ...
+    @property
+    def f_bfree(self) -> int: ...
+    @property
+    def f_bavail(self) -> int: ...
+    @property
+    def f_files(self) -> int: ...
+    @property
+    def f_ffree(self) -> int: ...
+    @property
+    def f_favail(self) -> int: ...
+
+
+def linear_slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of ``(x, y)`` points; ``None`` with fewer than 2 distinct x."""
+    n = len(points)
+    if n < 2:
+        return None
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    if sxx <= 0:
+        return None
+    return sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+
+
+class _MountState:
+    def __init__(self) -> None:
+        self.level = "ok"
+        self.samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
+        self.forecast_armed = True
+        self.stalled_reported = False
+        self.thread: threading.Thread | None = None
+        self.result: StatvfsResult | BaseException | None = None
+
+
+class FsWatcher:
+    """Watch the mounts in :class:`FsConfig`; see the module docstring."""
+
+    name = "fs"
+
+    def __init__(
+        self,
+        cfg: FsConfig,
+        node: str,
+        emit: Emit,
+        *,
+        statvfs: Callable[[str], StatvfsResult] = os.statvfs,
+        clock: Callable[[], float] = time.monotonic,
+        call_timeout_s: float = 5.0,
+    ) -> None:
+        self.cfg = cfg
+        self.node = node
+        self._emit = emit
+        self._statvfs = statvfs
+        self._clock = clock
+        self.call_timeout_s = call_timeout_s
+        self.state: dict[str, _MountState] = {m.path: _MountState() for m in cfg.mounts}
+        self.last_progress = time.monotonic()
+
+    async def run(self) -> None:
+        if not self.cfg.mounts:
+            log.info("fs_watcher_idle", reason="no mounts configured (agent.fs.mounts)")
+            await asyncio.Event().wait()
+        while True:
+            await self.poll_once()
+            self.last_progress = time.monotonic()
+            await asyncio.sleep(self.cfg.interval_s)
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._poll_mount(m) for m in self.cfg.mounts))
+
+    async def _stat(self, mount: FsMount, st: _MountState) -> StatvfsResult | BaseException | None:
+        if st.thread is not None and st.thread.is_alive():
+            return None  # previous call still stuck
+        done = threading.Event()
+        st.result = None
+
+        def target() -> None:
+            try:
+                st.result = self._statvfs(mount.path)
+            except BaseException as exc:
+                st.result = exc
+            done.set()
+
+        st.thread = threading.Thread(target=target, name=f"ftd-statvfs-{mount.path}", daemon=True)
+        st.thread.start()
+        deadline = time.monotonic() + self.call_timeout_s
+        pause = 0.001
+        while not done.is_set():  # statvfs is microseconds when healthy: poll briefly, then back off
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+        return st.result
+
+    async def _poll_mount(self, mount: FsMount) -> None:
+        st = self.state[mount.path]
+        result = await self._stat(mount, st)
+        if result is None:
+            if not st.stalled_reported:
+                st.stalled_reported = True
+                await self._send(
+                    mount,
+                    Severity.ERROR,
+                    {"reason": "stalled", "stalled": True, "deadline_s": self.call_timeout_s},
+                )
+            return
+        st.stalled_reported = False
+        if isinstance(result, BaseException):
+            log.warning("fs_statvfs_failed", path=mount.path, error=str(result))
+            return
+        now = self._clock()
+        frsize = result.f_frsize or 1
+        used_blocks = result.f_blocks - result.f_bfree
+        usable = used_blocks + result.f_bavail  # what df calls size for non-root users
+        used_bytes = used_blocks * frsize
+        capacity = usable * frsize * mount.capacity_factor
+        used_pct = 100.0 * used_bytes / capacity if capacity > 0 else 0.0
+        inodes_used = result.f_files - result.f_ffree
+        inode_cap = (inodes_used + result.f_favail) * mount.capacity_factor
+        inodes_pct = 100.0 * inodes_used / inode_cap if result.f_files > 0 and inode_cap > 0 else 0.0
+        worst = max(used_pct, inodes_pct)
+
+        st.samples.append((now, float(used_bytes)))
+        while st.samples and st.samples[0][0] < now - self.cfg.forecast_window_s:
+            st.samples.popleft()
+        rate: float | None = None
+        ttf: float | None = None
+        if len(st.samples) >= 3 and st.samples[-1][0] - st.samples[0][0] >= self.cfg.interval_s:
+            rate = linear_slope(list(st.samples))
+            if rate is not None and rate > 0:
+                ttf = max(0.0, (capacity - used_bytes) / rate)
+        data: dict[str, Any] = {
+            "used_pct": round(used_pct, 2),
+            "inodes_used_pct": round(inodes_pct, 2),
+            "bytes_free": max(0, int(capacity - used_bytes)),
+            "capacity_factor": mount.capacity_factor,
+            "fill_rate_bytes_per_s": None if rate is None else round(rate, 1),
+            "time_to_full_s": None if ttf is None else round(ttf, 1),
+        }
+
+        level = self._next_level(st.level, worst, mount)
+        if level != st.level:
+            previous, st.level = st.level, level
+            severity = {"ok": Severity.INFO, "warning": Severity.WARNING, "critical": Severity.CRITICAL}[
+                level
+            ]
+            await self._send(
+                mount,
+                severity,
+                {
+                    "reason": "level",
+                    "level": level,
+                    "previous": previous,
+                    "resource": "inodes" if inodes_pct > used_pct else "bytes",
+                    **data,
+                },
+            )
+        if ttf is not None and ttf < self.cfg.forecast_horizon_s:
+            if st.forecast_armed:
+                st.forecast_armed = False
+                await self._send(
+                    mount,
+                    Severity.CRITICAL if ttf < self.cfg.forecast_horizon_s / 4 else Severity.WARNING,
+                    {
+                        "reason": "forecast",
+                        "level": st.level,
+                        "horizon_s": self.cfg.forecast_horizon_s,
+                        **data,
+                    },
+                )
+        elif ttf is None or ttf > 1.5 * self.cfg.forecast_horizon_s:
+            st.forecast_armed = True
+
+    def _next_level(self, current: str, pct: float, mount: FsMount) -> str:
+        hyst = self.cfg.hysteresis_pct
+        if pct >= mount.critical_pct:
+            return "critical"
+        if current == "critical" and pct >= mount.critical_pct - hyst:
+            return "critical"
+        if pct >= mount.warn_pct:
+            return "warning"
+        if current in ("warning", "critical") and pct >= mount.warn_pct - hyst:
+            return "warning"
+        return "ok"
+
+    async def _send(self, mount: FsMount, severity: Severity, data: dict[str, Any]) -> None:
+        payload = {"path": mount.path, **data}
+        await self._emit(make_event(self.node, Kind.FS_FILL, severity=severity, source="fs", data=payload))

@@ -1,0 +1,424 @@
+"""Training-log watcher: follow files and globs, match pattern tables, flag logs that stop growing.
+
+* **Following**: every entry of ``agent.logs.paths`` is a file or a glob; a glob is re-expanded on
+  every rescan, so new files (``rank7.log``, the next run's log) are picked up and read from their
+  start, while files present when the agent starts are read from their end (like ``tail -F``).
+  Truncation (size below our offset) restarts at 0; rotation (a new inode at the path) drains the old
+  file then opens the new one; a deleted file is dropped once drained.
+* **Change notification**: watchdog (inotify on Linux) watches the parent directory of every entry
+  and wakes the loop; wake-ups are coalesced (at most one drain per ``_MIN_WAKE_S``) so a chatty log
+  costs little. Without watchdog, or when inotify is out of watches, the loop polls every
+  ``rescan_s``; it always rescans the globs and checks staleness at that period anyway.
+* **Patterns**: data, in ``ftd/agent/log_patterns.toml`` (or ``patterns_file``): name, regex,
+  severity. A match emits ``log_pattern`` with ``file``, ``line`` (1-based, counted from the start
+  of the file when known; ``None`` for a large file joined at its end), ``offset``, ``pattern`` and
+  ``text`` (the line, truncated to 512 characters). Per (file, pattern) at most one event per
+  ``rate_limit_s``; the next event carries the number suppressed in between (``suppressed``).
+* **Stale**: a followed log that has not grown for ``stale_after_s`` is a hang suspect: one
+  ``log_stale`` per episode (re-armed when it grows).
+* **Bad input**: lines are cut at ``max_line_bytes`` (the rest is skipped up to the next newline,
+  never buffered), bytes that are not UTF-8 are replaced, lines with NUL bytes are counted as binary;
+  ``stats`` counts lines, matches, long lines, binary lines, truncations and rotations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import os
+import re
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ftd.agent.watchers.base import Emit
+from ftd.config import LogsConfig
+from ftd.events import Kind, Severity, make_event
+
+__all__ = ["LogPattern", "LogWatcher", "load_patterns", "parse_patterns"]
+
+log = structlog.get_logger(__name__)
+
+_CHUNK = 1 << 16
+_MIN_WAKE_S = 0.05
+_TEXT_MAX = 512
+_COUNT_LINES_MAX = 256 << 20  # files joined at their end: count their lines only below this size
+
+
+@dataclass(frozen=True, slots=True)
+class LogPattern:
+    name: str
+    regex: re.Pattern[str]
+    severity: Severity
+    kind: Kind = Kind.LOG_PATTERN
+
+
+def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
+    """Parse a pattern table; raise ``ValueError`` naming the entry for any bad field."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: invalid TOML: {exc}") from None
+    entries = data.get("pattern")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{source}: no [[pattern]] entries")
+    out: list[LogPattern] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = f"{source}: pattern[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: not a table")
+        unknown = set(entry) - {"name", "regex", "severity", "kind", "ignore_case"}
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+        name, regex = entry.get("name"), entry.get("regex")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}: name must be a non-empty string")
+        if name in seen:
+            raise ValueError(f"{where}: duplicate name {name!r}")
+        seen.add(name)
+        if not isinstance(regex, str) or not regex:
+            raise ValueError(f"{where} ({name}): regex must be a non-empty string")
+        try:
+            compiled = re.compile(regex, re.IGNORECASE if entry.get("ignore_case") else 0)
+        except re.error as exc:
+            raise ValueError(f"{where} ({name}): bad regex: {exc}") from None
+        try:
+            severity = Severity(entry.get("severity", "warning"))
+            kind = Kind(entry.get("kind", "log_pattern"))
+        except ValueError as exc:
+            raise ValueError(f"{where} ({name}): {exc}") from None
+        out.append(LogPattern(name, compiled, severity, kind))
+    return out
+
+
+def load_patterns(path: str | None = None) -> list[LogPattern]:
+    """The built-in table, or the file at ``path``."""
+    if path is not None:
+        return parse_patterns(Path(path).read_text(encoding="utf-8"), path)
+    text = resources.files("ftd.agent").joinpath("log_patterns.toml").read_text(encoding="utf-8")
+    return parse_patterns(text, "log_patterns.toml")
+
+
+class _Follower:
+    """One followed file: byte offset, a bounded partial line, line numbers, growth time."""
+
+    def __init__(self, path: str, now: float) -> None:
+        self.path = path
+        self.fd = -1
+        self.inode = 0
+        self.offset = 0
+        self.line: int | None = 0  # lines completed so far (None: unknown, joined a big file at its end)
+        self.partial = bytearray()
+        self.skipping = False  # inside an over-long line: drop bytes until the next newline
+        self.last_growth = now
+        self.stale_reported = False
+
+    def open(self, at_end: bool) -> None:
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+        st = os.fstat(self.fd)
+        self.inode = st.st_ino
+        self.partial.clear()
+        self.skipping = False
+        if at_end:
+            self.offset = st.st_size
+            self.line = _count_lines(self.fd, st.st_size) if st.st_size <= _COUNT_LINES_MAX else None
+            os.lseek(self.fd, self.offset, os.SEEK_SET)
+        else:
+            self.offset, self.line = 0, 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _count_lines(fd: int, size: int) -> int:
+    count, pos = 0, 0
+    while pos < size:
+        chunk = os.pread(fd, min(1 << 20, size - pos), pos)
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        pos += len(chunk)
+    return count
+
+
+class LogWatcher:
+    """See the module docstring."""
+
+    name = "logs"
+
+    def __init__(
+        self,
+        cfg: LogsConfig,
+        node: str,
+        emit: Emit,
+        *,
+        patterns: list[LogPattern] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        use_inotify: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.node = node
+        self._emit = emit
+        self.patterns = patterns if patterns is not None else load_patterns(cfg.patterns_file)
+        self._clock = clock
+        self.use_inotify = use_inotify
+        self.followers: dict[str, _Follower] = {}
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("lines", "matches", "suppressed", "long_lines", "binary_lines", "truncations", "rotations"), 0
+        )
+        self._last_emit: dict[tuple[str, str], float] = {}
+        self._suppressed: dict[tuple[str, str], int] = {}
+        self._wake: asyncio.Event | None = None
+        self._observer: Any = None
+        self._watched_dirs: set[str] = set()
+        self._started = False
+        self.inotify_active = False
+        self.last_progress = time.monotonic()
+
+    # --- public -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        if not self.cfg.paths:
+            log.info("log_watcher_idle", reason="no paths configured (agent.logs.paths)")
+            await asyncio.Event().wait()
+        self._wake = asyncio.Event()
+        if self.use_inotify:
+            self._start_observer(asyncio.get_running_loop())
+        try:
+            await self.scan()
+            while True:
+                timeout = self._next_timeout()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
+                self._wake.clear()
+                await self.scan()
+                self.last_progress = time.monotonic()
+                await asyncio.sleep(_MIN_WAKE_S)  # coalesce bursts of inotify wake-ups
+        finally:
+            self._stop_observer()
+            for follower in self.followers.values():
+                follower.close()
+
+    async def scan(self) -> None:
+        """Pick up new files, drain every follower, check staleness (one pass)."""
+        now = self._clock()
+        for path in self._expand():
+            if path not in self.followers:
+                follower = _Follower(path, now)
+                try:
+                    follower.open(at_end=not self._started)
+                except OSError:
+                    continue
+                log.info("log_follow", path=path, from_start=self._started)
+                self.followers[path] = follower
+        self._started = True
+        for path in list(self.followers):
+            await self._drain(self.followers[path])
+        await self._check_stale(self._clock())
+
+    # --- discovery --------------------------------------------------------------------------------
+
+    def _expand(self) -> list[str]:
+        found: list[str] = []
+        for entry in self.cfg.paths:
+            entry = os.path.expanduser(entry)
+            if glob.has_magic(entry):
+                found.extend(p for p in sorted(glob.glob(entry)) if os.path.isfile(p))
+            elif os.path.isfile(entry):
+                found.append(entry)
+        if self._observer is not None:
+            self._watch_dirs()
+        return found
+
+    def _start_observer(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError as exc:
+            log.info("log_watcher_polling", reason=f"watchdog not installed: {exc}")
+            return
+        assert self._wake is not None
+        wake: asyncio.Event = self._wake
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: Any) -> None:
+                with contextlib.suppress(RuntimeError):  # loop closed
+                    loop.call_soon_threadsafe(wake.set)
+
+        try:
+            observer = Observer()
+            observer.daemon = True
+            self._handler = Handler()
+            observer.start()
+        except Exception as exc:
+            log.warning("log_watcher_polling", reason=f"inotify unavailable: {exc}")
+            return
+        self._observer = observer
+        self._watch_dirs()
+
+    def _watch_dirs(self) -> None:
+        for entry in self.cfg.paths:
+            directory = os.path.dirname(os.path.expanduser(entry)) or "."
+            if glob.has_magic(directory) or directory in self._watched_dirs or not os.path.isdir(directory):
+                continue  # a glob in the directory part is covered by the rescan period
+            try:
+                self._observer.schedule(self._handler, directory, recursive=False)
+            except Exception as exc:  # out of inotify watches, permission ...
+                log.warning("log_watch_failed", directory=directory, error=str(exc))
+                continue
+            self._watched_dirs.add(directory)
+            self.inotify_active = True
+
+    def _stop_observer(self) -> None:
+        if self._observer is not None:
+            with contextlib.suppress(Exception):
+                self._observer.stop()
+            self._observer = None
+
+    def _next_timeout(self) -> float:
+        timeout = self.cfg.rescan_s
+        stale = self.cfg.stale_after_s
+        if stale is not None:
+            now = self._clock()
+            for f in self.followers.values():
+                if not f.stale_reported:
+                    timeout = min(timeout, max(0.0, f.last_growth + stale - now))
+        return max(timeout, 0.01)
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    async def _drain(self, f: _Follower) -> None:
+        try:
+            st = os.fstat(f.fd)
+        except OSError:
+            return
+        if st.st_size < f.offset:
+            self.stats["truncations"] += 1
+            log.info("log_truncated", path=f.path)
+            os.lseek(f.fd, 0, os.SEEK_SET)
+            f.offset, f.line = 0, 0
+            f.partial.clear()
+            f.skipping = False
+        await self._read_available(f)
+        # rotation / deletion: is the path still this file?
+        try:
+            current = os.stat(f.path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == f.inode:
+            return
+        await self._read_available(f)  # whatever was written before the rename
+        f.close()
+        if current is None:
+            log.info("log_gone", path=f.path)
+            del self.followers[f.path]
+            return
+        self.stats["rotations"] += 1
+        log.info("log_rotated", path=f.path)
+        last_growth, stale_reported = f.last_growth, f.stale_reported
+        try:
+            f.open(at_end=False)
+        except OSError:
+            del self.followers[f.path]
+            return
+        f.last_growth, f.stale_reported = last_growth, stale_reported
+        await self._read_available(f)
+
+    async def _read_available(self, f: _Follower) -> None:
+        limit = self.cfg.max_line_bytes
+        chunks = 0
+        while True:
+            try:
+                chunk = os.read(f.fd, _CHUNK)
+            except OSError:
+                return
+            if not chunk:
+                return
+            f.last_growth = self._clock()
+            if f.stale_reported:
+                f.stale_reported = False
+                log.info("log_growing_again", path=f.path)
+            start = 0
+            while start < len(chunk):
+                newline = chunk.find(b"\n", start)
+                end = len(chunk) if newline < 0 else newline
+                if not f.skipping:
+                    room = limit - len(f.partial)
+                    piece = chunk[start:end]
+                    if len(piece) > room:
+                        f.partial += piece[:room]
+                        f.skipping = True
+                        self.stats["long_lines"] += 1
+                    else:
+                        f.partial += piece
+                if newline < 0:
+                    f.offset += len(chunk) - start
+                    break
+                f.offset += newline + 1 - start
+                start = newline + 1
+                if f.line is not None:
+                    f.line += 1
+                raw = bytes(f.partial)
+                f.partial.clear()
+                f.skipping = False
+                await self._line(f, raw)
+            chunks += 1
+            if chunks % 16 == 0:
+                await asyncio.sleep(0)  # a flood must not starve the agent's other tasks
+
+    async def _line(self, f: _Follower, raw: bytes) -> None:
+        self.stats["lines"] += 1
+        if b"\0" in raw:
+            self.stats["binary_lines"] += 1
+            raw = raw.replace(b"\0", b"")
+        text = raw.decode("utf-8", errors="replace")
+        for pattern in self.patterns:
+            if pattern.regex.search(text):
+                await self._match(f, pattern, text)
+                break  # one event per line: the table is ordered most specific first
+
+    async def _match(self, f: _Follower, pattern: LogPattern, text: str) -> None:
+        self.stats["matches"] += 1
+        key = (f.path, pattern.name)
+        now = self._clock()
+        last = self._last_emit.get(key)
+        if last is not None and now - last < self.cfg.rate_limit_s:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            self.stats["suppressed"] += 1
+            return
+        self._last_emit[key] = now
+        data = {
+            "file": f.path,
+            "line": f.line,
+            "offset": f.offset,
+            "pattern": pattern.name,
+            "text": text[:_TEXT_MAX],
+            "suppressed": self._suppressed.pop(key, 0),
+        }
+        event = make_event(self.node, pattern.kind, severity=pattern.severity, source="logs", data=data)
+        await self._emit(event)
+
+    async def _check_stale(self, now: float) -> None:
+        stale = self.cfg.stale_after_s
+        if stale is None:
+            return
+        for f in self.followers.values():
+            idle = now - f.last_growth
+            if not f.stale_reported and idle >= stale:
+                f.stale_reported = True
+                data = {"file": f.path, "idle_s": round(idle, 1), "stale_after_s": stale, "offset": f.offset}
+                event = make_event(
+                    self.node, Kind.LOG_STALE, severity=Severity.WARNING, source="logs", data=data
+                )
+                await self._emit(event)

@@ -1,0 +1,230 @@
+"""Host memory pressure and per-trainer RSS growth (slow leaks): save before the OOM killer strikes.
+
+Every ``interval_s``:
+
+* **Host**: ``/proc/meminfo`` ``MemAvailable / MemTotal`` and, when the kernel has PSI,
+  ``/proc/pressure/memory`` ``some avg10`` (percent of the last 10 s in which some task stalled on
+  memory). Level ``warning`` below ``available_warn_pct`` or at ``psi_some_avg10_pct``,
+  ``critical`` below ``available_critical_pct``. A level change is one ``mem_pressure`` event
+  (``info`` when it clears); leaving a level needs 2 points of head-room (and PSI below 3/4 of its
+  threshold), so a host at the line does not flap.
+* **Trainers**: ``VmRSS`` from ``/proc/PID/status`` for each pid ``pids()`` returns (the agent passes
+  its local API's registered ranks: ``{pid: (job, rank)}``). A least-squares line through the
+  samples of the last ``leak_window_s`` (at least ``leak_min_samples``) gives the growth rate. A
+  rank growing faster than ``leak_min_growth_mb_per_min`` whose growth would exhaust the host's
+  available memory within ``leak_horizon_s`` is reported once per episode as ``mem_pressure`` with
+  ``leak=true``, ``pid``, ``job``, ``rank``, ``rss_mb``, ``growth_mb_per_min`` and
+  ``time_to_exhaustion_s``; the episode re-arms when growth falls below half the threshold.
+
+All /proc reads go through ``read_text`` (injectable; tests feed fake /proc text). A vanished pid is
+forgotten; a missing PSI file just means no PSI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ftd.agent.watchers.base import Emit
+from ftd.agent.watchers.fs import linear_slope
+from ftd.config import MemoryConfig
+from ftd.events import Kind, Severity, make_event
+
+__all__ = ["MemoryWatcher", "parse_meminfo", "parse_psi_some_avg10", "parse_vmrss_kb"]
+
+log = structlog.get_logger(__name__)
+
+PidsFn = Callable[[], dict[int, tuple[str, int]]]
+_ORDER = {"ok": 0, "warning": 1, "critical": 2}
+
+
+def _read_text(path: str) -> str:
+    return Path(path).read_text()
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` -> ``{"MemTotal": kB, ...}``."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        if not sep:
+            continue
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key.strip()] = int(parts[0])
+    return out
+
+
+def parse_psi_some_avg10(text: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith("some "):
+            for field in line.split()[1:]:
+                key, _, value = field.partition("=")
+                if key == "avg10":
+                    try:
+                        return float(value)
+                    except ValueError:
+                        return None
+    return None
+
+
+def parse_vmrss_kb(text: str) -> int | None:
+    for line in text.splitlines():
+        if line.startswith("VmRSS:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1])
+    return None
+
+
+class _Trainer:
+    def __init__(self, job: str, rank: int) -> None:
+        self.job, self.rank = job, rank
+        self.samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
+        self.reported = False
+
+
+class MemoryWatcher:
+    """See the module docstring."""
+
+    name = "memory"
+
+    def __init__(
+        self,
+        cfg: MemoryConfig,
+        node: str,
+        emit: Emit,
+        *,
+        pids: PidsFn | None = None,
+        read_text: Callable[[str], str] = _read_text,
+        clock: Callable[[], float] = time.monotonic,
+        proc: str = "/proc",
+    ) -> None:
+        self.cfg = cfg
+        self.node = node
+        self._emit = emit
+        self._pids = pids or dict
+        self._read = read_text
+        self._clock = clock
+        self._proc = proc.rstrip("/")
+        self.level = "ok"
+        self.trainers: dict[int, _Trainer] = {}
+        self.psi_available: bool | None = None
+        self.last_progress = time.monotonic()
+
+    async def run(self) -> None:
+        if not self.cfg.enabled:
+            log.info("memory_watcher_disabled")
+            await asyncio.Event().wait()
+        while True:
+            await self.poll_once()
+            self.last_progress = time.monotonic()
+            await asyncio.sleep(self.cfg.interval_s)
+
+    async def poll_once(self) -> None:
+        now = self._clock()
+        try:
+            info = parse_meminfo(self._read(f"{self._proc}/meminfo"))
+        except OSError as exc:
+            log.warning("meminfo_unreadable", error=str(exc))
+            return
+        total = info.get("MemTotal", 0)
+        available = info.get("MemAvailable", info.get("MemFree", 0))
+        avail_pct = 100.0 * available / total if total else 100.0
+        psi: float | None = None
+        if self.psi_available is not False:
+            try:
+                psi = parse_psi_some_avg10(self._read(f"{self._proc}/pressure/memory"))
+                self.psi_available = psi is not None
+            except OSError:
+                self.psi_available = False
+        await self._host(avail_pct, psi, total, available)
+        await self._trainers(now, available)
+
+    async def _host(self, avail_pct: float, psi: float | None, total_kb: int, avail_kb: int) -> None:
+        cfg = self.cfg
+        level = "ok"
+        if avail_pct < cfg.available_critical_pct:
+            level = "critical"
+        elif avail_pct < cfg.available_warn_pct or (psi is not None and psi >= cfg.psi_some_avg10_pct):
+            level = "warning"
+        if _ORDER[level] < _ORDER[self.level]:  # leaving a level needs head-room
+            psi_calm = psi is None or psi < 0.75 * cfg.psi_some_avg10_pct
+            if self.level == "critical" and avail_pct < cfg.available_critical_pct + 2:
+                level = "critical"
+            elif avail_pct < cfg.available_warn_pct + 2 or not psi_calm:
+                level = max(level, "warning", key=_ORDER.__getitem__)
+        if level == self.level:
+            return
+        previous, self.level = self.level, level
+        severity = {"ok": Severity.INFO, "warning": Severity.WARNING, "critical": Severity.CRITICAL}[level]
+        await self._send(
+            severity,
+            {
+                "leak": False,
+                "level": level,
+                "previous": previous,
+                "mem_available_pct": round(avail_pct, 2),
+                "mem_available_mb": round(avail_kb / 1024, 1),
+                "mem_total_mb": round(total_kb / 1024, 1),
+                "psi_some_avg10": psi,
+            },
+        )
+
+    async def _trainers(self, now: float, avail_kb: int) -> None:
+        cfg = self.cfg
+        current = self._pids()
+        for pid in list(self.trainers):
+            if pid not in current:
+                del self.trainers[pid]
+        for pid, (job, rank) in current.items():
+            trainer = self.trainers.get(pid)
+            if trainer is None or (trainer.job, trainer.rank) != (job, rank):
+                trainer = self.trainers[pid] = _Trainer(job, rank)
+            try:
+                rss_kb = parse_vmrss_kb(self._read(f"{self._proc}/{pid}/status"))
+            except OSError:
+                del self.trainers[pid]  # exited between pids() and the read
+                continue
+            if rss_kb is None:
+                continue
+            trainer.samples.append((now, rss_kb / 1024))
+            while trainer.samples and trainer.samples[0][0] < now - cfg.leak_window_s:
+                trainer.samples.popleft()
+            if len(trainer.samples) < cfg.leak_min_samples:
+                continue
+            slope = linear_slope(list(trainer.samples))  # MB per second
+            if slope is None:
+                continue
+            growth = slope * 60
+            if growth < cfg.leak_min_growth_mb_per_min / 2:
+                trainer.reported = False
+            if growth < cfg.leak_min_growth_mb_per_min or trainer.reported:
+                continue
+            tte = (avail_kb / 1024) / slope
+            if tte > cfg.leak_horizon_s:
+                continue
+            trainer.reported = True
+            data: dict[str, Any] = {
+                "leak": True,
+                "pid": pid,
+                "job": job,
+                "rank": rank,
+                "rss_mb": round(rss_kb / 1024, 1),
+                "growth_mb_per_min": round(growth, 2),
+                "time_to_exhaustion_s": round(tte, 1),
+                "mem_available_mb": round(avail_kb / 1024, 1),
+                "samples": len(trainer.samples),
+            }
+            severity = Severity.CRITICAL if tte < cfg.leak_horizon_s / 4 else Severity.WARNING
+            await self._send(severity, data)
+
+    async def _send(self, severity: Severity, data: dict[str, Any]) -> None:
+        event = make_event(self.node, Kind.MEM_PRESSURE, severity=severity, source="memory", data=data)
+        await self._emit(event)

@@ -1,0 +1,387 @@
+"""``ftd rules test --events FILE [--config PATH] [--json]``: what would the rules have done?
+
+What: replays a recorded event stream (JSON lines of :class:`ftd.events.Event`, as
+``Ledger.export_events`` writes them; ``-`` reads stdin) through the rules and the policy gate the
+coordinator would run with ``--config`` (built-ins, entry-point plugins, ``rule_dirs``,
+``rules_file``, ``disabled_rules``, every ``policy`` setting), and prints each action that would have
+been requested: the time and triggering event, the proposing rule, the action kind and target, and
+the gate's verdict (allowed, suppressed with its reason, dry_run, awaiting_approval); then a summary
+table per rule and action kind. ``--json`` prints one JSON object instead (``events``,
+``actions``, ``summary``, ``bad_lines``, ``duplicates``, ``rule_errors``). Nothing is executed and
+nothing is published.
+
+Simulation: the clock is the events' timestamps (never the wall clock), so cooldowns, rate limits
+and declarative windows behave as they would have. An allowed action is taken to run for
+``--action-s`` seconds (default 60), then finish: until then dedupe holds its key, afterwards the
+cooldown starts. An allowed ``drain_node`` marks its node drained at once (it counts against the
+blast-radius budgets from then on); ``resume_node`` undoes that. Held actions are never approved.
+
+The cluster view is rebuilt from the events themselves, so it is approximate: every node that sends
+an event is known and online, ``node_offline`` takes it offline until its next event; a rank is
+placed on a node when an event carries ``data.job`` and ``data.rank``; ``node_offline``'s
+``data.jobs`` places those jobs there. Retained job presence is not in the ledger's event stream, so
+give placements with ``--job JOB=NODE[,NODE...]`` when rules need to know where jobs run (restarts).
+A progress bar is drawn on stderr for inputs over 1 MiB when stderr is a terminal.
+
+Why: operators should see what a new rule or a tighter budget would have done to last week's
+incidents before they enable it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ftd.config import CoordinatorConfig
+    from ftd.coordinator.model import ActionRecord
+    from ftd.events import Event
+
+VERDICTS = ("allowed", "suppressed", "dry_run", "awaiting_approval")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "rules", help="work with rules (what-if replays)", description="Work with ftd rules."
+    )
+    sub = parser.add_subparsers(dest="rules_what", metavar="ACTION")
+    test = sub.add_parser(
+        "test",
+        help="replay recorded events through the rules and the policy gate",
+        description="Replay recorded events (JSON lines) through the rules and the policy gate; "
+        "print what would have happened. Nothing is executed.",
+    )
+    test.add_argument("--events", required=True, metavar="FILE", help="JSON lines of events ('-': stdin)")
+    test.add_argument(
+        "--config",
+        metavar="PATH",
+        help="coordinator config (rules, policy); default: built-in defaults",
+    )
+    test.add_argument("--json", action="store_true", help="print one JSON object")
+    test.add_argument(
+        "--job",
+        action="append",
+        default=[],
+        metavar="JOB=NODE[,NODE...]",
+        help="place a job on nodes (repeatable); events carry no job presence",
+    )
+    test.add_argument(
+        "--action-s", type=float, default=60.0, help="simulated duration of an allowed action (default 60)"
+    )
+    test.add_argument(
+        "--no-entry-points", action="store_true", help="do not load plugins from the ftd entry-point group"
+    )
+    test.set_defaults(handler=run_test)
+    parser.set_defaults(handler=lambda _args: _usage(parser))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_usage(sys.stderr)
+    print("ftd rules: try `ftd rules test --events events.jsonl`", file=sys.stderr)
+    return 2
+
+
+# --- the replay ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """One action the rules would have requested, and the gate's verdict on it."""
+
+    ts: float
+    event_id: str
+    event: str  # "node kind[(code)]"
+    rule: str
+    kind: str
+    target: str
+    verdict: str  # one of VERDICTS
+    policy: str  # the gate's reason ("" when allowed)
+    reason: str  # the rule's reason
+
+
+@dataclass
+class Report:
+    events: int = 0
+    duplicates: int = 0
+    bad_lines: list[tuple[int, str]] = field(default_factory=list)
+    rule_errors: list[dict[str, str]] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def summary(self) -> list[dict[str, Any]]:
+        counts: dict[tuple[str, str], Counter[str]] = {}
+        for o in self.outcomes:
+            counts.setdefault((o.rule, o.kind), Counter())[o.verdict] += 1
+        return [
+            {"rule": rule, "kind": kind, **{v: c[v] for v in VERDICTS}}
+            for (rule, kind), c in sorted(counts.items())
+        ]
+
+
+class SimClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Replay:
+    """Feeds events through plugins and gate with a simulated clock; executes nothing."""
+
+    def __init__(
+        self,
+        cfg: CoordinatorConfig,
+        *,
+        jobs: dict[str, list[str]] | None = None,
+        action_s: float = 60.0,
+        entry_points: bool = True,
+        extra: tuple[object, ...] = (),
+    ) -> None:
+        from ftd.coordinator.plugins import make_plugin_manager
+        from ftd.coordinator.policy import PolicyGate
+        from ftd.coordinator.state import ClusterState
+
+        self.clock = SimClock()
+        self.state = ClusterState()
+        self.plugins = make_plugin_manager(
+            disabled=cfg.disabled_rules,
+            rule_dirs=cfg.rule_dirs,
+            rules_file=cfg.rules_file,
+            entry_points=entry_points,
+            extra=extra,
+        )
+        self.gate = PolicyGate.from_config(cfg, clock=self.clock)
+        self.action_s = action_s
+        self.report = Report()
+        self._seen: set[str] = set()
+        self._running: list[tuple[float, int, ActionRecord]] = []
+        self._seq = itertools.count()
+        for job, nodes in (jobs or {}).items():
+            for rank, node in enumerate(nodes):
+                self._place(job, node, rank)
+
+    def _place(self, job: str, node: str, rank: int) -> None:
+        from ftd.events import JobPresence, RankInfo
+
+        record = self.state.jobs.get(job)
+        ranks = list(record.ranks_by_node.get(node, [])) if record else []
+        if any(r.rank == rank for r in ranks):
+            return
+        ranks.append(RankInfo(rank=rank))
+        self.state.apply_presence(node, job, JobPresence(job=job, node=node, ranks=ranks))
+        self.state.nodes[node].online = True
+
+    def _finish_due(self) -> None:
+        while self._running and self._running[0][0] <= self.clock.now:
+            _, _, record = heapq.heappop(self._running)
+            self.gate.finished(record)
+
+    def feed(self, event: Event) -> list[Outcome]:
+        from ftd.coordinator.model import ActionKind, ActionRecord, ActionState
+        from ftd.coordinator.plugins import evaluate
+        from ftd.events import Kind
+
+        if event.id in self._seen:
+            self.report.duplicates += 1
+            return []
+        self._seen.add(event.id)
+        self.report.events += 1
+        self.clock.now = max(self.clock.now, event.ts)
+        self._finish_due()
+        node = self.state._node(event.node)
+        node.online = event.kind != Kind.NODE_OFFLINE
+        job, rank = event.data.get("job"), event.data.get("rank")
+        if isinstance(job, str | int) and isinstance(rank, int) and not isinstance(rank, bool):
+            self._place(str(job), event.node, rank)
+        if event.kind == Kind.NODE_OFFLINE and isinstance(event.data.get("jobs"), list):
+            for j in event.data["jobs"]:
+                if isinstance(j, str) and event.node not in self.state.job_nodes(j):
+                    self._place(j, event.node, -1 - len(self.state.job_nodes(j)))
+            node.online = False
+        result = evaluate(self.plugins, event, self.state, slow_s=float("inf"))
+        self.state.apply_event(event)
+        for rule, error in result.errors:
+            self.report.rule_errors.append({"event_id": event.id, "rule": rule, "error": error})
+        code = event.data.get("code")
+        what = f"{event.node} {event.kind}" + (f"({code})" if isinstance(code, int) else "")
+        out: list[Outcome] = []
+        for request in result.requests:
+            verdict = self.gate.decide(request, self.state)
+            record = ActionRecord(id=f"sim-{next(self._seq)}", request=request, state=verdict.state)
+            if verdict.allowed:
+                self.gate.started(record)
+                heapq.heappush(self._running, (self.clock.now + self.action_s, next(self._seq), record))
+                if request.kind == ActionKind.DRAIN_NODE:
+                    self.state.mark_drained(request.target, request.reason)
+                elif request.kind == ActionKind.RESUME_NODE:
+                    self.state.mark_drained(request.target, "", drained=False)
+            elif verdict.state == ActionState.AWAITING_APPROVAL:
+                self.gate.hold(record)
+            label = "allowed" if verdict.allowed else str(verdict.state)
+            out.append(
+                Outcome(
+                    ts=event.ts,
+                    event_id=event.id,
+                    event=what,
+                    rule=request.rule,
+                    kind=str(request.kind),
+                    target=request.target,
+                    verdict=label,
+                    policy=verdict.reason,
+                    reason=request.reason,
+                )
+            )
+        self.report.outcomes.extend(out)
+        return out
+
+
+# --- input and output ------------------------------------------------------------------------------
+
+
+class Progress:
+    """A tiny progress bar on stderr (only drawn when stderr is a terminal and the input is big)."""
+
+    def __init__(self, total: int, stream: IO[str] = sys.stderr, min_bytes: int = 1 << 20) -> None:
+        self.total = total
+        self.stream = stream
+        self.enabled = total >= min_bytes and stream.isatty()
+        self._last = 0.0
+
+    def update(self, done: int, events: int, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.1:
+            return
+        self._last = now
+        fraction = min(1.0, done / self.total) if self.total else 1.0
+        width = 30
+        filled = int(fraction * width)
+        bar = "#" * filled + "-" * (width - filled)
+        self.stream.write(f"\r[{bar}] {fraction * 100:5.1f}%  {events} events")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def read_events(stream: IO[bytes], report: Report, progress: Progress) -> Iterator[Event]:
+    from ftd.events import DecodeError, Event, decode
+
+    done = 0
+    for lineno, raw in enumerate(stream, 1):
+        done += len(raw)
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            yield decode(line, Event)
+        except DecodeError as exc:
+            report.bad_lines.append((lineno, str(exc)[:200]))
+        progress.update(done, report.events)
+    progress.update(done, report.events, force=True)
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
+
+
+def render_text(report: Report, out: IO[str]) -> None:
+    for o in report.outcomes:
+        verdict = o.verdict.upper() + (f" ({o.policy})" if o.policy else "")
+        out.write(
+            f"{_iso(o.ts)}  {o.event:<28}  {o.rule}: {o.kind} {o.target}  ->  {verdict}\n"
+            f"{'':26}reason: {o.reason}   [event {o.event_id}]\n"
+        )
+    if report.outcomes:
+        out.write("\n")
+    rows = report.summary()
+    headers = ("rule", "kind", *VERDICTS)
+    table = [headers, *[tuple(str(r[h]) for h in headers) for r in rows]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    for i, row in enumerate(table):
+        out.write("  ".join(cell.ljust(widths[j]) for j, cell in enumerate(row)).rstrip() + "\n")
+        if i == 0:
+            out.write("  ".join("-" * w for w in widths) + "\n")
+    if not rows:
+        out.write("(no actions)\n")
+    out.write(
+        f"\n{report.events} events replayed, {len(report.outcomes)} actions requested, "
+        f"{report.duplicates} duplicate(s), {len(report.bad_lines)} bad line(s), "
+        f"{len(report.rule_errors)} rule error(s)\n"
+    )
+    for err in report.rule_errors[:20]:
+        out.write(f"rule error: {err['rule']} on event {err['event_id']}: {err['error']}\n")
+    for lineno, error in report.bad_lines[:20]:
+        out.write(f"bad line {lineno}: {error}\n")
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    return {
+        "events": report.events,
+        "duplicates": report.duplicates,
+        "bad_lines": [{"line": n, "error": e} for n, e in report.bad_lines],
+        "rule_errors": report.rule_errors,
+        "actions": [asdict(o) for o in report.outcomes],
+        "summary": report.summary(),
+    }
+
+
+def _parse_jobs(specs: list[str]) -> dict[str, list[str]]:
+    jobs: dict[str, list[str]] = {}
+    for spec in specs:
+        job, sep, nodes = spec.partition("=")
+        names = [n.strip() for n in nodes.split(",") if n.strip()]
+        if not sep or not job.strip() or not names:
+            raise ValueError(f"--job {spec!r}: expected JOB=NODE[,NODE...]")
+        jobs.setdefault(job.strip(), []).extend(names)
+    return jobs
+
+
+def run_test(args: argparse.Namespace) -> int:
+    from ftd.config import Config, ConfigError, load_config
+    from ftd.coordinator.plugins import PluginError
+
+    try:
+        config = load_config(args.config) if args.config else Config()
+        jobs = _parse_jobs(args.job)
+        replay = Replay(
+            config.coordinator, jobs=jobs, action_s=args.action_s, entry_points=not args.no_entry_points
+        )
+    except (ConfigError, PluginError, ValueError) as exc:
+        print(f"ftd rules test: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.events == "-":
+            stream: IO[bytes] = sys.stdin.buffer
+            total = 0
+        else:
+            stream = open(args.events, "rb")  # noqa: SIM115 - closed below
+            total = os.fstat(stream.fileno()).st_size
+    except OSError as exc:
+        print(f"ftd rules test: cannot read {args.events}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    progress = Progress(total)
+    try:
+        for event in read_events(stream, replay.report, progress):
+            replay.feed(event)
+    finally:
+        progress.close()
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    if args.json:
+        print(json.dumps(report_json(replay.report), default=str))
+    else:
+        render_text(replay.report, sys.stdout)
+    return 0

@@ -1,0 +1,86 @@
+"""collect_diagnostics (coordinator side): every agent hosting a job dumps its ranks' stacks.
+
+Target: a job id (every node with ranks of it is asked) or a node name (that node only);
+``params.nodes`` overrides the node list. Each node gets its own ``collect_diagnostics``
+:class:`~ftd.events.Directive` on ``ftd/v1/nodes/{node}/directives`` (id ``{action id}-diag-{node}``,
+``job`` set, ``params = {"job": ..., "ranks": [...]}``) and answers with one node-level
+:class:`~ftd.events.Ack` (``rank = -1``): ``ok``, ``path`` = the directory it wrote on the node
+(``{agent.state_dir}/diagnostics/{action id}/``) and ``reason`` = a one-line summary. The agent side is
+:func:`ftd.agent.diagnostics.collect_diagnostics` (``py-spy dump`` per rank pid, ``nvidia-smi -q``).
+
+The action succeeds when every node answered ok; a node that failed or said nothing by
+``diagnostics_deadline_s`` makes it *escalated* (what did arrive is still recorded). Directive ids
+derive from the action id, so a resumed action re-sends the same directives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ftd.bus import topics
+from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.gpu_reset import NODE_RANK
+from ftd.coordinator.actions.trainer import Publish, publish_with_retry
+from ftd.coordinator.model import ActionRecord, ActionState
+from ftd.coordinator.state import ClusterState
+from ftd.events import Directive, encode
+
+
+class CollectDiagnostics:
+    def __init__(self, *, publish: Publish, state: ClusterState, acks: AckBook, deadline_s: float) -> None:
+        self._publish = publish
+        self._state = state
+        self._acks = acks
+        self.deadline_s = deadline_s
+
+    def _targets(self, record: ActionRecord) -> tuple[str | None, dict[str, list[int]]]:
+        target = record.request.target
+        job_record = self._state.jobs.get(target)
+        job = target if job_record is not None else record.request.params.get("job")
+        if job_record is not None:
+            by_node = {
+                n: sorted(r.rank for r in ranks) for n, ranks in job_record.ranks_by_node.items() if ranks
+            }
+        else:
+            by_node = {target: []}
+        wanted = record.request.params.get("nodes")
+        if wanted:
+            by_node = {n: by_node.get(n, []) for n in wanted}
+        return job, by_node
+
+    async def _ask(
+        self, record: ActionRecord, job: str | None, node: str, ranks: list[int]
+    ) -> dict[str, Any]:
+        directive = Directive(
+            id=f"{record.id}-diag-{node}",
+            ts=time.time(),
+            action="collect_diagnostics",
+            job=job,
+            node=node,
+            reason=record.request.reason,
+            deadline_s=self.deadline_s,
+            action_id=record.id,
+            params={"job": job, "ranks": ranks},
+        )
+        await publish_with_retry(
+            self._publish, topics.node_directives(node), encode(directive), self.deadline_s
+        )
+        outcome = await self._acks.wait(directive.id, [NODE_RANK], self.deadline_s)
+        ack = outcome.acked.get(NODE_RANK) or outcome.nacked.get(NODE_RANK)
+        if ack is None:
+            return {"answered": False, "ok": False}
+        return {"answered": True, "ok": ack.ok, "path": ack.path, "summary": ack.reason}
+
+    async def __call__(self, record: ActionRecord) -> dict[str, Any]:
+        job, by_node = self._targets(record)
+        nodes = sorted(by_node)
+        results = await asyncio.gather(*(self._ask(record, job, n, by_node[n]) for n in nodes))
+        per_node = dict(zip(nodes, results, strict=True))
+        detail: dict[str, Any] = {"job": job, "nodes": per_node}
+        missing = [n for n, r in per_node.items() if not r["answered"]]
+        failed = [n for n, r in per_node.items() if r["answered"] and not r["ok"]]
+        if missing or failed:
+            detail.update(missing=missing, failed=failed, state=str(ActionState.ESCALATED))
+        return detail

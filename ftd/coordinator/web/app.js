@@ -1,0 +1,87 @@
+// ftd dashboard: polls the coordinator's JSON API every 2 s and renders plain tables.
+// No framework, no build step, no external resources: everything is served by the coordinator.
+"use strict";
+
+const REFRESH_MS = 2000;
+
+function el(tag, text, cls) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (cls) node.className = cls;
+  return node;
+}
+
+function pill(text, cls) {
+  const td = el("td");
+  td.appendChild(el("span", text, "pill " + (cls || text)));
+  return td;
+}
+
+function time(ts) {
+  if (!ts) return "";
+  return new Date(ts * 1000).toLocaleTimeString([], { hour12: false });
+}
+
+function fill(id, rows, columns, empty) {
+  const body = document.querySelector("#" + id + " tbody");
+  const fresh = document.createElement("tbody");
+  if (rows.length === 0) {
+    const tr = el("tr");
+    const td = el("td", empty, "muted");
+    td.colSpan = columns;
+    tr.appendChild(td);
+    fresh.appendChild(tr);
+  }
+  for (const cells of rows) {
+    const tr = el("tr");
+    for (const cell of cells) tr.appendChild(cell instanceof Node ? cell : el("td", cell));
+    fresh.appendChild(tr);
+  }
+  body.replaceWith(fresh);
+}
+
+async function getJSON(path) {
+  const response = await fetch(path, { cache: "no-store" });
+  if (!response.ok) throw new Error(path + ": HTTP " + response.status);
+  return response.json();
+}
+
+async function refresh() {
+  const health = document.getElementById("health");
+  try {
+    const [h, nodes, jobs, actions, events] = await Promise.all([
+      getJSON("/healthz"), getJSON("/v1/nodes"), getJSON("/v1/jobs"),
+      getJSON("/v1/actions?limit=20"), getJSON("/v1/events?limit=30"),
+    ]);
+    health.textContent = (h.bus_connected ? "bus connected" : "bus DISCONNECTED") + " · v" + h.version;
+    health.className = "pill " + (h.bus_connected ? "ok" : "bad");
+    const online = nodes.filter((n) => n.online).length;
+    const drained = nodes.filter((n) => n.drained).length;
+    document.getElementById("node-summary").textContent =
+      `${nodes.length} known · ${online} online · ${drained} drained`;
+    fill("nodes", nodes.map((n) => [
+      n.name,
+      pill(n.online ? "online" : "offline"),
+      n.drained ? pill("drained") : el("td", "no"),
+      n.drain_reason,
+      n.jobs.join(", "),
+    ]), 5, "no nodes have reported yet");
+    fill("jobs", jobs.map((j) => [
+      j.id, j.nodes.join(", "), j.ranks.length, j.last_step === null ? "" : j.last_step,
+    ]), 4, "no jobs registered");
+    fill("actions", actions.map((a) => [
+      time(a.created), a.kind, a.target, pill(a.state), a.rule, a.reason,
+    ]), 6, "no actions yet");
+    fill("events", events.map((e) => {
+      const data = el("td", JSON.stringify(e.data), "data");
+      return [time(e.ts), e.node, e.kind, pill(e.severity), data];
+    }), 5, "no events yet");
+    document.getElementById("updated").textContent = "updated " + time(Date.now() / 1000);
+  } catch (err) {
+    health.textContent = "API unreachable: " + err.message;
+    health.className = "pill bad";
+  }
+}
+
+refresh();
+setInterval(refresh, REFRESH_MS);

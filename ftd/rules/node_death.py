@@ -1,0 +1,28 @@
+"""Node death: a node's agent went offline (MQTT Last Will) while a job ran there.
+
+=====================================  =============================================================
+event                                  actions
+=====================================  =============================================================
+``node_offline`` with jobs on it       checkpoint_restart of each job (``data.jobs`` from the
+                                       coordinator, plus any the view still places there) with
+                                       ``exclude = [node]``; its ranks there cannot ack, so the
+                                       action escalates and moves on after the save deadline
+``node_offline`` with no job           nothing (recorded): an idle node may just be rebooting
+=====================================  =============================================================
+"""
+
+from __future__ import annotations
+
+from ftd.coordinator.hookspecs import hookimpl
+from ftd.coordinator.model import ActionRequest
+from ftd.coordinator.state import ClusterView
+from ftd.events import Event, Kind
+from ftd.rules._common import jobs_of, restart_jobs
+
+
+@hookimpl
+def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
+    if event.kind != Kind.NODE_OFFLINE:
+        return None
+    jobs = jobs_of(event, view)
+    return restart_jobs(jobs, event, f"node {event.node} went offline", exclude=True) or None

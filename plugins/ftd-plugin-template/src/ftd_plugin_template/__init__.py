@@ -1,0 +1,1 @@
+"""Template ftd rule plugin (see rule.py)."""

@@ -1,0 +1,69 @@
+"""The dashboard in a real headless Chromium: the page renders the cluster from the JSON API.
+
+``--dump-dom`` after a virtual-time budget gives the DOM as the page's JavaScript left it, so the
+assertions see what an operator sees (a node name, its drained state, an event, an action), not the
+static HTML. A screenshot is kept under ``test-artifacts/`` for humans to look at.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.daemons import REPO
+from tests.realparts import require_binary
+from tests.unit.live_api import live_api
+
+pytestmark = [pytest.mark.real]
+
+ARTIFACTS = REPO / "test-artifacts"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,800",
+    "--virtual-time-budget=5000",
+]
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    binary = require_binary("chromium", package="chromium")
+    with tempfile.TemporaryDirectory(prefix="ftd-chromium-") as profile:
+        return subprocess.run(
+            [binary, *FLAGS, f"--user-data-dir={profile}", *args],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+
+
+def test_dashboard_renders_nodes_events_and_actions() -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "dashboard.png"
+    screenshot.unlink(missing_ok=True)
+    with live_api() as url:
+        dom = chromium("--dump-dom", f"{url}/")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        html = dom.stdout
+        shot = chromium(f"--screenshot={screenshot}", f"{url}/")
+        assert shot.returncode == 0, shot.stderr[-2000:]
+
+    (ARTIFACTS / "dashboard.html").write_text(html)
+    assert "loading…" not in html  # every table was filled by the script
+    assert "node-1" in html and "node-2" in html
+    assert "drained" in html and "ftd: xid 79 gpu 0000:3b:00.0" in html  # node-2, drained by ftd
+    assert "2 known · 1 online · 1 drained" in html
+    assert "xid" in html and ('"code":79' in html or "&quot;code&quot;:79" in html)  # the Xid event
+    assert "drain_node" in html and "succeeded" in html  # the action
+    assert "bus connected" in html
+    assert screenshot.exists() and screenshot.stat().st_size > 10_000
+    assert Path(screenshot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

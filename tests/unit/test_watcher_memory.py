@@ -1,0 +1,116 @@
+"""The memory watcher with fake /proc text."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftd.agent.watchers.memory import MemoryWatcher, parse_meminfo, parse_psi_some_avg10, parse_vmrss_kb
+from ftd.config import MemoryConfig
+from ftd.events import Event, Kind, Severity
+
+pytestmark = pytest.mark.timeout(60)
+
+MEMINFO = "MemTotal:       {total} kB\nMemFree:         1000 kB\nMemAvailable:   {avail} kB\nBuffers: 5 kB\n"
+PSI = (
+    "some avg10={some:.2f} avg60=0.00 avg300=0.00 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+)
+STATUS = "Name:\tpython\nVmPeak:\t 9999 kB\nVmRSS:\t {rss} kB\nThreads:\t12\n"
+
+
+class FakeProc:
+    def __init__(self) -> None:
+        self.total_kb = 100 * 1024 * 1024  # 100 GiB
+        self.avail_kb = 60 * 1024 * 1024
+        self.psi: float | None = 0.0
+        self.rss_kb: dict[int, int] = {}
+        self.now = 0.0
+        self.events: list[Event] = []
+
+    def read(self, path: str) -> str:
+        if path == "/proc/meminfo":
+            return MEMINFO.format(total=self.total_kb, avail=self.avail_kb)
+        if path == "/proc/pressure/memory":
+            if self.psi is None:
+                raise FileNotFoundError(path)
+            return PSI.format(some=self.psi)
+        pid = int(path.split("/")[2])
+        if pid not in self.rss_kb:
+            raise FileNotFoundError(path)
+        return STATUS.format(rss=self.rss_kb[pid])
+
+    async def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+
+def make(proc: FakeProc, pids: dict[int, tuple[str, int]] | None = None, **cfg: float) -> MemoryWatcher:
+    return MemoryWatcher(
+        MemoryConfig(**cfg),  # type: ignore[arg-type]
+        "node-a",
+        proc.emit,
+        pids=lambda: dict(pids or {}),
+        read_text=proc.read,
+        clock=lambda: proc.now,
+    )
+
+
+def test_parsers() -> None:
+    assert parse_meminfo(MEMINFO.format(total=10, avail=4))["MemAvailable"] == 4
+    assert parse_psi_some_avg10(PSI.format(some=12.5)) == 12.5
+    assert parse_vmrss_kb(STATUS.format(rss=777)) == 777
+    assert parse_vmrss_kb("Name: kthreadd\n") is None
+
+
+async def test_host_pressure_levels_and_hysteresis() -> None:
+    proc = FakeProc()
+    w = make(proc)
+    gib = 1024 * 1024
+    for avail_gib, psi in ((60, 0), (9, 0), (4, 0), (6, 0), (8, 0), (13, 0), (50, 30), (50, 16), (50, 5)):
+        proc.avail_kb, proc.psi = avail_gib * gib, psi
+        await w.poll_once()
+    got = [(e.data["level"], e.severity) for e in proc.events]
+    assert got == [
+        ("warning", Severity.WARNING),  # 9% available
+        ("critical", Severity.CRITICAL),  # 4%
+        ("warning", Severity.WARNING),  # 8%: out of critical (>= 5 + 2)
+        ("ok", Severity.INFO),  # 13%
+        ("warning", Severity.WARNING),  # PSI 30
+        ("ok", Severity.INFO),  # PSI 5 (16 is not calm enough)
+    ]
+    assert all(e.kind is Kind.MEM_PRESSURE and e.data["leak"] is False for e in proc.events)
+
+
+async def test_no_psi_file_is_fine() -> None:
+    proc = FakeProc()
+    proc.psi = None
+    w = make(proc)
+    await w.poll_once()
+    await w.poll_once()
+    assert w.psi_available is False and proc.events == []
+
+
+async def test_slow_leak_detected_once_with_projection() -> None:
+    proc = FakeProc()
+    proc.avail_kb = 20 * 1024 * 1024  # 20 GiB available
+    pids = {101: ("job-1", 0), 102: ("job-1", 1)}
+    w = make(proc, pids, leak_min_samples=6, leak_min_growth_mb_per_min=10, leak_horizon_s=3600)
+    proc.rss_kb = {101: 4_000_000, 102: 4_000_000}
+    for _ in range(20):
+        await w.poll_once()
+        proc.now += 60
+        proc.rss_kb[101] += 500 * 1024  # 500 MB per minute: 20 GiB gone in ~41 min
+        proc.rss_kb[102] += 1024  # 1 MB per minute: fine
+        proc.avail_kb -= 500 * 1024
+    leaks = [e for e in proc.events if e.data.get("leak")]
+    assert len(leaks) == 1
+    leak = leaks[0]
+    assert (leak.data["pid"], leak.data["job"], leak.data["rank"]) == (101, "job-1", 0)
+    assert leak.data["growth_mb_per_min"] == pytest.approx(500, rel=0.05)
+    assert 0 < leak.data["time_to_exhaustion_s"] < 3600
+    assert leak.data["rss_mb"] > 4000
+
+
+async def test_vanished_pid_is_forgotten() -> None:
+    proc = FakeProc()
+    w = make(proc, {7: ("j", 3)})
+    await w.poll_once()  # pid 7 has no status file: gone between pids() and the read
+    assert w.trainers == {} and proc.events == []
