@@ -6,8 +6,8 @@ same msgspec Structs that validate requests and shape responses, so it cannot dr
 - ``GET /healthz``, ``GET /metrics`` (Prometheus text, a private registry), ``GET /openapi.json``;
 - ``GET /v1/nodes``, ``/v1/gpus``, ``/v1/jobs``, ``/v1/events?limit=&node=``, ``/v1/actions?limit=``,
   ``/v1/actions/{id}``;
-- ``POST /v1/actions/{id}/approve`` and ``/reject`` (through ``Engine.approve`` / ``Engine.reject``
-  when the engine has them, else 501), ``POST /v1/nodes/{node}/drain`` and ``/resume``,
+- ``POST /v1/actions/{id}/approve`` and ``/reject`` (``Engine.approve`` / ``Engine.reject``: only an
+  action awaiting approval can be decided, anything else is 404), ``POST /v1/nodes/{node}/drain`` and ``/resume``,
   ``POST /v1/jobs/{job}/restart``: manual actions go through :meth:`Engine.submit` with
   ``rule="api:<by>"``, so the policy gate (dedupe, cooldown, dry-run) and the ledger apply to them
   exactly as to a rule's proposal;
@@ -26,7 +26,6 @@ answered as JSON too. No input produces a 500 (a schemathesis run in the tests c
 from __future__ import annotations
 
 import hmac
-import inspect
 import os
 import re
 import time
@@ -392,7 +391,7 @@ ROUTES: tuple[Route, ...] = (
         params=_ACTION,
         body=ApproveRequest,
         ok=(200, ActionOut, ""),
-        extra=(400, 404, 409, 501),
+        extra=(400, 404),
     ),
     Route(
         "POST",
@@ -403,7 +402,7 @@ ROUTES: tuple[Route, ...] = (
         params=_ACTION,
         body=RejectRequest,
         ok=(200, ActionOut, ""),
-        extra=(400, 404, 409, 501),
+        extra=(400, 404),
     ),
     Route(
         "POST",
@@ -449,8 +448,6 @@ _STATUS_TEXT = {
     401: "Missing or wrong token",
     403: "Mutating calls are disabled (no token configured)",
     404: "Unknown id",
-    409: "The action is not waiting for approval",
-    501: "This coordinator has no approvals",
 }
 
 
@@ -665,18 +662,14 @@ class Api:
     async def _decide(self, request: web.Request, verb: str, body_type: type[Any]) -> web.Response:
         record = self._record(request)
         body = await _body(request, body_type, required=False)
-        method = getattr(self.coordinator.engine, verb, None)
-        if method is None:
-            raise ApiError(501, f"approvals are not available: this coordinator's engine has no {verb}()")
-        args: tuple[Any, ...] = (record.id,) if verb == "approve" else (record.id, body.reason)
+        engine = self.coordinator.engine
         try:
-            result = method(*args)
-            if inspect.isawaitable(result):
-                await result
+            if verb == "approve":
+                engine.approve(record.id, by=body.by)
+            else:
+                engine.reject(record.id, body.reason, by=body.by)
         except KeyError as exc:
-            raise ApiError(404, f"no action with id {record.id!r}: {exc}") from None
-        except (ValueError, RuntimeError) as exc:
-            raise ApiError(409, f"cannot {verb} {record.id}: {exc}") from None
+            raise ApiError(404, f"{record.id}: {exc.args[0] if exc.args else exc}") from None
         log.info(f"action {verb}d via api", action_id=record.id, by=body.by)
         updated = self.coordinator.ledger.action(record.id) or record
         return json_response(action_out(updated))

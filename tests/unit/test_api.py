@@ -22,7 +22,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api import ROUTES, Api, openapi_document, resolve_token
 from ftd.coordinator.app import Coordinator
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
+from ftd.coordinator.model import ActionState
 from ftd.events import JobPresence, Kind, NodeStatus, RankInfo, Severity, make_event
 
 TOKEN = "s3cret-token"
@@ -37,12 +37,11 @@ class Env:
     api: Api
 
 
-def make_coordinator(scheduler: FakeScheduler | None = None, *, dry_run: bool = False) -> Coordinator:
-    config = Config(
-        coordinator=CoordinatorConfig(
-            ledger_path=":memory:", scheduler="slurm", policy=PolicyConfig(dry_run=dry_run)
-        )
-    )
+def make_coordinator(
+    scheduler: FakeScheduler | None = None, *, dry_run: bool = False, approval: tuple[str, ...] = ()
+) -> Coordinator:
+    policy = PolicyConfig(dry_run=dry_run, approval_required_kinds=list(approval))
+    config = Config(coordinator=CoordinatorConfig(ledger_path=":memory:", scheduler="slurm", policy=policy))
     return Coordinator(config, bus=MemoryBus(MemoryBroker()), scheduler=scheduler, ledger=Ledger(":memory:"))
 
 
@@ -62,12 +61,14 @@ def populate(coordinator: Coordinator) -> None:
     coordinator.ledger.record_event(make_event("node-2", Kind.ECC, data={"dbe": 1}, ts=1003.0, id="e2"))
 
 
-async def _env(token: str | None, *, dry_run: bool = False) -> AsyncIterator[Env]:
+async def _env(
+    token: str | None, *, dry_run: bool = False, approval: tuple[str, ...] = ()
+) -> AsyncIterator[Env]:
     scheduler = FakeScheduler()
     scheduler.add_node("node-1")
     scheduler.add_node("node-2")
     scheduler.add_job("42", ["node-1"])
-    coordinator = make_coordinator(scheduler, dry_run=dry_run)
+    coordinator = make_coordinator(scheduler, dry_run=dry_run, approval=approval)
     populate(coordinator)
     await coordinator.bus.start()  # directives (checkpoint_restart) are published on it
     api = Api(coordinator, ApiConfig(), token=token)
@@ -84,6 +85,13 @@ async def _env(token: str | None, *, dry_run: bool = False) -> AsyncIterator[Env
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
     async for e in _env(TOKEN):
+        yield e
+
+
+@pytest.fixture
+async def approval_env() -> AsyncIterator[Env]:
+    """Drains need a human: they wait in the approval queue."""
+    async for e in _env(TOKEN, approval=("drain_node",)):
         yield e
 
 
@@ -345,49 +353,34 @@ async def test_manual_restart_goes_through_checkpoint_restart(env: Env) -> None:
 # --- approvals ----------------------------------------------------------------------------------
 
 
-async def test_approvals_answer_501_when_the_engine_has_none(env: Env) -> None:
-    record = ActionRecord(
-        id="act-1",
-        request=ActionRequest(kind="drain_node", target="node-1", reason="x"),
-        state=ActionState.PENDING,
-    )
-    env.coordinator.ledger.save_action(record)
-    if hasattr(env.coordinator.engine, "approve"):
-        pytest.skip("this engine supports approvals (covered by the next test)")
-    resp = await env.client.post("/v1/actions/act-1/approve", headers=AUTH)
-    assert resp.status == 501
-    assert "approvals are not available" in (await resp.json())["error"]
+async def test_drain_waits_for_approval_reject_closes_it_approve_runs_it(approval_env: Env) -> None:
+    client, scheduler = approval_env.client, approval_env.scheduler
 
+    async def drain(node: str) -> dict[str, Any]:
+        resp = await client.post(f"/v1/nodes/{node}/drain", json={"reason": "flaky gpu"}, headers=AUTH)
+        held: dict[str, Any] = await resp.json()
+        assert resp.status == 200 and held["state"] == "awaiting_approval", held
+        return held
 
-async def test_approvals_call_the_engine(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    record = ActionRecord(
-        id="act-1",
-        request=ActionRequest(kind="drain_node", target="node-1", reason="x"),
-        state=ActionState.PENDING,
-    )
-    env.coordinator.ledger.save_action(record)
-    calls: list[tuple[str, ...]] = []
+    first = await drain("node-2")
+    resp = await client.post(f"/v1/actions/{first['id']}/reject", json={"reason": "not now"}, headers=AUTH)
+    closed = await resp.json()
+    assert resp.status == 200 and closed["state"] == "suppressed"
+    assert "not now" in closed["detail"]["policy"]
 
-    def approve(action_id: str) -> None:
-        calls.append(("approve", action_id))
+    second = await drain("node-1")
+    assert scheduler.calls == []  # nothing happens before a human says so
+    resp = await client.post(f"/v1/actions/{second['id']}/approve", json={"by": "alice"}, headers=AUTH)
+    assert resp.status == 200
+    await wait_finished(approval_env.coordinator)
+    done = await (await client.get(f"/v1/actions/{second['id']}")).json()
+    assert done["state"] == "succeeded" and done["detail"]["approved_by"] == "alice"
+    assert [args for op, args in scheduler.calls if op == "drain"] == [("node-1", "ftd: flaky gpu")]
 
-    def reject(action_id: str, reason: str) -> None:
-        calls.append(("reject", action_id, reason))
-        if action_id == "act-1" and len(calls) > 2:
-            raise ValueError("not waiting for approval")
-
-    monkeypatch.setattr(env.coordinator.engine, "approve", approve, raising=False)
-    monkeypatch.setattr(env.coordinator.engine, "reject", reject, raising=False)
-    assert (await env.client.post("/v1/actions/act-1/approve", headers=AUTH)).status == 200
-    resp = await env.client.post("/v1/actions/act-1/reject", json={"reason": "not now"}, headers=AUTH)
-    assert resp.status == 200 and (await resp.json())["id"] == "act-1"
-    resp = await env.client.post("/v1/actions/act-1/reject", json={}, headers=AUTH)
-    assert resp.status == 409 and "not waiting" in (await resp.json())["error"]
-    assert calls == [
-        ("approve", "act-1"),
-        ("reject", "act-1", "not now"),
-        ("reject", "act-1", "rejected by operator"),
-    ]
+    # Only held actions can be decided: neither a finished nor a rejected one is waiting for anybody.
+    for action in (first, second):
+        resp = await client.post(f"/v1/actions/{action['id']}/approve", headers=AUTH)
+        assert resp.status == 404 and "awaiting approval" in (await resp.json())["error"]
 
 
 # --- metrics, dashboard, OpenAPI ----------------------------------------------------------------
