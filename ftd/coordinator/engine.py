@@ -33,7 +33,7 @@ import pluggy
 
 from ftd.coordinator.hookspecs import Executor
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
 from ftd.coordinator.plugins import call_each, evaluate
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
@@ -60,8 +60,6 @@ class Engine:
         self.gate = gate
         self.plugins = plugins
         self.executors = dict(executors)
-        if ActionKind.CHECKPOINT not in self.executors and ActionKind.CHECKPOINT_RESTART in self.executors:
-            self.executors[ActionKind.CHECKPOINT] = self.executors[ActionKind.CHECKPOINT_RESTART]
         self._tasks: set[asyncio.Task[None]] = set()
         self._observers: list[Observer] = []
         self.counters: dict[str, int] = {

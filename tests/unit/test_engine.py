@@ -189,25 +189,19 @@ async def test_approval_queue_holds_then_approve_starts_and_reject_closes(tmp_pa
     assert restarted.handle_event(make_event("node-3", Kind.ECC))[0].state == ActionState.SUPPRESSED
 
 
-async def test_checkpoint_runs_on_the_checkpoint_restart_executor(tmp_path: Path) -> None:
-    class SaveOnFill:
-        @hookimpl
-        def ftd_evaluate(self, event: Any, view: ClusterView) -> list[ActionRequest]:
-            save = ActionRequest(kind=ActionKind.CHECKPOINT, target="j1", reason="fs", params={"stop": False})
-            return [save]
+def test_checkpoint_is_served_by_the_checkpoint_restart_executor() -> None:
+    """``checkpoint`` (save only) is the same executor: it reads ``params["stop"]`` and the kind."""
+    from ftd.config import Config
+    from ftd.coordinator.acks import AckBook
+    from ftd.coordinator.actions import ExecutorContext, build_executors
 
-    restarts = Recorder()
-    pm = make_plugin_manager(extra=(SaveOnFill(),), entry_points=False, builtins=False)
-    engine = Engine(
-        state=ClusterState(),
-        ledger=Ledger(":memory:"),
-        gate=PolicyGate(),
-        plugins=pm,
-        executors={ActionKind.CHECKPOINT_RESTART: restarts},
+    async def publish(topic: str, payload: bytes) -> None: ...
+
+    ctx = ExecutorContext(
+        config=Config(), state=ClusterState(), acks=AckBook(), publish=publish, scheduler=None
     )
-    [record] = engine.handle_event(make_event("node-1", Kind.FS_FILL))
-    await engine.wait_idle(5)
-    assert restarts.calls == ["j1"] and engine.ledger.action(record.id).state == ActionState.SUCCEEDED
+    executors = build_executors(ctx)
+    assert executors[ActionKind.CHECKPOINT] is executors[ActionKind.CHECKPOINT_RESTART]
 
 
 async def test_history_is_folded_in_after_the_rules_and_rebuilt_from_the_ledger(tmp_path: Path) -> None:

@@ -41,15 +41,17 @@ class ExecutorContext:
 
 def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
     cfg = ctx.config.coordinator
+    checkpoint_restart = CheckpointRestart(
+        publish=ctx.publish,
+        state=ctx.state,
+        acks=ctx.acks,
+        scheduler=ctx.scheduler,
+        save_deadline_s=cfg.save_deadline_s,
+        stop_deadline_s=cfg.stop_deadline_s,
+    )
     executors: dict[str, Executor] = {
-        ActionKind.CHECKPOINT_RESTART: CheckpointRestart(
-            publish=ctx.publish,
-            state=ctx.state,
-            acks=ctx.acks,
-            scheduler=ctx.scheduler,
-            save_deadline_s=cfg.save_deadline_s,
-            stop_deadline_s=cfg.stop_deadline_s,
-        ),
+        ActionKind.CHECKPOINT_RESTART: checkpoint_restart,
+        ActionKind.CHECKPOINT: checkpoint_restart,  # save only: the executor skips stop and requeue
         ActionKind.GPU_RESET: GpuReset(
             publish=ctx.publish, acks=ctx.acks, deadline_s=cfg.gpu_reset_deadline_s
         ),
