@@ -9,8 +9,8 @@ same msgspec Structs that validate requests and shape responses, so it cannot dr
 - ``POST /v1/actions/{id}/approve`` and ``/reject`` (``Engine.approve`` / ``Engine.reject``: only
   an action awaiting approval can be decided, anything else is 404),
   ``POST /v1/nodes/{node}/drain`` and ``/resume``, ``POST /v1/jobs/{job}/restart``: manual actions
-  go through :meth:`Engine.submit` with ``rule="api:<by>"``, so the policy gate (dedupe, cooldown, dry-run) and the ledger apply to them
-  exactly as to a rule's proposal;
+  go through :meth:`Engine.submit` with ``rule="api:<by>"``, so the policy gate (dedupe, cooldown,
+  dry-run) and the ledger apply to them exactly as to a rule's proposal;
 - ``GET /`` and ``GET /static/{name}``: the live dashboard (plain files in ``web/``, no build, no CDN).
 
 Security: every mutating call needs ``Authorization: Bearer <token>``, the token read from
