@@ -39,6 +39,9 @@ class ActionState(enum.StrEnum):
         return self not in (ActionState.PENDING, ActionState.RUNNING, ActionState.AWAITING_APPROVAL)
 
 
+_JOB_ACTIONS = frozenset({"checkpoint_restart", "checkpoint"})
+
+
 class ActionRequest(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
     target: str  # a node name for node actions, a job id for job actions
@@ -49,7 +52,18 @@ class ActionRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def key(self) -> str:
+        """What dedupe works on: one action of a kind per target at a time."""
         return f"{self.kind}:{self.target}"
+
+    @property
+    def cooldown_key(self) -> str:
+        """What cooldown works on. For a job action caused by a node's fault it names that node too:
+        another fault on the same bad node is not acted on twice, but a fault on a *different* node of
+        the requeued job is a new reason to act, however soon it comes."""
+        node = self.params.get("node")
+        if self.kind in _JOB_ACTIONS and isinstance(node, str) and node:
+            return f"{self.key}@{node}"
+        return self.key
 
 
 class ActionRecord(msgspec.Struct, kw_only=True):

@@ -3,8 +3,9 @@
 Checks, in order, each recorded with its reason when it says no:
 
 1. **dedupe** — an action with the same key (kind + target) is pending, running or awaiting approval;
-2. **cooldown** — the same key finished less than ``cooldown_s`` ago (a flapping GPU must not be
-   drained, resumed and drained again every minute);
+2. **cooldown** — the same cooldown key (the key, plus the faulty node for a job action) finished
+   less than ``cooldown_s`` ago (a flapping GPU must not be drained, resumed and drained again every
+   minute; a requeued job must still be restarted when a *different* node fails under it);
 3. **rate limit** — at most ``max`` actions of a kind started within ``window_s`` (per
    :class:`RateLimit`; a storm of Xids on many nodes must not restart every job at once);
 4. **blast radius** (``drain_node`` only) — the nodes drained by ftd (from the cluster state) plus
@@ -143,7 +144,8 @@ class PolicyGate:
                 self._active[key] = record.id
                 self._active_requests[key] = record.request
             elif record.state in (ActionState.SUCCEEDED, ActionState.ESCALATED, ActionState.FAILED):
-                self._finished_at[key] = max(self._finished_at.get(key, 0.0), record.updated)
+                cooled = record.request.cooldown_key
+                self._finished_at[cooled] = max(self._finished_at.get(cooled, 0.0), record.updated)
 
     # --- the decision ---------------------------------------------------------------------------
 
@@ -156,12 +158,14 @@ class PolicyGate:
         if holder is not None and holder != approving:
             return Verdict(ActionState.SUPPRESSED, f"duplicate: {key} already in progress ({holder})")
         now = self._clock()
-        finished = self._finished_at.get(key)
+        cooled = request.cooldown_key
+        finished = self._finished_at.get(cooled)
         if finished is not None:
             remaining = self.cooldown_s - (now - finished)
             if remaining > 0:
                 return Verdict(
-                    ActionState.SUPPRESSED, f"cooldown: {key} finished {self.cooldown_s - remaining:.0f}s ago"
+                    ActionState.SUPPRESSED,
+                    f"cooldown: {cooled} finished {self.cooldown_s - remaining:.0f}s ago",
                 )
         limit = self.rate_limits.get(request.kind)
         if limit is not None:
@@ -261,4 +265,4 @@ class PolicyGate:
 
     def finished(self, record: ActionRecord) -> None:
         self.release(record)
-        self._finished_at[record.request.key] = self._clock()
+        self._finished_at[record.request.cooldown_key] = self._clock()

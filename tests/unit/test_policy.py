@@ -229,3 +229,24 @@ def test_never_exceeds_the_drain_budget_nor_the_rate_limit(
             for rack in ("r0", "r1", "r2"):
                 assert sum(1 for x in out if f"r{int(x.split('-')[1]) % 3}" == rack) <= 2, "rack budget"
             assert sum(1 for t in starts if t > clock.now - window) <= rate, "rate limit exceeded"
+
+
+def test_job_restart_cools_down_per_faulty_node_but_dedupes_per_job() -> None:
+    """A second fault on the same bad node is not acted on twice; a fault on another node of the
+    (requeued) job is a new reason, however soon; two restarts of one job never run at once."""
+    clock = Clock()
+    gate = PolicyGate(cooldown_s=600, clock=clock)
+
+    def restart(node: str) -> ActionRequest:
+        return ActionRequest(kind="checkpoint_restart", target="1001", reason="x", params={"node": node})
+
+    first = run(gate, restart("node-1"), 1)
+    assert gate.decide(restart("node-2")).reason.startswith("duplicate")  # one restart at a time
+    gate.finished(first)
+    clock.now += 30
+    assert gate.decide(restart("node-1")).reason.startswith("cooldown: checkpoint_restart:1001@node-1")
+    assert gate.decide(restart("node-2")).allowed
+    later = ActionRecord(id="z", request=restart("node-2"), state=ActionState.SUCCEEDED, updated=clock.now)
+    restored = PolicyGate(cooldown_s=600, clock=clock)
+    restored.restore([later])
+    assert not restored.decide(restart("node-2")).allowed and restored.decide(restart("node-3")).allowed
