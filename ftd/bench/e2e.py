@@ -34,7 +34,7 @@ NODE = "bench-node"
 
 
 def _config(port: int, work: Path, fifo: Path) -> tuple[str, str]:
-    common = f'[bus]\nhost = "127.0.0.1"\nport = {port}\n\n[log]\nlevel = "info"\njson = true\n'
+    common = f'[bus]\nhost = "127.0.0.1"\nport = {port}\n\n[log]\nlevel = "warning"\njson = true\n'
     agent = common + (
         f'\n[agent]\nnode = "{NODE}"\nkmsg_path = "{fifo}"\nstate_dir = "{work}/agent"\n'
         f'socket_path = "{work}/agent.sock"\n'
@@ -42,6 +42,10 @@ def _config(port: int, work: Path, fifo: Path) -> tuple[str, str]:
     coordinator = common + (
         f'\n[coordinator]\nledger_path = "{work}/ledger.sqlite"\nscheduler = "none"\n'
         "save_deadline_s = 5\nstop_deadline_s = 5\n"
+        # Every sample is an independent incident on the one simulated node; on a real node the
+        # second would (rightly) make it a repeat offender and add a drain to the path measured.
+        'disabled_rules = ["repeat_offender"]\n'
+        "\n[coordinator.api]\nenabled = false\n"
     )
     return agent, coordinator
 
@@ -133,7 +137,10 @@ async def _measure(port: int, work: Path, fifo_fd: int, samples: int, warmup: in
             await asyncio.sleep(0.02)  # the coordinator received the same retained message
             client.heartbeat(1)
             line = (
-                f"[ {1000 + i}.000001] NVRM: Xid (PCI:0000:3b:00): 13, pid={10000 + i}, name=python, "
+                # A different GPU each sample: the same Xid on the same GPU within the storm window is a
+                # repeat, which the agent (rightly) folds into a later summary instead of sending at once.
+                f"[ {1000 + i}.000001] NVRM: Xid (PCI:{i // 256:04x}:{i % 256:02x}:00): 13, pid={10000 + i}, "
+                "name=python, "
                 "Graphics Exception\n"
             )
             started = time.perf_counter_ns()
