@@ -184,6 +184,7 @@ class LocalApi:
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._dirty: set[str] = set()
+        self._progress = asyncio.Event()  # set when a step moved (a job became dirty)
         self._last_presence: dict[str, float] = {}
         self._calls: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -455,6 +456,7 @@ class LocalApi:
             conn.step = msg.step
             assert conn.job is not None
             self._dirty.add(conn.job)
+            self._progress.set()
 
     def _ack(self, conn: _Conn, msg: _AckMsg) -> None:
         assert conn.job is not None
@@ -518,15 +520,20 @@ class LocalApi:
         self._calls.put_nowait(lambda: self._on_presence(job, ranks))
 
     async def _presence_ticker(self) -> None:
-        """Report step progress: at most once per second per job, only when a step moved."""
+        """Report step progress: at most once per second per job, only when a step moved. Sleeps
+        until a step moves (no wake-ups at all on an idle node)."""
         while True:
+            await self._progress.wait()
             await asyncio.sleep(0.2)
+            self._progress.clear()
             now = time.monotonic()
             for job in list(self._dirty):
                 if job not in self._jobs:
                     self._dirty.discard(job)
                 elif now - self._last_presence.get(job, 0.0) >= PRESENCE_MIN_INTERVAL_S:
                     self._presence_now(job)
+            if self._dirty:
+                self._progress.set()  # a job still waits for its once-per-second slot
 
     async def _call_worker(self) -> None:
         """Run callbacks one at a time, in order, off the connection handlers (a slow bus never

@@ -3,7 +3,9 @@
 The agent runs as its own process (``python -m ftd.bench.agent CONFIG``: the same :class:`Agent` as
 ``ftd agent``, with one difference: the NVML watcher gets a :class:`FakeNvml` with 8 GPUs, since
 ``ftd agent`` only speaks to the real driver) against a private Mosquitto, with: the kernel-log
-watcher on a file that receives a few noise lines a second, the NVML watcher polling the 8 fake GPUs
+watcher on a FIFO (read with ``add_reader``, as the agent reads the ``/dev/kmsg`` character device;
+a regular file would add the 25 ms idle polling that only file sources need) that receives a few
+noise lines a second, the NVML watcher polling the 8 fake GPUs
 at 1 Hz, 4 followed log files (a line a second each), the filesystem watcher on one mount, the memory
 and heartbeat watchers, storm control and the durable spool. After a warm-up, CPU time
 (``utime + stime`` from ``/proc/PID/stat``) is measured over ``seconds`` and RSS (``VmRSS``) read at
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.bench.broker import PrivateMosquitto
+from ftd.bench.e2e import open_fifo_writer
 
 NODE = "bench-agent"
 
@@ -42,8 +45,8 @@ def _rss_mb(pid: int) -> float:
 def bench_agent(seconds: float = 20.0, warmup: float = 5.0) -> dict[str, Any]:
     with PrivateMosquitto() as broker, tempfile.TemporaryDirectory(prefix="ftd-bench-agent-") as tmp:
         work = Path(tmp)
-        kmsg = work / "kmsg.log"
-        kmsg.touch()
+        kmsg = work / "kmsg.fifo"
+        os.mkfifo(kmsg)
         logs = [work / f"train-{i}.log" for i in range(4)]
         for log in logs:
             log.touch()
@@ -59,15 +62,19 @@ def bench_agent(seconds: float = 20.0, warmup: float = 5.0) -> dict[str, Any]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ftd.bench.agent", str(config)], stdout=out, stderr=out
         )
+        kmsg_fd = -1
         try:
+            kmsg_fd = open_fifo_writer(kmsg)
             end_warm = time.monotonic() + warmup
             step = 0
 
             def feed() -> None:
                 nonlocal step
                 step += 1
-                with kmsg.open("a") as handle:
-                    handle.write(f"[{step}.000000] usb 1-1: new high-speed USB device number {step}\n" * 3)
+                os.write(
+                    kmsg_fd,
+                    f"[{step}.000000] usb 1-1: new high-speed USB device number {step}\n".encode() * 3,
+                )
                 for log in logs:
                     with log.open("a") as handle:
                         handle.write(f"step {step} loss 0.{step % 97:02d} lr 3e-4\n")
@@ -86,6 +93,8 @@ def bench_agent(seconds: float = 20.0, warmup: float = 5.0) -> dict[str, Any]:
             if proc.poll() is not None:
                 raise RuntimeError(f"agent exited: {(work / 'agent.out').read_text()[-2000:]}")
         finally:
+            if kmsg_fd >= 0:
+                os.close(kmsg_fd)
             proc.terminate()
             try:
                 proc.wait(10)

@@ -59,7 +59,7 @@ def _spawn(role: str, config_text: str, work: Path) -> subprocess.Popen[bytes]:
     )
 
 
-def _open_fifo_writer(fifo: Path, timeout: float = 20.0) -> int:
+def open_fifo_writer(fifo: Path, timeout: float = 20.0) -> int:
     """Open the FIFO for writing once the agent has it open for reading."""
     deadline = time.monotonic() + timeout
     while True:
@@ -174,7 +174,7 @@ def bench_e2e(samples: int = 200, warmup: int = 10) -> dict[str, Any]:
         procs = [_spawn("coordinator", coordinator_conf, work), _spawn("agent", agent_conf, work)]
         fd = -1
         try:
-            fd = _open_fifo_writer(fifo)
+            fd = open_fifo_writer(fifo)
             latencies = asyncio.run(_measure(broker.port, work, fd, samples, warmup))
         finally:
             if fd >= 0:

@@ -40,6 +40,9 @@ class RankSource(Protocol):
     def ranks_silent_for(self, seconds: float) -> list[tuple[str, RankInfo]]: ...
 
 
+_IDLE_CHECK_S = 1.0
+
+
 class HeartbeatWatcher:
     name = "heartbeat"
 
@@ -56,7 +59,11 @@ class HeartbeatWatcher:
         while True:
             self.last_progress = time.monotonic()
             await self.check()
-            await asyncio.sleep(self.cfg.check_interval_s)
+            # No ranks, nothing to miss: an idle node checks once a second, not four times.
+            idle = not any(self._api.jobs().values())
+            await asyncio.sleep(
+                max(self.cfg.check_interval_s, _IDLE_CHECK_S) if idle else self.cfg.check_interval_s
+            )
 
     async def check(self) -> None:
         """One pass: report newly silent ranks and new stragglers."""

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -461,13 +462,40 @@ def sample_gpu(
     return sample
 
 
-class _Probe:
-    """One outstanding blocking job in its own daemon thread, awaitable from the loop."""
+class _Worker:
+    """One daemon thread per probe key (a GPU, the inventory), reused poll after poll.
 
-    def __init__(self, key: str, fn: Callable[[_Tracker], Any], loop: asyncio.AbstractEventLoop) -> None:
+    Polling then creates no threads (8 GPUs at 1 Hz would otherwise start 8 threads a second), and a
+    probe stuck inside NVML blocks only its own GPU's worker; the watcher never queues a second
+    probe behind a stuck one (``_BUSY``), so jobs never pile up either.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+
+class _Probe:
+    """One outstanding blocking job on its key's worker thread, awaitable from the loop."""
+
+    def __init__(
+        self, key: str, fn: Callable[[_Tracker], Any], loop: asyncio.AbstractEventLoop, worker: _Worker
+    ) -> None:
         self.key = key
         self.tracker = _Tracker()
         self.future: asyncio.Future[Any] = loop.create_future()
+        self.finished = threading.Event()  # set by the worker thread, whatever the outcome
         self.started = time.monotonic()
         self.stalled_reported = False
 
@@ -478,9 +506,10 @@ class _Probe:
                 loop.call_soon_threadsafe(_settle, self.future, None, exc)
             else:
                 loop.call_soon_threadsafe(_settle, self.future, result, None)
+            finally:
+                self.finished.set()
 
-        self.thread = threading.Thread(target=target, name=f"ftd-nvml-{key}", daemon=True)
-        self.thread.start()
+        worker.submit(target)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
@@ -529,6 +558,7 @@ class NvmlWatcher:
         self.events = 0
         self.last_progress = time.monotonic()
         self._probes: dict[str, _Probe] = {}
+        self._workers: dict[str, _Worker] = {}
         self._count_low = False
         self._present: list[str] = []  # UUIDs in the latest inventory, in index order
         self._inventory_stalled = False
@@ -539,7 +569,7 @@ class NvmlWatcher:
     # --- public -----------------------------------------------------------------------------------
 
     def outstanding_probes(self) -> int:
-        return sum(1 for p in self._probes.values() if p.thread.is_alive())
+        return sum(1 for p in self._probes.values() if not p.finished.is_set())
 
     async def run(self) -> None:
         if not self.cfg.enabled:
@@ -607,9 +637,15 @@ class NvmlWatcher:
             if not previous.future.done():
                 return _BUSY
             del self._probes[key]
-        probe = _Probe(key, fn, asyncio.get_running_loop())
+        probe = _Probe(key, fn, asyncio.get_running_loop(), self._worker(key))
         self._probes[key] = probe
         return await self._await_probe(probe)
+
+    def _worker(self, key: str) -> _Worker:
+        worker = self._workers.get(key)
+        if worker is None:
+            worker = self._workers[key] = _Worker(f"ftd-nvml-{key}")
+        return worker
 
     async def _await_probe(self, probe: _Probe) -> object:
         done, _ = await asyncio.wait({probe.future}, timeout=self.cfg.call_timeout_s)
@@ -642,7 +678,10 @@ class NvmlWatcher:
             await self._stall_over(state, stuck)
         index = state.ident.index
         probe = _Probe(
-            key, lambda t: sample_gpu(self.backend, index, state.unsupported, t), asyncio.get_running_loop()
+            key,
+            lambda t: sample_gpu(self.backend, index, state.unsupported, t),
+            asyncio.get_running_loop(),
+            self._worker(key),
         )
         self._probes[key] = probe
         result = await self._await_probe(probe)
@@ -925,7 +964,10 @@ class NvmlWatcher:
         shut down while a probe is stuck inside NVML)."""
         self._xid_stop.set()
         xid_thread = self._xid_thread
-        stuck = [p.thread for p in self._probes.values() if p.thread.is_alive()]
+        stuck = [p.finished for p in self._probes.values() if not p.finished.is_set()]
+        workers, self._workers = list(self._workers.values()), {}
+        for worker in workers:
+            worker.close()  # idle workers exit now; a stuck one after its NVML call returns
         backend = self.backend
 
         def closer() -> None:
@@ -935,9 +977,8 @@ class NvmlWatcher:
                     return
                 with contextlib.suppress(Exception):
                     backend.xid_events_stop()
-            for thread in stuck:
-                thread.join(timeout=1.0)
-                if thread.is_alive():
+            for finished in stuck:
+                if not finished.wait(timeout=1.0):
                     return
             with contextlib.suppress(Exception):
                 backend.shutdown()
