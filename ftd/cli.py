@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "ftd.commands.demo",
     "ftd.commands.parse",
     "ftd.commands.xid",
+    "ftd.commands.inject",
     "ftd.commands.bench",
     "ftd.commands.status",
     "ftd.commands.events",
@@ -40,9 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_logs() -> None:
+    """Commands print their results on stdout: library logs go to stderr, warnings and worse only.
+    (The daemons and the demo configure logging again from their own settings.)"""
+    try:
+        from ftd.logs import configure
+    except ModuleNotFoundError:  # the trainer-only install has no structlog; nothing logs there
+        return
+    configure("warning")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _quiet_logs()
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

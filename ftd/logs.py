@@ -14,8 +14,22 @@ from typing import Any
 import structlog
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the moment of writing (not when logging was set up):
+    a test harness or a daemonising wrapper may swap it, and a closed old stream must not break us."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure(level: str = "info", *, json: bool | None = None, stream: Any = None) -> None:
-    stream = stream or sys.stderr
+    stream = stream or _CurrentStderr()
     use_json = (not stream.isatty()) if json is None else json
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     renderer: Any = (

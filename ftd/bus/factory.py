@@ -16,6 +16,7 @@ def make_mqtt_bus(
     will: LastWill | None = None,
     birth: Message | None = None,
     port: int | None = None,
+    clean_session: bool = False,
 ) -> MqttBus:
     tls: ssl.SSLContext | None = None
     if cfg.tls:
@@ -32,4 +33,5 @@ def make_mqtt_bus(
         birth=birth,
         reconnect_min_s=cfg.reconnect_min_s,
         reconnect_max_s=cfg.reconnect_max_s,
+        clean_session=clean_session,
     )

@@ -130,6 +130,7 @@ def test_build_executors_registers_everything() -> None:
     kinds = set(build_executors(ctx))
     assert kinds == {
         ActionKind.CHECKPOINT_RESTART,
+        ActionKind.CHECKPOINT,
         ActionKind.GPU_RESET,
         ActionKind.COLLECT_DIAGNOSTICS,
         ActionKind.DRAIN_NODE,
@@ -141,6 +142,7 @@ def test_build_executors_registers_everything() -> None:
     )
     assert set(build_executors(ctx)) == {
         ActionKind.CHECKPOINT_RESTART,
+        ActionKind.CHECKPOINT,
         ActionKind.GPU_RESET,
         ActionKind.COLLECT_DIAGNOSTICS,
         ActionKind.NOTIFY,
