@@ -187,9 +187,9 @@ class FsMount(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     path: Annotated[NonEmptyStr, _doc("A path on the filesystem (its mount point, usually).")]
     warn_pct: Annotated[float, _doc("Fill (% of effective capacity) that warns.", gt=0, le=100)] = 85.0
-    critical_pct: Annotated[
-        float, _doc("Fill (% of effective capacity) that is critical.", gt=0, le=100)
-    ] = 95.0
+    critical_pct: Annotated[float, _doc("Fill (% of effective capacity) that is critical.", gt=0, le=100)] = (
+        95.0
+    )
     capacity_factor: Annotated[
         float,
         _doc("Fraction of the raw size that is usable (0.8: the filesystem fails at 80%).", gt=0, le=1),
@@ -207,9 +207,7 @@ class FsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     forecast_horizon_s: Annotated[
         PositiveSeconds, _doc("Report when the fill-rate forecast says full within this many seconds.")
     ] = 3600.0
-    forecast_window_s: Annotated[
-        PositiveSeconds, _doc("Samples this recent feed the fill-rate fit.")
-    ] = 900.0
+    forecast_window_s: Annotated[PositiveSeconds, _doc("Samples this recent feed the fill-rate fit.")] = 900.0
 
 
 class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -352,9 +350,9 @@ class KubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
         NonEmptyStr | None,
         _doc("Bearer token file, re-read on every request (rotated tokens); unset: no token."),
     ] = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    ca_file: Annotated[
-        NonEmptyStr | None, _doc("CA bundle to verify the API server; unset: system CAs.")
-    ] = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    ca_file: Annotated[NonEmptyStr | None, _doc("CA bundle to verify the API server; unset: system CAs.")] = (
+        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    )
     namespace: Annotated[NonEmptyStr, _doc("Namespace of the training jobs' pods (requeue, job_info).")] = (
         "default"
     )
@@ -403,9 +401,7 @@ class NodeLabelsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
 class DomainBudgetConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A drain budget per failure domain: nodes sharing a label value (coordinator.node_labels)."""
 
-    label: Annotated[
-        str, _doc("Node label naming the domain.", extra={"choices": NODE_LABELS})
-    ]
+    label: Annotated[str, _doc("Node label naming the domain.", extra={"choices": NODE_LABELS})]
     max_drained: Annotated[int, _doc("Most nodes of one domain drained by ftd at once.", ge=0)]
 
 

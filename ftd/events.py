@@ -95,8 +95,12 @@ class Directive(msgspec.Struct, frozen=True, kw_only=True):
     params: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+NODE_RANK = -1  # the ``rank`` of a node-level answer (an agent's, to gpu_reset or collect_diagnostics)
+
+
 class Ack(msgspec.Struct, frozen=True, kw_only=True):
-    """A trainer rank's answer to a directive (saved, or could not), relayed by its node's agent."""
+    """A trainer rank's answer to a directive (saved, or could not), relayed by its node's agent; or,
+    with ``rank = NODE_RANK``, the agent's own answer to a node directive."""
 
     schema: int = SCHEMA_VERSION
     directive_id: str
@@ -108,6 +112,7 @@ class Ack(msgspec.Struct, frozen=True, kw_only=True):
     path: str | None = None
     reason: str = ""
     ts: float = 0.0
+    files: list[str] = msgspec.field(default_factory=list)  # names of files stored under ``path``
 
 
 class RankInfo(msgspec.Struct, frozen=True, kw_only=True):

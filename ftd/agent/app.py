@@ -281,10 +281,8 @@ class Agent:
     async def _collect_diagnostics(self, directive: Directive) -> None:
         jobs = self.local_api.jobs()
         job = directive.job or directive.params.get("job")
-        if job:
-            ranks = jobs.get(str(job), [])
-        else:  # no job named: every rank registered on this node
-            ranks = [rank for job_ranks in jobs.values() for rank in job_ranks]
+        # The job's ranks; every rank registered on this node when the directive names no job.
+        ranks = jobs.get(str(job), []) if job else [r for job_ranks in jobs.values() for r in job_ranks]
         result = await collect_diagnostics(directive, ranks, Path(self.cfg.state_dir) / "diagnostics")
         log.info(
             "diagnostics collected",

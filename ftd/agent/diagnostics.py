@@ -33,9 +33,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ftd.events import Ack, Directive, RankInfo
+from ftd.events import NODE_RANK, Ack, Directive, RankInfo
 
-NODE_RANK = -1  # node-level Ack (see ftd.coordinator.actions.gpu_reset.NODE_RANK)
 DEFAULT_TIMEOUT_S = 20.0
 _SAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -49,6 +48,7 @@ class DiagnosticsResult:
     errors: dict[str, str] = field(default_factory=dict)  # "rank 3" / "nvidia-smi" -> why
 
     def to_ack(self, directive: Directive, node: str) -> Ack:
+        """The node-level Ack: ``path`` is the directory, ``files`` what is in it, ``reason`` the summary."""
         return Ack(
             directive_id=directive.id,
             job=directive.job or "",
@@ -57,6 +57,7 @@ class DiagnosticsResult:
             ok=self.ok,
             path=self.path,
             reason=self.summary,
+            files=list(self.files),
             ts=time.time(),
         )
 

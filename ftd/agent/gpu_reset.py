@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from ftd.events import Ack, Directive, Event, Kind, Severity, make_event
+from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, Severity, make_event
 from ftd.logs import get_logger
 
 __all__ = ["GpuResetter", "ResetResult", "Runner", "subprocess_runner"]
@@ -188,7 +188,7 @@ class GpuResetter:
         ack = Ack(
             directive_id=directive.id,
             job=directive.job or "",
-            rank=-1,
+            rank=NODE_RANK,
             node=self.node,
             ok=result.ok,
             reason=f"{result.result}: {result.reason}",

@@ -35,6 +35,10 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind == Kind.LOG_STALE and event.data.get("path"):
         subject = f"{event.data['path']} "
     reason = f"hang suspected: {subject}{what}"
-    params = {"jobs": jobs, **({"rank": rank} if rank is not None else {})}
+    params = {
+        "jobs": jobs,
+        **({"job": jobs[0]} if len(jobs) == 1 else {}),  # the executor dumps that job's ranks only
+        **({"rank": rank} if rank is not None else {}),
+    }
     diag = ActionRequest(kind=ActionKind.COLLECT_DIAGNOSTICS, target=event.node, reason=reason, params=params)
     return [diag, *restart_jobs(jobs, event, reason, exclude=False)]

@@ -11,9 +11,11 @@ first event from it on its new node)                        on this alone
 ==========================================================  ===============================================
 
 A fault is an event of severity >= error (what :class:`~ftd.coordinator.state.ClusterState` keeps as
-history), except Xids whose catalog bucket is IGNORE and follow-on Xids. History comes from the view
-(read-only); the engine folds each event into it *after* the rules ran, so the current event is not
-in it. The 24 h window is measured between event timestamps, never against a clock.
+history), except Xids whose catalog bucket is IGNORE, follow-on Xids, and hang suspects
+(``rank_heartbeat_lost``, ``log_stale``: the hang rule's, and one hang yields one per silent rank).
+History comes from the view (read-only); the engine folds each event into it *after* the rules ran,
+so the current event is not in it. The 24 h window is measured between event timestamps, never
+against a clock.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def _counts(event: Event) -> bool:
     if is_repeat(event):  # one incident, however loud: its first occurrence was counted
         return False
     if event.severity.rank < Severity.ERROR.rank or event.kind == Kind.NODE_OFFLINE:
+        return False
+    if event.kind in (Kind.RANK_HEARTBEAT_LOST, Kind.LOG_STALE):
+        # Hang suspects are the hang rule's (restart in place: a hang is no proof of bad hardware).
+        # One hang silences every rank blocked in the collective at once: N events, one incident.
         return False
     if event.kind in (Kind.XID, Kind.SXID):
         return not is_follow_on(event) and event.data.get("action") not in _IGNORED_BUCKETS

@@ -185,7 +185,8 @@ def test_xid79_saves_every_rank_then_drains_and_leaves_the_job_pending(stack: St
         return info.get("JobState") == "PENDING" and int(info.get("Restarts", "0")) >= 1
 
     wait_until(requeued, 30, "the job to be requeued")
-    assert "node-1" in stack.slurm.job(job).get("ExcNodeList", "")
     wait_until(lambda: action_detail(stack, "checkpoint_restart")[0] == "succeeded", 10, "the ledger")
+    # Only once the requeue returned: it holds the job (PENDING), sets the exclusion, then releases.
+    assert "node-1" in stack.slurm.job(job).get("ExcNodeList", "")
     _, detail = action_detail(stack, "checkpoint_restart")
     assert detail["save_step"] == saved[0]["step"] and detail["requeued"]["exclude"] == ["node-1"]

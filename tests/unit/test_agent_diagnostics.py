@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ftd.agent.diagnostics import NODE_RANK, _tool, collect_diagnostics
-from ftd.events import Directive, RankInfo
+from ftd.agent.diagnostics import _tool, collect_diagnostics
+from ftd.events import NODE_RANK, Directive, RankInfo
 from tests.realparts import REQUIRE_REAL
 
 SCRIPT = "import time\ndef train_step_marker():\n    time.sleep(300)\ntrain_step_marker()\n"
@@ -69,6 +69,8 @@ async def test_py_spy_dumps_a_real_rank(sleeper: subprocess.Popen[bytes], tmp_pa
         and ack.path == str(target)
         and ack.directive_id == "act-1-diag-node-1"
     )
+    assert ack.files == result.files and f"rank-0-pid-{sleeper.pid}.txt" in ack.files
+    assert ack.reason == result.summary
 
     # A repeated directive answers from the manifest without dumping again.
     again = await collect_diagnostics(_directive(), [RankInfo(rank=0, pid=1)], tmp_path / "diagnostics")

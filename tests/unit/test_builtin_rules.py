@@ -196,3 +196,17 @@ def test_storm_summaries_and_follow_ons_do_not_act_twice_on_one_incident() -> No
     for rule in (xid_catalog, repeat_offender):
         assert evaluate_rule(rule, [summary, follow_on], view) == [], rule.__name__
     assert {r.kind for r in evaluate_rule(xid_catalog, [first], view)} == {"checkpoint_restart", "drain_node"}
+
+
+def test_one_hang_is_not_a_repeat_offence() -> None:
+    """A hung rank silences its peers too (they block in the collective): several rank_heartbeat_lost
+    events from one incident must not make the node a repeat offender and drain it."""
+    view = view_with(jobs={"1001": ["node-1"]})
+    lost = [
+        make_event("node-1", Kind.RANK_HEARTBEAT_LOST, severity="error", data={"job": "1001", "rank": r})
+        for r in (0, 1, 2)
+    ]
+    assert evaluate_rule(repeat_offender, lost, view) == []
+    # ...while a real repeated fault still is one (positive control).
+    xids = [make_event("node-1", Kind.XID, severity="error", data={"code": 31, "pci": PCI}) for _ in (0, 1)]
+    assert "drain_node" in {r.kind for r in evaluate_rule(repeat_offender, xids, view)}

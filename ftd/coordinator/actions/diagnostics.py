@@ -5,7 +5,8 @@ Target: a job id (every node with ranks of it is asked) or a node name (that nod
 :class:`~ftd.events.Directive` on ``ftd/v1/nodes/{node}/directives`` (id ``{action id}-diag-{node}``,
 ``job`` set, ``params = {"job": ..., "ranks": [...]}``) and answers with one node-level
 :class:`~ftd.events.Ack` (``rank = -1``): ``ok``, ``path`` = the directory it wrote on the node
-(``{agent.state_dir}/diagnostics/{action id}/``) and ``reason`` = a one-line summary. The agent side is
+(``{agent.state_dir}/diagnostics/{action id}/``), ``files`` = the files stored there (recorded in the
+node's detail, which ``GET /v1/actions/{id}`` shows) and ``reason`` = a one-line summary. The agent side is
 :func:`ftd.agent.diagnostics.collect_diagnostics` (``py-spy dump`` per rank pid, ``nvidia-smi -q``).
 
 The action succeeds when every node answered ok; a node that failed or said nothing by
@@ -21,11 +22,10 @@ from typing import Any
 
 from ftd.bus import topics
 from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions.gpu_reset import NODE_RANK
 from ftd.coordinator.actions.trainer import Publish, publish_with_retry
 from ftd.coordinator.model import ActionRecord, ActionState
 from ftd.coordinator.state import ClusterState
-from ftd.events import Directive, encode
+from ftd.events import NODE_RANK, Directive, encode
 
 
 class CollectDiagnostics:
@@ -71,7 +71,10 @@ class CollectDiagnostics:
         ack = outcome.acked.get(NODE_RANK) or outcome.nacked.get(NODE_RANK)
         if ack is None:
             return {"answered": False, "ok": False}
-        return {"answered": True, "ok": ack.ok, "path": ack.path, "summary": ack.reason}
+        answer: dict[str, Any] = {"answered": True, "ok": ack.ok, "path": ack.path, "summary": ack.reason}
+        if ack.files:  # the stored files (py-spy dumps, nvidia-smi.txt, ...) under ``path`` on the node
+            answer["files"] = list(ack.files)
+        return answer
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         job, by_node = self._targets(record)

@@ -26,9 +26,8 @@ from ftd.bus import topics
 from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions.trainer import Publish, publish_with_retry
 from ftd.coordinator.model import ActionRecord, ActionState
-from ftd.events import Directive, encode
+from ftd.events import NODE_RANK, Directive, encode
 
-NODE_RANK = -1  # the rank an agent puts in a node-level Ack (gpu_reset, collect_diagnostics)
 GPU_KEYS = ("pci", "uuid", "index")
 
 
