@@ -170,6 +170,7 @@ async def test_blocking_call_is_reported_and_threads_do_not_pile_up() -> None:
     await init(watcher)
     await watcher.poll_once()
     fake.gpu(1).block.add("temperature_c")
+
     def probe_threads() -> int:  # the stuck GPU's probe threads (other tests may leave threads behind)
         name = f"ftd-nvml-gpu-{fake.gpu(1).uuid}"
         return sum(1 for t in threading.enumerate() if t.name == name and t.is_alive())
