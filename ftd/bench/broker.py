@@ -11,7 +11,8 @@ from pathlib import Path
 
 
 class PrivateMosquitto:
-    def __init__(self) -> None:
+    def __init__(self, extra_conf: tuple[str, ...] = ()) -> None:
+        self._extra_conf = extra_conf
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(binary).exists():
             raise RuntimeError(
@@ -26,9 +27,13 @@ class PrivateMosquitto:
 
     def __enter__(self) -> PrivateMosquitto:
         conf = Path(self._dir.name) / "mosquitto.conf"
-        conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\nlog_dest none\nset_tcp_nodelay true\n"
-        )
+        lines = [
+            f"listener {self.port} 127.0.0.1",
+            "allow_anonymous true",
+            "log_dest none",
+            "set_tcp_nodelay true",
+        ]
+        conf.write_text("\n".join([*lines, *self._extra_conf]) + "\n")
         self._proc = subprocess.Popen([self._binary, "-c", str(conf)])
         deadline = time.monotonic() + 10
         while True:

@@ -37,7 +37,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -289,7 +288,7 @@ def bench_coordinator(
 ) -> dict[str, Any]:
     if mode not in ("batch", "single"):
         raise ValueError("mode is 'batch' or 'single'")
-    with tempfile.TemporaryDirectory(prefix="ftd-bench-coord-") as tmp, _UnboundedMosquitto() as broker:
+    with tempfile.TemporaryDirectory(prefix="ftd-bench-coord-") as tmp, _unbounded_mosquitto() as broker:
         work = Path(tmp)
         config = work / "coordinator.toml"
         config.write_text(
@@ -343,22 +342,6 @@ def bench_coordinator(
     }
 
 
-class _UnboundedMosquitto(PrivateMosquitto):
-    """PrivateMosquitto with an unbounded per-client QoS 1 queue (see the module docstring)."""
-
-    def __enter__(self) -> _UnboundedMosquitto:
-        conf = Path(self._dir.name) / "mosquitto.conf"
-        conf.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\nlog_dest none\nset_tcp_nodelay true\n"
-            "max_queued_messages 0\nmax_inflight_messages 100\n"
-        )
-        self._proc = subprocess.Popen([self._binary, "-c", str(conf)])
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("mosquitto did not start") from None
-                time.sleep(0.02)
+def _unbounded_mosquitto() -> PrivateMosquitto:
+    """A private Mosquitto with an unbounded per-client QoS 1 queue (see the module docstring)."""
+    return PrivateMosquitto(extra_conf=("max_queued_messages 0", "max_inflight_messages 100"))

@@ -38,7 +38,7 @@ export FTD_SOCKET={stack.socket}
 export FTD_TEST_LOG={log}
 export FTD_TEST_SAVE_DELAY_S={SAVE_DELAY_S}
 export PYTHONPATH={REPO}
-exec {sys.executable} {REPO}/tests/e2e/trainer_slow_save.py
+exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
 """
     job = stack.slurm.sbatch(script, "--requeue", "-w", "node-1", "--job-name=ftd-crash")
     return job, log

@@ -1,7 +1,9 @@
 """A minimal training loop wired to the ftd client, run as a Slurm batch job by the e2e tests.
 
 It records what it saw as JSON lines in ``$FTD_TEST_LOG`` so the test can assert on it:
-``started``, ``saved`` (step, path), ``stopped`` (step).
+``started``, ``saved`` (step, path), ``stopped`` (step). With ``$FTD_TEST_SAVE_DELAY_S`` its
+checkpoint takes that long: it records ``save_requested`` first (the coordinator-crash test kills the
+coordinator inside that window).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ftd.client import Client
 def main() -> int:
     log = Path(os.environ["FTD_TEST_LOG"])
     ckpt_dir = Path(os.environ.get("FTD_TEST_CKPT", log.parent))
+    save_delay_s = float(os.environ.get("FTD_TEST_SAVE_DELAY_S", "0"))
 
     def record(what: str, **fields: object) -> None:
         with log.open("a") as f:
@@ -35,6 +38,9 @@ def main() -> int:
         time.sleep(0.02)  # one "training step"
         client.heartbeat(step)
         if client.should_save():
+            if save_delay_s:
+                record("save_requested", step=step)
+                time.sleep(save_delay_s)
             path = ckpt_dir / f"ckpt-{client.job}-{client.rank}-{step}.txt"
             path.write_text(str(step))
             client.ack_saved(step, str(path))

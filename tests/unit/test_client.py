@@ -9,36 +9,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from ftd.agent.local_api import LocalApi
 from ftd.client import Client
-from ftd.events import Ack, Directive, RankInfo
+from ftd.events import Directive
+from tests.unit.helpers import Recorder, until
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.presence: list[tuple[str, list[RankInfo]]] = []
-        self.acks: list[Ack] = []
-
-    async def on_presence(self, job: str, ranks: list[RankInfo]) -> None:
-        self.presence.append((job, ranks))
-
-    async def on_ack(self, ack: Ack) -> None:
-        self.acks.append(ack)
-
-
-async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def directive(id: str, action: str = "save", job: str | None = "j1", **kw: object) -> Directive:

@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -17,14 +17,7 @@ from ftd.agent.watchers.heartbeat import HeartbeatWatcher
 from ftd.client import Client
 from ftd.config import HeartbeatConfig
 from ftd.events import Ack, Event, Kind, RankInfo
-
-
-async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
+from tests.unit.helpers import until
 
 
 @pytest.fixture

@@ -10,33 +10,14 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from ftd.agent.local_api import MAX_LINE, LocalApi
-from ftd.events import Ack, Directive, RankInfo
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.presence: list[tuple[str, list[RankInfo]]] = []
-        self.acks: list[Ack] = []
-
-    async def on_presence(self, job: str, ranks: list[RankInfo]) -> None:
-        self.presence.append((job, ranks))
-
-    async def on_ack(self, ack: Ack) -> None:
-        self.acks.append(ack)
-
-
-async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
+from ftd.events import Directive
+from tests.unit.helpers import Recorder, until
 
 
 @pytest.fixture

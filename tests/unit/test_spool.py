@@ -12,14 +12,7 @@ from ftd.bus import topics
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig
 from ftd.events import Event, Kind, decode
-
-
-async def until(predicate, within: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
+from tests.unit.helpers import until
 
 
 def test_entries_are_on_disk_before_publishing_and_replayed_by_the_next_outbox(tmp_path: Path) -> None:
