@@ -376,7 +376,11 @@ class NotifyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         _doc("Webhook URL (often holds a token: prefer url_file). Exclusive with url_file."),
     ] = None
     url_file: Annotated[
-        NonEmptyStr | None, _doc("File holding the webhook URL (trailing newline ignored), read per call.")
+        NonEmptyStr | None,
+        _doc(
+            "File holding the webhook URL (trailing newline ignored), read per call; relative paths "
+            "resolve against $CREDENTIALS_DIRECTORY (systemd LoadCredential)."
+        ),
     ] = None
     timeout_s: Annotated[PositiveSeconds, _doc("Deadline for one webhook POST.")] = 10.0
     retries: Annotated[int, _doc("Retries after a failed POST (exponential backoff).", ge=0, le=20)] = 3
@@ -618,15 +622,11 @@ def validate_data(data: object) -> list[Problem]:
     return problems
 
 
-def resolve_password(bus: BusConfig) -> str | None:
-    """The broker password: ``bus.password``, or the contents of ``bus.password_file`` (a relative path
-    is resolved against ``$CREDENTIALS_DIRECTORY`` when set, as systemd ``LoadCredential=`` provides),
-    with one trailing newline removed; ``None`` when neither is set. Raises :class:`ConfigError`."""
-    if bus.password is not None:
-        return bus.password
-    if bus.password_file is None:
-        return None
-    path = Path(bus.password_file).expanduser()
+def read_secret_file(name: str, key: str) -> str:
+    """The contents of the secret file ``name`` given at config ``key``: a relative path is resolved
+    against ``$CREDENTIALS_DIRECTORY`` when set (systemd ``LoadCredential=``), one trailing newline is
+    removed. Raises :class:`ConfigError` (naming ``key``) when it is unreadable or empty."""
+    path = Path(name).expanduser()
     creds = os.environ.get("CREDENTIALS_DIRECTORY")
     if not path.is_absolute() and creds:
         path = Path(creds) / path
@@ -635,14 +635,24 @@ def resolve_password(bus: BusConfig) -> str | None:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         hint = ""
-        if not Path(bus.password_file).is_absolute() and not creds:
+        if not Path(name).is_absolute() and not creds:
             hint = " ($CREDENTIALS_DIRECTORY is not set, so the path is relative to the working directory)"
-        raise ConfigError([Problem("bus.password_file", f"cannot read {path}: {reason}{hint}")]) from exc
+        raise ConfigError([Problem(key, f"cannot read {path}: {reason}{hint}")]) from exc
     if secret.endswith("\n"):
         secret = secret[:-1].removesuffix("\r")
     if not secret:
-        raise ConfigError([Problem("bus.password_file", f"{path} is empty")])
+        raise ConfigError([Problem(key, f"{path} is empty")])
     return secret
+
+
+def resolve_password(bus: BusConfig) -> str | None:
+    """The broker password: ``bus.password``, or the contents of ``bus.password_file``
+    (:func:`read_secret_file`); ``None`` when neither is set. Raises :class:`ConfigError`."""
+    if bus.password is not None:
+        return bus.password
+    if bus.password_file is None:
+        return None
+    return read_secret_file(bus.password_file, "bus.password_file")
 
 
 # --------------------------------------------------------------------------------------------------

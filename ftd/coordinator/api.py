@@ -26,7 +26,6 @@ answered as JSON too. No input produces a 500 (a schemathesis run in the tests c
 from __future__ import annotations
 
 import hmac
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -41,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ftd import __version__
-from ftd.config import ApiConfig
+from ftd.config import ApiConfig, read_secret_file
 from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.events import Event
 from ftd.logs import get_logger
@@ -249,21 +248,12 @@ async def _body(request: web.Request, type_: type[T], *, required: bool) -> T:
 
 
 def resolve_token(cfg: ApiConfig) -> str | None:
-    """The API token from ``token_file`` (relative to ``$CREDENTIALS_DIRECTORY`` when set), one
-    trailing newline stripped; ``None`` when unset. An unreadable or empty file raises ``ValueError``."""
+    """The API token from ``token_file`` (:func:`ftd.config.read_secret_file`: relative to
+    ``$CREDENTIALS_DIRECTORY`` when set); ``None`` when unset. Unreadable or empty: ``ConfigError``
+    (a ``ValueError``)."""
     if cfg.token_file is None:
         return None
-    path = Path(cfg.token_file).expanduser()
-    creds = os.environ.get("CREDENTIALS_DIRECTORY")
-    if not path.is_absolute() and creds:
-        path = Path(creds) / path
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"coordinator.api.token_file: cannot read {path}: {exc}") from exc
-    if not token:
-        raise ValueError(f"coordinator.api.token_file: {path} is empty")
-    return token
+    return read_secret_file(cfg.token_file, "coordinator.api.token_file").strip()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -149,6 +149,14 @@ async def test_missing_url_is_an_error(tmp_path: Path) -> None:
         await Notify(NotifyConfig(url_file=str(tmp_path / "nope")))(_record())
 
 
+def test_url_file_is_a_systemd_credential(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Like the broker password and the API token: a relative url_file is read from
+    $CREDENTIALS_DIRECTORY (LoadCredential=), so the URL's token never sits in the config."""
+    (tmp_path / "webhook-url").write_text(f"http://hooks.example/{SECRET}\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    assert Notify(NotifyConfig(url_file="webhook-url"))._url() == f"http://hooks.example/{SECRET}"
+
+
 def test_config_exclusive_url_and_file() -> None:
     from ftd.config import ConfigError, parse_config
 

@@ -28,13 +28,12 @@ import asyncio
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from ftd.config import NotifyConfig
+from ftd.config import ConfigError, NotifyConfig, read_secret_file
 from ftd.coordinator.model import ActionRecord
 from ftd.coordinator.state import ClusterState
 from ftd.logs import get_logger
@@ -78,11 +77,11 @@ class Notify:
     def _url(self) -> str:
         if self.config.webhook_url:
             return self.config.webhook_url
-        if self.config.url_file:
+        if self.config.url_file:  # read at each send, so a rotated URL needs no restart
             try:
-                url = Path(self.config.url_file).read_text().strip()
-            except OSError as exc:
-                raise NotifyError(f"cannot read coordinator.notify.url_file: {exc.strerror or exc}") from None
+                url = read_secret_file(self.config.url_file, "coordinator.notify.url_file").strip()
+            except ConfigError as exc:
+                raise NotifyError(str(exc)) from None
             if url:
                 return url
             raise NotifyError("coordinator.notify.url_file is empty")
