@@ -25,7 +25,7 @@ from ftd.bus.base import Bus
 from ftd.bus.embedded import EmbeddedBroker
 from ftd.bus.mqtt import MqttBus
 from ftd.client import Client
-from ftd.config import AgentConfig, ApiConfig, Config, CoordinatorConfig, PolicyConfig
+from ftd.config import AgentConfig, ApiConfig, Config, CoordinatorConfig, NvmlConfig, PolicyConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.app import Coordinator, coordinator_will
 from ftd.coordinator.ledger import Ledger
@@ -190,6 +190,7 @@ class SimCluster:
                 kmsg_path=str(self.kmsg_path(node)),
                 state_dir=str(self.workdir / node / "state"),
                 socket_path=self.socket_path(node),
+                nvml=NvmlConfig(enabled=False),  # simulated nodes have no GPUs to watch
             )
             will, birth = status_messages(node)
             agent = Agent(cfg, bus=self._bus(f"ftd-agent-{node}", will=will, birth=birth), node=node)
