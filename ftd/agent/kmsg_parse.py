@@ -90,13 +90,12 @@ def normalize_pci(text: str | None) -> str | None:
 # --- prefixes -----------------------------------------------------------------------------------
 
 _RAW_RE = re.compile(r"(\d{1,3}),(\d+),(\d+),[^;]*;")
+_ISO_TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"  # dmesg/journal ISO time
 _SYSLOG_RE = re.compile(
-    r"([A-Z][a-z]{2} [ \d]?\d \d\d:\d\d:\d\d(?:\.\d+)?"
-    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
-    r" \S+ kernel(?:\[\d+\])?: ?"
+    r"([A-Z][a-z]{2} [ \d]?\d \d\d:\d\d:\d\d(?:\.\d+)?|" + _ISO_TS + r") \S+ kernel(?:\[\d+\])?: ?"
 )
 _LEVEL_RE = re.compile(r"[a-z]{2,8} *:[a-z]{3,6} *: ?")
-_ISO_RE = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)\s+")
+_ISO_RE = re.compile("(" + _ISO_TS + r")\s+")
 _MONO_RE = re.compile(r"\[ *(\d+\.\d+)\] ?")
 _CTIME_RE = re.compile(r"\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?")
 _CALLER_RE = re.compile(r"\[ *[TC]\d+\] ?")

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,26 +22,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 def directive(id: str, action: str = "save", job: str | None = "j1", **kw: object) -> Directive:
     return Directive(id=id, ts=time.time(), action=action, job=job, **kw)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="ftd", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def rec() -> Recorder:
-    return Recorder()
-
-
-@pytest.fixture
-async def api(sockdir: str, rec: Recorder) -> AsyncIterator[LocalApi]:
-    server = LocalApi(os.path.join(sockdir, "a.sock"), "node1", rec.on_presence, rec.on_ack)
-    await server.start()
-    yield server
-    await server.stop()
 
 
 @pytest.fixture

@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import socket
 import stat
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -18,26 +15,6 @@ import pytest
 from ftd.agent.local_api import MAX_LINE, LocalApi
 from ftd.events import Directive
 from tests.unit.helpers import Recorder, until
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="ftd", dir="/tmp")  # unix socket paths must stay short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def rec() -> Recorder:
-    return Recorder()
-
-
-@pytest.fixture
-async def api(sockdir: str, rec: Recorder) -> AsyncIterator[LocalApi]:
-    server = LocalApi(os.path.join(sockdir, "run", "a.sock"), "node1", rec.on_presence, rec.on_ack)
-    await server.start()
-    yield server
-    await server.stop()
 
 
 def exists(path: str) -> bool:
