@@ -12,9 +12,10 @@ import pytest
 
 from ftd.agent.local_api import LocalApi
 from ftd.client import DEADLINE_REASON, Client
-from tests.unit.test_client import Recorder, api, clients, connected, directive, rec, sockdir, until
+from tests.unit.helpers import Recorder, until
+from tests.unit.test_client import clients, connected, directive
 
-__all__ = ["api", "clients", "rec", "sockdir"]  # fixtures, imported for pytest
+__all__ = ["clients"]  # a fixture, imported for pytest (api, rec, sockdir come from conftest.py)
 
 
 def offline(tmp_path: Path, **kw: object) -> Client:
