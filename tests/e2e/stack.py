@@ -125,6 +125,9 @@ reconnect_max_s = 1.0
 [agent]
 node = "node-1"
 kmsg_path = "{kmsg}"
+# The file starts empty: read it from the start, or lines written right after the agent starts could
+# land before the watcher opens it (a first start otherwise begins at the end: only new records).
+kmsg_from_start = true
 state_dir = "{tmp_path / "agent-state"}"
 socket_path = "{socket_path}"
 
