@@ -25,7 +25,7 @@ Why it looks like this:
   ``should_save()``/``should_stop()`` are simply False.
 - **Cheap per step**: :meth:`Client.heartbeat`, :meth:`Client.should_save` and
   :meth:`Client.should_stop` only read or write attributes (well under a microsecond each; see
-  ``ftd.client.bench``). The I/O thread sends at most one heartbeat per ``heartbeat_interval``
+  ``ftd.bench.client``). The I/O thread sends at most one heartbeat per ``heartbeat_interval``
   (0.2 s), and only if ``heartbeat()`` was called since the previous one, so a hung training loop
   goes silent at the agent, which is how hangs are detected.
 

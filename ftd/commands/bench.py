@@ -13,8 +13,8 @@ from typing import Any
 # name -> (module, function, keyword arguments from the command line, target text)
 BENCHES: dict[str, tuple[str, str, str]] = {
     "e2e": ("ftd.bench.e2e", "bench_e2e", "p50 <= 5 ms, p99 <= 25 ms"),
-    "kmsg": ("ftd.agent.kmsg_bench", "bench_kmsg", ">= 300,000 lines/s on one core"),
-    "client": ("ftd.client.bench", "bench_client", "<= 20 us per step"),
+    "kmsg": ("ftd.bench.kmsg", "bench_kmsg", ">= 300,000 lines/s on one core"),
+    "client": ("ftd.bench.client", "bench_client", "<= 20 us per step"),
     "storm": ("ftd.bench.storm", "bench_storm", "<= 50 bus messages for 500,000 lines, counts exact"),
     "agent": ("ftd.bench.agent", "bench_agent", "<= 1% of a core, <= 60 MB RSS"),
     "coordinator": ("ftd.bench.coordinator", "bench_coordinator", ">= 5,000 events/s, p99 <= 250 ms, 0 lost"),

@@ -279,7 +279,7 @@ def test_import_is_stdlib_only() -> None:
 
 
 def test_bench_client_reports_cost_well_under_budget() -> None:
-    from ftd.client.bench import bench_client
+    from ftd.bench.client import bench_client
 
     result = bench_client(steps=20_000, latency_samples=10)
     assert result["us_per_step"] < 20.0  # the budget; measured values are ~0.2 µs

@@ -55,6 +55,28 @@ def test_rules_do_no_io() -> None:
         assert not bad, f"{path.name} imports {sorted(bad)}: rules are pure, I/O belongs to executors"
 
 
+# The framework adapters may import the framework they adapt, and nothing else outside the stdlib.
+_CLIENT_FRAMEWORKS = {
+    "torch.py": {"torch"},
+    "lightning.py": {"lightning", "pytorch_lightning", "torch"},
+    "hf.py": {"transformers", "torch"},
+}
+
+
+def test_client_package_imports_only_the_standard_library_and_itself() -> None:
+    """Static check over every file of ``ftd/client`` (lazy imports inside functions included)."""
+    for path in sorted((PACKAGE / "client").rglob("*.py")):
+        allowed = _CLIENT_FRAMEWORKS.get(path.name, set())
+        bad = sorted(
+            name
+            for name in imports_of(path)
+            if not (name == "ftd.client" or name.startswith("ftd.client."))
+            and (root := name.split(".")[0]) not in sys.stdlib_module_names
+            and root not in allowed
+        )
+        assert not bad, f"{path.relative_to(PACKAGE.parent)} imports {bad}: the trainer client is stdlib only"
+
+
 def test_trainer_client_imports_only_the_standard_library() -> None:
     code = (
         "import sys, ftd.client; "

@@ -1,4 +1,4 @@
-"""Per-step cost of the trainer client, and directive delivery latency through a real local API.
+"""``ftd bench client``: the trainer client's per-step cost, and directive latency through a local API.
 
 Why: the client runs inside every training step, so its cost must stay negligible (target:
 ``heartbeat(step)`` + ``should_save()`` + ``should_stop()`` <= 20 µs per step with nothing pending;

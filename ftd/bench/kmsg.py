@@ -1,10 +1,10 @@
-"""Parser throughput benchmark (DESIGN §10 ``kmsg``: >= 300k lines/s on one core).
+"""``ftd bench kmsg``: kernel-log parser throughput (DESIGN §10: >= 300k lines/s on one core).
 
 The input is a generated, realistic mix: 99% ordinary kernel noise in every prefix shape the parser
 accepts (dmesg, raw /dev/kmsg, syslog, journal, ISO) and 1% lines that are events (Xid, SXid,
 AER, OOM, hung task, link down). Noise deliberately includes near-misses ("NVRM: loading
 driver", "Link is Up", "AER: enabled") that pass the substring pre-filter, so the bench measures
-the slow path too. The lead wires this into ``ftd bench kmsg``.
+the slow path too.
 """
 
 from __future__ import annotations
