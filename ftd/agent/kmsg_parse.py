@@ -45,8 +45,9 @@ import msgspec
 
 from ftd.catalog import XidCatalog, load_xid_catalog
 from ftd.events import Kind
+from ftd.pci import normalize_pci
 
-__all__ = ["KernelEvent", "KmsgParser", "normalize_pci", "parse_lines", "strip_prefix"]
+__all__ = ["KernelEvent", "KmsgParser", "parse_lines", "strip_prefix"]
 
 
 class KernelEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,26 +66,6 @@ class KernelEvent(msgspec.Struct, frozen=True, kw_only=True):
     seq: int | None = None  # /dev/kmsg sequence number
     uuid: str | None = None
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-# --- PCI addresses ------------------------------------------------------------------------------
-
-_PCI_RE = re.compile(r"(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?")
-
-
-def normalize_pci(text: str | None) -> str | None:
-    """``0000:3B:00`` -> ``0000:3b:00.0``; ``3b:00.0`` -> ``0000:3b:00.0``; junk -> ``None``."""
-    if not text:
-        return None
-    text = text.strip()
-    if text[:4].upper() == "PCI:":
-        text = text[4:]
-    match = _PCI_RE.fullmatch(text)
-    if match is None:
-        return None
-    domain, bus, dev, fn = match.groups()
-    domain = (domain or "").lower().lstrip("0").rjust(4, "0")  # nvidia-smi prints 8 digits
-    return f"{domain}:{bus.lower()}:{dev.lower()}.{fn or '0'}"
 
 
 # --- prefixes -----------------------------------------------------------------------------------

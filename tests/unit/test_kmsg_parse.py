@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftd.agent.kmsg_parse import KernelEvent, KmsgParser, normalize_pci, parse_lines, strip_prefix
+from ftd.agent.kmsg_parse import KernelEvent, KmsgParser, parse_lines, strip_prefix
 from ftd.events import Kind
 
 
@@ -298,42 +298,6 @@ def test_flush_forgets_a_partial_banner() -> None:
     assert parser.flush() == []
     event = parser.feed("NVRM: GPU 0000:09:00.0: GPU has fallen off the bus.", 2)[0]
     assert (event.line, event.pci) == (2, "0000:09:00.0")
-
-
-# --- PCI normalisation --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("raw", "norm"),
-    [
-        ("0000:3b:00", "0000:3b:00.0"),
-        ("3b:00.0", "0000:3b:00.0"),
-        ("PCI:0000:3B:00.1", "0000:3b:00.1"),
-        ("00000000:3B:00.0", "0000:3b:00.0"),
-        ("10000:01:00.0", "10000:01:00.0"),
-        ("zz:00.0", None),
-        ("", None),
-        (None, None),
-    ],
-)
-def test_normalize_pci(raw: str | None, norm: str | None) -> None:
-    assert normalize_pci(raw) == norm
-
-
-hexd = st.text(alphabet="0123456789abcdefABCDEF", min_size=1, max_size=1)
-
-
-@given(
-    domain=st.integers(0, 0xFFFF), bus=st.integers(0, 255), dev=st.integers(0, 31), fn=st.integers(0, 7),
-    upper=st.booleans(), with_domain=st.booleans(), with_fn=st.booleans(),
-)  # fmt: skip
-def test_pci_round_trip(
-    domain: int, bus: int, dev: int, fn: int, upper: bool, with_domain: bool, with_fn: bool
-) -> None:
-    canonical = f"{domain if with_domain else 0:04x}:{bus:02x}:{dev:02x}.{fn if with_fn else 0}"
-    text = (f"{domain:04x}:" if with_domain else "") + f"{bus:02x}:{dev:02x}" + (f".{fn}" if with_fn else "")
-    assert normalize_pci(text.upper() if upper else text) == canonical
-    assert normalize_pci(canonical) == canonical
 
 
 # --- robustness ---------------------------------------------------------------------------------

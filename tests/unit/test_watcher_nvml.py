@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 import structlog.testing
 
-from ftd.agent.watchers.nvml import NvmlWatcher, RealNvml, normalize_pci, sample_gpu
+from ftd.agent.watchers.nvml import NvmlWatcher, RealNvml, sample_gpu
 from ftd.agent.watchers.nvml_fake import FakeNvml
 from ftd.config import NvmlConfig
 from ftd.events import Event, Kind, Severity
@@ -39,11 +39,6 @@ def make(fake: FakeNvml, **cfg: object) -> tuple[NvmlWatcher, Collect]:
 async def init(watcher: NvmlWatcher) -> None:
     watcher.backend.init()
     watcher.available = True
-
-
-def test_normalize_pci() -> None:
-    assert normalize_pci("00000000:3B:00.0") == "0000:3b:00.0"
-    assert normalize_pci(b"00000001:C1:00.0") == "0001:c1:00.0"
 
 
 async def test_counters_rising_one_event_per_increase() -> None:

@@ -57,6 +57,7 @@ from ftd.agent.watchers.base import Emit
 from ftd.catalog import load_xid_catalog
 from ftd.config import NvmlConfig
 from ftd.events import Event, Kind, Severity, make_event
+from ftd.pci import normalize_pci
 
 __all__ = [
     "THROTTLE_ALERT_REASONS",
@@ -71,7 +72,6 @@ __all__ = [
     "RealNvml",
     "RemapInfo",
     "XidRecord",
-    "normalize_pci",
     "sample_gpu",
 ]
 
@@ -186,19 +186,6 @@ class NvmlBackend(Protocol):
     def xid_events_stop(self) -> None: ...
 
 
-def normalize_pci(bus_id: str | bytes) -> str:
-    """NVML's ``00000000:3B:00.0`` -> ``0000:3b:00.0`` (the kernel's form, used everywhere in ftd)."""
-    text = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
-    text = text.strip().lower()
-    domain, sep, rest = text.partition(":")
-    if not sep:
-        return text
-    try:
-        return f"{int(domain, 16):04x}:{rest}"
-    except ValueError:
-        return text
-
-
 # --- pynvml --------------------------------------------------------------------------------------
 
 
@@ -257,7 +244,8 @@ class RealNvml:
         self._handles[index] = handle
         uuid = _text(self._call(nv.nvmlDeviceGetUUID, handle))
         pci_info = self._call(nv.nvmlDeviceGetPciInfo, handle)
-        pci = normalize_pci(_text(pci_info.busId))
+        bus_id = _text(pci_info.busId)
+        pci = normalize_pci(bus_id) or bus_id.strip().lower()
         name = _text(self._call(nv.nvmlDeviceGetName, handle))
         return GpuIdentity(index=index, uuid=uuid, pci=pci, name=name)
 
