@@ -25,11 +25,12 @@ from types import ModuleType
 
 import pluggy
 
-from ftd.coordinator import hookspecs
-from ftd.coordinator.model import ActionKind, ActionRequest
 from ftd.coordinator.plugins import evaluate
-from ftd.coordinator.state import ClusterState, ClusterView
+from ftd.coordinator.state import ClusterState
 from ftd.events import Event, JobPresence, Kind, RankInfo, Severity, make_event
+from ftd.plugin import hookspecs
+from ftd.plugin.actions import ActionKind, ActionRequest
+from ftd.plugin.view import ClusterView
 
 __all__ = [
     "ActionKind",

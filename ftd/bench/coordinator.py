@@ -21,7 +21,7 @@ events/s, so ``e2e`` shows the latency at that load (``ftd bench coordinator`` u
 
 Measured: ``events_per_s`` = unique events recorded in the ledger / time from the coordinator's first
 to its last recorded event (sustained rate at the coordinator); ``decision_p99_ms`` = p99 of
-``Engine.decision_latencies`` (receipt by the engine -> verdict recorded); ``e2e_p99_ms`` = p99 of
+the engine's ``decision`` notifications (receipt by the engine -> verdict recorded); ``e2e_p99_ms`` = p99 of
 event creation in the publisher -> verdict, which adds the broker and queueing; ``lost`` = events
 published with QoS 1 (PUBACKed) - rows in the coordinator's ledger. The bus is QoS 1 end to end and
 the coordinator's session queue in Mosquitto is unbounded here (``max_queued_messages 0``) — with the
@@ -75,7 +75,7 @@ async def main():
         sched.add_node(f"node-{i:05d}")
     bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will())
     coord = Coordinator(config, bus=bus, scheduler=sched)
-    marks = {"first": None, "last": None, "decided": []}
+    marks = {"first": None, "last": None, "decided": [], "decision": []}
     def observe(what, payload):
         if what == "event":
             now = time.perf_counter()
@@ -83,6 +83,8 @@ async def main():
                 marks["first"] = now
             marks["last"] = now
             marks["decided"].append(time.time() - payload.ts)
+        elif what == "decision":
+            marks["decision"].append(payload)
     coord.engine.observe(observe)
     ready = asyncio.Event()
     task = asyncio.create_task(coord.run(ready.set))
@@ -109,7 +111,7 @@ async def main():
         "counters": coord.summary(),
         "rows": rows,
         "actions": actions,
-        "decision": coord.engine.decision_latencies,
+        "decision": marks["decision"],
         "e2e": marks["decided"],
         "span_s": (marks["last"] - marks["first"]) if marks["first"] is not None else 0.0,
     }

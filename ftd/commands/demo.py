@@ -74,8 +74,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str, Any]:
-    from ftd.coordinator.model import ActionRecord, ActionState
     from ftd.events import Event
+    from ftd.plugin.actions import ActionRecord, ActionState
     from ftd.sim.cluster import SimCluster
 
     out = out or sys.stdout

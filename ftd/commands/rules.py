@@ -10,11 +10,13 @@ table per rule and action kind. ``--json`` prints one JSON object instead (``eve
 ``actions``, ``summary``, ``bad_lines``, ``duplicates``, ``rule_errors``). Nothing is executed and
 nothing is published.
 
-Simulation: the clock is the events' timestamps (never the wall clock), so cooldowns, rate limits
-and declarative windows behave as they would have. An allowed action is taken to run for
-``--action-s`` seconds (default 60), then finish: until then dedupe holds its key, afterwards the
-cooldown starts. An allowed ``drain_node`` marks its node drained at once (it counts against the
-blast-radius budgets from then on); ``resume_node`` undoes that. Held actions are never approved.
+Simulation: the events run through the coordinator's own engine (:mod:`ftd.coordinator.replay`: the
+same dedupe, rules, policy gate and ledger code) on a clock that is the events' timestamps (never
+the wall clock), so cooldowns, rate limits and declarative windows behave as they would have. An
+allowed action is taken to run for ``--action-s`` seconds (default 60), then finish: until then
+dedupe holds its key, afterwards the cooldown starts. An allowed ``drain_node`` marks its node
+drained at once (it counts against the blast-radius budgets from then on); ``resume_node`` undoes
+that. Held actions are never approved.
 
 The cluster view is rebuilt from the events themselves, so it is approximate: every node that sends
 an event is known and online, ``node_offline`` takes it offline until its next event; a rank is
@@ -30,8 +32,7 @@ incidents before they enable it.
 from __future__ import annotations
 
 import argparse
-import heapq
-import itertools
+import asyncio
 import json
 import os
 import sys
@@ -43,7 +44,6 @@ from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ftd.config import CoordinatorConfig
-    from ftd.coordinator.model import ActionRecord
     from ftd.events import Event
 
 VERDICTS = ("allowed", "suppressed", "dry_run", "awaiting_approval")
@@ -126,16 +126,11 @@ class Report:
         ]
 
 
-class SimClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Replay:
-    """Feeds events through plugins and gate with a simulated clock; executes nothing."""
+    """Feeds recorded events through the coordinator's own engine in a :class:`Sandbox`.
+
+    Adds only what a recording lacks: the cluster view (nodes online, where ranks run) is inferred
+    from the events (see the module docstring) before each is handed to the engine."""
 
     def __init__(
         self,
@@ -146,25 +141,15 @@ class Replay:
         entry_points: bool = True,
         extra: tuple[object, ...] = (),
     ) -> None:
-        from ftd.coordinator.plugins import make_plugin_manager
-        from ftd.coordinator.policy import PolicyGate
-        from ftd.coordinator.state import ClusterState
+        from ftd.coordinator.replay import Sandbox
 
-        self.clock = SimClock()
-        self.state = ClusterState()
-        self.plugins = make_plugin_manager(
-            disabled=cfg.disabled_rules,
-            rule_dirs=cfg.rule_dirs,
-            rules_file=cfg.rules_file,
-            entry_points=entry_points,
-            extra=extra,
-        )
-        self.gate = PolicyGate.from_config(cfg, clock=self.clock)
-        self.action_s = action_s
+        self.sandbox = Sandbox(cfg, action_s=action_s, entry_points=entry_points, extra=extra)
+        self.state = self.sandbox.state
+        self.engine = self.sandbox.engine
         self.report = Report()
-        self._seen: set[str] = set()
-        self._running: list[tuple[float, int, ActionRecord]] = []
-        self._seq = itertools.count()
+        self._current: Event | None = None
+        self._outcomes: dict[str, Outcome] = {}
+        self.engine.observe(self._observe)
         for job, nodes in (jobs or {}).items():
             for rank, node in enumerate(nodes):
                 self._place(job, node, rank)
@@ -180,23 +165,36 @@ class Replay:
         self.state.apply_presence(node, job, JobPresence(job=job, node=node, ranks=ranks))
         self.state.nodes[node].online = True
 
-    def _finish_due(self) -> None:
-        while self._running and self._running[0][0] <= self.clock.now:
-            _, _, record = heapq.heappop(self._running)
-            self.gate.finished(record)
+    def _observe(self, what: str, payload: Any) -> None:
+        from ftd.plugin.actions import ActionState
 
-    def feed(self, event: Event) -> list[Outcome]:
-        from ftd.coordinator.model import ActionKind, ActionRecord, ActionState
-        from ftd.coordinator.plugins import evaluate
+        event = self._current
+        if event is None:
+            return
+        if what == "rule_error":
+            _, rule, error = payload
+            self.report.rule_errors.append({"event_id": event.id, "rule": rule, "error": error})
+        elif what == "action" and payload.id not in self._outcomes:
+            request = payload.request
+            code = event.data.get("code")
+            outcome = Outcome(
+                ts=event.ts,
+                event_id=event.id,
+                event=f"{event.node} {event.kind}" + (f"({code})" if isinstance(code, int) else ""),
+                rule=request.rule,
+                kind=str(request.kind),
+                target=request.target,
+                verdict="allowed" if payload.state == ActionState.PENDING else str(payload.state),
+                policy=str(payload.detail.get("policy", "")),
+                reason=request.reason,
+            )
+            self._outcomes[payload.id] = outcome
+            self.report.outcomes.append(outcome)
+
+    async def feed(self, event: Event) -> None:
         from ftd.events import Kind
 
-        if event.id in self._seen:
-            self.report.duplicates += 1
-            return []
-        self._seen.add(event.id)
-        self.report.events += 1
-        self.clock.now = max(self.clock.now, event.ts)
-        self._finish_due()
+        await self.sandbox.clock.advance(event.ts)
         node = self.state._node(event.node)
         node.online = event.kind != Kind.NODE_OFFLINE
         job, rank = event.data.get("job"), event.data.get("rank")
@@ -207,41 +205,17 @@ class Replay:
                 if isinstance(j, str) and event.node not in self.state.job_nodes(j):
                     self._place(j, event.node, -1 - len(self.state.job_nodes(j)))
             node.online = False
-        result = evaluate(self.plugins, event, self.state, slow_s=float("inf"))
-        self.state.apply_event(event)
-        for rule, error in result.errors:
-            self.report.rule_errors.append({"event_id": event.id, "rule": rule, "error": error})
-        code = event.data.get("code")
-        what = f"{event.node} {event.kind}" + (f"({code})" if isinstance(code, int) else "")
-        out: list[Outcome] = []
-        for request in result.requests:
-            verdict = self.gate.decide(request, self.state)
-            record = ActionRecord(id=f"sim-{next(self._seq)}", request=request, state=verdict.state)
-            if verdict.allowed:
-                self.gate.started(record)
-                heapq.heappush(self._running, (self.clock.now + self.action_s, next(self._seq), record))
-                if request.kind == ActionKind.DRAIN_NODE:
-                    self.state.mark_drained(request.target, request.reason)
-                elif request.kind == ActionKind.RESUME_NODE:
-                    self.state.mark_drained(request.target, "", drained=False)
-            elif verdict.state == ActionState.AWAITING_APPROVAL:
-                self.gate.hold(record)
-            label = "allowed" if verdict.allowed else str(verdict.state)
-            out.append(
-                Outcome(
-                    ts=event.ts,
-                    event_id=event.id,
-                    event=what,
-                    rule=request.rule,
-                    kind=str(request.kind),
-                    target=request.target,
-                    verdict=label,
-                    policy=verdict.reason,
-                    reason=request.reason,
-                )
-            )
-        self.report.outcomes.extend(out)
-        return out
+        self._current = event
+        try:
+            self.engine.handle_event(event)
+        finally:
+            self._current = None
+        await self.sandbox.settle()
+        self.report.events = self.engine.counters["events"]
+        self.report.duplicates = self.engine.counters["duplicates"]
+
+    async def close(self) -> None:
+        await self.engine.close()
 
 
 # --- input and output ------------------------------------------------------------------------------
@@ -349,6 +323,14 @@ def _parse_jobs(specs: list[str]) -> dict[str, list[str]]:
     return jobs
 
 
+async def _replay_all(replay: Replay, events: Iterator[Event]) -> None:
+    try:
+        for event in events:
+            await replay.feed(event)
+    finally:
+        await replay.close()
+
+
 def run_test(args: argparse.Namespace) -> int:
     from ftd.config import Config, ConfigError, load_config
     from ftd.coordinator.plugins import PluginError
@@ -374,8 +356,7 @@ def run_test(args: argparse.Namespace) -> int:
         return 2
     progress = Progress(total)
     try:
-        for event in read_events(stream, replay.report, progress):
-            replay.feed(event)
+        asyncio.run(_replay_all(replay, read_events(stream, replay.report, progress)))
     finally:
         progress.close()
         if stream is not sys.stdin.buffer:

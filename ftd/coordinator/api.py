@@ -41,9 +41,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ftd import __version__
 from ftd.config import ApiConfig, read_secret_file
-from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.events import Event
 from ftd.logs import get_logger
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
 if TYPE_CHECKING:
     from ftd.coordinator.app import Coordinator
@@ -456,13 +456,15 @@ class Api:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=self.registry,
         )
-        self._latencies_seen = 0
         self._last_state: dict[str, str] = {}
         coordinator.engine.observe(self._observe)
         self.app = self._build()
         self._runner: web.AppRunner | None = None
 
     def _observe(self, what: str, payload: Any) -> None:
+        if what == "decision":
+            self.decision_latency.observe(payload)
+            return
         if what != "action" or not isinstance(payload, ActionRecord):
             return
         state = str(payload.state)
@@ -554,12 +556,6 @@ class Api:
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
-        latencies = self.coordinator.engine.decision_latencies
-        if self._latencies_seen > len(latencies):  # someone cleared the list
-            self._latencies_seen = 0
-        for value in latencies[self._latencies_seen :]:
-            self.decision_latency.observe(value)
-        self._latencies_seen = len(latencies)
         return web.Response(
             body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )

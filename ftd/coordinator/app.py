@@ -19,11 +19,11 @@ from ftd.bus import topics
 from ftd.bus.base import Bus, BusUnavailable, LastWill, Message
 from ftd.config import Config
 from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions import ExecutorContext, build_executors
+from ftd.coordinator.actions import BuiltinExecutors, ExecutorContext
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.engine import Engine
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.plugins import PluginError, make_plugin_manager
+from ftd.coordinator.plugins import collect_executors, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
 from ftd.events import (
@@ -93,22 +93,18 @@ class Coordinator:
         self.acks = AckBook()
         self.ledger = ledger or Ledger(cfg.ledger_path)
         self.bad_messages = 0
-        plugins = make_plugin_manager(
-            disabled=cfg.disabled_rules,
-            extra=extra_plugins,
-            rule_dirs=cfg.rule_dirs,
-            rules_file=cfg.rules_file,
-        )
-        executors = build_executors(
+        builtin = BuiltinExecutors(
             ExecutorContext(
                 config=config, state=self.state, acks=self.acks, publish=self._publish, scheduler=scheduler
             )
         )
-        for offered in plugins.hook.ftd_register_actions():
-            for kind, executor in dict(offered or {}).items():
-                if kind in executors:
-                    raise PluginError(f"two executors for action kind {kind!r}")
-                executors[kind] = executor
+        plugins = make_plugin_manager(
+            disabled=cfg.disabled_rules,
+            extra=(builtin, *extra_plugins),
+            rule_dirs=cfg.rule_dirs,
+            rules_file=cfg.rules_file,
+        )
+        executors = collect_executors(plugins)
         gate = PolicyGate.from_config(cfg)
         self.engine = Engine(
             state=self.state, ledger=self.ledger, gate=gate, plugins=plugins, executors=executors

@@ -49,14 +49,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionKind, ActionRequest
-from ftd.coordinator.state import ClusterView
 from ftd.events import Event, Kind, Severity
+from ftd.plugin.actions import ActionKind, ActionRequest
+from ftd.plugin.hookspecs import hookimpl
+from ftd.plugin.view import ClusterView
 
 PERS = ("node", "gpu", "job")
 TARGETS = ("node", "job")
-JOB_ACTIONS = frozenset({ActionKind.CHECKPOINT_RESTART, ActionKind.CHECKPOINT})
 _RULE_KEYS = frozenset(
     {"name", "match", "count", "window_s", "per", "action", "params", "reason", "target", "exclude_node"}
 )
@@ -350,7 +349,9 @@ def _parse_rule(index: int, entry: Any, seen: set[str], problems: list[str]) -> 
     if not isinstance(reason, str):
         bad("reason", "must be a string")
         reason = ""
-    target = entry.get("target", "job" if action in JOB_ACTIONS else "node")
+    target = entry.get(
+        "target", "job" if isinstance(action, str) and ActionKind.kind_targets_job(action) else "node"
+    )
     if target not in TARGETS:
         bad("target", f"must be one of {', '.join(TARGETS)}, got {target!r}")
     if per == "job" and target == "node" and "target" in entry:

@@ -5,7 +5,16 @@ proposed action through the policy gate; record the verdict in the ledger *befor
 then run allowed actions concurrently, each with its executor, and record how they ended. Nothing
 here does I/O of its own except through the ledger and the executors it was given.
 
-Observers (the demo's timeline, metrics, the API's live view) subscribe with :meth:`Engine.observe`.
+Observers (the demo's timeline, metrics, the API's live view, ``ftd rules test``) subscribe with
+:meth:`Engine.observe` and receive ``(what, payload)``: ``("event", Event)`` for each new event,
+``("action", ActionRecord)`` for each decision and state change, ``("decision", seconds)`` once per
+event (receipt -> verdicts; the API feeds a bounded Prometheus histogram, a bench keeps its own
+samples: the engine keeps none) and ``("rule_error", (event, rule, error))``.
+
+One engine everywhere: the live coordinator, ``ftd rules test`` and the goodput simulator all run
+this class. Time is the policy gate's clock (``PolicyGate(clock=...)``): the wall clock live, the
+events' own timestamps in a replay; the ledger (SQLite, ``:memory:`` for a replay) takes the same
+clock, and the executors are whatever the caller registered (simulated ones in a replay).
 
 After the rules have decided on an event it is folded into the cluster history
 (:meth:`ClusterState.apply_event`), so rules see the past, not the event itself, in
@@ -31,14 +40,14 @@ from typing import Any
 
 import pluggy
 
-from ftd.coordinator.hookspecs import Executor
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
 from ftd.coordinator.plugins import call_each, evaluate
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
 from ftd.events import Event, new_id
 from ftd.logs import get_logger
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
+from ftd.plugin.hookspecs import Executor
 
 log = get_logger(__name__)
 
@@ -54,8 +63,10 @@ class Engine:
         gate: PolicyGate,
         plugins: pluggy.PluginManager,
         executors: Mapping[str, Executor],
+        slow_rule_s: float = 0.05,
     ) -> None:
         self.state = state
+        self.slow_rule_s = slow_rule_s  # a rule slower than this on one event is logged
         self.ledger = ledger
         self.gate = gate
         self.plugins = plugins
@@ -71,9 +82,9 @@ class Engine:
             "actions_awaiting_approval": 0,
             "hook_errors": 0,
         }
-        self.decision_latencies: list[float] = []  # seconds from receipt to verdict, for benchmarks
+        self.clock = gate.clock
         self.gate.restore(ledger.unfinished())
-        recent = ledger.recent(time.time() - max(gate.cooldown_s, self.AWAITING_LOOKBACK_S))
+        recent = ledger.recent(self.clock() - max(gate.cooldown_s, self.AWAITING_LOOKBACK_S))
         self.gate.restore(r for r in recent if r.state != ActionState.AWAITING_APPROVAL)
         self.awaiting: dict[str, ActionRecord] = {
             r.id: r for r in recent if r.state == ActionState.AWAITING_APPROVAL
@@ -105,15 +116,16 @@ class Engine:
             return []
         self.counters["events"] += 1
         self._notify("event", event)
-        result = evaluate(self.plugins, event, self.state)
+        result = evaluate(self.plugins, event, self.state, slow_s=self.slow_rule_s)
         self.state.apply_event(event)
         for rule, error in result.errors:
             self.counters["rule_errors"] += 1
-            log.error("rule failed; other rules still decide", rule=rule, event_id=event.id, error=error)
+            log.error("rule_failed", rule=rule, event_id=event.id, error=error)
+            self._notify("rule_error", (event, rule, error))
         for rule, seconds in result.slow:
-            log.warning("slow rule", rule=rule, seconds=round(seconds, 4), event_id=event.id)
+            log.warning("slow_rule", rule=rule, seconds=round(seconds, 4), event_id=event.id)
         records = [self.submit(request) for request in result.requests]
-        self.decision_latencies.append(time.perf_counter() - received)
+        self._notify("decision", time.perf_counter() - received)
         return records
 
     # --- actions -----------------------------------------------------------------------------

@@ -12,14 +12,14 @@ import contextlib
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import msgspec
 
-from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
 from ftd.events import Event
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -41,8 +41,11 @@ _event_decoder = msgspec.json.Decoder(Event)
 
 
 class Ledger:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
+        """``path`` is a file, or ``":memory:"`` for a ledger that lives as long as the object (replays,
+        the simulator); ``clock`` stamps receipts and action times (a simulated one in a replay)."""
         self.path = str(path)
+        self.clock = clock
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -83,7 +86,7 @@ class Ledger:
                 str(event.kind),
                 str(event.severity),
                 msgspec.json.encode(event).decode(),
-                time.time(),
+                self.clock(),
             ),
         )
         return cursor.rowcount == 1
@@ -103,7 +106,7 @@ class Ledger:
     # --- actions -----------------------------------------------------------------------------
 
     def save_action(self, record: ActionRecord) -> None:
-        now = time.time()
+        now = self.clock()
         record.created = record.created or now
         record.updated = now
         req = record.request

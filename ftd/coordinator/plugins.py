@@ -1,6 +1,6 @@
 """Loading rule plugins and calling them one at a time.
 
-Sources, in order (see :mod:`ftd.coordinator.hookspecs`): the built-in rules (``ftd.rules.*``), every
+Sources, in order (see :mod:`ftd.plugin.hookspecs`): the built-in rules (:data:`DEFAULT_RULES`), every
 module on the ``ftd`` entry-point group, every ``*.py`` file in ``rule_dirs`` (sorted by name; files
 starting with ``_`` or ``.`` are skipped, the name without ``.py`` is the plugin name), the declarative
 rules of ``rules_file`` (plugin name ``toml:<rule name>``), then ``extra`` objects (tests, embedding).
@@ -14,11 +14,12 @@ cannot silence the rest; its failure is returned to the caller to be logged and 
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -26,15 +27,32 @@ from typing import Any, cast
 
 import pluggy
 
-from ftd.coordinator import hookspecs
-from ftd.coordinator.model import ActionRequest
-from ftd.coordinator.state import ClusterView
 from ftd.events import Event
-from ftd.rules import BUILTIN_RULES
+from ftd.plugin import hookspecs
+from ftd.plugin.actions import ActionRequest
+from ftd.plugin.hookspecs import Executor
+from ftd.plugin.view import ClusterView
+
+#: The built-in rules, by module name (pytest's ``default_plugins`` style): the coordinator does not
+#: import ``ftd.rules`` statically, so the rules depend on the contract and never the reverse.
+DEFAULT_RULES = (
+    "ftd.rules.xid_catalog",
+    "ftd.rules.ecc_remap",
+    "ftd.rules.repeat_offender",
+    "ftd.rules.fs_fill",
+    "ftd.rules.hang",
+    "ftd.rules.node_death",
+    "ftd.rules.straggler",
+)
 
 
 class PluginError(RuntimeError):
     pass
+
+
+def default_rule_name(module: str) -> str:
+    """The plugin name of a built-in rule: its module's last component (``xid_catalog``)."""
+    return module.rsplit(".", 1)[-1]
 
 
 @dataclass
@@ -93,10 +111,10 @@ def make_plugin_manager(
     for name in disabled:
         pm.set_blocked(name)
     if builtins:
-        for module in BUILTIN_RULES():
-            name = module.__name__.rsplit(".", 1)[-1]
+        for module in DEFAULT_RULES:
+            name = default_rule_name(module)
             if not pm.is_blocked(name):
-                pm.register(module, name=name)
+                pm.register(importlib.import_module(module), name=name)
     if entry_points:
         pm.load_setuptools_entrypoints(hookspecs.PROJECT)
     for path in rule_files(rule_dirs):
@@ -116,7 +134,8 @@ def make_plugin_manager(
             if not pm.is_blocked(rule.plugin_name) and not pm.is_blocked(rule.name):
                 pm.register(rule, name=rule.plugin_name)
     for plugin in extra:
-        pm.register(plugin)
+        given = getattr(plugin, "plugin_name", None)
+        pm.register(plugin, name=given if isinstance(given, str) else None)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
@@ -170,3 +189,21 @@ def evaluate(pm: pluggy.PluginManager, event: Event, view: ClusterView, slow_s: 
                 )
             )
     return result
+
+
+def collect_executors(pm: pluggy.PluginManager) -> dict[str, Executor]:
+    """Every plugin's ``ftd_register_actions`` offers, merged; two offers for one kind fail start-up."""
+    executors: dict[str, Executor] = {}
+    owners: dict[str, str] = {}
+    for impl in pm.hook.ftd_register_actions.get_hookimpls():
+        try:
+            offered = dict(cast(Mapping[str, Executor] | None, impl.function()) or {})
+        except Exception as exc:
+            raise PluginError(f"plugin {impl.plugin_name!r}: ftd_register_actions failed: {exc}") from exc
+        for kind, executor in offered.items():
+            if kind in executors:
+                raise PluginError(
+                    f"two executors for action kind {kind!r}: {owners[kind]!r} and {impl.plugin_name!r}"
+                )
+            executors[kind], owners[kind] = executor, impl.plugin_name
+    return executors

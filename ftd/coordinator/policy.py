@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
 if TYPE_CHECKING:
     from ftd.config import CoordinatorConfig
-    from ftd.coordinator.state import NodeRecord
+    from ftd.plugin.view import NodeRecord
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class PolicyGate:
         self.domain_budgets = tuple(domain_budgets)
         self.node_labels = {node: dict(labels) for node, labels in (node_labels or {}).items()}
         self.approval_required_kinds = frozenset(approval_required_kinds)
-        self._clock = clock
+        self.clock = clock
         self._active: dict[str, str] = {}  # key -> action id (pending, running, awaiting approval)
         self._active_requests: dict[str, ActionRequest] = {}  # key -> its request
         self._finished_at: dict[str, float] = {}  # key -> when the last one finished
@@ -157,7 +157,7 @@ class PolicyGate:
         holder = self._active.get(key)
         if holder is not None and holder != approving:
             return Verdict(ActionState.SUPPRESSED, f"duplicate: {key} already in progress ({holder})")
-        now = self._clock()
+        now = self.clock()
         cooled = request.cooldown_key
         finished = self._finished_at.get(cooled)
         if finished is not None:
@@ -254,7 +254,7 @@ class PolicyGate:
         self._active[record.request.key] = record.id
         self._active_requests[record.request.key] = record.request
         if record.request.kind in self.rate_limits:
-            self._window(record.request.kind, self._clock()).append(self._clock())
+            self._window(record.request.kind, self.clock()).append(self.clock())
 
     def release(self, record: ActionRecord) -> None:
         """A held action was rejected or dropped: free its key without starting a cooldown."""
@@ -265,4 +265,4 @@ class PolicyGate:
 
     def finished(self, record: ActionRecord) -> None:
         self.release(record)
-        self._finished_at[record.request.cooldown_key] = self._clock()
+        self._finished_at[record.request.cooldown_key] = self.clock()

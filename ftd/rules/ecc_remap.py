@@ -21,11 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionKind, ActionRequest
-from ftd.coordinator.state import ClusterView
-from ftd.events import Event, Kind
-from ftd.rules._common import already_judged, drain, gpu_params, jobs_of, number, restart_jobs
+from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, hookimpl
+from ftd.plugin.helpers import already_judged, drain, gpu_params, jobs_of, number, restart_jobs
 
 SRAM_UNCORRECTABLE_LIMIT = 4
 

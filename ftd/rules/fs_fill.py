@@ -17,11 +17,8 @@ The notify names the mount (``data.mount`` or ``data.path``) and the fill (``dat
 
 from __future__ import annotations
 
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionKind, ActionRequest
-from ftd.coordinator.state import ClusterView
-from ftd.events import Event, Kind, Severity
-from ftd.rules._common import jobs_of, notify, number, restart_jobs
+from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, Severity, hookimpl
+from ftd.plugin.helpers import jobs_of, notify, number, restart_jobs
 
 STOP_ETA_S = 600.0
 SAVE_ETA_S = 3600.0

@@ -17,11 +17,8 @@ checkpoint_restart escalates after ``save_deadline_s`` and stops the job anyway.
 
 from __future__ import annotations
 
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionKind, ActionRequest
-from ftd.coordinator.state import ClusterView
-from ftd.events import Event, Kind
-from ftd.rules._common import jobs_of, restart_jobs
+from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, hookimpl
+from ftd.plugin.helpers import jobs_of, restart_jobs
 
 
 @hookimpl

@@ -13,11 +13,8 @@ event                                  actions
 
 from __future__ import annotations
 
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionRequest
-from ftd.coordinator.state import ClusterView
-from ftd.events import Event, Kind
-from ftd.rules._common import jobs_of, restart_jobs
+from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
+from ftd.plugin.helpers import jobs_of, restart_jobs
 
 
 @hookimpl

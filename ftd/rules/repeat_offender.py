@@ -20,11 +20,8 @@ against a clock.
 
 from __future__ import annotations
 
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionRequest
-from ftd.coordinator.state import ClusterView, fault_of
-from ftd.events import Event, Kind, Severity
-from ftd.rules._common import drain, is_follow_on, is_repeat, jobs_of, notify, restart_jobs
+from ftd.plugin import ActionRequest, ClusterView, Event, Kind, Severity, fault_of, hookimpl
+from ftd.plugin.helpers import drain, is_follow_on, is_repeat, jobs_of, notify, restart_jobs
 
 WINDOW_S = 24 * 3600.0
 _IGNORED_BUCKETS = frozenset({"IGNORE"})

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionRequest
-from ftd.coordinator.state import ClusterView
-from ftd.events import Event, Kind
-from ftd.rules._common import notify
+from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
+from ftd.plugin.helpers import notify
 
 
 @hookimpl

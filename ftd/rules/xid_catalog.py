@@ -28,11 +28,8 @@ from __future__ import annotations
 from typing import Any
 
 from ftd.catalog import ACTIONS, load_xid_catalog
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionKind, ActionRequest
-from ftd.coordinator.state import ClusterView
-from ftd.events import Event, Kind
-from ftd.rules._common import already_judged, drain, restart_jobs
+from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, hookimpl
+from ftd.plugin.helpers import already_judged, drain, restart_jobs
 
 _CATALOG = load_xid_catalog()  # loaded when the rule is, not on the first Xid (decision latency)
 

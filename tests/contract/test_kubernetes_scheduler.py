@@ -17,8 +17,8 @@ from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.kubernetes import KubernetesScheduler, reason_slug
 from ftd.coordinator.actions.scheduler import Scheduler, SchedulerError
 from ftd.coordinator.app import make_scheduler
-from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
 from ftd.coordinator.state import ClusterState
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.fakes.kube_api import FakeKubeApi
 
 pytest.importorskip("kubernetes_asyncio")

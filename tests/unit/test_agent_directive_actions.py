@@ -11,9 +11,9 @@ from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions import ExecutorContext, build_executors
 from ftd.coordinator.actions.diagnostics import CollectDiagnostics
 from ftd.coordinator.actions.gpu_reset import GpuReset
-from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.coordinator.state import ClusterState
 from ftd.events import NODE_RANK, Ack, Directive, JobPresence, RankInfo, decode
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
 
 class Agents:

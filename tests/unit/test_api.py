@@ -22,8 +22,8 @@ from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api import ROUTES, Api, openapi_document, resolve_token
 from ftd.coordinator.app import Coordinator
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.model import ActionState
 from ftd.events import JobPresence, Kind, NodeStatus, RankInfo, Severity, make_event
+from ftd.plugin.actions import ActionState
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

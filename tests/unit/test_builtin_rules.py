@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import ftd.rules
+from ftd.coordinator.plugins import DEFAULT_RULES, make_plugin_manager
 from ftd.events import Kind
 from ftd.rules import (
-    BUILTIN_RULES,
     ecc_remap,
     fs_fill,
     hang,
@@ -26,7 +29,10 @@ def kinds(actions: list) -> list[tuple[str, str]]:  # type: ignore[type-arg]
 
 
 def test_every_builtin_is_registered() -> None:
-    names = {m.__name__.rsplit(".", 1)[-1] for m in BUILTIN_RULES()}
+    shipped = {p.stem for p in Path(ftd.rules.__file__).parent.glob("*.py") if not p.name.startswith("_")}
+    assert {name.rsplit(".", 1)[-1] for name in DEFAULT_RULES} == shipped
+    pm = make_plugin_manager(entry_points=False)
+    names = {pm.get_name(plugin) for plugin in pm.get_plugins()}
     assert names == {
         "xid_catalog",
         "ecc_remap",

@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 
 from ftd.coordinator.engine import Engine
-from ftd.coordinator.hookspecs import hookimpl
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.coordinator.plugins import PluginError, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.state import ClusterState, ClusterView
+from ftd.coordinator.state import ClusterState
 from ftd.events import JobPresence, Kind, RankInfo, make_event
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.plugin.hookspecs import hookimpl
+from ftd.plugin.view import ClusterView
 
 
 class Broken:

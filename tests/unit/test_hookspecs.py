@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from ftd.coordinator import hookspecs
 from ftd.coordinator.engine import Engine
-from ftd.coordinator.hookspecs import hookimpl
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.model import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.coordinator.plugins import PluginError, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
 from ftd.events import Kind, make_event
+from ftd.plugin import hookspecs
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.plugin.hookspecs import hookimpl
 
 SPECS = [
     (name, fn)
@@ -45,8 +45,8 @@ def test_every_hookspec_documents_its_sections_in_order(name: str, spec: Any) ->
 
 
 GOOD_RULE = """
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionRequest
+from ftd.plugin.hookspecs import hookimpl
+from ftd.plugin.actions import ActionRequest
 
 @hookimpl
 def ftd_evaluate(event, view):

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from ftd.config import NotifyConfig
 from ftd.coordinator.actions.notify import Notify, NotifyError
-from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
 SECRET = "T0KEN-s3cr3t"
 

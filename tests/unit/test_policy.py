@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftd.coordinator.model import ActionRecord, ActionRequest, ActionState
 from ftd.coordinator.policy import DomainBudget, PolicyGate, RateLimit
 from ftd.coordinator.state import ClusterState
 from ftd.events import JobPresence, RankInfo
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
 
 class Clock:

@@ -1,7 +1,9 @@
 """Executors: the only code that acts on the world (scheduler, bus directives, webhooks, ...).
 
 :func:`build_executors` assembles the built-in executors for a coordinator from its configuration;
-rule plugins may add more through the ``ftd_register_actions`` hook.
+:class:`BuiltinExecutors` offers them through the ``ftd_register_actions`` hook, exactly as a plugin
+offers its own, so the coordinator has one way to learn executors (and a plugin that claims a kind
+already taken fails start-up the same way, whoever came first).
 
 Always registered: ``checkpoint_restart``, ``gpu_reset`` and ``collect_diagnostics`` (bus directives to
 agents). ``drain_node`` / ``resume_node`` go through whichever scheduler ``coordinator.scheduler``
@@ -17,15 +19,15 @@ from dataclasses import dataclass
 
 from ftd.config import Config
 from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
 from ftd.coordinator.actions.diagnostics import CollectDiagnostics
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.notify import Notify
 from ftd.coordinator.actions.scheduler import Scheduler
-from ftd.coordinator.actions.trainer import CheckpointRestart
-from ftd.coordinator.hookspecs import Executor
-from ftd.coordinator.model import ActionKind
 from ftd.coordinator.state import ClusterState
+from ftd.plugin.actions import ActionKind
+from ftd.plugin.hookspecs import Executor, hookimpl
 
 
 @dataclass(frozen=True)
@@ -65,3 +67,16 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)
         executors[ActionKind.RESUME_NODE] = ResumeNode(ctx.scheduler, ctx.state)
     return executors
+
+
+class BuiltinExecutors:
+    """The built-in executors as a plugin (registered by the coordinator as ``builtin_executors``)."""
+
+    plugin_name = "builtin_executors"
+
+    def __init__(self, ctx: ExecutorContext) -> None:
+        self._ctx = ctx
+
+    @hookimpl
+    def ftd_register_actions(self) -> dict[str, Executor]:
+        return build_executors(self._ctx)

@@ -20,12 +20,11 @@ import asyncio
 import time
 from typing import Any
 
-from ftd.bus import topics
 from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions.trainer import Publish, publish_with_retry
-from ftd.coordinator.model import ActionRecord, ActionState
+from ftd.coordinator.actions._directive import Publish, ask_node
 from ftd.coordinator.state import ClusterState
-from ftd.events import NODE_RANK, Directive, encode
+from ftd.events import Directive
+from ftd.plugin.actions import ActionRecord, ActionState
 
 
 class CollectDiagnostics:
@@ -64,11 +63,7 @@ class CollectDiagnostics:
             action_id=record.id,
             params={"job": job, "ranks": ranks},
         )
-        await publish_with_retry(
-            self._publish, topics.node_directives(node), encode(directive), self.deadline_s
-        )
-        outcome = await self._acks.wait(directive.id, [NODE_RANK], self.deadline_s)
-        ack = outcome.acked.get(NODE_RANK) or outcome.nacked.get(NODE_RANK)
+        ack = await ask_node(self._publish, self._acks, directive, self.deadline_s)
         if ack is None:
             return {"answered": False, "ok": False}
         answer: dict[str, Any] = {"answered": True, "ok": ack.ok, "path": ack.path, "summary": ack.reason}

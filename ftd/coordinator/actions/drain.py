@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ftd.coordinator.actions.scheduler import Scheduler
-from ftd.coordinator.model import ActionRecord
 from ftd.coordinator.state import ClusterState
+from ftd.plugin.actions import ActionRecord
 
 REASON_PREFIX = "ftd: "
 

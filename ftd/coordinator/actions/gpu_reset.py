@@ -22,11 +22,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ftd.bus import topics
 from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions.trainer import Publish, publish_with_retry
-from ftd.coordinator.model import ActionRecord, ActionState
-from ftd.events import NODE_RANK, Directive, encode
+from ftd.coordinator.actions._directive import Publish, ask_node
+from ftd.events import Directive
+from ftd.plugin.actions import ActionRecord, ActionState
 
 GPU_KEYS = ("pci", "uuid", "index")
 
@@ -53,11 +52,7 @@ class GpuReset:
             params=gpu,
         )
         detail: dict[str, Any] = {"node": node, "gpu": gpu, "directive_id": directive.id}
-        await publish_with_retry(
-            self._publish, topics.node_directives(node), encode(directive), self.deadline_s
-        )
-        outcome = await self._acks.wait(directive.id, [NODE_RANK], self.deadline_s)
-        ack = outcome.acked.get(NODE_RANK) or outcome.nacked.get(NODE_RANK)
+        ack = await ask_node(self._publish, self._acks, directive, self.deadline_s)
         if ack is None:
             detail.update(answered=False, state=str(ActionState.FAILED))
             detail["error"] = f"no answer from the agent on {node} within {self.deadline_s:g}s"

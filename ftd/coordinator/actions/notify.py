@@ -34,9 +34,9 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ftd.config import ConfigError, NotifyConfig, read_secret_file
-from ftd.coordinator.model import ActionRecord
 from ftd.coordinator.state import ClusterState
 from ftd.logs import get_logger
+from ftd.plugin.actions import ActionRecord
 
 log = get_logger(__name__)
 

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from ftd.coordinator.hookspecs import hookimpl
-from ftd.coordinator.model import ActionKind, ActionRequest
-from ftd.coordinator.state import ClusterView
-from ftd.events import Event, Kind
+from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, hookimpl
 
 FLAPS = 3
 WINDOW_S = 600.0

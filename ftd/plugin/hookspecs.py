@@ -1,6 +1,6 @@
 """The plugin contract (pluggy, project name ``ftd``): every hook a rule plugin may implement.
 
-Plugins implement hooks with ``@ftd.coordinator.hookspecs.hookimpl`` (a module, or an object whose
+Plugins implement hooks with ``@ftd.plugin.hookspecs.hookimpl`` (a module, or an object whose
 methods are hooks). They are found in four places, in this order: the built-in rules
 (``ftd.rules``), every module on the ``ftd`` entry-point group, every ``*.py`` file in the
 directories named by ``coordinator.rule_dirs``, and the declarative rules of
@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from ftd.coordinator.model import ActionRecord, ActionRequest
-    from ftd.coordinator.state import ClusterView
     from ftd.events import Event
+    from ftd.plugin.actions import ActionRecord, ActionRequest
+    from ftd.plugin.view import ClusterView
 
 PROJECT = "ftd"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -51,7 +51,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     Arguments: ``event`` (:class:`ftd.events.Event`, frozen) and ``view``, a read-only
     :class:`~ftd.coordinator.state.ClusterView` (nodes, jobs and where they run, GPUs by UUID,
     fault history). Do not mutate either.
-    Result: a list of :class:`~ftd.coordinator.model.ActionRequest` (or None / [] for nothing). The
+    Result: a list of :class:`~ftd.plugin.actions.ActionRequest` (or None / [] for nothing). The
     requests of all plugins are concatenated; ``rule`` defaults to the plugin's name and
     ``event_id`` to the event's id. The engine, not the rule, applies the policy gate (dedupe,
     cooldown, rate limit, budgets, dry-run, approval) and runs the actions.
@@ -96,8 +96,8 @@ def ftd_action_completed(request: ActionRequest, record: ActionRecord) -> None:
     Called: once per action that ran, after its executor returned or raised and its final state
     was written to the ledger (succeeded, escalated or failed). Not called for actions the policy
     gate suppressed, dry-run or rejected ones (their verdict is in the ledger and the observers').
-    Arguments: ``request`` (the :class:`~ftd.coordinator.model.ActionRequest`, frozen) and
-    ``record`` (the :class:`~ftd.coordinator.model.ActionRecord`: ``state`` and ``detail``); do
+    Arguments: ``request`` (the :class:`~ftd.plugin.actions.ActionRequest`, frozen) and
+    ``record`` (the :class:`~ftd.plugin.actions.ActionRecord`: ``state`` and ``detail``); do
     not mutate the record.
     Result: ignored. To act on the outcome, a plugin cannot submit actions from here (rules stay
     pure); it may emit an event through its own channel, which rules then see.

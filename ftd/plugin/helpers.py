@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftd.coordinator.model import ActionKind, ActionRequest
-from ftd.coordinator.state import ClusterView
-from ftd.events import Event
+from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event
 
 
 def is_follow_on(event: Event) -> bool:

@@ -1,4 +1,4 @@
-"""What rules return and what the ledger records: action requests and their lifecycle.
+"""The action model of the rule contract: what rules return and what the ledger records.
 
 A rule never performs I/O; it returns :class:`ActionRequest` values. The engine passes each through
 the policy gate and, if allowed, hands it to the executor registered for its ``kind``. The ``key``
@@ -23,6 +23,22 @@ class ActionKind(enum.StrEnum):
     NOTIFY = "notify"
     COLLECT_DIAGNOSTICS = "collect_diagnostics"
 
+    @property
+    def targets_job(self) -> bool:
+        """True for kinds whose ``target`` is a job id (the others name a node)."""
+        return self in _JOB_KINDS
+
+    @classmethod
+    def kind_targets_job(cls, kind: str) -> bool:
+        """:attr:`targets_job` for any kind string; a plugin's own kinds target nodes."""
+        try:
+            return cls(kind).targets_job
+        except ValueError:
+            return False
+
+
+_JOB_KINDS = frozenset({ActionKind.CHECKPOINT_RESTART, ActionKind.CHECKPOINT})
+
 
 class ActionState(enum.StrEnum):
     PENDING = "pending"  # allowed, recorded, not started yet
@@ -39,9 +55,6 @@ class ActionState(enum.StrEnum):
         return self not in (ActionState.PENDING, ActionState.RUNNING, ActionState.AWAITING_APPROVAL)
 
 
-_JOB_ACTIONS = frozenset({"checkpoint_restart", "checkpoint"})
-
-
 class ActionRequest(msgspec.Struct, frozen=True, kw_only=True):
     kind: str
     target: str  # a node name for node actions, a job id for job actions
@@ -49,6 +62,10 @@ class ActionRequest(msgspec.Struct, frozen=True, kw_only=True):
     params: dict[str, Any] = msgspec.field(default_factory=dict)
     rule: str = ""  # filled in by the engine with the proposing rule's name
     event_id: str | None = None
+
+    @property
+    def targets_job(self) -> bool:
+        return ActionKind.kind_targets_job(self.kind)
 
     @property
     def key(self) -> str:
@@ -61,7 +78,7 @@ class ActionRequest(msgspec.Struct, frozen=True, kw_only=True):
         another fault on the same bad node is not acted on twice, but a fault on a *different* node of
         the requeued job is a new reason to act, however soon it comes."""
         node = self.params.get("node")
-        if self.kind in _JOB_ACTIONS and isinstance(node, str) and node:
+        if self.targets_job and isinstance(node, str) and node:
             return f"{self.key}@{node}"
         return self.key
 

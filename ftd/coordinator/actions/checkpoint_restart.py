@@ -21,37 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ftd.bus import topics
-from ftd.bus.base import BusUnavailable
 from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions._directive import Publish, publish_with_retry
 from ftd.coordinator.actions.scheduler import Scheduler
-from ftd.coordinator.model import ActionRecord, ActionState
 from ftd.coordinator.state import ClusterState
 from ftd.events import Directive, DirectiveAction, encode
 from ftd.logs import get_logger
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionState
 
 log = get_logger(__name__)
-
-Publish = Callable[[str, bytes], Awaitable[None]]
-
-
-async def publish_with_retry(publish: Publish, topic: str, payload: bytes, timeout: float) -> None:
-    """Publish, retrying while the bus is down, for at most ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    delay = 0.05
-    while True:
-        try:
-            await publish(topic, payload)
-            return
-        except BusUnavailable:
-            if loop.time() + delay > deadline:
-                raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
 
 
 class CheckpointRestart:
@@ -92,7 +73,7 @@ class CheckpointRestart:
         ranks = sorted(job_record.ranks) if job_record else []
         detail: dict[str, Any] = {"job": job, "ranks": ranks, "nodes": job_record.nodes if job_record else []}
         escalated = False
-        stop = bool(record.request.params.get("stop", record.request.kind != "checkpoint"))
+        stop = bool(record.request.params.get("stop", record.request.kind != ActionKind.CHECKPOINT))
         if not stop and not ranks:
             detail["stop"] = False
             detail["note"] = "no ranks of this job are registered with any agent: nothing to save"
