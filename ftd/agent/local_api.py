@@ -6,35 +6,17 @@ client is stdlib only and must be cheap and fail-open). So each node agent relay
 :class:`ftd.events.Ack`, and watches their heartbeats (job presence for the coordinator, silence
 for hang detection).
 
-Protocol (version 1)
---------------------
-One persistent connection per rank over a ``SOCK_STREAM`` unix socket. Every message, in both
-directions, is one JSON object on one line (UTF-8, terminated by ``\\n``, at most 64 KiB). Each
-carries ``"v"`` (protocol version; the agent answers an error for a version it does not speak; a
-client may omit it, meaning 1) and ``"op"``.
-
-Client -> agent:
-
-- ``{"v":1,"op":"register","job":"1234","rank":3,"local_rank":3,"pid":4242}``. Must come first.
-  ``job`` is 1..256 characters without ``/ + #``, whitespace or NUL (it becomes part of MQTT
-  topics); ``rank`` >= 0. Answer: ``{"v":1,"op":"ok","re":"register"}`` then every directive
-  still pending for that job (see below), or ``{"v":1,"op":"error","re":"register","error":...}``.
-- ``{"v":1,"op":"heartbeat","step":1200}`` (``step`` may be null). No answer. The client sends
-  one only when the training loop has called ``heartbeat()`` since the last one, so a hung loop
-  goes silent here (:meth:`LocalApi.ranks_silent_for`).
-- ``{"v":1,"op":"ack","directive_id":"...","ok":true,"step":1200,"path":"/ckpt/1200","reason":""}``.
-  No answer; relayed to ``on_ack`` as an :class:`~ftd.events.Ack` with ``node`` and ``ts`` set.
-
-Agent -> client, pushed at any time:
-
-- ``{"v":1,"op":"directive", <every Directive field: schema, id, ts, action, job, node, reason,
-  deadline_s, action_id, params>}``.
-- ``{"v":1,"op":"error","re":<op or null>,"error":"..."}`` for a bad message: not JSON, not an
-  object, unknown op, wrong field types, an op before ``register``, a line over 64 KiB. Bad input is
-  counted (``counters["bad_messages"]``) and logged (rate-limited); the connection stays open and
-  nothing else is affected.
-
-Unknown fields are ignored in both directions (a newer peer may add some).
+Protocol
+--------
+The protocol (version 1: one JSON object per line, ``register``/``heartbeat``/``ack`` in,
+``ok``/``error``/``directive`` out) is :mod:`ftd.client.protocol`, owned by the stdlib-only client
+and imported here. This end decodes what a client sends into typed msgspec structs built from that
+module's names and limits: a bad message (not JSON, not an object, unknown op, wrong field types,
+an op before ``register``, a line over ``MAX_LINE``) is answered with an ``error``, counted
+(``counters["bad_messages"]``) and logged (rate-limited); the connection stays open and nothing
+else is affected. Replies are encoded with msgspec. An ``ack`` is relayed to ``on_ack`` as an
+:class:`~ftd.events.Ack` with ``node`` and ``ts`` set; heartbeats feed
+:meth:`LocalApi.ranks_silent_for` (a hung training loop goes silent here).
 
 Pending directives
 ------------------
@@ -57,20 +39,19 @@ import os
 import stat
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import msgspec
 
+from ftd.client import protocol
+from ftd.client.protocol import MAX_LINE, PROTOCOL_VERSION
 from ftd.events import Ack, Directive, RankInfo
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
 
-PROTOCOL_VERSION = 1
-MAX_LINE = 64 * 1024
-"""Longest accepted message line in bytes, newline excluded."""
 MAX_WRITE_BUFFER = 1024 * 1024
 """A client that lets more than this pile up unread is disconnected (it reconnects and re-registers)."""
 MAX_CONNECTIONS = 4096
@@ -78,11 +59,13 @@ MAX_PENDING = 256
 MAX_SEEN_IDS = 8192
 PRESENCE_MIN_INTERVAL_S = 1.0
 
-JobName = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^/+#\s\x00]+$")]
+JobName = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=protocol.JOB_MAX, pattern=protocol.JOB_PATTERN)
+]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class _Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="register"):
+class _Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.REGISTER):
     v: int = PROTOCOL_VERSION
     job: JobName
     rank: NonNegInt
@@ -90,22 +73,26 @@ class _Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="
     pid: NonNegInt | None = None
 
 
-class _Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="heartbeat"):
+class _Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.HEARTBEAT):
     v: int = PROTOCOL_VERSION
     step: int | None = None
 
 
-class _AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag="ack"):
+class _AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.ACK):
     v: int = PROTOCOL_VERSION
-    directive_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    directive_id: Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.DIRECTIVE_ID_MAX)]
     ok: bool = True
     step: int | None = None
-    path: Annotated[str, msgspec.Meta(max_length=4096)] | None = None
-    reason: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    path: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] | None = None
+    reason: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] = ""
 
 
 _ClientMsg = _Register | _Heartbeat | _AckMsg
-_OPS: dict[type[Any], str] = {_Register: "register", _Heartbeat: "heartbeat", _AckMsg: "ack"}
+_OPS: dict[type[Any], str] = {
+    _Register: protocol.REGISTER,
+    _Heartbeat: protocol.HEARTBEAT,
+    _AckMsg: protocol.ACK,
+}
 _decoder = msgspec.json.Decoder(_ClientMsg)
 _encoder = msgspec.json.Encoder()
 
@@ -113,15 +100,16 @@ PresenceCallback = Callable[[str, list[RankInfo]], Awaitable[None]]
 AckCallback = Callable[[Ack], Awaitable[None]]
 
 
-def _line(obj: dict[str, Any]) -> bytes:
-    return _encoder.encode(obj) + b"\n"
+def _line(msg: Mapping[str, Any]) -> bytes:
+    """One message as one line, in msgspec's JSON (the bytes this end has always sent)."""
+    return _encoder.encode(msg) + b"\n"
 
 
 def _error_line(re: str | None, error: str) -> bytes:
-    return _line({"v": PROTOCOL_VERSION, "op": "error", "re": re, "error": error})
+    return _line(protocol.error(re, error))
 
 
-_OK_REGISTER = _line({"v": PROTOCOL_VERSION, "op": "ok", "re": "register"})
+_OK_REGISTER = _line(protocol.ok(protocol.REGISTER))
 
 
 @dataclass(eq=False)
@@ -313,7 +301,7 @@ class LocalApi:
         now = time.monotonic()
         self._prune(now)
         ttl = directive.deadline_s if directive.deadline_s is not None else self._pending_ttl_s
-        body = {"v": PROTOCOL_VERSION, "op": "directive", **msgspec.to_builtins(directive)}
+        body = protocol.directive(msgspec.to_builtins(directive))
         pending = _Pending(directive=directive, line=_line(body), expires=now + ttl)
         self._pending[directive.id] = pending
         while len(self._pending) > MAX_PENDING:
@@ -416,7 +404,7 @@ class LocalApi:
 
     def _register(self, conn: _Conn, msg: _Register) -> None:
         if conn.job is not None:
-            self._bad(conn, "register", f"already registered as job {conn.job} rank {conn.rank}")
+            self._bad(conn, protocol.REGISTER, f"already registered as job {conn.job} rank {conn.rank}")
             return
         conn.job, conn.rank, conn.local_rank, conn.pid = msg.job, msg.rank, msg.local_rank, msg.pid
         conn.last_beat_mono = time.monotonic()

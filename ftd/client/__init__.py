@@ -55,15 +55,14 @@ Deadlines: a ``save`` directive carries ``deadline_s``. If it is still unanswere
 arrived (the rank is stuck, or its save is failing slowly), the I/O thread answers it with a nack
 ("save not completed within deadline") so the coordinator learns why instead of waiting for silence.
 
-The wire protocol (newline-delimited JSON over a unix socket, version 1) is documented in
-``ftd/agent/local_api.py``.
+The wire protocol (newline-delimited JSON over a unix socket, version 1) is
+:mod:`ftd.client.protocol`; the agent's end is ``ftd/agent/local_api.py``.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
 import select
@@ -73,6 +72,9 @@ import sys
 import threading
 import time
 
+from ftd.client import protocol
+from ftd.client.protocol import DEFAULT_SOCKET, PROTOCOL_VERSION
+
 TYPE_CHECKING = False  # not imported from typing: keeps `import ftd.client` light
 if TYPE_CHECKING:
     from types import TracebackType
@@ -80,8 +82,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_SOCKET", "PROTOCOL_VERSION", "Client", "DirectiveInfo"]
 
-DEFAULT_SOCKET = "/run/ftd/agent.sock"
-PROTOCOL_VERSION = 1
 DEFAULT_JOB = "default"
 
 _log = logging.getLogger("ftd.client")
@@ -148,10 +148,6 @@ def _env_int(*names: str) -> int | None:
     return None
 
 
-def _line(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
-
-
 class Client:
     """Connection of one training rank to its node's ftd agent. Every public method is fail-open.
 
@@ -185,7 +181,7 @@ class Client:
         self.local_rank: int | None = (
             local_rank if local_rank is not None else _env_int("LOCAL_RANK", "SLURM_LOCALID")
         )
-        self.socket_path: str = socket_path or _env("FTD_SOCKET") or DEFAULT_SOCKET
+        self.socket_path: str = socket_path or _env(protocol.SOCKET_ENV) or DEFAULT_SOCKET
         self.heartbeat_interval = heartbeat_interval
         self.retry_interval = retry_interval
         #: ``time.perf_counter_ns()`` when the latest save/stop for this job arrived (None: none yet).
@@ -413,17 +409,7 @@ class Client:
                 self._save_file_seen = False
             for did in saves:
                 self._outbox.append(
-                    _line(
-                        {
-                            "v": PROTOCOL_VERSION,
-                            "op": "ack",
-                            "directive_id": did,
-                            "ok": ok,
-                            "step": step,
-                            "path": path,
-                            "reason": reason,
-                        }
-                    )
+                    protocol.encode(protocol.ack(did, ok=ok, step=step, path=path, reason=reason))
                 )
             if saves:
                 self._wake()
@@ -487,17 +473,7 @@ class Client:
                 self._stops_acked.update(stops)
             for did in stops:
                 self._outbox.append(
-                    _line(
-                        {
-                            "v": PROTOCOL_VERSION,
-                            "op": "ack",
-                            "directive_id": did,
-                            "ok": True,
-                            "step": self._step,
-                            "path": None,
-                            "reason": "exiting",
-                        }
-                    )
+                    protocol.encode(protocol.ack(did, ok=True, step=self._step, path=None, reason="exiting"))
                 )
             self._closed.set()
             self._wake()
@@ -566,18 +542,7 @@ class Client:
         """One connection: register, then pump reads, heartbeats and acks until it breaks.
 
         Returns the time registration succeeded (None if it never did)."""
-        sock.sendall(
-            _line(
-                {
-                    "v": PROTOCOL_VERSION,
-                    "op": "register",
-                    "job": self.job,
-                    "rank": self.rank,
-                    "local_rank": self.local_rank,
-                    "pid": os.getpid(),
-                }
-            )
-        )
+        sock.sendall(protocol.encode(protocol.register(self.job, self.rank, self.local_rank, os.getpid())))
         started = time.monotonic()
         registered: float | None = None
         buf = b""
@@ -619,7 +584,7 @@ class Client:
                     self._nack_overdue()
                     if self._beat:
                         self._beat = False
-                        sock.sendall(_line({"v": PROTOCOL_VERSION, "op": "heartbeat", "step": self._step}))
+                        sock.sendall(protocol.encode(protocol.heartbeat(self._step)))
             if self._closed.is_set():
                 return registered
 
@@ -640,20 +605,17 @@ class Client:
 
     def _on_line(self, line: bytes, arrived_ns: int) -> bool:
         """Handle one message from the agent; True if it accepted our registration."""
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            _log.debug("ftd client: ignoring a non-JSON line from the agent")
-            return False
-        if not isinstance(msg, dict):
+        msg = protocol.decode(line)
+        if msg is None:
+            _log.debug("ftd client: ignoring a line from the agent that is not a JSON object")
             return False
         op = msg.get("op")
-        if op == "directive":
+        if op == protocol.DIRECTIVE:
             self._on_directive(msg, arrived_ns)
-        elif op == "ok" and msg.get("re") == "register":
+        elif op == protocol.OK and msg.get("re") == protocol.REGISTER:
             return True
-        elif op == "error":
-            if msg.get("re") == "register":
+        elif op == protocol.ERROR:
+            if msg.get("re") == protocol.REGISTER:
                 raise _Rejected(str(msg.get("error")))
             _log.debug("ftd client: agent reported an error: %s", msg.get("error"))
         return False

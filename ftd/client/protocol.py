@@ -1,0 +1,190 @@
+"""The local protocol between a trainer rank and its node's agent, written down once.
+
+Why here: both ends speak it, and the client must stay standard-library only, so the protocol lives
+in the client package and the agent (:mod:`ftd.agent.local_api`) imports it, never the other way
+round. This module holds what both ends must agree on: the version, the default socket path, the
+operation names, the message shapes with their field order, the limits, and line encoding.
+Validation of what a client sends is the agent's job (it decodes into typed structs built from the
+names and limits here). Imports ``json`` only, and no ``typing`` or ``dataclasses`` at run time:
+it is loaded inside every training process (the message shapes are ``TypedDict`` for type checkers).
+
+Protocol (version 1)
+--------------------
+One persistent connection per rank over a ``SOCK_STREAM`` unix socket (:data:`DEFAULT_SOCKET`
+unless configured). Every message, in both directions, is one JSON object on one line (UTF-8,
+terminated by ``\\n``, at most :data:`MAX_LINE` bytes from client to agent). Each carries ``"v"``
+(protocol version; the agent answers an error for a version it does not speak; a client may omit
+it, meaning 1) and ``"op"``.
+
+Client -> agent:
+
+- ``{"v":1,"op":"register","job":"1234","rank":3,"local_rank":3,"pid":4242}``. Must come first.
+  ``job`` is 1..256 characters without ``/ + #``, whitespace or NUL (it becomes part of MQTT
+  topics); ``rank`` >= 0. Answer: ``{"v":1,"op":"ok","re":"register"}`` then every directive
+  still pending for that job, or ``{"v":1,"op":"error","re":"register","error":...}``.
+- ``{"v":1,"op":"heartbeat","step":1200}`` (``step`` may be null). No answer. The client sends
+  one only when the training loop has called ``heartbeat()`` since the last one, so a hung loop
+  goes silent at the agent.
+- ``{"v":1,"op":"ack","directive_id":"...","ok":true,"step":1200,"path":"/ckpt/1200","reason":""}``.
+  No answer.
+
+Agent -> client, pushed at any time:
+
+- ``{"v":1,"op":"directive", <every Directive field: schema, id, ts, action, job, node, reason,
+  deadline_s, action_id, params>}``.
+- ``{"v":1,"op":"error","re":<op or null>,"error":"..."}`` for a bad message: not JSON, not an
+  object, unknown op, wrong field types, an op before ``register``, a line over :data:`MAX_LINE`.
+  The connection stays open.
+
+Unknown fields are ignored in both directions (a newer peer may add some).
+"""
+
+from __future__ import annotations
+
+import json
+
+TYPE_CHECKING = False  # not imported from typing: keeps `import ftd.client` light
+if TYPE_CHECKING:
+    from typing import Any, TypedDict
+
+    class RegisterMsg(TypedDict):
+        v: int
+        op: str
+        job: str
+        rank: int
+        local_rank: int | None
+        pid: int | None
+
+    class HeartbeatMsg(TypedDict):
+        v: int
+        op: str
+        step: int | None
+
+    class AckMsg(TypedDict):
+        v: int
+        op: str
+        directive_id: str
+        ok: bool
+        step: int | None
+        path: str | None
+        reason: str
+
+    class OkMsg(TypedDict):
+        v: int
+        op: str
+        re: str
+
+    class ErrorMsg(TypedDict):
+        v: int
+        op: str
+        re: str | None
+        error: str
+
+
+__all__ = [
+    "ACK",
+    "DEFAULT_SOCKET",
+    "DIRECTIVE",
+    "DIRECTIVE_ID_MAX",
+    "ERROR",
+    "HEARTBEAT",
+    "JOB_MAX",
+    "JOB_PATTERN",
+    "MAX_LINE",
+    "OK",
+    "PROTOCOL_VERSION",
+    "REGISTER",
+    "SOCKET_ENV",
+    "TEXT_MAX",
+    "ack",
+    "decode",
+    "directive",
+    "encode",
+    "error",
+    "heartbeat",
+    "ok",
+    "register",
+]
+
+PROTOCOL_VERSION = 1
+DEFAULT_SOCKET = "/run/ftd/agent.sock"
+SOCKET_ENV = "FTD_SOCKET"
+"""Environment variable that overrides :data:`DEFAULT_SOCKET` on the client side."""
+
+MAX_LINE = 64 * 1024
+"""Longest message line the agent accepts, in bytes, newline excluded."""
+JOB_MAX = 256
+JOB_PATTERN = r"^[^/+#\s\x00]+$"
+"""A job name becomes part of MQTT topics: no ``/ + #``, whitespace or NUL."""
+DIRECTIVE_ID_MAX = 512
+TEXT_MAX = 4096
+"""Longest ``path`` and ``reason`` of an ack."""
+
+# Operation names ("op"). Client -> agent:
+REGISTER = "register"
+HEARTBEAT = "heartbeat"
+ACK = "ack"
+# Agent -> client:
+OK = "ok"
+ERROR = "error"
+DIRECTIVE = "directive"
+
+
+# --- messages (the field order is the wire order) ---------------------------------------------------
+
+
+def register(job: str, rank: int, local_rank: int | None, pid: int | None) -> RegisterMsg:
+    return {
+        "v": PROTOCOL_VERSION,
+        "op": REGISTER,
+        "job": job,
+        "rank": rank,
+        "local_rank": local_rank,
+        "pid": pid,
+    }
+
+
+def heartbeat(step: int | None) -> HeartbeatMsg:
+    return {"v": PROTOCOL_VERSION, "op": HEARTBEAT, "step": step}
+
+
+def ack(directive_id: str, *, ok: bool, step: int | None, path: str | None, reason: str) -> AckMsg:
+    return {
+        "v": PROTOCOL_VERSION,
+        "op": ACK,
+        "directive_id": directive_id,
+        "ok": ok,
+        "step": step,
+        "path": path,
+        "reason": reason,
+    }
+
+
+def ok(re: str) -> OkMsg:
+    return {"v": PROTOCOL_VERSION, "op": OK, "re": re}
+
+
+def error(re: str | None, error: str) -> ErrorMsg:
+    return {"v": PROTOCOL_VERSION, "op": ERROR, "re": re, "error": error}
+
+
+def directive(fields: dict[str, Any]) -> dict[str, Any]:
+    """A directive push: ``v`` and ``op`` first, then every field of the directive as given."""
+    return {"v": PROTOCOL_VERSION, "op": DIRECTIVE, **fields}
+
+
+# --- lines -----------------------------------------------------------------------------------------
+
+
+def encode(msg: Any) -> bytes:
+    """One message as one compact JSON line (what the client sends)."""
+    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any] | None:
+    """One received line as a JSON object; ``None`` when it is not JSON or not an object."""
+    try:
+        msg = json.loads(line)
+    except ValueError:
+        return None
+    return msg if isinstance(msg, dict) else None

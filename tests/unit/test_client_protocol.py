@@ -1,0 +1,35 @@
+"""The local protocol's messages, pinned byte for byte (both ends build their lines from them)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ftd.agent import local_api
+from ftd.client import protocol
+from ftd.events import Directive
+
+
+def test_client_messages_on_the_wire() -> None:
+    assert protocol.encode(protocol.register("j1", 3, 3, 4242)) == (
+        b'{"v":1,"op":"register","job":"j1","rank":3,"local_rank":3,"pid":4242}\n'
+    )
+    assert protocol.encode(protocol.heartbeat(None)) == b'{"v":1,"op":"heartbeat","step":null}\n'
+    assert protocol.encode(protocol.ack("d1", ok=True, step=1200, path="/ckpt/1200", reason="")) == (
+        b'{"v":1,"op":"ack","directive_id":"d1","ok":true,"step":1200,"path":"/ckpt/1200","reason":""}\n'
+    )
+
+
+def test_agent_messages_on_the_wire() -> None:
+    assert local_api._OK_REGISTER == b'{"v":1,"op":"ok","re":"register"}\n'
+    assert local_api._error_line(None, "bad") == b'{"v":1,"op":"error","re":null,"error":"bad"}\n'
+    directive = Directive(id="d1", ts=1.5, action="save", job="j1")
+    line = local_api._line(protocol.directive(msgspec.to_builtins(directive)))
+    assert line.startswith(b'{"v":1,"op":"directive","schema":') and line.endswith(b"}\n")
+    assert protocol.decode(line) == {"v": 1, "op": "directive", **msgspec.to_builtins(directive)}
+
+
+def test_decode_refuses_what_is_not_an_object() -> None:
+    assert protocol.decode(b"not json") is None
+    assert protocol.decode(b"[1, 2]") is None
+    assert protocol.decode(b"\xff\xfe") is None
+    assert protocol.decode(b'{"op":"ok"}') == {"op": "ok"}
