@@ -3,14 +3,16 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 FTD    := $(VENV)/bin/ftd
 STAMP  := $(VENV)/.ftd-installed
+# The exact versions the suite is tested with (the extras themselves take ranges).
+CONSTRAINTS := constraints/test.txt
 PYTEST_ARGS ?=
 
 .PHONY: demo test check bench real-parts clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,torch,k8s,lightning,hf]'
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[dev,torch,k8s,lightning,hf]'
 	touch $(STAMP)
 
 demo: $(STAMP)

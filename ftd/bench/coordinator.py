@@ -253,7 +253,7 @@ async def _publish_all(
             seq += per_node
             if mode == "batch":
                 parts = [
-                    (topics.node_event(node, "batch"), b"[" + b",".join(encode(e) for e in c) + b"]", len(c))
+                    (topics.node_event_batch(node), b"[" + b",".join(encode(e) for e in c) + b"]", len(c))
                     for c in _chunks(events, batch_size)
                 ]
             else:

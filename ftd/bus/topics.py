@@ -4,6 +4,7 @@ Every topic ftd uses is built here so a typo cannot invent a new one. Layout (DE
 
     ftd/v1/nodes/{node}/status              retained NodeStatus; Last Will says offline
     ftd/v1/nodes/{node}/events/{kind}       Event
+    ftd/v1/nodes/{node}/events/batch        a JSON array of Events (one message, many events)
     ftd/v1/nodes/{node}/conditions/{type}   retained, on change
     ftd/v1/nodes/{node}/jobs/{job}          retained JobPresence (empty payload clears)
     ftd/v1/nodes/{node}/acks                Ack from a trainer, relayed by the agent
@@ -42,6 +43,15 @@ def node_status(node: str) -> str:
 
 def node_event(node: str, kind: str) -> str:
     return f"{PREFIX}/nodes/{check_level(node, 'node')}/events/{check_level(kind, 'kind')}"
+
+
+#: The ``{kind}`` level of a batched event message: never a Kind value, matched by ALL_NODE_EVENTS.
+EVENT_BATCH = "batch"
+
+
+def node_event_batch(node: str) -> str:
+    """Where a node publishes several events in one message (a JSON array of Events)."""
+    return node_event(node, EVENT_BATCH)
 
 
 def node_condition(node: str, type_: str) -> str:

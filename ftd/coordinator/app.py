@@ -45,9 +45,6 @@ from ftd.sdnotify import notify, watchdog_interval_s
 
 log = get_logger(__name__)
 
-# Event kind level of a batched event message (``topics.node_event(node, EVENT_BATCH)``); matched by
-# ALL_NODE_EVENTS, never a Kind value.
-EVENT_BATCH = "batch"
 
 SUBSCRIPTIONS = (topics.ALL_NODE_STATUS, topics.ALL_NODE_JOBS, topics.ALL_NODE_ACKS, topics.ALL_NODE_EVENTS)
 
@@ -196,7 +193,7 @@ class Coordinator:
             )
 
     def _on_event(self, levels: tuple[str, ...], message: Message) -> None:
-        if levels[3:] == (EVENT_BATCH,):
+        if levels[3:] == (topics.EVENT_BATCH,):
             # ftd/v1/nodes/{node}/events/batch: a JSON list of Events, all of that node (the ACL
             # vouches for the topic). Checked as a whole before any is handled: one bad event
             # rejects the batch, so a batch is never half-applied.

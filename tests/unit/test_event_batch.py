@@ -8,7 +8,7 @@ from ftd.bus import topics
 from ftd.bus.base import Message
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import parse_config
-from ftd.coordinator.app import EVENT_BATCH, Coordinator
+from ftd.coordinator.app import Coordinator
 from ftd.events import Kind, encode, make_event
 
 
@@ -24,11 +24,11 @@ def _batch(*events: object) -> bytes:
 async def test_batch_is_recorded_and_deduplicated(tmp_path: Path) -> None:
     c = _coordinator(tmp_path)
     events = [make_event("node-1", Kind.GPU_HEALTH, data={"i": i}) for i in range(5)]
-    c.handle_message(Message(topics.node_event("node-1", EVENT_BATCH), _batch(*events)))
+    c.handle_message(Message(topics.node_event_batch("node-1"), _batch(*events)))
     assert c.engine.counters["events"] == 5 and c.bad_messages == 0
     assert {e.id for e in c.ledger.events(limit=10)} == {e.id for e in events}
     assert not c.ledger._db.in_transaction  # committed
-    c.handle_message(Message(topics.node_event("node-1", EVENT_BATCH), _batch(*events[:2])))  # redelivery
+    c.handle_message(Message(topics.node_event_batch("node-1"), _batch(*events[:2])))  # redelivery
     assert c.engine.counters["events"] == 5 and c.engine.counters["duplicates"] == 2
     c.ledger.close()
 
@@ -37,9 +37,9 @@ async def test_batch_with_a_foreign_or_bad_event_is_rejected_whole(tmp_path: Pat
     c = _coordinator(tmp_path)
     good = make_event("node-1", Kind.GPU_HEALTH)
     forged = make_event("node-2", Kind.XID, data={"code": 79})
-    c.handle_message(Message(topics.node_event("node-1", EVENT_BATCH), _batch(good, forged)))
-    c.handle_message(Message(topics.node_event("node-1", EVENT_BATCH), b'[{"id": 1}]'))
-    c.handle_message(Message(topics.node_event("node-1", EVENT_BATCH), encode(good)))  # not a list
+    c.handle_message(Message(topics.node_event_batch("node-1"), _batch(good, forged)))
+    c.handle_message(Message(topics.node_event_batch("node-1"), b'[{"id": 1}]'))
+    c.handle_message(Message(topics.node_event_batch("node-1"), encode(good)))  # not a list
     assert c.bad_messages == 3 and c.engine.counters["events"] == 0
     assert c.ledger.events() == []
     c.ledger.close()
