@@ -3,7 +3,8 @@
 What: loads PATH exactly as ``ftd agent``/``ftd coordinator`` would; prints ``OK: PATH`` and the
 effective settings an operator most often gets wrong (node name, broker, scheduler), exit 0; or
 prints every problem to stderr, one per line as ``PATH: dotted.path: message``, exit 2.
-``--explain`` lists every option with its type, default and description (no PATH needed).
+``--explain`` lists every option, the keys of arrays of tables (``[[agent.fs.mounts]]``) included,
+with its type, default and description (no PATH needed; the text comes from :mod:`ftd.config.explain`).
 
 Why: config mistakes should surface in a deploy step (Ansible ``validate=``, a CI job, ``ExecStartPre=``),
 all at once, not as a daemon that restarts in a loop. The password file is *not* read here: it is
@@ -78,19 +79,7 @@ def summary(config: Config) -> str:
 
 
 def explain() -> str:
-    """Every option, grouped by section, with type, default and description."""
-    from ftd.config import describe_options
+    """Every option, nested tables' keys included, grouped by table, with type, default and description."""
+    from ftd.config import explain_text
 
-    lines: list[str] = []
-    section = None
-    for option in describe_options():
-        current = option.path.rsplit(".", 1)[0]
-        if current != section:
-            if lines:
-                lines.append("")
-            lines.append(f"[{current}]")
-            section = current
-        lines.append(f"{option.path}: {option.type}, default {option.default}")
-        if option.doc:
-            lines.append(f"    {option.doc}")
-    return "\n".join(lines)
+    return explain_text()

@@ -1,8 +1,10 @@
-"""ftd.config: loading, every-problem-at-once validation, password resolution, and `ftd check-config`."""
+"""ftd.config: loading, every-problem-at-once validation, secret files, `ftd check-config [--explain]`."""
 
 from __future__ import annotations
 
 import math
+import re
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,13 @@ from ftd.config import (
     Problem,
     config_from_data,
     describe_options,
+    explain_text,
     load_config,
     parse_config,
     resolve_password,
     validate_data,
 )
+from ftd.config.introspect import leaf_fields
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "config"
 
@@ -279,6 +283,89 @@ def test_describe_options_covers_and_documents_every_field() -> None:
     assert "slurm" in by_path["coordinator.scheduler"].type
 
 
+def tables_in(hint: Any) -> list[tuple[str, type]]:
+    """The structs a value of annotation ``hint`` may hold, each with the path suffix reaching its keys:
+    ``""`` (the table itself), ``"[]"`` (an entry of an array of tables), ``".<name>"`` (of a map)."""
+    if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+        return [("", hint)]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        return [("[]" + suffix, table) for suffix, table in tables_in(args[0])]
+    if origin is dict:
+        return [(".<name>" + suffix, table) for suffix, table in tables_in(args[1])]
+    if origin in (typing.Union, types.UnionType):
+        return [found for arg in args for found in tables_in(arg)]
+    return []
+
+
+def every_key(cls: type, prefix: str = "") -> list[str]:
+    """Every field of every struct reachable from ``cls`` (through sub-tables, arrays of tables, maps
+    and optional tables), as the dotted path --explain names it; walks the resolved annotations,
+    independently of ftd.config."""
+    hints = typing.get_type_hints(cls)
+    paths: list[str] = []
+    for name in cls.__struct_fields__:  # type: ignore[attr-defined]
+        hint = hints[name]
+        if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+            paths += every_key(hint, f"{prefix}{name}.")
+            continue
+        paths.append(prefix + name)
+        for suffix, table in tables_in(hint):
+            paths += every_key(table, f"{prefix}{name}{suffix}.")
+    return paths
+
+
+EXPLAIN_ENTRY = re.compile(
+    r"^(?P<path>\S+): (?P<type>.+), (?:default (?P<default>.+)|required)\n {4}\S", re.M
+)
+
+
+def test_explain_lists_every_field_of_every_reachable_struct() -> None:
+    expected = every_key(Config)
+    assert {"agent.fs.mounts[].path", "coordinator.policy.rate_limits[].window_s"} <= set(expected)
+    text = explain_text()
+    explained = [m["path"] for m in EXPLAIN_ENTRY.finditer(text)]
+    assert sorted(explained) == sorted(expected)  # each once, with a type, a default and a description
+    entry_lines = [line for line in text.splitlines() if line and not line.startswith(("    ", "["))]
+    assert len(entry_lines) == len(expected)
+
+
+def test_nested_options_follow_the_table_that_holds_them() -> None:
+    plain = describe_options()
+    nested = describe_options(nested=True)
+    assert [o for o in nested if "[]" not in o.path] == plain  # the top-level list is unchanged
+    by_path = {o.path: o for o in nested}
+    assert tuple(by_path["agent.fs.mounts[].path"])[1:] == (
+        "str",
+        "required",
+        "A path on the filesystem (its mount point, usually).",
+    )
+    assert tuple(by_path["coordinator.policy.rate_limits[].max"])[1:3] == ("int (>= 1)", "required")
+    assert by_path["coordinator.node_labels[].rack"].default == "unset"
+    assert "nvlink_domain" in by_path["coordinator.policy.domain_budgets[].label"].type
+    paths = [o.path for o in nested]
+    assert paths.index("agent.fs.forecast_window_s") < paths.index("agent.fs.mounts[].path")
+
+
+class _Leaf(msgspec.Struct, frozen=True):
+    a: int = 1
+
+
+class _Tree(msgspec.Struct, frozen=True):
+    by_name: dict[str, _Leaf] = msgspec.field(default_factory=dict)
+    maybe: _Leaf | None = None
+    grid: list[list[_Leaf]] = msgspec.field(default_factory=list)
+
+
+def test_leaf_fields_reach_maps_optional_tables_and_arrays_of_arrays() -> None:
+    info = mi.type_info(_Tree)
+    assert isinstance(info, mi.StructType)
+    found = [path for path, _ in leaf_fields(info, nested=True)]
+    assert found == ["by_name", "maybe", "grid", "by_name.<name>.a", "maybe.a", "grid[][].a"]
+    assert sorted(found) == sorted(every_key(_Tree))
+    assert [path for path, _ in leaf_fields(info)] == ["by_name", "maybe", "grid"]
+
+
 # --- properties --------------------------------------------------------------------------------------
 
 NAMES = sorted({part for o in describe_options() for part in o.path.split(".")})
@@ -435,6 +522,23 @@ def test_check_config_explain(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "bus.port: int (1..65535), default 1883" in out
     assert "coordinator.policy.cooldown_s" in out and "[coordinator.slurm]" in out
+
+
+def test_check_config_explain_lists_the_keys_of_arrays_of_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "[[agent.fs.mounts]]\n"
+        "agent.fs.mounts[].path: str, required\n"
+        "    A path on the filesystem (its mount point, usually).\n"
+        "agent.fs.mounts[].warn_pct: float (> 0; <= 100), default 85.0\n"
+        "    Fill (% of effective capacity) that warns.\n"
+    ) in out
+    assert (
+        "\n[[coordinator.policy.rate_limits]]\ncoordinator.policy.rate_limits[].kind: str, required\n" in out
+    )
+    assert "coordinator.policy.domain_budgets[].max_drained: int (>= 0), required\n" in out
+    assert "coordinator.node_labels[].nvlink_domain: str, default unset\n    NVLink domain" in out
 
 
 def test_check_config_needs_path_without_explain(capsys: pytest.CaptureFixture[str]) -> None:
