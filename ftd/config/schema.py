@@ -18,36 +18,6 @@ from typing import Annotated, Any
 
 import msgspec
 
-__all__ = [
-    "LOG_LEVELS",
-    "NODE_LABELS",
-    "SCHEDULERS",
-    "AgentConfig",
-    "ApiConfig",
-    "BusConfig",
-    "Config",
-    "CoordinatorConfig",
-    "DomainBudgetConfig",
-    "FsConfig",
-    "FsMount",
-    "HeartbeatConfig",
-    "KubernetesConfig",
-    "LogConfig",
-    "LogsConfig",
-    "MemoryConfig",
-    "NodeLabelsConfig",
-    "NodeName",
-    "NonEmptyStr",
-    "NotifyConfig",
-    "NvmlConfig",
-    "PolicyConfig",
-    "PositiveSeconds",
-    "RateLimitConfig",
-    "SlurmConfig",
-    "SpoolConfig",
-    "StormConfig",
-]
-
 # --------------------------------------------------------------------------------------------------
 # Reusable constrained types. ``extra`` keys understood by the validator:
 #   "choices": allowed values;  "hint": appended to any constraint failure message.

@@ -259,30 +259,6 @@ def test_resolve_password_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 # --- describe_options --------------------------------------------------------------------------------
 
 
-def leaf_paths(cls: type, prefix: str = "") -> list[str]:
-    """Independent walk over the structs' resolved annotations."""
-    hints = typing.get_type_hints(cls)
-    paths: list[str] = []
-    for name in cls.__struct_fields__:  # type: ignore[attr-defined]
-        hint = hints[name]
-        if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
-            paths += leaf_paths(hint, f"{prefix}{name}.")
-        else:
-            paths.append(prefix + name)
-    return paths
-
-
-def test_describe_options_covers_and_documents_every_field() -> None:
-    options = describe_options()
-    assert [o.path for o in options] == leaf_paths(Config)
-    assert all(o.doc for o in options), [o.path for o in options if not o.doc]
-    by_path = {o.path: o for o in options}
-    assert tuple(by_path["bus.port"])[1:3] == ("int (1..65535)", "1883")
-    assert by_path["bus.host"].default == '"127.0.0.1"'
-    assert by_path["agent.node"].default == "unset"
-    assert "slurm" in by_path["coordinator.scheduler"].type
-
-
 def tables_in(hint: Any) -> list[tuple[str, type]]:
     """The structs a value of annotation ``hint`` may hold, each with the path suffix reaching its keys:
     ``""`` (the table itself), ``"[]"`` (an entry of an array of tables), ``".<name>"`` (of a map)."""
@@ -298,21 +274,32 @@ def tables_in(hint: Any) -> list[tuple[str, type]]:
     return []
 
 
-def every_key(cls: type, prefix: str = "") -> list[str]:
-    """Every field of every struct reachable from ``cls`` (through sub-tables, arrays of tables, maps
-    and optional tables), as the dotted path --explain names it; walks the resolved annotations,
-    independently of ftd.config."""
+def leaf_paths(cls: type, prefix: str = "", *, nested: bool = False) -> list[str]:
+    """Independent walk over the structs' resolved annotations: every option's dotted path. With
+    ``nested``, also every field of every struct reachable through arrays of tables, maps and optional
+    tables, named as --explain names them (``agent.fs.mounts[].path``)."""
     hints = typing.get_type_hints(cls)
     paths: list[str] = []
     for name in cls.__struct_fields__:  # type: ignore[attr-defined]
         hint = hints[name]
         if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
-            paths += every_key(hint, f"{prefix}{name}.")
+            paths += leaf_paths(hint, f"{prefix}{name}.", nested=nested)
             continue
         paths.append(prefix + name)
-        for suffix, table in tables_in(hint):
-            paths += every_key(table, f"{prefix}{name}{suffix}.")
+        for suffix, table in tables_in(hint) if nested else []:
+            paths += leaf_paths(table, f"{prefix}{name}{suffix}.", nested=True)
     return paths
+
+
+def test_describe_options_covers_and_documents_every_field() -> None:
+    options = describe_options()
+    assert [o.path for o in options] == leaf_paths(Config)
+    assert all(o.doc for o in options), [o.path for o in options if not o.doc]
+    by_path = {o.path: o for o in options}
+    assert tuple(by_path["bus.port"])[1:3] == ("int (1..65535)", "1883")
+    assert by_path["bus.host"].default == '"127.0.0.1"'
+    assert by_path["agent.node"].default == "unset"
+    assert "slurm" in by_path["coordinator.scheduler"].type
 
 
 EXPLAIN_ENTRY = re.compile(
@@ -321,7 +308,7 @@ EXPLAIN_ENTRY = re.compile(
 
 
 def test_explain_lists_every_field_of_every_reachable_struct() -> None:
-    expected = every_key(Config)
+    expected = leaf_paths(Config, nested=True)
     assert {"agent.fs.mounts[].path", "coordinator.policy.rate_limits[].window_s"} <= set(expected)
     text = explain_text()
     explained = [m["path"] for m in EXPLAIN_ENTRY.finditer(text)]
@@ -362,7 +349,7 @@ def test_leaf_fields_reach_maps_optional_tables_and_arrays_of_arrays() -> None:
     assert isinstance(info, mi.StructType)
     found = [path for path, _ in leaf_fields(info, nested=True)]
     assert found == ["by_name", "maybe", "grid", "by_name.<name>.a", "maybe.a", "grid[][].a"]
-    assert sorted(found) == sorted(every_key(_Tree))
+    assert sorted(found) == sorted(leaf_paths(_Tree, nested=True))
     assert [path for path, _ in leaf_fields(info)] == ["by_name", "maybe", "grid"]
 
 
