@@ -81,7 +81,7 @@ def _coordinator(args: argparse.Namespace) -> int:
             from ftd.bus.embedded import EmbeddedBroker
 
             broker = await EmbeddedBroker(config.bus.host, config.bus.port).start()
-        bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will())
+        bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
         coordinator = Coordinator(config, bus=bus, scheduler=make_scheduler(config))
         try:
             await coordinator.run()
