@@ -156,8 +156,44 @@ class CoordinatorStatus(msgspec.Struct, frozen=True, kw_only=True):
     version: str = ""
 
 
+class Receipt(msgspec.Struct, frozen=True, kw_only=True):
+    """The coordinator's end-to-end receipt to one node (``ftd/v1/nodes/{node}/receipts``).
+
+    ``ids``: events the coordinator has committed to its ledger (or had already: duplicates are
+    receipted again, since the first receipt may have been lost). ``rejected``: events it will never
+    accept (wrong node in the payload, over the limits), with the reason; the agent stops resending
+    them and logs why. An agent deletes a spooled event only on a receipt, never on a broker PUBACK."""
+
+    schema: int = SCHEMA_VERSION
+    node: str
+    ts: float = 0.0
+    ids: list[str] = msgspec.field(default_factory=list)
+    rejected: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 class DecodeError(ValueError):
     """A payload that is not valid for its type. Receivers count and log it, then move on."""
+
+
+#: Limits on what a receiver decodes: larger or deeper input is rejected before it can cost memory,
+#: time or the interpreter's stack (one node's credentials must not be able to crash a daemon).
+MAX_PAYLOAD_BYTES = 256 << 10
+MAX_DATA_DEPTH = 16
+
+
+def nesting_depth(value: Any, limit: int) -> int:
+    """How deeply ``value`` nests dicts/lists, counted up to ``limit + 1`` (iterative: no recursion)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((child, depth) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 _T = TypeVar("_T")
@@ -169,8 +205,14 @@ def encode(obj: msgspec.Struct) -> bytes:
     return _encoder.encode(obj)
 
 
-def decode(payload: bytes | str, type_: type[_T]) -> _T:
-    """Decode ``payload`` as ``type_``; raise :class:`DecodeError` with a readable reason."""
+def decode(payload: bytes | str, type_: type[_T], *, max_bytes: int = MAX_PAYLOAD_BYTES) -> _T:
+    """Decode ``payload`` as ``type_``; raise :class:`DecodeError` with a readable reason.
+
+    Whatever the input, the only exception is :class:`DecodeError`: over ``max_bytes``, nested
+    deeper than the decoder's stack allows, or an event whose ``data`` nests deeper than
+    :data:`MAX_DATA_DEPTH`, included."""
+    if len(payload) > max_bytes:
+        raise DecodeError(f"payload of {len(payload)} bytes is over the limit of {max_bytes}")
     decoder = _decoders.get(type_)
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
@@ -178,6 +220,12 @@ def decode(payload: bytes | str, type_: type[_T]) -> _T:
         obj: _T = decoder.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DecodeError(str(exc)) from None
+    except (RecursionError, MemoryError, UnicodeError, OverflowError) as exc:
+        raise DecodeError(f"undecodable payload: {type(exc).__name__}") from None
+    for item in obj if isinstance(obj, list) else (obj,):
+        data = getattr(item, "data", None)
+        if isinstance(data, dict) and nesting_depth(data, MAX_DATA_DEPTH) > MAX_DATA_DEPTH:
+            raise DecodeError(f"event data nests deeper than {MAX_DATA_DEPTH} levels")
     schema = getattr(obj, "schema", SCHEMA_VERSION)
     if schema != SCHEMA_VERSION:
         raise DecodeError(f"unsupported schema version {schema} (this ftd speaks {SCHEMA_VERSION})")

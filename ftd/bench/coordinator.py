@@ -73,7 +73,7 @@ async def main():
     sched = FakeScheduler()
     for i in range(nodes):
         sched.add_node(f"node-{i:05d}")
-    bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will())
+    bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
     coord = Coordinator(config, bus=bus, scheduler=sched)
     marks = {"first": None, "last": None, "decided": [], "decision": []}
     def observe(what, payload):

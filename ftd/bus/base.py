@@ -10,6 +10,12 @@ Semantics, whichever the implementation:
   :class:`BusUnavailable` while disconnected, so the caller decides whether to queue or drop.
 * ``subscribe`` patterns are remembered and re-established after every reconnect.
 * ``messages()`` yields every delivered message (at-least-once: duplicates are possible).
+* ``ack(message)`` acknowledges a delivered message to the broker. A bus made with
+  ``manual_ack=True`` sends the QoS 1 PUBACK only then, so the receiver takes responsibility for a
+  message once it has *committed* it (MQTT's own rule), not when a socket read returned it: a
+  receiver killed in between gets the message again from its persistent session. Every message
+  must be acked, also one that is rejected (the broker holds unacked ones in flight). Without
+  manual acks ``ack`` does nothing.
 * ``will`` is published by the broker if the client vanishes without a clean ``stop``;
   ``birth`` is published (retained) on every (re)connect.
 """
@@ -17,7 +23,7 @@ Semantics, whichever the implementation:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -30,6 +36,9 @@ class Message:
     topic: str
     payload: bytes
     retain: bool = False
+    #: The bus's handle for acknowledging this delivery (connection generation, MQTT packet id);
+    #: None for a message that needs no acknowledgement (QoS 0, a bus without manual acks).
+    token: tuple[int, int] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +66,6 @@ class Bus(Protocol):
     async def subscribe(self, pattern: str) -> None: ...
 
     def messages(self) -> AsyncIterator[Message]: ...
+
+    def ack(self, message: Message) -> None:
+        """Acknowledge a delivered message (see the module docstring); idempotent, never raises."""

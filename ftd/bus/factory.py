@@ -17,6 +17,7 @@ def make_mqtt_bus(
     birth: Message | None = None,
     port: int | None = None,
     clean_session: bool = False,
+    manual_ack: bool = False,
 ) -> MqttBus:
     tls: ssl.SSLContext | None = None
     if cfg.tls:
@@ -34,4 +35,5 @@ def make_mqtt_bus(
         reconnect_min_s=cfg.reconnect_min_s,
         reconnect_max_s=cfg.reconnect_max_s,
         clean_session=clean_session,
+        manual_ack=manual_ack,
     )

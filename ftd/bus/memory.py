@@ -135,3 +135,6 @@ class MemoryBus:
     async def messages(self) -> AsyncIterator[Message]:
         while True:
             yield await self._queue.get()
+
+    def ack(self, message: Message) -> None:
+        """Every delivery here is exactly once: nothing to acknowledge."""

@@ -6,7 +6,14 @@ queue. When the connection drops it reconnects with exponential backoff and full
 restarted broker is not hit by every node in the same millisecond).
 
 Sessions are persistent (``clean_session=False`` with a stable client id): QoS 1 messages published
-to a briefly disconnected coordinator wait in the broker. ``publish`` is QoS 1 and returns on PUBACK;
+to a briefly disconnected coordinator wait in the broker.
+
+Manual acknowledgement (``manual_ack=True``, the coordinator): paho's automatic PUBACK is turned off
+and :meth:`MqttBus.ack` sends it when the application says so. Each delivery carries a token
+``(connection generation, packet id)``: an ack for a message from an earlier connection is not
+sent (packet ids are reused per connection; the broker redelivers that message on the new one).
+aiomqtt 2.x has no public switch for this, so it is set on its paho client here, the one module
+that knows aiomqtt. ``publish`` is QoS 1 and returns on PUBACK;
 while disconnected it raises :class:`~ftd.bus.base.BusUnavailable` at once instead of blocking, so
 the agent's outbox keeps the event and retries.
 """
@@ -50,6 +57,7 @@ class MqttBus:
         reconnect_min_s: float = 0.2,
         reconnect_max_s: float = 10.0,
         publish_timeout_s: float = 10.0,
+        manual_ack: bool = False,
     ) -> None:
         self.host, self.port, self.client_id = host, port, client_id
         self._username, self._password, self._tls = username, password, tls_context
@@ -64,6 +72,8 @@ class MqttBus:
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.connects = 0  # successful connections so far (reconnects = connects - 1)
+        self._manual_ack = manual_ack
+        self.stale_acks = 0  # acks not sent: the message came on an earlier connection
 
     @property
     def connected(self) -> bool:
@@ -124,6 +134,16 @@ class MqttBus:
         while True:
             yield await self._queue.get()
 
+    def ack(self, message: Message) -> None:
+        token, client = message.token, self._client
+        if token is None or not self._manual_ack:
+            return
+        generation, mid = token
+        if client is None or generation != self.connects:
+            self.stale_acks += 1
+            return
+        client._client.ack(mid, _QOS)
+
     # --- connection loop ---------------------------------------------------------------------
 
     def _make_client(self) -> aiomqtt.Client:
@@ -148,7 +168,10 @@ class MqttBus:
         failures = 0
         while True:
             try:
-                async with self._make_client() as client:
+                client = self._make_client()
+                if self._manual_ack:
+                    client._client.manual_ack_set(True)
+                async with client:
                     self._client = client
                     for pattern in self._patterns:
                         await client.subscribe(pattern, qos=_QOS)
@@ -160,8 +183,12 @@ class MqttBus:
                     failures = 0
                     self._connected.set()
                     log.info("bus connected", broker=f"{self.host}:{self.port}", client_id=self.client_id)
+                    generation = self.connects
                     async for msg in client.messages:
-                        self._queue.put_nowait(Message(str(msg.topic), _as_bytes(msg.payload), msg.retain))
+                        token = (generation, msg.mid) if self._manual_ack and msg.qos > 0 else None
+                        self._queue.put_nowait(
+                            Message(str(msg.topic), _as_bytes(msg.payload), msg.retain, token)
+                        )
             except aiomqtt.MqttError as exc:
                 was_connected = self.connected
                 self._connected.clear()

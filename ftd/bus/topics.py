@@ -9,12 +9,14 @@ Every topic ftd uses is built here so a typo cannot invent a new one. Layout (DE
     ftd/v1/nodes/{node}/jobs/{job}          retained JobPresence (empty payload clears)
     ftd/v1/nodes/{node}/acks                Ack from a trainer, relayed by the agent
     ftd/v1/nodes/{node}/directives          Directive, coordinator -> agent
+    ftd/v1/nodes/{node}/receipts            Receipt, coordinator -> agent: events committed
     ftd/v1/jobs/{job}/directives            Directive, coordinator -> every agent hosting the job
     ftd/v1/actions/{id}/{phase}             action lifecycle, coordinator only
     ftd/v1/coordinator/status               retained CoordinatorStatus; Last Will says offline
 
-Everything a node publishes lives under its own ``nodes/{node}/`` subtree, except ``directives``,
-which only the coordinator may write; the Mosquitto ACL in ``deploy/mosquitto`` enforces that.
+Everything a node publishes lives under its own ``nodes/{node}/`` subtree, except ``directives``
+and ``receipts``, which only the coordinator may write; the Mosquitto ACL in ``deploy/mosquitto``
+enforces that.
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ def node_acks(node: str) -> str:
 
 def node_directives(node: str) -> str:
     return f"{PREFIX}/nodes/{check_level(node, 'node')}/directives"
+
+
+def node_receipts(node: str) -> str:
+    return f"{PREFIX}/nodes/{check_level(node, 'node')}/receipts"
 
 
 def job_directives(job: str) -> str:

@@ -176,7 +176,7 @@ class SimCluster:
             self.broker_port = self.broker.port
         self.coordinator = Coordinator(
             self.config,
-            bus=self._bus("ftd-coordinator", will=coordinator_will()),
+            bus=self._bus("ftd-coordinator", will=coordinator_will(), manual_ack=True),
             scheduler=self.scheduler,
             ledger=Ledger(self.config.coordinator.ledger_path),
         )
