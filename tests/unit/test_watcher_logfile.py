@@ -175,7 +175,7 @@ async def test_binary_junk_partial_and_huge_lines_survive(tmp_path: Path) -> Non
         assert h.patterns() == ["cuda_illegal_memory_access"]  # the match beyond the cap is not seen
         assert h.watcher.stats["binary_lines"] == 1 and h.watcher.stats["long_lines"] >= 1
         follower = next(iter(h.watcher.followers.values()))
-        assert len(follower.partial) <= 4096
+        assert len(follower.file.partial) <= 4096
         append(path, " completed\n")
         await h.wait_for(lambda: h.patterns()[-1:] == ["segfault"])
         assert h.events[-1].data["line"] == 4

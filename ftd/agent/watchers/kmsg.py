@@ -6,11 +6,12 @@ Sources, chosen by what ``path`` is:
   new record is read as soon as the kernel writes it. Each ``read()`` returns one record and needs a
   buffer of at least 8 KiB. ``EPIPE`` means the ring buffer overwrote records we had not read yet: it
   is logged with a count and reading goes on.
-* **regular file**: followed like ``tail -F``: appended lines are read, truncation (size below our
-  offset) restarts at 0, rotation (a new inode at ``path``) drains the old file then opens the new
-  one. Regular files cannot be watched with ``add_reader`` (always "ready"), so an idle file is polled
-  every ``poll_interval`` seconds (25 ms: new-line latency well under 60 ms, ~40 cheap syscalls a
-  second when idle).
+* **regular file**: followed like ``tail -F`` by :class:`ftd.agent.follow.FileFollower`: appended
+  lines are read, truncation (size below our offset) restarts at 0, rotation (a new inode at
+  ``path``) drains the old file then opens the new one; while nothing is at ``path`` the old file
+  stays open and the new one is awaited. Regular files cannot be watched with ``add_reader``
+  (always "ready"), so an idle file is polled every ``poll_interval`` seconds (25 ms: new-line
+  latency well under 60 ms, ~40 cheap syscalls a second when idle).
 * **FIFO**: opened read-write (so it never reports EOF when a writer goes away, which would make
   ``add_reader`` spin) and read through ``add_reader``; nothing is persisted (a FIFO has no position).
 
@@ -29,7 +30,6 @@ duplicate that slipped through would carry the same id and be dropped by the coo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import json
 import os
@@ -40,6 +40,7 @@ from typing import Any
 
 import structlog
 
+from ftd.agent.follow import FileFollower, Rotation
 from ftd.agent.kmsg_parse import KernelEvent, KmsgParser
 from ftd.catalog import load_xid_catalog
 from ftd.events import Event, Kind, make_event, new_id
@@ -256,7 +257,7 @@ class KmsgWatcher:
     # --- regular file -----------------------------------------------------------------------------
 
     async def _run_file(self) -> None:
-        follower = _FileFollower(self.path)
+        follower = FileFollower(self.path, chunk=_CHUNK)
         follower.open()
         state = self._load_state()
         if state.get("kind") == "file" and state.get("inode") == follower.inode:
@@ -269,16 +270,25 @@ class KmsgWatcher:
         try:
             while True:
                 progressed = await self._drain_file(follower)
-                if not progressed and not follower.check_rotation():
+                if not progressed and not self._rotated(follower):
                     await asyncio.sleep(self.poll_interval)
         finally:
             follower.close()
 
-    async def _drain_file(self, follower: _FileFollower) -> bool:
+    def _rotated(self, follower: FileFollower) -> bool:
+        """True when there is more to read after a rotation (the old file's rest, or the new file)."""
+        rotation = follower.check_rotation()
+        if rotation is Rotation.SWITCHED:
+            log.info("kmsg_file_rotated", path=self.path)
+        return rotation in (Rotation.DRAIN, Rotation.SWITCHED)
+
+    async def _drain_file(self, follower: FileFollower) -> bool:
         """Handle every complete line available now; True if anything was read."""
         progressed = False
         while True:
-            lines = follower.read_lines()
+            if follower.check_truncation():
+                log.info("kmsg_file_truncated", path=self.path)
+            lines = follower.read()
             if not lines:
                 return progressed
             progressed = True
@@ -289,75 +299,6 @@ class KmsgWatcher:
                 if had_events:
                     self._save_state({"kind": "file", "inode": follower.inode, "offset": end})
             self._save_state({"kind": "file", "inode": follower.inode, "offset": follower.offset})
-
-
-class _FileFollower:
-    """Byte-offset bookkeeping for a followed file: complete lines only, rotation and truncation."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd = -1
-        self.inode = 0
-        self.offset = 0  # byte offset just after the last complete line returned
-        self._tail = b""
-
-    def open(self) -> None:
-        self.fd = os.open(self.path, os.O_RDONLY)
-        self.inode = os.fstat(self.fd).st_ino
-        self.offset, self._tail = 0, b""
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    def size(self) -> int:
-        return os.fstat(self.fd).st_size
-
-    def seek(self, offset: int) -> None:
-        os.lseek(self.fd, offset, os.SEEK_SET)
-        self.offset, self._tail = offset, b""
-
-    def read_lines(self) -> list[tuple[bytes, int]]:
-        """Complete lines now readable, each with the offset just past it. Handles truncation."""
-        if self.fd < 0:
-            return []
-        if self.size() < self.offset + len(self._tail):
-            log.info("kmsg_file_truncated", path=self.path)
-            self.seek(0)
-        chunk = os.read(self.fd, _CHUNK)
-        if not chunk:
-            return []
-        data = self._tail + chunk
-        out: list[tuple[bytes, int]] = []
-        start = 0
-        while True:
-            newline = data.find(b"\n", start)
-            if newline < 0:
-                break
-            out.append((data[start:newline], self.offset + newline + 1))
-            start = newline + 1
-        self.offset += start
-        self._tail = data[start:]
-        return out
-
-    def check_rotation(self) -> bool:
-        """If ``path`` now names another file, switch to it (after the old one is drained)."""
-        try:
-            current = os.stat(self.path).st_ino
-        except FileNotFoundError:
-            return False  # rotated away, new file not created yet
-        if current == self.inode and self.fd >= 0:
-            return False
-        if self.fd >= 0 and os.read(self.fd, 1):  # old file still has data: drain it first
-            os.lseek(self.fd, -1, os.SEEK_CUR)
-            return True
-        log.info("kmsg_file_rotated", path=self.path)
-        self.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.open()
-            return True
-        return False
 
 
 def _record_seq(record: bytes) -> int | None:

@@ -3,8 +3,9 @@
 * **Following**: every entry of ``agent.logs.paths`` is a file or a glob; a glob is re-expanded on
   every rescan, so new files (``rank7.log``, the next run's log) are picked up and read from their
   start, while files present when the agent starts are read from their end (like ``tail -F``).
-  Truncation (size below our offset) restarts at 0; rotation (a new inode at the path) drains the old
-  file then opens the new one; a deleted file is dropped once drained.
+  Each file is read by a :class:`ftd.agent.follow.FileFollower`: truncation (size below our offset)
+  restarts at 0; rotation (a new inode at the path) drains the old file then opens the new one; a
+  deleted file is dropped once drained.
 * **Change notification**: watchdog (inotify on Linux) watches the parent directory of every entry
   and wakes the loop; wake-ups are coalesced (at most one drain per ``_MIN_WAKE_S``) so a chatty log
   costs little. Without watchdog, or when inotify is out of watches, the loop polls every
@@ -38,6 +39,7 @@ from typing import Any
 
 import structlog
 
+from ftd.agent.follow import FileFollower, Rotation
 from ftd.agent.watchers.base import Emit
 from ftd.config import LogsConfig
 from ftd.events import Kind, Severity, make_event
@@ -107,37 +109,27 @@ def load_patterns(path: str | None = None) -> list[LogPattern]:
     return parse_patterns(text, "log_patterns.toml")
 
 
-class _Follower:
-    """One followed file: byte offset, a bounded partial line, line numbers, growth time."""
+class _Log:
+    """One followed log: its file, line numbers, growth time and stale flag."""
 
-    def __init__(self, path: str, now: float) -> None:
+    def __init__(self, path: str, now: float, max_line: int) -> None:
         self.path = path
-        self.fd = -1
-        self.inode = 0
-        self.offset = 0
+        self.file = FileFollower(path, chunk=_CHUNK, max_line=max_line)
         self.line: int | None = 0  # lines completed so far (None: unknown, joined a big file at its end)
-        self.partial = bytearray()
-        self.skipping = False  # inside an over-long line: drop bytes until the next newline
         self.last_growth = now
         self.stale_reported = False
 
     def open(self, at_end: bool) -> None:
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        st = os.fstat(self.fd)
-        self.inode = st.st_ino
-        self.partial.clear()
-        self.skipping = False
+        self.file.open()
         if at_end:
-            self.offset = st.st_size
-            self.line = _count_lines(self.fd, st.st_size) if st.st_size <= _COUNT_LINES_MAX else None
-            os.lseek(self.fd, self.offset, os.SEEK_SET)
+            size = self.file.size()
+            self.file.seek(size)
+            self.line = _count_lines(self.file.fd, size) if size <= _COUNT_LINES_MAX else None
         else:
-            self.offset, self.line = 0, 0
+            self.line = 0
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.file.close()
 
 
 def _count_lines(fd: int, size: int) -> int:
@@ -172,7 +164,7 @@ class LogWatcher:
         self.patterns = patterns if patterns is not None else load_patterns(cfg.patterns_file)
         self._clock = clock
         self.use_inotify = use_inotify
-        self.followers: dict[str, _Follower] = {}
+        self.followers: dict[str, _Log] = {}
         self.stats: dict[str, int] = dict.fromkeys(
             ("lines", "matches", "suppressed", "long_lines", "binary_lines", "truncations", "rotations"), 0
         )
@@ -215,7 +207,7 @@ class LogWatcher:
         now = self._clock()
         for path in self._expand():
             if path not in self.followers:
-                follower = _Follower(path, now)
+                follower = _Log(path, now, self.cfg.max_line_bytes)
                 try:
                     follower.open(at_end=not self._started)
                 except OSError:
@@ -298,86 +290,65 @@ class LogWatcher:
 
     # --- reading ----------------------------------------------------------------------------------
 
-    async def _drain(self, f: _Follower) -> None:
+    async def _drain(self, f: _Log) -> None:
         try:
-            st = os.fstat(f.fd)
+            truncated = f.file.check_truncation()
         except OSError:
             return
-        if st.st_size < f.offset:
+        if truncated:
             self.stats["truncations"] += 1
             log.info("log_truncated", path=f.path)
-            os.lseek(f.fd, 0, os.SEEK_SET)
-            f.offset, f.line = 0, 0
-            f.partial.clear()
-            f.skipping = False
+            f.line = 0
         await self._read_available(f)
         # rotation / deletion: is the path still this file?
-        try:
-            current = os.stat(f.path).st_ino
-        except FileNotFoundError:
-            current = None
-        if current == f.inode:
-            return
-        await self._read_available(f)  # whatever was written before the rename
-        f.close()
-        if current is None:
+        rotation = self._rotation(f)
+        if rotation is Rotation.DRAIN:
+            await self._read_available(f)  # whatever was written before the rename
+            rotation = self._rotation(f)
+        if rotation is Rotation.SAME or rotation is Rotation.DRAIN:
+            return  # DRAIN: the old file is still being written; the next scan goes on
+        if rotation is Rotation.GONE:
+            await self._read_available(f)
+            f.close()
             log.info("log_gone", path=f.path)
             del self.followers[f.path]
             return
         self.stats["rotations"] += 1
         log.info("log_rotated", path=f.path)
-        last_growth, stale_reported = f.last_growth, f.stale_reported
-        try:
-            f.open(at_end=False)
-        except OSError:
-            del self.followers[f.path]
-            return
-        f.last_growth, f.stale_reported = last_growth, stale_reported
+        f.line = 0
         await self._read_available(f)
 
-    async def _read_available(self, f: _Follower) -> None:
-        limit = self.cfg.max_line_bytes
+    @staticmethod
+    def _rotation(f: _Log) -> Rotation:
+        try:
+            return f.file.check_rotation()
+        except OSError:  # a new file we cannot open: forget it, like a deleted one
+            return Rotation.GONE
+
+    async def _read_available(self, f: _Log) -> None:
         chunks = 0
         while True:
+            cut_before = f.file.cut_lines
             try:
-                chunk = os.read(f.fd, _CHUNK)
+                lines = f.file.read()
             except OSError:
                 return
-            if not chunk:
+            if lines is None:
                 return
+            self.stats["long_lines"] += f.file.cut_lines - cut_before
             f.last_growth = self._clock()
             if f.stale_reported:
                 f.stale_reported = False
                 log.info("log_growing_again", path=f.path)
-            start = 0
-            while start < len(chunk):
-                newline = chunk.find(b"\n", start)
-                end = len(chunk) if newline < 0 else newline
-                if not f.skipping:
-                    room = limit - len(f.partial)
-                    piece = chunk[start:end]
-                    if len(piece) > room:
-                        f.partial += piece[:room]
-                        f.skipping = True
-                        self.stats["long_lines"] += 1
-                    else:
-                        f.partial += piece
-                if newline < 0:
-                    f.offset += len(chunk) - start
-                    break
-                f.offset += newline + 1 - start
-                start = newline + 1
+            for raw, end in lines:
                 if f.line is not None:
                     f.line += 1
-                raw = bytes(f.partial)
-                f.partial.clear()
-                f.skipping = False
-                await self._line(f, raw)
+                await self._line(f, raw, end)
             chunks += 1
             if chunks % 16 == 0:
                 await asyncio.sleep(0)  # a flood must not starve the agent's other tasks
 
-    async def _line(self, f: _Follower, raw: bytes) -> None:
+    async def _line(self, f: _Log, raw: bytes, end: int) -> None:
         self.stats["lines"] += 1
         if b"\0" in raw:
             self.stats["binary_lines"] += 1
@@ -385,10 +356,10 @@ class LogWatcher:
         text = raw.decode("utf-8", errors="replace")
         for pattern in self.patterns:
             if pattern.regex.search(text):
-                await self._match(f, pattern, text)
+                await self._match(f, pattern, text, end)
                 break  # one event per line: the table is ordered most specific first
 
-    async def _match(self, f: _Follower, pattern: LogPattern, text: str) -> None:
+    async def _match(self, f: _Log, pattern: LogPattern, text: str, end: int) -> None:
         self.stats["matches"] += 1
         key = (f.path, pattern.name)
         now = self._clock()
@@ -401,7 +372,7 @@ class LogWatcher:
         data = {
             "file": f.path,
             "line": f.line,
-            "offset": f.offset,
+            "offset": end,
             "pattern": pattern.name,
             "text": text[:_TEXT_MAX],
             "suppressed": self._suppressed.pop(key, 0),
@@ -417,7 +388,12 @@ class LogWatcher:
             idle = now - f.last_growth
             if not f.stale_reported and idle >= stale:
                 f.stale_reported = True
-                data = {"file": f.path, "idle_s": round(idle, 1), "stale_after_s": stale, "offset": f.offset}
+                data = {
+                    "file": f.path,
+                    "idle_s": round(idle, 1),
+                    "stale_after_s": stale,
+                    "offset": f.file.position,
+                }
                 event = make_event(
                     self.node, Kind.LOG_STALE, severity=Severity.WARNING, source="logs", data=data
                 )
