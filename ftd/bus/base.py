@@ -69,3 +69,6 @@ class Bus(Protocol):
 
     def ack(self, message: Message) -> None:
         """Acknowledge a delivered message (see the module docstring); idempotent, never raises."""
+
+    def set_birth(self, birth: Message | None) -> None:
+        """From the next (re)connect on, publish ``birth`` (retained) first; None for nothing."""

@@ -136,5 +136,8 @@ class MemoryBus:
         while True:
             yield await self._queue.get()
 
+    def set_birth(self, birth: Message | None) -> None:
+        self._birth = birth
+
     def ack(self, message: Message) -> None:
         """Every delivery here is exactly once: nothing to acknowledge."""

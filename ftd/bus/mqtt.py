@@ -134,6 +134,9 @@ class MqttBus:
         while True:
             yield await self._queue.get()
 
+    def set_birth(self, birth: Message | None) -> None:
+        self._birth = birth
+
     def ack(self, message: Message) -> None:
         token, client = message.token, self._client
         if token is None or not self._manual_ack:

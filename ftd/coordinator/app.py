@@ -1,5 +1,15 @@
 """The coordinator daemon: subscribes to the bus, keeps cluster state, runs the engine.
 
+Delivery (DESIGN §11): the coordinator's bus acknowledges a message to the broker only after it was
+handled, i.e. after the events in it were committed to the ledger (``manual_ack``); a coordinator
+killed before that gets the message again from its persistent session. For every event it has
+committed (or had already: duplicates too) it then publishes a :class:`~ftd.events.Receipt` to
+``ftd/v1/nodes/{node}/receipts``; the agent keeps an event in its spool until that receipt arrives,
+so neither a broker that loses its queue nor a coordinator that dies loses an event. Events it will
+never accept (a payload naming another node) are receipted as ``rejected`` with the reason.
+A storage error while committing leaves the message unacknowledged (redelivered later) and is
+counted; any other failure handling a message is counted as a bad message and never fatal.
+
 Inputs (all decoded strictly; a payload that fails is counted in ``bad_messages`` and logged,
 never fatal): node events, retained node status (an ``offline`` from the Last Will becomes a
 ``node_offline`` event), retained job presence, and trainer acks. A payload whose ``node`` differs
@@ -10,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,6 +47,7 @@ from ftd.events import (
     Kind,
     NodeState,
     NodeStatus,
+    Receipt,
     Severity,
     decode,
     encode,
@@ -45,6 +57,8 @@ from ftd.sdnotify import notify, watchdog_interval_s
 
 log = get_logger(__name__)
 
+
+MAX_BATCH_BYTES = 4 << 20  # a batched event message larger than this is rejected unread
 
 SUBSCRIPTIONS = (topics.ALL_NODE_STATUS, topics.ALL_NODE_JOBS, topics.ALL_NODE_ACKS, topics.ALL_NODE_EVENTS)
 
@@ -90,6 +104,10 @@ class Coordinator:
         self.acks = AckBook()
         self.ledger = ledger or Ledger(cfg.ledger_path)
         self.bad_messages = 0
+        self.storage_errors = 0  # messages left unacknowledged because the ledger could not commit
+        self.receipts_sent = 0
+        self._receipts: dict[str, Receipt] = {}  # node -> what to tell it next
+        self._receipts_ready = asyncio.Event()
         builtin = BuiltinExecutors(
             ExecutorContext(
                 config=config, state=self.state, acks=self.acks, publish=self._publish, scheduler=scheduler
@@ -122,6 +140,16 @@ class Coordinator:
             await self.bus.subscribe(pattern)
         await self.bus.start()
 
+    async def _publish_when_connected(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        """Publish, waiting out disconnections (start-up must not die on a transient bus error)."""
+        while True:
+            try:
+                await self.bus.publish(topic, payload, retain=retain)
+                return
+            except BusUnavailable as exc:
+                log.warning("publish_deferred", topic=topic, error=str(exc))
+                await self.bus.wait_connected(timeout=1.0)
+
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         """Process bus messages until cancelled."""
         from ftd.coordinator.api import start_api  # HTTP API + dashboard (None when disabled)
@@ -133,11 +161,14 @@ class Coordinator:
         # acks it queued for this persistent session while we were down -- before resuming actions that
         # depend on it: a resumed checkpoint_restart must know the job's ranks and see acks sent meanwhile.
         pump = asyncio.create_task(self._pump(), name="bus-messages")
+        receipts = asyncio.create_task(self._send_receipts(), name="receipts")
         watchdog: asyncio.Task[None] | None = None
         try:
             await asyncio.sleep(0.5)
             self.engine.resume_unfinished()
-            await self.bus.publish(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
+            online = Message(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
+            self.bus.set_birth(online)  # said again on every reconnect: agents then resend unreceipted events
+            await self._publish_when_connected(online.topic, online.payload, retain=True)
             notify("READY=1")
             if ready is not None:
                 ready()
@@ -145,12 +176,44 @@ class Coordinator:
             await pump
         finally:
             pump.cancel()
+            receipts.cancel()
             if watchdog is not None:
                 watchdog.cancel()
 
     async def _pump(self) -> None:
         async for message in self.bus.messages():
-            self.handle_message(message)
+            if self.handle_message(message):
+                self.bus.ack(message)
+
+    RECEIPT_BATCH_S = 0.02  # receipts gathered this long go out as one message per node
+
+    async def _send_receipts(self) -> None:
+        """Publish pending receipts, one message per node, after the events were committed."""
+        while True:
+            await self._receipts_ready.wait()
+            await asyncio.sleep(self.RECEIPT_BATCH_S)
+            self._receipts_ready.clear()
+            pending, self._receipts = self._receipts, {}
+            results = await asyncio.gather(
+                *(self.bus.publish(topics.node_receipts(node), encode(r)) for node, r in pending.items()),
+                return_exceptions=True,
+            )
+            for (node, receipt), result in zip(pending.items(), results, strict=True):
+                if isinstance(result, BaseException):
+                    self._receipt(node, receipt.ids, receipt.rejected)  # try again once reconnected
+                    await self.bus.wait_connected(timeout=1.0)
+                else:
+                    self.receipts_sent += 1
+
+    def _receipt(self, node: str, ids: list[str], rejected: Mapping[str, str] | None = None) -> None:
+        current = self._receipts.get(node)
+        self._receipts[node] = Receipt(
+            node=node,
+            ts=time.time(),
+            ids=[*(current.ids if current else ()), *ids],
+            rejected={**(current.rejected if current else {}), **(rejected or {})},
+        )
+        self._receipts_ready.set()
 
     async def _watchdog(self) -> None:
         interval = watchdog_interval_s()
@@ -173,7 +236,9 @@ class Coordinator:
 
     # --- message handling --------------------------------------------------------------------
 
-    def handle_message(self, message: Message) -> None:
+    def handle_message(self, message: Message) -> bool:
+        """Handle one bus message; True when it may be acknowledged to the broker (handled, or bad
+        for good), False when it must be delivered again (the ledger could not commit)."""
         try:
             levels = topics.parse(message.topic)
             if len(levels) < 3 or levels[0] != "nodes":
@@ -184,6 +249,14 @@ class Coordinator:
             handler(levels, message)
         except (DecodeError, topics.TopicError, ValueError) as exc:
             self._bad(message, str(exc))
+        except (sqlite3.Error, OSError) as exc:
+            self.storage_errors += 1
+            log.error("ledger_commit_failed", topic=message.topic, error=str(exc), total=self.storage_errors)
+            return False
+        except Exception as exc:  # no input may crash the coordinator: count it, log it, go on
+            self._bad(message, f"{type(exc).__name__}: {exc}")
+            log.exception("message_handler_failed", topic=message.topic)
+        return True
 
     def _bad(self, message: Message, why: str) -> None:
         self.bad_messages += 1
@@ -197,7 +270,7 @@ class Coordinator:
             # ftd/v1/nodes/{node}/events/batch: a JSON list of Events, all of that node (the ACL
             # vouches for the topic). Checked as a whole before any is handled: one bad event
             # rejects the batch, so a batch is never half-applied.
-            batch = decode(message.payload, list[Event])
+            batch = decode(message.payload, list[Event], max_bytes=MAX_BATCH_BYTES)
             for event in batch:
                 if event.schema != SCHEMA_VERSION:
                     raise DecodeError(f"unsupported schema version {event.schema} in batch")
@@ -206,11 +279,15 @@ class Coordinator:
             with self.ledger.transaction():  # one commit per batch: the storm's hot path
                 for event in batch:
                     self.engine.handle_event(event)
+            self._receipt(levels[1], [e.id for e in batch])
             return
         event = decode(message.payload, Event)
         if event.node != levels[1]:
-            raise DecodeError(f"event for node {event.node!r} published under node {levels[1]!r}")
+            why = f"event for node {event.node!r} published under node {levels[1]!r}"
+            self._receipt(levels[1], [], {event.id: why})
+            raise DecodeError(why)
         self.engine.handle_event(event)
+        self._receipt(levels[1], [event.id])
 
     def _on_status(self, levels: tuple[str, ...], message: Message) -> None:
         if not message.payload:
@@ -250,4 +327,9 @@ class Coordinator:
         self.acks.record(ack)
 
     def summary(self) -> dict[str, Any]:
-        return {**self.engine.counters, "bad_messages": self.bad_messages}
+        return {
+            **self.engine.counters,
+            "bad_messages": self.bad_messages,
+            "storage_errors": self.storage_errors,
+            "receipts_sent": self.receipts_sent,
+        }
