@@ -22,13 +22,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ftd.agent.watchers.nvml import (
-    NvmlError,
-    NvmlNotSupported,
-    NvmlWatcher,
-    RealNvml,
-    throttle_names,
-)
+from ftd.agent.watchers.nvml.backend import NvmlError, NvmlNotSupported, throttle_names
+from ftd.agent.watchers.nvml.real import RealNvml
+from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.config import NvmlConfig
 from ftd.events import Event, to_builtins
 

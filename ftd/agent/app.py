@@ -54,7 +54,8 @@ from ftd.agent.watchers.heartbeat import HeartbeatWatcher
 from ftd.agent.watchers.kmsg import KmsgWatcher
 from ftd.agent.watchers.logfile import LogWatcher
 from ftd.agent.watchers.memory import MemoryWatcher
-from ftd.agent.watchers.nvml import NvmlBackend, NvmlWatcher
+from ftd.agent.watchers.nvml.backend import NvmlBackend
+from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.bus import topics
 from ftd.bus.base import Bus, LastWill, Message
 from ftd.config import AgentConfig

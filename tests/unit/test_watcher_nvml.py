@@ -11,8 +11,10 @@ from collections.abc import Callable
 import pytest
 import structlog.testing
 
-from ftd.agent.watchers.nvml import NvmlWatcher, RealNvml, sample_gpu
-from ftd.agent.watchers.nvml_fake import FakeNvml
+from ftd.agent.watchers.nvml.fake import FakeNvml
+from ftd.agent.watchers.nvml.probe import sample_gpu
+from ftd.agent.watchers.nvml.real import RealNvml
+from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.config import NvmlConfig
 from ftd.events import Event, Kind, Severity
 
