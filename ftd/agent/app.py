@@ -61,6 +61,7 @@ from ftd.bus.base import Bus, LastWill, Message
 from ftd.config import AgentConfig
 from ftd.events import (
     Ack,
+    CoordinatorStatus,
     DecodeError,
     Directive,
     Event,
@@ -68,6 +69,7 @@ from ftd.events import (
     Kind,
     NodeStatus,
     RankInfo,
+    Receipt,
     Severity,
     decode,
     encode,
@@ -206,7 +208,12 @@ class Agent:
     async def _publish_event(self, event: Event) -> None:
         """Storm control's downstream: spool and queue for the bus."""
         self.outbox.put(
-            Outgoing(topics.node_event(self.node, event.kind), encode(event), priority=event.severity.rank)
+            Outgoing(
+                topics.node_event(self.node, event.kind),
+                encode(event),
+                priority=event.severity.rank,
+                receipt_id=event.id,  # leaves the spool on the coordinator's receipt, not on PUBACK
+            )
         )
         log.info(
             "event",
@@ -236,9 +243,46 @@ class Agent:
 
     # --- inbound -------------------------------------------------------------------------------
 
+    def _on_receipt(self, message: Message) -> None:
+        receipt = decode(message.payload, Receipt, max_bytes=16 << 20)
+        if receipt.node != self.node:
+            raise DecodeError(f"receipt for node {receipt.node!r}")
+        self.outbox.receipted(receipt.ids)
+        if receipt.rejected:
+            self.outbox.rejected(receipt.rejected)
+
+    def _on_coordinator_status(self, message: Message) -> None:
+        if not message.payload:
+            return
+        status = decode(message.payload, CoordinatorStatus)
+        if status.state == "online":
+            resent = self.outbox.resend_unreceipted()
+            if resent:
+                log.info("coordinator_online_resending_unreceipted", events=resent)
+
+    async def _resend_overdue(self) -> None:
+        """Events whose receipt is overdue go out again (a lost receipt, a coordinator that lost them)."""
+        period = max(0.5, self.outbox.receipt_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            resent = self.outbox.resend_unreceipted(self.outbox.receipt_timeout_s)
+            if resent:
+                log.warning("receipts_overdue_resending", events=resent)
+
     async def _pump_directives(self) -> None:
         node_topic = topics.node_directives(self.node)
+        receipts_topic = topics.node_receipts(self.node)
         async for message in self.bus.messages():
+            if message.topic in (receipts_topic, topics.COORDINATOR_STATUS):
+                try:
+                    if message.topic == receipts_topic:
+                        self._on_receipt(message)
+                    else:
+                        self._on_coordinator_status(message)
+                except DecodeError as exc:
+                    self.bad_messages += 1
+                    log.warning("bad_bus_message_ignored", topic=message.topic, error=str(exc)[:300])
+                continue
             try:
                 directive = decode(message.payload, Directive)
             except DecodeError as exc:
@@ -386,6 +430,8 @@ class Agent:
         await self.local_api.start()
         await self.bus.subscribe(topics.ALL_JOB_DIRECTIVES)
         await self.bus.subscribe(topics.node_directives(self.node))
+        await self.bus.subscribe(topics.node_receipts(self.node))
+        await self.bus.subscribe(topics.COORDINATOR_STATUS)
         await self.bus.start()
         self._core = [
             asyncio.create_task(self.outbox.run(), name="outbox"),
@@ -395,6 +441,7 @@ class Agent:
         self._tasks = [
             *self._core,
             asyncio.create_task(self._health_loop(), name="health"),
+            asyncio.create_task(self._resend_overdue(), name="resend-overdue"),
             *(asyncio.create_task(self._supervise(w), name=f"supervise:{w.name}") for w in self.watchers),
         ]
         for problem in self._startup_problems:

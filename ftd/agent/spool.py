@@ -1,32 +1,40 @@
-"""The agent's outbox: everything the agent publishes waits here until the broker acknowledged it.
+"""The agent's outbox: everything the agent publishes waits here until it has been taken care of.
 
-Bounded and ordered. A single publisher task sends the oldest entry, waits for the PUBACK and only
-then removes it; while the bus is down it waits for the reconnect and retries, so a broker outage
-delays events but loses none until the bound is hit. At the bound the oldest *low-severity* entry is
-dropped first (info, then warning, ...), and every drop is counted (the agent reports the count as an
-``agent_health`` event).
+Bounded and ordered. A single publisher task sends the oldest entry and waits for the PUBACK; while
+the bus is down it waits for the reconnect and retries, so a broker outage delays events but loses
+none until the bound is hit.
+
+**End-to-end receipts** (DESIGN §11): an entry with a ``receipt_id`` (every event) is *not* done on
+the broker's PUBACK: a broker that is killed loses what it held in memory, and a coordinator whose
+session did not exist yet never gets it. It waits, still spooled, until the coordinator's
+:class:`~ftd.events.Receipt` names it (:meth:`Outbox.receipted`: the event is in the ledger), and is
+sent again when the coordinator (re)announces itself online (:meth:`Outbox.resend_unreceipted`) or
+when no receipt came within ``receipt_timeout_s``. The coordinator drops the duplicates by id and
+receipts them again. Entries without a receipt id (acks, job presence) are done on PUBACK. At the
+bound the oldest *low-severity* entry is dropped first (info, then warning, ...), and every drop is
+counted (the agent reports the count as an ``agent_health`` event).
 
 **Durable spool** (``path`` given): every *durable* entry is appended to an on-disk log *before*
-:meth:`Outbox.put` returns, and a tombstone is appended after its PUBACK (or when it is dropped for
-space). On start the log is replayed: entries without a tombstone (unacknowledged by the broker when
-the previous agent died) are queued first, in their original order, and re-published; the
-coordinator drops the duplicates by event id. So an agent killed during a broker outage loses
-nothing that had reached its spool.
+:meth:`Outbox.put` returns, and a tombstone is appended once it is done (receipted, or acknowledged
+for entries without a receipt id, or dropped for space). On start the log is replayed: entries without
+a tombstone (not done when the previous agent died) are queued first, in their original order, and re-
+published; the coordinator drops the duplicates by event id. So an agent killed during a broker outage
+loses nothing that had reached its spool.
 
-File format (``outbox.spool``): the 8-byte header ``FTDSPL1\\n``, then records
-``length:u32 crc32:u32 body`` (little endian; the CRC covers the body) where the body is
-``b"P" seq:u64 priority:u8 retain:u8 topic_len:u16 topic payload`` for an entry or
-``b"D" seq:u64`` for its tombstone. Why not SQLite: one ``os.write`` of a few hundred bytes to the
-page cache costs a few microseconds (measured: 13 us per put+ack pair with the spool vs 4 us
-memory-only, far below the 0.5 ms budget); SQLite was not measured (it needs a transaction per put and
-per ack), and we need nothing but append and replay. Records survive the agent being killed
-(they are in the kernel's page cache); ``fsync=True`` also makes them survive a power cut, at the
-cost of one disk flush per event.
+File format (``outbox.spool``): the 8-byte header ``FTDSPL1\\n``, then records ``length:u32 crc32:u32
+body`` (little endian; the CRC covers the body) where the body is ``b"P" seq:u64 priority:u8 retain:u8
+topic_len:u16 topic payload`` for an entry, ``b"R" seq:u64 priority:u8 retain:u8 topic_len:u16
+id_len:u16 topic receipt_id payload`` for an entry that waits for a receipt, or ``b"D" seq:u64`` for a
+tombstone. Why not SQLite: one ``os.write`` of a few hundred bytes to the page cache costs a few
+microseconds (measured: 13 us per put+ack pair with the spool vs 4 us memory-only, far below the 0.5
+ms budget); SQLite was not measured (it needs a transaction per put and per ack), and we need nothing
+but append and replay. Records survive the agent being killed (they are in the kernel's page cache);
+``fsync=True`` also makes them survive a power cut, at the cost of one disk flush per event.
 
-Housekeeping: when the queue is empty and the file has grown past 64 KiB it is truncated back to its
-header; when it is larger than ``compact_bytes`` and mostly tombstones it is rewritten (write a temp
-file, ``rename``) with only the live entries. The live size is bounded by ``max_bytes`` as well as
-``max_entries``.
+Housekeeping: when nothing is queued or awaiting a receipt and the file has grown past 64 KiB it is
+truncated back to its header; when it is larger than ``compact_bytes`` and mostly tombstones it is
+rewritten (write a temp file, ``rename``) with only the live entries. The live size is bounded by
+``max_bytes`` as well as ``max_entries``.
 
 Corruption: a record with a bad length or CRC (disk trouble, a torn write at power loss, a foreign
 file) stops the replay. The records before it are kept, the file is renamed aside to
@@ -46,6 +54,7 @@ import struct
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +68,7 @@ __all__ = ["Outbox", "Outgoing", "SpoolCorrupt"]
 MAGIC = b"FTDSPL1\n"
 _HEAD = struct.Struct("<II")  # length, crc32 of the body
 _PUT = struct.Struct("<cQBBH")  # b"P", seq, priority, retain, topic length
+_PUTR = struct.Struct("<cQBBHH")  # b"R", seq, priority, retain, topic length, receipt id length
 _DEL = struct.Struct("<cQ")  # b"D", seq
 _MAX_RECORD = 64 << 20
 _TRUNCATE_AT = 64 << 10
@@ -71,6 +81,7 @@ class Outgoing:
     retain: bool = False
     priority: int = 1  # 0 info .. 3 critical; the lowest is dropped first when full
     durable: bool = True  # spooled to disk (when the outbox has a spool)
+    receipt_id: str | None = None  # done on the coordinator's receipt for this id, not on PUBACK
 
 
 @dataclass(slots=True)
@@ -80,10 +91,12 @@ class _Entry:
     retain: bool
     priority: int
     seq: int  # 0: not on disk
+    receipt_id: str | None = None
+    sent_at: float = 0.0  # monotonic time of the last PUBACK; 0 while queued
 
     @property
     def size(self) -> int:
-        return len(self.topic) + len(self.payload) + _HEAD.size + _PUT.size
+        return len(self.topic) + len(self.payload) + len(self.receipt_id or "") + _HEAD.size + _PUTR.size
 
 
 class SpoolCorrupt(ValueError):
@@ -96,8 +109,12 @@ def _record(body: bytes) -> bytes:
 
 def _put_record(entry: _Entry) -> bytes:
     topic = entry.topic.encode()
-    head = _PUT.pack(b"P", entry.seq, entry.priority, 1 if entry.retain else 0, len(topic))
-    return _record(head + topic + entry.payload)
+    retain = 1 if entry.retain else 0
+    if entry.receipt_id is None:
+        return _record(_PUT.pack(b"P", entry.seq, entry.priority, retain, len(topic)) + topic + entry.payload)
+    rid = entry.receipt_id.encode()
+    head = _PUTR.pack(b"R", entry.seq, entry.priority, retain, len(topic), len(rid))
+    return _record(head + topic + rid + entry.payload)
 
 
 def _del_record(seq: int) -> bytes:
@@ -132,6 +149,16 @@ def read_spool(data: bytes) -> tuple[list[_Entry], int, str | None]:
             topic = body[_PUT.size : _PUT.size + topic_len].decode("utf-8", errors="replace")
             payload = body[_PUT.size + topic_len :]
             live[seq] = _Entry(topic, payload, bool(retain), priority, seq)
+            top = max(top, seq)
+        elif tag == b"R" and length >= _PUTR.size:
+            _, seq, priority, retain, topic_len, id_len = _PUTR.unpack_from(body)
+            if _PUTR.size + topic_len + id_len > length:
+                return list(live.values()), top, f"bad topic or id length at byte {pos}"
+            at = _PUTR.size
+            topic = body[at : at + topic_len].decode("utf-8", errors="replace")
+            rid = body[at + topic_len : at + topic_len + id_len].decode("utf-8", errors="replace")
+            payload = body[at + topic_len + id_len :]
+            live[seq] = _Entry(topic, payload, bool(retain), priority, seq, rid)
             top = max(top, seq)
         elif tag == b"D" and length == _DEL.size:
             _, seq = _DEL.unpack_from(body)
@@ -223,24 +250,32 @@ class Outbox:
         max_bytes: int = 64 << 20,
         fsync: bool = False,
         compact_bytes: int = 4 << 20,
+        receipt_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._bus = bus
         self._max = max_entries
         self._max_bytes = max_bytes
+        self.receipt_timeout_s = receipt_timeout_s
+        self._clock = clock
         self._queue: deque[_Entry] = deque()
+        self._awaiting: dict[str, _Entry] = {}  # receipt id -> entry published, not yet receipted
+        self._queued_ids: dict[str, _Entry] = {}  # receipt id -> entry still in the queue
         self._bytes = 0
         self._ready = asyncio.Event()
         self._seq = 1
         self.sent = 0
         self.dropped = 0
         self.replayed = 0
+        self.receipted_count = 0
+        self.rejected_count = 0
+        self.resent = 0
         self._spool: _SpoolFile | None = None
         if path is not None:
             self._spool = _SpoolFile(Path(path), fsync=fsync, compact_bytes=compact_bytes)
             entries, self._seq = self._spool.open()
             for entry in entries:
-                self._queue.append(entry)
-                self._bytes += entry.size
+                self._enqueue(entry)
             self.replayed = len(entries)
             if entries:
                 log.info("spool replayed: re-publishing unacknowledged entries", entries=len(entries))
@@ -256,44 +291,108 @@ class Outbox:
         return list(self._spool.problems) if self._spool else []
 
     def __len__(self) -> int:
-        return len(self._queue)
+        """Entries not done yet: queued, or published and waiting for their receipt."""
+        return len(self._queue) + len(self._awaiting)
+
+    @property
+    def awaiting_receipt(self) -> int:
+        return len(self._awaiting)
+
+    def _enqueue(self, entry: _Entry) -> None:
+        self._queue.append(entry)
+        self._bytes += entry.size
+        if entry.receipt_id is not None:
+            self._queued_ids[entry.receipt_id] = entry
+
+    def _oldest_lowest(self) -> _Entry:
+        """The drop victim: lowest priority first, then the oldest (awaiting ones were sent first)."""
+        candidates = [*self._awaiting.values(), *self._queue]
+        return min(enumerate(candidates), key=lambda pair: (pair[1].priority, pair[0]))[1]
+
+    def _remove(self, entry: _Entry) -> None:
+        """Take ``entry`` out of wherever it waits (queue or receipt wait)."""
+        if entry.receipt_id is not None and self._awaiting.get(entry.receipt_id) is entry:
+            del self._awaiting[entry.receipt_id]
+            return
+        if entry.receipt_id is not None and self._queued_ids.get(entry.receipt_id) is entry:
+            del self._queued_ids[entry.receipt_id]
+        self._queue.remove(entry)
 
     def put(self, item: Outgoing) -> None:
-        entry = _Entry(item.topic, item.payload, item.retain, item.priority, 0)
-        while self._queue and (len(self._queue) >= self._max or self._bytes + entry.size > self._max_bytes):
-            index = min(range(len(self._queue)), key=lambda i: (self._queue[i].priority, i))
+        entry = _Entry(item.topic, item.payload, item.retain, item.priority, 0, item.receipt_id)
+        while len(self) and (len(self) >= self._max or self._bytes + entry.size > self._max_bytes):
+            victim = self._oldest_lowest()
             self.dropped += 1
-            if self._queue[index].priority > item.priority:  # everything queued matters more
-                log.warning("outbox full, dropping new message", topic=item.topic, dropped=self.dropped)
+            if victim.priority > item.priority:  # everything waiting matters more
+                log.warning("outbox_full_dropping_new", topic=item.topic, dropped=self.dropped)
                 return
-            victim = self._queue[index]
-            log.warning(
-                "outbox full, dropping oldest lowest-priority message",
-                topic=victim.topic,
-                dropped=self.dropped,
-            )
-            del self._queue[index]
+            log.warning("outbox_full_dropping_oldest", topic=victim.topic, dropped=self.dropped)
+            self._remove(victim)
             self._forget(victim)
         if self._spool is not None and item.durable:
             entry.seq = self._seq
             self._seq += 1
             self._spool.append(_put_record(entry))
-        self._queue.append(entry)
-        self._bytes += entry.size
+        self._enqueue(entry)
         self._ready.set()
 
+    def receipted(self, ids: Iterable[str]) -> int:
+        """The coordinator committed these events: they are done. Returns how many were ours."""
+        done = 0
+        for rid in ids:
+            entry = self._awaiting.get(rid) or self._queued_ids.get(rid)
+            if entry is None:
+                continue  # a receipt repeated, or for an entry dropped for space
+            self._remove(entry)
+            self._forget(entry)
+            done += 1
+        self.receipted_count += done
+        return done
+
+    def rejected(self, reasons: Mapping[str, str]) -> int:
+        """The coordinator will never take these: stop resending them, and say why in the log."""
+        done = 0
+        for rid, why in reasons.items():
+            entry = self._awaiting.get(rid) or self._queued_ids.get(rid)
+            if entry is None:
+                continue
+            log.error("event_rejected_by_coordinator", event_id=rid, topic=entry.topic, reason=why)
+            self._remove(entry)
+            self._forget(entry)
+            done += 1
+        self.rejected_count += done
+        return done
+
+    def resend_unreceipted(self, older_than_s: float = 0.0) -> int:
+        """Queue again (in their original order, ahead of newer entries) the published entries whose
+        receipt has not come for ``older_than_s`` seconds; 0 = all of them (the coordinator came up)."""
+        cutoff = self._clock() - older_than_s
+        again = [e for e in self._awaiting.values() if e.sent_at <= cutoff]
+        if not again:
+            return 0
+        for entry in again:
+            del self._awaiting[entry.receipt_id or ""]
+            entry.sent_at = 0.0
+        for entry in reversed(again):
+            self._queue.appendleft(entry)
+            if entry.receipt_id is not None:
+                self._queued_ids[entry.receipt_id] = entry
+        self.resent += len(again)
+        self._ready.set()
+        return len(again)
+
     def _forget(self, entry: _Entry) -> None:
-        """``entry`` left the queue (acknowledged or dropped): tombstone it on disk."""
+        """``entry`` is done (acknowledged, receipted or dropped): tombstone it on disk."""
         self._bytes -= entry.size
         spool = self._spool
         if spool is None:
             return
-        if not self._queue and spool.size > _TRUNCATE_AT:
+        if not self._queue and not self._awaiting and spool.size > _TRUNCATE_AT:
             spool.truncate()
         elif entry.seq:
             spool.append(_del_record(entry.seq))
             if spool.size > spool.compact_bytes and self._bytes * 4 < spool.size:
-                spool.compact([e for e in self._queue if e.seq])
+                spool.compact([e for e in (*self._awaiting.values(), *self._queue) if e.seq])
 
     async def run(self) -> None:
         """Publish queued messages in order, forever."""
@@ -308,11 +407,17 @@ class Outbox:
             except BusUnavailable:
                 await self._bus.wait_connected(timeout=1.0)
                 continue
-            # The head may have been dropped for space while we awaited; remove only what we sent.
-            if self._queue and self._queue[0] is item:
-                self._queue.popleft()
-                self._forget(item)
             self.sent += 1
+            # The head may have been dropped or receipted while we awaited; move only what we sent.
+            if not self._queue or self._queue[0] is not item:
+                continue
+            self._queue.popleft()
+            if item.receipt_id is None:
+                self._forget(item)
+                continue
+            del self._queued_ids[item.receipt_id]
+            item.sent_at = self._clock()
+            self._awaiting[item.receipt_id] = item
 
     async def flush(self, timeout: float) -> bool:
         """Wait until everything queued so far has been published; False on timeout."""

@@ -18,6 +18,7 @@ BENCHES: dict[str, tuple[str, str, str]] = {
     "storm": ("ftd.bench.storm", "bench_storm", "<= 50 bus messages for 500,000 lines, counts exact"),
     "agent": ("ftd.bench.agent", "bench_agent", "<= 1% of a core, <= 60 MB RSS"),
     "coordinator": ("ftd.bench.coordinator", "bench_coordinator", ">= 5,000 events/s, p99 <= 250 ms, 0 lost"),
+    "chaos": ("ftd.bench.chaos", "bench_chaos", "lost 0, actions done twice 0, in every kill scenario"),
 }
 
 
