@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -32,7 +33,15 @@ from tests.realparts import Mosquitto, require_binary
 pytestmark = pytest.mark.real
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
-USERS = {"node-1": "pw-node-1", "node-2": "pw-node-2", "coordinator": "pw-coordinator"}
+USERS = {
+    "node-1": "pw-node-1",
+    "node-2": "pw-node-2",
+    "coordinator": "pw-coordinator",
+    "observer": "pw-observer",
+}
+# Test-only ACL lines: a read-everything user that watches what arrives. Client ids are bound to
+# usernames (use_username_as_clientid), so a second "coordinator" client would replace the first.
+OBSERVER_ACL = "\n# test only\nuser observer\ntopic read ftd/v1/#\n"
 # Lines of deploy/mosquitto.conf that tests.realparts.Mosquitto sets itself (port, loopback, temp dir).
 _OWN_KEYS = {"listener", "persistence", "persistence_location", "log_dest"}
 
@@ -89,7 +98,7 @@ def broker() -> Iterator[Mosquitto]:
     workdir = _mosquitto_dir()
     try:
         make_passwd(workdir, USERS)
-        shutil.copy(DEPLOY / "acl", workdir / "acl")
+        (workdir / "acl").write_text((DEPLOY / "acl").read_text() + OBSERVER_ACL)
         _chown_for_broker(workdir / "acl")
         conf = deploy_conf_lines(workdir)
         assert "allow_anonymous false" in conf and any(c.startswith("acl_file ") for c in conf)
@@ -108,12 +117,23 @@ def broker() -> Iterator[Mosquitto]:
 class Client:
     """A paho MQTT 3.1.1 client that records what it receives."""
 
-    def __init__(self, port: int, user: str | None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int,
+        user: str | None,
+        password: str | None = None,
+        *,
+        client_id: str | None = None,
+        clean_session: bool = True,
+    ) -> None:
         self.messages: queue.Queue[tuple[str, bytes]] = queue.Queue()
         self.connack: queue.Queue[ReasonCode] = queue.Queue()
         self.subacks: queue.Queue[list[ReasonCode]] = queue.Queue()
         self.c = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=f"t-{uuid.uuid4().hex[:10]}", protocol=mqtt.MQTTv311
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id or f"t-{uuid.uuid4().hex[:10]}",
+            protocol=mqtt.MQTTv311,
+            clean_session=clean_session,
         )
         if user is not None:
             self.c.username_pw_set(user, password)
@@ -156,8 +176,9 @@ def connect(broker: Mosquitto) -> Iterator[Connect]:
     """``connect(user, password=None)``: a client on the shared broker (password from USERS)."""
     opened: list[Client] = []
 
-    def open_client(user: str | None, password: str | None = None) -> Client:
-        client = Client(broker.port, user, password if password is not None else USERS.get(user or ""))
+    def open_client(user: str | None, password: str | None = None, **options: Any) -> Client:
+        secret = password if password is not None else USERS.get(user or "")
+        client = Client(broker.port, user, secret, **options)
         opened.append(client)
         return client
 
@@ -230,7 +251,7 @@ def test_coordinator_directives_reach_node_and_only_its_own(connect: Connect) ->
 
 
 def test_coordinator_writes_actions_but_not_node_events(connect: Connect) -> None:
-    coord = connect("coordinator")
+    coord = connect("observer")
     coord.subscribe("ftd/v1/#")
     writer = connect("coordinator")
     writer.publish(topics.node_event("node-1", "xid"), b"forged event")
@@ -296,3 +317,38 @@ def test_add_node_script_then_sighup(tmp_path: Path) -> None:
             b.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_receipts_reach_only_their_node_and_only_the_coordinator_writes_them(connect: Connect) -> None:
+    node1, node2 = connect("node-1"), connect("node-2")
+    assert node1.subscribe(topics.node_receipts("node-1"))[0].value == 1
+    node1.subscribe(topics.node_directives("node-1"))
+    node2.subscribe(topics.node_receipts("node-1"))  # another node's receipts: refused
+    node2.subscribe(topics.node_directives("node-2"))
+    node2.publish(topics.node_receipts("node-1"), b"forged receipt")  # dropped by the broker
+    node2.publish(topics.node_receipts("node-2"), b"self-receipt")  # also not a node's to write
+    coord = connect("coordinator")
+    coord.publish(topics.node_receipts("node-1"), b"receipt")
+    coord.publish(topics.node_directives("node-1"), b"done-1")
+    coord.publish(topics.node_directives("node-2"), b"done-2")
+    assert node1.received_until(b"done-1") == [
+        (topics.node_receipts("node-1"), b"receipt"),
+        (topics.node_directives("node-1"), b"done-1"),
+    ]
+    assert node2.received_until(b"done-2") == [(topics.node_directives("node-2"), b"done-2")]
+
+
+def test_a_nodes_credentials_cannot_take_over_the_coordinators_session(connect: Connect) -> None:
+    """Reported: a client taking the coordinator's client id with a clean session wiped its broker
+    session, so events queued for it were lost. Client ids are the usernames now."""
+    coord = connect("coordinator", client_id="ftd-coordinator", clean_session=False)
+    coord.subscribe(topics.ALL_NODE_EVENTS)
+    coord.close()  # away (a restart): the broker queues node events for its session
+    intruder = connect("node-1", client_id="ftd-coordinator", clean_session=True)
+    assert not intruder.rc.is_failure  # it is let in ... as "node-1", not as the coordinator
+    intruder.close()
+    connect("node-2").publish(topics.node_event("node-2", "xid"), b"queued while away")
+    back = connect("coordinator", client_id="ftd-coordinator", clean_session=False)  # no resubscribe
+    assert back.received_until(b"queued while away") == [
+        (topics.node_event("node-2", "xid"), b"queued while away")
+    ]
