@@ -86,3 +86,51 @@ def test_trainer_client_imports_only_the_standard_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- the floors of issue #8: contract, rules, daemons ------------------------------------------------
+
+
+def _stdlib(name: str) -> bool:
+    return name.split(".")[0] in sys.stdlib_module_names or name == "__future__"
+
+
+def _within(name: str, *allowed: str) -> bool:
+    return any(name == a or name.startswith(a + ".") for a in allowed)
+
+
+def _files(folder: str) -> list[Path]:
+    return sorted((PACKAGE / folder).rglob("*.py"))
+
+
+def test_rules_import_only_the_contract_the_catalog_and_the_standard_library() -> None:
+    for path in _files("rules"):
+        bad = {
+            n
+            for n in imports_of(path)
+            if not _stdlib(n) and not _within(n, "ftd.plugin", "ftd.catalog", "ftd.rules")
+        }
+        assert not bad, f"ftd/rules/{path.name} imports {sorted(bad)}: a rule imports only ftd.plugin"
+
+
+def test_the_contract_depends_on_nothing_of_the_daemons() -> None:
+    for path in _files("plugin"):
+        bad = {
+            n
+            for n in imports_of(path)
+            if not _stdlib(n) and not _within(n, "ftd.plugin", "ftd.events", "pluggy", "msgspec")
+        }
+        assert not bad, f"ftd/plugin/{path.name} imports {sorted(bad)}"
+
+
+def test_the_coordinator_names_the_builtin_rules_as_strings_only() -> None:
+    for path in _files("coordinator"):
+        bad = {n for n in imports_of(path) if _within(n, "ftd.rules")}
+        assert not bad, f"{path} imports {sorted(bad)}: built-in rules are loaded by name"
+
+
+@pytest.mark.parametrize(("one", "other"), [("agent", "coordinator"), ("coordinator", "agent")])
+def test_agent_and_coordinator_never_import_each_other(one: str, other: str) -> None:
+    for path in _files(one):
+        bad = {n for n in imports_of(path) if _within(n, f"ftd.{other}")}
+        assert not bad, f"{path} imports {sorted(bad)}"
