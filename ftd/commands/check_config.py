@@ -1,14 +1,25 @@
-"""``ftd check-config PATH [--explain]``: validate a config file before a daemon is (re)started on it.
+"""``ftd check-config PATH [--for DAEMON] [--no-files] [--explain]``: check a config before a daemon
+is (re)started on it.
 
-What: loads PATH exactly as ``ftd agent``/``ftd coordinator`` would; prints ``OK: PATH`` and the
+What: checks PATH exactly as ``ftd agent``/``ftd coordinator`` do when they start
+(:func:`ftd.config.check_config_file`): keys, types, bounds, rules between options, and the files,
+directories and rules the file names (CA bundle, secret files, kmsg source, state and socket
+directories, ledger, rule directories and rules file, scontrol, ...). Prints ``OK: PATH`` and the
 effective settings an operator most often gets wrong (node name, broker, scheduler), exit 0; or
-prints every problem to stderr, one per line as ``PATH: dotted.path: message``, exit 2.
-``--explain`` lists every option, the keys of arrays of tables (``[[agent.fs.mounts]]``) included,
-with its type, default and description (no PATH needed; the text comes from :mod:`ftd.config.explain`).
+prints every problem to stderr, one per line as ``PATH: dotted.path: message``, then their count,
+exit 2. ``--explain`` lists every option, the keys of arrays of tables (``[[agent.fs.mounts]]``)
+included, with its type, default and description (no PATH needed; the text comes from
+:mod:`ftd.config.explain`).
+
+Which daemon: ``--for agent`` / ``--for coordinator``; by default the daemons whose table the file
+has (both when it has neither). ``--no-files`` checks the file alone, for a config checked away
+from the machine it is for (CI, a config repository).
 
 Why: config mistakes should surface in a deploy step (Ansible ``validate=``, a CI job, ``ExecStartPre=``),
-all at once, not as a daemon that restarts in a loop. The password file is *not* read here: it is
-often only readable inside the service's credential sandbox.
+all at once, not as a daemon that restarts in a loop. Files are checked as the user running the
+check (a permission problem says which user). A relative secret file name (``password_file =
+"mqtt-password"``) resolves against ``$CREDENTIALS_DIRECTORY``, which only systemd's service
+sandbox has: outside it, such names are listed as not checked rather than reported missing.
 """
 
 from __future__ import annotations
@@ -25,9 +36,24 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "check-config",
         help="validate a config file and report every problem",
-        description="Validate an ftd TOML config file; exit 0 if valid, 2 with every problem listed if not.",
+        description="Validate an ftd TOML config file and the files it names, as the daemons do when they "
+        "start; exit 0 if valid, 2 with every problem listed if not.",
     )
     parser.add_argument("path", nargs="?", metavar="PATH", help="config file (optional with --explain)")
+    parser.add_argument(
+        "--for",
+        dest="roles",
+        action="append",
+        choices=("agent", "coordinator"),
+        metavar="DAEMON",
+        help="check for this daemon: agent or coordinator (repeatable); "
+        "default: the daemons whose table the file has, both if neither",
+    )
+    parser.add_argument(
+        "--no-files",
+        action="store_true",
+        help="check the file alone, not the files and directories it names (away from its machine)",
+    )
     parser.add_argument(
         "--explain", action="store_true", help="list every option with its type, default and description"
     )
@@ -35,7 +61,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ftd.config import ConfigError, load_config
+    from ftd.config import ConfigError, check_config_file
 
     if args.explain:
         print(explain())
@@ -46,14 +72,18 @@ def run(args: argparse.Namespace) -> int:
         print("ftd check-config: error: PATH is required (or use --explain)", file=sys.stderr)
         return 2
     try:
-        config = load_config(args.path)
+        checked = check_config_file(args.path, roles=args.roles, files=not args.no_files, in_service=False)
     except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        count = len(exc.problems)
-        print(f"{count} problem{'s' if count != 1 else ''} in {args.path}", file=sys.stderr)
+        print(exc.report(), file=sys.stderr)
         return 2
     print(f"OK: {args.path}")
-    print(summary(config))
+    print(summary(checked.config))
+    if args.no_files:
+        print("  files:     not checked (--no-files)")
+    else:
+        print(f"  files:     checked for the {' and the '.join(checked.roles)}")
+    for option in checked.deferred:
+        print(f"  not checked: {option} (a relative name: read from $CREDENTIALS_DIRECTORY in the service)")
     return 0
 
 

@@ -7,6 +7,11 @@ lives in:
 - :mod:`ftd.config.schema`: the structs (:class:`Config` and its sections), defaults, documentation;
 - :mod:`ftd.config.validate`: loading (:func:`load_config`, :func:`parse_config`), unknown keys
   rejected, every problem reported with its dotted path;
+- :mod:`ftd.config.relations`: rules between options (``warn_pct < critical_pct``, ...);
+- :mod:`ftd.config.references`: the files, directories and rules a config names, checked as the
+  daemons use them (:func:`check_references`), built on :mod:`ftd.config.paths`;
+- :mod:`ftd.config.check`: all of it in one run, as ``ftd check-config`` and the daemons' start-up
+  do (:func:`check_config_file`);
 - :mod:`ftd.config.errors`: :class:`ConfigError` and its :class:`Problem` rows;
 - :mod:`ftd.config.credentials`: secret files a config points at (:func:`resolve_password`);
 - :mod:`ftd.config.explain`: ``ftd check-config --explain`` (:func:`describe_options`);
@@ -19,9 +24,12 @@ look for; the generic machinery that validates and explains it never names a fie
 
 from __future__ import annotations
 
+from ftd.config.check import Checked, check_config_file, roles_in
 from ftd.config.credentials import read_secret_file, resolve_password
 from ftd.config.errors import ConfigError, Problem
 from ftd.config.explain import Option, describe_options, explain_text
+from ftd.config.references import ROLES, check_references, deferred_credentials
+from ftd.config.relations import check_relations
 from ftd.config.schema import (
     AgentConfig,
     ApiConfig,
@@ -45,12 +53,21 @@ from ftd.config.schema import (
     SpoolConfig,
     StormConfig,
 )
-from ftd.config.validate import config_from_data, load_config, parse_config, validate_data
+from ftd.config.validate import (
+    config_from_data,
+    load_config,
+    load_config_data,
+    parse_config,
+    valid_part,
+    validate_data,
+)
 
 __all__ = [
+    "ROLES",
     "AgentConfig",
     "ApiConfig",
     "BusConfig",
+    "Checked",
     "Config",
     "ConfigError",
     "CoordinatorConfig",
@@ -72,12 +89,19 @@ __all__ = [
     "SlurmConfig",
     "SpoolConfig",
     "StormConfig",
+    "check_config_file",
+    "check_references",
+    "check_relations",
     "config_from_data",
+    "deferred_credentials",
     "describe_options",
     "explain_text",
     "load_config",
+    "load_config_data",
     "parse_config",
     "read_secret_file",
     "resolve_password",
+    "roles_in",
+    "valid_part",
     "validate_data",
 ]

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from ftd.config.errors import ConfigError, Problem
+from ftd.config.paths import os_reason
 from ftd.config.schema import BusConfig
 
 __all__ = ["read_secret_file", "resolve_password"]
@@ -31,7 +32,7 @@ def read_secret_file(name: str, key: str) -> str:
     try:
         secret = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
         hint = ""
         if not Path(name).is_absolute() and not creds:
             hint = " ($CREDENTIALS_DIRECTORY is not set, so the path is relative to the working directory)"

@@ -47,5 +47,10 @@ class ConfigError(ValueError):
     def __str__(self) -> str:
         return "\n".join(p.render(self.source) for p in self.problems)
 
+    def report(self) -> str:
+        """What ``ftd check-config`` and the daemons print on stderr: every problem, then their count."""
+        count = len(self.problems)
+        return f"{self}\n{count} problem{'s' if count != 1 else ''} in {self.source}"
+
     def __reduce__(self) -> tuple[Any, ...]:  # keep problems across pickling (multiprocessing)
         return (type(self), (self.problems, self.source))

@@ -14,8 +14,10 @@ first walks the raw TOML data against the structs' own type information
 choices/hints) and collects every problem; only clean data is then built with
 :func:`msgspec.convert`. New fields and sections are therefore validated automatically.
 
-Cross-field rules that types cannot express (password vs password_file, MQTT's "no password
-without a user name", ...) live in :func:`_cross_check`.
+Rules between options that types cannot express (password vs password_file, ``warn_pct <
+critical_pct``, ...) live in :mod:`ftd.config.relations`. :func:`valid_part` builds what can be
+built from a file with problems, so the files it names can still be checked in the same run
+(:mod:`ftd.config.check`).
 """
 
 from __future__ import annotations
@@ -35,13 +37,27 @@ import msgspec.inspect as mi
 
 from ftd.config.errors import ConfigError, Problem
 from ftd.config.introspect import config_info, join, leaf_fields, type_name, unwrap
-from ftd.config.schema import BusConfig, Config
+from ftd.config.relations import check_relations
+from ftd.config.schema import Config
 
-__all__ = ["config_from_data", "load_config", "parse_config", "validate_data"]
+__all__ = [
+    "config_from_data",
+    "load_config",
+    "load_config_data",
+    "parse_config",
+    "valid_part",
+    "validate_data",
+]
 
 
 def load_config(path: str | Path) -> Config:
     """Read and validate the TOML file at ``path``. Raises :class:`ConfigError` listing every problem."""
+    return config_from_data(load_config_data(path), source=str(path))
+
+
+def load_config_data(path: str | Path) -> dict[str, Any]:
+    """The TOML file at ``path``, parsed but not validated. Raises :class:`ConfigError` when it cannot
+    be read, is not UTF-8 or is not TOML (with the line and column)."""
     source = str(path)
     try:
         raw = Path(path).read_bytes()
@@ -54,7 +70,7 @@ def load_config(path: str | Path) -> Config:
         line = raw.count(b"\n", 0, exc.start) + 1
         column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         raise ConfigError([Problem("", "not valid UTF-8", line, column)], source) from exc
-    return parse_config(text, source=source)
+    return _parse_toml(text, source)
 
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
@@ -62,8 +78,12 @@ _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 def parse_config(text: str, *, source: str = "<string>") -> Config:
     """Parse and validate TOML text. ``source`` names it in error messages."""
+    return config_from_data(_parse_toml(text, source), source=source)
+
+
+def _parse_toml(text: str, source: str) -> dict[str, Any]:
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         line = column = None
@@ -71,7 +91,6 @@ def parse_config(text: str, *, source: str = "<string>") -> Config:
             line, column = int(match[1]), int(match[2])
             message = message[: match.start()]
         raise ConfigError([Problem("", f"invalid TOML: {message}", line, column)], source) from exc
-    return config_from_data(data, source=source)
 
 
 def config_from_data(data: object, *, source: str = "<data>") -> Config:
@@ -95,8 +114,22 @@ def validate_data(data: object) -> list[Problem]:
     problems: list[Problem] = []
     _check(data, config_info(), "", problems)
     if isinstance(data, dict):
-        _cross_check(data, problems)
+        problems.extend(check_relations(data))
     return problems
+
+
+def valid_part(data: object) -> tuple[Config | None, list[str]]:
+    """The :class:`Config` built from the options of ``data`` that are valid on their own, the others
+    left at their defaults, and the dotted paths of the options left out (an array with one bad entry
+    is left out whole, so the indexes of problems found later still match the file). ``None`` when
+    even that cannot be built. Rules between options are not applied: a value that breaks one is kept.
+    """
+    left_out: list[str] = []
+    kept = _keep_valid(data, config_info(), "", left_out) if isinstance(data, dict) else {}
+    try:
+        return msgspec.convert(kept, Config), left_out
+    except msgspec.ValidationError:
+        return None, left_out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,6 +277,29 @@ def _check_table(value: object, st: mi.StructType, path: str, problems: list[Pro
             problems.append(Problem(join(path, name), "required option is missing"))
 
 
+def _keep_valid(
+    table: Mapping[Any, Any], st: mi.StructType, path: str, left_out: list[str]
+) -> dict[str, Any]:
+    """``table`` without its unknown keys and invalid values (see :func:`valid_part`)."""
+    fields = {f.encode_name: f for f in st.fields}
+    kept: dict[str, Any] = {}
+    for key, item in table.items():
+        field = fields.get(key) if isinstance(key, str) else None
+        if field is None:
+            continue
+        where = join(path, key)
+        trial: list[Problem] = []
+        _check(item, field.type, where, trial)
+        inner, _ = unwrap(field.type)
+        if not trial:
+            kept[key] = item
+        elif isinstance(inner, mi.StructType) and isinstance(item, dict):
+            kept[key] = _keep_valid(item, inner, where, left_out)
+        else:
+            left_out.append(where)
+    return kept
+
+
 def _unknown_key_message(key: str, value: object, path: str, fields: Mapping[str, mi.Field]) -> str:
     kind = "section" if isinstance(value, dict) else "option"
     message = f"unknown {kind}"
@@ -256,47 +312,3 @@ def _unknown_key_message(key: str, value: object, path: str, fields: Mapping[str
     if elsewhere:
         return f"{message} (did you mean {elsewhere[0]!r}? it belongs in [{elsewhere[0].rsplit('.', 1)[0]}])"
     return f"{message}; known here: {', '.join(fields)}"
-
-
-def _cross_check(data: Mapping[Any, Any], problems: list[Problem]) -> None:
-    """Rules spanning several fields. Presence-based, so they hold even when a value had a type error."""
-    coordinator = data.get("coordinator")
-    notify = coordinator.get("notify") if isinstance(coordinator, dict) else None
-    if isinstance(notify, dict) and None not in (notify.get("webhook_url"), notify.get("url_file")):
-        problems.append(
-            Problem("coordinator.notify.url_file", "mutually exclusive with webhook_url; keep one of them")
-        )
-    bus = data.get("bus")
-    if not isinstance(bus, dict):
-        return
-
-    def given(key: str) -> bool:
-        return bus.get(key) is not None
-
-    if given("password") and given("password_file"):
-        problems.append(
-            Problem("bus.password_file", "mutually exclusive with bus.password; keep one of them")
-        )
-    if given("username") and not (given("password") or given("password_file")):
-        problems.append(Problem("bus.username", "a user name needs a password: set bus.password_file"))
-    if not given("username") and (given("password") or given("password_file")):
-        key = "password" if given("password") else "password_file"
-        problems.append(
-            Problem(f"bus.{key}", "a password needs bus.username (MQTT sends none without a user name)")
-        )
-    if given("ca_file") and bus.get("tls") is not True:
-        problems.append(Problem("bus.ca_file", "is set but bus.tls is not true; set tls = true or remove it"))
-    defaults = BusConfig()
-    low = bus.get("reconnect_min_s", defaults.reconnect_min_s)
-    high = bus.get("reconnect_max_s", defaults.reconnect_max_s)
-    numbers = all(
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)
-    )
-    if numbers and low > high:
-        if "reconnect_min_s" in bus:
-            default = "" if "reconnect_max_s" in bus else ", the default"
-            message = f"must not exceed bus.reconnect_max_s ({high}{default}), got {low}"
-            problems.append(Problem("bus.reconnect_min_s", message))
-        else:
-            message = f"must not be below bus.reconnect_min_s ({low}, the default), got {high}"
-            problems.append(Problem("bus.reconnect_max_s", message))

@@ -1,0 +1,248 @@
+"""The files, directories and rules a config names, checked as the daemon that uses them would.
+
+What: :func:`check_references` returns a :class:`~ftd.config.errors.Problem` (at the option's
+dotted path) for each one a daemon could not use:
+
+- both daemons: ``bus.ca_file`` (loads as a CA bundle, when ``bus.tls``), ``bus.password_file``
+  (readable, not empty);
+- the agent (role ``"agent"``): ``agent.kmsg_path`` (a readable character device, FIFO or file),
+  ``agent.state_dir`` and the directory of ``agent.socket_path`` (writable, or creatable: the agent
+  makes them), ``agent.socket_path`` itself (a socket if anything), ``agent.logs.patterns_file``
+  (loads as a pattern table), every ``agent.fs.mounts[].path`` (``statvfs`` works). Followed logs
+  (``agent.logs.paths``) are not checked: they appear when training starts;
+- the coordinator (role ``"coordinator"``): the directory of ``coordinator.ledger_path``
+  (writable or creatable) and the ledger file if it exists; every ``coordinator.rule_dirs`` entry
+  (a readable directory, each rule file in it imports) and ``coordinator.rules_file`` (loads, every
+  problem listed), through the coordinator's own loaders; the names in ``disabled_rules`` and
+  ``policy.dry_run_rules`` (a rule must exist, or a typo leaves it enabled or acting for real); with
+  ``scheduler = "slurm"`` the ``slurm.scontrol`` executable and ``slurm.slurm_conf``; with
+  ``"kubernetes"`` its ``token_file`` and a ``ca_file`` set in the file (the in-cluster default may
+  be absent: system CAs are used then); ``api.token_file`` (API enabled) and ``notify.url_file``.
+
+Secret files (``password_file``, ``token_file``, ``url_file``) are read with
+:func:`~ftd.config.credentials.read_secret_file`, the daemons' own reader. A relative secret name is
+resolved against ``$CREDENTIALS_DIRECTORY``, which systemd sets only inside the service: outside
+it (``in_service=False``: ``ftd check-config``) such a name cannot be checked;
+:func:`deferred_credentials` lists them so the caller can say so.
+
+Why here: ``ftd check-config`` and both daemons' start-up run these same checks
+(:mod:`ftd.config.check`), so a file that passes the check does not stop a daemon, and a daemon
+that will not start says why the way ``check-config`` does, every problem at once. The rule
+loaders live in the coordinator and are imported inside :func:`check_references`, so importing
+:mod:`ftd.config` stays light. Loading rule files runs their module code (once per file here, again
+in the plugin manager that checks names and hooks, then in the coordinator); rule modules are pure
+by contract.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Collection, Iterable, Iterator
+from pathlib import Path
+
+from ftd.config import paths
+from ftd.config.credentials import read_secret_file
+from ftd.config.errors import ConfigError, Problem
+from ftd.config.schema import Config, KubernetesConfig
+
+__all__ = ["ROLES", "check_references", "deferred_credentials"]
+
+#: The daemons a config serves; each checks the bus and its own section.
+ROLES = ("agent", "coordinator")
+
+
+class _Found:
+    """Collects problems; skips checks that depend on an option whose value was invalid (left out)."""
+
+    def __init__(self, unknown: Collection[str]) -> None:
+        self.problems: list[Problem] = []
+        self._unknown = tuple(unknown)
+
+    def known(self, *options: str) -> bool:
+        return not any(
+            option == u or option.startswith((u + ".", u + "[")) for option in options for u in self._unknown
+        )
+
+    def check(self, option: str, value: str, test: Callable[[str], str | None], *needs: str) -> bool:
+        """``test(value)``, reported at ``option``; ``True`` only when it ran and passed (skipped when
+        ``option`` or one it ``needs`` was left out)."""
+        if not self.known(option, *needs):
+            return False
+        problem = test(value)
+        if problem is not None:
+            self.problems.append(Problem(option, problem))
+        return problem is None
+
+
+def check_references(
+    config: Config,
+    *,
+    roles: Iterable[str] = ROLES,
+    in_service: bool = True,
+    unknown: Collection[str] = (),
+) -> list[Problem]:
+    """Every problem with the files, directories and rules ``config`` names for ``roles`` (see the
+    module docstring). ``in_service=False`` skips the relative secret names only the service can
+    resolve (:func:`deferred_credentials`). ``unknown``: options whose value was invalid and left
+    out (:func:`~ftd.config.validate.valid_part`); checks that depend on them are skipped."""
+    found = _Found(unknown)
+    wanted = set(roles)
+    bus = config.bus
+    if bus.tls and bus.ca_file is not None:
+        found.check("bus.ca_file", bus.ca_file, paths.ca_bundle_problem, "bus.tls")
+    if "agent" in wanted:
+        _agent(config, found)
+    if "coordinator" in wanted:
+        _coordinator(config, found)
+        _rules(config, found)
+    deferred = set() if in_service else set(deferred_credentials(config, wanted))
+    for option, name in _secrets(config, wanted):
+        if option not in deferred and found.known(option):
+            try:
+                read_secret_file(name, option)
+            except ConfigError as exc:
+                found.problems.extend(exc.problems)
+    order = {section: i for i, section in enumerate(("bus", *ROLES))}  # the tables' order in a file
+    return sorted(found.problems, key=lambda p: order.get(p.path.split(".")[0], len(order)))
+
+
+def deferred_credentials(config: Config, roles: Iterable[str] = ROLES) -> list[str]:
+    """The secret options whose relative name only resolves inside the service: set, relative, and
+    ``$CREDENTIALS_DIRECTORY`` unset here."""
+    if os.environ.get("CREDENTIALS_DIRECTORY"):
+        return []
+    return [
+        option for option, name in _secrets(config, set(roles)) if not Path(name).expanduser().is_absolute()
+    ]
+
+
+def _secrets(config: Config, roles: Collection[str]) -> Iterator[tuple[str, str]]:
+    """(option, file name) of each secret file the daemons of ``roles`` read."""
+    if config.bus.password_file is not None:
+        yield "bus.password_file", config.bus.password_file
+    if "coordinator" in roles:
+        coordinator = config.coordinator
+        if coordinator.api.enabled and coordinator.api.token_file is not None:
+            yield "coordinator.api.token_file", coordinator.api.token_file
+        if coordinator.notify.url_file is not None:
+            yield "coordinator.notify.url_file", coordinator.notify.url_file
+
+
+def _agent(config: Config, found: _Found) -> None:
+    agent = config.agent
+    found.check("agent.kmsg_path", agent.kmsg_path, paths.kernel_log_problem)
+    found.check("agent.state_dir", agent.state_dir, paths.writable_dir_problem)
+    found.check("agent.socket_path", agent.socket_path, paths.socket_problem)
+    patterns = agent.logs.patterns_file
+    if patterns is not None and found.check("agent.logs.patterns_file", patterns, paths.file_problem):
+        found.check("agent.logs.patterns_file", patterns, _patterns_problem)
+    for i, mount in enumerate(agent.fs.mounts):
+        found.check(f"agent.fs.mounts[{i}].path", mount.path, paths.statvfs_problem)
+
+
+def _patterns_problem(path: str) -> str | None:
+    from ftd.agent.watchers.logfile import load_patterns  # the agent's own loader
+
+    try:
+        load_patterns(path)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def _coordinator(config: Config, found: _Found) -> None:
+    cfg = config.coordinator
+    found.check("coordinator.ledger_path", cfg.ledger_path, paths.database_problem)
+    if cfg.scheduler == "slurm" and cfg.slurm.enabled:
+        needs = ("coordinator.scheduler", "coordinator.slurm.enabled")
+        found.check("coordinator.slurm.scontrol", cfg.slurm.scontrol, paths.command_problem, *needs)
+        if cfg.slurm.slurm_conf is not None:
+            found.check("coordinator.slurm.slurm_conf", cfg.slurm.slurm_conf, paths.file_problem, *needs)
+    if cfg.scheduler == "kubernetes":
+        kube = cfg.kubernetes
+        if kube.token_file is not None:
+            found.check("coordinator.kubernetes.token_file", kube.token_file, paths.file_problem)
+        # the in-cluster default CA may be absent: the scheduler then uses the system CAs
+        if kube.ca_file is not None and (
+            kube.ca_file != KubernetesConfig().ca_file or Path(kube.ca_file).exists()
+        ):
+            found.check("coordinator.kubernetes.ca_file", kube.ca_file, paths.ca_bundle_problem)
+
+
+def _rules(config: Config, found: _Found) -> None:
+    """``rule_dirs`` and ``rules_file`` through the coordinator's loaders, one problem per broken file;
+    then, if all load, the plugin manager the coordinator builds (duplicate names, unknown hooks) and
+    the rule names the config refers to."""
+    from importlib.metadata import entry_points
+
+    from ftd.coordinator.declarative import DeclarativeError, load_rules_file
+    from ftd.coordinator.plugins import (
+        DEFAULT_RULES,
+        PluginError,
+        default_rule_name,
+        load_rule_file,
+        make_plugin_manager,
+        rule_files,
+    )
+    from ftd.plugin.hookspecs import PROJECT
+
+    cfg = config.coordinator
+    disabled = set(cfg.disabled_rules)
+    plugins = {default_rule_name(m) for m in DEFAULT_RULES} | {ep.name for ep in entry_points(group=PROJECT)}
+    rule_names = set(plugins)  # what an action request's ``rule`` can be (policy.dry_run_rules)
+    loaded = found.known("coordinator.rule_dirs", "coordinator.rules_file", "coordinator.disabled_rules")
+    for i, directory in enumerate(cfg.rule_dirs):
+        option = f"coordinator.rule_dirs[{i}]"
+        if not found.check(option, directory, paths.dir_problem):
+            loaded = False
+            continue
+        for path in rule_files([directory]):
+            plugins.add(path.stem)
+            rule_names.add(path.stem)
+            if path.stem in disabled:
+                continue  # never loaded: a broken disabled file does not stop the coordinator
+            try:
+                load_rule_file(path)
+            except PluginError as exc:
+                found.problems.append(Problem(option, str(exc)))
+                loaded = False
+    if cfg.rules_file is not None:
+        option = "coordinator.rules_file"
+        if not found.check(option, cfg.rules_file, paths.file_problem):
+            loaded = False
+        else:
+            try:
+                declared = load_rules_file(cfg.rules_file)
+            except DeclarativeError as exc:
+                found.problems.extend(Problem(option, f"{exc.source}: {problem}") for problem in exc.problems)
+                loaded = False
+            else:
+                plugins.update(name for rule in declared for name in (rule.plugin_name, rule.name))
+                rule_names.update(rule.name for rule in declared)
+    if not loaded:
+        return  # names and hooks are checked once every file loads
+    try:
+        make_plugin_manager(
+            disabled=cfg.disabled_rules,
+            rule_dirs=cfg.rule_dirs,
+            rules_file=cfg.rules_file,
+            entry_points=False,
+        )
+    except PluginError as exc:
+        where = "coordinator.rule_dirs" if cfg.rule_dirs else "coordinator.rules_file"
+        found.problems.append(Problem(where, str(exc)))
+    for option, names, known in (
+        ("coordinator.disabled_rules", cfg.disabled_rules, plugins),
+        ("coordinator.policy.dry_run_rules", cfg.policy.dry_run_rules, rule_names),
+    ):
+        if found.known(option):
+            found.problems.extend(_unknown_names(option, names, known))
+
+
+def _unknown_names(option: str, names: Iterable[str], known: Collection[str]) -> Iterator[Problem]:
+    for i, name in enumerate(names):
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(sorted(known))}"
+            yield Problem(f"{option}[{i}]", f"no rule named {name!r}{hint}")
