@@ -1,8 +1,9 @@
 """The scheduler seam: what the coordinator's actions need from a batch scheduler, and a fake.
 
 The drain/resume and checkpoint-restart actions (DESIGN §6) talk to the scheduler only through the
-:class:`Scheduler` protocol, so the same action code drives Slurm (:mod:`ftd.coordinator.actions.slurm`),
-Kubernetes later, or :class:`FakeScheduler` in unit tests and the demo. One contract suite
+:class:`Scheduler` protocol, so the same action code drives Slurm
+(:mod:`ftd.coordinator.actions.slurm`), Kubernetes (:mod:`ftd.coordinator.actions.kubernetes`), or
+:class:`FakeScheduler` in unit tests and the demo. One contract suite
 (``tests/contract/test_scheduler_contract.py``) runs against the fake and the real Slurm, so the fake
 cannot drift from what Slurm really does.
 
