@@ -144,34 +144,42 @@ def _credentials(data: Mapping[Any, Any]) -> Iterator[Problem | None]:
         yield Problem("bus.ca_file", "is set but bus.tls is not true; set tls = true or remove it")
 
 
+#: Pairs of options of one table that must be ordered: (table, its defaults, the lower option, the
+#: higher one, strictly, what goes wrong otherwise).
+_ORDERS: tuple[tuple[str, msgspec.Struct, str, str, bool, str], ...] = (
+    ("bus", BusConfig(), "reconnect_min_s", "reconnect_max_s", False, ""),
+    (
+        "agent.nvml",
+        NvmlConfig(),
+        "temperature_hysteresis_c",
+        "temperature_c",
+        True,
+        " (a hot GPU would never count as cool again)",
+    ),
+    (
+        "agent.heartbeat",
+        HeartbeatConfig(),
+        "check_interval_s",
+        "timeout_s",
+        True,
+        " (a silent rank would be reported late)",
+    ),
+    (
+        "agent.memory",
+        MemoryConfig(),
+        "available_critical_pct",
+        "available_warn_pct",
+        True,
+        " (critical is the lower level of available memory)",
+    ),
+)
+
+
 def _orderings(data: Mapping[Any, Any]) -> Iterator[Problem | None]:
-    bus = _table(data, "bus")
-    yield _order(
-        _value(bus, "bus", "reconnect_min_s", BusConfig()),
-        _value(bus, "bus", "reconnect_max_s", BusConfig()),
-        strict=False,
-    )
-    nvml, prefix = _table(data, "agent", "nvml"), "agent.nvml"
-    yield _order(
-        _value(nvml, prefix, "temperature_hysteresis_c", NvmlConfig()),
-        _value(nvml, prefix, "temperature_c", NvmlConfig()),
-        strict=True,
-        why=" (a hot GPU would never count as cool again)",
-    )
-    heartbeat, prefix = _table(data, "agent", "heartbeat"), "agent.heartbeat"
-    yield _order(
-        _value(heartbeat, prefix, "check_interval_s", HeartbeatConfig()),
-        _value(heartbeat, prefix, "timeout_s", HeartbeatConfig()),
-        strict=True,
-        why=" (a silent rank would be reported late)",
-    )
-    memory, prefix = _table(data, "agent", "memory"), "agent.memory"
-    yield _order(
-        _value(memory, prefix, "available_critical_pct", MemoryConfig()),
-        _value(memory, prefix, "available_warn_pct", MemoryConfig()),
-        strict=True,
-        why=" (critical is the lower level of available memory)",
-    )
+    for prefix, defaults, low, high, strict, why in _ORDERS:
+        table = _table(data, *prefix.split("."))
+        lower, higher = _value(table, prefix, low, defaults), _value(table, prefix, high, defaults)
+        yield _order(lower, higher, strict=strict, why=why)
     fs = _table(data, "agent", "fs")
     hysteresis = _value(fs, "agent.fs", "hysteresis_pct", FsConfig())
     mounts = fs.get("mounts")

@@ -361,24 +361,31 @@ def test_references_checked_despite_type_errors_elsewhere(work: Path) -> None:
     assert check_failures(config) == {"bus.port", "bus.ca_file", "coordinator.scheduler"}
 
 
-def test_rule_names_must_exist(work: Path) -> None:
+def with_rule_dir(work: Path, files: dict[str, str], extra: str = "") -> Path:
+    """A coordinator config whose one rule directory holds ``files`` (name -> text); ``extra`` follows
+    in the ``[coordinator]`` table."""
     rules = work / "rules"
     rules.mkdir()
-    (rules / "site_rule.py").write_text("def ftd_evaluate(event, view):\n    return []\n")
-    (work / "r.toml").write_text('[[rule]]\nname = "dbe"\nmatch = { kind = "xid" }\naction = "drain_node"\n')
+    for name, text in files.items():
+        (rules / name).write_text(text)
     config = work / "c.toml"
-    base = (
-        f'[coordinator]\nledger_path = "{work}/l.sqlite"\nscheduler = "none"\nrule_dirs = ["{rules}"]\n'
-        f'rules_file = "{work}/r.toml"\n'
-    )
     config.write_text(
-        base + 'disabled_rules = ["straggler", "site_rule", "toml:dbe"]\n'
+        f'[coordinator]\nledger_path = "{work}/l.sqlite"\nscheduler = "none"\n'
+        f'rule_dirs = ["{rules}"]\n{extra}'
+    )
+    return config
+
+
+def test_rule_names_must_exist(work: Path) -> None:
+    (work / "r.toml").write_text('[[rule]]\nname = "dbe"\nmatch = { kind = "xid" }\naction = "drain_node"\n')
+    good = (
+        f'rules_file = "{work}/r.toml"\ndisabled_rules = ["straggler", "site_rule", "toml:dbe"]\n'
         '[coordinator.policy]\ndry_run_rules = ["dbe", "site_rule", "xid_catalog"]\n'
     )
+    config = with_rule_dir(work, {"site_rule.py": "def ftd_evaluate(event, view):\n    return []\n"}, good)
     assert check_failures(config) == set()
-    config.write_text(
-        base + 'disabled_rules = ["xid_catlog"]\n[coordinator.policy]\ndry_run_rules = ["dbee"]\n'
-    )
+    text = config.read_text().replace('"straggler", "site_rule", "toml:dbe"', '"xid_catlog"')
+    config.write_text(text.replace('"dbe", "site_rule", "xid_catalog"', '"dbee"'))
     with pytest.raises(ConfigError) as info:
         check_config_file(config)
     assert info.value.problems == [
@@ -388,25 +395,12 @@ def test_rule_names_must_exist(work: Path) -> None:
 
 
 def test_a_disabled_broken_rule_file_is_not_loaded(work: Path) -> None:
-    rules = work / "rules"
-    rules.mkdir()
-    (rules / "old.py").write_text("raise ImportError('gone')\n")
-    config = work / "c.toml"
-    config.write_text(
-        f'[coordinator]\nledger_path = "{work}/l.sqlite"\nscheduler = "none"\nrule_dirs = ["{rules}"]\n'
-        'disabled_rules = ["old"]\n'
-    )
+    config = with_rule_dir(work, {"old.py": "raise ImportError('gone')\n"}, 'disabled_rules = ["old"]\n')
     assert check_failures(config) == set()
 
 
 def test_rule_file_shadowing_a_builtin_is_reported(work: Path) -> None:
-    rules = work / "rules"
-    rules.mkdir()
-    (rules / "fs_fill.py").write_text("")
-    config = work / "c.toml"
-    config.write_text(
-        f'[coordinator]\nledger_path = "{work}/l.sqlite"\nscheduler = "none"\nrule_dirs = ["{rules}"]\n'
-    )
+    config = with_rule_dir(work, {"fs_fill.py": ""})
     with pytest.raises(ConfigError, match=r"coordinator\.rule_dirs: .*fs_fill\.py: a plugin named 'fs_fill'"):
         check_config_file(config)
 
