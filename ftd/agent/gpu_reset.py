@@ -146,7 +146,7 @@ class GpuResetter:
             self._answered[directive.id] = result
             while len(self._answered) > 256:
                 self._answered.popitem(last=False)
-        log.info("gpu reset", result=result.result, reason=result.reason, directive_id=directive.id)
+        log.info("gpu_reset", result=result.result, reason=result.reason, directive_id=directive.id)
         return result
 
     async def _reset(self, directive: Directive) -> ResetResult:

@@ -128,7 +128,7 @@ class MqttBus:
             try:
                 await client.subscribe(pattern, qos=_QOS)
             except aiomqtt.MqttError as exc:  # re-established on the next connect
-                log.warning("subscribe deferred", pattern=pattern, error=str(exc))
+                log.warning("subscribe_deferred", pattern=pattern, error=str(exc))
 
     async def messages(self) -> AsyncIterator[Message]:
         while True:
@@ -185,7 +185,7 @@ class MqttBus:
                     self.connects += 1
                     failures = 0
                     self._connected.set()
-                    log.info("bus connected", broker=f"{self.host}:{self.port}", client_id=self.client_id)
+                    log.info("bus_connected", broker=f"{self.host}:{self.port}", client_id=self.client_id)
                     generation = self.connects
                     async for msg in client.messages:
                         token = (generation, msg.mid) if self._manual_ack and msg.qos > 0 else None

@@ -507,7 +507,7 @@ class Api:
             headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate")}
             return json_response(Error(error=exc.reason or "error"), exc.status, headers)
         except Exception:
-            log.exception("api handler failed", path=request.path, method=request.method)
+            log.exception("api_handler_failed", path=request.path, method=request.method)
             return json_response(Error(error="internal error (logged by the coordinator)"), 500)
 
     def _authorize(self, request: web.Request) -> None:
@@ -531,7 +531,7 @@ class Api:
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
         await site.start()
         log.info(
-            "http api listening",
+            "http_api_listening",
             url=f"http://{self.cfg.host}:{self.cfg.port}/",
             mutating="enabled" if self.token else "disabled (no token)",
         )
@@ -656,7 +656,7 @@ class Api:
                 engine.reject(record.id, body.reason, by=body.by)
         except KeyError as exc:
             raise ApiError(404, f"{record.id}: {exc.args[0] if exc.args else exc}") from None
-        log.info(f"action {verb}d via api", action_id=record.id, by=body.by)
+        log.info("action_decision_via_api", verb=verb, action_id=record.id, by=body.by)
         updated = self.coordinator.ledger.action(record.id) or record
         return json_response(action_out(updated))
 
@@ -718,7 +718,7 @@ async def start_api(coordinator: Coordinator) -> Api | None:
         api = Api(coordinator, cfg, token=resolve_token(cfg))
         await api.start()
     except (OSError, ValueError) as exc:
-        log.error("http api not started", error=str(exc), host=cfg.host, port=cfg.port)
+        log.error("http_api_not_started", error=str(exc), host=cfg.host, port=cfg.port)
         return None
     return api
 

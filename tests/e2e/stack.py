@@ -161,7 +161,7 @@ json = true
     agent.start()
     try:
         coordinator.wait_log("node status")  # it has seen node-1's retained "online"
-        agent.wait_log("bus connected")
+        agent.wait_log("bus_connected")
         yield Stack(slurm, mosquitto, agent, coordinator, kmsg, socket_path, ledger, tmp_path)
     finally:
         agent.stop()

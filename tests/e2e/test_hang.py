@@ -62,7 +62,7 @@ check_interval_s = 0.25
 port = {port}
 """,
     ) as stack:
-        stack.coordinator.wait_log("http api listening")
+        stack.coordinator.wait_log("http_api_listening")
         yield stack, port
 
 

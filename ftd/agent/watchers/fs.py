@@ -31,15 +31,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import structlog
-
 from ftd.agent.watchers.base import Emit
 from ftd.config import FsConfig, FsMount
 from ftd.events import Kind, Severity, make_event
+from ftd.logs import get_logger
 
 __all__ = ["FsWatcher", "StatvfsResult", "linear_slope"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _LEVELS = ("ok", "warning", "critical")
 

@@ -37,16 +37,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ftd.agent.follow import FileFollower, Rotation
 from ftd.agent.watchers.base import Emit
 from ftd.config import LogsConfig
 from ftd.events import Kind, Severity, make_event
+from ftd.logs import get_logger
 
 __all__ = ["LogPattern", "LogWatcher", "load_patterns", "parse_patterns"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _CHUNK = 1 << 16
 _MIN_WAKE_S = 0.05

@@ -29,16 +29,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from ftd.agent.watchers.base import Emit
 from ftd.agent.watchers.fs import linear_slope
 from ftd.config import MemoryConfig
 from ftd.events import Kind, Severity, make_event
+from ftd.logs import get_logger
 
 __all__ = ["MemoryWatcher", "parse_meminfo", "parse_psi_some_avg10", "parse_vmrss_kb"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 PidsFn = Callable[[], dict[int, tuple[str, int]]]
 _ORDER = {"ok": 0, "warning": 1, "critical": 2}

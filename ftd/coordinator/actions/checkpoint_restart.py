@@ -100,7 +100,7 @@ class CheckpointRestart:
                 detail["save_missing"] = sorted(outcome.missing)
                 detail["save_failed"] = {str(r): a.reason for r, a in outcome.nacked.items()}
                 log.warning(
-                    "save incomplete, stopping anyway",
+                    "save_incomplete_stopping_anyway",
                     job=job,
                     missing=sorted(outcome.missing),
                     nacked=sorted(outcome.nacked),

@@ -259,7 +259,7 @@ class KubernetesScheduler:
             await self._evict_pods(node, summary)
         self.last_drain = summary
         log.info(
-            "kubernetes node drained",
+            "kubernetes_node_drained",
             node=node,
             reason=reason,
             evicted=len(summary["evicted"]),
@@ -328,7 +328,7 @@ class KubernetesScheduler:
                 f"uncordon node {node}", "patch_node", node, body, ok=(409,), _content_type=MERGE_PATCH
             )
             if status != 409:
-                log.info("kubernetes node resumed", node=node, uncordoned="unschedulable" in spec)
+                log.info("kubernetes_node_resumed", node=node, uncordoned="unschedulable" in spec)
                 return
         raise SchedulerError(f"node {node} kept changing while ftd tried to resume it (409 Conflict)")
 
@@ -401,7 +401,7 @@ class KubernetesScheduler:
             )
             if status != 404:
                 deleted.append(pod.metadata.name)
-        log.info("kubernetes job requeued", job=job, deleted=deleted, exclude=list(exclude))
+        log.info("kubernetes_job_requeued", job=job, deleted=deleted, exclude=list(exclude))
 
 
 def _api_message(exc: Any) -> str:

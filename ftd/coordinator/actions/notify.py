@@ -125,7 +125,7 @@ class Notify:
                         await resp.read()
                         if resp.status < 300:
                             log.info(
-                                "webhook delivered", action_id=record.id, webhook=origin, status=resp.status
+                                "webhook_delivered", action_id=record.id, webhook=origin, status=resp.status
                             )
                             return {"webhook": origin, "status": resp.status, "attempts": attempt}
                         last_error = f"HTTP {resp.status}"
@@ -138,7 +138,7 @@ class Notify:
                     delay = min(_BACKOFF_MAX_S, _BACKOFF_FIRST_S * 2 ** (attempt - 1))
                     delay = retry_after if retry_after is not None else random.uniform(delay / 2, delay)
                     log.warning(
-                        "webhook failed, retrying",
+                        "webhook_failed_retrying",
                         action_id=record.id,
                         webhook=origin,
                         error=last_error,

@@ -14,8 +14,6 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import structlog
-
 from ftd.agent.watchers.nvml.backend import (
     GpuIdentity,
     NvmlError,
@@ -25,11 +23,12 @@ from ftd.agent.watchers.nvml.backend import (
     RemapInfo,
     XidRecord,
 )
+from ftd.logs import get_logger
 from ftd.pci import normalize_pci
 
 __all__ = ["RealNvml"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 _T = TypeVar("_T")
 

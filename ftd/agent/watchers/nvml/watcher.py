@@ -38,8 +38,6 @@ import threading
 import time
 from typing import Any
 
-import structlog
-
 from ftd.agent.watchers.base import Emit
 from ftd.agent.watchers.nvml import signals
 from ftd.agent.watchers.nvml.backend import GpuIdentity, NvmlBackend, NvmlError, NvmlGpuLost, XidRecord
@@ -49,10 +47,11 @@ from ftd.agent.watchers.nvml.worker import BUSY, STALLED, Probe, ProbeRunner, Tr
 from ftd.catalog import load_xid_catalog
 from ftd.config import NvmlConfig
 from ftd.events import Event, Kind, Severity, make_event
+from ftd.logs import get_logger
 
 __all__ = ["NvmlWatcher"]
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclasses.dataclass(slots=True)
@@ -109,7 +108,7 @@ class NvmlWatcher:
         if isinstance(init, BaseException) or init is STALLED:
             reason = "nvmlInit did not return" if init is STALLED else str(init)
             self.available, self.disabled_reason = False, reason
-            log.warning(f"NVML unavailable: {reason}; GPU watcher disabled")
+            log.warning("nvml_unavailable_watcher_disabled", reason=reason)
             await asyncio.Event().wait()  # idle until cancelled; the agent's other watchers go on
         self.available = True
         queue: asyncio.Queue[XidRecord] = asyncio.Queue(maxsize=10000)
