@@ -213,7 +213,7 @@ class Rig:
         )
 
     def wait_ready(self, daemon: Daemon, timeout: float = 30.0) -> None:
-        needle = "agent started" if daemon.role == "agent" else "bus connected"
+        needle = "agent started" if daemon.role == "agent" else "bus_connected"
         _wait(lambda: daemon.logged(needle), timeout, f"{daemon.role} to start")
 
     def start_all(self) -> None:
