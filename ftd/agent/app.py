@@ -142,6 +142,7 @@ class Agent:
             self.emit,
             state_path=state_dir / "kmsg.position",
             from_start=cfg.kmsg_from_start,
+            storm=self.storm,  # its position file is storm control's checkpoint; repeats fold directly
         )
         self.heartbeat = HeartbeatWatcher(cfg.heartbeat, self.node, self.emit, local_api=self.local_api)
         self.watchers: list[Watcher] = [_Named("kmsg", self.kmsg), self.heartbeat]
@@ -161,7 +162,11 @@ class Agent:
         self.watchdog_pings = 0
 
     def _open_outbox(self, state_dir: Path) -> Outbox:
+        """The outbox on its spool. A spool that cannot be written (full disk) is no reason to stop:
+        the outbox holds events in memory and the health loop reports each outage once
+        (``spool_unavailable``) and its end (``spool_recovered``); see :mod:`ftd.agent.spool`."""
         spool = self.cfg.spool
+        self._spool_reported = (0, 0)  # (outages, recoveries) reported so far
         try:
             return Outbox(
                 self.bus,
@@ -170,10 +175,32 @@ class Agent:
                 max_bytes=int(spool.max_mb * (1 << 20)),
                 fsync=spool.fsync,
             )
-        except OSError as exc:  # unwritable state_dir: run, but say loudly that nothing is durable
+        except OSError as exc:  # unreadable spool or state_dir: run, but say loudly that nothing is durable
             log.error("spool unavailable, events are held in memory only", error=str(exc))
             self._startup_problems.append({"problem": "spool_unavailable", "error": str(exc)})
             return Outbox(self.bus, max_entries=self.cfg.outbox_max)
+
+    async def _report_spool(self) -> None:
+        """Spool outages (once each, with the error) and recoveries, as ``agent_health`` events."""
+        outbox = self.outbox
+        outages, recoveries = self._spool_reported
+        if outbox.spool_outages > outages:
+            await self.health_event(
+                Severity.ERROR,
+                problem="spool_unavailable",
+                error=outbox.last_spool_error,
+                outage=outbox.spool_outages,  # numbered: storm control never folds two outages
+                held=len(outbox),
+                detail="events are held in memory only until the spool can be written again",
+            )
+        if outbox.spool_recoveries > recoveries:
+            await self.health_event(
+                Severity.INFO,
+                problem="spool_recovered",
+                outage=outbox.spool_recoveries,
+                held=len(outbox),
+            )
+        self._spool_reported = (outbox.spool_outages, outbox.spool_recoveries)
 
     def _configured_watchers(self, nvml_backend: NvmlBackend | None) -> list[Watcher]:
         """The configurable watchers (NVML, logs, filesystem, memory); off or empty sections are skipped."""
@@ -397,7 +424,7 @@ class Agent:
         return bool(self._core) and all(not task.done() for task in self._core)
 
     async def _health_loop(self) -> None:
-        """Stall checks, drop reports and the systemd watchdog ping."""
+        """Stall checks, spool outages and drops reported, and the systemd watchdog ping."""
         ping_every = watchdog_interval_s()
         last_ping = 0.0
         loop = asyncio.get_running_loop()
@@ -407,6 +434,8 @@ class Agent:
             lag = loop.time() - before - self.health_interval_s
             now = time.monotonic()
             self._check_stalls(now)
+            self.outbox.check_spool()  # in a spool outage: back to durable spooling once it can be
+            await self._report_spool()
             if self.outbox.dropped > self._reported_drops:
                 dropped = self.outbox.dropped - self._reported_drops
                 self._reported_drops = self.outbox.dropped
@@ -446,8 +475,18 @@ class Agent:
         ]
         for problem in self._startup_problems:
             await self.health_event(Severity.ERROR, **problem)
-        for path, detail in zip(self.outbox.quarantined, self.outbox.problems, strict=False):
-            await self.health_event(Severity.ERROR, problem="spool_corrupt", quarantined=path, detail=detail)
+        for damage in self.outbox.damage:
+            await self.health_event(
+                Severity.ERROR,
+                problem="spool_corrupt",
+                quarantined=damage.quarantined,
+                detail=damage.problem,
+                salvaged=damage.salvaged,
+                records=damage.records,
+                skipped_bytes=damage.skipped_bytes,
+                damaged_regions=damage.regions,
+            )
+        await self._report_spool()  # a spool that could not be rewritten at start
         if self.outbox.replayed:
             log.info("re-publishing spooled events from the previous run", entries=self.outbox.replayed)
         notify("READY=1")

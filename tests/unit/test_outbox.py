@@ -1,17 +1,27 @@
-"""The agent's outbox: nothing lost across a broker outage; bounded, dropping low severity first."""
+"""The agent's outbox: nothing lost across a broker outage or a full disk; bounded, dropping low
+severity first.
+
+The full-disk tests put the spool on a tiny tmpfs mounted for the test (root only): a real filesystem
+that really fills up, so the kernel's own short writes and ``ENOSPC`` are what the outbox meets.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ftd.agent.spool import Outbox, Outgoing
+from ftd.agent.spool import Outbox, Outgoing, read_spool
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.bus.mqtt import MqttBus
-from tests.realparts import Mosquitto
+from tests.realparts import REQUIRE_REAL, Mosquitto
 
 
 async def collect(
@@ -108,3 +118,132 @@ async def test_real_mosquitto_restart_mid_stream_loses_nothing(tmp_path: Path) -
             with contextlib.suppress(Exception):
                 await bus.stop()
         broker.stop()
+
+
+# --- a full disk ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real, tiny filesystem at ``path`` (root only), unmounted afterwards."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        msg = "mounting a tmpfs needs root and mount(8)"
+        if REQUIRE_REAL:
+            pytest.fail(f"FTD_REQUIRE_REAL=1 and {msg}", pytrace=False)
+        pytest.skip(msg)
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(filler: Path) -> None:
+    """Write ``filler`` until the filesystem is full, down to the last byte."""
+    with filler.open("wb", buffering=0) as handle:
+        for chunk in (1 << 16, 1 << 12, 1 << 8, 1):
+            with contextlib.suppress(OSError):
+                while handle.write(b"\0" * chunk) == chunk:
+                    pass
+    with pytest.raises(OSError) as full:
+        (filler.parent / "probe").write_bytes(b"\0" * 4096)
+    assert full.value.errno == errno.ENOSPC
+
+
+def event(i: int) -> bytes:
+    return b'{"id": "e%d", "pad": "%s"}' % (i, b"x" * 300)
+
+
+async def published(outbox: Outbox, count: int) -> None:
+    for _ in range(500):
+        if outbox.sent >= count:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"only {outbox.sent} of {count} published")
+
+
+async def drain(bus: MemoryBus) -> list[bytes]:
+    got: list[bytes] = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            got.append((await asyncio.wait_for(anext(bus.messages()), 0.05)).payload)
+    return got
+
+
+@pytest.mark.real
+async def test_full_disk_memory_only_loses_nothing_leaves_no_torn_record_and_recovers(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "fs", "256k") as fs:
+        broker = MemoryBroker()
+        sub, pub = MemoryBus(broker, client_id="sub"), MemoryBus(broker, client_id="pub")
+        await sub.subscribe("t/#")
+        await sub.start()
+        await pub.start()
+        path = fs / "outbox.spool"
+        outbox = Outbox(pub, path=path, spool_retry_s=0.0)
+        task = asyncio.create_task(outbox.run())
+        try:
+            for i in range(20):
+                outbox.put(Outgoing("t/e", event(i), priority=2, receipt_id=f"e{i}"))
+            assert outbox.durable
+            fill(fs / "filler")
+            for i in range(20, 120):  # the spool's last page takes a few, then a short write, then ENOSPC
+                outbox.put(Outgoing("t/e", event(i), priority=2, receipt_id=f"e{i}"))
+            assert not outbox.durable and outbox.spool_outages == 1
+            assert "No space left on device" in outbox.last_spool_error
+            # The failed write was cut back: the file is whole records, the first ones in order.
+            on_disk, _, problem = read_spool(path.read_bytes())
+            assert problem is None
+            assert [e.receipt_id for e in on_disk] == [f"e{i}" for i in range(len(on_disk))]
+            assert 20 <= len(on_disk) < 120
+
+            await published(outbox, 120)  # memory-only: still published, in order, all of them
+            assert await drain(sub) == [event(i) for i in range(120)]
+            assert outbox.receipted(f"e{i}" for i in range(0, 120, 2)) == 60  # and receipted
+            assert len(outbox) == 60
+            assert not outbox.check_spool() and outbox.spool_outages == 1  # still full: same outage
+            assert not (fs / ".outbox.spool.tmp").exists()
+
+            (fs / "filler").unlink()
+            assert outbox.check_spool() and outbox.durable and outbox.spool_recoveries == 1
+            on_disk, _, problem = read_spool(path.read_bytes())  # exactly what is held, nothing done
+            assert problem is None
+            assert [e.receipt_id for e in on_disk] == [f"e{i}" for i in range(1, 120, 2)]
+            outbox.put(Outgoing("t/e", event(120), priority=2, receipt_id="e120"))  # appended again
+            outbox.receipted(["e1"])
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            outbox.close()
+        again = Outbox(pub, path=path)  # a restart replays exactly what was not done
+        assert [e.receipt_id for e in again._queue] == [f"e{i}" for i in range(3, 120, 2)] + ["e120"]
+        assert again.damage == []
+        again.close()
+
+
+@pytest.mark.real
+async def test_a_spool_that_cannot_be_rewritten_at_start_is_held_in_memory_until_space_returns(
+    tmp_path: Path,
+) -> None:
+    with tmpfs(tmp_path / "fs", "128k") as fs:
+        path = fs / "outbox.spool"
+        first = Outbox(MemoryBus(MemoryBroker()), path=path)
+        for i in range(10):
+            first.put(Outgoing("t/e", event(i), receipt_id=f"e{i}"))
+        first.close()
+        before = path.read_bytes()
+        fill(fs / "filler")
+        # compact_bytes=1: the file must be rewritten at start, and there is no room for that.
+        outbox = Outbox(MemoryBus(MemoryBroker()), path=path, compact_bytes=1, spool_retry_s=0.0)
+        assert outbox.replayed == 10 and len(outbox) == 10
+        assert not outbox.durable and outbox.spool_outages == 1
+        assert path.read_bytes() == before and not (fs / ".outbox.spool.tmp").exists()
+        outbox.put(Outgoing("t/e", event(10), receipt_id="e10"))  # held in memory, no exception
+        outbox.receipted(["e0"])
+        (fs / "filler").unlink()
+        assert outbox.check_spool()
+        on_disk, _, problem = read_spool(path.read_bytes())
+        assert problem is None and [e.receipt_id for e in on_disk] == [f"e{i}" for i in range(1, 11)]
+        outbox.close()
