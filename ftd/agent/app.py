@@ -143,6 +143,7 @@ class Agent:
             state_path=state_dir / "kmsg.position",
             from_start=cfg.kmsg_from_start,
             storm=self.storm,  # its position file is storm control's checkpoint; repeats fold directly
+            fsync=cfg.spool.fsync,
         )
         self.heartbeat = HeartbeatWatcher(cfg.heartbeat, self.node, self.emit, local_api=self.local_api)
         self.watchers: list[Watcher] = [_Named("kmsg", self.kmsg), self.heartbeat]

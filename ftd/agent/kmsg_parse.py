@@ -21,7 +21,18 @@ in text ("... to 0x2 (Node Reboot Required)"); it becomes the event's ``action``
 
 Speed: almost every kernel line is noise, so each line first goes through a handful of substring
 tests (``'Xid' in line`` ...); regular expressions only run on lines that pass. Prefixes are parsed
-only for those candidate lines as well.
+only for those candidate lines as well, by one regular expression (the prefix grammar above, written
+once).
+
+Repeats: a sick GPU prints the same Xid line hundreds of thousands of times, and only the prefix
+(timestamp, sequence number) differs. An Xid/SXid message is parsed once; the result is kept as a
+:class:`Template` under the message text (the line after its prefix), and a later line with the same
+message text is the template plus that line's prefix (:meth:`KmsgParser.cached`,
+:meth:`KmsgParser.expand`): the same :class:`KernelEvent` a full parse gives, since an Xid's fields
+depend only on its message text, except the PCI -> UUID map (a template remembers the UUID it was
+made with and is not used once the map says otherwise) and the Xid 79 memory (applied on every
+hit). Other kinds are never cached: they depend on the lines around them (banners, folded pairs).
+``cache_size=0`` turns the cache off (the tests compare both).
 
 Duplicate suppression inside one incident (documented choices):
 
@@ -47,7 +58,7 @@ from ftd.catalog import XidCatalog, load_xid_catalog
 from ftd.events import Kind
 from ftd.pci import normalize_pci
 
-__all__ = ["KernelEvent", "KmsgParser", "parse_lines", "strip_prefix"]
+__all__ = ["KernelEvent", "KmsgParser", "Template", "is_candidate", "parse_lines", "strip_prefix"]
 
 
 class KernelEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,16 +81,25 @@ class KernelEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 # --- prefixes -----------------------------------------------------------------------------------
 
-_RAW_RE = re.compile(r"(\d{1,3}),(\d+),(\d+),[^;]*;")
 _ISO_TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"  # dmesg/journal ISO time
-_SYSLOG_RE = re.compile(
-    r"([A-Z][a-z]{2} [ \d]?\d \d\d:\d\d:\d\d(?:\.\d+)?|" + _ISO_TS + r") \S+ kernel(?:\[\d+\])?: ?"
+_RAW = r"(?P<pri>\d{1,3}),(?P<seq>\d+),(?P<usec>\d+),[^;]*;"  # /dev/kmsg: PRI,SEQ,TS_USEC,FLAGS;
+_SYSLOG = (
+    r"(?P<syslog>[A-Z][a-z]{2} [ \d]?\d \d\d:\d\d:\d\d(?:\.\d+)?|" + _ISO_TS + r") \S+ kernel(?:\[\d+\])?: ?"
 )
-_LEVEL_RE = re.compile(r"[a-z]{2,8} *:[a-z]{3,6} *: ?")
-_ISO_RE = re.compile("(" + _ISO_TS + r")\s+")
-_MONO_RE = re.compile(r"\[ *(\d+\.\d+)\] ?")
-_CTIME_RE = re.compile(r"\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?")
-_CALLER_RE = re.compile(r"\[ *[TC]\d+\] ?")
+_LEVEL = r"[a-z]{2,8} *:[a-z]{3,6} *: ?"  # dmesg -x: "kern  :err   : "
+_ISO = r"(?P<iso>" + _ISO_TS + r")\s+"
+_MONO = r"\[ *(?P<mono>\d+\.\d+)\] ?"
+_CTIME = r"\[(?P<ctime>[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?"
+_CALLER = r"\[ *[TC]\d+\] ?"
+# Every part is optional and tried in this order: a raw record header, or else syslog, dmesg -x level
+# and ISO time (each optional); then a monotonic or a ctime timestamp; then a caller tag. Since the
+# rest can always match empty, the engine never backtracks into an earlier part: it is the same as
+# peeling the parts one by one. No part but the last two can start with "[", so a line that does
+# (plain dmesg, the common case) is matched by the short form.
+_PREFIX_RE = re.compile(
+    f"(?:{_RAW}|(?:{_SYSLOG})?(?:{_LEVEL})?(?:{_ISO})?)(?:{_MONO}|{_CTIME})?(?:{_CALLER})?"
+)
+_BRACKET_PREFIX_RE = re.compile(f"(?:{_MONO}|{_CTIME})?(?:{_CALLER})?")
 _DICT_RE = re.compile(r" [A-Z_]+=")
 
 
@@ -90,40 +110,35 @@ class _Prefix(msgspec.Struct):
     time: str | None = None  # wall-clock time as printed (dmesg -T, iso, syslog)
 
 
+def _prefix_match(line: str) -> re.Match[str]:
+    """The prefix of ``line`` (always matches, possibly empty)."""
+    match = (_BRACKET_PREFIX_RE if line[:1] == "[" else _PREFIX_RE).match(line)
+    assert match is not None  # every part is optional
+    return match
+
+
 def strip_prefix(line: str) -> _Prefix:
     """Peel every known prefix off ``line``; return the bare message and what the prefixes said."""
-    out = _Prefix(message="")
-    pos = 0
-    match = _RAW_RE.match(line)
-    if match is not None:
-        out.seq = int(match.group(2))
-        out.ts = int(match.group(3)) / 1e6
-        pos = match.end()
+    match = _prefix_match(line)
+    out = _Prefix(message=line[match.end() :].rstrip("\r\n"))
+    if match.end() == 0:
+        return out
+    if match.re is _BRACKET_PREFIX_RE:
+        seq = usec = syslog = iso = None
+        mono, ctime = match.group("mono", "ctime")
     else:
-        match = _SYSLOG_RE.match(line)
-        if match is not None:
-            out.time = match.group(1)
-            pos = match.end()
-        match = _LEVEL_RE.match(line, pos)
-        if match is not None:
-            pos = match.end()
-        match = _ISO_RE.match(line, pos)
-        if match is not None:
-            out.time = match.group(1)
-            pos = match.end()
-    match = _MONO_RE.match(line, pos)
-    if match is not None:
-        out.ts = float(match.group(1))
-        pos = match.end()
-    else:
-        match = _CTIME_RE.match(line, pos)
-        if match is not None:
-            out.time = _ctime_to_iso(match.group(1))
-            pos = match.end()
-    match = _CALLER_RE.match(line, pos)
-    if match is not None:
-        pos = match.end()
-    out.message = line[pos:].rstrip("\r\n")
+        seq, usec, syslog, iso, mono, ctime = match.group("seq", "usec", "syslog", "iso", "mono", "ctime")
+    if seq is not None and usec is not None:  # both or neither: one part of the pattern
+        out.seq = int(seq)
+        out.ts = int(usec) / 1e6
+    if mono is not None:
+        out.ts = float(mono)
+    if ctime is not None:
+        out.time = _ctime_to_iso(ctime)
+    elif iso is not None:
+        out.time = iso
+    elif syslog is not None:
+        out.time = syslog
     return out
 
 
@@ -179,7 +194,7 @@ _BANNER_WINDOW = 8  # lines within which the three-line fall-off banner must com
 _XID79_WINDOW = 50  # lines after an Xid 79 within which "fallen off the bus" is the same incident
 
 
-def _is_candidate(line: str) -> bool:
+def is_candidate(line: str) -> bool:
     """Cheap pre-filter: can this line possibly be an event? (substring tests only)"""
     return (
         "Xid" in line
@@ -195,14 +210,33 @@ def _is_candidate(line: str) -> bool:
     )
 
 
-class KmsgParser:
-    """Stateful line parser. State is only what multi-line records need (see module doc)."""
+class Template:
+    """An Xid/SXid message parsed once: ``event`` is what any line with that message text parses to,
+    except ``line``, ``ts``, ``seq`` and ``extra["time"]`` (that line's own; see :meth:`KmsgParser.expand`).
+    ``memo`` is free for the caller (the kmsg watcher keeps its storm-control key there)."""
 
-    def __init__(self, catalog: XidCatalog | None = None) -> None:
+    __slots__ = ("event", "memo")
+
+    def __init__(self, event: KernelEvent) -> None:
+        self.event = event
+        self.memo: Any = None
+
+
+_CACHED_KINDS = (Kind.XID, Kind.SXID)
+_MAX_LINE = 65536  # longer lines are cut here before parsing
+
+
+class KmsgParser:
+    """Stateful line parser. State is only what multi-line records need (see module doc), plus the
+    cache of parsed Xid/SXid messages (at most ``cache_size``; 0 turns it off)."""
+
+    def __init__(self, catalog: XidCatalog | None = None, *, cache_size: int = 1024) -> None:
         self._catalog = catalog or load_xid_catalog()
         self._uuids: dict[str, str] = {}
         self._banner: tuple[int, str | None, _Prefix] | None = None  # (line, pci, prefix)
         self._recent: dict[tuple[str, Any], int] = {}  # (fold key) -> line number
+        self._templates: dict[str, Template] = {}  # message text -> its parse
+        self.cache_size = cache_size
 
     @property
     def uuids(self) -> dict[str, str]:
@@ -211,12 +245,54 @@ class KmsgParser:
 
     def feed(self, line: str, lineno: int) -> list[KernelEvent]:
         """Parse one input line (``lineno`` is 1-based). Never raises."""
-        if not _is_candidate(line):
+        if not is_candidate(line):
             return []
         try:
+            template = self.cached(line, lineno)
+            if template is not None:
+                return [self.expand(template, line, lineno)]
             return self._parse(line, lineno)
         except Exception:  # a parser bug must never take the agent down
             return []
+
+    def cached(self, line: str, lineno: int) -> Template | None:
+        """The template of ``line`` when its message text was parsed before (else None: use
+        :meth:`feed`). Counts as parsing line ``lineno``: the parser's state moves as :meth:`feed`
+        would move it. Call it only for lines :func:`is_candidate` accepts."""
+        templates = self._templates
+        if not templates or "Xid" not in line or line[:1] == " " or len(line) > _MAX_LINE:
+            return None  # not an Xid/SXid line, a dictionary continuation, a long line: parse it
+        prefix = (_BRACKET_PREFIX_RE if line[:1] == "[" else _PREFIX_RE).match(line)
+        template = templates.get(line[prefix.end() :].rstrip("\r\n") if prefix else line)
+        if template is None:
+            return None
+        event = template.event
+        # The map only grows: while it is empty, every template was made with it empty.
+        if self._uuids and event.pci is not None and self._uuids.get(event.pci) != event.uuid:
+            return None  # the UUID map changed since: parse again (the new template replaces this one)
+        if event.code == 79 and event.kind is Kind.XID:
+            self._remember(("xid79", event.pci), lineno)
+        return template
+
+    def expand(self, template: Template, line: str, lineno: int) -> KernelEvent:
+        """The event of ``line`` (number ``lineno``), whose message text is ``template``'s: the
+        template with this line's number and prefix fields. Pure: the parser's state is not read."""
+        prefix = strip_prefix(line)
+        extra = dict(template.event.extra)
+        if prefix.time is not None:
+            extra["time"] = prefix.time
+        return msgspec.structs.replace(template.event, line=lineno, ts=prefix.ts, seq=prefix.seq, extra=extra)
+
+    def _keep(self, message: str, event: KernelEvent) -> None:
+        """Remember the parse of an Xid/SXid message for :meth:`cached`."""
+        if self.cache_size <= 0:
+            return
+        if len(self._templates) >= self.cache_size:
+            self._templates.clear()  # a storm of distinct messages: start over rather than track ages
+        extra = {key: value for key, value in event.extra.items() if key != "time"}
+        self._templates[message] = Template(
+            msgspec.structs.replace(event, line=0, ts=None, seq=None, extra=extra)
+        )
 
     def flush(self) -> list[KernelEvent]:
         """End of input: drop partial multi-line state. Returns events still pending (none today)."""
@@ -229,13 +305,15 @@ class KmsgParser:
     def _parse(self, line: str, lineno: int) -> list[KernelEvent]:
         if line[:1] == " " and _DICT_RE.match(line):
             return []  # /dev/kmsg dictionary continuation line (KEY=value)
-        if len(line) > 65536:
-            line = line[:65536]
+        if len(line) > _MAX_LINE:
+            line = line[:_MAX_LINE]
         prefix = strip_prefix(line)
         msg = prefix.message
         if "Xid" in msg:
             event = self._xid(msg, lineno, prefix)
             if event is not None:
+                if event.kind in _CACHED_KINDS:
+                    self._keep(msg, event)
                 return [event]
         if "NVRM" in msg:
             return self._nvrm(msg, lineno, prefix)
@@ -485,7 +563,7 @@ def parse_lines(lines: Iterable[str], parser: KmsgParser | None = None) -> Itera
     """Parse an iterable of lines (numbered from 1) and yield every event, then flush."""
     parser = parser or KmsgParser()
     feed = parser.feed
-    candidate = _is_candidate
+    candidate = is_candidate
     for lineno, line in enumerate(lines, 1):
         if candidate(line):
             yield from feed(line, lineno)

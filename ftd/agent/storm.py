@@ -16,7 +16,9 @@ the bus and the coordinator. Sitting between the watchers and the outbox, :class
 * **links follow-on Xids to their cause**: an Xid whose catalog entry ``follows`` a code seen on the
   same GPU (PCI address, or UUID when the line had none) within ``follow_window_s`` gets
   ``data["caused_by"]`` = the id of that earlier event (and ``caused_by_code``). The coordinator's Xid
-  rule records such events without acting on them. Events with no GPU address are never linked.
+  rule records such events without acting on them. Events with no GPU address are never linked. A
+  repeat folded into a window stands for its window's first event: a later follow-on names that
+  (published) id, never the id of a repeat that was only counted.
 
 Identity keys (node is implicit: one agent, one node):
 
@@ -27,10 +29,44 @@ Identity keys (node is implicit: one agent, one node):
 * everything else: kind + every data field except the volatile ones (line number, sequence number,
   timestamps), i.e. only truly identical events collapse.
 
-Limits: repeats are held in memory until their window ends, so a ``kill -9`` of the agent loses the
-count of the repeats of the current window (never a first occurrence: those are in the durable spool
-before :meth:`process` returns). The number of tracked identities is bounded (``max_keys``); past it
-the oldest window is flushed early.
+**Repeats without a full event** (:meth:`fold`): a watcher that recognises a repeat cheaply (the
+kmsg watcher: the same message text as an Xid line parsed before) hands over the identity key and a
+recipe for the full event instead of the event. It is counted exactly like :meth:`process` would
+count it; the recipe is run only for the one repeat a summary (or a checkpoint) needs: the last.
+This is what lets a 500,000-line storm be read at several hundred thousand lines a second.
+
+**Durability: a checkpoint written ahead of every publish.** Pending counts live in memory until
+their window ends; a ``kill -9`` must neither lose them nor count them twice. The source that can be
+read again (the kernel log) owns a checkpoint file that holds, atomically, its read position *and*
+:meth:`snapshot` (every window with pending repeats, its last repeat, and the events about to be
+published); it registers its writer with :meth:`attach`. Storm control calls that writer before it
+hands anything downstream (:meth:`commit`): so whatever reached the spool is covered by a checkpoint
+whose position is past the lines it came from, and every line past the checkpoint's position has
+left nothing but in-memory counts, which a restarted agent rebuilds by reading those lines again.
+After a kill the agent :meth:`restore` s the windows and re-publishes the checkpoint's
+"about to be published" events: if the kill came after they reached the spool, they go out twice
+with the same ids, and the coordinator drops the duplicates (the outbox must take an id it already
+holds). Counts stay exact after any kill.
+
+Why this and not "never save the read position past a line whose count is only in memory, re-read
+from there": with two storms interleaved, a summary of one identity that was published after the
+oldest pending line of another would be counted again when those lines are re-read, and whether a
+re-read line is a "first occurrence" depends on window timing that a restarted agent cannot replay;
+ids derived from the line do not help a summary, which covers many lines. Why not an append-only log
+per repeat: one ``write`` per repeat costs more than the rest of a repeat's handling. The checkpoint
+is written twice per published batch (a first occurrence, summaries: once listing them, once more
+when they are out, so a restart does not publish them again) and once per batch of lines read; it
+lists only windows with pending repeats (a few hundred bytes in a storm) and the kmsg watcher
+overwrites it in place (about a microsecond).
+
+Limits: repeats from a source that cannot be read again (NVML, logs, heartbeats) that were counted
+after the last checkpoint are lost to a ``kill -9`` (checkpoints follow every batch of kernel-log
+lines and every tick with something pending, so that is at most about a second's worth); with no
+kmsg checkpoint attached (a FIFO source, tests) nothing is persisted. Follow-on links are not
+checkpointed: a follow-on that arrives after a restart is not linked to a cause seen before it. The
+number of tracked identities is bounded (``max_keys``); past it the oldest window is flushed early.
+With ``window_s = 0`` storm control is off: every event goes out as it comes, without a checkpoint
+(a line read again after a kill yields the same event id, which the coordinator drops).
 """
 
 from __future__ import annotations
@@ -48,11 +84,12 @@ from ftd.catalog import load_xid_catalog
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
 
-__all__ = ["StormControl", "identity"]
+__all__ = ["SavedWindow", "StormControl", "StormState", "identity"]
 
 log = get_logger(__name__)
 
 _VOLATILE = frozenset({"line", "seq", "kernel_ts", "ts", "silent_s", "catalog_version"})
+_MAX_CAUSES = 64  # per GPU
 
 
 def _freeze(value: Any) -> Hashable:
@@ -80,13 +117,18 @@ def identity(event: Event) -> Hashable:
     return (kind, event.source, _freeze({k: v for k, v in data.items() if k not in _VOLATILE}))
 
 
+# A repeat counted by fold(): how to build its full event, and the cause it was linked to.
+_Recipe = tuple[Callable[[Any], Event], Any, tuple[str, int] | None]
+
+
 @dataclass(slots=True)
 class _Window:
     first_id: str
     started: float  # monotonic
     windows: int = 0  # summaries published for this identity so far
     pending: int = 0  # repeats not yet published
-    last: Event | None = None  # the latest repeat (its data goes into the summary)
+    last: Event | None = None  # the latest repeat (its data goes into the summary) ...
+    recipe: _Recipe | None = None  # ... or how to build it, when it was folded without an event
     severity: Severity = Severity.INFO
     first_ts: float = 0.0
 
@@ -105,7 +147,27 @@ class StormStats:
     summaries: int = 0
     folded: int = 0  # repeats folded into summaries (published or pending)
     linked: int = 0
+    restored: int = 0  # pending repeats taken over from a checkpoint
     extra: dict[str, int] = field(default_factory=dict)
+
+
+class SavedWindow(msgspec.Struct, frozen=True, kw_only=True):
+    """A window with pending repeats, as a checkpoint keeps it (its key is ``identity(last)``)."""
+
+    first_id: str
+    age_s: float  # how long the window had been open
+    windows: int
+    pending: int
+    severity: Severity
+    first_ts: float
+    last: Event
+
+
+class StormState(msgspec.Struct, frozen=True, kw_only=True):
+    """Storm control's part of a checkpoint: pending counts, and events about to be published."""
+
+    windows: list[SavedWindow] = msgspec.field(default_factory=list)
+    unsent: list[Event] = msgspec.field(default_factory=list)
 
 
 class StormControl:
@@ -126,9 +188,75 @@ class StormControl:
         self.max_keys = max_keys
         self._clock = clock
         self._windows: dict[Hashable, _Window] = {}
+        self._pending: dict[Hashable, _Window] = {}  # the windows with pending > 0
+        self._unsent: dict[str, Event] = {}  # to publish, once a checkpoint lists them
         self._causes: dict[str, list[_Cause]] = {}  # GPU address -> recent Xids, oldest first
+        self._follows: dict[int, tuple[int, ...]] = {}  # Xid code -> the codes it follows (catalog)
+        self._persist: Callable[[], None] | None = None
+        self._dirty = False  # state changed since the last checkpoint
         self.stats = StormStats()
         self.enabled = window_s > 0
+
+    # --- durability -------------------------------------------------------------------------------
+
+    def attach(self, persist: Callable[[], None]) -> None:
+        """Register the checkpoint writer: a function that atomically stores its source's position
+        together with :meth:`snapshot`. Called before anything goes downstream (module docstring)."""
+        if self._persist is not None:
+            raise RuntimeError("storm control already has a checkpoint writer")
+        self._persist = persist
+
+    def snapshot(self) -> StormState:
+        """What a checkpoint must hold: windows with pending repeats, and events not yet published."""
+        now = self._clock()
+        windows = [
+            SavedWindow(
+                first_id=window.first_id,
+                age_s=max(0.0, now - window.started),
+                windows=window.windows,
+                pending=window.pending,
+                severity=window.severity,
+                first_ts=window.first_ts,
+                last=self._last(window),
+            )
+            for window in self._pending.values()
+        ]
+        return StormState(windows=windows, unsent=list(self._unsent.values()))
+
+    def restore(self, state: StormState) -> None:
+        """Take over a checkpoint's pending counts and unpublished events (before the first event)."""
+        if self._windows or self._unsent:
+            raise RuntimeError("restore() must come before the first event")
+        now = self._clock()
+        for saved in state.windows:
+            window = _Window(
+                first_id=saved.first_id,
+                started=now - saved.age_s,
+                windows=saved.windows,
+                pending=saved.pending,
+                last=saved.last,
+                severity=saved.severity,
+                first_ts=saved.first_ts,
+            )
+            key = identity(saved.last)
+            self._windows[key] = self._pending[key] = window
+            self.stats.restored += saved.pending
+        for event in state.unsent:
+            self._unsent[event.id] = event
+        if state.windows or state.unsent:
+            log.info("storm_state_restored", pending=self.stats.restored, unsent=len(state.unsent))
+
+    async def commit(self, *, force: bool = False) -> None:
+        """Write the checkpoint (if anything changed, or ``force``), then publish what it lists."""
+        if self._persist is not None and (force or self._dirty or self._unsent):
+            self._persist()
+            self._dirty = False
+        if self._unsent:
+            for event_id, event in list(self._unsent.items()):
+                await self._publish(event)
+                self._unsent.pop(event_id, None)
+            if self._persist is not None:
+                self._persist()  # a restart need not publish them again
 
     # --- the event path ---------------------------------------------------------------------------
 
@@ -136,42 +264,86 @@ class StormControl:
         """Publish ``event`` now (a first occurrence) or fold it into its identity's window."""
         self.stats.seen += 1
         now = self._clock()
-        if event.kind is Kind.XID:
-            event = self._link(event, now)
         if not self.enabled:
+            if event.kind is Kind.XID:
+                event = self._link(event, now, event.id)
             await self._publish(event)
             return
         key = identity(event)
         window = self._windows.get(key)
         if window is not None and now - window.started >= self.window_s:
-            await self._close_window(key, window, now)
+            self._close_window(key, window, now)
             window = self._windows.get(key)
+        if event.kind is Kind.XID:
+            event = self._link(event, now, event.id if window is None else window.first_id)
         if window is None:
             if len(self._windows) >= self.max_keys:
-                oldest = next(iter(self._windows))
-                await self._flush_key(oldest, retire=True)
+                self._flush_key(next(iter(self._windows)), retire=True)
             self._windows[key] = _Window(first_id=event.id, started=now, first_ts=event.ts)
-            await self._publish(event)
+            self._unsent[event.id] = event
+            await self.commit()
             return
-        window.pending += event.count
-        window.last = event
-        if event.severity.rank > window.severity.rank:
-            window.severity = event.severity
-        self.stats.folded += event.count
+        self._count(key, window, event.count, event.severity)
+        window.last, window.recipe = event, None
 
     __call__ = process
+
+    def fold(self, key: Hashable, severity: Severity, build: Callable[[Any], Event], arg: Any) -> bool:
+        """Count one repeat of the event whose :func:`identity` is ``key``, without the event.
+
+        Only while that identity's window is open (else False: send the full event to
+        :meth:`process`). ``build(arg)`` must return the event :meth:`process` would have been given;
+        it is called at most once, and only if this repeat is still the last when a summary or a
+        checkpoint needs it. Never awaits: nothing is published."""
+        window = self._windows.get(key)
+        if window is None:
+            return False
+        now = self._clock()
+        if now - window.started >= self.window_s:
+            return False
+        cause = None
+        if type(key) is tuple and key[0] is Kind.XID:  # (kind, code, gpu): see identity()
+            _, code, gpu = key
+            recent = self._causes.get(gpu)
+            follows = self._follows.get(code)
+            if (  # the plain storm: this code alone on its GPU, not following itself, not expired
+                recent is not None
+                and len(recent) == 1
+                and recent[0].code == code
+                and follows is not None
+                and code not in follows
+                and recent[0].at >= now - self.follow_window_s
+            ):
+                recent[0].at = now  # what _link_ids() would do, and it would find no cause
+            else:
+                cause = self._link_ids(gpu, code, window.first_id, now, search=True)
+        # _count(), inlined: this runs once per line of a storm
+        if not window.pending:
+            self._pending[key] = window
+        window.pending += 1
+        if severity is not window.severity and severity.rank > window.severity.rank:
+            window.severity = severity
+        window.last, window.recipe = None, (build, arg, cause)
+        stats = self.stats
+        stats.seen += 1
+        stats.folded += 1
+        self._dirty = True
+        return True
 
     async def tick(self) -> None:
         """Close every window that has ended (publishing its summary). Called periodically."""
         now = self._clock()
         for key, window in list(self._windows.items()):
             if now - window.started >= self.window_s:
-                await self._close_window(key, window, now)
+                self._close_window(key, window, now)
         self._expire_causes(now)
+        await self.commit()
 
     async def run(self, interval: float | None = None) -> None:
-        """Call :meth:`tick` forever (every quarter window, at most every second)."""
+        """Publish what a checkpoint left unpublished, then :meth:`tick` forever (every quarter
+        window, at most every second)."""
         period = interval or max(0.05, min(1.0, self.window_s / 4 if self.window_s > 0 else 1.0))
+        await self.commit()
         while True:
             await asyncio.sleep(period)
             await self.tick()
@@ -179,11 +351,12 @@ class StormControl:
     async def close(self) -> None:
         """Publish every pending summary now (shutdown)."""
         for key in list(self._windows):
-            await self._flush_key(key, retire=True)
+            self._flush_key(key, retire=True)
+        await self.commit()
 
     @property
     def pending(self) -> int:
-        return sum(w.pending for w in self._windows.values())
+        return sum(w.pending for w in self._pending.values())
 
     # --- internals --------------------------------------------------------------------------------
 
@@ -191,23 +364,45 @@ class StormControl:
         self.stats.published += 1
         await self._downstream(event)
 
-    async def _close_window(self, key: Hashable, window: _Window, now: float) -> None:
+    def _count(self, key: Hashable, window: _Window, count: int, severity: Severity) -> None:
+        if not window.pending:
+            self._pending[key] = window
+        window.pending += count
+        if severity.rank > window.severity.rank:
+            window.severity = severity
+        self.stats.folded += count
+        self._dirty = True
+
+    def _last(self, window: _Window) -> Event:
+        """The window's latest repeat as an event (building it from its recipe, once)."""
+        if window.recipe is not None:
+            build, arg, cause = window.recipe
+            event = build(arg)
+            if cause is not None:
+                data = {**event.data, "caused_by": cause[0], "caused_by_code": cause[1]}
+                event = msgspec.structs.replace(event, data=data)
+            window.last, window.recipe = event, None
+        assert window.last is not None, "a window with pending repeats has a last one"
+        return window.last
+
+    def _close_window(self, key: Hashable, window: _Window, now: float) -> None:
         if window.pending:
-            await self._flush_key(key, retire=False)
+            self._flush_key(key, retire=False)
             window.started = now  # still storming: stay hot, one summary per window
         else:
             del self._windows[key]
 
-    async def _flush_key(self, key: Hashable, *, retire: bool) -> None:
+    def _flush_key(self, key: Hashable, *, retire: bool) -> None:
+        """Stage the summary of ``key``'s pending repeats (published by the next :meth:`commit`)."""
         window = self._windows.get(key)
         if window is None:
             return
         if retire:
             del self._windows[key]
-        if not window.pending or window.last is None:
+        if not window.pending:
             return
+        last = self._last(window)
         window.windows += 1
-        last = window.last
         data = dict(last.data)
         data["repeat_of"] = window.first_id
         data["first_ts"] = window.first_ts
@@ -219,38 +414,58 @@ class StormControl:
             data=data,
             count=window.pending,
         )
-        window.pending, window.last, window.severity = 0, None, Severity.INFO
+        window.pending, window.last, window.recipe, window.severity = 0, None, None, Severity.INFO
+        del self._pending[key]
+        self._unsent[summary.id] = summary
+        self._dirty = True
         self.stats.summaries += 1
-        await self._publish(summary)
 
-    def _link(self, event: Event, now: float) -> Event:
-        """Set ``caused_by`` on a follow-on Xid; remember this Xid as a possible cause."""
+    def _link(self, event: Event, now: float, cause_id: str) -> Event:
+        """Set ``caused_by`` on a follow-on Xid; remember this Xid (as ``cause_id``) as a cause."""
         data = event.data
-        gpu = data.get("pci") or data.get("uuid")
-        code = data.get("code")
-        if not isinstance(gpu, str) or not isinstance(code, int):
+        cause = self._link_ids(
+            data.get("pci") or data.get("uuid"),
+            data.get("code"),
+            cause_id,
+            now,
+            search="caused_by" not in data,
+        )
+        if cause is None:
             return event
-        recent = self._causes.setdefault(gpu, [])
+        return msgspec.structs.replace(
+            event, data={**data, "caused_by": cause[0], "caused_by_code": cause[1]}
+        )
+
+    def _link_ids(
+        self, gpu: Any, code: Any, cause_id: str, now: float, *, search: bool
+    ) -> tuple[str, int] | None:
+        """Record Xid ``code`` on ``gpu`` (as ``cause_id``); return (id, code) of the cause it follows."""
+        if type(gpu) is not str or type(code) is not int:
+            return None
+        recent = self._causes.get(gpu)
+        if recent is None:
+            recent = self._causes[gpu] = []
         cutoff = now - self.follow_window_s
         while recent and recent[0].at < cutoff:
             recent.pop(0)
-        if "caused_by" not in data:
-            follows = load_xid_catalog().get(code).follows
+        found = None
+        if search:
+            follows = self._follows.get(code)
+            if follows is None:
+                follows = self._follows[code] = load_xid_catalog().get(code).follows
             if follows:
                 for cause in reversed(recent):
-                    if cause.code in follows and cause.id != event.id:
-                        event = msgspec.structs.replace(
-                            event, data={**data, "caused_by": cause.id, "caused_by_code": cause.code}
-                        )
+                    if cause.code in follows and cause.id != cause_id:
+                        found = (cause.id, cause.code)
                         self.stats.linked += 1
                         break
-        if not recent or recent[-1].code != code:
-            recent.append(_Cause(code=code, id=event.id, at=now))
-        else:
+        if recent and recent[-1].code == code:
             recent[-1].at = now  # a repeat: keep the first id, refresh its time
-        if len(recent) > 64:
-            del recent[:-64]
-        return event
+            return found
+        recent.append(_Cause(code=code, id=cause_id, at=now))
+        if len(recent) > _MAX_CAUSES:
+            del recent[:-_MAX_CAUSES]
+        return found
 
     def _expire_causes(self, now: float) -> None:
         cutoff = now - self.follow_window_s

@@ -2,11 +2,14 @@
 
 Every scenario runs the real parts: a private Mosquitto (persistence on, the default autosave: what
 it held only in memory is gone after SIGKILL, as in production), ``ftd coordinator`` and ``ftd
-agent`` as separate processes. The agent reads a kernel-log file; each written line is a distinct
-Xid 43 (a different GPU each time, so storm control folds nothing and no rule acts). ``sent`` is the
-number of lines written, ``recorded`` the number of distinct events in the coordinator's ledger at
-the end, ``lost = sent - recorded``. ``duplicated_actions`` counts action keys that ran to completion
-more than once (the ledger's records of started actions, grouped by key).
+agent`` as separate processes. The agent reads a kernel-log file; each written line is an Xid 43 (no
+rule acts on it): a distinct one (a different GPU each time, so storm control folds nothing), or in
+``agent_kill_mid_storm`` the same one over and over (a storm: storm control publishes the first and
+folds the repeats into summaries whose ``count`` is the number of repeats). ``sent`` is the number of
+lines written, ``recorded`` the sum of ``count`` over the distinct events in the coordinator's ledger
+at the end (with distinct lines, every event has count 1: the number of events),
+``lost = sent - recorded`` (negative: counted twice). ``duplicated_actions`` counts action keys that
+ran to completion more than once (the ledger's records of started actions, grouped by key).
 
 Scenarios (each a function of a :class:`Rig`, also run by ``tests/chaos``):
 
@@ -18,12 +21,16 @@ Scenarios (each a function of a :class:`Rig`, also run by ``tests/chaos``):
 * ``coordinator_kill_at_startup``: SIGKILL in the coordinator's first 0.3 s; then a start while the
   broker is still down (it must wait, not exit).
 * ``broker_sigstop``: the broker frozen (SIGSTOP) for longer than the keepalive, then SIGCONT.
+* ``agent_kill_mid_storm``: Xid storms, and the agent SIGKILLed while repeats are read and counted
+  but not yet published (after reading 41 lines; while reading 20,000; right after; once the window
+  moved on), restarted each time (storm window 2 s, to keep it short).
 
 Result (``--json``): ``{"events": N, "lost": L, "duplicated_actions": D, "scenarios": [...]}``.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
@@ -123,6 +130,11 @@ class Daemon:
     def logged(self, needle: str) -> bool:
         return needle in self.log.read_text(errors="replace") if self.log.exists() else False
 
+    def starts(self) -> int:
+        """How many runs of the agent logged their start so far (the log is appended to)."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return text.count('"agent started"') + text.count('"agent_started"')
+
     def kill(self, sig: int = signal.SIGKILL) -> int | None:
         if self.proc is None:
             return None
@@ -149,6 +161,7 @@ class Rig:
     node: str = "chaos-node"
     written: int = 0
     notes: list[str] = field(default_factory=list)
+    storm_window_s: float | None = None  # the agent's storm window (None: its default)
 
     def __post_init__(self) -> None:
         self.broker = Broker(self.workdir / "broker")
@@ -160,9 +173,10 @@ class Rig:
         )
         run = Path(tempfile.mkdtemp(prefix="ftd-chaos-", dir="/tmp"))  # unix socket paths must be short
         agent_cfg = self.workdir / "agent.toml"
+        storm = "" if self.storm_window_s is None else f"\n[agent.storm]\nwindow_s = {self.storm_window_s}\n"
         agent_cfg.write_text(
             f'{bus}\n[agent]\nnode = "{self.node}"\nkmsg_path = "{self.kmsg}"\nkmsg_from_start = true\n'
-            f'state_dir = "{self.workdir / "agent-state"}"\nsocket_path = "{run}/a.sock"\n'
+            f'state_dir = "{self.workdir / "agent-state"}"\nsocket_path = "{run}/a.sock"\n{storm}'
             '\n[log]\nlevel = "info"\njson = true\n'
         )
         coord_cfg = self.workdir / "coordinator.toml"
@@ -185,15 +199,45 @@ class Rig:
             handle.write("".join(lines))
         self.written += count
 
+    def write_storm(self, count: int) -> None:
+        """Append ``count`` identical Xid 43 lines (one GPU, outside ``write``'s; only the kernel
+        timestamp moves): storm control publishes the first and folds the rest into summaries."""
+        lines = "".join(
+            f"[{1000 + i / 1000:12.6f}] NVRM: Xid (PCI:0000:ee:00): 43, pid=4242, name=chaos, storm\n"
+            for i in range(self.written, self.written + count)
+        )
+        with self.kmsg.open("a") as handle:
+            handle.write(lines)
+        self.written += count
+
     def recorded(self) -> int:
+        """The summed ``count`` of the Xid events in the ledger (each distinct id once)."""
         if not self.ledger.exists():
             return 0
         try:
             with sqlite3.connect(f"file:{self.ledger}?mode=ro", uri=True, timeout=5) as db:
-                row = db.execute("SELECT count(*) FROM events WHERE kind = 'xid'").fetchone()
+                row = db.execute(
+                    "SELECT coalesce(sum(coalesce(json_extract(body, '$.count'), 1)), 0) FROM events "
+                    "WHERE kind = 'xid'"
+                ).fetchone()
         except sqlite3.Error:
             return 0
         return int(row[0])
+
+    def agent_read_all(self) -> bool:
+        """The agent's saved kernel-log position is at the end of the file: it has read every line."""
+        try:
+            position = json.loads((self.workdir / "agent-state" / "kmsg.position").read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(position, dict) and position.get("offset") == self.kmsg.stat().st_size
+
+    def restart_agent(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the agent with ``sig`` and start it again (waiting for this run's start in its log)."""
+        self.agent.kill(sig)
+        started = self.agent.starts()
+        self.agent.start()
+        _wait(lambda: self.agent.starts() > started, 30, "the agent to start again")
 
     def duplicated_actions(self) -> int:
         if not self.ledger.exists():
@@ -310,17 +354,31 @@ def broker_sigstop(rig: Rig, events: int = 200) -> None:
     rig.broker.signal(signal.SIGCONT)
 
 
+def agent_kill_mid_storm(rig: Rig, lines: int = 20_000) -> None:
+    rig.start_all()
+    rig.write_storm(41)
+    rig.wait_recorded(1)  # the first occurrence went out at once ...
+    _wait(rig.agent_read_all, 30, "the agent to read the storm")
+    rig.restart_agent()  # ... the 40 repeats were read and counted, not yet published
+    for count, kill_after_s in ((lines, 0.0), (lines, 0.05), (5, 0.3), (3, 2.5)):
+        rig.write_storm(count)
+        time.sleep(kill_after_s)  # while reading, right after, repeats pending, the window moved on
+        rig.restart_agent()
+
+
 SCENARIOS: dict[str, Callable[[Rig], None]] = {
     "broker_kill_backlog": broker_kill_backlog,
     "broker_kill_before_session": broker_kill_before_session,
     "coordinator_kill_mid_burst": coordinator_kill_mid_burst,
     "coordinator_kill_at_startup": coordinator_kill_at_startup,
     "broker_sigstop": broker_sigstop,
+    "agent_kill_mid_storm": agent_kill_mid_storm,
 }
+_RIG_OPTIONS: dict[str, dict[str, Any]] = {"agent_kill_mid_storm": {"storm_window_s": 2.0}}
 
 
 def run_scenario(name: str, workdir: Path) -> dict[str, Any]:
-    rig = Rig(workdir)
+    rig = Rig(workdir, **_RIG_OPTIONS.get(name, {}))
     started = time.monotonic()
     try:
         SCENARIOS[name](rig)

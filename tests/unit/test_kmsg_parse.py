@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -354,3 +356,129 @@ def test_no_exception_even_without_the_safety_net(parts: list[str]) -> None:
     line = "".join(parts)
     for prefix in ("", "[ 1.0] ", "6,1,1,-;"):
         parser._parse(prefix + line, 1)
+
+
+# --- the prefix grammar, written once -----------------------------------------------------------
+
+_ISO_TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
+_PEEL = [  # the grammar as it was written before: one pattern per part, peeled one after the other
+    re.compile(r"(\d{1,3}),(\d+),(\d+),[^;]*;"),
+    re.compile(
+        r"([A-Z][a-z]{2} [ \d]?\d \d\d:\d\d:\d\d(?:\.\d+)?|" + _ISO_TS + r") \S+ kernel(?:\[\d+\])?: ?"
+    ),
+    re.compile(r"[a-z]{2,8} *:[a-z]{3,6} *: ?"),
+    re.compile("(" + _ISO_TS + r")\s+"),
+    re.compile(r"\[ *(\d+\.\d+)\] ?"),
+    re.compile(r"\[([A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})\] ?"),
+    re.compile(r"\[ *[TC]\d+\] ?"),
+]
+
+
+def peeled(line: str) -> tuple[str, float | None, int | None, str | None]:
+    """Reference: (message, ts, seq, raw time text) by peeling the parts in order."""
+    raw, syslog, level, iso, mono, ctime, caller = _PEEL
+    ts = seq = time = None
+    pos = 0
+    match = raw.match(line)
+    if match is not None:
+        seq, ts, pos = int(match.group(2)), int(match.group(3)) / 1e6, match.end()
+    else:
+        match = syslog.match(line)
+        if match is not None:
+            time, pos = match.group(1), match.end()
+        match = level.match(line, pos)
+        if match is not None:
+            pos = match.end()
+        match = iso.match(line, pos)
+        if match is not None:
+            time, pos = match.group(1), match.end()
+    match = mono.match(line, pos)
+    if match is not None:
+        ts, pos = float(match.group(1)), match.end()
+    else:
+        match = ctime.match(line, pos)
+        if match is not None:
+            time, pos = match.group(1), match.end()
+    match = caller.match(line, pos)
+    if match is not None:
+        pos = match.end()
+    return line[pos:].rstrip("\r\n"), ts, seq, time
+
+
+PREFIX_PARTS = [
+    *PREFIXES, "6,", "12,34,", "1,2,3,-", "Dec  9 12:34:44 ", "host kernel", "kernel[12]: ", "kern  :err   :",
+    "[ 1.5]", "[", "]", " ", "[Mon Dec  9 12:34:44 2024]", "[ T12]", "[C3] ", "2024-12-09T12:34:44Z ",
+    "NVRM: ",
+]  # fmt: skip
+
+
+@settings(max_examples=600)
+@given(
+    st.lists(
+        st.one_of(st.sampled_from(PREFIX_PARTS), st.text("0123456789:;,.[] TCkernl", max_size=6)), max_size=6
+    )
+)
+def test_the_prefix_grammar_is_the_parts_peeled_in_order(parts: list[str]) -> None:
+    line = "".join(parts) + XID_BODY
+    out = strip_prefix(line)
+    message, ts, seq, time = peeled(line)
+    assert (out.message, out.ts, out.seq) == (message, ts, seq)
+    if time is not None and out.time != time:  # ctime is printed as ISO
+        assert out.time == datetime.strptime(" ".join(time.split()), "%a %b %d %H:%M:%S %Y").isoformat()
+    else:
+        assert out.time == time
+
+
+# --- the repeat cache ---------------------------------------------------------------------------
+
+
+def mixed_log() -> list[str]:
+    """Storms under every prefix, pid and message variants, a UUID learned mid-storm, Xid 79 with the
+    driver's fall-off lines near and far, other kinds and noise in between."""
+    lines = []
+    for i in range(400):
+        prefix = PREFIXES[i % len(PREFIXES)]
+        lines.append(f"{prefix}NVRM: Xid (PCI:0000:3b:00): 45, pid={i % 3}, name=python, Ch 00000008")
+        lines.append(f"[{i}.5] NVRM: Xid (PCI:0000:b7:00): 48, pid=77, name=python3, DBE")
+        if i == 200:
+            lines.append("NVRM: GPU at PCI:0000:b7:00: GPU-5C1B4E5F-2a3b-4c5d-8e9f-0123456789ab")
+        if i % 60 == 0:
+            lines.append("6,1,2,-;NVRM: Xid (PCI:0000:5e:00): 79, pid=1, name=x, GPU has fallen off the bus.")
+        if i % 60 in (20, 45):  # within the Xid 79 window of its last repeat, or not
+            lines.append("NVRM: GPU 0000:5e:00.0: GPU has fallen off the bus.")
+        if i % 50 == 0:
+            lines.append("nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): 12028, Non-fatal, Link 52 egress")
+            lines.append(" SUBSYSTEM=pci")
+        lines.append(NOISE[i % len(NOISE)])
+        lines.append(CASES[i % len(CASES)][0])
+    return lines
+
+
+def test_the_repeat_cache_gives_exactly_what_a_full_parse_gives() -> None:
+    lines = mixed_log()
+    cached, full = KmsgParser(), KmsgParser(cache_size=0)
+    assert list(parse_lines(lines, cached)) == list(parse_lines(lines, full))
+    assert cached._templates  # it was used
+
+
+@settings(max_examples=200)
+@given(st.lists(st.sampled_from(mixed_log()[:300]), max_size=60), st.integers(0, 3))
+def test_the_repeat_cache_is_exact_on_any_sequence(lines: list[str], cache_size: int) -> None:
+    assert list(parse_lines(lines, KmsgParser(cache_size=cache_size))) == list(
+        parse_lines(lines, KmsgParser(cache_size=0))
+    )
+
+
+def test_a_cached_repeat_is_a_parse_of_its_line() -> None:
+    parser = KmsgParser()
+    first = parser.feed(
+        "[  1.0] NVRM: Xid (PCI:0000:5e:00): 79, pid=1, name=x, GPU has fallen off the bus.", 1
+    )
+    line = "6,9,40000000,-;NVRM: Xid (PCI:0000:5e:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    template = parser.cached(line, 40)
+    assert template is not None and first[0].kind is Kind.XID
+    event = parser.expand(template, line, 40)
+    assert (event.line, event.ts, event.seq, event.code) == (40, 40.0, 9, 79)
+    # the lookup counted as reading line 40: the fall-off line 80 is within 50 lines of it
+    assert parser.feed("NVRM: GPU 0000:5e:00.0: GPU has fallen off the bus.", 80) == []
+    assert parser.cached("[  2.0] NVRM: Xid (PCI:0000:5e:00): 13, other", 81) is None  # never parsed

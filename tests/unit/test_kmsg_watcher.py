@@ -14,8 +14,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ftd.agent.follow import FileFollower
+from ftd.agent.kmsg_parse import KernelEvent, KmsgParser, Template
+from ftd.agent.storm import StormControl
 from ftd.agent.watchers.kmsg import KmsgWatcher
 from ftd.events import Event, Kind
 from tests.realparts import REQUIRE_REAL
@@ -238,3 +244,214 @@ async def test_dev_kmsg_follow_and_restart(tmp_path: Path) -> None:
         assert [p for p in first.pids() if p in ours] == [base]
     finally:
         await second.stop()
+
+
+# --- with storm control: repeats, the checkpoint, kills -----------------------------------------
+
+
+class Killed(Exception):
+    """Stands for SIGKILL at a chosen step: the watcher and storm control are then abandoned."""
+
+
+class TwoPerLine(KmsgParser):
+    """A parser that reads two events from a line saying ``TWO``, the second on a GPU of its own
+    (always a first occurrence): no real line does that today, but the position must handle it (a
+    checkpoint falls between the two, when the first one was folded)."""
+
+    def feed(self, line: str, lineno: int) -> list[KernelEvent]:
+        events = super().feed(line, lineno)
+        if "TWO" in line and events:
+            events.append(msgspec.structs.replace(events[0], pci=f"0001:{lineno % 256:02x}:00.0"))
+        return events
+
+    def cached(self, line: str, lineno: int) -> Template | None:
+        return None if "TWO" in line else super().cached(line, lineno)
+
+
+class Life:
+    """One agent life: the watcher with storm control in front of a "spool" (what reached it survives
+    a kill) and the checkpoint on disk; ``kill_at`` is the publish or checkpoint write that dies."""
+
+    def __init__(self, path: Path, state: Path, spool: list[Event], kill_at: int, *, cache: bool) -> None:
+        self.steps = 0
+        self.kill_at = kill_at
+        self.spool = spool
+        self.storm = StormControl(self._publish, window_s=1.0, clock=self.now)
+        life = self
+
+        class Watcher(KmsgWatcher):
+            def _write_state(self) -> None:
+                life.step()
+                super()._write_state()
+
+        self.watcher = Watcher(
+            str(path), "node-a", self.storm.process, state_path=state, from_start=True,
+            poll_interval=0.001, parser=TwoPerLine(cache_size=1024 if cache else 0), storm=self.storm,
+        )  # fmt: skip
+
+    def now(self) -> float:
+        """Storm control's clock: 10 ms a line read (windows of 1 s end every 100 lines)."""
+        watcher = self.__dict__.get("watcher")  # None while the watcher restores storm control
+        return watcher.lines * 0.01 if watcher is not None else 0.0
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps == self.kill_at:
+            raise Killed
+
+    async def _publish(self, event: Event) -> None:
+        self.step()
+        self.spool.append(event)
+
+    async def run(self, size: int, state: Path) -> bool:
+        """Read until the saved position reaches ``size`` (True) or the life is killed (False)."""
+        task = asyncio.create_task(self.watcher.run())
+        try:
+            while not task.done():
+                try:
+                    if json.loads(state.read_text()).get("offset") == size:
+                        return True
+                except (OSError, ValueError):
+                    pass
+                await asyncio.sleep(0.002)
+            if isinstance(task.exception(), Killed):
+                return False
+            task.result()
+            raise AssertionError("the watcher ended")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Killed):
+                await task
+
+
+def storm_log() -> tuple[str, int]:
+    """Two interleaved Xid storms, noise, lone Xids, lines with two events; and how many events."""
+    lines, events = [], 0
+    for i in range(150):
+        lines.append(f"[{i:6d}.000001] NVRM: Xid (PCI:0000:3b:00): 95, pid=7, name=python, Ch 00000008")
+        events += 1
+        if i % 3 == 0:
+            lines.append(f"[{i:6d}.000002] NVRM: Xid (PCI:0000:86:00): 45, pid={i % 2}, name=python, Ch 1")
+            events += 1
+        if i % 10 == 7:
+            lines.append(f"[{i:6d}.000003] NVRM: Xid (PCI:0000:07:00): 43, pid=1, name=x, TWO GPUs")
+            events += 2
+        lines.append(f"[{i:6d}.000004] usb 1-1: new high-speed USB device number {i} using xhci_hcd")
+    return "".join(line + "\n" for line in lines), events
+
+
+def counted(spool: list[Event]) -> int:
+    seen: dict[str, int] = {}
+    for event in spool:
+        assert seen.setdefault(event.id, event.count) == event.count, f"{event.id} with two counts"
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["repeats-folded-fast", "every-line-parsed"])
+async def test_a_kill_at_any_publish_or_checkpoint_loses_no_count_and_counts_none_twice(
+    tmp_path: Path, cache: bool
+) -> None:
+    text, events = storm_log()
+    path = tmp_path / "kern.log"
+    path.write_text(text)
+    size = path.stat().st_size
+
+    async def lives(kill_at: int) -> tuple[int, int]:
+        state = tmp_path / f"kill{kill_at}" / "kmsg.position"
+        spool: list[Event] = []
+        life = first = Life(path, state, spool, kill_at, cache=cache)
+        while True:
+            try:
+                if await life.run(size, state):
+                    await life.storm.close()  # a clean stop at the end (a kill may hit it too)
+                    return counted(spool), first.steps
+            except Killed:
+                pass
+            life = Life(path, state, spool, 0, cache=cache)  # restart from what is on disk
+
+    total, steps = await lives(0)
+    assert total == events
+    assert steps > 20  # first occurrences, summaries, the checkpoints between them: all kill points
+    for kill_at in range(1, steps + 1):
+        assert (await lives(kill_at))[0] == events, f"killed at step {kill_at}"
+
+
+async def test_repeats_folded_fast_give_the_events_a_full_parse_gives(tmp_path: Path) -> None:
+    text, events = storm_log()
+    path = tmp_path / "kern.log"
+    path.write_text(text)
+    runs = []
+    for cache in (True, False):
+        spool: list[Event] = []
+        life = Life(path, tmp_path / f"{cache}.position", spool, 0, cache=cache)
+        assert await life.run(path.stat().st_size, tmp_path / f"{cache}.position")
+        await life.storm.close()
+        assert counted(spool) == events
+        runs.append(
+            [(e.id, e.count, e.severity, {k: v for k, v in e.data.items() if k != "first_ts"}) for e in spool]
+        )
+    assert runs[0] == runs[1]
+    assert len(runs[0]) < events // 4  # the storms did fold
+
+
+async def test_a_restart_skips_the_events_of_a_line_already_handled(tmp_path: Path) -> None:
+    path = tmp_path / "kern.log"
+    path.write_text("noise\n" + xid(43, 1).replace("test", "TWO GPUs"))
+    state = tmp_path / "kmsg.position"
+    inode = path.stat().st_ino
+    state.write_text(json.dumps({"kind": "file", "inode": inode, "offset": 6, "done": 1}))
+    events: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        events.append(event)
+
+    watcher = KmsgWatcher(str(path), "node-a", emit, state_path=state, parser=TwoPerLine())
+    task = asyncio.create_task(watcher.run())
+    try:
+        deadline = time.monotonic() + 5
+        while json.loads(state.read_text()).get("offset") != path.stat().st_size:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert [(e.id, e.data["pci"]) for e in events] == [
+        (f"node-a-kmsg-{inode}-{path.stat().st_size}-1", "0001:01:00.0")  # line 1 of this run
+    ]
+
+
+# --- the follower's line splitting (the kmsg file path reads a storm through it) -----------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30),
+    st.booleans(),
+    st.integers(1, 64),
+    st.one_of(st.none(), st.integers(1, 12)),
+)
+def test_follower_lines_and_offsets_whatever_the_chunking(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[bytes], tail: bool, chunk: int, max_line: int | None
+) -> None:
+    """Whole lines, cut at ``max_line``, each with the offset past its newline, an incomplete last line
+    held back: the same whatever the read size (the fast split must agree with the byte-by-byte one)."""
+    data = b"".join(line + b"\n" for line in lines) + (b"incomplete" if tail else b"")
+    path = tmp_path_factory.mktemp("follow") / "k.log"
+    path.write_bytes(data)
+    follower = FileFollower(str(path), chunk=chunk, max_line=max_line)
+    follower.open()
+    try:
+        got: list[tuple[bytes, int]] = []
+        while (batch := follower.read()) is not None:
+            got.extend(batch)
+    finally:
+        follower.close()
+    ends = [sum(len(line) + 1 for line in lines[: i + 1]) for i in range(len(lines))]
+    cut = [line if max_line is None else line[:max_line] for line in lines]
+    assert got == list(zip(cut, ends, strict=True))
+    assert follower.offset == (ends[-1] if ends else 0) and follower.position == len(data)
+    too_long = [
+        line for line in lines + ([b"incomplete"] if tail else []) if max_line and len(line) > max_line
+    ]
+    assert follower.cut_lines == len(too_long)

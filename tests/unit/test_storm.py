@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ftd.agent.storm import StormControl, identity
-from ftd.events import Event, Kind, make_event
+from ftd.agent.storm import StormControl, StormState, identity
+from ftd.events import Event, Kind, Severity, make_event
 
 
 class Clock:
@@ -118,3 +118,175 @@ async def test_window_zero_disables_collapsing() -> None:
     for _ in range(5):
         await storm.process(xid(45))
     assert [e.count for e in out] == [1] * 5
+
+
+# --- repeats folded without an event (the kmsg fast path) ---------------------------------------
+
+
+TICK_S = 0.25  # storm control's tick for a 1 s window
+
+
+def feed_sequence(clock: Clock) -> list[tuple[float, Event]]:
+    """A mixed run: two interleaved storms, a cause and its follow-on storm, quiet gaps, odd ones."""
+    steps: list[tuple[float, Event]] = []
+    n = 0
+
+    def add(dt: float, code: int, pci: str, pid: int = 1) -> None:
+        nonlocal n
+        data = {"code": code, "pci": pci, "pid": pid, "line": n}
+        event = make_event(
+            "n1", Kind.XID, severity="error", source="kmsg", data=data, id=f"n1-kmsg-{n}-0", ts=1e9 + n
+        )
+        steps.append((dt, event))
+        n += 1
+
+    for i in range(60):  # two GPUs storming at once, and now and then a lone Xid on a third
+        add(0.05, 95, "0000:3b:00.0", pid=i)
+        add(0.0, 45, "0000:86:00.0")
+        if i % 25 == 0:  # 1.25 s apart: each is a first occurrence (the window of 1 s retired it)
+            add(0.0, 31, "0000:af:00.0")
+    add(2.0, 43, "0000:ae:00.0")  # quiet: every storm window is flushed and retired
+    add(1.0, 31, "0000:af:00.0")  # a lone Xid, then only distinct ones (nothing folds) ...
+    for i in range(30):
+        add(0.05, 43, f"0000:{i + 16:02x}:00.0")
+    add(0.0, 31, "0000:af:00.0")  # ... and the lone one again, its window retired meanwhile
+    add(3.0, 149, "0000:5e:00.0")  # a cause, then its follow-on storm
+    for _ in range(40):
+        add(0.1, 45, "0000:5e:00.0")
+    add(5.0, 13, "0000:3b:00.0")  # after a quiet spell
+    for _ in range(30):
+        add(0.02, 13, "0000:3b:00.0")
+    return steps
+
+
+async def run_sequence(
+    storm: StormControl, clock: Clock, steps: list[tuple[float, Event]], *, fast: bool
+) -> None:
+    ticked = clock.now
+    for dt, event in steps:
+        clock.now += dt
+        if clock.now - ticked >= TICK_S:
+            ticked = clock.now
+            await storm.tick()
+        if fast and storm.fold(identity(event), event.severity, lambda e: e, event):
+            continue
+        await storm.process(event)
+    await storm.close()
+
+
+def comparable(event: Event) -> tuple[str, int, Severity, dict[str, object]]:
+    return (event.id, event.count, event.severity, event.data)
+
+
+async def test_fold_counts_and_links_exactly_like_process() -> None:
+    outputs = []
+    for fast in (False, True):
+        storm, out, clock = make(window=1.0, follow=30.0)
+        steps = feed_sequence(clock)
+        await run_sequence(storm, clock, steps, fast=fast)
+        assert sum(e.count for e in out) == len(steps)
+        outputs.append([comparable(e) for e in out])
+    assert outputs[0] == outputs[1]
+    follow_ons = [
+        data for _, _, _, data in outputs[1] if data.get("code") == 45 and data["pci"] == "0000:5e:00.0"
+    ]
+    assert follow_ons and all(data["caused_by_code"] == 149 for data in follow_ons)  # summaries too
+
+
+async def test_fold_declines_without_an_open_window() -> None:
+    storm, out, clock = make(window=1.0)
+    event = xid(45)
+    assert not storm.fold(identity(event), event.severity, lambda e: e, event)  # never seen
+    await storm.process(event)
+    assert storm.fold(identity(event), event.severity, lambda e: e, xid(45, pid=2))
+    clock.now += 1.0
+    assert not storm.fold(identity(event), event.severity, lambda e: e, xid(45, pid=3))  # window over
+    await storm.close()
+    assert [e.count for e in out] == [1, 1] and out[1].data["pid"] == 2
+
+
+async def test_a_follow_on_names_the_published_first_event_never_a_folded_repeat() -> None:
+    storm, out, _ = make()
+    await storm.process(xid(149))
+    await storm.process(xid(149, pid=2))  # folded: its id is never published
+    await storm.process(xid(45))
+    assert out[-1].data["caused_by"] == out[0].id
+
+
+# --- the checkpoint: written ahead of every publish, restored after a kill ----------------------
+
+
+class Killed(Exception):
+    """Stands for SIGKILL: raised at the chosen step, the instance is then abandoned."""
+
+
+class Node:
+    """One agent life: storm control in front of a "spool" (what reached it survives a kill), with a
+    checkpoint writer that stores (read position, snapshot) the way the kmsg watcher does."""
+
+    def __init__(self, clock: Clock, disk: dict[str, object], spool: list[Event], kill_at: int) -> None:
+        self.steps = 0
+        self.kill_at = kill_at
+        self.disk = disk
+        self.spool = spool
+        self.position = int(disk.get("position", 0))  # type: ignore[call-overload]
+        self.storm = StormControl(self._spool, window_s=1.0, follow_window_s=30.0, clock=clock)
+        saved = disk.get("storm")
+        if isinstance(saved, StormState):
+            self.storm.restore(saved)
+        self.storm.attach(self._checkpoint)
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps == self.kill_at:
+            raise Killed
+
+    async def _spool(self, event: Event) -> None:
+        self.step()
+        self.spool.append(event)
+
+    def _checkpoint(self) -> None:
+        self.step()
+        self.disk.update(position=self.position, storm=self.storm.snapshot())
+
+
+async def live(clock: Clock, steps: list[tuple[float, Event]], kill_at: int) -> tuple[list[Event], int]:
+    """Run ``steps`` through storm control, killed at step ``kill_at`` (0: never) and restarted from
+    its checkpoint until done; return the spool and the number of steps of the first life."""
+    clock.now = 1000.0
+    disk: dict[str, object] = {}
+    spool: list[Event] = []
+    life = first = Node(clock, disk, spool, kill_at)
+    read = 0  # lines the kernel had written when the agent died: a restart reads them in one burst
+    ticked = clock.now
+    while True:
+        try:
+            for index in range(life.position, len(steps)):
+                dt, event = steps[index]
+                clock.now += dt if index >= read else 0.0
+                read = max(read, index)
+                if clock.now - ticked >= TICK_S:  # storm control's own task, between two lines
+                    ticked = clock.now
+                    await life.storm.tick()
+                life.step()  # a kill between lines
+                life.position = index + 1  # counted as read before it goes in (as the watcher does)
+                if not life.storm.fold(identity(event), event.severity, lambda e: e, event):
+                    await life.storm.process(event)
+            await life.storm.close()
+            return spool, first.steps
+        except Killed:
+            clock.now += 0.5  # the restart
+            life = Node(clock, disk, spool, kill_at=0)  # from what is on "disk"
+
+
+async def test_a_kill_at_any_step_loses_no_count_and_counts_none_twice() -> None:
+    clock = Clock()
+    steps = feed_sequence(clock)
+    _, total = await live(clock, steps, kill_at=0)
+    assert total > len(steps) + 20  # every line, checkpoint and publish is a kill point
+    for kill_at in range(1, total + 1):
+        spool, _ = await live(clock, steps, kill_at)
+        seen: dict[str, int] = {}
+        for event in spool:
+            assert seen.setdefault(event.id, event.count) == event.count, f"{event.id} with two counts"
+        assert sum(seen.values()) == len(steps), f"killed at step {kill_at}"
