@@ -455,3 +455,58 @@ def test_follower_lines_and_offsets_whatever_the_chunking(
         line for line in lines + ([b"incomplete"] if tail else []) if max_line and len(line) > max_line
     ]
     assert follower.cut_lines == len(too_long)
+
+
+@pytest.mark.real
+async def test_dev_kmsg_storm_counts_survive_a_kill(tmp_path: Path) -> None:
+    """The device path with storm control: repeats (records) fold, a kill keeps their count."""
+    if not _kmsg_writable():
+        if REQUIRE_REAL:
+            pytest.fail("FTD_REQUIRE_REAL=1 and /dev/kmsg is not readable and writable", pytrace=False)
+        pytest.skip("needs root for /dev/kmsg")
+    # A GPU address of our own: other writers (other tests) share the ring buffer. Five lines in all:
+    # userspace writes to /dev/kmsg are rate-limited (10 per 5 s).
+    domain, bus = random.randint(0x100, 0xFFFF), random.randint(0x10, 0xFF)
+    line = f"NVRM: Xid (PCI:{domain:04x}:{bus:02x}:00): 45, pid=1, name=ftdtest, storm\n"
+    pci = f"{domain:04x}:{bus:02x}:00.0"
+    state = tmp_path / "kmsg.position"
+    spool: list[Event] = []
+
+    async def publish(event: Event) -> None:
+        spool.append(event)
+
+    def ours() -> list[Event]:
+        return [e for e in spool if e.data.get("pci") == pci]
+
+    storm = StormControl(publish)
+    first = KmsgWatcher("/dev/kmsg", "node-a", storm.process, state_path=state, storm=storm)
+    task = asyncio.create_task(first.run())
+    await asyncio.sleep(0.1)
+    for _ in range(3):
+        _write_kmsg(line)
+    deadline = time.monotonic() + 5
+    while storm.pending < 2:  # the first went out, two repeats are counted
+        assert time.monotonic() < deadline, ours()
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # the drain's checkpoint
+    task.cancel()  # a kill: storm control is abandoned with its two repeats pending
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert [e.count for e in ours()] == [1]
+
+    for _ in range(2):
+        _write_kmsg(line)  # while the agent is down
+    storm = StormControl(publish)
+    second = KmsgWatcher("/dev/kmsg", "node-a", storm.process, state_path=state, storm=storm)
+    task = asyncio.create_task(second.run())
+    try:
+        deadline = time.monotonic() + 5
+        while storm.pending < 4:  # two restored, two read after the restart
+            assert time.monotonic() < deadline, ours()
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await storm.close()
+    assert [e.count for e in ours()] == [1, 4]
