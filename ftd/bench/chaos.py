@@ -257,8 +257,10 @@ class Rig:
         )
 
     def wait_ready(self, daemon: Daemon, timeout: float = 30.0) -> None:
-        needle = "agent started" if daemon.role == "agent" else "bus_connected"
-        _wait(lambda: daemon.logged(needle), timeout, f"{daemon.role} to start")
+        if daemon.role == "agent":
+            _wait(lambda: daemon.starts() > 0, timeout, "agent to start")
+        else:
+            _wait(lambda: daemon.logged("bus_connected"), timeout, "coordinator to start")
 
     def start_all(self) -> None:
         self.broker.start()
