@@ -607,6 +607,9 @@ class Outbox:
         self._queue.remove(entry)
 
     def put(self, item: Outgoing) -> None:
+        rid = item.receipt_id
+        if rid is not None and (rid in self._queued_ids or rid in self._awaiting):
+            return  # already held (an event re-published after a restart): one copy, one receipt
         entry = _Entry(item.topic, item.payload, item.retain, item.priority, 0, item.receipt_id)
         while len(self) and (len(self) >= self._max or self._bytes + entry.size > self._max_bytes):
             victim = self._oldest_lowest()

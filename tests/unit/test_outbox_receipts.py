@@ -130,3 +130,20 @@ async def test_the_bound_counts_events_awaiting_receipts_and_drops_low_severity_
     assert len(outbox) == 3 and outbox.dropped == 1
     assert outbox.receipted(["info"]) == 0  # it was dropped, counted, and is gone
     task.cancel()
+
+
+async def test_an_event_id_already_held_is_not_queued_twice_and_does_not_kill_the_publisher() -> None:
+    """A restarted agent may re-publish an event its spool still holds (storm checkpoint replay):
+    before, the second put overwrote the id index and the publisher died with KeyError."""
+    _, sub, pub = await _bus_pair()
+    outbox = Outbox(pub)
+    task = asyncio.create_task(outbox.run())
+    outbox.put(Outgoing("t/e", b"e0", receipt_id="e0"))
+    outbox.put(Outgoing("t/e", b"e0", receipt_id="e0"))  # still queued
+    await _published(outbox, 1)
+    outbox.put(Outgoing("t/e", b"e0", receipt_id="e0"))  # now awaiting its receipt
+    outbox.put(Outgoing("t/e", b"e1", receipt_id="e1"))
+    await _published(outbox, 2)
+    assert not task.done() and await _drain(sub) == [b"e0", b"e1"]
+    assert outbox.receipted(["e0", "e1"]) == 2 and len(outbox) == 0
+    task.cancel()
