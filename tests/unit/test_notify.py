@@ -96,7 +96,7 @@ async def test_retries_5xx_with_backoff_then_succeeds(
         detail = await Notify(NotifyConfig(url_file=str(url_file), retries=3), sleep=sleep)(_record())
     assert detail["attempts"] == 3 and len(r.bodies) == 3
     assert len(sleeps) == 2 and 0.25 <= sleeps[0] <= 0.5 and 0.5 <= sleeps[1] <= 1.0
-    assert [e["event"] for e in logs].count("webhook failed, retrying") == 2  # ftd did log the failures...
+    assert [e["event"] for e in logs].count("webhook_failed_retrying") == 2  # ftd did log the failures...
     out = capsys.readouterr()
     assert SECRET not in str(logs) + caplog.text + out.out + out.err  # ...without the URL's secret
 

@@ -239,8 +239,8 @@ async def test_no_nvml_logs_one_line_and_idles() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert out.events == [] and fake.calls["device_count"] == 0
-    lines = [entry["event"] for entry in logs if "NVML unavailable" in entry["event"]]
-    assert lines == ["NVML unavailable: nvmlInit failed: Driver Not Loaded; GPU watcher disabled"]
+    lines = [(e["event"], e.get("reason")) for e in logs if e["event"].startswith("nvml_unavailable")]
+    assert lines == [("nvml_unavailable_watcher_disabled", "nvmlInit failed: Driver Not Loaded")]
 
 
 async def test_real_backend_without_library_is_unavailable_not_a_crash() -> None:
