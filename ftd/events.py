@@ -24,7 +24,16 @@ SCHEMA_VERSION = 1
 
 
 class Kind(enum.StrEnum):
-    """Every event kind an agent may publish. Adding one is a (compatible) schema change."""
+    """Every event kind in the ledger. Adding one is a (compatible) schema change.
+
+    Agents publish all but the last group; the coordinator writes some itself (``source =
+    "coordinator"``): ``node_offline`` (a node's Last Will), ``agent_health`` about the coordinator's
+    own trouble (node ``ftd-coordinator``, e.g. a corrupt ledger it moved aside) and ``bad_input``:
+    one per node and window, what that node sent that the coordinator did not store as sent --
+    messages it refused (oversized, undecodable, nested too deep, wrong types, speaking for another
+    node; counted by reason, never stored) and events over the node's rate limit (folded: counted by
+    kind, receipted, not evaluated one by one). See :mod:`ftd.coordinator.fairness`.
+    """
 
     XID = "xid"
     SXID = "sxid"
@@ -47,6 +56,7 @@ class Kind(enum.StrEnum):
     AGENT_HEALTH = "agent_health"
     NODE_OFFLINE = "node_offline"
     OPERATOR_REQUEST = "operator_request"
+    BAD_INPUT = "bad_input"
 
 
 class Severity(enum.StrEnum):

@@ -150,7 +150,8 @@ def _mix(rng: random.Random, node: str, seq: int, now: float) -> Event:
     )
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank, no interpolation); 0.0 for no values."""
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -336,10 +337,10 @@ def bench_coordinator(
         "actions": stats["actions"],
         "events_per_s": round(recorded / span, 1),
         "decision_p50_ms": round(statistics.median(decision), 3) if decision else None,
-        "decision_p99_ms": round(_percentile(decision, 0.99), 3),
+        "decision_p99_ms": round(percentile(decision, 0.99), 3),
         "decision_max_ms": round(max(decision), 3) if decision else None,
         "e2e_p50_ms": round(statistics.median(e2e), 1) if e2e else None,
-        "e2e_p99_ms": round(_percentile(e2e, 0.99), 1),
+        "e2e_p99_ms": round(percentile(e2e, 0.99), 1),
         "cpus": os.cpu_count(),
     }
 

@@ -19,6 +19,7 @@ BENCHES: dict[str, tuple[str, str, str]] = {
     "agent": ("ftd.bench.agent", "bench_agent", "<= 1% of a core, <= 60 MB RSS"),
     "coordinator": ("ftd.bench.coordinator", "bench_coordinator", ">= 5,000 events/s, p99 <= 250 ms, 0 lost"),
     "chaos": ("ftd.bench.chaos", "bench_chaos", "lost 0, actions done twice 0, in every kill scenario"),
+    "fairness": ("ftd.bench.fairness", "bench_fairness", "other node's event->decision p99 <= 100 ms"),
 }
 
 

@@ -14,6 +14,30 @@ Inputs (all decoded strictly; a payload that fails is counted in ``bad_messages`
 never fatal): node events, retained node status (an ``offline`` from the Last Will becomes a
 ``node_offline`` event), retained job presence, and trainer acks. A payload whose ``node`` differs
 from the node in its topic is rejected: the broker's ACL vouches for the topic, not the payload.
+
+One node cannot crash, stall or starve the coordinator (DESIGN §11, :mod:`ftd.coordinator.fairness`):
+
+* Size first: a payload over :data:`~ftd.events.MAX_PAYLOAD_BYTES` (a batch: :data:`MAX_BATCH_BYTES`)
+  is refused unread; decoding raises nothing but ``DecodeError`` (depth, types, encoding included).
+* Every refused message of a node -- oversized, undecodable, wrong types, speaking for another node,
+  a handler failure -- is counted in ``bad_messages`` and in that node's ``bad_input`` summary event
+  (never stored itself), and the events in it whose ids can be read are receipted as ``rejected``.
+* Rate: each node has a token bucket (``node_rate`` events/s, bursts of ``node_burst``, and an
+  ``urgent_reserve`` only errors and worse may use). Its events over the rate are *folded* -- counted
+  into its ``bad_input`` summary, receipted once that is committed -- so a flood costs a decode and
+  a count per event, and other nodes' events keep their latency (``ftd bench fairness``).
+* A batch is checked and handled in chunks of :data:`BATCH_CHUNK` events, the bus pump yielding to
+  the event loop between them (receipts, the API and running actions go on meanwhile); still all or
+  nothing: one bad event refuses the whole batch before any of it is handled.
+
+Acknowledgements go out in groups (:meth:`Coordinator._flush`): at most :data:`ACK_EVERY` handled
+messages or :data:`ACK_DELAY_S` seconds wait, then the changed summaries are committed (one
+transaction for all nodes), the events folded or refused into them receipted, and the messages
+acknowledged. So a folded message, too, is acknowledged only after what records it is committed;
+and the MQTT client, which registers its socket for writing and sends once per acknowledgement,
+does that once per group: acknowledging each message alone made the coordinator fall behind a
+10,000 messages/s flood on a two-core machine. The group stays below Mosquitto's
+``max_inflight_messages`` (20 by default), past which the broker would stop sending.
 """
 
 from __future__ import annotations
@@ -22,8 +46,11 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from ftd import __version__
 from ftd.bus import topics
@@ -33,12 +60,21 @@ from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions import BuiltinExecutors, ExecutorContext
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.engine import Engine
+from ftd.coordinator.fairness import (
+    NODE_BURST,
+    NODE_RATE,
+    URGENT_RESERVE,
+    WINDOW_S,
+    InputBook,
+    RateLimiter,
+    readable_ids,
+)
 from ftd.coordinator.ledger import Ledger
 from ftd.coordinator.plugins import collect_executors, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
 from ftd.events import (
-    SCHEMA_VERSION,
+    MAX_PAYLOAD_BYTES,
     Ack,
     CoordinatorStatus,
     DecodeError,
@@ -59,6 +95,27 @@ log = get_logger(__name__)
 
 
 MAX_BATCH_BYTES = 4 << 20  # a batched event message larger than this is rejected unread
+BATCH_CHUNK = 256  # events of a batch checked or handled between two yields to the event loop
+ACK_EVERY = 10  # handled messages whose acknowledgement waits, at most (Mosquitto allows 20 in flight)
+ACK_DELAY_S = 0.002  # ... and for this long at most
+
+
+@dataclass
+class _PendingReceipt:
+    """What a node's next receipt will say (gathered for ``RECEIPT_BATCH_S``, sent as one message)."""
+
+    ids: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+class _Refused(Exception):
+    """A message the coordinator will not take: ``reason`` (a summary key), ``error`` (for the log and
+    the rejected receipts) and the ids of the events in it, when they could be read."""
+
+    def __init__(self, reason: str, error: str, ids: list[str] | None = None) -> None:
+        super().__init__(error)
+        self.reason, self.error, self.ids = reason, error, ids or []
+
 
 SUBSCRIPTIONS = (topics.ALL_NODE_STATUS, topics.ALL_NODE_JOBS, topics.ALL_NODE_ACKS, topics.ALL_NODE_EVENTS)
 
@@ -95,7 +152,13 @@ class Coordinator:
         scheduler: Scheduler | None,
         ledger: Ledger | None = None,
         extra_plugins: tuple[object, ...] = (),
+        node_rate: float = NODE_RATE,
+        node_burst: float = NODE_BURST,
+        urgent_reserve: float = URGENT_RESERVE,
+        summary_window_s: float = WINDOW_S,
     ) -> None:
+        """``node_rate`` / ``node_burst`` / ``urgent_reserve``: each node's token bucket, and
+        ``summary_window_s`` the span of one ``bad_input`` summary (see the module docstring)."""
         cfg = config.coordinator
         self.config = config
         self.bus = bus
@@ -106,8 +169,13 @@ class Coordinator:
         self.bad_messages = 0
         self.storage_errors = 0  # messages left unacknowledged because the ledger could not commit
         self.receipts_sent = 0
-        self._receipts: dict[str, Receipt] = {}  # node -> what to tell it next
+        self._receipts: dict[str, _PendingReceipt] = {}  # node -> what to tell it next
         self._receipts_ready = asyncio.Event()
+        self.limiter = RateLimiter(node_rate, node_burst, urgent_reserve)
+        limits = {"rate": node_rate, "burst": node_burst, "urgent_reserve": urgent_reserve}
+        self.inputs = InputBook(window_s=summary_window_s, limits=limits)
+        self._acks: list[Message] = []  # handled, their acknowledgement not sent yet
+        self._flush_due = asyncio.Event()
         builtin = BuiltinExecutors(
             ExecutorContext(
                 config=config, state=self.state, acks=self.acks, publish=self._publish, scheduler=scheduler
@@ -125,7 +193,7 @@ class Coordinator:
             state=self.state, ledger=self.ledger, gate=gate, plugins=plugins, executors=executors
         )
         self.engine.startup(self)  # ftd_startup hooks, each on its own
-        self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], None]] = {
+        self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], bool]] = {
             "events": self._on_event,
             "status": self._on_status,
             "jobs": self._on_presence,
@@ -162,6 +230,7 @@ class Coordinator:
         # depend on it: a resumed checkpoint_restart must know the job's ranks and see acks sent meanwhile.
         pump = asyncio.create_task(self._pump(), name="bus-messages")
         receipts = asyncio.create_task(self._send_receipts(), name="receipts")
+        flusher = asyncio.create_task(self._flush_when_due(), name="acks")
         watchdog: asyncio.Task[None] | None = None
         try:
             await asyncio.sleep(0.5)
@@ -177,13 +246,62 @@ class Coordinator:
         finally:
             pump.cancel()
             receipts.cancel()
+            flusher.cancel()
             if watchdog is not None:
                 watchdog.cancel()
 
     async def _pump(self) -> None:
+        """Handle bus messages in order; acknowledge them in groups (see the module docstring)."""
         async for message in self.bus.messages():
-            if self.handle_message(message):
-                self.bus.ack(message)
+            if await self.handle(message):
+                self._acks.append(message)
+                if len(self._acks) >= ACK_EVERY:
+                    self._flush()
+                else:
+                    self._flush_due.set()
+
+    RETRY_COMMIT_S = 1.0  # after a storage error, the next try to commit the summaries
+
+    async def _flush_when_due(self) -> None:
+        """:meth:`_flush` :data:`ACK_DELAY_S` after a message was handled (the pump flushes sooner,
+        after :data:`ACK_EVERY` of them)."""
+        while True:
+            await self._flush_due.wait()
+            await asyncio.sleep(ACK_DELAY_S)
+            self._flush_due.clear()
+            if not self._flush():
+                await asyncio.sleep(self.RETRY_COMMIT_S)
+                self._flush_due.set()
+
+    def _flush(self) -> bool:
+        """Commit the changed summaries, then acknowledge the messages handled since the last flush;
+        False (nothing acknowledged, tried again later) when the ledger cannot commit."""
+        if self.inputs.dirty and not self.commit_summaries():
+            return False
+        acks, self._acks = self._acks, []
+        for message in acks:
+            self.bus.ack(message)
+        return True
+
+    def commit_summaries(self) -> bool:
+        """Commit every ``bad_input`` summary changed since the last call (one transaction), then
+        receipt the events folded or refused into them; False on a storage error (tried again later)."""
+        summaries = self.inputs.pending()
+        if summaries:
+            try:
+                with self.ledger.transaction():
+                    for summary in summaries:
+                        self.ledger.record_summary(summary)
+            except (sqlite3.Error, OSError) as exc:
+                self.storage_errors += 1
+                log.error("summary_commit_failed", error=str(exc), total=self.storage_errors)
+                return False
+        done = self.inputs.committed()
+        for node, ids in done.folded.items():
+            self._receipt(node, ids)
+        for node, reasons in done.rejected.items():
+            self._receipt(node, [], reasons)
+        return True
 
     RECEIPT_BATCH_S = 0.02  # receipts gathered this long go out as one message per node
 
@@ -194,11 +312,13 @@ class Coordinator:
             await asyncio.sleep(self.RECEIPT_BATCH_S)
             self._receipts_ready.clear()
             pending, self._receipts = self._receipts, {}
+            ts = time.time()
+            receipts = {n: Receipt(node=n, ts=ts, ids=r.ids, rejected=r.rejected) for n, r in pending.items()}
             results = await asyncio.gather(
-                *(self.bus.publish(topics.node_receipts(node), encode(r)) for node, r in pending.items()),
+                *(self.bus.publish(topics.node_receipts(node), encode(r)) for node, r in receipts.items()),
                 return_exceptions=True,
             )
-            for (node, receipt), result in zip(pending.items(), results, strict=True):
+            for (node, receipt), result in zip(receipts.items(), results, strict=True):
                 if isinstance(result, BaseException):
                     self._receipt(node, receipt.ids, receipt.rejected)  # try again once reconnected
                     await self.bus.wait_connected(timeout=1.0)
@@ -206,13 +326,12 @@ class Coordinator:
                     self.receipts_sent += 1
 
     def _receipt(self, node: str, ids: list[str], rejected: Mapping[str, str] | None = None) -> None:
-        current = self._receipts.get(node)
-        self._receipts[node] = Receipt(
-            node=node,
-            ts=time.time(),
-            ids=[*(current.ids if current else ()), *ids],
-            rejected={**(current.rejected if current else {}), **(rejected or {})},
-        )
+        pending = self._receipts.get(node)
+        if pending is None:
+            pending = self._receipts[node] = _PendingReceipt()
+        pending.ids.extend(ids)
+        if rejected:
+            pending.rejected.update(rejected)
         self._receipts_ready.set()
 
     async def _watchdog(self) -> None:
@@ -228,6 +347,7 @@ class Coordinator:
         if api is not None:
             await api.stop()
         await self.engine.close()
+        self._flush()  # what was folded or refused last is in the ledger, not only in memory
         if self.bus.connected:
             with contextlib.suppress(BusUnavailable):
                 await self.bus.publish(topics.COORDINATOR_STATUS, coordinator_status("offline"), retain=True)
@@ -237,61 +357,148 @@ class Coordinator:
     # --- message handling --------------------------------------------------------------------
 
     def handle_message(self, message: Message) -> bool:
-        """Handle one bus message; True when it may be acknowledged to the broker (handled, or bad
-        for good), False when it must be delivered again (the ledger could not commit)."""
+        """Handle one bus message to the end -- a batch in one go, the summaries committed -- and say
+        whether it may be acknowledged to the broker (handled, folded or refused for good; False:
+        deliver it again, the ledger could not commit). The bus pump uses :meth:`handle` instead."""
+        steps = self._steps(message)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                ok: bool = done.value
+                break
+        if self.inputs.dirty:
+            self.commit_summaries()  # a storage error leaves them pending, as the pump's commits do
+        return ok
+
+    async def handle(self, message: Message) -> bool:
+        """Handle one bus message, yielding to the event loop between the chunks of a batch; True when
+        it may be acknowledged to the broker once the summaries are committed (:meth:`_flush`)."""
+        steps = self._steps(message)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                ok: bool = done.value
+                return ok
+            await asyncio.sleep(0)
+
+    def _steps(self, message: Message) -> Generator[None, None, bool]:
+        """The handling of one message; it yields where the caller may give the loop a turn."""
+        node: str | None = None  # whose summary a refusal goes into (None: no node to charge)
+        events = batch = False  # an event message, a batch of them: its event ids are worth reading
         try:
             levels = topics.parse(message.topic)
             if len(levels) < 3 or levels[0] != "nodes":
                 raise DecodeError("unexpected topic")
+            node = topics.check_level(levels[1], "node")
+            events = levels[2] == "events"
+            batch = events and levels[3:] == (topics.EVENT_BATCH,)
+            limit = MAX_BATCH_BYTES if batch else MAX_PAYLOAD_BYTES
+            if len(message.payload) > limit:
+                ids = readable_ids(message.payload, batch=batch) if events else []
+                why = f"payload of {len(message.payload)} bytes is over the limit of {limit}"
+                raise _Refused("oversized", why, ids)
+            if batch:
+                return (yield from self._on_batch(node, message))
             handler = self._handlers.get(levels[2])
             if handler is None:
                 raise DecodeError("unexpected topic")
-            handler(levels, message)
+            return handler(levels, message)
+        except _Refused as refused:
+            return self._refuse(message, node, refused.reason, refused.error, refused.ids)
         except (DecodeError, topics.TopicError, ValueError) as exc:
-            self._bad(message, str(exc))
+            return self._refuse(message, node, "invalid", str(exc))
         except (sqlite3.Error, OSError) as exc:
             self.storage_errors += 1
             log.error("ledger_commit_failed", topic=message.topic, error=str(exc), total=self.storage_errors)
             return False
         except Exception as exc:  # no input may crash the coordinator: count it, log it, go on
-            self._bad(message, f"{type(exc).__name__}: {exc}")
-            log.exception("message_handler_failed", topic=message.topic)
-        return True
+            log.exception("message_handler_failed", topic=message.topic[:200])
+            ids = readable_ids(message.payload, batch=batch) if events else []
+            return self._refuse(message, node, "error", f"{type(exc).__name__}: {exc}", ids)
 
-    def _bad(self, message: Message, why: str) -> None:
+    def _refuse(
+        self, message: Message, node: str | None, reason: str, error: str, ids: list[str] | None = None
+    ) -> bool:
+        """Count a refused message; into its node's summary (and rejected receipts) when it has one."""
         self.bad_messages += 1
         if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:
             log.warning(
-                "bad bus message ignored", topic=message.topic, error=why[:300], total=self.bad_messages
+                "bad_bus_message_ignored",
+                topic=message.topic[:200],
+                reason=reason,
+                error=error[:300],
+                bytes=len(message.payload),
+                total=self.bad_messages,
+            )
+        if node is not None and self.inputs.reject(node, reason, error, len(message.payload), ids):
+            log.warning("bad_input_from_node", node=node, reason=reason, summary="bad_input event")
+        return True
+
+    def _fold(self, event: Event) -> None:
+        if self.inputs.fold(event):
+            log.warning(
+                "node_rate_limited",
+                node=event.node,
+                rate=self.limiter.rate,
+                burst=self.limiter.burst,
+                summary="events over the rate are folded into a bad_input event",
             )
 
-    def _on_event(self, levels: tuple[str, ...], message: Message) -> None:
-        if levels[3:] == (topics.EVENT_BATCH,):
-            # ftd/v1/nodes/{node}/events/batch: a JSON list of Events, all of that node (the ACL
-            # vouches for the topic). Checked as a whole before any is handled: one bad event
-            # rejects the batch, so a batch is never half-applied.
-            batch = decode(message.payload, list[Event], max_bytes=MAX_BATCH_BYTES)
-            for event in batch:
-                if event.schema != SCHEMA_VERSION:
-                    raise DecodeError(f"unsupported schema version {event.schema} in batch")
-                if event.node != levels[1]:
-                    raise DecodeError(f"event for node {event.node!r} in a batch under node {levels[1]!r}")
-            with self.ledger.transaction():  # one commit per batch: the storm's hot path
-                for event in batch:
-                    self.engine.handle_event(event)
-            self._receipt(levels[1], [e.id for e in batch])
-            return
-        event = decode(message.payload, Event)
-        if event.node != levels[1]:
-            why = f"event for node {event.node!r} published under node {levels[1]!r}"
-            self._receipt(levels[1], [], {event.id: why})
-            raise DecodeError(why)
+    def _on_event(self, levels: tuple[str, ...], message: Message) -> bool:
+        node = levels[1]
+        try:
+            event = decode(message.payload, Event)
+        except DecodeError as exc:
+            raise _Refused("invalid", str(exc), readable_ids(message.payload, batch=False)) from None
+        if event.node != node:
+            why = f"event for node {event.node!r} published under node {node!r}"
+            raise _Refused("foreign_node", why, [event.id])
+        if not self.limiter.admit(node, event.severity):
+            self._fold(event)
+            return True
         self.engine.handle_event(event)
-        self._receipt(levels[1], [event.id])
+        self._receipt(node, [event.id])
+        return True
 
-    def _on_status(self, levels: tuple[str, ...], message: Message) -> None:
+    def _on_batch(self, node: str, message: Message) -> Generator[None, None, bool]:
+        """``ftd/v1/nodes/{node}/events/batch``: a JSON list of Events, all of that node (the ACL
+        vouches for the topic). Checked as a whole before any is handled: one bad event refuses the
+        batch, so a batch is never half-applied. Both passes go in chunks of :data:`BATCH_CHUNK`."""
+        try:
+            raws = decode(message.payload, list[msgspec.Raw], max_bytes=MAX_BATCH_BYTES)
+            events: list[Event] = []
+            for start in range(0, len(raws), BATCH_CHUNK):
+                for raw in raws[start : start + BATCH_CHUNK]:
+                    event = decode(bytes(raw), Event)
+                    if event.node != node:
+                        why = f"event for node {event.node!r} in a batch under node {node!r}"
+                        raise _Refused("foreign_node", why, readable_ids(message.payload, batch=True))
+                    events.append(event)
+                yield
+        except DecodeError as exc:
+            ids = readable_ids(message.payload, batch=True)
+            raise _Refused("invalid", f"{exc} (in a batch)", ids) from None
+        admitted: list[Event] = []
+        for event in events:
+            if self.limiter.admit(node, event.severity):
+                admitted.append(event)
+            else:
+                self._fold(event)
+        for start in range(0, len(admitted), BATCH_CHUNK):
+            if start:
+                yield
+            chunk = admitted[start : start + BATCH_CHUNK]
+            with self.ledger.transaction():  # one commit per chunk: the storm's hot path
+                for event in chunk:
+                    self.engine.handle_event(event)
+            self._receipt(node, [e.id for e in chunk])
+        return True
+
+    def _on_status(self, levels: tuple[str, ...], message: Message) -> bool:
         if not message.payload:
-            return
+            return True
         status = decode(message.payload, NodeStatus)
         if status.node != levels[1]:
             raise DecodeError(f"status for node {status.node!r} published under node {levels[1]!r}")
@@ -309,15 +516,17 @@ class Coordinator:
                     data={"jobs": self.state.jobs_on_node(status.node)},
                 )
             )
+        return True
 
-    def _on_presence(self, levels: tuple[str, ...], message: Message) -> None:
+    def _on_presence(self, levels: tuple[str, ...], message: Message) -> bool:
         node, job = levels[1], levels[3]
         presence = decode(message.payload, JobPresence) if message.payload else None
         if presence is not None and (presence.node != node or presence.job != job):
             raise DecodeError("job presence does not match its topic")
         self.state.apply_presence(node, job, presence)
+        return True
 
-    def _on_ack(self, levels: tuple[str, ...], message: Message) -> None:
+    def _on_ack(self, levels: tuple[str, ...], message: Message) -> bool:
         ack = decode(message.payload, Ack)
         if ack.node != levels[1]:
             raise DecodeError(f"ack from node {ack.node!r} published under node {levels[1]!r}")
@@ -325,11 +534,13 @@ class Coordinator:
             "trainer ack", job=ack.job, rank=ack.rank, ok=ack.ok, step=ack.step, directive=ack.directive_id
         )
         self.acks.record(ack)
+        return True
 
     def summary(self) -> dict[str, Any]:
         return {
             **self.engine.counters,
             "bad_messages": self.bad_messages,
+            "folded": self.inputs.folded_total,
             "storage_errors": self.storage_errors,
             "receipts_sent": self.receipts_sent,
         }

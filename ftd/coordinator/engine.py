@@ -18,7 +18,8 @@ clock, and the executors are whatever the caller registered (simulated ones in a
 
 After the rules have decided on an event it is folded into the cluster history
 (:meth:`ClusterState.apply_event`), so rules see the past, not the event itself, in
-``view.node_history``; the history is rebuilt from the ledger's recent events at start-up.
+``view.node_history``; the history is rebuilt from the ledger's recent events at start-up (except the
+coordinator's notes about itself, node :data:`~ftd.coordinator.ledger.NOTICE_NODE`).
 
 Approval: an action whose kind needs a human (``policy.approval_required_kinds``) is recorded as
 ``awaiting_approval``; :meth:`Engine.approve` re-checks it with the gate (the cluster may have
@@ -40,7 +41,7 @@ from typing import Any
 
 import pluggy
 
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.ledger import NOTICE_NODE, Ledger
 from ftd.coordinator.plugins import call_each, evaluate
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
@@ -91,7 +92,8 @@ class Engine:
         }
         self.gate.restore(self.awaiting.values())
         for event in reversed(ledger.events(limit=self.HISTORY_EVENTS)):
-            state.apply_event(event)
+            if event.node != NOTICE_NODE:  # the coordinator's notes about itself: not a node's past
+                state.apply_event(event)
 
     AWAITING_LOOKBACK_S = 7 * 86400.0  # held actions older than this are not restored after a restart
     HISTORY_EVENTS = 20_000  # recent events replayed into the cluster history at start-up

@@ -4,6 +4,20 @@ It is the coordinator's memory across restarts: an event id already in the ledge
 (QoS 1 redelivery, a replayed retained message) and is not evaluated again; an action is written
 *before* it runs and updated *after*, so a restarted coordinator resumes unfinished actions and never
 repeats finished ones. ``export_events`` writes JSON lines for what-if replays.
+
+A corrupt ledger (DESIGN §11: storage faults are reported, never fatal): opening checks the file
+with ``PRAGMA quick_check`` (it reads every page: about a second per GB here). A file SQLite calls
+corrupt (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``) is moved aside -- renamed
+``{name}.corrupt-{UTC timestamp}``, its ``-wal``/``-shm`` files with it, kept for a post-mortem --
+with one ``ledger_corrupt`` error line in the log, and a new ledger is started whose first event
+says what happened (``agent_health`` from :data:`NOTICE_NODE`, severity critical). The history and
+the unfinished actions of the old file are not carried over: they are what could not be read. Other
+errors (a locked file, a directory that cannot be written) are raised as they are: moving a sound
+file aside for them would lose it. Corruption met later, while running, is a storage error of the
+commit in hand (counted and retried by the coordinator), not a reason to drop the ledger under it.
+
+Summaries (:meth:`Ledger.record_summary`): an event the coordinator keeps *updating* under one id,
+such as a node's ``bad_input`` summary of a window, whose count grows with every commit.
 """
 
 from __future__ import annotations
@@ -18,8 +32,17 @@ from typing import IO, Any
 
 import msgspec
 
-from ftd.events import Event
+from ftd.events import Event, Kind, Severity
+from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
+
+log = get_logger(__name__)
+
+#: The ``node`` of events the coordinator writes about itself (not a node of the cluster: the engine
+#: leaves them out of the cluster history).
+NOTICE_NODE = "ftd-coordinator"
+
+_CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -40,18 +63,91 @@ _request_decoder = msgspec.json.Decoder(ActionRequest)
 _event_decoder = msgspec.json.Decoder(Event)
 
 
+class LedgerCorrupt(sqlite3.DatabaseError):
+    """``PRAGMA quick_check`` found the file damaged (SQLite itself raised nothing)."""
+
+    sqlite_errorcode = sqlite3.SQLITE_CORRUPT
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    """True for SQLite's own verdict that a file is damaged or not a database at all."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.DatabaseError) and code is not None and (code & 0xFF) in _CORRUPT_CODES
+
+
 class Ledger:
     def __init__(self, path: str | Path, *, clock: Callable[[], float] = time.time) -> None:
         """``path`` is a file, or ``":memory:"`` for a ledger that lives as long as the object (replays,
-        the simulator); ``clock`` stamps receipts and action times (a simulated one in a replay)."""
+        the simulator); ``clock`` stamps receipts and action times (a simulated one in a replay).
+        A corrupt file is moved aside and replaced (see the module docstring)."""
         self.path = str(path)
         self.clock = clock
+        self.moved_aside: Path | None = None  # where a corrupt file found at opening went
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # durable against process crashes, cheap commits
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc) or self.path == ":memory:":
+                raise
+            self.moved_aside = self._move_aside(exc)
+            self._db = self._open()
+            self._record_corruption(exc)
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # durable against process crashes, cheap commits
+            db.executescript(_SCHEMA)
+            problems = [row[0] for row in db.execute("PRAGMA quick_check")]  # every page, read once
+            if problems != ["ok"]:
+                raise LedgerCorrupt("; ".join(str(p) for p in problems[:3]))
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self, exc: sqlite3.DatabaseError) -> Path:
+        """Rename the corrupt file (and its WAL and shared-memory files) out of the way."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = Path(f"{self.path}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            n += 1
+            target = Path(f"{self.path}.corrupt-{stamp}-{n}")
+        for suffix in ("-wal", "-shm", ""):  # the database file last: it is what the name points at
+            source = Path(self.path + suffix)
+            if source.exists():
+                source.rename(Path(f"{target}{suffix}"))
+        log.error(
+            "ledger_corrupt",
+            message="the ledger is corrupt; moved it aside and started a new, empty one",
+            path=self.path,
+            moved_to=str(target),
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return target
+
+    def _record_corruption(self, exc: sqlite3.DatabaseError) -> None:
+        now = self.clock()
+        self.record_event(
+            Event(
+                id=f"{NOTICE_NODE}-ledger-corrupt-{int(now * 1000):x}",
+                ts=now,
+                node=NOTICE_NODE,
+                kind=Kind.AGENT_HEALTH,
+                severity=Severity.CRITICAL,
+                source="coordinator",
+                data={
+                    "problem": "ledger_corrupt",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "path": self.path,
+                    "moved_to": str(self.moved_aside),
+                    "lost": "the old ledger's events and actions (unfinished actions are not resumed)",
+                },
+            )
+        )
 
     def close(self) -> None:
         self._db.close()
@@ -75,21 +171,25 @@ class Ledger:
 
     # --- events ------------------------------------------------------------------------------
 
+    def _row(self, event: Event) -> tuple[Any, ...]:
+        body = msgspec.json.encode(event).decode()
+        return (event.id, event.ts, event.node, str(event.kind), str(event.severity), body, self.clock())
+
     def record_event(self, event: Event) -> bool:
         """Store ``event``; False if its id was already recorded (a duplicate)."""
         cursor = self._db.execute(
-            "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                event.id,
-                event.ts,
-                event.node,
-                str(event.kind),
-                str(event.severity),
-                msgspec.json.encode(event).decode(),
-                self.clock(),
-            ),
+            "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", self._row(event)
         )
         return cursor.rowcount == 1
+
+    def record_summary(self, event: Event) -> None:
+        """Store ``event``, replacing what an earlier commit stored under its id (a growing summary)."""
+        self._db.execute(
+            "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+            "ts = excluded.ts, node = excluded.node, kind = excluded.kind, severity = excluded.severity, "
+            "body = excluded.body, received = excluded.received",
+            self._row(event),
+        )
 
     def events(self, *, limit: int = 100, node: str | None = None) -> list[Event]:
         sql = "SELECT body FROM events" + (" WHERE node = ?" if node else "") + " ORDER BY ts DESC LIMIT ?"

@@ -1,0 +1,360 @@
+"""``ftd bench fairness``: one node floods 10,000 events/s; how long do another node's events wait?
+
+DESIGN §10 target: during the flood, the other node's event -> decision p99 <= 100 ms.
+
+Setup, all real: a private Mosquitto on loopback with the queue limits of ``deploy/mosquitto``
+(``max_queued_messages 100000``, the default ``max_inflight_messages`` of 20), the coordinator
+(:class:`ftd.coordinator.app.Coordinator`, rules loaded as in production, ``scheduler = "none"``)
+in a separate process started with ``python -c``, reporting progress and, at the end, its figures;
+and two publishers with node credentials' worth of topics:
+
+* the *flood*: node ``flood-node`` publishes ``rate`` events/s for ``seconds`` through
+  ``mosquitto_pub -l -q 1`` (C, so the offered load really is 10,000/s on a small machine; this
+  process writes the paced lines to its stdin). ``mode="single"``: one event per message on
+  ``.../events/gpu_health``, as an agent sends them; ``mode="batch"``: ``batch_size`` events per
+  message on ``.../events/batch``.
+* the *paced* node ``paced-node`` (an :class:`~ftd.bus.mqtt.MqttBus`, as an agent) publishes
+  ``paced_rate`` events/s from one second before the flood until one second after it.
+
+``node_rate`` / ``node_burst`` / ``urgent_reserve`` are the coordinator's per-node limits
+(defaults: those of :mod:`ftd.coordinator.fairness`), to measure other settings.
+
+Measured (``--json``): ``other_p50_ms`` / ``other_p99_ms`` / ``other_max_ms`` = event creation at
+the paced node -> the engine's verdict on it, for the paced node's events created while the flood
+ran (the coordinator observes its engine; publisher and coordinator share the machine's clock);
+``other_decided`` of ``other_sent`` (every one must be decided); for the flood: ``flood_sent``
+(lines handed to ``mosquitto_pub``), ``flood_accepted`` (stored one by one in the ledger, i.e.
+within the node's rate limit), ``flood_summarised`` (folded into the node's ``bad_input`` summary
+events: the sum of their ``folded`` counts), ``flood_unaccounted`` = sent - accepted - summarised
+(dropped by the broker's queue limit, or not yet handled when the coordinator went quiet), and
+``catch_up_s``, how long after the flood's last publish the coordinator had handled it all.
+
+Noise: the broker, both publishers and the coordinator share the machine's cores (two on the
+development VM). At 10,000 messages/s the coordinator needs most of one core, most of it in the MQTT
+client (paho and aiomqtt: a task and an ``asyncio.wait`` per message received), so its headroom is
+small there and other work on the machine shows at once: a stall leaves a backlog in the broker
+that drains slowly, and the p99 moves from tens of milliseconds to hundreds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from ftd.bench.broker import PrivateMosquitto
+from ftd.bench.coordinator import percentile
+from ftd.bus import topics
+from ftd.bus.mqtt import MqttBus
+from ftd.coordinator.fairness import NODE_BURST, NODE_RATE, URGENT_RESERVE
+from ftd.events import SCHEMA_VERSION, Event, Kind, Severity, encode
+
+FLOOD_NODE = "flood-node"
+PACED_NODE = "paced-node"
+
+# The coordinator process: READY, then PROGRESS {json} lines, then one STATS {json} on SIGTERM.
+_COORDINATOR = r"""
+import asyncio, json, signal, sys, time
+from ftd.config import parse_config
+from ftd.logs import configure
+from ftd.bus.factory import make_mqtt_bus
+from ftd.coordinator.app import Coordinator, coordinator_will
+
+config = parse_config(open(sys.argv[1]).read())
+configure("warning", json=True)
+paced, flood, limits = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+
+async def main():
+    bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
+    coord = Coordinator(config, bus=bus, scheduler=None, **limits)
+    latency = []
+    accepted = {paced: 0, flood: 0}
+    current = []
+    def observe(what, payload):
+        if what == "event":
+            current[:] = [payload]
+            if payload.node in accepted:
+                accepted[payload.node] += 1
+        elif what == "decision" and current:
+            event = current.pop()
+            if event.node == paced:
+                latency.append((event.ts, time.time() - event.ts))
+    coord.engine.observe(observe)
+    ready = asyncio.Event()
+    task = asyncio.create_task(coord.run(ready.set))
+    await ready.wait()
+    print("READY", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    def folded():
+        return int(coord.summary().get("folded", 0))
+    while not stop.is_set():
+        print("PROGRESS", json.dumps({"accepted": accepted, "folded": folded()}), flush=True)
+        try:
+            await asyncio.wait_for(stop.wait(), 0.1)
+        except TimeoutError:
+            pass
+    coord.commit_summaries()
+    summaries = [
+        json.loads(body)
+        for (body,) in coord.ledger._db.execute(
+            "SELECT body FROM events WHERE node = ? AND kind = 'bad_input'", (flood,)
+        )
+    ]
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    await coord.close()
+    stats = {
+        "counters": coord.summary(),
+        "accepted": accepted,
+        "latency": latency,
+        "summarised": sum(int(s["data"].get("folded", 0)) for s in summaries),
+        "summary_events": len(summaries),
+    }
+    print("STATS", json.dumps(stats), flush=True)
+
+asyncio.run(main())
+"""
+
+
+class _Coordinator:
+    """The coordinator subprocess; a thread reads its stdout (READY, PROGRESS {...}, STATS {...})."""
+
+    def __init__(self, config_path: Path, log_path: Path, limits: dict[str, float]) -> None:
+        self._log = log_path.open("wb")
+        argv = [
+            sys.executable,
+            "-c",
+            _COORDINATOR,
+            str(config_path),
+            PACED_NODE,
+            FLOOD_NODE,
+            json.dumps(limits),
+        ]
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+        )
+        self.ready = threading.Event()
+        self.progress: dict[str, Any] = {"accepted": {}, "folded": 0}
+        self.stats: dict[str, Any] | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode().strip()
+            if line == "READY":
+                self.ready.set()
+            elif line.startswith("PROGRESS "):
+                self.progress = json.loads(line[9:])
+            elif line.startswith("STATS "):
+                self.stats = json.loads(line[6:])
+        self._done.set()
+
+    def flood_handled(self) -> int:
+        return self.decided(FLOOD_NODE) + int(self.progress["folded"])
+
+    def decided(self, node: str) -> int:
+        return int(self.progress["accepted"].get(node, 0))
+
+    def finish(self, timeout: float = 60) -> dict[str, Any]:
+        self.proc.terminate()
+        self._done.wait(timeout)
+        self.proc.wait(10)
+        self._log.close()
+        if self.stats is None:
+            raise RuntimeError("the coordinator process ended without stats (see its log)")
+        return self.stats
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _wait_progress(done: Callable[[], bool], progress: Callable[[], int], stall_s: float = 15.0) -> None:
+    """Wait until ``done()``, or until ``progress()`` has not moved for ``stall_s`` seconds."""
+    last, since = -1, time.monotonic()
+    while not done() and time.monotonic() - since < stall_s:
+        now = progress()
+        if now != last:
+            last, since = now, time.monotonic()
+        time.sleep(0.02)
+
+
+def _event(node: str, seq: int, kind: Kind = Kind.GPU_HEALTH, data: dict[str, Any] | None = None) -> Event:
+    return Event(
+        schema=SCHEMA_VERSION,
+        id=f"{node}-{seq}",
+        ts=time.time(),
+        node=node,
+        kind=kind,
+        severity=Severity.INFO,
+        source="bench",
+        data=data if data is not None else {"gpu": seq % 8, "power_w": 412.5, "util": 97},
+    )
+
+
+def _flood(
+    port: int, rate: float, seconds: float, mode: str, batch_size: int, arrived: Callable[[], bool]
+) -> tuple[int, float, float]:
+    """Publish the flood through ``mosquitto_pub -l``; returns (events, first publish, last publish).
+
+    The first message goes alone, and the pacing starts once ``arrived()`` says the coordinator has
+    it: lines written while ``mosquitto_pub`` is still connecting would reach the broker as one
+    burst, and the flood would start with a spike no agent produces."""
+    binary = shutil.which("mosquitto_pub") or "/usr/bin/mosquitto_pub"
+    if not Path(binary).exists():
+        raise RuntimeError("mosquitto_pub not found: install the Debian package `mosquitto-clients`")
+    batch = mode == "batch"
+    topic = topics.node_event_batch(FLOOD_NODE) if batch else topics.node_event(FLOOD_NODE, "gpu_health")
+    proc = subprocess.Popen(
+        [binary, "-h", "127.0.0.1", "-p", str(port), "-q", "1", "-i", "ftd-bench-flood", "-t", topic, "-l"],
+        stdin=subprocess.PIPE,
+    )
+    stdin: IO[bytes] | None = proc.stdin
+    assert stdin is not None
+    per_line = batch_size if batch else 1
+    total = int(rate * seconds)
+
+    def line(seq: int, n: int) -> bytes:
+        events = [_event(FLOOD_NODE, seq + k) for k in range(n)]
+        return (b"[" + b",".join(encode(e) for e in events) + b"]" if batch else encode(events[0])) + b"\n"
+
+    try:
+        stdin.write(line(0, per_line))
+        stdin.flush()
+        sent = per_line
+        _wait_progress(arrived, lambda: 0, stall_s=10.0)
+        start = time.perf_counter() - sent / rate
+        first = time.time()
+        while sent < total:
+            due = min(total, int((time.perf_counter() - start) * rate))
+            lines = []
+            while sent < total and sent + min(per_line, total - sent) <= due:
+                n = min(per_line, total - sent)
+                lines.append(line(sent, n))
+                sent += n
+            if lines:
+                stdin.write(b"".join(lines))
+                stdin.flush()
+            time.sleep(0.001)
+        last = time.time()
+    finally:
+        stdin.close()
+        proc.wait(120)
+    return sent, first, last
+
+
+async def _paced(port: int, rate: float, stop: threading.Event) -> int:
+    """The well-behaved node: one event every 1/rate s until ``stop``; returns how many it published."""
+    bus = MqttBus(host="127.0.0.1", port=port, client_id="ftd-bench-paced", clean_session=True)
+    await bus.start()
+    if not await bus.wait_connected(10):
+        raise RuntimeError("the paced publisher could not connect")
+    loop = asyncio.get_running_loop()
+    start, seq = loop.time(), 0
+    try:
+        while not stop.is_set():
+            if seq % 10 == 9:
+                event = _event(PACED_NODE, seq, Kind.XID, {"code": 43, "pci": "0000:3b:00.0"})
+            else:
+                event = _event(PACED_NODE, seq)
+            await bus.publish(topics.node_event(PACED_NODE, str(event.kind)), encode(event))
+            seq += 1
+            await asyncio.sleep(max(0.0, start + seq / rate - loop.time()))
+    finally:
+        await bus.stop()
+    return seq
+
+
+def bench_fairness(
+    rate: float = 10_000,
+    seconds: float = 10.0,
+    paced_rate: float = 50.0,
+    mode: str = "single",
+    batch_size: int = 500,
+    node_rate: float = NODE_RATE,
+    node_burst: float = NODE_BURST,
+    urgent_reserve: float = URGENT_RESERVE,
+) -> dict[str, Any]:
+    if mode not in ("single", "batch"):
+        raise ValueError("mode is 'single' or 'batch'")
+    limits = {"node_rate": node_rate, "node_burst": node_burst, "urgent_reserve": urgent_reserve}
+    conf = ("max_queued_messages 100000", "max_queued_bytes 268435456")  # as deploy/mosquitto
+    with tempfile.TemporaryDirectory(prefix="ftd-bench-fair-") as tmp, PrivateMosquitto(conf) as broker:
+        work = Path(tmp)
+        config = work / "coordinator.toml"
+        config.write_text(
+            f'[bus]\nhost = "127.0.0.1"\nport = {broker.port}\n\n'
+            f'[coordinator]\nledger_path = "{work}/ledger.sqlite"\nscheduler = "none"\n\n'
+            '[coordinator.api]\nenabled = false\n\n[log]\nlevel = "warning"\njson = true\n'
+        )
+        coordinator = _Coordinator(config, work / "coordinator.log", limits)
+        try:
+            if not coordinator.ready.wait(60):
+                raise RuntimeError(
+                    "the coordinator did not become ready: " + (work / "coordinator.log").read_text()[-2000:]
+                )
+            stop = threading.Event()
+            paced_result: list[int] = []
+            paced = threading.Thread(
+                target=lambda: paced_result.append(asyncio.run(_paced(broker.port, paced_rate, stop)))
+            )
+            paced.start()
+            time.sleep(1.0)
+            flood_sent, flood_first, flood_last = _flood(
+                broker.port, rate, seconds, mode, batch_size, lambda: coordinator.flood_handled() > 0
+            )
+            _wait_progress(lambda: coordinator.flood_handled() >= flood_sent, coordinator.flood_handled)
+            catch_up_s = time.time() - flood_last
+            time.sleep(max(0.0, flood_last + 1.0 - time.time()))
+            stop.set()
+            paced.join(30)
+            other_sent = paced_result[0] if paced_result else 0
+            _wait_progress(
+                lambda: coordinator.decided(PACED_NODE) >= other_sent, lambda: coordinator.decided(PACED_NODE)
+            )
+            stats = coordinator.finish()
+        finally:
+            coordinator.kill()
+    during = [lat * 1000 for ts, lat in stats["latency"] if flood_first <= ts <= flood_last]
+    accepted = int(stats["accepted"].get(FLOOD_NODE, 0))
+    summarised = int(stats["summarised"])
+    return {
+        "mode": mode,
+        "node_limits": limits,
+        "flood_rate": rate,
+        "flood_seconds": seconds,
+        "flood_offered_per_s": round(flood_sent / max(1e-9, flood_last - flood_first), 1),
+        "flood_sent": flood_sent,
+        "flood_accepted": accepted,
+        "flood_summarised": summarised,
+        "flood_unaccounted": flood_sent - accepted - summarised,
+        "summary_events": stats["summary_events"],
+        "catch_up_s": round(catch_up_s, 2),
+        "other_sent": other_sent,
+        "other_decided": int(stats["accepted"].get(PACED_NODE, 0)),
+        "other_samples_during_flood": len(during),
+        "other_p50_ms": round(statistics.median(during), 2) if during else None,
+        "other_p99_ms": round(percentile(during, 0.99), 2) if during else None,
+        "other_max_ms": round(max(during), 2) if during else None,
+        "bad_messages": stats["counters"].get("bad_messages", 0),
+        "cpus": os.cpu_count(),
+    }
