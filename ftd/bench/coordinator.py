@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ftd.bench.broker import PrivateMosquitto
 from ftd.bus import topics
@@ -158,7 +158,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-class _Coordinator:
+class CoordinatorProcess:
+    """A coordinator subprocess a bench drives: subclasses start ``proc`` and fill ``stats`` from its
+    output (``_done`` set when it ended, ``_log`` its log file); this ends and collects it."""
+
+    proc: subprocess.Popen[bytes]
+    stats: dict[str, Any] | None
+    _done: threading.Event
+    _log: IO[bytes]
+
+    def finish(self, timeout: float = 60) -> dict[str, Any]:
+        self.proc.terminate()
+        self._done.wait(timeout)
+        self.proc.wait(10)
+        self._log.close()
+        if self.stats is None:
+            raise RuntimeError("the coordinator process ended without stats (see its log)")
+        return self.stats
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class _Coordinator(CoordinatorProcess):
     """The coordinator subprocess; its stdout is read by a thread (READY, PROGRESS n, STATS {...})."""
 
     def __init__(self, config_path: Path, nodes: int, log_path: Path) -> None:
@@ -185,20 +209,6 @@ class _Coordinator:
             elif line.startswith("STATS "):
                 self.stats = json.loads(line[6:])
         self._done.set()
-
-    def finish(self, timeout: float = 60) -> dict[str, Any]:
-        self.proc.terminate()
-        self._done.wait(timeout)
-        self.proc.wait(10)
-        self._log.close()
-        if self.stats is None:
-            raise RuntimeError("the coordinator process ended without stats (see its log)")
-        return self.stats
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def _chunks(items: list[Event], size: int) -> Iterator[list[Event]]:

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ftd.bench.broker import PrivateMosquitto
-from ftd.bench.coordinator import percentile
+from ftd.bench.coordinator import CoordinatorProcess, percentile
 from ftd.bus import topics
 from ftd.bus.mqtt import MqttBus
 from ftd.coordinator.fairness import NODE_BURST, NODE_RATE, URGENT_RESERVE
@@ -130,7 +130,7 @@ asyncio.run(main())
 """
 
 
-class _Coordinator:
+class _Coordinator(CoordinatorProcess):
     """The coordinator subprocess; a thread reads its stdout (READY, PROGRESS {...}, STATS {...})."""
 
     def __init__(self, config_path: Path, log_path: Path, limits: dict[str, float]) -> None:
@@ -172,20 +172,6 @@ class _Coordinator:
 
     def decided(self, node: str) -> int:
         return int(self.progress["accepted"].get(node, 0))
-
-    def finish(self, timeout: float = 60) -> dict[str, Any]:
-        self.proc.terminate()
-        self._done.wait(timeout)
-        self.proc.wait(10)
-        self._log.close()
-        if self.stats is None:
-            raise RuntimeError("the coordinator process ended without stats (see its log)")
-        return self.stats
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def _wait_progress(done: Callable[[], bool], progress: Callable[[], int], stall_s: float = 15.0) -> None:
