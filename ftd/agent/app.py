@@ -177,7 +177,7 @@ class Agent:
                 fsync=spool.fsync,
             )
         except OSError as exc:  # unreadable spool or state_dir: run, but say loudly that nothing is durable
-            log.error("spool unavailable, events are held in memory only", error=str(exc))
+            log.error("spool_unavailable_memory_only", error=str(exc))
             self._startup_problems.append({"problem": "spool_unavailable", "error": str(exc)})
             return Outbox(self.bus, max_entries=self.cfg.outbox_max)
 
@@ -315,7 +315,7 @@ class Agent:
                 directive = decode(message.payload, Directive)
             except DecodeError as exc:
                 self.bad_messages += 1
-                log.warning("bad directive ignored", topic=message.topic, error=str(exc)[:300])
+                log.warning("bad_directive_ignored", topic=message.topic, error=str(exc)[:300])
                 continue
             if message.topic == node_topic:
                 self._node_directive(directive)
@@ -324,7 +324,7 @@ class Agent:
                     continue  # a job this node does not host
                 reached = await self.local_api.deliver(directive)
                 log.info(
-                    "directive relayed",
+                    "directive_relayed",
                     action=directive.action,
                     job=directive.job,
                     ranks=reached,
@@ -343,7 +343,7 @@ class Agent:
             self._side.add(task)
             task.add_done_callback(self._side.discard)
         else:
-            log.warning("node directive not supported", action=directive.action, directive_id=directive.id)
+            log.warning("node_directive_not_supported", action=directive.action, directive_id=directive.id)
 
     async def _gpu_reset(self, directive: Directive) -> None:
         result = await self.gpu_resetter.reset(directive)
@@ -358,7 +358,7 @@ class Agent:
         ranks = jobs.get(str(job), []) if job else [r for job_ranks in jobs.values() for r in job_ranks]
         result = await collect_diagnostics(directive, ranks, Path(self.cfg.state_dir) / "diagnostics")
         log.info(
-            "diagnostics collected",
+            "diagnostics_collected",
             directive_id=directive.id,
             ok=result.ok,
             path=result.path,
@@ -380,7 +380,7 @@ class Agent:
             self._watcher_tasks[name] = inner
             try:
                 await inner
-                log.info("watcher finished", watcher=name)
+                log.info("watcher_finished", watcher=name)
                 return
             except asyncio.CancelledError:
                 if (me is not None and me.cancelling()) or name not in self._stall_cancelled:
@@ -395,7 +395,7 @@ class Agent:
             failures += 1
             backoff = min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * 2 ** (failures - 1))
             self.watcher_restarts[name] = self.watcher_restarts.get(name, 0) + 1
-            log.error("watcher failed, restarting", watcher=name, reason=reason, backoff_s=backoff)
+            log.error("watcher_failed_restarting", watcher=name, reason=reason, backoff_s=backoff)
             await self.health_event(
                 Severity.ERROR,
                 problem="watcher_restart",
@@ -417,7 +417,7 @@ class Agent:
                 continue  # no pass completed in this run yet (or an idle, disabled watcher): not judged
             since = progress
             if now - since > self.stall_s and watcher.name not in self._stall_cancelled:
-                log.error("watcher stalled", watcher=watcher.name, idle_s=round(now - since, 1))
+                log.error("watcher_stalled", watcher=watcher.name, idle_s=round(now - since, 1))
                 self._stall_cancelled.add(watcher.name)
                 task.cancel()
 
@@ -452,7 +452,7 @@ class Agent:
                     self.watchdog_pings += 1
                     last_ping = now
                 else:
-                    log.error("not pinging the systemd watchdog", healthy=self.healthy(), loop_lag_s=lag)
+                    log.error("systemd_watchdog_withheld", healthy=self.healthy(), loop_lag_s=lag)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -489,10 +489,10 @@ class Agent:
             )
         await self._report_spool()  # a spool that could not be rewritten at start
         if self.outbox.replayed:
-            log.info("re-publishing spooled events from the previous run", entries=self.outbox.replayed)
+            log.info("spooled_events_republishing", entries=self.outbox.replayed)
         notify("READY=1")
         log.info(
-            "agent started",
+            "agent_started",
             node=self.node,
             kmsg=self.cfg.kmsg_path,
             socket=self.cfg.socket_path,

@@ -367,7 +367,7 @@ class _SpoolFile:
             )
             self.damage.append(damage)
             log.error(
-                "spool file damaged: quarantined, every intact record salvaged",
+                "spool_damaged_quarantined",
                 path=str(self.path),
                 moved_to=damage.quarantined,
                 problem=damage.problem,
@@ -500,7 +500,7 @@ class Outbox:
             except OSError as exc:
                 self._spool_down(exc)
             if entries:
-                log.info("spool replayed: re-publishing unacknowledged entries", entries=len(entries))
+                log.info("spool_replayed", entries=len(entries))
                 self._ready.set()
 
     @property
@@ -531,7 +531,7 @@ class Outbox:
             self.last_spool_error = str(exc)
             self._outage_started = now
             log.error(
-                "spool_unavailable: holding events in memory only until it can be written again",
+                "spool_unavailable_memory_only",
                 path=str(self._spool.path) if self._spool else None,
                 error=str(exc),
                 held=len(self),
@@ -562,7 +562,7 @@ class Outbox:
         self.spool_error = None
         self.spool_recoveries += 1
         log.warning(
-            "spool_recovered: spooling durably again",
+            "spool_recovered",
             path=str(spool.path),
             rewritten=len(held),
             outage_s=round(now - self._outage_started, 1),

@@ -133,7 +133,7 @@ class Daemon:
     def starts(self) -> int:
         """How many runs of the agent logged their start so far (the log is appended to)."""
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return text.count('"agent started"') + text.count('"agent_started"')
+        return text.count('"agent_started"')
 
     def kill(self, sig: int = signal.SIGKILL) -> int | None:
         if self.proc is None:

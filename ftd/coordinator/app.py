@@ -503,7 +503,7 @@ class Coordinator:
         if status.node != levels[1]:
             raise DecodeError(f"status for node {status.node!r} published under node {levels[1]!r}")
         changed = self.state.apply_status(status)
-        log.info("node status", node=status.node, state=status.state, retained=message.retain)
+        log.info("node_status", node=status.node, state=status.state, retained=message.retain)
         if changed and status.state == "offline":
             self.engine.handle_event(
                 Event(
@@ -531,7 +531,7 @@ class Coordinator:
         if ack.node != levels[1]:
             raise DecodeError(f"ack from node {ack.node!r} published under node {levels[1]!r}")
         log.info(
-            "trainer ack", job=ack.job, rank=ack.rank, ok=ack.ok, step=ack.step, directive=ack.directive_id
+            "trainer_ack", job=ack.job, rank=ack.rank, ok=ack.ok, step=ack.step, directive=ack.directive_id
         )
         self.acks.record(ack)
         return True

@@ -106,7 +106,7 @@ class Engine:
             try:
                 observer(what, payload)
             except Exception:
-                log.exception("observer failed", what=what)
+                log.exception("observer_failed", what=what)
 
     # --- events ------------------------------------------------------------------------------
 
@@ -145,7 +145,7 @@ class Engine:
             record.detail["error"] = f"no executor registered for {request.kind!r}"
         self.ledger.save_action(record)
         log.info(
-            "action decided",
+            "action_decided",
             action_id=record.id,
             kind=request.kind,
             target=request.target,
@@ -182,7 +182,7 @@ class Engine:
             if record.state == ActionState.SUPPRESSED:
                 self.counters["actions_suppressed"] += 1
         self.ledger.save_action(record)
-        log.info("action approved", action_id=record.id, state=str(record.state), by=by or None)
+        log.info("action_approved", action_id=record.id, state=str(record.state), by=by or None)
         self._notify("action", record)
         if record.state == ActionState.PENDING:
             self._start(record)
@@ -198,7 +198,7 @@ class Engine:
         self.gate.finished(record)
         self.counters["actions_suppressed"] += 1
         self.ledger.save_action(record)
-        log.info("action rejected", action_id=record.id, reason=reason, by=by or None)
+        log.info("action_rejected", action_id=record.id, reason=reason, by=by or None)
         self._notify("action", record)
         return record
 
@@ -206,7 +206,7 @@ class Engine:
         """Call every ``ftd_startup`` implementation on its own (failures logged, start-up goes on)."""
         for plugin, error in call_each(self.plugins, "ftd_startup", coordinator=coordinator):
             self.counters["hook_errors"] += 1
-            log.error("ftd_startup failed; start-up goes on", plugin=plugin, error=error)
+            log.error("startup_hook_failed", plugin=plugin, error=error)
 
     def _start(self, record: ActionRecord) -> None:
         self.gate.started(record)
@@ -230,7 +230,7 @@ class Engine:
             record.state = ActionState.FAILED
             record.detail["error"] = f"{type(exc).__name__}: {exc}"
             log.error(
-                "action failed",
+                "action_failed",
                 action_id=record.id,
                 kind=record.request.kind,
                 target=record.request.target,
@@ -239,7 +239,7 @@ class Engine:
         self.gate.finished(record)
         self.ledger.save_action(record)
         log.info(
-            "action finished",
+            "action_finished",
             action_id=record.id,
             kind=record.request.kind,
             target=record.request.target,
@@ -250,7 +250,7 @@ class Engine:
             self.plugins, "ftd_action_completed", request=record.request, record=record
         ):
             self.counters["hook_errors"] += 1
-            log.error("ftd_action_completed failed", plugin=plugin, action_id=record.id, error=error)
+            log.error("action_completed_hook_failed", plugin=plugin, action_id=record.id, error=error)
 
     def resume_unfinished(self) -> list[ActionRecord]:
         """Restart actions a previous run left pending or running (executors are idempotent)."""
@@ -262,7 +262,7 @@ class Engine:
                 self.ledger.save_action(record)
                 continue
             log.info(
-                "resuming unfinished action",
+                "action_resuming",
                 action_id=record.id,
                 kind=record.request.kind,
                 target=record.request.target,

@@ -169,7 +169,7 @@ async def test_full_state_dir_agent_runs_memory_only_reports_once_and_spools_aga
             await watch.start()
             agent = Daemon("agent", agent_config(broker.port, tmp_path, state, kmsg), tmp_path / "agent")
             agent.start()
-            await asyncio.to_thread(agent.wait_log, "agent started", 20)
+            await asyncio.to_thread(agent.wait_log, "agent_started", 20)
             write(range(0, 20))
             await wait_for(lambda: distinct() == 20, 20, "the first 20 events", lambda: f"(got {distinct()})")
 

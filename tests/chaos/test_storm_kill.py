@@ -66,7 +66,7 @@ def sigkill(agent: Daemon) -> None:
 def starts(agent: Daemon) -> int:
     """How many runs of the agent logged their start (its log is appended to across runs)."""
     text = agent.log()
-    return text.count('"agent started"') + text.count('"agent_started"')
+    return text.count('"agent_started"')
 
 
 async def start(agent: Daemon) -> None:

@@ -160,7 +160,7 @@ json = true
     coordinator.start()
     agent.start()
     try:
-        coordinator.wait_log("node status")  # it has seen node-1's retained "online"
+        coordinator.wait_log("node_status")  # it has seen node-1's retained "online"
         agent.wait_log("bus_connected")
         yield Stack(slurm, mosquitto, agent, coordinator, kmsg, socket_path, ledger, tmp_path)
     finally:

@@ -81,7 +81,7 @@ async def test_broker_down_and_agent_killed_lose_nothing(tmp_path: Path) -> None
         await sub.start()
         assert await sub.wait_connected(10)
         agent.start()
-        await asyncio.to_thread(agent.wait_log, "agent started", 20)
+        await asyncio.to_thread(agent.wait_log, "agent_started", 20)
         write(range(0, 30))
         await wait_for(
             lambda: len(set(got)) >= 30, 20, "the first 30 events", lambda: f"(got {len(set(got))})"

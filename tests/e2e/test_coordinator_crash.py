@@ -106,6 +106,6 @@ def test_coordinator_killed_mid_checkpoint_restart_resumes_and_finishes_once(sta
     assert [e["data"]["code"] for e in stack.ledger_events("xid")] == [79]  # type: ignore[index]
 
     log_text = stack.coordinator.log()
-    assert log_text.count('"resuming unfinished action"') == 1
-    decided = [json.loads(line) for line in log_text.splitlines() if '"action decided"' in line]
+    assert log_text.count('"action_resuming"') == 1
+    decided = [json.loads(line) for line in log_text.splitlines() if '"action_decided"' in line]
     assert sorted(d["kind"] for d in decided) == ["checkpoint_restart", "drain_node"]  # decided once each

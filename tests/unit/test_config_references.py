@@ -274,7 +274,7 @@ def test_agent_starts_and_creates_a_missing_state_dir_with_a_fifo_as_kmsg(work: 
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 0, err
-    assert "agent started" in err and "Traceback" not in err
+    assert "agent_started" in err and "Traceback" not in err
 
 
 def test_a_failure_the_checks_cannot_foresee_is_one_clean_error(work: Path) -> None:

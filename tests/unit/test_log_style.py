@@ -54,28 +54,9 @@ def _problems(path: Path) -> list[str]:
     return found
 
 
-#: Files not converted yet (issue #8 left open for them). The list only shrinks: a file converted
-#: must leave it (the second test fails otherwise), and no other file may regress.
-PENDING = {
-    "ftd/agent/app.py",
-    "ftd/agent/spool.py",
-    "ftd/coordinator/app.py",
-    "ftd/coordinator/engine.py",
-}
-
-
-def _rel(path: Path) -> str:
-    return str(path.relative_to(PACKAGE.parent))
-
-
 def test_daemon_log_events_are_snake_case_literals_with_fields() -> None:
-    problems = [p for path in _daemon_files() if _rel(path) not in PENDING for p in _problems(path)]
+    problems = [p for path in _daemon_files() for p in _problems(path)]
     assert not problems, "\n".join(problems)
-
-
-def test_the_pending_list_only_names_files_still_to_convert() -> None:
-    done = sorted(name for name in PENDING if not _problems(PACKAGE.parent / name))
-    assert not done, f"converted, take them off PENDING: {done}"
 
 
 def test_the_checker_catches_each_kind_of_problem(tmp_path: Path) -> None:
