@@ -36,6 +36,14 @@ from pathlib import Path
 from ftd.events import NODE_RANK, Ack, Directive, RankInfo
 
 DEFAULT_TIMEOUT_S = 20.0
+REQUIRED_CAPABILITIES: tuple[str, ...] = ("CAP_SYS_PTRACE",)
+"""Capabilities py-spy needs to read the stacks of ranks that run as other users (the agent's
+systemd unit must keep them in its bounding set; tests/unit/test_systemd_units.py checks)."""
+REQUIRED_SYSCALLS: tuple[str, ...] = ("ptrace", "process_vm_readv", "wait4")
+"""System calls ``py-spy dump`` makes beyond ordinary file and memory I/O: it stops each thread
+(ptrace + wait4) and copies the interpreter's memory (process_vm_readv). Measured with
+``strace -f -c py-spy dump`` (tests/unit/test_systemd_units.py re-measures it where strace exists);
+the agent's unit must allow them (``@system-service`` has no ``ptrace``)."""
 _SAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 

@@ -96,3 +96,92 @@ def test_notify_abstract_socket_and_no_socket(monkeypatch: pytest.MonkeyPatch) -
     assert notify("READY=1") is False
     monkeypatch.setenv("WATCHDOG_USEC", "30000000")
     assert watchdog_interval_s() == 15.0
+
+
+# --- diagnostics (py-spy) under the unit's sandbox ------------------------------------------------
+
+
+def _expand_syscall_group(analyze: str, name: str, seen: set[str] | None = None) -> set[str]:
+    """The system calls of ``@group`` (recursively), from ``systemd-analyze syscall-filter``."""
+    seen = set() if seen is None else seen
+    if name in seen:
+        return set()
+    seen.add(name)
+    out = subprocess.run([analyze, "syscall-filter", name], capture_output=True, text=True, timeout=60)
+    calls: set[str] = set()
+    for line in out.stdout.splitlines()[1:]:
+        item = line.strip()
+        if not item or item.startswith("#"):
+            continue
+        calls |= _expand_syscall_group(analyze, item, seen) if item.startswith("@") else {item}
+    return calls
+
+
+def allowed_syscalls(conf: dict[str, list[str]], analyze: str | None) -> tuple[set[str], set[str]]:
+    """(explicitly or group-allowed system calls, denied ones) of the unit's SystemCallFilter lines.
+
+    Without systemd-analyze the groups cannot be expanded: only the names listed are known."""
+    allowed: set[str] = set()
+    denied: set[str] = set()
+    for line in conf.get("SystemCallFilter", []):
+        deny = line.startswith("~")
+        for item in line.lstrip("~").split():
+            names = _expand_syscall_group(analyze, item) if item.startswith("@") and analyze else {item}
+            (denied if deny else allowed).update(names)
+    return allowed, denied
+
+
+def test_unit_lets_py_spy_run_as_the_diagnostics_code_requires() -> None:
+    """Finding (issue #11): the shipped unit had no CAP_SYS_PTRACE and @system-service has no ptrace,
+    so collect_diagnostics failed in production as shipped. The requirement comes from the code."""
+    from ftd.agent.diagnostics import REQUIRED_CAPABILITIES, REQUIRED_SYSCALLS
+
+    conf = settings(UNIT.read_text())
+    bounding = conf["CapabilityBoundingSet"][0].split()
+    for cap in REQUIRED_CAPABILITIES:
+        assert cap in bounding, f"{cap} missing from CapabilityBoundingSet {bounding}"
+        if conf.get("User", ["root"])[0] not in ("root", "0"):  # a non-root service needs them ambient
+            assert cap in conf.get("AmbientCapabilities", [""])[0].split(), cap
+    allowed, denied = allowed_syscalls(conf, shutil.which("systemd-analyze"))
+    for call in REQUIRED_SYSCALLS:
+        assert call in allowed and call not in denied, f"system call {call} is filtered out"
+    # Each exception is commented with why (the line above it names the syscall or capability).
+    lines = UNIT.read_text().splitlines()
+    for needle in ("CapabilityBoundingSet=", "SystemCallFilter=ptrace"):
+        index = next(i for i, line in enumerate(lines) if line.startswith(needle))
+        assert lines[index - 1].startswith("#") and "py-spy" in "\n".join(lines[index - 4 : index]), needle
+
+
+def test_py_spy_needs_no_system_call_beyond_the_unit_filter(tmp_path: Path) -> None:
+    """Re-measure the requirement: py-spy dump of a live Python, under strace: every system call it
+    makes that @system-service lacks is in REQUIRED_SYSCALLS (so the constant cannot go stale)."""
+    from ftd.agent.diagnostics import REQUIRED_SYSCALLS
+
+    analyze, strace = shutil.which("systemd-analyze"), shutil.which("strace")
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if analyze is None or strace is None or not Path(spy).exists():
+        pytest.skip("needs systemd-analyze, strace and py-spy")
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        summary = tmp_path / "strace.txt"
+        for _ in range(50):  # until the target's interpreter is up (py-spy fails before that)
+            done = subprocess.run(
+                [strace, "-f", "-qq", "-c", "-o", str(summary), spy, "dump", "--pid", str(target.pid)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if done.returncode == 0:
+                break
+        assert done.returncode == 0, done.stderr
+    finally:
+        target.kill()
+        target.wait()
+    used = {
+        line.split()[-1]
+        for line in summary.read_text().splitlines()[2:]
+        if line.strip() and not line.startswith("-") and line.split()[-1] != "total"
+    }
+    service = _expand_syscall_group(analyze, "@system-service")
+    assert {"ptrace", "process_vm_readv"} <= used, used  # the measurement measured something
+    assert used - service <= set(REQUIRED_SYSCALLS), used - service
