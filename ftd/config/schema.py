@@ -159,6 +159,13 @@ class FsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         PositiveSeconds, _doc("Report when the fill-rate forecast says full within this many seconds.")
     ] = 3600.0
     forecast_window_s: Annotated[PositiveSeconds, _doc("Samples this recent feed the fill-rate fit.")] = 900.0
+    forecast_min_span_s: Annotated[
+        PositiveSeconds,
+        _doc("A fill rate needs samples spanning at least this many seconds (no forecast from a burst)."),
+    ] = 120.0
+    forecast_min_samples: Annotated[
+        int, _doc("A fill rate needs at least this many samples in forecast_window_s.", ge=4)
+    ] = 5
 
 
 class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -7,14 +7,29 @@ fill has ``capacity_factor = 0.8`` and counts as 100% full there. The worse of b
 decides the level (``ok`` / ``warning`` / ``critical``); a level is entered at its threshold and
 left only below ``threshold - hysteresis_pct``, so a mount hovering at the line does not flap.
 
-Time to full: a least-squares line through the (time, used bytes) samples of the last
-``forecast_window_s`` (at least 3 samples spanning ``interval_s``) gives the fill rate; with the
-effective capacity it gives seconds to full. Below ``forecast_horizon_s`` that is reported once per
-episode (re-armed when the forecast goes back above 1.5x the horizon or the fill rate turns flat).
+Time to full, for bytes and for inodes alike: the samples of the last ``forecast_window_s`` give a
+fill rate (:func:`fill_rate`) once there are at least ``forecast_min_samples`` of them spanning at
+least ``forecast_min_span_s`` (three samples 60 s apart are not a trend). The fit is robust to a
+burst: the steepest and the flattest step between two samples are replaced by the median step
+rate before the least-squares line, so one ``dd`` or one checkpoint write among steady samples does
+not become a forecast (it is a *threshold* crossing when it fills the disk). With the effective
+capacity the rate gives seconds to full; the nearer of the bytes and the inodes forecasts is the
+one reported. Below ``forecast_horizon_s`` that is reported once per episode, as a ``warning``
+(a forecast asks for a save; ``critical`` is only ever an actual crossing of ``critical_pct``),
+re-armed when the forecast goes back above 1.5x the horizon or the fill rate turns flat.
 
-Events: ``fs_fill`` with ``data.reason`` ``level`` (a level change; ``info`` when it clears) or
-``forecast``, plus ``path``, ``level``, ``used_pct``, ``inodes_used_pct`` (both effective),
-``bytes_free``, ``fill_rate_bytes_per_s`` and ``time_to_full_s`` when known.
+Events: ``fs_fill`` with ``data.reason``:
+
+* ``threshold``: a level change (``warning`` / ``critical`` entered, ``info`` when it clears back to
+  ``ok``); ``resource`` is ``bytes`` or ``inodes``, whichever is fuller; ``previous`` level.
+* ``forecast``: full within the horizon; ``resource`` is the one that fills first, ``horizon_s``.
+* ``stalled``: ``statvfs`` did not return within the deadline (``stalled=true``).
+
+Every ``threshold`` and ``forecast`` event carries ``path``, ``level``, ``used_pct``,
+``inodes_used_pct`` (both of the effective capacity), ``bytes_free``, ``inodes_free``,
+``fill_rate_bytes_per_s``, ``inode_fill_rate_per_s``, ``time_to_full_s`` (the nearer of
+``bytes_time_to_full_s`` and ``inodes_time_to_full_s``; ``None`` when neither fills) and
+``capacity_factor``.
 
 ``statvfs`` runs in a daemon thread: a hung network mount must not block the agent. While a mount's
 call is still outstanding that mount is skipped (one stuck thread per mount at most) and, once,
@@ -25,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +53,7 @@ from ftd.config import FsConfig, FsMount
 from ftd.events import Kind, Severity, make_event
 from ftd.logs import get_logger
 
-__all__ = ["FsWatcher", "StatvfsResult", "linear_slope"]
+__all__ = ["FsWatcher", "StatvfsResult", "fill_rate", "linear_slope"]
 
 log = get_logger(__name__)
 
@@ -73,10 +90,48 @@ def linear_slope(points: list[tuple[float, float]]) -> float | None:
     return sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
 
 
+def fill_rate(points: list[tuple[float, float]]) -> float | None:
+    """Growth per second of ``(time, used)`` samples (in time order), robust to one burst.
+
+    The step between two neighbouring samples has a rate; with three steps or more the steepest
+    one (and, with four or more, the flattest one too) is replaced by the median step rate over its
+    own duration, then a least-squares line goes through the rebuilt series. A steady fill keeps its
+    exact rate (every step is the median); a single burst (or a single large delete) among steady
+    samples is not extrapolated. ``None`` without two samples at distinct times.
+    """
+    pts = [p for i, p in enumerate(points) if i == 0 or p[0] > points[i - 1][0]]
+    if len(pts) < 2:
+        return None
+    steps = [(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(pts)]
+    if len(steps) >= 3:
+        rates = [dy / dt for dt, dy in steps]
+        median = statistics.median(rates)
+        trim = {max(range(len(rates)), key=rates.__getitem__)}
+        if len(steps) >= 4:
+            trim.add(min(range(len(rates)), key=rates.__getitem__))
+        steps = [(dt, median * dt) if i in trim else (dt, dy) for i, (dt, dy) in enumerate(steps)]
+    rebuilt = [(0.0, 0.0)]
+    for dt, dy in steps:
+        last_t, last_y = rebuilt[-1]
+        rebuilt.append((last_t + dt, last_y + dy))
+    return linear_slope(rebuilt)
+
+
+def _time_to_full(free: float, rate: float | None) -> float | None:
+    if rate is None or rate <= 0:
+        return None
+    return max(0.0, free / rate)
+
+
+def _rounded(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 class _MountState:
     def __init__(self) -> None:
         self.level = "ok"
-        self.samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
+        # (time, used bytes, used inodes)
+        self.samples: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=4096)
         self.forecast_armed = True
         self.stalled_reported = False
         self.thread: threading.Thread | None = None
@@ -170,23 +225,37 @@ class FsWatcher:
         inode_cap = (inodes_used + result.f_favail) * mount.capacity_factor
         inodes_pct = 100.0 * inodes_used / inode_cap if result.f_files > 0 and inode_cap > 0 else 0.0
         worst = max(used_pct, inodes_pct)
+        inodes_free = max(0, int(inode_cap - inodes_used)) if result.f_files > 0 else None
 
-        st.samples.append((now, float(used_bytes)))
-        while st.samples and st.samples[0][0] < now - self.cfg.forecast_window_s:
+        cfg = self.cfg
+        st.samples.append((now, float(used_bytes), float(inodes_used)))
+        while st.samples and st.samples[0][0] < now - cfg.forecast_window_s:
             st.samples.popleft()
         rate: float | None = None
-        ttf: float | None = None
-        if len(st.samples) >= 3 and st.samples[-1][0] - st.samples[0][0] >= self.cfg.interval_s:
-            rate = linear_slope(list(st.samples))
-            if rate is not None and rate > 0:
-                ttf = max(0.0, (capacity - used_bytes) / rate)
+        inode_rate: float | None = None
+        if (
+            len(st.samples) >= cfg.forecast_min_samples
+            and st.samples[-1][0] - st.samples[0][0] >= cfg.forecast_min_span_s
+        ):
+            rate = fill_rate([(t, b) for t, b, _ in st.samples])
+            if result.f_files > 0:
+                inode_rate = fill_rate([(t, i) for t, _, i in st.samples])
+        ttf_bytes = _time_to_full(capacity - used_bytes, rate)
+        ttf_inodes = _time_to_full(inode_cap - inodes_used, inode_rate) if result.f_files > 0 else None
+        known = [t for t in (ttf_bytes, ttf_inodes) if t is not None]
+        ttf = min(known) if known else None
+        nearer = "inodes" if ttf_inodes is not None and ttf_inodes == ttf else "bytes"
         data: dict[str, Any] = {
             "used_pct": round(used_pct, 2),
             "inodes_used_pct": round(inodes_pct, 2),
             "bytes_free": max(0, int(capacity - used_bytes)),
+            "inodes_free": inodes_free,
             "capacity_factor": mount.capacity_factor,
-            "fill_rate_bytes_per_s": None if rate is None else round(rate, 1),
-            "time_to_full_s": None if ttf is None else round(ttf, 1),
+            "fill_rate_bytes_per_s": _rounded(rate),
+            "inode_fill_rate_per_s": _rounded(inode_rate, 3),
+            "time_to_full_s": _rounded(ttf),
+            "bytes_time_to_full_s": _rounded(ttf_bytes),
+            "inodes_time_to_full_s": _rounded(ttf_inodes),
         }
 
         level = self._next_level(st.level, worst, mount)
@@ -199,27 +268,30 @@ class FsWatcher:
                 mount,
                 severity,
                 {
-                    "reason": "level",
+                    "reason": "threshold",
                     "level": level,
                     "previous": previous,
                     "resource": "inodes" if inodes_pct > used_pct else "bytes",
                     **data,
                 },
             )
-        if ttf is not None and ttf < self.cfg.forecast_horizon_s:
+        if ttf is not None and ttf < cfg.forecast_horizon_s:
             if st.forecast_armed:
                 st.forecast_armed = False
                 await self._send(
                     mount,
-                    Severity.CRITICAL if ttf < self.cfg.forecast_horizon_s / 4 else Severity.WARNING,
+                    Severity.WARNING,  # a forecast asks for a save; critical is an actual crossing
                     {
                         "reason": "forecast",
                         "level": st.level,
-                        "horizon_s": self.cfg.forecast_horizon_s,
+                        "resource": nearer,
+                        "horizon_s": cfg.forecast_horizon_s,
+                        "samples": len(st.samples),
+                        "span_s": round(st.samples[-1][0] - st.samples[0][0], 1),
                         **data,
                     },
                 )
-        elif ttf is None or ttf > 1.5 * self.cfg.forecast_horizon_s:
+        elif ttf is None or ttf > 1.5 * cfg.forecast_horizon_s:
             st.forecast_armed = True
 
     def _next_level(self, current: str, pct: float, mount: FsMount) -> str:
