@@ -66,6 +66,16 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ca_file: Annotated[
         NonEmptyStr | None, _doc("CA bundle to verify the broker (needs tls = true); unset: system CAs.")
     ] = None
+    cert_file: Annotated[
+        NonEmptyStr | None,
+        _doc(
+            "Client certificate (PEM) for mutual TLS (needs tls = true and key_file); its CN is the "
+            "identity the broker's ACL uses (the node name, or 'coordinator')."
+        ),
+    ] = None
+    key_file: Annotated[
+        NonEmptyStr | None, _doc("Private key (PEM) of cert_file; keep it readable by the daemon only.")
+    ] = None
     # default: ftd-agent-{node} / ftd-coordinator
     client_id: Annotated[
         NonEmptyStr | None, _doc("MQTT client id; unset: ftd-agent-{node} or ftd-coordinator.")
@@ -107,6 +117,21 @@ class NvmlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         int, _doc("NVLink error-counter increase between two polls that is reported (gpu_health).", ge=1)
     ] = 1
     xid_events: Annotated[bool, _doc("Receive Xid errors through NVML's event API.")] = True
+    ecc_correctable_rate_per_hour: Annotated[
+        float,
+        _doc("Correctable (SBE) ECC errors per hour above which an ecc event (correctable_rate) is sent.",
+             gt=0),
+    ] = 1000.0
+    ecc_correctable_window_s: Annotated[
+        PositiveSeconds, _doc("The correctable-ECC rate is measured over the samples of this window.")
+    ] = 3600.0
+    ecc_correctable_min_span_s: Annotated[
+        PositiveSeconds, _doc("... once its samples span at least this many seconds (no rate from one poll).")
+    ] = 60.0
+    thermal_sustained_s: Annotated[
+        PositiveSeconds,
+        _doc("A thermal/power-brake/HW-slowdown throttle reason set this long is sustained (thermal error)."),
+    ] = 300.0
 
 
 class LogsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -254,6 +279,21 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             extra={"hint": "a unix socket path is limited to 107 bytes"},
         ),
     ] = "/run/ftd/agent.sock"
+    socket_group: Annotated[
+        NonEmptyStr | Annotated[int, msgspec.Meta(ge=0)] | None,
+        _doc(
+            "Group (name or gid) the trainer socket belongs to: the users who run training jobs. "
+            "Unset: the agent's own group (root), so ordinary users' trainers cannot connect."
+        ),
+    ] = None
+    socket_mode: Annotated[
+        int,
+        _doc(
+            "Permission bits of the trainer socket (octal in TOML: 0o660 = owner and socket_group).",
+            ge=0,
+            le=0o777,
+        ),
+    ] = 0o660
     outbox_max: Annotated[
         int, _doc("Events kept while the broker is unreachable (oldest dropped first).", ge=1)
     ] = 10000
@@ -397,6 +437,24 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     approval_required_kinds: Annotated[
         list[NonEmptyStr], _doc("Action kinds held as awaiting_approval until a human approves them.")
     ] = msgspec.field(default_factory=list)
+    app_fault_restart_limit: Annotated[
+        int,
+        _doc(
+            "Application faults (RESTART_APP Xids, CUDA/NCCL log errors): restarts of a job for the same "
+            "fault within app_fault_window_s before ftd stops restarting it and notifies instead.",
+            ge=0,
+        ),
+    ] = 3
+    app_fault_window_s: Annotated[
+        PositiveSeconds, _doc("Window over which app_fault_restart_limit counts a job's restarts.")
+    ] = 3600.0
+    app_fault_backoff_s: Annotated[
+        float,
+        _doc("Crash-loop backoff before the second restart of a job for one fault (doubles each time).", ge=0),
+    ] = 30.0
+    app_fault_backoff_max_s: Annotated[
+        float, _doc("Longest crash-loop backoff before an application-fault restart.", ge=0)
+    ] = 600.0
 
 
 class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -414,6 +472,32 @@ class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             "relative paths resolve against $CREDENTIALS_DIRECTORY. Unset: mutating calls are refused."
         ),
     ] = None
+
+
+class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Authority follows placement (``ftd.coordinator.placement``): presence, heartbeats and acks for a
+    job are accepted only from nodes the scheduler runs it on."""
+
+    enforce: Annotated[
+        bool, _doc("Check every job claim against the scheduler (no effect with scheduler = none).")
+    ] = True
+    ttl_s: Annotated[
+        PositiveSeconds, _doc("How long a job's node list from the scheduler is trusted.")
+    ] = 30.0
+    refresh_s: Annotated[
+        PositiveSeconds,
+        _doc("A node not in a job's cached list is looked up again at most this often per job."),
+    ] = 2.0
+    lookup_timeout_s: Annotated[
+        PositiveSeconds, _doc("Longest wait for one scheduler lookup (the bus pump waits on it).")
+    ] = 3.0
+    retry_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "While the scheduler cannot answer, messages are held (never accepted unverified) and "
+            "retried this long, then refused."
+        ),
+    ] = 60.0
 
 
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -457,6 +541,36 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     diagnostics_deadline_s: Annotated[
         PositiveSeconds, _doc("How long agents get to answer a collect_diagnostics directive.")
     ] = 60.0
+    gpu_reset_retry_s: Annotated[
+        float,
+        _doc(
+            "How long a refused GPU reset (a process still holds the GPU) is asked again, with backoff, "
+            "before it is escalated to a reboot through the scheduler (then a drain for RMA).",
+            ge=0,
+        ),
+    ] = 120.0
+    gpu_reset_backoff_s: Annotated[
+        PositiveSeconds, _doc("First wait before asking a refused GPU reset again (doubles, at most 30 s).")
+    ] = 1.0
+    gpu_reboot_deadline_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "After an escalated reboot, how long to wait for the node's agent to come back and check "
+            "the GPU (still bad: drained for RMA)."
+        ),
+    ] = 1800.0
+    save_step_margin: Annotated[
+        int,
+        _doc(
+            "Steps ahead of the furthest step the ranks reported that a save directive asks every rank "
+            "to save at (save at the first step >= it, so ranks agree without collectives); -1: save "
+            "at once.",
+            ge=-1,
+        ),
+    ] = 5
+    placement: Annotated[
+        PlacementConfig, _doc("Which node may speak for which job (checked with the scheduler).")
+    ] = msgspec.field(default_factory=PlacementConfig)
 
 
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

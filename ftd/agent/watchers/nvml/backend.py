@@ -2,8 +2,9 @@
 
 :class:`NvmlBackend` asks small, index-based questions (inventory, ECC counters, remapped rows,
 histogram, retired pages, temperature, throttle reasons, power, PCIe replays, NVLink error
-counters, Xid events). :class:`ftd.agent.watchers.nvml.real.RealNvml` answers them through pynvml;
-:class:`ftd.agent.watchers.nvml.fake.FakeNvml` answers them from a script for tests and benches.
+counters and per-link states, Xid events). :class:`ftd.agent.watchers.nvml.real.RealNvml` answers
+them through pynvml; :class:`ftd.agent.watchers.nvml.fake.FakeNvml` answers them from a script for
+tests and benches.
 A question the GPU cannot answer raises :class:`NvmlNotSupported` (the watcher remembers it and does
 not ask again); a GPU that is gone raises :class:`NvmlGpuLost`. Every method may block: call it off
 the event loop (:mod:`ftd.agent.watchers.nvml.worker`).
@@ -123,6 +124,11 @@ class NvmlBackend(Protocol):
 
     def nvlink_errors(self, index: int) -> dict[str, int]:
         """Error counters summed over active links (``replay``, ``recovery``, ``crc_flit``, ...)."""
+
+    def nvlink_states(self, index: int) -> dict[int, bool]:
+        """Link id -> active, for every link whose state NVML answers (NotSupported: no NVLink).
+
+        A link whose state cannot be read this time is left out, never reported as inactive."""
 
     def xid_events_start(self) -> None:
         """Create the event set and register every device for Xid events (NotSupported if none)."""

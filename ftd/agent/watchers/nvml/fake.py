@@ -2,7 +2,8 @@
 
 State is plain attributes on :class:`FakeGpu` objects that a test changes between polls: raise a
 counter, set ``remap_pending``, heat a GPU, remove it (``vanish``: no longer enumerated) or make it
-answer "GPU is lost" (``lost = True``). ``unsupported`` names backend methods that answer
+answer "GPU is lost" (``lost = True``), give it NVLink (``with_nvlink``) and take a link down
+(``set_link(3, False)``). ``unsupported`` names backend methods that answer
 NotSupported; ``block`` names methods that block until :meth:`FakeNvml.release` (or forever), so a
 stalled probe can be tested. :meth:`FakeNvml.inject_xid` queues an Xid event. ``calls`` counts
 every call by method name.
@@ -60,6 +61,7 @@ class FakeGpu:
     power_w: float = 70.0
     pcie_replay: int = 0
     nvlink: dict[str, int] | None = None  # None: NotSupported (no NVLink)
+    nvlink_links: dict[int, bool] | None = None  # link id -> active; None: NotSupported (no NVLink)
     lost: bool = False  # every call answers "GPU is lost"
     unsupported: set[str] = dataclasses.field(default_factory=set)
     block: set[str] = dataclasses.field(default_factory=set)
@@ -70,6 +72,18 @@ class FakeGpu:
             self.ecc[f"{scope}_{kind}"] = self.ecc.get(f"{scope}_{kind}", 0) + n
         key = f"volatile_{kind}_{location}"
         self.ecc[key] = self.ecc.get(key, 0) + n
+
+
+    def with_nvlink(self, links: int = 18) -> FakeGpu:
+        """Give this GPU ``links`` active NVLink links and zeroed error counters."""
+        self.nvlink_links = dict.fromkeys(range(links), True)
+        self.nvlink = {"replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0, "ecc_data": 0}
+        return self
+
+    def set_link(self, link: int, active: bool) -> None:
+        """Take an NVLink link down (``active=False``) or bring it back."""
+        assert self.nvlink_links is not None, "call with_nvlink() first"
+        self.nvlink_links[link] = active
 
 
 class FakeNvml:
@@ -207,7 +221,17 @@ class FakeNvml:
         assert gpu is not None
         if gpu.nvlink is None:
             raise NvmlNotSupported("Not Supported")
-        return dict(gpu.nvlink)
+        out = dict(gpu.nvlink)
+        if gpu.nvlink_links is not None:  # as the real backend: counted over active links
+            out["active_links"] = sum(gpu.nvlink_links.values())
+        return out
+
+    def nvlink_states(self, index: int) -> dict[int, bool]:
+        gpu = self._enter("nvlink_states", index)
+        assert gpu is not None
+        if gpu.nvlink_links is None:
+            raise NvmlNotSupported("Not Supported")
+        return dict(gpu.nvlink_links)
 
     def xid_events_start(self) -> None:
         self._enter("xid_events_start")

@@ -37,6 +37,8 @@ class GpuSample:
     power_w: float | None = None
     pcie_replay: int | None = None
     nvlink: dict[str, int] | None = None
+    nvlink_links: dict[int, bool] | None = None  # link id -> active
+    t: float = 0.0  # when the watcher received the sample (its clock); set by the watcher
     errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -51,6 +53,7 @@ _PROBES: tuple[tuple[str, str, str], ...] = (
     ("power_w", "power_w", "power"),
     ("pcie_replay", "pcie_replay_count", "pcie_replay_counter"),
     ("nvlink", "nvlink_errors", "nvlink_errors"),
+    ("nvlink_links", "nvlink_states", "nvlink_states"),
 )
 
 

@@ -152,22 +152,38 @@ class RealNvml:
         }
         totals = dict.fromkeys(names, 0)
         active = 0
-        for link in range(nv.NVML_NVLINK_MAX_LINKS):
-            try:
-                if not self._call(nv.nvmlDeviceGetNvLinkState, handle, link):
-                    continue
-            except (NvmlNotSupported, NvmlError):
-                if link == 0:
-                    raise NvmlNotSupported("NVLink not supported") from None
-                break  # past the last link this GPU has
+        for link, up in self.nvlink_states(index).items():
+            if not up:
+                continue
             active += 1
             for name, counter in names.items():
                 with contextlib.suppress(NvmlNotSupported, NvmlError):
                     totals[name] += int(self._call(nv.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter))
-        if not active:
-            raise NvmlNotSupported("no active NVLink")
+        # No active link is an answer (0 errors), not NotSupported: NotSupported is remembered for
+        # good, and the links may come back.
         totals["active_links"] = active
         return totals
+
+    def nvlink_states(self, index: int) -> dict[int, bool]:
+        """Every link's state through ``nvmlDeviceGetNvLinkState``. NOT_SUPPORTED on link 0: no
+        NVLink (:class:`NvmlNotSupported`); NOT_SUPPORTED or INVALID_ARGUMENT on a later link: past
+        this GPU's last link; another error on one link: that link is left out (unknown, not down)."""
+        nv, handle = self._nv, self._handle(index)
+        states: dict[int, bool] = {}
+        for link in range(int(nv.NVML_NVLINK_MAX_LINKS)):
+            try:
+                states[link] = bool(nv.nvmlDeviceGetNvLinkState(handle, link))
+            except nv.NVMLError as exc:
+                value = getattr(exc, "value", None)
+                if value in (nv.NVML_ERROR_GPU_IS_LOST, nv.NVML_ERROR_RESET_REQUIRED):
+                    raise NvmlGpuLost(str(exc)) from None
+                if value == nv.NVML_ERROR_NOT_SUPPORTED and link == 0:
+                    raise NvmlNotSupported("NVLink not supported") from None
+                if value in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT):
+                    break  # past the last link this GPU has
+        if not states:
+            raise NvmlError("no NVLink link state could be read")
+        return states
 
     def xid_events_start(self) -> None:
         nv = self._nv

@@ -2,18 +2,24 @@
 
 Each function compares the previous sample (``None`` for the first, the baseline) with the new one
 and returns a :data:`Finding` (event kind, severity, data) or ``None``. The watcher sends the
-findings of :func:`diff` in its fixed order: ECC, row remapping, retired pages, temperature,
-throttle reasons, PCIe replays, NVLink. Power is read but is not a signal of its own: it is part of
-the throttle event's data.
+findings of :func:`diff` in its fixed order: ECC, correctable-ECC rate, row remapping, retired
+pages, temperature, throttle reasons, sustained throttling, PCIe replays, NVLink errors, NVLink
+links down. Power is read but is not a signal of its own: it is part of the throttle event's data.
 
 Counters are reported when they *rise* (the baseline is not reported), but states that need a human
 (volatile DBE > 0, remap pending/failure, retired pages pending) are reported on the first sample
-too, with ``initial=true``. Temperature has a threshold with hysteresis, so it needs one bit of
-memory (``hot``), passed in and returned.
+too, with ``initial=true``. Signals that need memory beyond the previous sample (temperature
+hysteresis, the NVLink baseline, the correctable-ECC window, how long throttling has lasted) keep it
+in the GPU's :class:`GpuMemory`, which :func:`diff` updates.
+
+Every ``gpu_health`` finding carries ``data.signal``: ``retired_pages``, ``pcie_replay``,
+``nvlink_errors`` or ``nvlink_down``. The correctable-ECC rate is an ``ecc`` finding with
+``signal = "correctable_rate"``.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
@@ -24,34 +30,54 @@ from ftd.events import Kind, Severity
 
 __all__ = [
     "Finding",
+    "GpuMemory",
     "diff",
     "ecc",
+    "ecc_correctable_rate",
     "nvlink",
+    "nvlink_down",
     "pcie_replay",
     "retired_pages",
     "row_remap",
     "temperature",
     "throttle",
+    "throttle_sustained",
 ]
 
 Finding = tuple[Kind, Severity, dict[str, Any]]
 
 
-def diff(
-    old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: int, hot: bool
-) -> tuple[list[Finding], bool]:
-    """Every finding between ``old`` and ``new``, in event order, and whether the GPU is now hot."""
-    hot, thermal = temperature(hot, new, cfg)
+@dataclasses.dataclass(slots=True)
+class GpuMemory:
+    """What the signals of one GPU remember between samples (kept by the watcher per GPU)."""
+
+    hot: bool = False  # temperature at or above the threshold (until it falls below the hysteresis)
+    links_baseline: frozenset[int] | None = None  # NVLink links active in the first sample
+    links_down: frozenset[int] = frozenset()  # links reported down (and not back yet)
+    throttle_since: float | None = None  # when an alerting throttle reason became (continuously) set
+    throttle_sustained: bool = False  # the sustained-throttling event was sent for this episode
+    ecc_window: collections.deque[tuple[float, int]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=4096)
+    )  # (time, volatile correctable count)
+    ecc_rate_reported: bool = False  # the correctable-rate event was sent for this episode
+
+
+def diff(old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: int, mem: GpuMemory) -> list[Finding]:
+    """Every finding between ``old`` and ``new``, in event order; updates ``mem``."""
+    mem.hot, thermal = temperature(mem.hot, new, cfg)
     found = (
         ecc(old, new),
+        ecc_correctable_rate(new, cfg, index, mem),
         row_remap(old, new),
         retired_pages(old, new, index),
         thermal,
         throttle(old, new),
+        throttle_sustained(new, cfg, index, mem),
         pcie_replay(old, new, cfg, index),
         nvlink(old, new, cfg, index),
+        nvlink_down(old, new, index, mem),
     )
-    return [finding for finding in found if finding is not None], hot
+    return [finding for finding in found if finding is not None]
 
 
 def ecc(old: GpuSample | None, new: GpuSample) -> Finding | None:
@@ -70,6 +96,46 @@ def ecc(old: GpuSample | None, new: GpuSample) -> Finding | None:
     dbe = any("_dbe" in k for k in deltas)
     severity = Severity.ERROR if dbe else Severity.WARNING
     return Kind.ECC, severity, {"deltas": deltas, "counters": new.ecc, "dbe": dbe}
+
+
+def ecc_correctable_rate(new: GpuSample, cfg: NvmlConfig, index: int, mem: GpuMemory) -> Finding | None:
+    """The volatile correctable (SBE) count grows faster than ``ecc_correctable_rate_per_hour``.
+
+    The rate is measured over the samples of the last ``ecc_correctable_window_s`` (at least two,
+    spanning ``ecc_correctable_min_span_s``): growth between the oldest and the newest, per hour.
+    Once per episode; re-armed when the rate falls below half the threshold. A count that goes down
+    (the volatile counters reset with the GPU or the driver) starts the window afresh.
+    """
+    if new.ecc is None or "volatile_sbe" not in new.ecc:
+        return None
+    count = new.ecc["volatile_sbe"]
+    window = mem.ecc_window
+    if window and count < window[-1][1]:
+        window.clear()
+    window.append((new.t, count))
+    while len(window) > 2 and window[1][0] <= new.t - cfg.ecc_correctable_window_s:
+        window.popleft()  # keep the newest sample at or before the window's start
+    (t0, c0), (t1, c1) = window[0], window[-1]
+    span = t1 - t0
+    if len(window) < 2 or span < cfg.ecc_correctable_min_span_s:
+        return None
+    rate = (c1 - c0) * 3600.0 / span
+    threshold = cfg.ecc_correctable_rate_per_hour
+    if rate < threshold / 2:
+        mem.ecc_rate_reported = False
+    if rate <= threshold or mem.ecc_rate_reported:
+        return None
+    mem.ecc_rate_reported = True
+    data = {
+        "signal": "correctable_rate",
+        "rate_per_hour": round(rate, 1),
+        "threshold_per_hour": threshold,
+        "window_s": round(span, 1),
+        "correctable_delta": c1 - c0,
+        "volatile_sbe": count,
+        "gpu": index,
+    }
+    return Kind.ECC, Severity.WARNING, data
 
 
 def row_remap(old: GpuSample | None, new: GpuSample) -> Finding | None:
@@ -96,7 +162,12 @@ def row_remap(old: GpuSample | None, new: GpuSample) -> Finding | None:
         if ({"pending", "uncorrectable_grew"} & set(reasons))
         else Severity.WARNING
     )
-    data: dict[str, Any] = {"reasons": reasons, **dataclasses.asdict(new.remap), "histogram": new.histogram}
+    data: dict[str, Any] = {
+        "reasons": reasons,
+        **dataclasses.asdict(new.remap),
+        "no_spare_rows": new.remap.failure,  # NVML's remap failure bit: the GPU ran out of spare rows
+        "histogram": new.histogram,
+    }
     if prev is not None:
         data["uncorrected_delta"] = new.remap.uncorrected - prev.uncorrected
         data["corrected_delta"] = new.remap.corrected - prev.corrected
@@ -109,7 +180,7 @@ def retired_pages(old: GpuSample | None, new: GpuSample, index: int) -> Finding 
     """Retired pages pending newly set (older GPUs; H100 remaps rows instead)."""
     if not new.retired_pending or (old is not None and old.retired_pending):
         return None
-    data = {"retired_pages_pending": True, "initial": old is None, "gpu": index}
+    data = {"signal": "retired_pages", "retired_pages_pending": True, "initial": old is None, "gpu": index}
     return Kind.GPU_HEALTH, Severity.ERROR, data
 
 
@@ -119,10 +190,10 @@ def temperature(hot: bool, new: GpuSample, cfg: NvmlConfig) -> tuple[bool, Findi
     if temp is None:
         return hot, None
     if not hot and temp >= cfg.temperature_c:
-        data = {"active": True, "temperature_c": temp, "threshold_c": cfg.temperature_c}
+        data = {"active": True, "sustained": False, "temperature_c": temp, "threshold_c": cfg.temperature_c}
         return True, (Kind.THERMAL, Severity.WARNING, data)
     if hot and temp < cfg.temperature_c - cfg.temperature_hysteresis_c:
-        data = {"active": False, "temperature_c": temp, "threshold_c": cfg.temperature_c}
+        data = {"active": False, "sustained": False, "temperature_c": temp, "threshold_c": cfg.temperature_c}
         return False, (Kind.THERMAL, Severity.INFO, data)
     return hot, None
 
@@ -138,6 +209,7 @@ def throttle(old: GpuSample | None, new: GpuSample) -> Finding | None:
         return None
     data = {
         "active": bool(now_bits),
+        "sustained": False,
         "throttle_reasons": throttle_names(new.throttle),
         "new_reasons": throttle_names(now_bits & ~old_bits),
         "throttle_mask": new.throttle,
@@ -145,6 +217,38 @@ def throttle(old: GpuSample | None, new: GpuSample) -> Finding | None:
         "power_w": new.power_w,
     }
     return Kind.THERMAL, Severity.WARNING if now_bits else Severity.INFO, data
+
+
+def throttle_sustained(new: GpuSample, cfg: NvmlConfig, index: int, mem: GpuMemory) -> Finding | None:
+    """An alerting throttle reason stayed set (any of them, without a gap) for ``thermal_sustained_s``.
+
+    Once per episode (error); re-armed when no alerting reason is set. A sample without the throttle
+    answer keeps the episode as it is."""
+    if new.throttle is None:
+        return None
+    bits = new.throttle & sum(THROTTLE_ALERT_REASONS)
+    if not bits:
+        mem.throttle_since, mem.throttle_sustained = None, False
+        return None
+    if mem.throttle_since is None:
+        mem.throttle_since = new.t
+    lasted = new.t - mem.throttle_since
+    if mem.throttle_sustained or lasted < cfg.thermal_sustained_s:
+        return None
+    mem.throttle_sustained = True
+    data = {
+        "active": True,
+        "sustained": True,
+        "sustained_s": round(lasted, 1),
+        "threshold_s": cfg.thermal_sustained_s,
+        "throttle_reasons": throttle_names(new.throttle),
+        "alert_reasons": throttle_names(bits),
+        "throttle_mask": new.throttle,
+        "temperature_c": new.temperature_c,
+        "power_w": new.power_w,
+        "gpu": index,
+    }
+    return Kind.THERMAL, Severity.ERROR, data
 
 
 def pcie_replay(old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: int) -> Finding | None:
@@ -155,6 +259,7 @@ def pcie_replay(old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: i
     if delta < cfg.pcie_replay_burst:
         return None
     data = {
+        "signal": "pcie_replay",
         "pcie_replay_burst": delta,
         "pcie_replay_total": new.pcie_replay,
         "interval_s": cfg.interval_s,
@@ -177,5 +282,47 @@ def nvlink(old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: int) -
     return (
         Kind.GPU_HEALTH,
         Severity.WARNING,
-        {"nvlink_errors": deltas, "nvlink_totals": new.nvlink, "gpu": index},
+        {"signal": "nvlink_errors", "nvlink_errors": deltas, "nvlink_totals": new.nvlink, "gpu": index},
     )
+
+
+def nvlink_down(old: GpuSample | None, new: GpuSample, index: int, mem: GpuMemory) -> Finding | None:
+    """NVLink links that were active (in the first sample or the previous one) and are now inactive.
+
+    An error with every link now down (``links_down``, and ``new_links_down`` for this drop); an
+    info with ``recovered=true`` when reported links come back (``links_up``; ``links_down`` then
+    lists those still down, empty when all are back). A link whose state was not read this time is
+    neither down nor back. A GPU whose first sample has no active link has no NVLink in use: nothing
+    is reported for it.
+    """
+    links = new.nvlink_links
+    if links is None:
+        return None
+    active = frozenset(link for link, up in links.items() if up)
+    if mem.links_baseline is None:
+        mem.links_baseline = active
+    prev = None if old is None else old.nvlink_links
+    prev_active = frozenset(link for link, up in (prev or {}).items() if up)
+    expected = mem.links_baseline | prev_active
+    inactive = frozenset(link for link, up in links.items() if not up)
+    newly_down = (expected & inactive) - mem.links_down
+    back = mem.links_down & active
+    if not newly_down and not back:
+        return None
+    mem.links_down = (mem.links_down | newly_down) - back
+    data: dict[str, Any] = {
+        "signal": "nvlink_down",
+        "links_down": sorted(mem.links_down),
+        "active_links": len(active),
+        "previous_active_links": len(prev_active) if prev is not None else len(mem.links_baseline),
+        "baseline_active_links": len(mem.links_baseline),
+        "gpu": index,
+    }
+    if newly_down:
+        data["new_links_down"] = sorted(newly_down)
+        if back:
+            data["links_up"] = sorted(back)
+        return Kind.GPU_HEALTH, Severity.ERROR, data
+    data["links_up"] = sorted(back)
+    data["recovered"] = True
+    return Kind.GPU_HEALTH, Severity.INFO, data

@@ -12,12 +12,17 @@ Events (``source="nvml"``; each carries ``uuid``, ``index``, ``pci`` as lowercas
 
 * ``ecc``: any ECC counter rose (SBE: warning, DBE: error), with deltas and all counters.
 * ``row_remap``: pending or failure newly set, or uncorrectable/correctable remaps grew; histogram.
+* ``ecc`` with ``signal = "correctable_rate"``: the volatile correctable count grows faster than
+  ``ecc_correctable_rate_per_hour`` (warning, once per episode).
 * ``thermal``: temperature reached ``temperature_c`` (cleared below it minus the hysteresis), or a
   thermal / power-brake / hardware-slowdown throttle reason newly set; clearing is an ``info`` event.
+  ``sustained=true`` (error, once per episode): an alerting throttle reason stayed set for
+  ``thermal_sustained_s``.
 * ``gpu_missing``: fewer GPUs than ``expected_gpus``, a UUID from the first inventory gone, or a
   GPU answering "GPU is lost". Once per episode.
-* ``gpu_health``: stalled probes, PCIe replay bursts, NVLink error-counter increases, retired pages
-  pending.
+* ``gpu_health``: stalled probes (``signal = "stalled"``), PCIe replay bursts (``pcie_replay``),
+  NVLink error-counter increases (``nvlink_errors``), NVLink links that went down, or came back
+  (``nvlink_down``), retired pages pending (``retired_pages``).
 * ``xid``: Xid errors from NVML's event API (``data.source = "nvml"``), read by a thread that
   waits on the event set with a short timeout so it can stop.
 
@@ -36,6 +41,7 @@ import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ftd.agent.watchers.base import Emit
@@ -58,7 +64,7 @@ log = get_logger(__name__)
 class _GpuState:
     ident: GpuIdentity
     last: GpuSample | None = None
-    hot: bool = False
+    memory: signals.GpuMemory = dataclasses.field(default_factory=signals.GpuMemory)
     lost: bool = False
     unsupported: set[str] = dataclasses.field(default_factory=set)
 
@@ -75,8 +81,10 @@ class NvmlWatcher:
         emit: Emit,
         *,
         backend: NvmlBackend | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
+        self._clock = clock  # stamps samples: the ECC rate and sustained throttling are measured on it
         self.node = node
         self._emit = emit
         self.backend: NvmlBackend = backend if backend is not None else RealNvml()
@@ -140,7 +148,13 @@ class NvmlWatcher:
             await self._send_node(
                 Kind.GPU_HEALTH,
                 Severity.ERROR,
-                {"stalled": True, "call": call, "gpu": None, "deadline_s": self.cfg.call_timeout_s},
+                {
+                    "signal": "stalled",
+                    "stalled": True,
+                    "call": call,
+                    "gpu": None,
+                    "deadline_s": self.cfg.call_timeout_s,
+                },
             )
         elif isinstance(inventory, BaseException):
             log.warning("nvml_inventory_failed", error=str(inventory))
@@ -189,6 +203,7 @@ class NvmlWatcher:
                 Severity.ERROR,
                 state.ident,
                 {
+                    "signal": "stalled",
                     "stalled": True,
                     "call": probe.tracker.call,
                     "gpu": state.ident.index,
@@ -203,6 +218,7 @@ class NvmlWatcher:
             Severity.INFO,
             state.ident,
             {
+                "signal": "stalled",
                 "stalled": False,
                 "call": probe.tracker.call,
                 "gpu": state.ident.index,
@@ -257,8 +273,9 @@ class NvmlWatcher:
     # --- diffing ----------------------------------------------------------------------------------
 
     async def _diff(self, state: _GpuState, new: GpuSample) -> None:
+        new.t = self._clock()
         old, state.last = state.last, new
-        found, state.hot = signals.diff(old, new, self.cfg, state.ident.index, state.hot)
+        found = signals.diff(old, new, self.cfg, state.ident.index, state.memory)
         for kind, severity, data in found:
             await self._send(kind, severity, state.ident, data)
 
