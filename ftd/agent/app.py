@@ -25,7 +25,9 @@ sd_notify: ``READY=1`` once subscribed and running; ``WATCHDOG=1`` from the heal
 the core tasks are alive and the event loop is responsive (a blocked loop stops the pings, and
 systemd's ``WatchdogSec`` restarts us).
 
-Inbound: job directives are relayed to the trainers of jobs this node hosts; node directives with
+Inbound: job directives (``ftd/v1/nodes/{node}/directives/jobs``: the coordinator sends a job's
+directives only to the nodes that run it) are relayed to the trainers of jobs this node hosts; node
+directives with
 ``action = "gpu_reset"`` go to :class:`~ftd.agent.gpu_reset.GpuResetter`, whose answer is both a
 ``gpu_health`` event and an :class:`~ftd.events.Ack` on ``ftd/v1/nodes/{node}/acks``; those with
 ``action = "collect_diagnostics"`` go to :func:`~ftd.agent.diagnostics.collect_diagnostics` (py-spy
@@ -134,7 +136,12 @@ class Agent:
             self._publish_event, window_s=cfg.storm.window_s, follow_window_s=cfg.storm.follow_window_s
         )
         self.local_api = LocalApi(
-            cfg.socket_path, self.node, on_presence=self._on_presence, on_ack=self._on_ack
+            cfg.socket_path,
+            self.node,
+            on_presence=self._on_presence,
+            on_ack=self._on_ack,
+            socket_mode=cfg.socket_mode,
+            socket_group=cfg.socket_group,
         )
         self.kmsg = KmsgWatcher(
             cfg.kmsg_path,
@@ -299,6 +306,7 @@ class Agent:
 
     async def _pump_directives(self) -> None:
         node_topic = topics.node_directives(self.node)
+        jobs_topic = topics.node_job_directives(self.node)
         receipts_topic = topics.node_receipts(self.node)
         async for message in self.bus.messages():
             if message.topic in (receipts_topic, topics.COORDINATOR_STATUS):
@@ -319,7 +327,7 @@ class Agent:
                 continue
             if message.topic == node_topic:
                 self._node_directive(directive)
-            elif directive.job is not None:
+            elif message.topic == jobs_topic and directive.job is not None:
                 if directive.job not in self.local_api.jobs():
                     continue  # a job this node does not host
                 reached = await self.local_api.deliver(directive)
@@ -458,7 +466,9 @@ class Agent:
 
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         await self.local_api.start()
-        await self.bus.subscribe(topics.ALL_JOB_DIRECTIVES)
+        # Only this node's own job directives: the coordinator sends a job's directives to each node
+        # the scheduler runs it on, and the broker's ACL lets a node read no other node's.
+        await self.bus.subscribe(topics.node_job_directives(self.node))
         await self.bus.subscribe(topics.node_directives(self.node))
         await self.bus.subscribe(topics.node_receipts(self.node))
         await self.bus.subscribe(topics.COORDINATOR_STATUS)

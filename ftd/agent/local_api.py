@@ -28,6 +28,19 @@ and coordinator clocks may disagree), after ``pending_ttl_s`` when it has no dea
 every rank it reached has answered it (so a job requeued later onto this node does not receive a
 stale ``stop``). A directive id seen before is never delivered again.
 
+Who may register (issue #11)
+----------------------------
+The socket is created with ``socket_mode`` (0660) and, when ``socket_group`` is set, that group: the
+users who run training jobs reach it through the group, nobody else. On every connection the
+kernel's word about the peer (``SO_PEERCRED``) is read and the job its process belongs to is found
+(:func:`ftd.agent.peer.identify`: Slurm job cgroup, slurmstepd ancestry, Kubernetes pod, root or the
+agent's own uid, else the process environment, the reason logged). A ``register`` for any other job
+is refused with an ``error`` naming both, counted (``registrations_refused``) and logged
+(``registration_refused``); so is a claimed ``pid`` that is not the peer's own (a forged pid would
+point the diagnostics' py-spy at someone else's process). Heartbeats and acks on a connection are
+for the job registered on it only: an ack for a directive this agent delivered to another job is
+refused (``acks_refused``).
+
 Thread-safety: everything here runs on the agent's event loop; call it from that loop only.
 """
 
@@ -35,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import os
 import stat
 import time
@@ -45,6 +59,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ftd.agent.peer import JobIdentity, PeerCred, ProcFs, identify, peer_cred
 from ftd.client import protocol
 from ftd.client.protocol import MAX_LINE, PROTOCOL_VERSION
 from ftd.events import Ack, Directive, RankInfo
@@ -126,6 +141,8 @@ class _Conn:
     last_beat: float | None = None  # wall clock, reported in RankInfo
     last_beat_mono: float = 0.0  # registration time until the first heartbeat
     errors: int = 0
+    cred: PeerCred | None = None  # SO_PEERCRED at connect (None where the OS has none)
+    identity: JobIdentity | None = None
 
     def info(self) -> RankInfo:
         return RankInfo(
@@ -156,7 +173,9 @@ class LocalApi:
         on_ack: AckCallback,
         *,
         socket_mode: int = 0o660,
+        socket_group: str | int | None = None,
         pending_ttl_s: float = 600.0,
+        proc: ProcFs | None = None,
     ) -> None:
         self.socket_path = socket_path
         self._socket_dir = os.path.dirname(os.path.abspath(socket_path))
@@ -164,13 +183,17 @@ class LocalApi:
         self._on_presence = on_presence
         self._on_ack = on_ack
         self._socket_mode = socket_mode
+        self._socket_group = socket_group
+        self._proc = proc or ProcFs()
+        self._trusted_uids = frozenset({0, os.geteuid()})
+        self._refusals_logged: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._pending_ttl_s = pending_ttl_s
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[_Conn] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self._jobs: dict[str, set[_Conn]] = {}
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen: OrderedDict[str, str | None] = OrderedDict()  # directive id -> its job
         self._dirty: set[str] = set()
         self._progress = asyncio.Event()  # set when a step moved (a job became dirty)
         self._last_presence: dict[str, float] = {}
@@ -180,6 +203,8 @@ class LocalApi:
         self.counters: dict[str, int] = {
             "connections": 0,
             "registrations": 0,
+            "registrations_refused": 0,
+            "acks_refused": 0,
             "bad_messages": 0,
             "heartbeats": 0,
             "acks": 0,
@@ -203,12 +228,27 @@ class LocalApi:
         self._server = await asyncio.start_unix_server(
             self._handle, path=self.socket_path, limit=MAX_LINE + 1
         )
-        os.chmod(self.socket_path, self._socket_mode)
+        try:
+            os.chmod(self.socket_path, self._socket_mode)
+            if self._socket_group is not None:
+                os.chown(self.socket_path, -1, socket_gid(self._socket_group))
+        except (OSError, ValueError):
+            self._server.close()
+            self._server = None
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)
+            raise
         self._tasks = [
             asyncio.create_task(self._call_worker(), name="ftd-localapi-callbacks"),
             asyncio.create_task(self._presence_ticker(), name="ftd-localapi-presence"),
         ]
-        log.info("local_api_listening", path=self.socket_path, node=self.node)
+        log.info(
+            "local_api_listening",
+            path=self.socket_path,
+            node=self.node,
+            mode=oct(self._socket_mode),
+            group=self._socket_group,
+        )
 
     async def stop(self) -> None:
         """Stop listening, drop every connection, remove the socket file.
@@ -294,7 +334,7 @@ class LocalApi:
             self.counters["duplicate_directives"] += 1
             log.debug("local_api_duplicate_directive", directive_id=directive.id)
             return 0
-        self._seen[directive.id] = None
+        self._seen[directive.id] = directive.job
         while len(self._seen) > MAX_SEEN_IDS:
             self._seen.popitem(last=False)
         self.counters["directives"] += 1
@@ -340,6 +380,7 @@ class LocalApi:
                 return
             self._conns.add(conn)
             self.counters["connections"] += 1
+            await self._identify(conn)
             await self._serve(conn, reader)
         except (ConnectionError, OSError):
             pass
@@ -353,6 +394,58 @@ class LocalApi:
             writer.close()
             if task is not None:
                 self._handlers.discard(task)
+
+    async def _identify(self, conn: _Conn) -> None:
+        """Read the peer's credentials and find its job (``/proc`` reads, off the event loop)."""
+        sock = conn.writer.get_extra_info("socket")
+        conn.cred = peer_cred(sock) if sock is not None else None
+        if conn.cred is not None:
+            cred = conn.cred
+            conn.identity = await asyncio.to_thread(
+                identify, cred.pid, cred.uid, trusted_uids=self._trusted_uids, proc=self._proc
+            )
+
+    def _refusal(self, conn: _Conn, msg: _Register) -> str | None:
+        """Why ``msg`` may not register on this connection (None: it may)."""
+        cred, ident = conn.cred, conn.identity
+        if cred is None or ident is None:
+            return None  # no SO_PEERCRED on this platform: nothing to check against
+        if not ident.allows(msg.job):
+            have = "job " + ", ".join(sorted(ident.jobs)) if ident.jobs else "no job ftd can name"
+            return (
+                f"registration refused: this process (pid {cred.pid}, uid {cred.uid}) belongs to {have} "
+                f"({ident.detail}), not job {msg.job}"
+            )
+        if ident.any_job or msg.pid is None or msg.pid == cred.pid:
+            return None
+        if msg.pid in self._proc.ns_pids(cred.pid):  # the same process seen from inside a container
+            return None
+        return f"registration refused: pid {msg.pid} is not this connection's process (pid {cred.pid})"
+
+    def _refuse(self, conn: _Conn, msg: _Register, why: str) -> None:
+        self.counters["registrations_refused"] += 1
+        cred, ident = conn.cred, conn.identity
+        assert cred is not None and ident is not None
+        key = (cred.uid, msg.job)
+        count = self._refusals_logged.pop(key, 0) + 1
+        self._refusals_logged[key] = count
+        while len(self._refusals_logged) > 1024:
+            self._refusals_logged.popitem(last=False)
+        if count <= 3 or count % 100 == 0:  # a client retries: log the first few, then every 100th
+            log.warning(
+                "registration_refused",
+                job=msg.job,
+                rank=msg.rank,
+                claimed_pid=msg.pid,
+                pid=cred.pid,
+                uid=cred.uid,
+                gid=cred.gid,
+                source=ident.source,
+                allowed=sorted(ident.jobs),
+                reason=why,
+                count=count,
+            )
+        self._send(conn, _error_line(protocol.REGISTER, why[:500]))
 
     async def _serve(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
         buf = b""
@@ -406,7 +499,13 @@ class LocalApi:
         if conn.job is not None:
             self._bad(conn, protocol.REGISTER, f"already registered as job {conn.job} rank {conn.rank}")
             return
+        refusal = self._refusal(conn, msg)
+        if refusal is not None:
+            self._refuse(conn, msg, refusal)
+            return
         conn.job, conn.rank, conn.local_rank, conn.pid = msg.job, msg.rank, msg.local_rank, msg.pid
+        if conn.cred is not None and conn.identity is not None and not conn.identity.any_job:
+            conn.pid = conn.cred.pid  # the kernel's word, as this agent (and py-spy) sees the process
         conn.last_beat_mono = time.monotonic()
         members = self._jobs.setdefault(msg.job, set())
         if any(other.rank == msg.rank for other in members):
@@ -420,7 +519,16 @@ class LocalApi:
         for pending in self._pending.values():
             if pending.for_job(msg.job) and key not in pending.answered and self._send(conn, pending.line):
                 pending.reached.add(key)
-        log.info("local_api_rank_registered", job=msg.job, rank=msg.rank, pid=msg.pid)
+        ident = conn.identity
+        log.info(
+            "local_api_rank_registered",
+            job=msg.job,
+            rank=msg.rank,
+            pid=conn.pid,
+            uid=conn.cred.uid if conn.cred else None,
+            identity=ident.source if ident else None,
+            why=ident.detail if ident else "no peer credentials on this platform",
+        )
         self._presence_now(msg.job)
 
     def _unregister(self, conn: _Conn) -> None:
@@ -448,6 +556,22 @@ class LocalApi:
 
     def _ack(self, conn: _Conn, msg: _AckMsg) -> None:
         assert conn.job is not None
+        target = self._seen.get(msg.directive_id, conn.job)  # unknown here: the coordinator checks
+        if target is not None and target != conn.job:
+            self.counters["acks_refused"] += 1
+            log.warning(
+                "ack_refused",
+                directive_id=msg.directive_id,
+                directive_job=target,
+                job=conn.job,
+                rank=conn.rank,
+                pid=conn.pid,
+            )
+            self._send(
+                conn,
+                _error_line(protocol.ACK, f"directive {msg.directive_id} is not for job {conn.job}"[:500]),
+            )
+            return
         self.counters["acks"] += 1
         key = (conn.job, conn.rank)
         pending = self._pending.get(msg.directive_id)
@@ -537,6 +661,18 @@ class LocalApi:
                 self._calls.task_done()
 
 
+def socket_gid(group: str | int) -> int:
+    """The gid of ``agent.socket_group``: a number, or a group name; unknown names raise ValueError."""
+    if isinstance(group, int):
+        return group
+    if group.isdigit():
+        return int(group)
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"agent.socket_group: no group named {group!r} on this host") from None
+
+
 def _peek_op(line: bytes) -> str | None:
     """Best-effort ``op`` of a message that failed to decode, for the error reply."""
     try:
@@ -550,4 +686,4 @@ def _peek_op(line: bytes) -> str | None:
     return None
 
 
-__all__ = ["MAX_LINE", "PROTOCOL_VERSION", "LocalApi"]
+__all__ = ["MAX_LINE", "PROTOCOL_VERSION", "LocalApi", "socket_gid"]

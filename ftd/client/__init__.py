@@ -22,7 +22,10 @@ Why it looks like this:
   code and never blocks a step. All socket I/O happens on one daemon thread that connects (and
   reconnects, with backoff up to ``retry_interval`` seconds, forever), registers, reads pushed
   directives and sends heartbeats and acks. Without an agent every call still returns at once and
-  ``should_save()``/``should_stop()`` are simply False.
+  ``should_save()``/``should_stop()`` are simply False. Fail-open is never silent: the first time
+  the agent cannot be reached (EACCES, ENOENT, ECONNREFUSED) or refuses the registration, one line
+  goes to stderr saying the job is not protected, with a hint (e.g. "ask the admin to set
+  agent.socket_group"); later failures go to the ``ftd.client`` logger only.
 - **Cheap per step**: :meth:`Client.heartbeat`, :meth:`Client.should_save` and
   :meth:`Client.should_stop` only read or write attributes (well under a microsecond each; see
   ``ftd.bench.client``). The I/O thread sends at most one heartbeat per ``heartbeat_interval``
@@ -63,6 +66,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import logging
 import os
 import select
@@ -90,6 +94,12 @@ _MAX_SEEN = 4096
 _IO_TIMEOUT_S = 2.0
 _REGISTER_TIMEOUT_S = 5.0
 DEADLINE_REASON = "save not completed within deadline"
+_UNREACHABLE_HINTS = {
+    errno.EACCES: "permission denied (EACCES): ask the admin to set agent.socket_group to a group "
+    "you are in (the socket is mode 0660)",
+    errno.ENOENT: "no socket there (ENOENT): is ftd-agent running on this node? (or set FTD_SOCKET)",
+    errno.ECONNREFUSED: "nothing is listening (ECONNREFUSED): ftd-agent is stopped or restarting",
+}
 
 
 class DirectiveInfo:
@@ -219,6 +229,7 @@ class Client:
         self._wake_w: socket.socket | None = None
         self._connected = False
         self._warned = False
+        self._told_stderr = False  # the one stderr line per Client (fail-open, never silent)
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
         if self._poll_at is not None:
@@ -513,8 +524,12 @@ class Client:
                 registered_at = self._session(sock, wake_r)
             except _Rejected as exc:
                 self._warn_once(f"agent refused registration: {exc}")
+                self._tell_stderr(f"the ftd agent at {self.socket_path} refused this rank: {exc}")
+                delay = max(delay, self.retry_interval * 10)  # a refusal does not pass by itself
             except OSError as exc:
                 self._warn_once(f"agent not reachable at {self.socket_path}: {exc}")
+                hint = _UNREACHABLE_HINTS.get(exc.errno or 0, str(exc))
+                self._tell_stderr(f"cannot reach the ftd agent at {self.socket_path}: {hint}")
             except Exception:  # a bug here must never reach the training loop
                 _log.exception("ftd client: I/O thread error; reconnecting")
             finally:
@@ -530,6 +545,19 @@ class Client:
         for wake in (wake_r, wake_w):
             with contextlib.suppress(Exception):
                 wake.close()
+
+    def _tell_stderr(self, message: str) -> None:
+        """One line on stderr, once per Client: training goes on without ftd (fail-open), but the
+        person running it learns that the job is unprotected and what to do about it."""
+        if self._told_stderr:
+            return
+        self._told_stderr = True
+        with contextlib.suppress(Exception):
+            sys.stderr.write(
+                f"ftd client: {message}. This job is NOT protected by ftd (no save/stop on node faults); "
+                "training continues and the client keeps retrying in the background.\n"
+            )
+            sys.stderr.flush()
 
     def _warn_once(self, message: str) -> None:
         if not self._warned:

@@ -450,7 +450,7 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ] = 3600.0
     app_fault_backoff_s: Annotated[
         float,
-        _doc("Crash-loop backoff before the second restart of a job for one fault (doubles each time).", ge=0),
+        _doc("Crash-loop backoff before a job's second restart for one fault (doubles each time).", ge=0),
     ] = 30.0
     app_fault_backoff_max_s: Annotated[
         float, _doc("Longest crash-loop backoff before an application-fault restart.", ge=0)
