@@ -114,3 +114,53 @@ async def test_vanished_pid_is_forgotten() -> None:
     w = make(proc, {7: ("j", 3)})
     await w.poll_once()  # pid 7 has no status file: gone between pids() and the read
     assert w.trainers == {} and proc.events == []
+
+
+async def test_leak_warns_then_escalates_once_if_it_goes_on() -> None:
+    proc = FakeProc()
+    proc.avail_kb = 30 * 1024 * 1024  # 30 GiB available
+    leak_cfg = {"leak_min_samples": 6, "leak_min_growth_mb_per_min": 10, "leak_horizon_s": 3600}
+    w = make(proc, {101: ("job-1", 0)}, **leak_cfg)
+    proc.rss_kb = {101: 4_000_000}
+    for _ in range(60):
+        await w.poll_once()
+        proc.now += 60
+        proc.rss_kb[101] += 512 * 1024  # 512 MB per minute
+        proc.avail_kb = max(0, proc.avail_kb - 512 * 1024)
+    leaks = [e for e in proc.events if e.data.get("leak")]
+    assert [(e.severity, e.data["escalated"]) for e in leaks] == [
+        (Severity.WARNING, False),  # first seen with ~55 min left
+        (Severity.CRITICAL, True),  # still growing with under 15 min left: stop before the OOM killer
+    ]
+    assert leaks[0].data["time_to_exhaustion_s"] > 900 >= leaks[1].data["time_to_exhaustion_s"]
+    assert all((e.data["job"], e.data["rank"], e.data["pid"]) == ("job-1", 0, 101) for e in leaks)
+
+
+async def test_one_rss_jump_is_not_a_leak() -> None:
+    proc = FakeProc()
+    proc.avail_kb = 20 * 1024 * 1024
+    leak_cfg = {"leak_min_samples": 6, "leak_min_growth_mb_per_min": 10, "leak_horizon_s": 3600}
+    w = make(proc, {101: ("job-1", 0)}, **leak_cfg)
+    proc.rss_kb = {101: 4_000_000}
+    for i in range(20):
+        if i == 10:
+            proc.rss_kb[101] += 8 * 1024 * 1024  # a data shard loaded: +8 GiB once
+            proc.avail_kb -= 8 * 1024 * 1024
+        await w.poll_once()
+        proc.now += 60
+    assert [e for e in proc.events if e.data.get("leak")] == []
+
+
+async def test_host_pressure_names_the_jobs_and_the_largest_rank() -> None:
+    proc = FakeProc()
+    pids = {101: ("job-1", 0), 102: ("job-1", 1), 201: ("job-2", 0)}
+    w = make(proc, pids)
+    proc.rss_kb = {101: 1_000_000, 102: 9_000_000, 201: 2_000_000}
+    proc.avail_kb = 4 * 1024 * 1024  # 4% of 100 GiB: critical
+    await w.poll_once()
+    (event,) = proc.events
+    assert event.severity is Severity.CRITICAL and event.data["leak"] is False
+    assert event.data["job"] is None and event.data["rank"] is None
+    assert event.data["jobs"] == ["job-1", "job-2"]
+    top = {"job": "job-1", "rank": 1, "pid": 102, "rss_mb": round(9_000_000 / 1024, 1)}
+    assert event.data["top_rank"] == top

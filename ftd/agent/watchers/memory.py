@@ -7,14 +7,21 @@ Every ``interval_s``:
   memory). Level ``warning`` below ``available_warn_pct`` or at ``psi_some_avg10_pct``,
   ``critical`` below ``available_critical_pct``. A level change is one ``mem_pressure`` event
   (``info`` when it clears); leaving a level needs 2 points of head-room (and PSI below 3/4 of its
-  threshold), so a host at the line does not flap.
+  threshold), so a host at the line does not flap. Host events have ``leak=false``, ``job`` and
+  ``rank`` ``None`` (the whole node is short, not one rank), ``jobs`` (every job with a registered
+  rank here) and ``top_rank`` (the rank with the largest RSS: ``job``, ``rank``, ``pid``,
+  ``rss_mb``; ``None`` when no rank is registered).
 * **Trainers**: ``VmRSS`` from ``/proc/PID/status`` for each pid ``pids()`` returns (the agent passes
   its local API's registered ranks: ``{pid: (job, rank)}``). A least-squares line through the
-  samples of the last ``leak_window_s`` (at least ``leak_min_samples``) gives the growth rate. A
-  rank growing faster than ``leak_min_growth_mb_per_min`` whose growth would exhaust the host's
-  available memory within ``leak_horizon_s`` is reported once per episode as ``mem_pressure`` with
+  samples of the last ``leak_window_s`` (at least ``leak_min_samples``) gives the growth rate
+  (:func:`ftd.agent.watchers.fs.fill_rate`: one jump, such as loading a data shard, is not a
+  trend). A rank growing faster than ``leak_min_growth_mb_per_min`` whose growth would exhaust the
+  host's available memory within ``leak_horizon_s`` is reported as ``mem_pressure`` with
   ``leak=true``, ``pid``, ``job``, ``rank``, ``rss_mb``, ``growth_mb_per_min`` and
-  ``time_to_exhaustion_s``; the episode re-arms when growth falls below half the threshold.
+  ``time_to_exhaustion_s``: a ``warning`` (``critical`` when already within a quarter of the
+  horizon), then, if the leak goes on into that last quarter, one ``critical`` with
+  ``escalated=true`` (save first, stop if it continues). The episode re-arms when growth falls
+  below half the threshold.
 
 All /proc reads go through ``read_text`` (injectable; tests feed fake /proc text). A vanished pid is
 forgotten; a missing PSI file just means no PSI.
@@ -30,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.agent.watchers.base import Emit
-from ftd.agent.watchers.fs import linear_slope
+from ftd.agent.watchers.fs import fill_rate
 from ftd.config import MemoryConfig
 from ftd.events import Kind, Severity, make_event
 from ftd.logs import get_logger
@@ -86,7 +93,8 @@ class _Trainer:
     def __init__(self, job: str, rank: int) -> None:
         self.job, self.rank = job, rank
         self.samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
-        self.reported = False
+        self.reported: Severity | None = None  # the leak severity sent in this episode
+        self.rss_kb: int | None = None
 
 
 class MemoryWatcher:
@@ -143,10 +151,25 @@ class MemoryWatcher:
                 self.psi_available = psi is not None
             except OSError:
                 self.psi_available = False
-        await self._host(avail_pct, psi, total, available)
-        await self._trainers(now, available)
+        current = self._pids()
+        await self._trainers(now, available, current)
+        await self._host(avail_pct, psi, total, available, current)
 
-    async def _host(self, avail_pct: float, psi: float | None, total_kb: int, avail_kb: int) -> None:
+    def _top_rank(self) -> dict[str, Any] | None:
+        sized = [(t.rss_kb, pid, t) for pid, t in self.trainers.items() if t.rss_kb is not None]
+        if not sized:
+            return None
+        rss_kb, pid, top = max(sized, key=lambda item: (item[0], -item[1]))
+        return {"job": top.job, "rank": top.rank, "pid": pid, "rss_mb": round((rss_kb or 0) / 1024, 1)}
+
+    async def _host(
+        self,
+        avail_pct: float,
+        psi: float | None,
+        total_kb: int,
+        avail_kb: int,
+        current: dict[int, tuple[str, int]],
+    ) -> None:
         cfg = self.cfg
         level = "ok"
         if avail_pct < cfg.available_critical_pct:
@@ -173,12 +196,15 @@ class MemoryWatcher:
                 "mem_available_mb": round(avail_kb / 1024, 1),
                 "mem_total_mb": round(total_kb / 1024, 1),
                 "psi_some_avg10": psi,
+                "job": None,
+                "rank": None,
+                "jobs": sorted({job for job, _ in current.values()}),
+                "top_rank": self._top_rank(),
             },
         )
 
-    async def _trainers(self, now: float, avail_kb: int) -> None:
+    async def _trainers(self, now: float, avail_kb: int, current: dict[int, tuple[str, int]]) -> None:
         cfg = self.cfg
-        current = self._pids()
         for pid in list(self.trainers):
             if pid not in current:
                 del self.trainers[pid]
@@ -193,23 +219,28 @@ class MemoryWatcher:
                 continue
             if rss_kb is None:
                 continue
+            trainer.rss_kb = rss_kb
             trainer.samples.append((now, rss_kb / 1024))
             while trainer.samples and trainer.samples[0][0] < now - cfg.leak_window_s:
                 trainer.samples.popleft()
             if len(trainer.samples) < cfg.leak_min_samples:
                 continue
-            slope = linear_slope(list(trainer.samples))  # MB per second
+            slope = fill_rate(list(trainer.samples))  # MB per second, robust to one jump
             if slope is None:
                 continue
             growth = slope * 60
             if growth < cfg.leak_min_growth_mb_per_min / 2:
-                trainer.reported = False
-            if growth < cfg.leak_min_growth_mb_per_min or trainer.reported:
+                trainer.reported = None
+            if growth < cfg.leak_min_growth_mb_per_min or trainer.reported is Severity.CRITICAL:
                 continue
             tte = (avail_kb / 1024) / slope
             if tte > cfg.leak_horizon_s:
                 continue
-            trainer.reported = True
+            severity = Severity.CRITICAL if tte < cfg.leak_horizon_s / 4 else Severity.WARNING
+            if severity is trainer.reported:
+                continue  # this level was sent in this episode
+            escalated = trainer.reported is not None
+            trainer.reported = severity
             data: dict[str, Any] = {
                 "leak": True,
                 "pid": pid,
@@ -220,8 +251,8 @@ class MemoryWatcher:
                 "time_to_exhaustion_s": round(tte, 1),
                 "mem_available_mb": round(avail_kb / 1024, 1),
                 "samples": len(trainer.samples),
+                "escalated": escalated,
             }
-            severity = Severity.CRITICAL if tte < cfg.leak_horizon_s / 4 else Severity.WARNING
             await self._send(severity, data)
 
     async def _send(self, severity: Severity, data: dict[str, Any]) -> None:
