@@ -14,6 +14,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,8 @@ class User:
 
     def argv(self, *command: str) -> list[str]:
         """``command`` run as this user (a login-free ``runuser``; groups from /etc/group)."""
-        return ["runuser", "-u", self.name, "--", *command]
+        runuser = shutil.which("runuser") or "/usr/sbin/runuser"
+        return [runuser, "-u", self.name, "--", *command]
 
 
 def _unavailable(msg: str) -> None:
