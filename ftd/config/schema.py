@@ -472,6 +472,26 @@ class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             "relative paths resolve against $CREDENTIALS_DIRECTORY. Unset: mutating calls are refused."
         ),
     ] = None
+    allowed_hosts: Annotated[
+        list[NonEmptyStr],
+        _doc(
+            "Host names (the HTTP Host header, port ignored) the API answers to besides host, "
+            "localhost, 127.0.0.1 and ::1; any other is refused with 421 (DNS rebinding). Add the "
+            'names a proxy or operators use; "*" turns the check off.'
+        ),
+    ] = msgspec.field(default_factory=list)
+    auth_failures_allowed: Annotated[
+        int,
+        _doc(
+            "Failed token checks from one client address before it must wait (429, Retry-After); "
+            "a correct token resets the count. Other addresses are never affected.",
+            ge=1,
+        ),
+    ] = 5
+    auth_backoff_s: Annotated[
+        PositiveSeconds, _doc("First wait after too many failed token checks; doubles with each further failure.")
+    ] = 1.0
+    auth_backoff_max_s: Annotated[PositiveSeconds, _doc("Longest wait after failed token checks.")] = 300.0
 
 
 class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -541,6 +561,17 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     diagnostics_deadline_s: Annotated[
         PositiveSeconds, _doc("How long agents get to answer a collect_diagnostics directive.")
     ] = 60.0
+    reconcile_interval_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "How often ftd's drains are compared with the scheduler's nodes (also at start-up): an "
+            "operator's resume frees ftd's drain budget, others' drains and downs become events."
+        ),
+    ] = 60.0
+    pending_alert_s: Annotated[
+        PositiveSeconds,
+        _doc("A job ftd requeued that is still pending this long after raises an alert (notify)."),
+    ] = 600.0
     gpu_reset_retry_s: Annotated[
         float,
         _doc(

@@ -10,6 +10,11 @@ naming the file, the line and the reason; so does an unknown hook name (``check_
 
 Each implementation is called in isolation (:func:`evaluate`, :func:`call_each`) so one broken rule
 cannot silence the rest; its failure is returned to the caller to be logged and counted.
+
+What is loaded, for operators (:func:`describe_plugins`): each plugin's name, its source
+(:data:`SOURCES`: ``builtin``, ``entry_point``, ``rule_dir``, ``declarative``, ``extra``), where it
+came from (module, distribution, file) and the hooks it implements. The coordinator logs it at
+start-up (``rules_loaded``), ``GET /v1/rules`` serves it and ``ftd rules list`` prints it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import importlib.util
 import sys
 import time
 import traceback
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +49,66 @@ DEFAULT_RULES = (
     "ftd.rules.hang",
     "ftd.rules.node_death",
     "ftd.rules.straggler",
+    "ftd.rules.app_faults",
+    "ftd.rules.nccl_ib",
+    "ftd.rules.sxid",
+    "ftd.rules.gpu_health",
+    "ftd.rules.thermal",
+    "ftd.rules.memory",
 )
 
 
 class PluginError(RuntimeError):
     pass
+
+
+#: Where a plugin comes from: a built-in rule (or ftd's own executors), a module on the ``ftd``
+#: entry-point group, a file of ``coordinator.rule_dirs``, a ``[[rule]]`` of ``coordinator.rules_file``,
+#: or an object handed in by the embedding code (tests, ``extra``).
+SOURCES = ("builtin", "entry_point", "rule_dir", "declarative", "extra")
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    name: str
+    source: str  # one of SOURCES
+    origin: str  # module name, "distribution version (module)", file path or rules file
+    hooks: tuple[str, ...]  # the ftd_* hooks it implements
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "origin": self.origin, "hooks": list(self.hooks)}
+
+
+# What make_plugin_manager registered from where: plugin name -> (source, origin), per manager.
+_SOURCES: weakref.WeakKeyDictionary[pluggy.PluginManager, dict[str, tuple[str, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def describe_plugins(pm: pluggy.PluginManager) -> list[PluginInfo]:
+    """Every plugin registered in ``pm`` (built-ins first, then in loading order) with its source and
+    hooks; a plugin registered some other way than :func:`make_plugin_manager` is ``extra``."""
+    sources = _SOURCES.get(pm, {})
+    infos: list[PluginInfo] = []
+    for name, plugin in pm.list_name_plugin():
+        if plugin is None:  # blocked (disabled)
+            continue
+        source, origin = sources.get(name) or ("extra", _module_of(plugin))
+        hooks = tuple(sorted(caller.name for caller in pm.get_hookcallers(plugin) or ()))
+        infos.append(PluginInfo(name, source, origin, hooks))
+    order = {source: i for i, source in enumerate(SOURCES)}
+    return sorted(infos, key=lambda info: order.get(info.source, len(order)))
+
+
+def disabled_plugins(pm: pluggy.PluginManager) -> list[str]:
+    """The names ``disabled`` blocked (they are not loaded)."""
+    return sorted(name for name, plugin in pm.list_name_plugin() if plugin is None)
+
+
+def _module_of(plugin: object) -> str:
+    if isinstance(plugin, ModuleType):
+        return plugin.__name__
+    return f"{type(plugin).__module__}.{type(plugin).__qualname__}"
 
 
 def default_rule_name(module: str) -> str:
@@ -108,6 +169,7 @@ def make_plugin_manager(
 ) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
+    sources = _SOURCES.setdefault(pm, {})
     for name in disabled:
         pm.set_blocked(name)
     if builtins:
@@ -115,14 +177,21 @@ def make_plugin_manager(
             name = default_rule_name(module)
             if not pm.is_blocked(name):
                 pm.register(importlib.import_module(module), name=name)
+                sources[name] = ("builtin", module)
     if entry_points:
         pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+        for plugin, dist in pm.list_plugin_distinfo():
+            loaded = pm.get_name(plugin)
+            if loaded is not None:
+                origin = f"{dist.project_name} {dist.version} ({_module_of(plugin)})"
+                sources[loaded] = ("entry_point", origin)
     for path in rule_files(rule_dirs):
         if pm.is_blocked(path.stem):
             continue
         if pm.has_plugin(path.stem):
             raise PluginError(f"{path}: a plugin named {path.stem!r} is already loaded; rename the file")
         pm.register(load_rule_file(path), name=path.stem)
+        sources[path.stem] = ("rule_dir", str(path))
     if rules_file is not None:
         from ftd.coordinator.declarative import DeclarativeError, load_rules_file
 
@@ -133,9 +202,13 @@ def make_plugin_manager(
         for rule in declared:
             if not pm.is_blocked(rule.plugin_name) and not pm.is_blocked(rule.name):
                 pm.register(rule, name=rule.plugin_name)
+                sources[rule.plugin_name] = ("declarative", str(rules_file))
     for plugin in extra:
         given = getattr(plugin, "plugin_name", None)
-        pm.register(plugin, name=given if isinstance(given, str) else None)
+        registered = pm.register(plugin, name=given if isinstance(given, str) else None)
+        module = _module_of(plugin)
+        if registered is not None:  # ftd's own (the built-in executors) or the embedder's
+            sources[registered] = ("builtin" if module.startswith("ftd.") else "extra", module)
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:

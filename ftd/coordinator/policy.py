@@ -5,7 +5,9 @@ Checks, in order, each recorded with its reason when it says no:
 1. **dedupe** — an action with the same key (kind + target) is pending, running or awaiting approval;
 2. **cooldown** — the same cooldown key (the key, plus the faulty node for a job action) finished
    less than ``cooldown_s`` ago (a flapping GPU must not be drained, resumed and drained again every
-   minute; a requeued job must still be restarted when a *different* node fails under it);
+   minute; a requeued job must still be restarted when a *different* node fails under it). A request
+   whose ``params["severity"]`` ranks above the severity of the action that started the cooldown
+   passes: a save asked on a warning must not hold back the stop on a critical crossing;
 3. **rate limit** — at most ``max`` actions of a kind started within ``window_s`` (per
    :class:`RateLimit`; a storm of Xids on many nodes must not restart every job at once);
 4. **blast radius** (``drain_node`` only) — the nodes drained by ftd (from the cluster state) plus
@@ -76,6 +78,17 @@ def labels_from_config(cfg: CoordinatorConfig) -> dict[str, dict[str, str]]:
     return labels
 
 
+_SEVERITY_RANKS = {"info": 0, "warning": 1, "error": 2, "critical": 3}
+_NO_SEVERITY = -1
+
+
+def severity_rank(request: ActionRequest) -> int:
+    """The rank of ``params["severity"]`` (the severity of what the rule acted on; rules set it);
+    -1 when the request does not say (such requests cool down as before, whatever they follow)."""
+    severity = request.params.get("severity")
+    return _SEVERITY_RANKS.get(severity, _NO_SEVERITY) if isinstance(severity, str) else _NO_SEVERITY
+
+
 class GateView(Protocol):
     """What the gate reads from the cluster (ClusterState provides it)."""
 
@@ -118,6 +131,7 @@ class PolicyGate:
         self._active: dict[str, str] = {}  # key -> action id (pending, running, awaiting approval)
         self._active_requests: dict[str, ActionRequest] = {}  # key -> its request
         self._finished_at: dict[str, float] = {}  # key -> when the last one finished
+        self._finished_severity: dict[str, int] = {}  # key -> the severity rank of that last one
         self._starts: dict[str, deque[float]] = {}  # kind -> start times inside its rate window
 
     @classmethod
@@ -145,6 +159,8 @@ class PolicyGate:
                 self._active_requests[key] = record.request
             elif record.state in (ActionState.SUCCEEDED, ActionState.ESCALATED, ActionState.FAILED):
                 cooled = record.request.cooldown_key
+                if record.updated >= self._finished_at.get(cooled, 0.0):
+                    self._finished_severity[cooled] = severity_rank(record.request)
                 self._finished_at[cooled] = max(self._finished_at.get(cooled, 0.0), record.updated)
 
     # --- the decision ---------------------------------------------------------------------------
@@ -160,6 +176,9 @@ class PolicyGate:
         now = self.clock()
         cooled = request.cooldown_key
         finished = self._finished_at.get(cooled)
+        before = self._finished_severity.get(cooled, _NO_SEVERITY)
+        if finished is not None and before != _NO_SEVERITY and severity_rank(request) > before:
+            finished = None  # a higher severity is never held back by the cooldown of a lower one
         if finished is not None:
             remaining = self.cooldown_s - (now - finished)
             if remaining > 0:
@@ -266,3 +285,4 @@ class PolicyGate:
     def finished(self, record: ActionRecord) -> None:
         self.release(record)
         self._finished_at[record.request.cooldown_key] = self.clock()
+        self._finished_severity[record.request.cooldown_key] = severity_rank(record.request)

@@ -7,7 +7,9 @@ read-only protocol, so a rule cannot change state behind the engine's back.
 History (for rules such as ``repeat_offender``): :meth:`ClusterState.apply_event` is called by the
 engine *after* the rules have evaluated an event, so a rule sees the history *before* the event it
 is deciding on. Faults (severity >= error) are kept per node and per GPU UUID (bounded: the last
-``HISTORY_LIMIT`` per node / GPU); every event carrying ``data.uuid`` updates that GPU's record
+``HISTORY_LIMIT`` per node / GPU); every event, whatever its severity, is also kept per node
+(``node_events``, same bound) so rules can link one incident's parts (an Xid 48 and its Xid 63, a
+save asked for and the pressure that continues); every event carrying ``data.uuid`` updates that GPU's record
 (which node it is in now, its PCI address), so a GPU moved to another node keeps its past. The
 engine rebuilds this from the ledger's recent events at start-up.
 """
@@ -35,6 +37,9 @@ class ClusterState:
         self.jobs: dict[str, JobRecord] = {}
         self.gpus: dict[str, GpuRecord] = {}
         self.history: dict[str, deque[FaultRecord]] = {}  # node -> faults, oldest first
+        # node -> why: drained or down by someone else (the scheduler says so; not ftd's budget)
+        self.unavailable: dict[str, str] = {}
+        self.recent: dict[str, deque[FaultRecord]] = {}  # node -> every event, oldest first (incidents)
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -67,9 +72,23 @@ class ClusterState:
         self._node(node)
 
     def mark_drained(self, node: str, reason: str, drained: bool = True) -> None:
+        """ftd drained ``node`` (or, ``drained=False``, it is back in service): counted in ftd's
+        blast-radius budget. Persisted and reconciled by :mod:`ftd.coordinator.reconcile`."""
         record = self._node(node)
         record.drained_by_ftd = drained
         record.drain_reason = reason if drained else ""
+
+    def mark_unavailable(self, node: str, why: str | None) -> None:
+        """Someone else (an operator, the scheduler) drained or downed ``node`` -- ``why`` -- or gave it
+        back (``None``): capacity out of service, but never counted in ftd's drain budget."""
+        if why is None:
+            self.unavailable.pop(node, None)
+        else:
+            self.unavailable[node] = why
+
+    def drained_nodes(self) -> dict[str, str]:
+        """The nodes ftd drained, with their reasons."""
+        return {n.name: n.drain_reason for n in self.nodes.values() if n.drained_by_ftd}
 
     def apply_event(self, event: Event) -> None:
         """Fold an event into the history (called by the engine after the rules decided on it)."""
@@ -86,9 +105,10 @@ class ClusterState:
             pci = event.data.get("pci")
             if isinstance(pci, str) and pci:
                 gpu.pci = pci
+        fault = fault_of(event)
+        self.recent.setdefault(event.node, deque(maxlen=HISTORY_LIMIT)).append(fault)
         if event.severity.rank < Severity.ERROR.rank:
             return
-        fault = fault_of(event)
         self.history.setdefault(event.node, deque(maxlen=HISTORY_LIMIT)).append(fault)
         if gpu is not None:
             gpu.faults.append(fault)
@@ -117,3 +137,6 @@ class ClusterState:
 
     def node_history(self, node: str) -> Sequence[FaultRecord]:
         return tuple(self.history.get(node, ()))
+
+    def node_events(self, node: str) -> Sequence[FaultRecord]:
+        return tuple(self.recent.get(node, ()))

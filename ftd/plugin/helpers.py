@@ -37,7 +37,18 @@ def jobs_of(event: Event, view: ClusterView) -> list[str]:
 
 
 def gpu_params(event: Event) -> dict[str, Any]:
-    return {key: event.data[key] for key in ("pci", "uuid", "index") if event.data.get(key) is not None}
+    """The GPU an event names: ``pci``, ``uuid``, ``index`` (the NVML watcher's ``gpu`` is the index)."""
+    params = {key: event.data[key] for key in ("pci", "uuid", "index") if event.data.get(key) is not None}
+    gpu = event.data.get("gpu")
+    if "index" not in params and isinstance(gpu, int) and not isinstance(gpu, bool):
+        params["index"] = gpu
+    return params
+
+
+def gpu_name(event: Event) -> str:
+    """``gpu <uuid|pci|index>`` for reason texts."""
+    params = gpu_params(event)
+    return f"gpu {params.get('uuid') or params.get('pci') or params.get('index', '?')}"
 
 
 def restart_jobs(
@@ -48,14 +59,50 @@ def restart_jobs(
             kind=ActionKind.CHECKPOINT_RESTART,
             target=job,
             reason=f"{reason} on {event.node}",
-            params={**(params or {}), "node": event.node, "exclude": [event.node] if exclude else []},
+            params={
+                "severity": str(event.severity),
+                **(params or {}),
+                "node": event.node,
+                "exclude": [event.node] if exclude else [],
+            },
+        )
+        for job in jobs
+    ]
+
+
+def save_jobs(
+    jobs: list[str], event: Event, reason: str, params: dict[str, Any] | None = None
+) -> list[ActionRequest]:
+    """A save without a stop (``checkpoint``, ``params.stop = false``) for each job: training goes on."""
+    return [
+        ActionRequest(
+            kind=ActionKind.CHECKPOINT,
+            target=job,
+            reason=f"{reason} on {event.node}",
+            params={"severity": str(event.severity), **(params or {}), "node": event.node, "stop": False},
         )
         for job in jobs
     ]
 
 
 def drain(event: Event, reason: str, params: dict[str, Any] | None = None) -> ActionRequest:
-    return ActionRequest(kind=ActionKind.DRAIN_NODE, target=event.node, reason=reason, params=params or {})
+    return ActionRequest(
+        kind=ActionKind.DRAIN_NODE,
+        target=event.node,
+        reason=reason,
+        params={"severity": str(event.severity), **(params or {})},
+    )
+
+
+def gpu_reset(event: Event, reason: str, params: dict[str, Any] | None = None) -> ActionRequest:
+    """A GPU reset on the event's node (``pci``/``uuid``/``index`` in params; the agent refuses it
+    while a process holds the GPU, so it follows the save of the jobs restarted with it)."""
+    return ActionRequest(
+        kind=ActionKind.GPU_RESET,
+        target=event.node,
+        reason=reason,
+        params={"severity": str(event.severity), **(params or {})},
+    )
 
 
 def notify(event: Event, reason: str, params: dict[str, Any] | None = None) -> ActionRequest:

@@ -9,7 +9,7 @@ live here, on the contract's floor, so a rule author imports them from :mod:`ftd
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,7 +29,9 @@ class NodeRecord:
 
 @dataclass(frozen=True)
 class FaultRecord:
-    """One past fault: an event of severity >= error, as history keeps it."""
+    """One past event as history keeps it: a fault (severity >= error) in ``node_history``, any
+    event in ``node_events``. ``data`` is the event's own data (read-only: do not change it); the
+    other fields are the parts rules group incidents by (GPU identity, job, pattern, signal)."""
 
     ts: float
     node: str
@@ -37,11 +39,39 @@ class FaultRecord:
     code: int | None = None
     uuid: str | None = None
     event_id: str = ""
+    severity: str = ""
+    pci: str | None = None
+    index: int | None = None
+    job: str | None = None
+    pattern: str | None = None  # log_pattern: the pattern's name
+    signal: str | None = None  # gpu_health / ecc: data["signal"]
+    count: int = 1
+    data: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def signature(self) -> tuple[str, int | None]:
-        """What makes two faults "the same fault": the kind and (for Xid/SXid) the code."""
+        """The kind and (for Xid/SXid) the code: what the fault was, wherever it happened."""
         return (self.kind, self.code)
+
+    @property
+    def gpu_id(self) -> str | None:
+        """The GPU it names: its UUID, else its PCI address, else ``index:N``; None for node faults."""
+        if self.uuid:
+            return self.uuid
+        if self.pci:
+            return self.pci
+        return f"index:{self.index}" if self.index is not None else None
+
+    @property
+    def linked(self) -> bool:
+        """Part of an earlier event's incident: a storm summary (``repeat_of``) or a follow-on
+        (``caused_by``, ``extra.caused_by_previous``), as storm control and the parser mark them."""
+        extra = self.data.get("extra")
+        return (
+            self.data.get("repeat_of") is not None
+            or self.data.get("caused_by") is not None
+            or (isinstance(extra, dict) and extra.get("caused_by_previous") not in (None, False))
+        )
 
 
 @dataclass
@@ -55,18 +85,39 @@ class GpuRecord:
     faults: deque[FaultRecord] = field(default_factory=lambda: deque(maxlen=HISTORY_LIMIT))
 
 
+def _text(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        return None
+    return str(value)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def fault_of(event: Event) -> FaultRecord:
-    code: Any = event.data.get("code")
+    data = event.data
+    code: Any = data.get("code")
     if event.kind == "gpu_fallen_off_bus":
         code = 79
-    uuid = event.data.get("uuid")
+    index = _int(data.get("index"))
+    if index is None and event.kind in ("gpu_health", "gpu_missing", "ecc", "row_remap", "thermal"):
+        index = _int(data.get("gpu"))  # the NVML watcher names the GPU's index "gpu"
     return FaultRecord(
         ts=event.ts,
         node=event.node,
         kind=str(event.kind),
-        code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-        uuid=uuid if isinstance(uuid, str) and uuid else None,
+        code=_int(code),
+        uuid=_text(data.get("uuid")),
         event_id=event.id,
+        severity=str(event.severity),
+        pci=_text(data.get("pci")),
+        index=index,
+        job=_text(data.get("job")),
+        pattern=_text(data.get("pattern")) if event.kind == "log_pattern" else None,
+        signal=_text(data.get("signal")),
+        count=event.count,
+        data=data,
     )
 
 
@@ -103,3 +154,7 @@ class ClusterView(Protocol):
     def gpu(self, uuid: str) -> GpuRecord | None: ...
 
     def node_history(self, node: str) -> Sequence[FaultRecord]: ...
+
+    def node_events(self, node: str) -> Sequence[FaultRecord]:
+        """Every recent event of ``node`` (any severity, oldest first, bounded), for incident context."""
+        ...

@@ -10,19 +10,34 @@ event                                           actions
 ``row_remap`` with ``data.pending`` true        gpu_reset at the next checkpoint: checkpoint_restart of
 (and no failure)                                the jobs on the node, excluding it, then gpu_reset of the
                                                 GPU (``pci``/``uuid``) — the remap lands at reset
+``ecc`` with ``data.signal`` "correctable_rate"  notify: correctable errors per hour over the agent's
+(``rate_per_hour`` > ``threshold_per_hour``)      threshold, a GPU whose memory is wearing (no action)
 anything else                                   nothing (recorded)
 ==============================================  =========================================================
 
-Data contract (tolerant): ``pending``/``failure`` are booleans or counts (> 0 means yes); the
+Data contract (tolerant): the NVML watcher's ``row_remap`` carries ``reasons`` (what newly
+happened: "failure", "pending", ...) next to the remapper's state (``failure``/``pending``): with
+``reasons`` only a new failure / pending acts (a GPU that already failed is not drained again on a
+later correctable remap); without, ``pending``/``failure`` are booleans or counts (> 0 means yes); the
 ``ecc`` event may carry ``remap_pending``/``remap_failure`` too; GPU identity in ``uuid``/``pci``.
+The drain comes after the restart of the node's jobs (save first), reason "replace the GPU" (RMA).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, hookimpl
-from ftd.plugin.helpers import already_judged, drain, gpu_params, jobs_of, number, restart_jobs
+from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
+from ftd.plugin.helpers import (
+    already_judged,
+    drain,
+    gpu_params,
+    gpu_reset,
+    jobs_of,
+    notify,
+    number,
+    restart_jobs,
+)
 
 SRAM_UNCORRECTABLE_LIMIT = 4
 
@@ -39,8 +54,19 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     data = event.data
     gpu = gpu_params(event)
     name = f"gpu {gpu.get('uuid') or gpu.get('pci') or '?'}"
-    failure = _yes(data.get("failure")) or _yes(data.get("remap_failure"))
-    pending = _yes(data.get("pending")) or _yes(data.get("remap_pending"))
+    if event.kind == Kind.ECC and data.get("signal") == "correctable_rate":
+        rate, limit = number(data.get("rate_per_hour")), number(data.get("threshold_per_hour"))
+        if rate is None or (limit is not None and rate <= limit):
+            return None
+        over = f" (threshold {limit:g}/h)" if limit is not None else ""
+        reason = f"correctable ECC errors at {rate:g}/h on {name}{over}: memory wearing, plan a replacement"
+        return [notify(event, reason, {**gpu, "rate_per_hour": rate, "threshold_per_hour": limit})]
+    reasons = data.get("reasons")
+    if isinstance(reasons, list):
+        failure, pending = "failure" in reasons, "pending" in reasons
+    else:
+        failure = _yes(data.get("failure")) or _yes(data.get("remap_failure"))
+        pending = _yes(data.get("pending")) or _yes(data.get("remap_pending"))
     counters = data.get("counters")
     sram = number(data.get("sram_uncorrectable"))
     if sram is None and isinstance(counters, dict):
@@ -48,12 +74,15 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     jobs = jobs_of(event, view)
     if failure or (sram is not None and sram > SRAM_UNCORRECTABLE_LIMIT):
         limit = SRAM_UNCORRECTABLE_LIMIT
-        why = "row remap failure" if failure else f"{sram:.0f} uncorrectable SRAM errors (> {limit})"
-        reason = f"{why} on {name}: replace the GPU"
+        why = (
+            "row remap failure (no spare rows left)"
+            if failure
+            else f"{sram:.0f} uncorrectable SRAM errors (> {limit})"
+        )
+        reason = f"{why} on {name}: replace the GPU (RMA)"
         params = {**gpu, "replace_gpu": True}
         return [*restart_jobs(jobs, event, reason, exclude=True, params=params), drain(event, reason, params)]
     if pending:
         reason = f"row remap pending on {name}: reset at the next checkpoint"
-        reset = ActionRequest(kind=ActionKind.GPU_RESET, target=event.node, reason=reason, params=gpu)
-        return [*restart_jobs(jobs, event, reason, exclude=True, params=gpu), reset]
+        return [*restart_jobs(jobs, event, reason, exclude=True, params=gpu), gpu_reset(event, reason, gpu)]
     return None

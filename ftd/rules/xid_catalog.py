@@ -1,92 +1,113 @@
-"""Xid catalog policy: turn NVIDIA's immediate-action bucket for an Xid into ftd actions.
+"""Xid catalog policy: turn an Xid's bucket into ftd actions, by the table ``ftd xid explain`` prints.
 
-========================  ========================================================================
-bucket                    actions
-========================  ========================================================================
-RESTART_APP               checkpoint_restart of every job on the node (the node stays usable)
-RESET_GPU                 checkpoint_restart of every job on the node, excluding it, then gpu_reset
-                          of that GPU (params ``pci``/``uuid``; the agent refuses the reset while
-                          a process still holds the GPU, so it lands once the job has stopped)
-RESTART_BM, fatal and     checkpoint_restart excluding the node, and drain_node with the Xid (and
-CONTACT_SUPPORT,          GPU) in the reason — the node needs a reboot or hands-on service
-CHECK_MECHANICALS
-XID_154                   follows the recovery action the driver announces: the agent puts that
-                          action's bucket in ``data["action"]`` (e.g. ``RESET_GPU`` for "GPU
-                          Reset Required", ``RESTART_BM`` for "Node Reboot Required"); a bucket
-                          still ``XID_154`` (no or unknown announcement) means nothing more
-IGNORE                    nothing: the event is recorded in the ledger only
-unknown code, others      nothing (recorded); WORKFLOW_* buckets that are fatal drain (as above)
-========================  ========================================================================
+The decision table is :mod:`ftd.catalog.remedy` (one copy, read by this rule and by ``ftd xid
+explain``); this rule carries it out:
 
-The "GPU has fallen off the bus" banner (kind ``gpu_fallen_off_bus``) is treated as Xid 79.
-Follow-on Xids (``data.caused_by`` or ``data.extra.caused_by_previous`` set by the agent) are
-recorded, not acted on: their cause already was.
+=============  =============================================================================================
+plan           actions
+=============  =============================================================================================
+restart        application fault (RESTART_APP, XID_154_EVAL): checkpoint_restart of the node's jobs in place
+               with crash-loop backoff (``params.delay_s``); after ``policy.app_fault_restart_limit``
+               incidents of the same Xid within ``app_fault_window_s``: notify, no restart. One
+               incident (the same Xid on several GPUs or nodes of the job within 60 s) asks once. Never drains
+reset          RESET_GPU, WORKFLOW_NVLINK_ERR, WORKFLOW_XID_48, fatal NVLink5 (Xid 144-149 whose message says
+               Fatal, Xid 150): checkpoint_restart excluding the node, then gpu_reset of the GPU (``pci``/
+               ``uuid``) after the save
+drain          RESTART_BM, RESTART_VM, CHECK_MECHANICALS (Xid 79, ``gpu_fallen_off_bus``): checkpoint_restart
+               excluding the node, then drain_node with the Xid and GPU in the reason
+Xid 48 + 63/64 an Xid 48 with an Xid 63/64 on the same GPU in the same incident (either order, 60 s): drain
+               instead of reset (NVIDIA's WORKFLOW_XID_48)
+notify         CONTACT_SUPPORT, UPDATE_SWFW, CHECK_UVM, unknown codes, non-fatal NVLink5: notify only
+none           IGNORE, WORKFLOW_XID_45, Xid 154 announcing nothing: recorded only
+Xid 154        follows the bucket the driver announces (``data.action``)
+=============  =============================================================================================
+
+Follow-on Xids (``data.caused_by`` / ``data.extra.caused_by_previous``) and storm summaries
+(``data.repeat_of``) are recorded, not acted on: their incident already was.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ftd.catalog import ACTIONS, load_xid_catalog
-from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, hookimpl
-from ftd.plugin.helpers import already_judged, drain, restart_jobs
+from ftd.catalog.remedy import XID_48_ESCALATORS, Remedy, resolve_xid
+from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
+from ftd.plugin.helpers import already_judged, drain, gpu_reset, jobs_of, notify, restart_jobs
+from ftd.rules._incidents import INCIDENT_WINDOW_S, app_fault_actions, configure, recent
 
-_CATALOG = load_xid_catalog()  # loaded when the rule is, not on the first Xid (decision latency)
-
-_DRAIN_BUCKETS = frozenset({"RESTART_BM", "RESTART_VM", "CONTACT_SUPPORT", "CHECK_MECHANICALS"})
-_RESTART_BUCKETS = frozenset({"RESTART_APP"})
-_RESET_BUCKETS = frozenset({"RESET_GPU"})
-_QUIET_BUCKETS = frozenset({"IGNORE", "XID_154", "XID_154_EVAL"})
+_XID_48 = 48
 
 
-def _describe(code: int, name: str, data: dict[str, Any]) -> str:
-    parts = [f"xid {code}"]
+def _describe(remedy: Remedy, data: dict[str, Any]) -> str:
+    parts = [f"xid {remedy.code}"]
     if data.get("pci"):
         parts.append(f"gpu {data['pci']}")
-    if name:
-        parts.append(name)
+    if remedy.name:
+        parts.append(remedy.name)
+    if remedy.why:
+        parts.append(f"({remedy.why})")
     return " ".join(parts)
 
 
-def bucket_of(code: int, data: dict[str, Any]) -> tuple[str, bool, str]:
-    """(bucket, fatal, name) for an Xid, Xid 154 resolved to the recovery action it announces."""
-    info = _CATALOG.lookup(code)
-    bucket = info.action if info else "UNKNOWN"
-    fatal = bool(info and info.fatal)
-    name = info.name if info else ""
-    if bucket in ("XID_154", "XID_154_EVAL"):
-        announced = data.get("action")
-        if isinstance(announced, str) and announced in ACTIONS and announced not in _QUIET_BUCKETS:
-            return announced, announced in _DRAIN_BUCKETS, name
-    return bucket, fatal, name
+def _same_gpu(a: dict[str, Any], b: Any) -> bool:
+    for key in ("uuid", "pci"):
+        if a.get(key) and getattr(b, key, None):
+            return bool(a[key] == getattr(b, key))
+    return True  # one side does not say which GPU: same node, same incident window
+
+
+def _xid_48_escalated(event: Event, code: int, view: ClusterView) -> bool:
+    """An Xid 48 and an Xid 63/64 on the same GPU within one incident window (either order)."""
+    partners = XID_48_ESCALATORS if code == _XID_48 else {_XID_48} if code in XID_48_ESCALATORS else set()
+    return any(
+        r.kind == "xid" and r.code in partners and not r.linked and _same_gpu(event.data, r)
+        for r in recent(view, event.node, event.ts, INCIDENT_WINDOW_S)
+    )
+
+
+def _code(event: Event) -> int | None:
+    if event.kind == Kind.GPU_FALLEN_OFF_BUS:
+        return 79
+    code = event.data.get("code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+@hookimpl
+def ftd_startup(coordinator: Any) -> None:
+    """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""
+    config = getattr(coordinator, "config", None)
+    configure(getattr(getattr(config, "coordinator", None), "policy", None))
 
 
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
-    if event.kind == Kind.GPU_FALLEN_OFF_BUS:
-        code: Any = 79
-    elif event.kind == Kind.XID:
-        code = event.data.get("code")
-    else:
+    if event.kind not in (Kind.XID, Kind.GPU_FALLEN_OFF_BUS):
         return None
-    if not isinstance(code, int) or isinstance(code, bool) or already_judged(event):
+    code = _code(event)
+    if code is None or already_judged(event):
         return None
-    bucket, fatal, name = bucket_of(code, event.data)
-    if bucket in _QUIET_BUCKETS:
-        return None  # record only
-    reason = _describe(code, name, event.data)
+    remedy = resolve_xid(code, event.data)
+    plan = remedy.plan
+    reason = _describe(remedy, event.data)
     if code == 154:
-        reason += f" announces {bucket}"
-    jobs = view.jobs_on_node(event.node)
-    params: dict[str, Any] = {"code": code, "bucket": bucket, "pci": event.data.get("pci")}
+        reason += f" announces {remedy.bucket}"
+    escalated = _xid_48_escalated(event, code, view)
+    if escalated:
+        plan = "drain"
+        reason += f": xid {_XID_48} with xid 63/64 on the same GPU (uncorrectable ECC, no clean remap)"
+    if plan == "none":
+        return None
+    jobs = jobs_of(event, view) if event.data.get("job") else view.jobs_on_node(event.node)
+    params: dict[str, Any] = {"code": code, "bucket": remedy.bucket, "pci": event.data.get("pci")}
     if event.data.get("uuid"):
         params["uuid"] = event.data["uuid"]
-
-    if bucket in _DRAIN_BUCKETS or (fatal and bucket not in _RESTART_BUCKETS | _RESET_BUCKETS):
+    if escalated:
+        params["severity"] = "critical"  # never held back by the cooldown of the milder reset
+    if plan == "restart":
+        return app_fault_actions(event, view, jobs, reason) or None
+    if plan == "notify":
+        return [notify(event, f"{reason}: {remedy.bucket}, a human should look", params)]
+    if plan == "drain":
         return [*restart_jobs(jobs, event, reason, exclude=True, params=params), drain(event, reason, params)]
-    if bucket in _RESET_BUCKETS:
-        reset = ActionRequest(kind=ActionKind.GPU_RESET, target=event.node, reason=reason, params=params)
-        return [*restart_jobs(jobs, event, reason, exclude=True, params=params), reset]
-    if bucket in _RESTART_BUCKETS:
-        return restart_jobs(jobs, event, reason, exclude=False, params=params)
-    return None
+    # reset: save first (the restart excludes the node), then the reset once the GPU is free
+    return [*restart_jobs(jobs, event, reason, exclude=True, params=params), gpu_reset(event, reason, params)]

@@ -41,6 +41,12 @@ def test_every_builtin_is_registered() -> None:
         "hang",
         "node_death",
         "straggler",
+        "app_faults",
+        "nccl_ib",
+        "sxid",
+        "gpu_health",
+        "thermal",
+        "memory",
     }
 
 
@@ -50,6 +56,14 @@ def test_every_builtin_is_registered() -> None:
         (13, {}, [("checkpoint_restart", "j1")]),  # RESTART_APP: node stays usable
         (119, {}, [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),  # RESET_GPU
         (79, {}, [("checkpoint_restart", "j1"), ("drain_node", "node-1")]),  # RESTART_BM
+        (48, {}, [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),  # WORKFLOW_XID_48 alone: reset
+        (74, {}, [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),  # WORKFLOW_NVLINK_ERR
+        (142, {}, [("notify", "node-1")]),  # CONTACT_SUPPORT: a human looks, no drain
+        (150, {}, [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),  # NVLink5 MSE: fatal
+        (149, {"message": "NVRM: Xid (PCI:0000:3b:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04"},
+         [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),
+        (149, {"message": "NVRM: Xid (PCI:0000:3b:00): 149, NETIR_LINK_EVT Nonfatal XC0 i0 Link 04"},
+         [("notify", "node-1")]),
         (43, {}, []),  # IGNORE: recorded only
         (154, {"action": "RESET_GPU"}, [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),
         (154, {"action": "RESTART_BM"}, [("checkpoint_restart", "j1"), ("drain_node", "node-1")]),
@@ -70,7 +84,7 @@ def test_xid_catalog_buckets(code: int, data: dict, expected: list) -> None:  # 
         assert by_kind["gpu_reset"].params["pci"] == PCI and by_kind["gpu_reset"].params["uuid"] == UUID
     if "drain_node" in by_kind or "gpu_reset" in by_kind:
         assert by_kind["checkpoint_restart"].params["exclude"] == ["node-1"]
-    elif actions:
+    elif "checkpoint_restart" in by_kind:
         assert by_kind["checkpoint_restart"].params["exclude"] == []
 
 
@@ -81,7 +95,7 @@ def test_ecc_remap_pending_resets_at_next_checkpoint_failure_drains() -> None:
     )
     actions = evaluate_rule(ecc_remap, pending, view)
     assert kinds(actions) == [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]
-    assert actions[1].params == {"pci": PCI, "uuid": UUID}
+    assert actions[1].params == {"pci": PCI, "uuid": UUID, "severity": "warning"}
     failure = make_event(
         "node-1", "row_remap", severity="error", data={"pending": True, "failure": 1, "uuid": UUID}
     )
@@ -101,19 +115,20 @@ def test_ecc_remap_pending_resets_at_next_checkpoint_failure_drains() -> None:
     assert drain.kind == "drain_node" and "5 uncorrectable SRAM" in drain.reason
 
 
-def test_repeat_offender_drains_on_the_same_fault_twice_within_24h() -> None:
+def test_repeat_offender_drains_on_the_same_hardware_fault_twice_within_24h() -> None:
     view = view_with(jobs={"j1": ["node-1"]})
-    first = make_event("node-1", "xid", severity="error", data={"code": 13}, ts=1000)
-    other = make_event("node-1", "xid", severity="error", data={"code": 31}, ts=2000)
-    again = make_event("node-1", "xid", severity="error", data={"code": 13}, ts=1000 + 23 * 3600)
+    gpu = {"pci": PCI, "uuid": UUID}
+    first = make_event("node-1", "xid", severity="critical", data={"code": 48, **gpu}, ts=1000)
+    other = make_event("node-1", "xid", severity="error", data={"code": 13, **gpu}, ts=2000)
+    again = make_event("node-1", "xid", severity="critical", data={"code": 48, **gpu}, ts=1000 + 23 * 3600)
     actions = evaluate_rule(repeat_offender, [first, other, again], view)
     assert kinds(actions) == [("checkpoint_restart", "j1"), ("drain_node", "node-1")]
-    assert "xid 13" in actions[1].reason and actions[0].params["exclude"] == ["node-1"]
+    assert "xid 48" in actions[1].reason and actions[0].params["exclude"] == ["node-1"]
     late = view_with(history=[first])
     assert (
         evaluate_rule(
             repeat_offender,
-            make_event("node-1", "xid", severity="error", data={"code": 13}, ts=1000 + 25 * 3600),
+            make_event("node-1", "xid", severity="critical", data={"code": 48, **gpu}, ts=1000 + 25 * 3600),
             late,
         )
         == []
@@ -141,8 +156,13 @@ def test_fs_fill_saves_without_stopping_then_stops_before_full() -> None:
     save, note = evaluate_rule(fs_fill, warn, view)
     assert (save.kind, save.target, save.params["stop"]) == ("checkpoint", "j1", False)
     assert note.kind == "notify" and "/ckpt at 86%" in note.reason
+    full = {"level": "critical", "mount": "/ckpt"}
+    critical = make_event("node-1", "fs_fill", severity="critical", data=full)
+    stop = evaluate_rule(fs_fill, critical, view)
+    assert kinds(stop) == [("checkpoint_restart", "j1"), ("notify", "node-1")]
+    assert stop[0].params["exclude"] == ["node-1"]  # the requeued job must not land on the full disk
     soon = make_event("node-1", "fs_fill", data={"mount": "/ckpt", "eta_s": 300})
-    assert kinds(evaluate_rule(fs_fill, soon, view)) == [("checkpoint_restart", "j1"), ("notify", "node-1")]
+    assert kinds(evaluate_rule(fs_fill, soon, view)) == [("checkpoint", "j1"), ("notify", "node-1")]
     forecast = make_event(  # the fs watcher's shape: forecast while the level is still ok
         "node-1",
         "fs_fill",
@@ -213,6 +233,9 @@ def test_one_hang_is_not_a_repeat_offence() -> None:
         for r in (0, 1, 2)
     ]
     assert evaluate_rule(repeat_offender, lost, view) == []
-    # ...while a real repeated fault still is one (positive control).
-    xids = [make_event("node-1", Kind.XID, severity="error", data={"code": 31, "pci": PCI}) for _ in (0, 1)]
+    # ...while a real repeated hardware fault (two incidents, an hour apart) still is one.
+    xids = [
+        make_event("node-1", Kind.XID, severity="critical", data={"code": 64, "pci": PCI}, ts=ts)
+        for ts in (1000, 4600)
+    ]
     assert "drain_node" in {r.kind for r in evaluate_rule(repeat_offender, xids, view)}

@@ -1,0 +1,229 @@
+"""Incidents, not events: what the built-in rules share to see one fault as one incident.
+
+One fault surfaces many times: an out-of-bounds kernel in a job on 3 GPUs is three Xid 13 lines, a
+CUDA OOM is one line per rank, an NCCL hang one watchdog line per rank and node, storm control sends
+a summary (``repeat_of``) and the parser marks follow-ons (``caused_by``,
+``extra.caused_by_previous``). Records are linked into one incident when they are linked by that
+cause chain, or share a signature and come within :data:`INCIDENT_WINDOW_S` of the incident's first
+record (for application faults: on any node of the same job).
+
+Two questions are answered here, from the read-only view's history (pure functions):
+
+* **Does a record implicate hardware?** (:func:`implicates_hardware`) Only those count towards
+  making a node a repeat offender: an Xid whose catalog plan is reset or drain
+  (:mod:`ftd.catalog.remedy`), a fatal SXid, a missing GPU, a DBE / row-remap failure or pending,
+  NVLink down, retired pages, a fatal PCIe AER. Never: application Xids, log patterns, filesystem or
+  memory pressure, thermal, storm summaries, follow-ons, hang suspects.
+* **What does the job-level policy for application faults say?** (:func:`app_fault_actions`)
+  Restart in place with crash-loop backoff (``params["delay_s"]``); after ``restart_limit``
+  incidents of the same signature within ``window_s``, notify and stop restarting. Never drain.
+  The limits are :data:`APP_POLICY`, set from ``policy.app_fault_*`` by the rules' start-up hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ftd.catalog.remedy import resolve_xid
+from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, FaultRecord, fault_of
+from ftd.plugin.helpers import notify
+
+INCIDENT_WINDOW_S = 60.0
+
+#: Log patterns that are an application's own errors (the agent's pattern table names them).
+APP_PATTERNS = frozenset(
+    {
+        "cuda_oom",
+        "cuda_error",
+        "cuda_illegal_memory_access",
+        "cuda_launch_failure",
+        "segfault",
+        "bus_error",
+        "host_oom",
+        "torch_elastic_failure",
+    }
+)
+#: NCCL and InfiniBand failures in the logs: every ``nccl_*`` / ``ib_*`` pattern but context lines.
+NCCL_CONTEXT_ONLY = frozenset({"nccl_warn", "ib_async_event"})
+#: IB log patterns that are evidence of a broken port or HCA on the node that logs them.
+IB_HARDWARE_PATTERNS = frozenset({"ib_device_fatal", "ib_port_error"})
+
+
+def is_nccl_pattern(pattern: str | None) -> bool:
+    """An NCCL or IB failure pattern (``nccl_*``, ``ib_*``; not the context-only ones)."""
+    return (
+        isinstance(pattern, str)
+        and pattern.startswith(("nccl_", "ib_"))
+        and pattern not in NCCL_CONTEXT_ONLY
+    )
+
+
+@dataclass
+class AppFaultPolicy:
+    """The job-level policy for application faults (``policy.app_fault_*`` in the config)."""
+
+    restart_limit: int = 3
+    window_s: float = 3600.0
+    backoff_s: float = 30.0
+    backoff_max_s: float = 600.0
+
+    def delay(self, restarts_before: int) -> float:
+        """Crash-loop backoff: none for the first restart, then ``backoff_s`` doubling to the max."""
+        if restarts_before <= 0:
+            return 0.0
+        return float(min(self.backoff_s * 2 ** (restarts_before - 1), self.backoff_max_s))
+
+
+APP_POLICY = AppFaultPolicy()
+
+
+def configure(policy: Any) -> None:
+    """Take the ``policy.app_fault_*`` settings (a coordinator's ``PolicyConfig``) when it has them."""
+    for name, attr in (
+        ("restart_limit", "app_fault_restart_limit"),
+        ("window_s", "app_fault_window_s"),
+        ("backoff_s", "app_fault_backoff_s"),
+        ("backoff_max_s", "app_fault_backoff_max_s"),
+    ):
+        value = getattr(policy, attr, None)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            setattr(APP_POLICY, name, type(getattr(APP_POLICY, name))(value))
+
+
+# --- classification ------------------------------------------------------------------------------
+
+
+def _extra(record: FaultRecord) -> dict[str, Any]:
+    extra = record.data.get("extra")
+    return extra if isinstance(extra, dict) else {}
+
+
+def implicates_hardware(record: FaultRecord) -> bool:
+    """Whether this record, on its own, points at the GPU or the node (see the module docstring)."""
+    if record.linked:
+        return False
+    kind, data = record.kind, record.data
+    if kind in ("xid", "gpu_fallen_off_bus"):
+        return record.code is not None and resolve_xid(record.code, data).implicates_hardware
+    if kind == "sxid":
+        fatal = _extra(record).get("fatal")
+        return fatal is True or (fatal is None and record.severity == "critical")
+    if kind == "gpu_missing":
+        return True
+    if kind == "ecc":
+        return record.signal != "correctable_rate" and data.get("dbe") is True
+    if kind == "row_remap":
+        reasons = data.get("reasons")
+        if isinstance(reasons, list):
+            return bool({"failure", "pending", "uncorrectable_grew"} & set(reasons))
+        return any(data.get(k) is True for k in ("failure", "pending"))
+    if kind == "gpu_health":
+        return record.signal in ("nvlink_down", "retired_pages") or data.get("retired_pages_pending") is True
+    if kind == "pcie_aer":
+        return record.severity == "critical"
+    return False
+
+
+def app_signature(record: FaultRecord) -> str | None:
+    """The signature of an application fault (``xid 13``, ``log cuda_oom``, ``nccl``), else None."""
+    if record.linked:
+        return None
+    if record.kind == "xid" and record.code is not None:
+        return f"xid {record.code}" if resolve_xid(record.code, record.data).plan == "restart" else None
+    if record.kind == "log_pattern":
+        if record.pattern in APP_PATTERNS:
+            return f"log {record.pattern}"
+        if is_nccl_pattern(record.pattern):
+            return "nccl"  # one hang or network failure reads differently on each rank and node
+    return None
+
+
+def hardware_signature(record: FaultRecord) -> tuple[str, str, int | None]:
+    """Per GPU (UUID, else PCI, else index; the node for node-wide faults), kind and code."""
+    return (record.gpu_id or "node", record.kind, record.code)
+
+
+def incident_starts(records: Iterable[FaultRecord], window: float = INCIDENT_WINDOW_S) -> list[float]:
+    """The start times of the incidents ``records`` form (each opens ``window`` seconds)."""
+    starts: list[float] = []
+    for record in sorted(records, key=lambda r: r.ts):
+        if not starts or record.ts - starts[-1] > window:
+            starts.append(record.ts)
+    return starts
+
+
+def in_open_incident(starts: Sequence[float], ts: float, window: float = INCIDENT_WINDOW_S) -> bool:
+    """Whether a record at ``ts`` belongs to the last incident (so it was decided on already)."""
+    return bool(starts) and 0 <= ts - starts[-1] <= window
+
+
+# --- the job-level application-fault policy --------------------------------------------------------
+
+
+def app_fault_actions(
+    event: Event, view: ClusterView, jobs: list[str], what: str, *, exclude: bool = False
+) -> list[ActionRequest]:
+    """Restart each job in place with crash-loop backoff, or notify once it loops (never drain).
+
+    ``what`` names the fault in the reason ("xid 13 ROBUST_CHANNEL_GR_EXCEPTION"). An event that
+    belongs to an incident already decided on (another GPU, rank or node of the same job within
+    :data:`INCIDENT_WINDOW_S`) asks for nothing more."""
+    fault = fault_of(event)
+    signature = app_signature(fault)
+    if signature is None:
+        return []
+    policy = APP_POLICY
+    out: list[ActionRequest] = []
+    for job in jobs:
+        nodes = set(view.job_nodes(job)) | {event.node}
+        past = [
+            r
+            for node in sorted(nodes)
+            for r in view.node_events(node)
+            if r.event_id != event.id
+            and app_signature(r) == signature
+            and r.job in (None, job)
+            and 0 <= event.ts - r.ts <= policy.window_s
+            and (r.node == event.node or job in _jobs_then(r, view))
+        ]
+        starts = incident_starts(past)
+        if in_open_incident(starts, event.ts):
+            continue  # the same incident, seen on another GPU / rank / node: decided already
+        before = len(starts)
+        params: dict[str, Any] = {
+            "node": event.node,
+            "exclude": [event.node] if exclude else [],
+            "signature": signature,
+            "severity": str(event.severity),
+        }
+        if before >= policy.restart_limit:
+            reason = (
+                f"crash loop: {what} in job {job} {before + 1} times within {policy.window_s:g}s "
+                f"({before} restarts, limit {policy.restart_limit}): not restarting again"
+            )
+            out.append(notify(event, reason, {**params, "job": job, "restarts": before}))
+            continue
+        delay = policy.delay(before)
+        attempt = f"restart {before + 1} of {policy.restart_limit}"
+        backoff = f", after {delay:g}s backoff" if delay else ""
+        out.append(
+            ActionRequest(
+                kind=ActionKind.CHECKPOINT_RESTART,
+                target=job,
+                reason=f"application fault: {what} on {event.node} ({attempt}{backoff})",
+                params={**params, "delay_s": delay, "attempt": before + 1},
+            )
+        )
+    return out
+
+
+def _jobs_then(record: FaultRecord, view: ClusterView) -> list[str]:
+    """The jobs a past record concerns: its own ``job``, else the jobs on its node now."""
+    return [record.job] if record.job else view.jobs_on_node(record.node)
+
+
+def recent(view: ClusterView, node: str, ts: float, window: float) -> list[FaultRecord]:
+    """``node``'s events in the ``window`` seconds before ``ts`` (oldest first)."""
+    return [r for r in view.node_events(node) if 0 <= ts - r.ts <= window]

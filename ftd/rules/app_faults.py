@@ -1,0 +1,49 @@
+"""Application faults in the training logs: restart the job in place, with crash-loop backoff.
+
+==============================================  ===========================================================
+``log_pattern`` event                           actions
+==============================================  ===========================================================
+``data.pattern`` an application error:          checkpoint_restart of the job (``data.job``, else the jobs
+cuda_oom, cuda_error,                           on the node) in place, ``params.delay_s`` the crash-loop
+cuda_illegal_memory_access,                     backoff (0 s, then ``policy.app_fault_backoff_s`` doubling
+cuda_launch_failure, segfault, bus_error,       up to ``app_fault_backoff_max_s``); one incident (the same
+host_oom, torch_elastic_failure                 pattern on several ranks / nodes of the job within 60 s)
+                                                asks once
+the same, after                                 notify "crash loop", no restart
+``policy.app_fault_restart_limit`` (default 3)
+restarts of that pattern within
+``app_fault_window_s`` (default 3600 s)
+any other pattern (nccl_*: rule ``nccl_ib``;    nothing here
+python_traceback, nccl_warn: context only)
+==============================================  ===========================================================
+
+Never a drain: a program's own error says nothing about the node (repeat_offender does not count
+these either). Storm summaries (``repeat_of``) are part of their first line's incident.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
+from ftd.plugin.helpers import already_judged, jobs_of
+from ftd.rules._incidents import APP_PATTERNS, app_fault_actions, configure
+
+
+@hookimpl
+def ftd_startup(coordinator: Any) -> None:
+    """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""
+    config = getattr(coordinator, "config", None)
+    configure(getattr(getattr(config, "coordinator", None), "policy", None))
+
+
+@hookimpl
+def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
+    if event.kind != Kind.LOG_PATTERN or already_judged(event):
+        return None
+    pattern = event.data.get("pattern")
+    if pattern not in APP_PATTERNS:
+        return None
+    where = event.data.get("file")
+    what = f"{pattern} in {where}" if isinstance(where, str) and where else str(pattern)
+    return app_fault_actions(event, view, jobs_of(event, view), what) or None
