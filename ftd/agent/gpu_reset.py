@@ -9,6 +9,9 @@ Safety first (DESIGN §11: "GPU reset never runs while a process holds the GPU")
 3. run ``nvidia-smi -r -i <pci>``; a non-zero exit (or a timeout) **fails**;
 4. re-check: the GPU must be listed again with its UUID and no process on it, else it **failed**.
 
+``params["check_only"]`` (the coordinator's check after a reboot it asked for): steps 1 and 4 only,
+no reset -- the GPU listed with its UUID is **healthy** (an ok answer), else **failed**.
+
 The outcome is reported twice: as a ``gpu_health`` event (data: result = ``reset_ok`` / ``refused`` /
 ``failed``, reason, gpu, directive_id) for the ledger, and as an :class:`~ftd.events.Ack` on
 ``ftd/v1/nodes/{node}/acks`` (``directive_id``, ``ok``, ``reason``; ``job`` is the directive's job or
@@ -67,13 +70,13 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True)
 class ResetResult:
-    result: str  # reset_ok | refused | failed
+    result: str  # reset_ok | healthy (check_only) | refused | failed
     reason: str
     gpu: Gpu | None = None
 
     @property
     def ok(self) -> bool:
-        return self.result == "reset_ok"
+        return self.result in ("reset_ok", "healthy")
 
 
 def _norm_pci(value: str) -> str:
@@ -156,6 +159,8 @@ class GpuResetter:
         target = self._target(directive, gpus)
         if isinstance(target, str):
             return ResetResult("failed", target)
+        if directive.params.get("check_only") is True:
+            return ResetResult("healthy", f"listed as {target.uuid} at {target.pci}", target)
         holders = await self.holders()
         if isinstance(holders, str):
             return ResetResult("refused", holders, target)
@@ -183,7 +188,9 @@ class GpuResetter:
         }
         if gpu is not None:
             data.update({"pci": gpu.pci, "uuid": gpu.uuid, "index": gpu.index})
-        severity = {"reset_ok": Severity.INFO, "refused": Severity.WARNING}.get(result.result, Severity.ERROR)
+        severity = {"reset_ok": Severity.INFO, "healthy": Severity.INFO, "refused": Severity.WARNING}.get(
+            result.result, Severity.ERROR
+        )
         event = make_event(self.node, Kind.GPU_HEALTH, severity=severity, source="gpu_reset", data=data)
         ack = Ack(
             directive_id=directive.id,

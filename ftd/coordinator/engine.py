@@ -26,6 +26,14 @@ Approval: an action whose kind needs a human (``policy.approval_required_kinds``
 changed) and starts it, :meth:`Engine.reject` closes it as ``suppressed`` with the operator's
 reason (the key then cools down like a finished action, so the rule does not ask again at once).
 
+Plans (:mod:`ftd.coordinator.plan`): the actions one event's rules ask for are decided together and,
+when their order matters (a job to stop and a node action such as ``gpu_reset`` or ``drain_node``),
+run as one plan: each action is still one record with its own executor, but the engine runs a
+phased executor's phases apart and starts each phase only once what it depends on is over (the
+job's save and stop before the node's reset or drain, those before the job's requeue). The plan is
+recorded in the ledger and rebuilt by :meth:`Engine.resume_unfinished`. :meth:`Engine.submit` (manual
+actions) still starts one action on its own, at once.
+
 ``checkpoint`` (save without stopping) runs on the ``checkpoint_restart`` executor when no executor
 is registered for it: that executor skips stop and requeue for this kind (``params["stop"]``).
 Plugins learn how executed actions ended through ``ftd_action_completed`` (each implementation
@@ -41,7 +49,9 @@ from typing import Any
 
 import pluggy
 
+from ftd.coordinator import plan as plans
 from ftd.coordinator.ledger import NOTICE_NODE, Ledger
+from ftd.coordinator.plan import Dependency, Plan, Progress
 from ftd.coordinator.plugins import call_each, evaluate
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
@@ -73,6 +83,9 @@ class Engine:
         self.plugins = plugins
         self.executors = dict(executors)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._progress: dict[str, Progress] = {}  # running action id -> its phases' progress
+        self._running: dict[str, ActionRecord] = {}  # action key -> the running record
+        self._plans: dict[str, Plan] = {}  # unfinished plans by id
         self._observers: list[Observer] = []
         self.counters: dict[str, int] = {
             "events": 0,
@@ -82,6 +95,7 @@ class Engine:
             "actions_suppressed": 0,
             "actions_awaiting_approval": 0,
             "hook_errors": 0,
+            "plans": 0,
         }
         self.clock = gate.clock
         self.gate.restore(ledger.unfinished())
@@ -126,7 +140,7 @@ class Engine:
             self._notify("rule_error", (event, rule, error))
         for rule, seconds in result.slow:
             log.warning("slow_rule", rule=rule, seconds=round(seconds, 4), event_id=event.id)
-        records = [self.submit(request) for request in result.requests]
+        records = self.submit_all(result.requests, event_id=event.id) if result.requests else []
         self._notify("decision", time.perf_counter() - received)
         return records
 
@@ -134,6 +148,51 @@ class Engine:
 
     def submit(self, request: ActionRequest) -> ActionRecord:
         """Gate, record and (if allowed) start one action. Also the entry point for manual actions."""
+        record = self._decide(request)
+        if record.state == ActionState.PENDING:
+            self._start(record)
+        return record
+
+    def submit_all(self, requests: list[ActionRequest], event_id: str | None = None) -> list[ActionRecord]:
+        """Gate and record the actions asked for on one event, then start them as one plan (see the
+        module docstring); one request, or requests whose order does not matter, start at once."""
+        with self.ledger.transaction():
+            records = [self._decide(request, admit=True) for request in requests]
+            live = [r for r in records if r.state in (ActionState.PENDING, ActionState.AWAITING_APPROVAL)]
+            duplicates = [
+                self._running[r.request.key]
+                for r in records
+                if r.state == ActionState.SUPPRESSED
+                and plans.role_of(r.request.kind) == "job"
+                and r.request.key in self._running
+            ]
+            plan = plans.build(new_id("plan"), event_id, live, running_jobs=duplicates)
+            if len(live) + len(duplicates) < 2 or not plans.worth_a_plan(plan):
+                plan_steps: dict[str, plans.Step] = {}
+            else:
+                self.counters["plans"] += 1
+                self._plans[plan.id] = plan
+                plan_steps = {step.action: step for step in plan.steps}
+                for record in live:
+                    record.detail["plan"] = plan.id
+                    self.ledger.save_action(record)
+                self.ledger.save_plan(plan)
+                log.info(
+                    "plan_decided",
+                    plan_id=plan.id,
+                    event_id=event_id,
+                    steps=[f"{s.kind}:{s.target}" for s in plan.steps],
+                )
+        for record in records:
+            if record.state == ActionState.PENDING:
+                step = plan_steps.get(record.id)
+                self._launch(record, step.after if step else {})
+        return records
+
+    def _decide(self, request: ActionRequest, admit: bool = False) -> ActionRecord:
+        """Gate and record one action (not started: :meth:`_start`, or with ``admit`` counted as
+        started for the gate already, so the next request of the same event is deduped against it,
+        and launched by the caller)."""
         verdict = self.gate.decide(request, self.state)
         record = ActionRecord(id=new_id("act"), request=request, state=verdict.state)
         if verdict.reason:
@@ -156,7 +215,8 @@ class Engine:
         )
         self._notify("action", record)
         if record.state == ActionState.PENDING:
-            self._start(record)
+            if admit:
+                self._admit(record)
         elif record.state == ActionState.SUPPRESSED:
             self.counters["actions_suppressed"] += 1
         elif record.state == ActionState.AWAITING_APPROVAL:
@@ -185,7 +245,8 @@ class Engine:
         log.info("action_approved", action_id=record.id, state=str(record.state), by=by or None)
         self._notify("action", record)
         if record.state == ActionState.PENDING:
-            self._start(record)
+            self._admit(record)
+            self._launch(record, self._plan_after(record))
         return record
 
     def reject(self, action_id: str, reason: str = "", by: str = "") -> ActionRecord:
@@ -208,22 +269,79 @@ class Engine:
             self.counters["hook_errors"] += 1
             log.error("startup_hook_failed", plugin=plugin, error=error)
 
-    def _start(self, record: ActionRecord) -> None:
+    def _start(self, record: ActionRecord, after: dict[int, list[Dependency]] | None = None) -> None:
+        self._admit(record)
+        self._launch(record, after or {})
+
+    def _admit(self, record: ActionRecord) -> None:
+        """Count ``record`` as started (gate, progress for its dependents); :meth:`_launch` runs it."""
         self.gate.started(record)
         self.counters["actions_started"] += 1
-        task = asyncio.create_task(self._run(record), name=f"action:{record.id}")
+        phases = plans.phases_of(self.executors.get(record.request.kind))
+        self._progress[record.id] = Progress(len(phases) if phases else 1)
+        self._running[record.request.key] = record
+
+    def _launch(self, record: ActionRecord, after: dict[int, list[Dependency]]) -> None:
+        task = asyncio.create_task(self._run(record, after), name=f"action:{record.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, record: ActionRecord) -> None:
+    def _plan_after(self, record: ActionRecord) -> dict[int, list[Dependency]]:
+        """The dependencies of ``record`` in its (unfinished) plan; none outside a plan."""
+        plan = self._plans.get(str(record.detail.get("plan", "")))
+        step = plan.step(record.id) if plan else None
+        return step.after if step else {}
+
+    async def _wait_for(self, record: ActionRecord, deps: list[Dependency]) -> None:
+        """Wait until every dependency's phase is over; one that is not running is over already."""
+        waiting = [(d, self._progress[d.action]) for d in deps if d.action in self._progress]
+        if not waiting:
+            return
+        log.info(
+            "plan_step_waiting",
+            action_id=record.id,
+            kind=record.request.kind,
+            waits_for=[f"{d.action}#{d.phase}" for d, _ in waiting],
+        )
+        for dep, progress in waiting:
+            await progress.wait(dep.phase)
+
+    async def _run(self, record: ActionRecord, after: dict[int, list[Dependency]]) -> None:
         executor = self.executors[record.request.kind]
-        record.state = ActionState.RUNNING
-        self.ledger.save_action(record)
-        self._notify("action", record)
+        phases: tuple[str | None, ...] = plans.phases_of(executor) or (None,)
+        progress = self._progress.get(record.id) or Progress(len(phases))
+        done: list[str] = list(record.detail.get("phases_done", []))
+        outcome: str | None = record.detail.get("phase_state")
         try:
-            detail = dict(await executor(record))
-            record.state = ActionState(detail.pop("state", ActionState.SUCCEEDED))
-            record.detail.update(detail)
+            for index, phase in enumerate(phases):
+                if after.get(index):
+                    await self._wait_for(record, after[index])
+                if record.state != ActionState.RUNNING:
+                    record.state = ActionState.RUNNING
+                    self.ledger.save_action(record)
+                    self._notify("action", record)
+                if phase is not None and phase in done:
+                    progress.reached(index)  # done before a restart
+                    continue
+                if phase is None:  # a plain executor: its own word on how it went
+                    detail = dict(await executor(record))
+                    outcome = detail.pop("state", None)
+                else:
+                    assert isinstance(executor, plans.PhasedExecutor)
+                    detail = dict(await executor.run_phase(record, phase))
+                    outcome = plans.merge_state(outcome, detail.pop("state", None))
+                record.detail.update(detail)
+                if phase is not None:
+                    done.append(phase)
+                    record.detail["phases_done"] = list(done)
+                    if outcome is not None:
+                        record.detail["phase_state"] = outcome
+                    if index < len(phases) - 1:
+                        self.ledger.save_action(record)  # a resumed action skips what is done
+                        self._notify("action", record)
+                progress.reached(index)
+            record.detail.pop("phase_state", None)
+            record.state = ActionState(outcome or ActionState.SUCCEEDED)
         except asyncio.CancelledError:
             raise  # shutting down: the record stays 'running' and is resumed on the next start
         except Exception as exc:
@@ -236,8 +354,14 @@ class Engine:
                 target=record.request.target,
                 error=record.detail["error"],
             )
+        finally:
+            progress.finish()  # dependents go on whatever happened (order, not success)
+            self._progress.pop(record.id, None)
+            if self._running.get(record.request.key) is record:
+                del self._running[record.request.key]
         self.gate.finished(record)
         self.ledger.save_action(record)
+        self._finish_plan(record)
         log.info(
             "action_finished",
             action_id=record.id,
@@ -252,9 +376,26 @@ class Engine:
             self.counters["hook_errors"] += 1
             log.error("action_completed_hook_failed", plugin=plugin, action_id=record.id, error=error)
 
+    def _finish_plan(self, record: ActionRecord) -> None:
+        """Mark the plan of ``record`` finished once none of its steps runs any more."""
+        plan = self._plans.get(str(record.detail.get("plan", "")))
+        if plan is None or any(step.action in self._progress for step in plan.steps):
+            return
+        if any(step.action in {r.id for r in self.awaiting.values()} for step in plan.steps):
+            return  # a step still waits for a human
+        plan.state = "finished"
+        del self._plans[plan.id]
+        self.ledger.save_plan(plan)
+        log.info("plan_finished", plan_id=plan.id)
+
     def resume_unfinished(self) -> list[ActionRecord]:
-        """Restart actions a previous run left pending or running (executors are idempotent)."""
+        """Restart actions a previous run left pending or running (executors are idempotent), in
+        the order of their plans: each one waits again for the steps it depends on that are being
+        resumed too, and skips the phases it had finished (``detail["phases_done"]``)."""
         resumed = self.ledger.unfinished()
+        for plan in self.ledger.plans(limit=10_000, unfinished=True):
+            self._plans[plan.id] = plan
+        startable: list[ActionRecord] = []
         for record in resumed:
             if record.request.kind not in self.executors:
                 record.state = ActionState.FAILED
@@ -266,9 +407,19 @@ class Engine:
                 action_id=record.id,
                 kind=record.request.kind,
                 target=record.request.target,
+                plan_id=record.detail.get("plan"),
+                phases_done=record.detail.get("phases_done"),
             )
             record.detail["resumed"] = record.detail.get("resumed", 0) + 1
-            self._start(record)
+            self._admit(record)  # every resumed step first: dependents see what still runs
+            startable.append(record)
+        for record in startable:
+            self._launch(record, self._plan_after(record))
+        for plan in list(self._plans.values()):  # plans whose every step had finished already
+            if not any(step.action in self._progress for step in plan.steps):
+                plan.state = "finished"
+                del self._plans[plan.id]
+                self.ledger.save_plan(plan)
         return resumed
 
     async def wait_idle(self, timeout: float | None = None) -> bool:

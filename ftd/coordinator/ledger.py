@@ -16,6 +16,15 @@ errors (a locked file, a directory that cannot be written) are raised as they ar
 file aside for them would lose it. Corruption met later, while running, is a storage error of the
 commit in hand (counted and retried by the coordinator), not a reason to drop the ledger under it.
 
+Plans (:meth:`Ledger.save_plan`, table ``plans``): the order and dependencies of one event's actions
+(:mod:`ftd.coordinator.plan`); each step's state is its action's row. A plan not ``finished`` is
+rebuilt after a restart together with its unfinished actions.
+
+Drains (:meth:`Ledger.save_drain`, table ``drains``): the nodes out of service as the coordinator
+last knew them, one row per node -- ``origin`` ``ftd`` (drained by ftd: counts against its
+blast-radius budget) or ``external`` (drained or down by someone else) -- kept in step with the
+scheduler by :mod:`ftd.coordinator.reconcile`, so a restarted coordinator remembers its drains.
+
 Summaries (:meth:`Ledger.record_summary`): an event the coordinator keeps *updating* under one id,
 such as a node's ``bad_input`` summary of a window, whose count grows with every commit.
 """
@@ -27,11 +36,13 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import msgspec
 
+from ftd.coordinator.plan import Plan, plan_decoder, plan_encoder
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
@@ -57,10 +68,32 @@ CREATE TABLE IF NOT EXISTS actions (
 );
 CREATE INDEX IF NOT EXISTS actions_key ON actions(key, updated);
 CREATE INDEX IF NOT EXISTS actions_state ON actions(state);
+CREATE TABLE IF NOT EXISTS plans (
+    id TEXT PRIMARY KEY, event_id TEXT, state TEXT NOT NULL, body TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS plans_state ON plans(state);
+CREATE TABLE IF NOT EXISTS drains (
+    node TEXT PRIMARY KEY, origin TEXT NOT NULL, reason TEXT NOT NULL, state TEXT NOT NULL,
+    since REAL NOT NULL, action_id TEXT, updated REAL NOT NULL
+);
 """
 
 _request_decoder = msgspec.json.Decoder(ActionRequest)
 _event_decoder = msgspec.json.Decoder(Event)
+
+
+@dataclass
+class Drain:
+    """A node out of service: ``origin`` ``"ftd"`` or ``"external"``; ``state`` the scheduler's
+    spelling when last seen (empty until listed); ``action_id`` the drain_node action, if ftd's."""
+
+    node: str
+    origin: str
+    reason: str
+    since: float
+    state: str = ""
+    action_id: str | None = None
 
 
 class LedgerCorrupt(sqlite3.DatabaseError):
@@ -249,3 +282,48 @@ class Ledger:
 
     def recent(self, since: float) -> list[ActionRecord]:
         return list(self._rows("WHERE updated >= ? ORDER BY created", (since,)))
+
+    # --- plans (ftd.coordinator.plan: one event's actions in order) ----------------------------
+
+    def save_plan(self, plan: Plan) -> None:
+        now = self.clock()
+        plan.created = plan.created or now
+        plan.updated = now
+        self._db.execute(
+            "INSERT INTO plans VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+            "state = excluded.state, body = excluded.body, updated = excluded.updated",
+            (plan.id, plan.event_id, plan.state, plan_encoder.encode(plan).decode(), plan.created, now),
+        )
+
+    def plan(self, plan_id: str) -> Plan | None:
+        row = self._db.execute("SELECT body FROM plans WHERE id = ?", (plan_id,)).fetchone()
+        return plan_decoder.decode(row[0]) if row else None
+
+    def plans(self, *, limit: int = 100, unfinished: bool = False) -> list[Plan]:
+        where = "WHERE state != 'finished' " if unfinished else ""
+        sql = f"SELECT body FROM plans {where}ORDER BY created DESC, id DESC LIMIT ?"
+        return [plan_decoder.decode(row[0]) for row in self._db.execute(sql, (limit,))]
+
+    # --- drains (ftd.coordinator.reconcile: which nodes are out, and by whom) -------------------
+
+    def save_drain(self, drain: Drain) -> None:
+        """Record ``drain`` (replacing the node's row)."""
+        self._db.execute(
+            "INSERT INTO drains VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(node) DO UPDATE SET "
+            "origin = excluded.origin, reason = excluded.reason, state = excluded.state, "
+            "since = excluded.since, action_id = excluded.action_id, updated = excluded.updated",
+            (drain.node, drain.origin, drain.reason, drain.state, drain.since, drain.action_id, self.clock()),
+        )
+
+    def drop_drain(self, node: str) -> bool:
+        """Forget the node's drain; False when none was recorded."""
+        return self._db.execute("DELETE FROM drains WHERE node = ?", (node,)).rowcount == 1
+
+    def drains(self, origin: str | None = None) -> list[Drain]:
+        """Recorded drains (of ``origin`` only, when given), by node name."""
+        sql = "SELECT node, origin, reason, since, state, action_id FROM drains"
+        args: tuple[Any, ...] = ()
+        if origin is not None:
+            sql, args = sql + " WHERE origin = ?", (origin,)
+        rows = self._db.execute(sql + " ORDER BY node", args)
+        return [Drain(*row) for row in rows]

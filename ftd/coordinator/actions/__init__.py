@@ -50,12 +50,20 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         scheduler=ctx.scheduler,
         save_deadline_s=cfg.save_deadline_s,
         stop_deadline_s=cfg.stop_deadline_s,
+        save_step_margin=cfg.save_step_margin,
     )
     executors: dict[str, Executor] = {
         ActionKind.CHECKPOINT_RESTART: checkpoint_restart,
         ActionKind.CHECKPOINT: checkpoint_restart,  # save only: the executor skips stop and requeue
         ActionKind.GPU_RESET: GpuReset(
-            publish=ctx.publish, acks=ctx.acks, deadline_s=cfg.gpu_reset_deadline_s
+            publish=ctx.publish,
+            acks=ctx.acks,
+            deadline_s=cfg.gpu_reset_deadline_s,
+            scheduler=ctx.scheduler,
+            state=ctx.state,
+            retry_s=cfg.gpu_reset_retry_s,
+            retry_backoff_s=cfg.gpu_reset_backoff_s,
+            reboot_deadline_s=cfg.gpu_reboot_deadline_s,
         ),
         ActionKind.COLLECT_DIAGNOSTICS: CollectDiagnostics(
             publish=ctx.publish, state=ctx.state, acks=ctx.acks, deadline_s=cfg.diagnostics_deadline_s

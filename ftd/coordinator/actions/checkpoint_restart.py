@@ -1,16 +1,25 @@
 """checkpoint_restart: save every rank at the same step, stop them, requeue without the bad nodes.
 
-Phases, each recorded in the action's detail:
+Two phases (:class:`~ftd.coordinator.plan.PhasedExecutor`: inside a plan the engine runs a node's
+reset or drain between them; outside one, calling the executor runs both), each recorded in the
+action's detail:
 
-1. **save** — a ``save`` directive on ``ftd/v1/jobs/{job}/directives``; every agent hosting the job
-   relays it to its ranks; wait for every known rank to ack (``save_deadline_s``). A rank that nacks
-   or stays silent makes the action *escalated*: the job still has to move, so we go on, and the
-   detail names the ranks whose checkpoint is missing.
-2. **stop** — a ``stop`` directive; wait (``stop_deadline_s``) until the job's ranks have left their
-   agents (the retained job presence empties), so the scheduler does not kill a rank mid-write.
-3. **requeue** — through the scheduler, excluding ``params.exclude`` (the faulty nodes).
+1. **stop** -- *save*: a ``save`` directive on ``ftd/v1/nodes/{node}/directives/jobs`` of every node
+   the job's ranks are on; each of those agents relays it to its ranks; wait for every known rank to
+   ack (``save_deadline_s``). The directive carries ``params["save_at_step"]`` = S, the furthest step
+   the ranks' heartbeats reported plus ``save_step_margin``: every rank saves at its first step >= S
+   (:mod:`ftd.client`), so ranks agree on the step without a collective. Acks with different steps
+   make the action *escalated*, never succeeded (``detail["save_steps_differ"]``), and
+   ``detail["resume_step"]`` is the newest step every rank has (the oldest of the ranks' acked steps).
+   A rank that nacks or stays silent makes the action *escalated* too: the job still has to move, so
+   we go on, and the detail names the ranks whose checkpoint is missing.
+   Then *stop*: a ``stop`` directive; wait (``stop_deadline_s``) until the job's ranks have left their
+   agents (the retained job presence empties), so the scheduler does not kill a rank mid-write and a
+   node action (GPU reset) never meets the job's processes.
+2. **requeue** -- through the scheduler, excluding ``params.exclude`` (the faulty nodes);
+   ``detail["requeued"]["resume_step"]`` says which step to resume from.
 
-With ``params["stop"] = False`` (the default for action kind ``checkpoint``) only phase 1 runs: the
+With ``params["stop"] = False`` (the default for action kind ``checkpoint``) only the save runs: the
 job saves and keeps training (a filesystem filling up: save while there is still room).
 
 Directive ids derive from the action id, so a resumed action re-sends the *same* directives and
@@ -27,12 +36,32 @@ from ftd.bus import topics
 from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions._directive import Publish, publish_with_retry
 from ftd.coordinator.actions.scheduler import Scheduler
+from ftd.coordinator.plan import merge_state
 from ftd.coordinator.state import ClusterState
-from ftd.events import Directive, DirectiveAction, encode
+from ftd.events import Directive, DirectiveAction, RankInfo, encode
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionState
 
 log = get_logger(__name__)
+
+DEFAULT_SAVE_STEP_MARGIN = 5
+
+
+def save_at_step(ranks: list[RankInfo], margin: int) -> int | None:
+    """The step every rank saves at (the first step >= it): the furthest step the ranks' heartbeats
+    reported, plus ``margin``; None when no rank reported a step or ``margin`` is negative (save at
+    once). The margin covers what the ranks ran since their last reported step (presence is sent at
+    most once a second) and the directive's trip, so no rank is already past it when it arrives."""
+    steps = [r.step for r in ranks if r.step is not None]
+    if not steps or margin < 0:
+        return None
+    return max(steps) + margin
+
+
+def resume_step(acked_steps: dict[int, int | None]) -> int | None:
+    """The newest step every rank has a checkpoint of: the oldest of the ranks' newest acked steps."""
+    steps = [s for s in acked_steps.values() if s is not None]
+    return min(steps) if steps and len(steps) == len(acked_steps) else None
 
 
 class CheckpointRestart:
@@ -45,6 +74,7 @@ class CheckpointRestart:
         scheduler: Scheduler | None,
         save_deadline_s: float,
         stop_deadline_s: float,
+        save_step_margin: int = DEFAULT_SAVE_STEP_MARGIN,
     ) -> None:
         self._publish = publish
         self._state = state
@@ -52,8 +82,15 @@ class CheckpointRestart:
         self._scheduler = scheduler
         self.save_deadline_s = save_deadline_s
         self.stop_deadline_s = stop_deadline_s
+        self.save_step_margin = save_step_margin
 
-    async def _send(self, record: ActionRecord, action: DirectiveAction, deadline_s: float) -> str:
+    async def _send(
+        self,
+        record: ActionRecord,
+        action: DirectiveAction,
+        deadline_s: float,
+        params: dict[str, Any] | None = None,
+    ) -> str:
         job = record.request.target
         directive = Directive(
             id=f"{record.id}-{action}",
@@ -63,63 +100,98 @@ class CheckpointRestart:
             reason=record.request.reason,
             deadline_s=deadline_s,
             action_id=record.id,
+            params=params or {},
         )
-        await publish_with_retry(self._publish, topics.job_directives(job), encode(directive), deadline_s)
+        # Once to each node the job's ranks are on (placement-checked presence): no node reads another's.
+        job_record = self._state.jobs.get(job)
+        for topic in topics.job_directives_for(job_record.nodes if job_record else ()):
+            await publish_with_retry(self._publish, topic, encode(directive), deadline_s)
         return directive.id
 
+    phases = ("stop", "requeue")
+
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
+        """Every phase in a row (outside a plan)."""
+        detail: dict[str, Any] = {}
+        state: str | None = None
+        for phase in self.phases:
+            part = await self.run_phase(record, phase)
+            state = merge_state(state, part.pop("state", None))
+            detail.update(part)
+            record.detail.update(part)
+        if state is not None:
+            detail["state"] = state
+        return detail
+
+    async def run_phase(self, record: ActionRecord, phase: str) -> dict[str, Any]:
+        if phase == "stop":
+            return await self._save_and_stop(record)
+        if phase == "requeue":
+            return await self._requeue(record)
+        raise ValueError(f"checkpoint_restart has no phase {phase!r}")
+
+    async def _save_and_stop(self, record: ActionRecord) -> dict[str, Any]:
         job = record.request.target
         job_record = self._state.jobs.get(job)
         ranks = sorted(job_record.ranks) if job_record else []
         detail: dict[str, Any] = {"job": job, "ranks": ranks, "nodes": job_record.nodes if job_record else []}
         escalated = False
         stop = bool(record.request.params.get("stop", record.request.kind != ActionKind.CHECKPOINT))
-        if not stop and not ranks:
-            detail["stop"] = False
+        detail["stop"] = stop
+        if not ranks:
             detail["note"] = "no ranks of this job are registered with any agent: nothing to save"
             return detail
 
-        if ranks:
-            save_id = await self._send(record, "save", self.save_deadline_s)
-            outcome = await self._acks.wait(save_id, ranks, self.save_deadline_s)
-            detail["saved"] = {
-                str(r): {"step": a.step, "path": a.path} for r, a in sorted(outcome.acked.items())
-            }
-            steps = {a.step for a in outcome.acked.values()}
-            detail["save_step"] = (
-                steps.pop() if len(steps) == 1 else sorted(s for s in steps if s is not None)
-            )
-            if not stop:
-                detail["stop"] = False
-                if not outcome.complete:
-                    detail["state"] = str(ActionState.ESCALATED)
-                    detail["save_missing"] = sorted(outcome.missing)
-                return detail  # save only: no stop, no requeue
-            if not outcome.complete:
-                escalated = True
-                detail["save_missing"] = sorted(outcome.missing)
-                detail["save_failed"] = {str(r): a.reason for r, a in outcome.nacked.items()}
+        infos = [r for rs in job_record.ranks_by_node.values() for r in rs] if job_record else []
+        target = save_at_step(infos, self.save_step_margin)
+        params = {"save_at_step": target} if target is not None else {}
+        detail["save_at_step"] = target
+        save_id = await self._send(record, "save", self.save_deadline_s, params)
+        outcome = await self._acks.wait(save_id, ranks, self.save_deadline_s)
+        detail["saved"] = {str(r): {"step": a.step, "path": a.path} for r, a in sorted(outcome.acked.items())}
+        acked = {r: a.step for r, a in outcome.acked.items()}
+        steps = set(acked.values())
+        detail["save_step"] = steps.pop() if len(steps) == 1 else sorted(s for s in steps if s is not None)
+        if len(set(acked.values())) > 1:
+            # Ranks saved different steps: no checkpoint of one step exists on every rank. Never call
+            # this a success; resume from the newest step every rank has.
+            escalated = True
+            detail["save_steps_differ"] = {str(r): s for r, s in sorted(acked.items())}
+            log.warning("save_steps_differ", job=job, steps=detail["save_steps_differ"])
+        if outcome.complete:
+            detail["resume_step"] = resume_step(acked)
+        if not outcome.complete:
+            escalated = True
+            detail["save_missing"] = sorted(outcome.missing)
+            detail["save_failed"] = {str(r): a.reason for r, a in outcome.nacked.items()}
+            if stop:
                 log.warning(
                     "save_incomplete_stopping_anyway",
                     job=job,
                     missing=sorted(outcome.missing),
                     nacked=sorted(outcome.nacked),
                 )
+        if stop:
             await self._send(record, "stop", self.stop_deadline_s)
             detail["stopped"] = await self._wait_job_gone(job)
             escalated = escalated or not detail["stopped"]
-        else:
-            detail["note"] = "no ranks of this job are registered with any agent: nothing to save"
-
-        exclude = list(record.request.params.get("exclude") or [])
-        if self._scheduler is not None:
-            await self._scheduler.requeue(job, exclude=exclude)
-            detail["requeued"] = {"scheduler": self._scheduler.name, "exclude": exclude}
-        else:
-            detail["requeued"] = None
         if escalated:
             detail["state"] = str(ActionState.ESCALATED)
         return detail
+
+    async def _requeue(self, record: ActionRecord) -> dict[str, Any]:
+        """Requeue with the bad nodes excluded (nothing for a save-only ``checkpoint``)."""
+        if not record.detail.get("stop", True):
+            return {}
+        job = record.request.target
+        exclude = list(record.request.params.get("exclude") or [])
+        if self._scheduler is None:
+            return {"requeued": None}
+        await self._scheduler.requeue(job, exclude=exclude)
+        requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude}
+        if record.detail.get("resume_step") is not None:
+            requeued["resume_step"] = record.detail["resume_step"]
+        return {"requeued": requeued}
 
     async def _wait_job_gone(self, job: str) -> bool:
         loop = asyncio.get_running_loop()

@@ -35,12 +35,15 @@ Semantics, mapped onto the scheduler contract:
   raises before anything is touched). Known limit: a requeue retried after the controller already
   recreated the pods deletes them once more (one extra restart, only after a coordinator crash
   mid-action); pods already terminating are not deleted again.
-* **node_info / job_info**: ``state`` is kubectl's STATUS spelling (``Ready,SchedulingDisabled``),
-  ``drained`` is "cordoned or carrying ftd's taint", ``reason`` is ftd's annotation (``None`` for a
-  cordon ftd did not make). A job's state is RUNNING if any pod runs, PENDING if any is pending,
-  FAILED if any failed, COMPLETED if all succeeded; ``restarts`` is the sum of its containers'
-  ``restartCount`` (Kubernetes' own count; pods recreated by a requeue start again from 0), and
-  ``excluded`` lists the cordoned nodes carrying ftd's taint.
+* **reboot(node, ...)**: not supported -- the Kubernetes API cannot reboot a node; it raises
+  :class:`SchedulerError` saying so (the GPU reset's escalation then drains the node instead).
+* **node_info / list_nodes / job_info**: ``state`` is kubectl's STATUS spelling
+  (``Ready,SchedulingDisabled``), ``drained`` is "cordoned or carrying ftd's taint", ``down`` is "not
+  Ready", ``reason`` is ftd's annotation (``None`` for a cordon ftd did not make). A job's state is
+  RUNNING if any pod runs, PENDING if any is pending, FAILED if any failed, COMPLETED if all
+  succeeded; ``restarts`` is the sum of its containers' ``restartCount`` (Kubernetes' own count;
+  pods recreated by a requeue start again from 0), and ``excluded`` lists the cordoned nodes
+  carrying ftd's taint.
 """
 
 from __future__ import annotations
@@ -207,7 +210,15 @@ class KubernetesScheduler:
         return bool(taint.key == self.taint_key)
 
     async def node_info(self, node: str) -> NodeInfo:
-        obj = await self._read_node(node)
+        return self._node_info(await self._read_node(node))
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        """Every node (``GET /api/v1/nodes``), sorted by name; ``down`` is "not Ready"."""
+        nodes = await self._call("list nodes", "list_node")
+        return sorted((self._node_info(obj) for obj in nodes.items), key=lambda info: info.name)
+
+    def _node_info(self, obj: Any) -> NodeInfo:
+        node = str(obj.metadata.name)
         annotations = obj.metadata.annotations or {}
         unschedulable = bool(obj.spec.unschedulable)
         tainted = any(self._our_taint(t) for t in obj.spec.taints or [])
@@ -225,6 +236,7 @@ class KubernetesScheduler:
             flags=flags,
             drained=unschedulable or tainted,
             reason=annotations.get(DRAIN_REASON) if ours else None,
+            down=not ready,
         )
 
     async def _cordon(self, node: str, reason: str) -> None:
@@ -379,6 +391,30 @@ class KubernetesScheduler:
         )
         return JobInfo(job=job, state=state, nodes=tuple(nodes), excluded=tuple(excluded), restarts=restarts)
 
+    async def job_nodes(self, job: str) -> tuple[str, ...]:
+        """The ``spec.nodeName`` of the job's pods that are scheduled and not finished (phase Pending
+        with a node, or Running); empty for an unknown job or an id that is not a label value."""
+        if not _LABEL_VALUE_RE.match(job) or not job:
+            return ()
+        pods = await self._call(
+            f"list pods of job {job}",
+            "list_namespaced_pod",
+            self.namespace,
+            label_selector=self._selector(job),
+        )
+        return tuple(
+            sorted(
+                {
+                    p.spec.node_name
+                    for p in pods.items
+                    if p.spec is not None
+                    and p.spec.node_name
+                    and p.metadata.deletion_timestamp is None
+                    and (p.status is None or p.status.phase in ("Pending", "Running"))
+                }
+            )
+        )
+
     async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
         self._selector(job)
         exclude = tuple(dict.fromkeys(exclude))
@@ -402,6 +438,13 @@ class KubernetesScheduler:
             if status != 404:
                 deleted.append(pod.metadata.name)
         log.info("kubernetes_job_requeued", job=job, deleted=deleted, exclude=list(exclude))
+
+    async def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None:
+        _check_name(node, "node")
+        raise SchedulerError(
+            f"cannot reboot {node}: the Kubernetes API has no node reboot (use a node-problem remedy "
+            "such as a reboot DaemonSet, or drain it)"
+        )
 
 
 def _api_message(exc: Any) -> str:

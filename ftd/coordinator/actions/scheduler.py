@@ -19,6 +19,17 @@ Semantics every implementation keeps (the coordinator retries after a crash, so 
   so the batch job may have just exited). A job that is already pending only gets the exclusion (a
   retried requeue does not count a second restart).
 * Unknown nodes and jobs, and refusals by the scheduler, raise :class:`SchedulerError`.
+* ``list_nodes()``: every node the scheduler knows, as :class:`NodeInfo` (state, drained, down,
+  reason), sorted by name; the coordinator's reconciliation (:mod:`ftd.coordinator.reconcile`)
+  compares it with the drains ftd recorded (ftd's own carry the ``ftd:`` reason prefix).
+* ``reboot(node, reason, nextstate)``: reboot the node once it is idle (it takes no new work until
+  then, like a drain, with the sanitized reason), then return it to service (``nextstate="RESUME"``)
+  or leave it down (``"DOWN"``). The GPU reset's escalation (:mod:`ftd.coordinator.actions.gpu_reset`)
+  uses it. A scheduler that cannot reboot nodes raises :class:`SchedulerError` saying so.
+* ``job_nodes(job)``: the nodes the job's processes run on *now* (empty when it is pending, finished,
+  unknown or not a valid job id of this scheduler); :class:`SchedulerError` only when the scheduler
+  cannot answer. The coordinator's placement check (:mod:`ftd.coordinator.placement`) trusts a
+  node's word about a job's ranks only when this names the node.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 REASON_PREFIX = "ftd: "
+REBOOT_NEXTSTATES = frozenset({"RESUME", "DOWN"})
 MAX_REASON_LEN = 200
 
 _UNSAFE_RE = re.compile(r"[\x00-\x1f\x7f\"\\]+")
@@ -80,6 +92,7 @@ class NodeInfo:
     flags: tuple[str, ...]  # state split into its parts, e.g. ("IDLE", "DRAIN")
     drained: bool  # drained or draining: takes no new work
     reason: str | None  # the drain reason as stored (without Slurm's "[user@time]" suffix)
+    down: bool = False  # out of service without a drain: Slurm DOWN/FAIL, Kubernetes NotReady
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +119,19 @@ class Scheduler(Protocol):
 
     async def job_info(self, job: str) -> JobInfo: ...
 
+    async def list_nodes(self) -> list[NodeInfo]: ...
+
+    async def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None: ...
+
+    async def job_nodes(self, job: str) -> tuple[str, ...]: ...
+
 
 @dataclass
 class _FakeNode:
     state: str = "IDLE"
     drained: bool = False
     reason: str | None = None
+    reboot: str | None = None  # the nextstate of a reboot asked for and not done yet
 
 
 @dataclass
@@ -142,6 +162,15 @@ class FakeScheduler:
 
     def add_node(self, node: str, state: str = "IDLE") -> None:
         self.nodes[node] = _FakeNode(state=state)
+
+    def operator_drain(self, node: str, reason: str) -> None:
+        """Test control: someone else (an operator's ``scontrol``) drains ``node``, reason as given."""
+        n = self._node(node)
+        n.drained, n.reason = True, reason
+
+    def set_state(self, node: str, state: str) -> None:
+        """Test control: the node's base state changes (e.g. ``DOWN`` when its daemon dies)."""
+        self._node(node).state = state
 
     def add_job(
         self, job: str, nodes: Sequence[str], *, state: str = "RUNNING", requeue: bool = True
@@ -206,8 +235,33 @@ class FakeScheduler:
     async def node_info(self, node: str) -> NodeInfo:
         n = self._node(node)
         flags = (n.state, "DRAIN") if n.drained else (n.state,)
-        return NodeInfo(node, "+".join(flags), flags, n.drained, n.reason)
+        down = any(f.startswith(("DOWN", "FAIL")) for f in flags)
+        return NodeInfo(node, "+".join(flags), flags, n.drained, n.reason, down)
 
     async def job_info(self, job: str) -> JobInfo:
         j = self._job(job)
         return JobInfo(job, j.state, j.nodes, j.excluded, j.restarts)
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        return [await self.node_info(name) for name in sorted(self.nodes)]
+
+    async def job_nodes(self, job: str) -> tuple[str, ...]:
+        self._record("job_nodes", job)
+        j = self.jobs.get(job)
+        return j.nodes if j is not None and j.state == "RUNNING" else ()
+
+    async def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None:
+        self._record("reboot", node, reason, nextstate)
+        if nextstate not in REBOOT_NEXTSTATES:
+            raise SchedulerError(f"invalid nextstate {nextstate!r} (one of {sorted(REBOOT_NEXTSTATES)})")
+        n = self._node(node)
+        n.drained, n.reason, n.reboot = True, sanitize_reason(reason), nextstate
+
+    def finish_reboot(self, node: str) -> None:
+        """Test control: the node rebooted; it comes back as its ``nextstate`` asked."""
+        n = self._node(node)
+        if n.reboot == "RESUME":
+            n.drained, n.reason = False, None
+        elif n.reboot == "DOWN":
+            n.state = "DOWN"
+        n.reboot = None

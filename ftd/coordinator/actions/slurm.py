@@ -29,6 +29,9 @@ What was checked against a real Slurm 22.05 (one slurmctld, one slurmd; ``tests/
   it is still held by an interrupted earlier requeue), so ``Restarts`` is not bumped twice.
 * A requeued job excluded from every node of its partition simply stays PENDING; the same holds for a
   job whose only allowed nodes are drained.
+* ``scontrol reboot ASAP nextstate=RESUME|DOWN reason=... NODE``: ``ASAP`` drains the node at once
+  (no new jobs) and reboots it when idle, then it returns as ``nextstate`` says. slurmctld refuses it
+  when ``RebootProgram`` is not set in slurm.conf; that is a :class:`SchedulerError` like any refusal.
 * Unknown nodes and jobs: "Invalid node name specified" / "Node X not found" / "Invalid job id
   specified", exit status 1; these become :class:`SchedulerError`. Exclusion lists are validated
   before the job is touched, so a typo cannot leave a job held.
@@ -41,7 +44,13 @@ import os
 import re
 from collections.abc import Sequence
 
-from ftd.coordinator.actions.scheduler import JobInfo, NodeInfo, SchedulerError, sanitize_reason
+from ftd.coordinator.actions.scheduler import (
+    REBOOT_NEXTSTATES,
+    JobInfo,
+    NodeInfo,
+    SchedulerError,
+    sanitize_reason,
+)
 
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _JOB_RE = re.compile(r"^[0-9]{1,20}([_+][0-9]{1,20})?$")
@@ -51,6 +60,8 @@ _NODE_REASON_RE = re.compile(r"(?:^| )Reason=(.*?) \[[^\]\s]*@[^\]\s]*\](?: |$)"
 _REASON_RE = re.compile(r"(?:^| )Reason=(.*?)(?: [A-Z][A-Za-z]*=|$)")
 _NULLS = {"", "(null)", "None", "N/A"}
 HELD_BY_REQUEUE = "job_requeued_in_held_state"
+# Job states in which the job's processes may be running on its NodeList (job_nodes).
+_ACTIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING"}
 
 
 def expand_hostlist(expr: str) -> tuple[str, ...]:
@@ -110,6 +121,23 @@ def parse_oneliner(line: str) -> dict[str, str]:
     if m is not None:
         result["Reason"] = m.group(1).strip()
     return result
+
+
+def _node_info(rec: dict[str, str]) -> NodeInfo:
+    """A node's record of ``scontrol show node -o`` as :class:`NodeInfo`. ``State`` is e.g.
+    ``IDLE+DRAIN``, ``DOWN+NOT_RESPONDING``, ``MIXED+DRAIN+FAIL`` (``*`` marks not responding in
+    ``sinfo`` only); drained: a ``DRAIN*`` flag; down: ``DOWN`` or ``FAIL*``."""
+    state = rec.get("State", "UNKNOWN")
+    flags = tuple(f for f in state.split("+") if f)
+    reason = rec.get("Reason")
+    return NodeInfo(
+        name=rec.get("NodeName", ""),
+        state=state,
+        flags=flags,
+        drained=any(f.startswith("DRAIN") for f in flags),
+        reason=None if reason in _NULLS else reason,
+        down=any(f.rstrip("*").startswith(("DOWN", "FAIL")) for f in flags),
+    )
 
 
 def _check_node(node: str) -> str:
@@ -194,17 +222,15 @@ class SlurmScheduler:
         for line in out.splitlines():
             rec = parse_oneliner(line)
             if rec.get("NodeName") == node:
-                state = rec.get("State", "UNKNOWN")
-                flags = tuple(f for f in state.split("+") if f)
-                reason = rec.get("Reason")
-                return NodeInfo(
-                    name=node,
-                    state=state,
-                    flags=flags,
-                    drained=any(f.startswith("DRAIN") for f in flags),
-                    reason=None if reason in _NULLS else reason,
-                )
+                return _node_info(rec)
         raise SchedulerError(f"node {node!r} not found", command=[self.scontrol, "show", "node", "-o", node])
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        """Every node: ``scontrol show node -o`` (one line per node, all of them), sorted by name."""
+        _, out, _ = await self._run("show", "node", "-o")
+        records = (parse_oneliner(line) for line in out.splitlines())
+        infos = [_node_info(rec) for rec in records if rec.get("NodeName")]
+        return sorted(infos, key=lambda info: info.name)
 
     async def _check_nodes_exist(self, nodes: Sequence[str]) -> None:
         if not nodes:
@@ -237,6 +263,32 @@ class SlurmScheduler:
             reason=None if reason in _NULLS else reason,
         )
 
+    async def job_nodes(self, job: str) -> tuple[str, ...]:
+        """The nodes ``job`` runs on now: ``scontrol show job -o`` NodeList of each of its records in an
+        active state (RUNNING, COMPLETING, ...), expanded by ``scontrol show hostnames`` (Slurm's own
+        hostlist parser, for any syntax it accepts). Empty for a pending, finished or unknown job and
+        for an id that is not a Slurm job id; :class:`SchedulerError` when scontrol cannot answer."""
+        if not _JOB_RE.match(job):
+            return ()
+        rc, out, err = await self._run("show", "job", "-o", job, check=False)
+        if rc != 0:
+            if "invalid job id" in (err + out).lower():
+                return ()  # unknown, or purged after MinJobAge
+            argv = [self.scontrol, "show", "job", "-o", job]
+            raise SchedulerError("scontrol failed", command=argv, returncode=rc, stderr=err or out)
+        lists = []
+        for line in out.splitlines():
+            rec = parse_oneliner(line) if line.strip() else {}
+            if rec.get("JobState") in _ACTIVE_STATES and rec.get("NodeList", "") not in _NULLS:
+                lists.append(rec["NodeList"])
+        if not lists:
+            return ()
+        hostlist = ",".join(lists)
+        if "[" not in hostlist:
+            return tuple(dict.fromkeys(n for n in hostlist.split(",") if n))
+        _, names, _ = await self._run("show", "hostnames", hostlist)
+        return tuple(dict.fromkeys(n.strip() for n in names.splitlines() if n.strip()))
+
     async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
         _check_job(job)
         exclude = tuple(dict.fromkeys(exclude))
@@ -264,3 +316,12 @@ class SlurmScheduler:
                     raise SchedulerError(str(exc) + (held if held_by_us else "")) from exc
         if held_by_us:
             await self._run("release", job)
+
+    # -- reboot -----------------------------------------------------------------------------------
+
+    async def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None:
+        if nextstate not in REBOOT_NEXTSTATES:
+            raise SchedulerError(f"invalid nextstate {nextstate!r} (one of {sorted(REBOOT_NEXTSTATES)})")
+        await self._run(
+            "reboot", "ASAP", f"nextstate={nextstate}", f"reason={sanitize_reason(reason)}", _check_node(node)
+        )
