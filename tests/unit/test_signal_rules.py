@@ -1,0 +1,340 @@
+"""A rule for every signal the agent detects (issue #10 item 2), and the filesystem rule (item 3).
+
+Each test feeds the event shape the agent sends (the watcher's data keys) to one built-in rule and
+checks the default action, its order (save before drain / reset) and the reason text.
+"""
+
+from __future__ import annotations
+
+from ftd.coordinator.policy import PolicyGate
+from ftd.events import Kind
+from ftd.plugin import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.rules import ecc_remap, fs_fill, gpu_health, memory, nccl_ib, sxid, thermal, xid_catalog
+from ftd.testing import evaluate_rule, make_event, view_with
+
+PCI, UUID = "0000:3b:00.0", "GPU-1111"
+GPU = {"pci": PCI, "uuid": UUID, "gpu": 2}
+
+
+def kinds(actions: list[ActionRequest]) -> list[tuple[str, str]]:
+    return [(str(a.kind), a.target) for a in actions]
+
+
+def view():  # type: ignore[no-untyped-def]
+    return view_with(jobs={"j1": ["node-1", "node-2"]})
+
+
+def test_gpu_missing_drains_after_moving_the_job() -> None:
+    event = make_event("node-1", Kind.GPU_MISSING, severity="critical", data={**GPU, "reason": "lost"})
+    actions = evaluate_rule(gpu_health, event, view())
+    assert kinds(actions) == [("checkpoint_restart", "j1"), ("drain_node", "node-1")]
+    assert actions[0].params["exclude"] == ["node-1"] and UUID in actions[1].reason
+    count = make_event(
+        "node-1", Kind.GPU_MISSING, severity="critical", data={"expected": 8, "found": 7, "missing_uuids": []}
+    )
+    assert "7 of 8 gpus present" in evaluate_rule(gpu_health, count, view())[1].reason
+
+
+def test_nvlink_down_restarts_excluding_the_node_and_drains() -> None:
+    event = make_event(
+        "node-1",
+        Kind.GPU_HEALTH,
+        severity="error",
+        data={**GPU, "signal": "nvlink_down", "links_down": [3, 5]},
+    )
+    actions = evaluate_rule(gpu_health, event, view())
+    assert kinds(actions) == [("checkpoint_restart", "j1"), ("drain_node", "node-1")]
+    assert "links 3, 5" in actions[1].reason and actions[0].params["exclude"] == ["node-1"]
+
+
+def test_gpu_health_warnings_notify_and_old_keys_still_match() -> None:
+    replay = make_event("node-1", Kind.GPU_HEALTH, data={**GPU, "pcie_replay_burst": 120})  # no signal key
+    [note] = evaluate_rule(gpu_health, replay, view())
+    assert (note.kind, "pcie replays" in note.reason) == ("notify", True)
+    retired = make_event("node-1", Kind.GPU_HEALTH, severity="error", data={**GPU, "signal": "retired_pages"})
+    assert kinds(evaluate_rule(gpu_health, retired, view())) == [
+        ("checkpoint_restart", "j1"),
+        ("gpu_reset", "node-1"),
+    ]
+    over = make_event("node-1", Kind.GPU_HEALTH, severity="info", data={**GPU, "stalled": False})
+    assert evaluate_rule(gpu_health, over, view()) == []
+
+
+def test_memory_leak_saves_first_then_restarts_when_it_continues() -> None:
+    v = view()
+    leak = {"leak": True, "job": "j1", "rank": 3, "pid": 77, "rss_mb": 9000, "growth_mb_per_min": 120}
+    first = make_event("node-1", Kind.MEM_PRESSURE, data={**leak, "time_to_exhaustion_s": 900}, ts=100)
+    [save] = evaluate_rule(memory, first, v)
+    assert (save.kind, save.target, save.params["stop"], save.params["rank"]) == (
+        "checkpoint",
+        "j1",
+        False,
+        3,
+    )
+    assert "before the OOM killer" in save.reason
+    again = make_event("node-1", Kind.MEM_PRESSURE, data={**leak, "time_to_exhaustion_s": 400}, ts=700)
+    [restart] = evaluate_rule(memory, again, v)
+    assert (restart.kind, restart.params["exclude"]) == ("checkpoint_restart", [])
+    critical = make_event("node-2", Kind.MEM_PRESSURE, severity="critical", data=leak, ts=800)
+    assert [a.kind for a in evaluate_rule(memory, critical, view())] == ["checkpoint_restart"]
+
+
+def test_host_memory_levels() -> None:
+    low = make_event(
+        "node-1", Kind.MEM_PRESSURE, data={"leak": False, "level": "warning", "mem_available_pct": 7}
+    )
+    assert [(a.kind, a.params.get("stop")) for a in evaluate_rule(memory, low, view())] == [
+        ("checkpoint", False)
+    ]
+    crit = make_event(
+        "node-1", Kind.MEM_PRESSURE, severity="critical", data={"leak": False, "level": "critical"}
+    )
+    assert [a.kind for a in evaluate_rule(memory, crit, view())] == ["checkpoint_restart"]
+    ok = make_event("node-1", Kind.MEM_PRESSURE, severity="info", data={"leak": False, "level": "ok"})
+    assert evaluate_rule(memory, ok, view()) == []
+
+
+def _nccl(node: str, ts: float, pattern: str = "nccl_watchdog_timeout"):  # type: ignore[no-untyped-def]
+    return make_event(
+        node,
+        Kind.LOG_PATTERN,
+        severity="critical",
+        source="logs",
+        data={"pattern": pattern, "file": "/l"},
+        ts=ts,
+    )
+
+
+def test_nccl_restarts_in_place_once_per_incident() -> None:
+    v = view()
+    actions = evaluate_rule(nccl_ib, [_nccl("node-1", 1000), _nccl("node-2", 1000.4)], v)
+    assert kinds(actions) == [("checkpoint_restart", "j1")] and actions[0].params["exclude"] == []
+    assert evaluate_rule(nccl_ib, _nccl("node-1", 2000, "nccl_warn"), v) == []
+
+
+def test_nccl_drains_only_on_hardware_evidence_on_that_node() -> None:
+    v = view()
+    link = make_event(
+        "node-2",
+        Kind.IB_LINK,
+        severity="error",
+        source="kmsg",
+        data={"pci": "0000:c1:00.0", "message": "ibp193s0: Link down", "extra": {"interface": "ibp193s0"}},
+        ts=500,
+    )
+    [note] = evaluate_rule(nccl_ib, link, v)
+    assert note.kind == "notify" and "ibp193s0" in note.reason
+    actions = evaluate_rule(nccl_ib, _nccl("node-2", 1000), v)
+    assert kinds(actions) == [("checkpoint_restart", "j1"), ("drain_node", "node-2")]
+    assert "ib link ibp193s0 down" in actions[1].reason and actions[0].params["exclude"] == ["node-2"]
+    late = evaluate_rule(nccl_ib, _nccl("node-2", 500 + 901), view())
+    assert "drain_node" not in {a.kind for a in late}
+
+
+def test_fatal_sxid_drains_nonfatal_is_recorded() -> None:
+    fatal = make_event(
+        "node-1",
+        Kind.SXID,
+        severity="critical",
+        data={"code": 24007, "pci": PCI, "extra": {"fatal": True, "link": 12}},
+    )
+    actions = evaluate_rule(sxid, fatal, view())
+    assert kinds(actions) == [("checkpoint_restart", "j1"), ("drain_node", "node-1")]
+    assert "fatal sxid 24007" in actions[1].reason and "link 12" in actions[1].reason
+    mild = make_event(
+        "node-1", Kind.SXID, severity="warning", data={"code": 11004, "extra": {"fatal": False}}
+    )
+    assert evaluate_rule(sxid, mild, view()) == []
+
+
+def test_thermal_notifies_then_saves_on_sustained_throttling() -> None:
+    hot = make_event("node-1", Kind.THERMAL, data={**GPU, "active": True, "temperature_c": 91})
+    [note] = evaluate_rule(thermal, hot, view())
+    assert note.kind == "notify" and "91C" in note.reason
+    sustained = make_event(
+        "node-1",
+        Kind.THERMAL,
+        severity="error",
+        data={
+            **GPU,
+            "active": True,
+            "sustained": True,
+            "sustained_s": 320,
+            "throttle_reasons": ["hw_slowdown"],
+        },
+    )
+    actions = evaluate_rule(thermal, sustained, view())
+    assert kinds(actions) == [("checkpoint", "j1"), ("notify", "node-1")]
+    assert actions[0].params["stop"] is False and "sustained throttling for 320s" in actions[0].reason
+    cleared = make_event("node-1", Kind.THERMAL, severity="info", data={**GPU, "active": False})
+    assert evaluate_rule(thermal, cleared, view()) == []
+
+
+def test_no_spare_rows_drains_for_rma_after_the_save() -> None:
+    failed = make_event(
+        "node-1", Kind.ROW_REMAP, severity="critical", data={**GPU, "reasons": ["failure"], "failure": True}
+    )
+    actions = evaluate_rule(ecc_remap, failed, view())
+    assert kinds(actions) == [("checkpoint_restart", "j1"), ("drain_node", "node-1")]
+    assert "no spare rows" in actions[1].reason and "RMA" in actions[1].reason
+    later = make_event(  # the GPU failed long ago; a correctable remap now is no new failure
+        "node-1",
+        Kind.ROW_REMAP,
+        severity="warning",
+        data={**GPU, "reasons": ["correctable_grew"], "failure": True},
+    )
+    assert evaluate_rule(ecc_remap, later, view()) == []
+
+
+def test_correctable_ecc_rate_notifies() -> None:
+    data = {**GPU, "signal": "correctable_rate", "rate_per_hour": 4200.0, "threshold_per_hour": 1000.0}
+    [note] = evaluate_rule(ecc_remap, make_event("node-1", Kind.ECC, data=data), view())
+    assert note.kind == "notify" and "4200/h" in note.reason
+    under = {**data, "rate_per_hour": 10.0}
+    assert evaluate_rule(ecc_remap, make_event("node-1", Kind.ECC, data=under), view()) == []
+
+
+def test_xid_48_alone_resets_with_63_drains() -> None:
+    v = view()
+    x48 = make_event(
+        "node-1", Kind.XID, severity="critical", data={"code": 48, "pci": PCI, "uuid": UUID}, ts=10
+    )
+    assert kinds(evaluate_rule(xid_catalog, x48, v)) == [
+        ("checkpoint_restart", "j1"),
+        ("gpu_reset", "node-1"),
+    ]
+    x63 = make_event("node-1", Kind.XID, severity="info", data={"code": 63, "pci": PCI, "uuid": UUID}, ts=11)
+    actions = evaluate_rule(xid_catalog, x63, v)
+    assert kinds(actions) == [("checkpoint_restart", "j1"), ("drain_node", "node-1")]
+    assert "xid 48 with xid 63/64" in actions[1].reason and actions[1].params["severity"] == "critical"
+    other_gpu = make_event(
+        "node-1", Kind.XID, severity="info", data={"code": 63, "pci": "0000:5b:00.0"}, ts=12
+    )
+    assert evaluate_rule(xid_catalog, other_gpu, view_with(jobs={"j1": ["node-1"]}, history=[x48])) == []
+
+
+# --- filesystem ------------------------------------------------------------------------------------
+
+
+def test_inodes_are_named_and_no_far_forecast_is_printed() -> None:
+    event = make_event(
+        "node-1",
+        Kind.FS_FILL,
+        severity="critical",
+        data={
+            "reason": "threshold",
+            "level": "critical",
+            "resource": "inodes",
+            "path": "/scratch",
+            "used_pct": 0.4,
+            "inodes_used_pct": 97.2,
+            "time_to_full_s": 1900800.0,
+        },
+    )
+    actions = evaluate_rule(fs_fill, event, view())
+    assert "filesystem /scratch inodes at 97%" in actions[0].reason
+    assert "at 0%" not in actions[0].reason and "full in" not in actions[0].reason
+
+
+def test_a_forecast_saves_and_never_stops_even_when_near() -> None:
+    burst = make_event(
+        "node-1",
+        Kind.FS_FILL,
+        severity="critical",
+        data={"reason": "forecast", "level": "ok", "path": "/", "used_pct": 40.0, "time_to_full_s": 1.9},
+    )
+    actions = evaluate_rule(fs_fill, burst, view())
+    assert kinds(actions) == [("checkpoint", "j1"), ("notify", "node-1")]
+    assert actions[0].params["stop"] is False and "forecast" in actions[0].reason
+
+
+def test_a_job_back_on_a_still_full_filesystem_is_moved_off() -> None:
+    v = view()
+    full = make_event(
+        "node-1",
+        Kind.FS_FILL,
+        severity="critical",
+        data={"reason": "threshold", "level": "critical", "path": "/"},
+        ts=100,
+    )
+    evaluate_rule(fs_fill, full, v)
+    disk_full = make_event(
+        "node-1", Kind.LOG_PATTERN, severity="error", data={"pattern": "disk_full", "job": "j9"}, ts=900
+    )
+    actions = evaluate_rule(fs_fill, disk_full, v)
+    assert kinds(actions) == [("checkpoint_restart", "j9"), ("notify", "node-1")]
+    assert actions[0].params["exclude"] == ["node-1"]
+    cleared = make_event(
+        "node-1",
+        Kind.FS_FILL,
+        severity="info",
+        data={"reason": "threshold", "level": "ok", "path": "/"},
+        ts=1000,
+    )
+    evaluate_rule(fs_fill, cleared, v)
+    assert (
+        evaluate_rule(
+            fs_fill, make_event("node-1", Kind.LOG_PATTERN, data={"pattern": "disk_full"}, ts=1100), v
+        )
+        == []
+    )
+
+
+def test_the_critical_crossing_is_not_blocked_by_the_forecast_save() -> None:
+    """The reported sequence: a forecast, the job goes on, the critical crossing 14 s later acts."""
+    clock = [0.0]
+    gate = PolicyGate(cooldown_s=600, clock=lambda: clock[0])
+    v = view()
+    forecast = make_event(
+        "node-1",
+        Kind.FS_FILL,
+        severity="warning",
+        data={"reason": "forecast", "level": "warning", "path": "/", "time_to_full_s": 300},
+        ts=0,
+    )
+    critical = make_event(
+        "node-1",
+        Kind.FS_FILL,
+        severity="critical",
+        data={"reason": "threshold", "level": "critical", "path": "/"},
+        ts=14,
+    )
+    for i, request in enumerate(evaluate_rule(fs_fill, forecast, v)):
+        record = ActionRecord(id=f"a{i}", request=request, state=ActionState.PENDING)
+        assert gate.decide(request, v).allowed
+        gate.started(record)
+        gate.finished(record)
+    clock[0] = 14.0
+    verdicts = [gate.decide(r, v) for r in evaluate_rule(fs_fill, critical, v)]
+    assert [v_.allowed for v_ in verdicts] == [True, True], [v_.reason for v_ in verdicts]
+
+
+def test_gate_lets_a_higher_severity_through_the_cooldown_of_a_lower_one() -> None:
+    clock = [0.0]
+    gate = PolicyGate(cooldown_s=600, clock=lambda: clock[0])
+    low = ActionRequest(kind=ActionKind.NOTIFY, target="node-1", reason="r", params={"severity": "warning"})
+    record = ActionRecord(id="a1", request=low, state=ActionState.PENDING)
+    gate.started(record)
+    gate.finished(record)
+    clock[0] = 10.0
+    assert not gate.decide(low).allowed  # same severity: cooling down
+    lower = ActionRequest(kind=ActionKind.NOTIFY, target="node-1", reason="r", params={"severity": "info"})
+    assert not gate.decide(lower).allowed
+    unsaid = ActionRequest(kind=ActionKind.NOTIFY, target="node-1", reason="r")
+    assert not gate.decide(unsaid).allowed  # no severity: cooldown as before
+    high = ActionRequest(kind=ActionKind.NOTIFY, target="node-1", reason="r", params={"severity": "critical"})
+    assert gate.decide(high).allowed
+    record2 = ActionRecord(id="a2", request=high, state=ActionState.PENDING)
+    gate.started(record2)
+    gate.finished(record2)
+    clock[0] = 20.0
+    assert not gate.decide(high).allowed and not gate.decide(low).allowed  # now the critical one cools
+
+
+def test_gate_restores_severity_from_the_ledger() -> None:
+    high = ActionRequest(kind=ActionKind.DRAIN_NODE, target="n", reason="r", params={"severity": "error"})
+    gate = PolicyGate(cooldown_s=600, clock=lambda: 100.0)
+    gate.restore([ActionRecord(id="a", request=high, state=ActionState.SUCCEEDED, updated=50.0)])
+    assert not gate.decide(high).allowed
+    crit = ActionRequest(kind=ActionKind.DRAIN_NODE, target="n", reason="r", params={"severity": "critical"})
+    assert gate.decide(crit).allowed
