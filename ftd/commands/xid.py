@@ -1,7 +1,9 @@
 """``ftd xid explain CODE [--json]``: what an Xid means and what ftd (and NVIDIA) say to do about it.
 
 What: prints the catalog entry for CODE: mnemonic, description, NVIDIA's immediate-action bucket and
-what that bucket asks of an operator, whether the GPU is unusable until then (fatal), the codes it is
+what that bucket asks of an operator, what ftd does about it (the plan of :mod:`ftd.catalog.remedy`,
+the very table the ``xid_catalog`` rule decides by) and whether it counts as a hardware fault for
+the repeat-offender rule, whether the GPU is unusable until then (fatal), the codes it is
 typically a follow-on of, notes, and the catalog version and source it came from. ``--json`` prints
 the entry as one JSON object instead. An unknown CODE exits 2 with a message.
 
@@ -38,6 +40,7 @@ def run_explain(args: argparse.Namespace) -> int:
     import msgspec
 
     from ftd.catalog import load_xid_catalog
+    from ftd.catalog.remedy import bucket_plan, resolve_xid
 
     catalog = load_xid_catalog()
     text = str(args.code).strip()
@@ -50,9 +53,18 @@ def run_explain(args: argparse.Namespace) -> int:
         )
         return 2
     meaning = catalog.action_meaning(info.action)
+    remedy = resolve_xid(info.code, {}, catalog)
+    plan = bucket_plan(info.action)
     if args.json:
         doc = msgspec.to_builtins(info)
-        doc.update(action_meaning=meaning, catalog_version=catalog.version, catalog_source=catalog.source)
+        doc.update(
+            action_meaning=meaning,
+            catalog_version=catalog.version,
+            catalog_source=catalog.source,
+            ftd_plan=remedy.plan,
+            ftd_does=plan.does,
+            implicates_hardware=plan.implicates_hardware,
+        )
         print(msgspec.json.encode(doc).decode())
         return 0
     rows = [
@@ -63,6 +75,13 @@ def run_explain(args: argparse.Namespace) -> int:
             f"{info.action}{'  (chosen by ftd: NVIDIA publishes no bucket)' if info.inferred else ''}",
         ),
         ("What to do", meaning),
+        ("ftd does", plan.does),
+        (
+            "Repeats",
+            "count towards draining a repeat offender (hardware)"
+            if plan.implicates_hardware
+            else "never make the node a repeat offender (not hardware)",
+        ),
         ("Fatal", "yes: the GPU takes no new work until the action is done" if info.fatal else "no"),
         ("Severity", info.severity),
     ]
@@ -76,6 +95,8 @@ def run_explain(args: argparse.Namespace) -> int:
         rows.append(("Note", "unused on current data-centre GPUs"))
     if info.notes:
         rows.append(("Notes", info.notes))
+    if plan.plan == "nvlink5":
+        rows.append(("Decoded", "per message: fatal -> reset after the save; non-fatal -> notify"))
     rows.append(("Catalog", f"version {catalog.version}; {catalog.source}"))
     for label, value in rows:
         print(f"{label + ':':<13}{value}")

@@ -142,3 +142,46 @@ def test_xid_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_xid_explain_unknown(code: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["xid", "explain", code]) == 2
     assert "not in the catalog" in capsys.readouterr().err
+
+
+# --- what ftd does: one table for ``ftd xid explain`` and the Xid rule --------------------------------
+
+_EXPECTED_BY_PLAN = {
+    "restart": [("checkpoint_restart", "j1")],
+    "reset": [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")],
+    "drain": [("checkpoint_restart", "j1"), ("drain_node", "node-1")],
+    "notify": [("notify", "node-1")],
+    "none": [],
+}
+
+
+def test_every_bucket_has_a_plan_and_says_whether_it_implicates_hardware() -> None:
+    from ftd.catalog.remedy import PLANS
+
+    assert set(PLANS) == set(ACTIONS)
+    assert not PLANS["RESTART_APP"].implicates_hardware and PLANS["RESTART_BM"].implicates_hardware
+    assert all(plan.does for plan in PLANS.values())
+
+
+@pytest.mark.parametrize("code", sorted(load_xid_catalog().entries))
+def test_the_xid_rule_does_what_xid_explain_says(code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """For every catalog code: the plan ``ftd xid explain --json`` prints is what the rule does."""
+    from ftd.rules import xid_catalog
+    from ftd.testing import evaluate_rule, make_event, view_with
+
+    assert main(["xid", "explain", str(code), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    event = make_event("node-1", "xid", severity=doc["severity"], data={"code": code, "pci": "0000:3b:00.0"})
+    actions = evaluate_rule(xid_catalog, event, view_with(jobs={"j1": ["node-1"]}))
+    assert [(str(a.kind), a.target) for a in actions] == _EXPECTED_BY_PLAN[doc["ftd_plan"]], doc["ftd_does"]
+    if doc["ftd_plan"] == "restart":
+        assert actions[0].params["exclude"] == [] and not doc["implicates_hardware"]
+
+
+def test_xid_explain_says_what_ftd_does(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["xid", "explain", "13"]) == 0
+    out = capsys.readouterr().out
+    assert "ftd does:" in out and "never drains" in out and "not hardware" in out
+    assert main(["xid", "explain", "48"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu_reset" in out and "Xid 63/64" in out
