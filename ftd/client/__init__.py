@@ -54,6 +54,13 @@ Other sources map onto the same two flags (so the training loop has one place to
 The switch files are polled at most every ``switch_poll_s`` (0.2 s) from the per-step calls (one
 ``stat`` per poll): the hot path stays a few attribute reads.
 
+Save at a step: a ``save`` directive may carry ``params["save_at_step"]`` = S (the coordinator
+picks it ahead of the furthest step the job's ranks reported). Then :meth:`Client.should_save` stays
+False until the step given to :meth:`Client.heartbeat` is >= S, so every rank saves the same step
+without talking to the others (a rank already past S when the directive arrives saves at once: the
+coordinator sees the differing steps in the acks). A local trigger (signal, save switch, memory
+guard) still saves at once.
+
 Deadlines: a ``save`` directive carries ``deadline_s``. If it is still unanswered that long after it
 arrived (the rank is stuck, or its save is failing slowly), the I/O thread answers it with a nack
 ("save not completed within deadline") so the coordinator learns why instead of waiting for silence.
@@ -201,6 +208,9 @@ class Client:
         self._save = False
         self._stop = False
         self._step: int | None = None
+        # The step pending save directives asked for (params["save_at_step"]): save at the first
+        # step >= it. None: at once (no such param, or a directive without one is pending too).
+        self._save_at: int | None = None
         self._beat = False
         # Why a save is wanted besides directives ("signal", "save_file", "memory"): set from signal
         # handlers too, so it is touched without the lock (a set.add is atomic under the GIL).
@@ -251,6 +261,11 @@ class Client:
         save-switch file or the memory guard."""
         if self._poll_at is not None and time.monotonic() >= self._poll_at:
             self._poll_switches()
+        save_at = self._save_at
+        if save_at is not None and not self._local_saves:
+            step = self._step
+            if step is not None and step < save_at:
+                return False  # the coordinator asked for the first step >= save_at
         return self._save
 
     def should_stop(self) -> bool:
@@ -411,6 +426,7 @@ class Client:
                 else:
                     saves = [did for did in only if self._saves.pop(did, None) is not None]
                     local = False
+                self._save_at = _save_at(self._saves)
                 self._save = bool(self._saves) or bool(self._local_saves)
                 if not self._save and not self._stop:
                     self._signal.clear()
@@ -674,6 +690,7 @@ class Client:
             if action == "save":
                 self.last_directive_ns = arrived_ns
                 self._saves[did] = info
+                self._save_at = _save_at(self._saves)
                 self._save = True
                 self._signal.set()
             elif action == "stop":
@@ -685,6 +702,15 @@ class Client:
                 _log.debug("ftd client: ignoring directive action %r", action)
                 return
         _log.info("ftd client: %s requested (%s) id=%s", action, info.reason or "no reason", did)
+
+
+def _save_at(saves: dict[str, DirectiveInfo]) -> int | None:
+    """The step to save at for the pending save directives: the furthest ``save_at_step`` they ask
+    for (one checkpoint answers them all), or None (at once) when any of them names none."""
+    targets = [info.params.get("save_at_step") for info in saves.values()]
+    if not targets or any(not isinstance(t, int) or isinstance(t, bool) for t in targets):
+        return None
+    return max(t for t in targets if isinstance(t, int))
 
 
 # --- memory probes (module level: memory_guard stays small; each returns None when unknown) -------

@@ -107,7 +107,8 @@ class TorchCoordinator:
                 # Our directive arrived after a peer's made us save: that checkpoint answers it.
                 client.ack_saved(step, path)
                 wants, directive = client.should_save(), client.save_directive_pending
-        save = SAVE_DIRECTIVE if directive else (SAVE_LOCAL if wants else SAVE_NONE)
+        # A directive asking for a later step (save_at_step) is not wanted yet: should_save says when.
+        save = SAVE_DIRECTIVE if directive and wants else (SAVE_LOCAL if wants else SAVE_NONE)
         return save, 1 if client.should_stop() else 0
 
     # --- the per-step call -----------------------------------------------------------------------

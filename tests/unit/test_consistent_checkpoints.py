@@ -1,0 +1,182 @@
+"""Consistent checkpoints (issue #10 item 5): the coordinator picks the step, ranks agree on it
+without collectives, differing acked steps are escalated (never succeeded) and the restart resumes
+from the newest step every rank has."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ftd.agent.local_api import LocalApi
+from ftd.client import Client
+from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart, resume_step, save_at_step
+from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.coordinator.state import ClusterState
+from ftd.events import Ack, Directive, JobPresence, RankInfo, decode
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
+from tests.unit.helpers import until
+
+JOB = "77"
+
+
+def test_save_at_step_is_margin_steps_past_the_furthest_rank() -> None:
+    ranks = [RankInfo(rank=0, step=990), RankInfo(rank=1, step=1000), RankInfo(rank=2)]
+    assert save_at_step(ranks, 5) == 1005
+    assert save_at_step(ranks, 0) == 1000
+    assert save_at_step(ranks, -1) is None  # configured off: save at once
+    assert save_at_step([RankInfo(rank=0)], 5) is None  # no step reported yet: save at once
+
+
+@given(st.dictionaries(st.integers(0, 64), st.integers(0, 10**6), min_size=1))
+def test_resume_step_is_the_newest_step_every_rank_has(acked: dict[int, int]) -> None:
+    step = resume_step(dict(acked))
+    assert step == min(acked.values())
+    assert all(s >= step for s in acked.values())
+
+
+def test_resume_step_is_unknown_when_a_rank_acked_no_step() -> None:
+    assert resume_step({0: 996, 1: None}) is None
+    assert resume_step({}) is None
+
+
+class Job:
+    """A job of two ranks on two nodes, answering the save with the given steps and then leaving."""
+
+    def __init__(self, steps: dict[int, int], beats: dict[int, int]) -> None:
+        self.state = ClusterState()
+        for rank in (0, 1):
+            node = f"node-{rank + 1}"
+            info = RankInfo(rank=rank, step=beats[rank])
+            self.state.apply_presence(node, JOB, JobPresence(job=JOB, node=node, ranks=[info]))
+        self.acks = AckBook()
+        self.steps = steps
+        self.directives: list[Directive] = []
+        self.scheduler = FakeScheduler()
+        self.scheduler.add_job(JOB, ["node-1", "node-2"])
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        directive = decode(payload, Directive)
+        if directive in self.directives:
+            return  # the same directive to the second node
+        self.directives.append(directive)
+        if directive.action == "save":
+            for rank, step in self.steps.items():
+                node = f"node-{rank + 1}"
+                self.acks.record(Ack(directive_id=directive.id, job=JOB, rank=rank, node=node, step=step))
+        elif directive.action == "stop":
+            for rank in (0, 1):
+                self.state.apply_presence(f"node-{rank + 1}", JOB, None)
+
+    def executor(self) -> CheckpointRestart:
+        return CheckpointRestart(
+            publish=self.publish,
+            state=self.state,
+            acks=self.acks,
+            scheduler=self.scheduler,
+            save_deadline_s=2,
+            stop_deadline_s=2,
+            save_step_margin=5,
+        )
+
+
+def record(kind: str = ActionKind.CHECKPOINT_RESTART) -> ActionRecord:
+    request = ActionRequest(kind=kind, target=JOB, reason="xid 48", params={"exclude": ["node-2"]})
+    return ActionRecord(id="act-1", request=request, state=ActionState.RUNNING)
+
+
+async def test_ranks_that_acked_different_steps_escalate_and_resume_from_the_oldest() -> None:
+    job = Job(steps={0: 996, 1: 1003}, beats={0: 990, 1: 991})
+    detail = await job.executor()(record())
+    assert detail["state"] == "escalated"  # never "succeeded"
+    assert detail["save_steps_differ"] == {"0": 996, "1": 1003}
+    assert detail["save_step"] == [996, 1003]
+    assert detail["resume_step"] == 996
+    assert detail["requeued"] == {"scheduler": "fake", "exclude": ["node-2"], "resume_step": 996}
+    save = job.directives[0]
+    assert save.action == "save" and save.params == {"save_at_step": 996}  # 991 + margin 5
+    assert job.scheduler.jobs[JOB].restarts == 1
+
+
+async def test_ranks_that_acked_the_same_step_succeed_and_resume_from_it() -> None:
+    job = Job(steps={0: 996, 1: 996}, beats={0: 990, 1: 991})
+    detail = await job.executor()(record())
+    assert "state" not in detail and "save_steps_differ" not in detail
+    assert detail["save_step"] == 996 and detail["resume_step"] == 996
+    assert detail["requeued"]["resume_step"] == 996
+
+
+async def test_a_save_only_checkpoint_with_differing_steps_is_escalated_too() -> None:
+    job = Job(steps={0: 5, 1: 6}, beats={0: 1, 1: 1})
+    detail = await job.executor()(record(ActionKind.CHECKPOINT))
+    assert detail["state"] == "escalated" and detail["save_steps_differ"] == {"0": 5, "1": 6}
+    assert [d.action for d in job.directives] == ["save"]  # no stop, no requeue
+    assert job.scheduler.jobs[JOB].restarts == 0
+
+
+# --- the client: save at the first step >= save_at_step -------------------------------------------
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Client]]:
+    made: list[Client] = []
+    yield made
+    for client in made:
+        client.close()
+
+
+def save_directive(save_at: int | None) -> Directive:
+    params = {} if save_at is None else {"save_at_step": save_at}
+    return Directive(id=f"save-{save_at}", ts=time.time(), action="save", job="j1", params=params)
+
+
+async def test_ranks_at_different_steps_save_the_same_step_without_talking(
+    api: LocalApi, clients: list[Client]
+) -> None:
+    ahead = Client(job="j1", rank=0, socket_path=api.socket_path)
+    behind = Client(job="j1", rank=1, socket_path=api.socket_path)
+    clients.extend([ahead, behind])
+    await until(lambda: ahead.connected and behind.connected)
+    ahead.heartbeat(8)
+    behind.heartbeat(3)
+    await api.deliver(save_directive(10))
+    await until(lambda: ahead.save_directive_pending and behind.save_directive_pending)
+    saved: dict[int, int] = {}
+    for rank_client, start in ((ahead, 8), (behind, 3)):
+        for step in range(start, 20):
+            rank_client.heartbeat(step)
+            if rank_client.should_save():
+                saved[rank_client.rank] = step
+                rank_client.ack_saved(step, f"/ckpt/{step}")
+                break
+    assert saved == {0: 10, 1: 10}
+    assert not ahead.should_save() and not behind.should_save()
+
+
+async def test_a_rank_past_the_step_or_a_local_trigger_saves_at_once(
+    api: LocalApi, clients: list[Client]
+) -> None:
+    client = Client(job="j1", rank=0, socket_path=api.socket_path)
+    clients.append(client)
+    await until(lambda: client.connected)
+    client.heartbeat(12)
+    await api.deliver(save_directive(10))
+    await until(lambda: client.save_directive_pending)
+    assert client.should_save()  # already past 10: at once
+    client.ack_saved(12)
+    client.heartbeat(13)
+    await api.deliver(save_directive(50))
+    await until(lambda: client.save_directive_pending)
+    assert not client.should_save()
+    client.request_save("signal")  # SIGUSR1 does not wait for step 50
+    assert client.should_save()
+    client.ack_saved(13)
+    await api.deliver(save_directive(None))  # no step asked: at once
+    await until(lambda: client.save_directive_pending)
+    assert client.should_save()
+    await asyncio.sleep(0)
