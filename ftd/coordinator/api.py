@@ -18,6 +18,17 @@ Security: every mutating call needs ``Authorization: Bearer <token>``, the token
 mutating calls answer 403: the API is never open by default. Reads need no token (bind the API to
 loopback, the default, or put it behind a proxy).
 
+DNS rebinding: a web page can make a browser on an operator's machine send requests to
+``127.0.0.1:8787`` under the page's own host name and read the answers. So every request's ``Host``
+header (port ignored) must name this API: ``host``, ``localhost``, ``127.0.0.1``, ``::1`` or one of
+``allowed_hosts`` (``"*"`` turns the check off); anything else is answered 421 with what to set.
+
+Wrong tokens back off per client address: after ``auth_failures_allowed`` failed token checks
+(missing or wrong) every mutating call from that address is answered 429 with ``Retry-After``
+for ``auth_backoff_s``, doubling with each further failure up to ``auth_backoff_max_s``; a correct
+token resets the count. The state is per address (a bounded LRU), so a correct token from any
+other address is never blocked. Behind a reverse proxy every client shares the proxy's address.
+
 Robustness: path, query and body are validated with msgspec; every problem is a 400 with a JSON
 ``{"error": ...}`` naming the field; unknown ids are 404; aiohttp's own errors (405, 413, ...) are
 answered as JSON too. No input produces a 500 (a schemathesis run in the tests checks it).
@@ -26,8 +37,10 @@ answered as JSON too. No input produces a 500 (a schemathesis run in the tests c
 from __future__ import annotations
 
 import hmac
+import math
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -438,14 +451,54 @@ _STATUS_TEXT = {
     401: "Missing or wrong token",
     403: "Mutating calls are disabled (no token configured)",
     404: "Unknown id",
+    421: "The Host header names no host this API serves (DNS rebinding protection)",
+    429: "Too many failed token checks from this address: retry after Retry-After seconds",
 }
+MAX_TRACKED_ADDRESSES = 10_000
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _host_name(header: str) -> str:
+    """The name of a Host header: lowercased, port and trailing dot removed, IPv6 brackets dropped."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        name = header[1 : header.find("]")] if "]" in header else header[1:]
+    else:
+        name = header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    return name.rstrip(".")
+
+
+def host_allowed(header: str | None, cfg: ApiConfig) -> bool:
+    """Whether a request's ``Host`` header names this API (see the module docstring)."""
+    if "*" in cfg.allowed_hosts:
+        return True
+    if not header:
+        return False
+    allowed = {_host_name(h) for h in (cfg.host, *LOOPBACK_NAMES, *cfg.allowed_hosts)}
+    return _host_name(header) in allowed
+
+
+@dataclass
+class _Failures:
+    count: int = 0
+    blocked_until: float = 0.0
 
 
 class Api:
-    def __init__(self, coordinator: Coordinator, cfg: ApiConfig, *, token: str | None = None) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        cfg: ApiConfig,
+        *,
+        token: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.coordinator = coordinator
         self.cfg = cfg
         self.token = token
+        self._clock = clock
+        self._failures: OrderedDict[str, _Failures] = OrderedDict()
+        self.counters: dict[str, int] = {"wrong_host": 0, "auth_failures": 0, "auth_throttled": 0}
         self.started = time.time()
         self.action_transitions: dict[tuple[str, str], int] = {}
         self.registry = CollectorRegistry(auto_describe=True)
@@ -479,7 +532,7 @@ class Api:
     # --- app ------------------------------------------------------------------------------------
 
     def _build(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY)
+        app = web.Application(middlewares=[self._errors, self._check_host], client_max_size=MAX_BODY)
         for route in ROUTES:
             app.router.add_route(route.method, route.path, self._wrap(route))
         return app
@@ -510,7 +563,54 @@ class Api:
             log.exception("api_handler_failed", path=request.path, method=request.method)
             return json_response(Error(error="internal error (logged by the coordinator)"), 500)
 
+    @web.middleware
+    async def _check_host(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = request.headers.get("Host")
+        if not host_allowed(host, self.cfg):
+            self.counters["wrong_host"] += 1
+            if self.counters["wrong_host"] <= 10 or self.counters["wrong_host"] % 1000 == 0:
+                log.warning("api_wrong_host", host=(host or "")[:100], remote=request.remote)
+            raise ApiError(
+                421,
+                f"this API does not serve host {(host or '')[:100]!r} (DNS rebinding protection): "
+                "reach it by an allowed name, or add this one to coordinator.api.allowed_hosts",
+            )
+        return await handler(request)
+
     def _authorize(self, request: web.Request) -> None:
+        address = request.remote or "unknown"
+        now = self._clock()
+        state = self._failures.get(address)
+        if state is not None and now < state.blocked_until:
+            self.counters["auth_throttled"] += 1
+            wait = max(1, math.ceil(state.blocked_until - now))
+            raise ApiError(
+                429,
+                f"too many failed token checks from {address}: retry after {wait} s",
+                {"Retry-After": str(wait)},
+            )
+        try:
+            self._check_token(request)
+        except ApiError as exc:
+            if exc.status == 401:
+                self._failed(address, now)
+            raise
+        self._failures.pop(address, None)
+
+    def _failed(self, address: str, now: float) -> None:
+        self.counters["auth_failures"] += 1
+        state = self._failures.pop(address, None) or _Failures()
+        self._failures[address] = state  # most recent last: the LRU drops the oldest
+        while len(self._failures) > MAX_TRACKED_ADDRESSES:
+            self._failures.popitem(last=False)
+        state.count += 1
+        over = state.count - self.cfg.auth_failures_allowed
+        if over >= 0:
+            delay = min(self.cfg.auth_backoff_max_s, self.cfg.auth_backoff_s * 2.0 ** min(over, 64))
+            state.blocked_until = now + delay
+            log.warning("api_auth_backoff", remote=address, failures=state.count, wait_s=delay)
+
+    def _check_token(self, request: web.Request) -> None:
         if self.token is None:
             raise ApiError(
                 403,
@@ -780,10 +880,10 @@ def openapi_document() -> dict[str, Any]:
         responses: dict[str, Any] = {
             str(status): {"description": _STATUS_TEXT.get(status, "OK"), "content": ok_content}
         }
-        extra = set(route.extra)
+        extra = set(route.extra) | {421}
         if route.mutating:
             op["security"] = [{"bearer": []}]
-            extra |= {401, 403}
+            extra |= {401, 403, 429}
         for code in sorted(extra):
             if code == 200 and route.ok[0] == 202:
                 responses["200"] = {
