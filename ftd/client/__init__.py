@@ -216,6 +216,10 @@ class Client:
         # handlers too, so it is touched without the lock (a set.add is atomic under the GIL).
         self._local_saves: set[str] = set()
         self.stop_reason: str | None = None
+        #: The step to resume from, as the coordinator told it with a ``stop`` (the newest step every
+        #: rank of the job saved; differs from this rank's own save only when the ranks' saves
+        #: disagreed). None: not told. Record it where the restarted job looks for its checkpoint.
+        self.resume_step: int | None = None
         self.stop_file: str | None = stop_file or _env("FTD_STOP_FILE")
         self.save_file: str | None = save_file or _env("FTD_SAVE_FILE")
         self.switch_poll_s = switch_poll_s
@@ -694,6 +698,9 @@ class Client:
                 self._save = True
                 self._signal.set()
             elif action == "stop":
+                resume = info.params.get("resume_step")
+                if isinstance(resume, int) and not isinstance(resume, bool):
+                    self.resume_step = resume
                 self.last_directive_ns = arrived_ns
                 self._stops[did] = info
                 self._stop = True

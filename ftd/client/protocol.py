@@ -32,6 +32,9 @@ Agent -> client, pushed at any time:
 
 - ``{"v":1,"op":"directive", <every Directive field: schema, id, ts, action, job, node, reason,
   deadline_s, action_id, params>}``.
+  Params the client honours: a ``save`` with ``params["save_at_step"]`` (an int) asks for the
+  checkpoint at the first step >= it; a ``stop`` with ``params["resume_step"]`` says which step the
+  restarted job should resume from (``Client.resume_step``).
 - ``{"v":1,"op":"error","re":<op or null>,"error":"..."}`` for a bad message: not JSON, not an
   object, unknown op, wrong field types, an op before ``register``, a line over :data:`MAX_LINE`.
   The connection stays open.

@@ -4,7 +4,6 @@ from the newest step every rank has."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 
@@ -100,6 +99,8 @@ async def test_ranks_that_acked_different_steps_escalate_and_resume_from_the_old
     assert detail["requeued"] == {"scheduler": "fake", "exclude": ["node-2"], "resume_step": 996}
     save = job.directives[0]
     assert save.action == "save" and save.params == {"save_at_step": 996}  # 991 + margin 5
+    stop = job.directives[1]
+    assert stop.action == "stop" and stop.params == {"resume_step": 996}  # the trainer is told
     assert job.scheduler.jobs[JOB].restarts == 1
 
 
@@ -179,4 +180,16 @@ async def test_a_rank_past_the_step_or_a_local_trigger_saves_at_once(
     await api.deliver(save_directive(None))  # no step asked: at once
     await until(lambda: client.save_directive_pending)
     assert client.should_save()
-    await asyncio.sleep(0)
+
+
+async def test_the_stop_tells_the_client_which_step_to_resume_from(
+    api: LocalApi, clients: list[Client]
+) -> None:
+    client = Client(job="j1", rank=0, socket_path=api.socket_path)
+    clients.append(client)
+    await until(lambda: client.connected)
+    assert client.resume_step is None
+    stop = Directive(id="stop-1", ts=time.time(), action="stop", job="j1", params={"resume_step": 996})
+    await api.deliver(stop)
+    await until(client.should_stop)
+    assert client.resume_step == 996

@@ -13,9 +13,11 @@ action's detail:
    ``detail["resume_step"]`` is the newest step every rank has (the oldest of the ranks' acked steps).
    A rank that nacks or stays silent makes the action *escalated* too: the job still has to move, so
    we go on, and the detail names the ranks whose checkpoint is missing.
-   Then *stop*: a ``stop`` directive; wait (``stop_deadline_s``) until the job's ranks have left their
-   agents (the retained job presence empties), so the scheduler does not kill a rank mid-write and a
-   node action (GPU reset) never meets the job's processes.
+   Then *stop*: a ``stop`` directive (with ``params["resume_step"]`` when known: the client offers it
+   as ``Client.resume_step`` for the trainer to record where its restart reads it); wait
+   (``stop_deadline_s``) until the job's ranks have left their agents (the retained job presence
+   empties), so the scheduler does not kill a rank mid-write and a node action (GPU reset) never
+   meets the job's processes.
 2. **requeue** -- through the scheduler, excluding ``params.exclude`` (the faulty nodes);
    ``detail["requeued"]["resume_step"]`` says which step to resume from.
 
@@ -172,7 +174,10 @@ class CheckpointRestart:
                     nacked=sorted(outcome.nacked),
                 )
         if stop:
-            await self._send(record, "stop", self.stop_deadline_s)
+            resume = detail.get("resume_step")
+            await self._send(
+                record, "stop", self.stop_deadline_s, {"resume_step": resume} if resume is not None else None
+            )
             detail["stopped"] = await self._wait_job_gone(job)
             escalated = escalated or not detail["stopped"]
         if escalated:
