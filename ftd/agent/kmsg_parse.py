@@ -158,6 +158,13 @@ _XID_RE = re.compile(
 _SXID_RE = re.compile(
     r"\b(nvidia-nvswitch\d*)?:?\s*SXid \((?:PCI:)?([0-9a-fA-F:.]+)\):\s*(\d+)\s*(?:,\s*)?(.*)"
 )
+_SXID_DETAIL_RE = re.compile(r"Severity (\d+) Engine instance (\d+) Sub-engine instance (\d+)")
+_SXID_WORD_RE = re.compile(r"(?i)\s*(?:non-?fatal|fatal)\s*,?\s*")
+_NVLINK5_RE = re.compile(
+    r"(?i)^\s*(?P<unit>[A-Z][A-Z0-9_]*)\s+(?P<sev>non-?fatal|fatal)\s+XC\s*(?P<xc>\d+)\s+i\s*(?P<inst>\d+)"
+    r"\s+Link\s+(?P<link>\d+)\s*[(\[](?P<words>[^)\]]*)[)\]]"
+)
+_HEX_WORD_RE = re.compile(r"0x[0-9a-fA-F]+")
 _PID_RE = re.compile(r"\bpid=(?:'?<unknown>'?|(\d+))")
 _NAME_RE = re.compile(r"\bname=([^,]*)")
 _CHANNEL_RE = re.compile(r"\b(?:Ch(?:annel)?)\s+(?:0x)?([0-9a-fA-F]+)")
@@ -192,6 +199,7 @@ _BUCKET_SEVERITY = {"IGNORE": "info", "RESET_GPU": "critical", "RESTART_BM": "cr
 _FOLD_WINDOW = 5  # lines within which a detail line is folded into its header event
 _BANNER_WINDOW = 8  # lines within which the three-line fall-off banner must complete
 _XID79_WINDOW = 50  # lines after an Xid 79 within which "fallen off the bus" is the same incident
+_SXID_WINDOW = 20  # lines after an SXid header within which its detail lines are folded into it
 
 
 def is_candidate(line: str) -> bool:
@@ -272,6 +280,8 @@ class KmsgParser:
             return None  # the UUID map changed since: parse again (the new template replaces this one)
         if event.code == 79 and event.kind is Kind.XID:
             self._remember(("xid79", event.pci), lineno)
+        elif event.kind is Kind.SXID:
+            self._remember(("sxid", (event.pci, event.code)), lineno)  # its detail lines fold into it
         return template
 
     def expand(self, template: Template, line: str, lineno: int) -> KernelEvent:
@@ -309,7 +319,11 @@ class KmsgParser:
             line = line[:_MAX_LINE]
         prefix = strip_prefix(line)
         msg = prefix.message
-        if "Xid" in msg:
+        if "SXid" in msg:
+            sxid = self._sxid(msg, lineno, prefix)
+            if sxid is not None:
+                return sxid
+        elif "Xid" in msg:
             event = self._xid(msg, lineno, prefix)
             if event is not None:
                 if event.kind in _CACHED_KINDS:
@@ -349,8 +363,6 @@ class KmsgParser:
     # --- NVIDIA ---------------------------------------------------------------------------------
 
     def _xid(self, msg: str, lineno: int, prefix: _Prefix) -> KernelEvent | None:
-        if "SXid" in msg:
-            return self._sxid(msg, lineno, prefix)
         match = _XID_RE.search(msg)
         if match is None:
             return None
@@ -371,6 +383,8 @@ class KmsgParser:
             extra["caused_by_previous"] = int(previous.group(1)) if previous.group(1) else True
         if code == 154:
             action, severity = _recovery_action(rest, extra, action, severity)
+        if 144 <= code <= 150:
+            severity = _nvlink5(code, rest, extra, severity)
         if code == 79:
             self._remember(("xid79", pci), lineno)
         return self._event(
@@ -378,23 +392,59 @@ class KmsgParser:
             action=action, severity=severity, extra=extra,
         )  # fmt: skip
 
-    def _sxid(self, msg: str, lineno: int, prefix: _Prefix) -> KernelEvent | None:
+    def _sxid(self, msg: str, lineno: int, prefix: _Prefix) -> list[KernelEvent] | None:
+        """An NVSwitch SXid: the header line is the event; the driver's two detail lines that follow
+        it (``Severity N Engine instance ...`` and ``Data {...}``) are folded into it. A severity line
+        without its header (lost from the ring buffer) is an event of its own (``Severity 1``:
+        fatal); a data line alone is not. None: not an SXid line after all."""
         match = _SXID_RE.search(msg)
         if match is None:
             return None
+        code, pci = int(match.group(3)), normalize_pci(match.group(2))
         rest = match.group(4)
-        head = rest[:40].lower()
-        fatal = "fatal" in head and "non-fatal" not in head
-        extra: dict[str, Any] = {"fatal": fatal}
+        key = ("sxid", (pci, code))
+        extra: dict[str, Any] = {}
         if match.group(1):
             extra["switch"] = match.group(1)
+        if rest.startswith("Data {") or rest.startswith("Data{"):
+            return []  # raw registers: part of the header's incident, never an event alone
+        detail = _SXID_DETAIL_RE.match(rest)
+        if detail is not None:
+            if self._fold(key, lineno, _SXID_WINDOW):
+                return []
+            fatal = detail.group(1) == "1"  # NVSWITCH_ERROR_SEVERITY_FATAL
+            extra.update(
+                fatal=fatal,
+                severity_level=int(detail.group(1)),
+                engine_instance=int(detail.group(2)),
+                subengine_instance=int(detail.group(3)),
+            )
+            return [
+                self._event(
+                    lineno, prefix, Kind.SXID, code=code, pci=pci, action=None,
+                    severity="critical" if fatal else "warning", extra=extra,
+                )
+            ]  # fmt: skip
+        head = rest[:40].lower()
+        nonfatal = "non-fatal" in head or "nonfatal" in head
+        fatal = "fatal" in head and not nonfatal
+        extra["fatal"] = fatal
+        word = _SXID_WORD_RE.match(rest)
+        if word is not None:
+            extra["sxid_severity"] = "fatal" if fatal else "non-fatal"
+            extra["detail"] = rest[word.end() :].strip()
         link = re.search(r"\bLink (\d+)", rest)
         if link is not None:
             extra["link"] = int(link.group(1))
-        return self._event(
-            lineno, prefix, Kind.SXID, code=int(match.group(3)), pci=normalize_pci(match.group(2)),
-            action=None, severity="critical" if fatal else "warning", extra=extra,
+        if rest.rstrip().endswith("(First)"):
+            extra["first"] = True
+        self._remember(key, lineno)
+        event = self._event(
+            lineno, prefix, Kind.SXID, code=code, pci=pci, action=None,
+            severity="critical" if fatal else "warning", extra=extra,
         )  # fmt: skip
+        self._keep(msg, event)
+        return [event]
 
     def _nvrm(self, msg: str, lineno: int, prefix: _Prefix) -> list[KernelEvent]:
         uuid_match = _UUID_LINE_RE.search(msg)
@@ -553,6 +603,46 @@ def _recovery_action(rest: str, extra: dict[str, Any], action: str, severity: st
     if bucket is None:
         return action, severity
     return bucket, _BUCKET_SEVERITY.get(bucket, severity)
+
+
+def _nvlink5(code: int, rest: str, extra: dict[str, Any], severity: str) -> str:
+    """Decode an NVLink5 Xid (144-150): ``UNIT Fatal|Nonfatal XC<n> i<n> Link <n> (0x.. 0x.. ...)``
+    (R575 and later) or ``... XC 1 i 2 Link 01 [0x..]`` (earlier). Adds ``nvlink5_unit``, ``fatal``,
+    ``link``, ``xc``, ``instance``, ``intr_info`` and ``error_status`` (the first two register
+    words, as printed), ``sub_code`` (bits 20-25 of the interrupt info: the row of NVIDIA's Xid
+    144-150 table) and ``registers``. Returns the event severity: Xid 150 or Fatal: critical;
+    Nonfatal: warning; not decoded: as the catalog says (``fatal`` from the words when present)."""
+    match = _NVLINK5_RE.match(rest)
+    if match is None:
+        lowered = rest.lower()
+        if "nonfatal" in lowered or "non-fatal" in lowered:
+            extra["fatal"] = False
+        elif re.search(r"(?<![-\w])fatal\b", lowered):
+            extra["fatal"] = True
+        link = re.search(r"\bLink\s+(\d+)", rest)
+        if link is not None:
+            extra["link"] = int(link.group(1))
+        if code == 150:
+            extra["fatal"] = True
+        fatal = extra.get("fatal")
+        return "critical" if fatal is True else "warning" if fatal is False else severity
+    fatal = code == 150 or match.group("sev").lower() == "fatal"
+    words = _HEX_WORD_RE.findall(match.group("words"))
+    extra.update(
+        nvlink5_unit=match.group("unit"),
+        fatal=fatal,
+        link=int(match.group("link")),
+        xc=int(match.group("xc")),
+        instance=int(match.group("inst")),
+        registers=[w.lower() for w in words],
+    )
+    if words:
+        intr_info = int(words[0], 16)
+        extra["intr_info"] = words[0].lower()
+        extra["sub_code"] = (intr_info >> 20) & 0x3F
+    if len(words) > 1:
+        extra["error_status"] = words[1].lower()
+    return "critical" if fatal else "warning"
 
 
 def _to_int(text: str | None) -> int | None:

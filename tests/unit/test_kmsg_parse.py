@@ -482,3 +482,128 @@ def test_a_cached_repeat_is_a_parse_of_its_line() -> None:
     # the lookup counted as reading line 40: the fall-off line 80 is within 50 lines of it
     assert parser.feed("NVRM: GPU 0000:5e:00.0: GPU has fallen off the bus.", 80) == []
     assert parser.cached("[  2.0] NVRM: Xid (PCI:0000:5e:00): 13, other", 81) is None  # never parsed
+
+
+# --- NVLink5 Xids 144-150 and NVSwitch SXid details (issue #10) ------------------------------------
+
+
+NVLINK5_CASES: list[tuple[str, dict[str, Any]]] = [
+    (  # R575+ form: two spaces, six register words; sub-code = bits 20-25 of the first word
+        "[171167.620236] NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 "
+        "(0x021425c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+        dict(
+            code=149, pci="0009:01:00.0", severity="critical", nvlink5_unit="NETIR_LINK_EVT", fatal=True,
+            link=1, xc=0, instance=0, intr_info="0x021425c6", error_status="0x00000000", sub_code=0x21,
+        ),
+    ),
+    (
+        "NVRM: Xid (PCI:0000:04:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 "
+        "(0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+        dict(code=149, fatal=True, link=0, sub_code=37),
+    ),
+    (
+        "NVRM: Xid (PCI:0000:04:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 "
+        "(0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+        dict(code=149, link=8, sub_code=4),
+    ),
+    (
+        "NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 "
+        "(0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)",
+        dict(
+            code=144, severity="warning", nvlink5_unit="SAW_MVB", fatal=False, link=0, sub_code=0,
+            error_status="0x00000008",
+        ),
+    ),
+    (
+        "NVRM: Xid (PCI:0000:04:00): 145, RLW_CTRL Nonfatal XC0 i0 Link 00 "
+        "(0x00000003 0x80000000 0x00000000 0x00000000)",
+        dict(code=145, severity="warning", fatal=False, error_status="0x80000000"),
+    ),
+    (  # Xid 150 is fatal whatever the word says
+        "NVRM: Xid (PCI:0000:04:00): 150, MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x00000000 0x00000000)",
+        dict(code=150, severity="critical", fatal=True, nvlink5_unit="MSE_WATCHDOG"),
+    ),
+    (  # before R575: "XC 1 i 2" and one bracketed word
+        "NVRM: Xid (PCI:0000:00:1e): 149, NETIR_LINK_EVT Fatal XC 1 i 2 Link 01 [0x0000000a]",
+        dict(code=149, fatal=True, xc=1, instance=2, link=1, intr_info="0x0000000a", sub_code=0),
+    ),
+    (  # a shape not decoded: the words still say fatal or not, and the link
+        "NVRM: Xid (PCI:0000:04:00): 146, TLW unit error, Nonfatal, on Link 7",
+        dict(code=146, severity="warning", fatal=False, link=7),
+    ),
+]
+
+
+NVLINK5_IDS = [f"nvlink5-{i}" for i, _ in enumerate(NVLINK5_CASES)]
+
+
+@pytest.mark.parametrize(("line", "want"), NVLINK5_CASES, ids=NVLINK5_IDS)
+def test_nvlink5_xids_are_decoded(line: str, want: dict[str, Any]) -> None:
+    event = one(line)
+    assert event.kind is Kind.XID
+    for key, value in want.items():
+        got = getattr(event, key) if key in ("code", "pci", "severity") else event.extra[key]
+        assert got == value, (key, got, value)
+    assert event.action == "WORKFLOW_NVLINK5_ERR"
+
+
+def test_nvlink5_undecoded_without_words_keeps_the_catalog_severity() -> None:
+    event = one("NVRM: Xid (PCI:0000:04:00): 147, something new")
+    assert event.severity == "error" and "fatal" not in event.extra and "sub_code" not in event.extra
+
+
+SXID_INCIDENT = [
+    "nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): 24007, Fatal, Link 44 sourcetrack TCAM ECC error (First)",
+    "nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): 24007, Severity 1 Engine instance 44 Sub-engine instance 00",
+    "nvidia-nvswitch3: SXid (PCI:0000:c6:00.0): 24007, Data {0x00000000, 0x00000000, 0x00000000, 0x00000000, "
+    "0x00000000, 0x00000000, 0x00000000, 0x00000000}",
+]
+
+
+def test_sxid_fatal_header_with_its_detail_lines_is_one_event() -> None:
+    events = parse(*SXID_INCIDENT)
+    assert len(events) == 1
+    (event,) = events
+    assert (event.kind, event.code, event.pci) == (Kind.SXID, 24007, "0000:c6:00.0")
+    assert event.severity == "critical"
+    assert event.extra == {
+        "switch": "nvidia-nvswitch3",
+        "fatal": True,
+        "sxid_severity": "fatal",
+        "detail": "Link 44 sourcetrack TCAM ECC error (First)",
+        "link": 44,
+        "first": True,
+    }
+
+
+def test_sxid_non_fatal_header() -> None:
+    event = one(
+        "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 08 egress non-posted PRIV error"
+    )
+    assert event.severity == "warning"
+    assert event.extra["fatal"] is False and event.extra["sxid_severity"] == "non-fatal"
+    assert event.extra["detail"] == "Link 08 egress non-posted PRIV error" and "first" not in event.extra
+
+
+def test_sxid_severity_line_without_its_header_is_an_event() -> None:
+    """The header was lost (ring buffer overrun): the severity line still says fatal."""
+    (event,) = parse(SXID_INCIDENT[1], SXID_INCIDENT[2])
+    assert event.severity == "critical" and event.extra["fatal"] is True
+    assert (event.extra["severity_level"], event.extra["engine_instance"]) == (1, 44)
+    (nonfatal,) = parse(
+        "SXid (PCI:0000:c6:00.0): 12028, Severity 0 Engine instance 08 Sub-engine instance 00"
+    )
+    assert nonfatal.severity == "warning" and nonfatal.extra["fatal"] is False
+
+
+def test_sxid_detail_of_another_switch_or_code_is_not_folded() -> None:
+    other = SXID_INCIDENT[1].replace("c6:00.0", "c7:00.0")
+    assert [e.pci for e in parse(SXID_INCIDENT[0], other)] == ["0000:c6:00.0", "0000:c7:00.0"]
+
+
+def test_sxid_storm_folds_details_through_the_cache_too() -> None:
+    lines = [line.replace("(First)", "") if i else line for i in range(30) for line in SXID_INCIDENT]
+    cached, full = KmsgParser(), KmsgParser(cache_size=0)
+    got = list(parse_lines(lines, cached))
+    assert got == list(parse_lines(lines, full))
+    assert len(got) == 30 and all(e.extra["fatal"] for e in got)
