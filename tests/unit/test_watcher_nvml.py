@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from collections.abc import Callable
 import pytest
 import structlog.testing
 
+from ftd.agent.watchers.nvml.backend import NvmlNotSupported
 from ftd.agent.watchers.nvml.fake import FakeNvml
 from ftd.agent.watchers.nvml.probe import sample_gpu
 from ftd.agent.watchers.nvml.real import RealNvml
@@ -266,12 +268,19 @@ async def wait_for(predicate: Callable[[], bool], within_s: float = 10.0) -> Non
         await asyncio.sleep(0.01)
 
 
+REQUIRE_GPU = os.environ.get("FTD_REQUIRE_GPU") == "1"
+
+
 def _real_nvml_or_skip() -> RealNvml:
+    """The real backend, initialised; without NVML the test skips with the reason, or fails when
+    ``FTD_REQUIRE_GPU=1`` (set it on a GPU machine, so a broken driver is never a silent skip)."""
     backend = RealNvml()
     try:
         backend.init()
     except Exception as exc:
-        pytest.skip(f"no NVML here: {exc}")
+        if REQUIRE_GPU:
+            pytest.fail(f"FTD_REQUIRE_GPU=1 and no NVML here: {exc}", pytrace=False)
+        pytest.skip(f"no NVML here (a GPU test; set FTD_REQUIRE_GPU=1 on a GPU machine): {exc}")
     return backend
 
 
@@ -291,6 +300,33 @@ def test_real_nvml_answers_every_question() -> None:
             assert sample.temperature_c is not None and 0 < sample.temperature_c < 130
             assert sample.power_w is not None and sample.power_w > 0
             assert sample.errors == {}, sample.errors
+    finally:
+        backend.shutdown()
+
+
+@pytest.mark.gpu
+def test_real_nvml_link_states_remap_and_throttle() -> None:
+    """The questions behind nvlink_down, no_spare_rows and sustained throttling, on a real GPU."""
+    backend = _real_nvml_or_skip()
+    try:
+        if backend.device_count() == 0:
+            pytest.skip("NVML present but no GPU")
+        for index in range(backend.device_count()):
+            try:
+                states = backend.nvlink_states(index)
+            except NvmlNotSupported:
+                states = None  # a PCIe GPU without NVLink
+            if states is not None:
+                assert states and all(isinstance(up, bool) for up in states.values())
+                assert all(0 <= link < 64 for link in states)
+                errors = backend.nvlink_errors(index)
+                assert errors["active_links"] == sum(states.values())
+            try:
+                remap = backend.remapped_rows(index)
+            except NvmlNotSupported:
+                continue  # before Ampere: no row remapper
+            assert remap.failure is False, "a healthy test GPU has spare rows left"
+            assert isinstance(backend.throttle_reasons(index), int)
     finally:
         backend.shutdown()
 
