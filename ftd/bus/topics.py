@@ -8,20 +8,30 @@ Every topic ftd uses is built here so a typo cannot invent a new one. Layout (DE
     ftd/v1/nodes/{node}/conditions/{type}   retained, on change
     ftd/v1/nodes/{node}/jobs/{job}          retained JobPresence (empty payload clears)
     ftd/v1/nodes/{node}/acks                Ack from a trainer, relayed by the agent
-    ftd/v1/nodes/{node}/directives          Directive, coordinator -> agent
+    ftd/v1/nodes/{node}/directives          Directive, coordinator -> agent (gpu_reset, diagnostics)
+    ftd/v1/nodes/{node}/directives/jobs     Directive for a job (save, stop), coordinator -> the agent
+                                            of each node the job runs on -> its trainers
     ftd/v1/nodes/{node}/receipts            Receipt, coordinator -> agent: events committed
-    ftd/v1/jobs/{job}/directives            Directive, coordinator -> every agent hosting the job
     ftd/v1/actions/{id}/{phase}             action lifecycle, coordinator only
     ftd/v1/coordinator/status               retained CoordinatorStatus; Last Will says offline
 
 Everything a node publishes lives under its own ``nodes/{node}/`` subtree, except ``directives``
-and ``receipts``, which only the coordinator may write; the Mosquitto ACL in ``deploy/mosquitto``
-enforces that.
+(and ``directives/jobs``) and ``receipts``, which only the coordinator may write; the Mosquitto ACL
+in ``deploy/mosquitto`` enforces that.
+
+Why job directives go per node (``nodes/{node}/directives/jobs``) and not to one
+``ftd/v1/jobs/{job}/directives`` topic every agent reads: an ACL cannot express "the jobs this node
+hosts", so with a shared job topic every node could read every job's save and stop directives and
+answer them (issue #11, a forged acknowledgement). Per node, the ACL's ``%u`` pattern lets a node read
+its own directives only, and the coordinator sends a job's directive once to each node that runs it
+(:func:`job_directives_for`). A separate level from ``directives`` keeps the agent's dispatch on the
+topic alone (a ``collect_diagnostics`` node directive may name a job too).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 PREFIX = "ftd/v1"
 
@@ -76,8 +86,14 @@ def node_receipts(node: str) -> str:
     return f"{PREFIX}/nodes/{check_level(node, 'node')}/receipts"
 
 
-def job_directives(job: str) -> str:
-    return f"{PREFIX}/jobs/{check_level(job, 'job')}/directives"
+def node_job_directives(node: str) -> str:
+    """Where the agent of ``node`` receives the directives of the jobs running on it."""
+    return f"{PREFIX}/nodes/{check_level(node, 'node')}/directives/jobs"
+
+
+def job_directives_for(nodes: Iterable[str]) -> list[str]:
+    """The topics a job's directive goes to: one per node the job runs on (sorted, no repeats)."""
+    return [node_job_directives(node) for node in sorted(set(nodes))]
 
 
 def action_phase(action_id: str, phase: str) -> str:
@@ -91,7 +107,6 @@ ALL_NODE_EVENTS = f"{PREFIX}/nodes/+/events/+"
 ALL_NODE_STATUS = f"{PREFIX}/nodes/+/status"
 ALL_NODE_JOBS = f"{PREFIX}/nodes/+/jobs/+"
 ALL_NODE_ACKS = f"{PREFIX}/nodes/+/acks"
-ALL_JOB_DIRECTIVES = f"{PREFIX}/jobs/+/directives"
 
 
 def matches(pattern: str, topic: str) -> bool:

@@ -70,11 +70,14 @@ from ftd.coordinator.fairness import (
     readable_ids,
 )
 from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.plugins import collect_executors, make_plugin_manager
+from ftd.coordinator.placement import NeedPlacement, Placement
+from ftd.coordinator.plugins import collect_executors, describe_plugins, disabled_plugins, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
+from ftd.coordinator.reconcile import Reconciler
 from ftd.coordinator.state import ClusterState
 from ftd.events import (
     MAX_PAYLOAD_BYTES,
+    NODE_RANK,
     Ack,
     CoordinatorStatus,
     DecodeError,
@@ -175,6 +178,18 @@ class Coordinator:
         limits = {"rate": node_rate, "burst": node_burst, "urgent_reserve": urgent_reserve}
         self.inputs = InputBook(window_s=summary_window_s, limits=limits)
         self._acks: list[Message] = []  # handled, their acknowledgement not sent yet
+        place = cfg.placement
+        self.placement = Placement(
+            scheduler,
+            enforce=place.enforce,
+            ttl_s=place.ttl_s,
+            refresh_s=place.refresh_s,
+            lookup_timeout_s=place.lookup_timeout_s,
+            retry_s=place.retry_s,
+        )
+        if not self.placement.enforced:
+            why = "disabled in config" if scheduler is not None else "no scheduler"
+            log.warning("placement_not_enforced", reason=why, effect="any node may speak for any job")
         self._flush_due = asyncio.Event()
         builtin = BuiltinExecutors(
             ExecutorContext(
@@ -188,10 +203,26 @@ class Coordinator:
             rules_file=cfg.rules_file,
         )
         executors = collect_executors(plugins)
+        log.info(
+            "rules_loaded",
+            rules=[f"{p.name} ({p.source}: {', '.join(p.hooks)})" for p in describe_plugins(plugins)],
+            disabled=disabled_plugins(plugins),
+        )
         gate = PolicyGate.from_config(cfg)
         self.engine = Engine(
             state=self.state, ledger=self.ledger, gate=gate, plugins=plugins, executors=executors
         )
+        # ftd's drains from the ledger before any event is decided; kept in step with the scheduler
+        self.reconciler = Reconciler(
+            state=self.state,
+            ledger=self.ledger,
+            scheduler=scheduler,
+            engine=self.engine,
+            interval_s=cfg.reconcile_interval_s,
+            pending_alert_s=cfg.pending_alert_s,
+        )
+        self.reconciler.restore()
+        self.engine.observe(self.reconciler.observe)
         self.engine.startup(self)  # ftd_startup hooks, each on its own
         self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], bool]] = {
             "events": self._on_event,
@@ -232,9 +263,11 @@ class Coordinator:
         receipts = asyncio.create_task(self._send_receipts(), name="receipts")
         flusher = asyncio.create_task(self._flush_when_due(), name="acks")
         watchdog: asyncio.Task[None] | None = None
+        reconcile: asyncio.Task[None] | None = None
         try:
             await asyncio.sleep(0.5)
             self.engine.resume_unfinished()
+            reconcile = asyncio.create_task(self.reconciler.run(), name="reconcile")
             online = Message(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
             self.bus.set_birth(online)  # said again on every reconnect: agents then resend unreceipted events
             await self._publish_when_connected(online.topic, online.payload, retain=True)
@@ -249,6 +282,8 @@ class Coordinator:
             flusher.cancel()
             if watchdog is not None:
                 watchdog.cancel()
+            if reconcile is not None:
+                reconcile.cancel()
 
     async def _pump(self) -> None:
         """Handle bus messages in order; acknowledge them in groups (see the module docstring)."""
@@ -276,7 +311,7 @@ class Coordinator:
     def _flush(self) -> bool:
         """Commit the changed summaries, then acknowledge the messages handled since the last flush;
         False (nothing acknowledged, tried again later) when the ledger cannot commit."""
-        if self.inputs.dirty and not self.commit_summaries():
+        if (self.inputs.dirty or self.placement.security.dirty) and not self.commit_summaries():
             return False
         acks, self._acks = self._acks, []
         for message in acks:
@@ -286,7 +321,7 @@ class Coordinator:
     def commit_summaries(self) -> bool:
         """Commit every ``bad_input`` summary changed since the last call (one transaction), then
         receipt the events folded or refused into them; False on a storage error (tried again later)."""
-        summaries = self.inputs.pending()
+        summaries = self.inputs.pending() + self.placement.security.pending()
         if summaries:
             try:
                 with self.ledger.transaction():
@@ -296,6 +331,7 @@ class Coordinator:
                 self.storage_errors += 1
                 log.error("summary_commit_failed", error=str(exc), total=self.storage_errors)
                 return False
+        self.placement.security.committed()
         done = self.inputs.committed()
         for node, ids in done.folded.items():
             self._receipt(node, ids)
@@ -347,6 +383,7 @@ class Coordinator:
         if api is not None:
             await api.stop()
         await self.engine.close()
+        await self.placement.close()
         self._flush()  # what was folded or refused last is in the ledger, not only in memory
         if self.bus.connected:
             with contextlib.suppress(BusUnavailable):
@@ -367,21 +404,45 @@ class Coordinator:
             except StopIteration as done:
                 ok: bool = done.value
                 break
-        if self.inputs.dirty:
+            except NeedPlacement as need:  # only the async path can ask the scheduler
+                log.warning("placement_unknown_not_handled", topic=message.topic[:200], jobs=need.jobs)
+                return False
+        if self.inputs.dirty or self.placement.security.dirty:
             self.commit_summaries()  # a storage error leaves them pending, as the pump's commits do
         return ok
 
     async def handle(self, message: Message) -> bool:
         """Handle one bus message, yielding to the event loop between the chunks of a batch; True when
-        it may be acknowledged to the broker once the summaries are committed (:meth:`_flush`)."""
-        steps = self._steps(message)
-        while True:
+        it may be acknowledged to the broker once the summaries are committed (:meth:`_flush`).
+
+        A message that speaks for a job whose placement is not known yet is handled again after the
+        scheduler lookup (handlers raise :class:`NeedPlacement` before any side effect); one the
+        scheduler cannot vouch for now is held and retried (:mod:`ftd.coordinator.placement`)."""
+        for attempt in (1, 2):
+            steps = self._steps(message)
             try:
-                next(steps)
-            except StopIteration as done:
-                ok: bool = done.value
-                return ok
-            await asyncio.sleep(0)
+                while True:
+                    try:
+                        next(steps)
+                    except StopIteration as done:
+                        ok: bool = done.value
+                        return ok
+                    await asyncio.sleep(0)
+            except NeedPlacement as need:
+                if attempt == 1 and await self.placement.lookup(need.node, need.jobs):
+                    continue
+                held = self.placement.hold(message, need.node, need.jobs, self.handle, self._unverified)
+                if not held:
+                    self._unverified(message)
+                return True
+        return True
+
+    def _unverified(self, message: Message) -> None:
+        """Refuse a message whose job the scheduler could not vouch for (fail closed)."""
+        levels = topics.parse(message.topic)
+        error = "the scheduler could not say which nodes run this job; refused (fail closed)"
+        self._refuse(message, levels[1], "placement_unverified", error)
+        self._flush_due.set()
 
     def _steps(self, message: Message) -> Generator[None, None, bool]:
         """The handling of one message; it yields where the caller may give the loop a turn."""
@@ -407,6 +468,8 @@ class Coordinator:
             return handler(levels, message)
         except _Refused as refused:
             return self._refuse(message, node, refused.reason, refused.error, refused.ids)
+        except NeedPlacement:
+            raise  # nothing done yet: handled again once the scheduler said where the job runs
         except (DecodeError, topics.TopicError, ValueError) as exc:
             return self._refuse(message, node, "invalid", str(exc))
         except (sqlite3.Error, OSError) as exc:
@@ -455,6 +518,8 @@ class Coordinator:
         if event.node != node:
             why = f"event for node {event.node!r} published under node {node!r}"
             raise _Refused("foreign_node", why, [event.id])
+        if self._foreign_job_claims([event]):
+            return True
         if not self.limiter.admit(node, event.severity):
             self._fold(event)
             return True
@@ -480,6 +545,9 @@ class Coordinator:
         except DecodeError as exc:
             ids = readable_ids(message.payload, batch=True)
             raise _Refused("invalid", f"{exc} (in a batch)", ids) from None
+        forged = self._foreign_job_claims(events)
+        if forged:
+            events = [e for e in events if e.id not in forged]
         admitted: list[Event] = []
         for event in events:
             if self.limiter.admit(node, event.severity):
@@ -495,6 +563,32 @@ class Coordinator:
                     self.engine.handle_event(event)
             self._receipt(node, [e.id for e in chunk])
         return True
+
+    _HEARTBEAT_KINDS = frozenset({Kind.RANK_HEARTBEAT_LOST, Kind.RANK_STRAGGLER})
+
+    def _foreign_job_claims(self, events: list[Event]) -> set[str]:
+        """Ids of heartbeat events (rank lost, straggler) naming a job the scheduler does not run on
+        their node: each is a placement violation, receipted as rejected and never evaluated (it
+        would restart or flag another node's job). Raises NeedPlacement for jobs not known yet."""
+        claims = [
+            (e, str(e.data["job"]))
+            for e in events
+            if e.kind in self._HEARTBEAT_KINDS
+            and isinstance(e.data.get("job"), str | int)
+            and str(e.data["job"])
+        ]
+        if not claims:
+            return set()
+        node = claims[0][0].node
+        denied = set(self.placement.check(node, [job for _, job in claims]))
+        forged: set[str] = set()
+        for event, job in claims:
+            if job in denied:
+                forged.add(event.id)
+                self.placement.violation(node, job, str(event.kind), f"rank {event.data.get('rank')}")
+                why = f"placement_violation: job {job[:64]} does not run on {node}"
+                self._receipt(node, [], {event.id: why})
+        return forged
 
     def _on_status(self, levels: tuple[str, ...], message: Message) -> bool:
         if not message.payload:
@@ -523,6 +617,10 @@ class Coordinator:
         presence = decode(message.payload, JobPresence) if message.payload else None
         if presence is not None and (presence.node != node or presence.job != job):
             raise DecodeError("job presence does not match its topic")
+        # Authority follows placement; clearing its own presence (no ranks) is always a node's right.
+        if presence is not None and presence.ranks and self.placement.check(node, [job]):
+            self.placement.violation(node, job, "presence", f"ranks {[r.rank for r in presence.ranks][:16]}")
+            return True
         self.state.apply_presence(node, job, presence)
         return True
 
@@ -530,6 +628,12 @@ class Coordinator:
         ack = decode(message.payload, Ack)
         if ack.node != levels[1]:
             raise DecodeError(f"ack from node {ack.node!r} published under node {levels[1]!r}")
+        # A rank's ack counts only from a node the scheduler runs its job on. (Node-level answers,
+        # rank NODE_RANK, reply to a node directive only that node can read.)
+        if ack.rank != NODE_RANK and self.placement.check(ack.node, [ack.job]):
+            detail = f"rank {ack.rank} directive {ack.directive_id[:100]}"
+            self.placement.violation(ack.node, ack.job, "ack", detail)
+            return True
         log.info(
             "trainer_ack", job=ack.job, rank=ack.rank, ok=ack.ok, step=ack.step, directive=ack.directive_id
         )
@@ -543,4 +647,6 @@ class Coordinator:
             "folded": self.inputs.folded_total,
             "storage_errors": self.storage_errors,
             "receipts_sent": self.receipts_sent,
+            "placement_violations": self.placement.violations,
+            "placement_unverified": self.placement.unverified,
         }

@@ -211,9 +211,11 @@ def test_node_publishes_only_its_own_subtree(connect: Connect) -> None:
     forbidden = [
         topics.node_event("node-2", "xid"),  # as another node
         topics.node_status("node-2"),
-        topics.job_directives("X"),  # directives: coordinator only
+        topics.node_job_directives("node-2"),  # directives: coordinator only
         topics.node_directives("node-2"),
         topics.node_directives("node-1"),  # ... even inside its own subtree
+        topics.node_job_directives("node-1"),
+        "ftd/v1/jobs/X/directives",  # the old shared job topic: nobody's to write
         topics.action_phase("a1", "started"),
         "ftd/v1/other",
     ]
@@ -232,20 +234,24 @@ def test_coordinator_directives_reach_node_and_only_its_own(connect: Connect) ->
     node1 = connect("node-1")
     # The agent's own subscriptions (ftd/agent/app.py) are granted ...
     assert [rc.value for rc in node1.subscribe(topics.node_directives("node-1"))] == [1]
-    assert [rc.value for rc in node1.subscribe(topics.ALL_JOB_DIRECTIVES)] == [1]
-    # ... and a greedy one may be accepted, but must not deliver other nodes' traffic.
+    assert [rc.value for rc in node1.subscribe(topics.node_job_directives("node-1"))] == [1]
+    # ... and greedy ones may be accepted, but must not deliver other nodes' traffic.
     node1.subscribe("ftd/v1/nodes/node-2/#")  # Mosquitto 2.0.11 grants it (SUBACK 1)
+    node1.subscribe("ftd/v1/nodes/+/directives/jobs")
+    node1.subscribe("ftd/v1/jobs/#")
     node2 = connect("node-2")
     coord = connect("coordinator")
 
     node2.publish(topics.node_event("node-2", "xid"), b"node-2 event")
     coord.publish(topics.node_directives("node-2"), b"for node-2")
-    coord.publish(topics.job_directives("7"), b"job 7 save")
+    coord.publish(topics.node_job_directives("node-2"), b"job 8 save on node-2")
+    coord.publish("ftd/v1/jobs/8/directives", b"old shared job topic")  # the coordinator may not
+    coord.publish(topics.node_job_directives("node-1"), b"job 7 save")
     coord.publish(topics.node_directives("node-1"), b"for node-1")
 
     got = node1.received_until(b"for node-1")
     assert got == [
-        (topics.job_directives("7"), b"job 7 save"),
+        (topics.node_job_directives("node-1"), b"job 7 save"),
         (topics.node_directives("node-1"), b"for node-1"),
     ]
 

@@ -203,7 +203,7 @@ async def test_agent_counts_bad_directives_and_keeps_relaying(tmp_path: Path) ->
         await agent.bus.wait_connected(5)
         await asyncio.sleep(0.05)
         for payload in (b"garbage", b'{"schema":1,"id":"d","ts":1,"action":"explode"}', b"[]"):
-            await coordinator_bus.publish(topics.job_directives("1001"), payload)
+            await coordinator_bus.publish(topics.node_job_directives("node-1"), payload)
         await asyncio.sleep(0.05)
         assert agent.bad_messages == 3
         assert not task.done()

@@ -52,7 +52,14 @@ def test_builders_and_subscription_patterns_agree() -> None:
     assert topics.matches(topics.ALL_NODE_STATUS, topics.node_status("node-1"))
     assert topics.matches(topics.ALL_NODE_JOBS, topics.node_job("node-1", "1001"))
     assert topics.matches(topics.ALL_NODE_ACKS, topics.node_acks("node-1"))
-    assert topics.matches(topics.ALL_JOB_DIRECTIVES, topics.job_directives("1001"))
+    # A job's directives go to each node it runs on, never to a topic every node reads.
+    assert topics.job_directives_for(["node-2", "node-1", "node-2"]) == [
+        "ftd/v1/nodes/node-1/directives/jobs",
+        "ftd/v1/nodes/node-2/directives/jobs",
+    ]
+    assert topics.job_directives_for([]) == []
+    assert not topics.matches(topics.node_directives("node-1"), topics.node_job_directives("node-1"))
+    assert not topics.matches(topics.ALL_NODE_JOBS, topics.node_job_directives("node-1"))
     assert not topics.matches(topics.ALL_NODE_EVENTS, topics.node_status("node-1"))
     assert topics.parse(topics.node_event("node-1", "xid")) == ("nodes", "node-1", "events", "xid")
 

@@ -1,0 +1,127 @@
+"""The placement check's cache and failure policy (ftd.coordinator.placement), on the real
+Coordinator's message handling with an in-process scheduler whose answers the test controls.
+
+- A scheduler that cannot answer never lets a claim through (fail closed), but a genuine message is
+  held and handled once it answers again; past ``retry_s`` it is refused as ``placement_unverified``.
+- A dead scheduler is asked once per ``failure_hold_s``, not once per message.
+- A job requeued onto another node: that node is believed after a refresh (cache miss -> lookup).
+- A node inventing job ids costs at most its miss budget in scheduler calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ftd.bus import topics
+from ftd.bus.base import Message
+from ftd.bus.memory import MemoryBroker, MemoryBus
+from ftd.config import ApiConfig, Config, CoordinatorConfig
+from ftd.coordinator.actions.scheduler import FakeScheduler, SchedulerError
+from ftd.coordinator.app import Coordinator
+from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.placement import Placement
+from ftd.events import Ack, JobPresence, RankInfo, encode
+
+
+class Flaky(FakeScheduler):
+    """A FakeScheduler whose ``job_nodes`` fails while ``down`` is set."""
+
+    down: bool = False
+
+    async def job_nodes(self, job: str) -> tuple[str, ...]:
+        self.calls.append(("job_nodes", (job,)))
+        if self.down:
+            raise SchedulerError("scontrol failed", returncode=1, stderr="Unable to contact slurm controller")
+        j = self.jobs.get(job)
+        return j.nodes if j is not None and j.state == "RUNNING" else ()
+
+
+def coordinator(scheduler: FakeScheduler, *, retry_s: float = 5.0) -> Coordinator:
+    config = Config(coordinator=CoordinatorConfig(ledger_path=":memory:", api=ApiConfig(enabled=False)))
+    c = Coordinator(config, bus=MemoryBus(MemoryBroker()), scheduler=scheduler, ledger=Ledger(":memory:"))
+    c.placement = Placement(scheduler, retry_s=retry_s, failure_hold_s=0.05, lookup_timeout_s=1.0)
+    return c
+
+
+def presence(node: str, job: str, *ranks: int) -> Message:
+    body = JobPresence(job=job, node=node, ranks=[RankInfo(rank=r) for r in ranks], ts=time.time())
+    return Message(topics.node_job(node, job), encode(body), retain=True)
+
+
+def lookups(scheduler: FakeScheduler) -> int:
+    return sum(1 for op, _ in scheduler.calls if op == "job_nodes")
+
+
+async def until(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_scheduler_down_holds_genuine_and_forged_claims_until_it_answers() -> None:
+    sched = Flaky()
+    sched.add_job("77", ["node-1"])
+    c = coordinator(sched)
+    sched.down = True
+    assert await c.handle(presence("node-1", "77", 0))  # held (acknowledged to the broker: kept here)
+    assert await c.handle(presence("node-2", "77", 0))
+    assert "77" not in c.state.jobs  # nothing accepted unverified
+    assert c.placement.held == 2 and c.placement.violations == 0
+    await asyncio.sleep(0.3)
+    assert "77" not in c.state.jobs
+    # Retries are spaced by the failure hold: a dead scheduler is not asked for every message.
+    assert lookups(sched) <= 12
+    sched.down = False
+    await until(lambda: c.placement.held == 0)
+    assert c.state.jobs["77"].nodes == ["node-1"]  # the genuine claim, handled late but not lost
+    assert c.placement.violations == 1  # the forged one, refused once the scheduler could say so
+    assert c.placement.unverified == 0
+    await c.placement.close()
+
+
+async def test_scheduler_down_past_retry_window_refuses_as_unverified() -> None:
+    sched = Flaky()
+    sched.add_job("78", ["node-1"])
+    c = coordinator(sched, retry_s=0.3)
+    sched.down = True
+    ack = Ack(directive_id="d-1", job="78", rank=0, node="node-1", path="/ckpt")
+    assert await c.handle(Message(topics.node_acks("node-1"), encode(ack)))
+    await until(lambda: c.placement.held == 0)
+    assert c.placement.unverified == 1
+    assert c.acks.outcome("d-1", [0]).missing == frozenset({0})  # never recorded
+    assert c.bad_messages == 1
+    assert c.inputs.pending()[0].data["rejected_reasons"] == {"placement_unverified": 1}
+    assert c.placement.violations == 0  # the scheduler's fault, not the node's: no security event
+    await c.placement.close()
+
+
+async def test_job_requeued_onto_another_node_is_believed_after_a_refresh() -> None:
+    sched = Flaky()
+    sched.add_job("79", ["node-1"])
+    c = coordinator(sched)
+    c.placement.refresh_s = 0.1
+    assert await c.handle(presence("node-1", "79", 0))
+    assert c.state.jobs["79"].nodes == ["node-1"]
+    sched.jobs["79"].nodes = ("node-2",)  # requeued and started on node-2
+    assert await c.handle(presence("node-2", "79", 0))  # within refresh_s: the cached list says no
+    assert c.placement.violations == 1
+    await asyncio.sleep(0.15)
+    assert await c.handle(presence("node-2", "79", 0))  # looked up again: now it is node-2's
+    assert c.state.jobs["79"].ranks_by_node.keys() >= {"node-2"}
+    assert c.placement.violations == 1
+    assert lookups(sched) == 2
+
+
+async def test_invented_job_ids_cost_at_most_the_miss_budget_in_scheduler_calls() -> None:
+    sched = Flaky()
+    c = coordinator(sched)
+    clock = [1000.0]
+    c.placement = Placement(sched, miss_rate=5.0, miss_burst=20.0, clock=lambda: clock[0], retry_s=0.2)
+    for i in range(200):
+        await c.handle(presence("node-2", f"9{i:04d}", 0))
+    assert lookups(sched) == 20  # the burst; the rest wait (held, then refused), none accepted
+    assert c.state.jobs == {}
+    assert c.placement.violations == 20  # the 20 looked up: no such job runs on node-2
+    await c.placement.close()
