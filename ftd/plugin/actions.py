@@ -4,6 +4,25 @@ A rule never performs I/O; it returns :class:`ActionRequest` values. The engine 
 the policy gate and, if allowed, hands it to the executor registered for its ``kind``. The ``key``
 (kind + target) is what dedupe and cooldown work on: two rules asking to drain the same node ask for
 the same action.
+
+Order: the requests a rule (or several rules) return for one event are run as one plan
+(:mod:`ftd.coordinator.plan`): a job's save and stop (``checkpoint_restart``, ``checkpoint``) before
+node actions (``gpu_reset``, ``drain_node``), those before the job's requeue. A rule just returns
+them; it need not order them or say what depends on what.
+
+Params the built-in executors honour (anything else is kept in the ledger as the rule's context):
+
+==========================  ==========================================================================
+kind                        params
+==========================  ==========================================================================
+``checkpoint_restart``      ``exclude`` (nodes the requeued job may not use), ``stop`` (false: save
+                            only), ``delay_s`` (crash-loop backoff: wait this long after the stop
+                            before the requeue), ``node`` (the faulty node: part of the cooldown key)
+``checkpoint``              as above; ``stop`` defaults to false
+``gpu_reset``               ``pci`` / ``uuid`` / ``index`` (the GPU); refused resets are retried, then
+                            escalated to a reboot, then a drain (``coordinator.gpu_reset_*``)
+``drain_node``              none (the reason is the request's ``reason``)
+==========================  ==========================================================================
 """
 
 from __future__ import annotations

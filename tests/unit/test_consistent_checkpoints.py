@@ -84,8 +84,8 @@ class Job:
         )
 
 
-def record(kind: str = ActionKind.CHECKPOINT_RESTART) -> ActionRecord:
-    request = ActionRequest(kind=kind, target=JOB, reason="xid 48", params={"exclude": ["node-2"]})
+def record(kind: str = ActionKind.CHECKPOINT_RESTART, **params: object) -> ActionRecord:
+    request = ActionRequest(kind=kind, target=JOB, reason="xid 48", params={"exclude": ["node-2"], **params})
     return ActionRecord(id="act-1", request=request, state=ActionState.RUNNING)
 
 
@@ -96,7 +96,9 @@ async def test_ranks_that_acked_different_steps_escalate_and_resume_from_the_old
     assert detail["save_steps_differ"] == {"0": 996, "1": 1003}
     assert detail["save_step"] == [996, 1003]
     assert detail["resume_step"] == 996
-    assert detail["requeued"] == {"scheduler": "fake", "exclude": ["node-2"], "resume_step": 996}
+    requeued = {k: v for k, v in detail["requeued"].items() if k != "ts"}
+    assert requeued == {"scheduler": "fake", "exclude": ["node-2"], "resume_step": 996}
+    assert detail["stopped_at"] <= detail["requeued"]["ts"]
     save = job.directives[0]
     assert save.action == "save" and save.params == {"save_at_step": 996}  # 991 + margin 5
     stop = job.directives[1]
@@ -110,6 +112,12 @@ async def test_ranks_that_acked_the_same_step_succeed_and_resume_from_it() -> No
     assert "state" not in detail and "save_steps_differ" not in detail
     assert detail["save_step"] == 996 and detail["resume_step"] == 996
     assert detail["requeued"]["resume_step"] == 996
+
+
+async def test_a_crash_loop_backoff_delays_the_requeue_as_the_rule_asked() -> None:
+    job = Job(steps={0: 7, 1: 7}, beats={0: 1, 1: 1})
+    detail = await job.executor()(record(delay_s=0.05))
+    assert detail["requeued"]["delayed_s"] == 0.05 and job.scheduler.jobs[JOB].restarts == 1
 
 
 async def test_a_save_only_checkpoint_with_differing_steps_is_escalated_too() -> None:

@@ -18,8 +18,9 @@ action's detail:
    (``stop_deadline_s``) until the job's ranks have left their agents (the retained job presence
    empties), so the scheduler does not kill a rank mid-write and a node action (GPU reset) never
    meets the job's processes.
-2. **requeue** -- through the scheduler, excluding ``params.exclude`` (the faulty nodes);
-   ``detail["requeued"]["resume_step"]`` says which step to resume from.
+2. **requeue** -- after ``params.delay_s`` seconds when a rule asks for a crash-loop backoff, through
+   the scheduler, excluding ``params.exclude`` (the faulty nodes); ``detail["requeued"]`` has its
+   time (``ts``) and ``resume_step``, the step to resume from.
 
 With ``params["stop"] = False`` (the default for action kind ``checkpoint``) only the save runs: the
 job saves and keeps training (a filesystem filling up: save while there is still room).
@@ -179,6 +180,7 @@ class CheckpointRestart:
                 record, "stop", self.stop_deadline_s, {"resume_step": resume} if resume is not None else None
             )
             detail["stopped"] = await self._wait_job_gone(job)
+            detail["stopped_at"] = time.time()
             escalated = escalated or not detail["stopped"]
         if escalated:
             detail["state"] = str(ActionState.ESCALATED)
@@ -192,8 +194,14 @@ class CheckpointRestart:
         exclude = list(record.request.params.get("exclude") or [])
         if self._scheduler is None:
             return {"requeued": None}
+        delay = record.request.params.get("delay_s")
+        if isinstance(delay, int | float) and not isinstance(delay, bool) and delay > 0:
+            log.info("requeue_delayed", job=job, delay_s=delay)  # crash-loop backoff asked by the rule
+            await asyncio.sleep(float(delay))
         await self._scheduler.requeue(job, exclude=exclude)
-        requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude}
+        requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude, "ts": time.time()}
+        if delay:
+            requeued["delayed_s"] = delay
         if record.detail.get("resume_step") is not None:
             requeued["resume_step"] = record.detail["resume_step"]
         return {"requeued": requeued}
