@@ -7,7 +7,9 @@ Checks, in order, each recorded with its reason when it says no:
    less than ``cooldown_s`` ago (a flapping GPU must not be drained, resumed and drained again every
    minute; a requeued job must still be restarted when a *different* node fails under it). A request
    whose ``params["severity"]`` ranks above the severity of the action that started the cooldown
-   passes: a save asked on a warning must not hold back the stop on a critical crossing;
+   passes: a save asked on a warning must not hold back the stop on a critical crossing; so does a
+   job action for a job that the finished action moved off the node (``params.exclude``) and that
+   runs there again (the cluster view says so): it came back onto the fault, a new incident;
 3. **rate limit** — at most ``max`` actions of a kind started within ``window_s`` (per
    :class:`RateLimit`; a storm of Xids on many nodes must not restart every job at once);
 4. **blast radius** (``drain_node`` only) — the nodes drained by ftd (from the cluster state) plus
@@ -87,6 +89,11 @@ _SEVERITY_RANKS = {"info": 0, "warning": 1, "error": 2, "critical": 3}
 _NO_SEVERITY = -1
 
 
+def excluded_nodes(request: ActionRequest) -> frozenset[str]:
+    exclude = request.params.get("exclude")
+    return frozenset(n for n in exclude if isinstance(n, str)) if isinstance(exclude, list) else frozenset()
+
+
 def severity_rank(request: ActionRequest) -> int:
     """The rank of ``params["severity"]`` (the severity of what the rule acted on; rules set it);
     -1 when the request does not say (such requests cool down as before, whatever they follow)."""
@@ -137,6 +144,7 @@ class PolicyGate:
         self._active_requests: dict[str, ActionRequest] = {}  # key -> its request
         self._finished_at: dict[str, float] = {}  # key -> when the last one finished
         self._finished_severity: dict[str, int] = {}  # key -> the severity rank of that last one
+        self._finished_exclude: dict[str, frozenset[str]] = {}  # key -> nodes that last one moved off
         self._starts: dict[str, deque[float]] = {}  # kind -> start times inside its rate window
 
     @classmethod
@@ -166,6 +174,7 @@ class PolicyGate:
                 cooled = record.request.cooldown_key
                 if record.updated >= self._finished_at.get(cooled, 0.0):
                     self._finished_severity[cooled] = severity_rank(record.request)
+                    self._finished_exclude[cooled] = excluded_nodes(record.request)
                 self._finished_at[cooled] = max(self._finished_at.get(cooled, 0.0), record.updated)
 
     # --- the decision ---------------------------------------------------------------------------
@@ -184,6 +193,8 @@ class PolicyGate:
         before = self._finished_severity.get(cooled, _NO_SEVERITY)
         if finished is not None and before != _NO_SEVERITY and severity_rank(request) > before:
             finished = None  # a higher severity is never held back by the cooldown of a lower one
+        if finished is not None and view is not None and self._came_back(request, view, cooled):
+            finished = None  # the job was moved off this node and runs there again: a new incident
         if finished is not None:
             remaining = self.cooldown_s - (now - finished)
             if remaining > 0:
@@ -213,6 +224,14 @@ class PolicyGate:
                 ActionState.AWAITING_APPROVAL, f"approval: {request.kind} actions need a human's approval"
             )
         return Verdict(ActionState.PENDING)
+
+    def _came_back(self, request: ActionRequest, view: GateView, cooled: str) -> bool:
+        """A job action for a node the finished action moved the job off (``params.exclude``), while
+        the job runs on that node again (restarted onto a still-full disk, say)."""
+        node = request.params.get("node")
+        if not request.targets_job or not isinstance(node, str):
+            return False
+        return node in self._finished_exclude.get(cooled, ()) and request.target in view.jobs_on_node(node)
 
     def drain_budget(self, cluster_size: int) -> int:
         return max(self.min_drain_budget, math.floor(self.max_drained_fraction * cluster_size + 1e-9))
@@ -291,3 +310,4 @@ class PolicyGate:
         self.release(record)
         self._finished_at[record.request.cooldown_key] = self.clock()
         self._finished_severity[record.request.cooldown_key] = severity_rank(record.request)
+        self._finished_exclude[record.request.cooldown_key] = excluded_nodes(record.request)

@@ -338,3 +338,25 @@ def test_gate_restores_severity_from_the_ledger() -> None:
     assert not gate.decide(high).allowed
     crit = ActionRequest(kind=ActionKind.DRAIN_NODE, target="n", reason="r", params={"severity": "critical"})
     assert gate.decide(crit).allowed
+
+
+def test_gate_acts_again_when_the_job_came_back_onto_the_node_it_was_moved_off() -> None:
+    clock = [0.0]
+    gate = PolicyGate(cooldown_s=600, clock=lambda: clock[0])
+    params = {"node": "node-1", "exclude": ["node-1"], "severity": "critical"}
+    moved = ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target="j1", reason="full", params=params)
+    record = ActionRecord(id="a1", request=moved, state=ActionState.PENDING)
+    gate.started(record)
+    gate.finished(record)
+    clock[0] = 60.0
+    elsewhere = view_with(jobs={"j1": ["node-2"]})
+    assert not gate.decide(moved, elsewhere).allowed  # it went elsewhere: cooldown as usual
+    back = view_with(jobs={"j1": ["node-1"]})
+    assert gate.decide(moved, back).allowed  # back on the node it was moved off: act again
+    in_place = ActionRequest(
+        kind=ActionKind.CHECKPOINT_RESTART, target="j2", reason="r", params={"node": "node-1", "exclude": []}
+    )
+    record2 = ActionRecord(id="a2", request=in_place, state=ActionState.PENDING)
+    gate.started(record2)
+    gate.finished(record2)
+    assert not gate.decide(in_place, view_with(jobs={"j2": ["node-1"]})).allowed  # never moved: cooldown
