@@ -74,9 +74,10 @@ async def test_nvlink_link_down_then_back() -> None:
     gpu.set_link(3, True)
     gpu.set_link(5, True)
     (back,) = await h.poll(5)
-    assert back.severity is Severity.INFO and back.data["signal"] == "nvlink_down"
+    # its own signal and no links_down key: nothing acting on a link going down can mistake it
+    assert back.severity is Severity.INFO and back.data["signal"] == "nvlink_up"
     assert back.data["recovered"] is True and back.data["links_up"] == [3, 5]
-    assert back.data["links_down"] == []
+    assert back.data["still_down"] == [] and "links_down" not in back.data
     assert back.data["active_links"] == 18
     assert await h.poll(5) == []
     # the active-link count is not an error counter: no nvlink_errors finding came from it
@@ -95,7 +96,12 @@ async def test_link_down_between_baseline_and_first_diff_and_all_links_down() ->
     assert not {"nvlink_states", "nvlink_errors"} & h.watcher.gpus[gpu.uuid].unsupported
     gpu.set_link(2, True)
     (back,) = await h.poll(5)
-    assert back.data["links_up"] == [2] and back.data["links_down"] == [0, 1, 3]
+    assert back.data["signal"] == "nvlink_up"
+    assert back.data["links_up"] == [2] and back.data["still_down"] == [0, 1, 3]
+    gpu.set_link(2, False)  # down again: reported again, with the others still down
+    (again,) = await h.poll(5)
+    assert again.data["signal"] == "nvlink_down"
+    assert again.data["links_down"] == [0, 1, 2, 3] and again.data["new_links_down"] == [2]
 
 
 async def test_no_active_link_at_baseline_means_no_nvlink_in_use() -> None:

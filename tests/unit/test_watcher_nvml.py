@@ -181,6 +181,7 @@ async def test_blocking_call_is_reported_and_threads_do_not_pile_up() -> None:
         stalled = [e for e in out.of(Kind.GPU_HEALTH) if e.data.get("stalled")]
         assert len(stalled) == 1
         assert stalled[0].data["call"] == "temperature" and stalled[0].data["gpu"] == 1
+        assert stalled[0].data["signal"] == "stalled" and stalled[0].severity is Severity.ERROR
         assert stalled[0].data["uuid"] == fake.gpu(1).uuid
         assert watcher.outstanding_probes() == 1
         assert probe_threads() <= threads_before + 1
@@ -195,6 +196,7 @@ async def test_blocking_call_is_reported_and_threads_do_not_pile_up() -> None:
     await watcher.poll_once()
     over = [e for e in out.of(Kind.GPU_HEALTH) if e.data.get("stalled") is False]
     assert len(over) == 1 and over[0].data["stalled_for_s"] > 0
+    assert over[0].data["signal"] == "stall_ended" and over[0].severity is Severity.INFO
 
 
 async def test_notsupported_asked_once() -> None:

@@ -13,8 +13,8 @@ hysteresis, the NVLink baseline, the correctable-ECC window, how long throttling
 in the GPU's :class:`GpuMemory`, which :func:`diff` updates.
 
 Every ``gpu_health`` finding carries ``data.signal``: ``retired_pages``, ``pcie_replay``,
-``nvlink_errors`` or ``nvlink_down``. The correctable-ECC rate is an ``ecc`` finding with
-``signal = "correctable_rate"``.
+``nvlink_errors`` or ``nvlink_down`` (and ``nvlink_up``, an info, when downed links come back).
+The correctable-ECC rate is an ``ecc`` finding with ``signal = "correctable_rate"``.
 """
 
 from __future__ import annotations
@@ -289,11 +289,12 @@ def nvlink(old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: int) -
 def nvlink_down(old: GpuSample | None, new: GpuSample, index: int, mem: GpuMemory) -> Finding | None:
     """NVLink links that were active (in the first sample or the previous one) and are now inactive.
 
-    An error with every link now down (``links_down``, and ``new_links_down`` for this drop); an
-    info with ``recovered=true`` when reported links come back (``links_up``; ``links_down`` then
-    lists those still down, empty when all are back). A link whose state was not read this time is
-    neither down nor back. A GPU whose first sample has no active link has no NVLink in use: nothing
-    is reported for it.
+    An error, ``signal = "nvlink_down"``, with every link now down (``links_down``, and
+    ``new_links_down`` for this drop). When reported links come back: an info with its own signal,
+    ``nvlink_up`` (``links_up``, and ``still_down`` for those not back yet; no ``links_down`` key,
+    so nothing that acts on a link going down can mistake it for one). A link whose state was not
+    read this time is neither down nor back. A GPU whose first sample has no active link has no
+    NVLink in use: nothing is reported for it.
     """
     links = new.nvlink_links
     if links is None:
@@ -311,18 +312,16 @@ def nvlink_down(old: GpuSample | None, new: GpuSample, index: int, mem: GpuMemor
         return None
     mem.links_down = (mem.links_down | newly_down) - back
     data: dict[str, Any] = {
-        "signal": "nvlink_down",
-        "links_down": sorted(mem.links_down),
         "active_links": len(active),
         "previous_active_links": len(prev_active) if prev is not None else len(mem.links_baseline),
         "baseline_active_links": len(mem.links_baseline),
         "gpu": index,
     }
     if newly_down:
+        data.update(signal="nvlink_down", links_down=sorted(mem.links_down))
         data["new_links_down"] = sorted(newly_down)
         if back:
             data["links_up"] = sorted(back)
         return Kind.GPU_HEALTH, Severity.ERROR, data
-    data["links_up"] = sorted(back)
-    data["recovered"] = True
+    data.update(signal="nvlink_up", links_up=sorted(back), still_down=sorted(mem.links_down), recovered=True)
     return Kind.GPU_HEALTH, Severity.INFO, data

@@ -20,9 +20,10 @@ Events (``source="nvml"``; each carries ``uuid``, ``index``, ``pci`` as lowercas
   ``thermal_sustained_s``.
 * ``gpu_missing``: fewer GPUs than ``expected_gpus``, a UUID from the first inventory gone, or a
   GPU answering "GPU is lost". Once per episode.
-* ``gpu_health``: stalled probes (``signal = "stalled"``), PCIe replay bursts (``pcie_replay``),
-  NVLink error-counter increases (``nvlink_errors``), NVLink links that went down, or came back
-  (``nvlink_down``), retired pages pending (``retired_pages``).
+* ``gpu_health``: stalled probes (``signal = "stalled"``; ``stall_ended``, an info, when the probe
+  returns), PCIe replay bursts (``pcie_replay``), NVLink error-counter increases
+  (``nvlink_errors``), NVLink links that went down (``nvlink_down``) or came back (``nvlink_up``,
+  an info), retired pages pending (``retired_pages``).
 * ``xid``: Xid errors from NVML's event API (``data.source = "nvml"``), read by a thread that
   waits on the event set with a short timeout so it can stop.
 
@@ -218,7 +219,7 @@ class NvmlWatcher:
             Severity.INFO,
             state.ident,
             {
-                "signal": "stalled",
+                "signal": "stall_ended",
                 "stalled": False,
                 "call": probe.tracker.call,
                 "gpu": state.ident.index,
