@@ -320,3 +320,37 @@ async def test_failing_callback_does_not_break_the_server(sockdir: str) -> None:
         await peer.close()
     finally:
         await server.stop()
+
+
+# --- socket group and mode, peer credentials (issue #11) -----------------------------------------
+
+
+async def test_socket_group_by_gid_and_mode_are_applied(sockdir: str, rec: Recorder) -> None:
+    gid = os.getgroups()[-1] if os.getgroups() else os.getgid()
+    path = os.path.join(sockdir, "g.sock")
+    server = LocalApi(path, "n", rec.on_presence, rec.on_ack, socket_mode=0o640, socket_group=gid)
+    await server.start()
+    try:
+        st = os.stat(server.socket_path)
+        assert (stat.S_IMODE(st.st_mode), st.st_gid) == (0o640, gid)
+    finally:
+        await server.stop()
+
+
+async def test_an_unknown_socket_group_fails_start_clearly_and_leaves_no_socket(
+    sockdir: str, rec: Recorder
+) -> None:
+    path = os.path.join(sockdir, "u.sock")
+    server = LocalApi(path, "n", rec.on_presence, rec.on_ack, socket_group="no-such-group-ftd")
+    with pytest.raises(ValueError, match=r"agent\.socket_group: no group named 'no-such-group-ftd'"):
+        await server.start()
+    assert not exists(path)
+
+
+async def test_a_trusted_peer_may_register_any_job_and_keeps_its_pid(api: LocalApi) -> None:
+    """This test process runs as root or as the agent's own user (outside any job): trusted."""
+    peer = await Peer.open(api)
+    assert (await peer.register("any-job", 3, pid=4242))["op"] == "ok"
+    assert [(r.rank, r.pid) for r in api.jobs()["any-job"]] == [(3, 4242)]
+    assert api.counters["registrations_refused"] == 0
+    await peer.close()
