@@ -128,9 +128,10 @@ class GpuReset:
         delay = self.retry_backoff_s
         while True:
             n = len(attempts) + 1
+            asked = time.time()
             directive_id, ack = await self._ask(record, "" if n == 1 else f"-{n}", gpu)
             detail["directive_id"] = directive_id
-            attempt: dict[str, Any] = {"n": n, "ts": time.time(), "answered": ack is not None}
+            attempt: dict[str, Any] = {"n": n, "ts": asked, "answered": ack is not None}
             if ack is not None:
                 attempt.update(ok=ack.ok, reason=ack.reason)
             attempts.append(attempt)
