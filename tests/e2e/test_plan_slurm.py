@@ -121,7 +121,7 @@ def test_xid48_saves_stops_then_resets_the_gpu_then_requeues(gpu_stack: tuple[St
     assert restart_state == "succeeded", restart
 
     # The trainer saved (acked) and stopped; only then did anything touch the GPU.
-    records = trainer_records(log)
+    records: list[dict[str, Any]] = trainer_records(log)
     saved = [r for r in records if r["what"] == "saved"]
     stopped = [r for r in records if r["what"] == "stopped"]
     assert len(saved) == 1 and len(stopped) == 1, records
@@ -135,7 +135,8 @@ def test_xid48_saves_stops_then_resets_the_gpu_then_requeues(gpu_stack: tuple[St
     reset_lines = resets.read_text().splitlines() if resets.exists() else []
     assert len(reset_lines) == 1 and reset_lines[0].split()[1:] == ["-r", "-i", "0000:3b:00.0"], reset_lines
     reset_at = float(reset_lines[0].split()[0])
-    health = [e for e in stack.ledger_events("gpu_health") if e["data"].get("result") == "reset_ok"]
+    events: list[dict[str, Any]] = stack.ledger_events("gpu_health")
+    health = [e for e in events if e["data"].get("result") == "reset_ok"]
     assert len(health) == 1 and health[0]["data"]["directive_id"] == reset["directive_id"]
 
     # Then the requeue: after the reset, with node-1 excluded (the job stays PENDING: no other slurmd).
