@@ -289,7 +289,8 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     socket_mode: Annotated[
         int,
         _doc(
-            "Permission bits of the trainer socket (octal in TOML: 0o660 = owner and socket_group).",
+            "Permission bits of the trainer socket, octal in TOML: 0o660 (= 432, the default) lets the "
+            "owner and socket_group connect.",
             ge=0,
             le=0o777,
         ),
