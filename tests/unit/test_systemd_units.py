@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ftd.sdnotify import notify, watchdog_interval_s
+from tests.realparts import require_binary
 
 UNIT = Path(__file__).resolve().parents[2] / "systemd" / "ftd-agent.service"
 
@@ -26,9 +27,7 @@ def settings(text: str) -> dict[str, list[str]]:
 
 
 def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed (Debian package `systemd`)")
+    analyze = require_binary("systemd-analyze", package="systemd")
     ftd = Path(sys.executable).with_name("ftd")
     text = UNIT.read_text()
     if ftd.exists():  # verify checks that the executable exists: point it at this venv's ftd
@@ -157,10 +156,11 @@ def test_py_spy_needs_no_system_call_beyond_the_unit_filter(tmp_path: Path) -> N
     makes that @system-service lacks is in REQUIRED_SYSCALLS (so the constant cannot go stale)."""
     from ftd.agent.diagnostics import REQUIRED_SYSCALLS
 
-    analyze, strace = shutil.which("systemd-analyze"), shutil.which("strace")
+    analyze = require_binary("systemd-analyze", package="systemd")
+    strace = shutil.which("strace")  # a measuring tool, not a part ftd runs with: skip without it
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if analyze is None or strace is None or not Path(spy).exists():
-        pytest.skip("needs systemd-analyze, strace and py-spy")
+    if strace is None or not Path(spy).exists():
+        pytest.skip("needs strace (Debian package strace) and py-spy (pip install 'ftd[daemon]')")
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         summary = tmp_path / "strace.txt"
