@@ -1,4 +1,13 @@
 """``ftd rules test --events FILE [--config PATH] [--json]``: what would the rules have done?
+``ftd rules list [--config PATH] [--json]``: which rules would the coordinator load?
+
+``list`` loads the plugins exactly as ``ftd coordinator --config PATH`` does (built-ins, the ``ftd``
+entry-point group, ``rule_dirs`` files, the ``rules_file`` pack, minus ``disabled_rules``), offline
+-- no coordinator needs to run -- and prints each one's name, source (builtin, entry_point,
+rule_dir, declarative), the hooks it implements and where it comes from; then the disabled names.
+``--json`` prints the same object as the coordinator's ``GET /v1/rules``: ``{"rules": [{"name",
+"source", "origin", "hooks"}], "disabled": [...]}``. A rule file that does not load is an error
+(exit 2), as it would stop the coordinator.
 
 What: replays a recorded event stream (JSON lines of :class:`ftd.events.Event`, as
 ``Ledger.export_events`` writes them; ``-`` reads stdin) through the rules and the policy gate the
@@ -81,13 +90,74 @@ def register(subparsers: Any) -> None:
         "--no-entry-points", action="store_true", help="do not load plugins from the ftd entry-point group"
     )
     test.set_defaults(handler=run_test)
+    listing = sub.add_parser(
+        "list",
+        help="list the rules the coordinator would load (name, source, hooks)",
+        description="List the rule plugins the coordinator would load with this config: name, source "
+        "(builtin, entry_point, rule_dir, declarative), hooks and origin. Works offline.",
+    )
+    listing.add_argument(
+        "--config", metavar="PATH", help="coordinator config (rules); default: built-in defaults"
+    )
+    listing.add_argument("--json", action="store_true", help="print one JSON object (as GET /v1/rules)")
+    listing.add_argument(
+        "--no-entry-points", action="store_true", help="do not load plugins from the ftd entry-point group"
+    )
+    listing.set_defaults(handler=run_list)
     parser.set_defaults(handler=lambda _args: _usage(parser))
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_usage(sys.stderr)
-    print("ftd rules: try `ftd rules test --events events.jsonl`", file=sys.stderr)
+    print("ftd rules: try `ftd rules list` or `ftd rules test --events events.jsonl`", file=sys.stderr)
     return 2
+
+
+# --- the listing -----------------------------------------------------------------------------------
+
+
+def rules_listing(cfg: CoordinatorConfig, *, entry_points: bool = True) -> dict[str, Any]:
+    """``{"rules": [...], "disabled": [...]}`` for the plugins ``cfg`` loads (GET /v1/rules' shape)."""
+    from ftd.coordinator.plugins import describe_plugins, disabled_plugins, make_plugin_manager
+
+    pm = make_plugin_manager(
+        disabled=cfg.disabled_rules,
+        rule_dirs=cfg.rule_dirs,
+        rules_file=cfg.rules_file,
+        entry_points=entry_points,
+    )
+    return {"rules": [info.as_dict() for info in describe_plugins(pm)], "disabled": disabled_plugins(pm)}
+
+
+def render_listing(listing: dict[str, Any], out: IO[str]) -> None:
+    headers = ("name", "source", "hooks", "origin")
+    rows = [(r["name"], r["source"], ",".join(r["hooks"]), r["origin"]) for r in listing["rules"]]
+    table = [headers, *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(headers))]
+    for i, row in enumerate(table):
+        out.write("  ".join(cell.ljust(widths[j]) for j, cell in enumerate(row)).rstrip() + "\n")
+        if i == 0:
+            out.write("  ".join("-" * w for w in widths) + "\n")
+    out.write(f"\n{len(rows)} rule plugin(s) loaded")
+    disabled = listing["disabled"]
+    out.write(f"; disabled: {', '.join(disabled)}\n" if disabled else "\n")
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from ftd.config import Config, ConfigError, load_config
+    from ftd.coordinator.plugins import PluginError
+
+    try:
+        config = load_config(args.config) if args.config else Config()
+        listing = rules_listing(config.coordinator, entry_points=not args.no_entry_points)
+    except (ConfigError, PluginError) as exc:
+        print(f"ftd rules list: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(listing))
+    else:
+        render_listing(listing, sys.stdout)
+    return 0
 
 
 # --- the replay ------------------------------------------------------------------------------------

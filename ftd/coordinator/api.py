@@ -5,7 +5,8 @@ same msgspec Structs that validate requests and shape responses, so it cannot dr
 
 - ``GET /healthz``, ``GET /metrics`` (Prometheus text, a private registry), ``GET /openapi.json``;
 - ``GET /v1/nodes``, ``/v1/gpus``, ``/v1/jobs``, ``/v1/events?limit=&node=``, ``/v1/actions?limit=``,
-  ``/v1/actions/{id}``;
+  ``/v1/actions/{id}``, ``/v1/rules`` (the rule plugins loaded: name, source, origin, hooks; and the
+  disabled names, as ``ftd rules list --json`` prints them offline);
 - ``POST /v1/actions/{id}/approve`` and ``/reject`` (``Engine.approve`` / ``Engine.reject``: only
   an action awaiting approval can be decided, anything else is 404),
   ``POST /v1/nodes/{node}/drain`` and ``/resume``, ``POST /v1/jobs/{job}/restart``: manual actions
@@ -54,6 +55,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ftd import __version__
 from ftd.config import ApiConfig, read_secret_file
+from ftd.coordinator.plugins import describe_plugins, disabled_plugins
 from ftd.events import Event
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
@@ -157,6 +159,18 @@ class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
     drain_reason: str
     last_change: float
     jobs: list[str]
+
+
+class RuleOut(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    source: str  # builtin | entry_point | rule_dir | declarative | extra (ftd.coordinator.plugins)
+    origin: str  # module, distribution, rule file or rules file
+    hooks: list[str]
+
+
+class RulesOut(msgspec.Struct, frozen=True, kw_only=True):
+    rules: list[RuleOut]
+    disabled: list[str]  # coordinator.disabled_rules: blocked, not loaded
 
 
 class JobOut(msgspec.Struct, frozen=True, kw_only=True):
@@ -358,6 +372,13 @@ ROUTES: tuple[Route, ...] = (
         ok=(200, list[dict[str, Any]], ""),
     ),
     Route("GET", "/v1/jobs", "jobs", "Jobs with ranks registered at agents.", ok=(200, list[JobOut], "")),
+    Route(
+        "GET",
+        "/v1/rules",
+        "rules",
+        "The rule plugins loaded: name, source, origin and hooks; and the disabled ones.",
+        ok=(200, RulesOut, ""),
+    ),
     Route(
         "GET",
         "/v1/events",
@@ -695,6 +716,15 @@ class Api:
                 )
                 for n in sorted(state.nodes.values(), key=lambda n: n.name)
             ]
+        )
+
+    async def rules(self, request: web.Request) -> web.Response:
+        plugins = self.coordinator.engine.plugins
+        return json_response(
+            RulesOut(
+                rules=[RuleOut(**info.as_dict()) for info in describe_plugins(plugins)],
+                disabled=disabled_plugins(plugins),
+            )
         )
 
     async def gpus(self, request: web.Request) -> web.Response:
