@@ -235,3 +235,9 @@ async def _linear_fill_eta(n: int, rate_gb_s: float, start_gb: float) -> None:
     data = forecasts[0].data
     left_gb = 100 - (start_gb + rate_gb_s * 4 * dt)  # first reported at the 5th sample
     assert data["time_to_full_s"] == pytest.approx(left_gb / rate_gb_s, rel=0.01, abs=1)
+
+
+def test_fill_rate_drops_samples_out_of_time_order() -> None:
+    # (5, 999) is not later than (10, 10): dropped, not fitted
+    assert fill_rate([(0, 0), (10, 10), (5, 999), (20, 20)]) == pytest.approx(1.0)
+    assert fill_rate([(0, 0), (0, 5)]) is None

@@ -99,7 +99,10 @@ def fill_rate(points: list[tuple[float, float]]) -> float | None:
     exact rate (every step is the median); a single burst (or a single large delete) among steady
     samples is not extrapolated. ``None`` without two samples at distinct times.
     """
-    pts = [p for i, p in enumerate(points) if i == 0 or p[0] > points[i - 1][0]]
+    pts: list[tuple[float, float]] = []
+    for point in points:
+        if not pts or point[0] > pts[-1][0]:  # a sample not later than the last kept one is dropped
+            pts.append(point)
     if len(pts) < 2:
         return None
     steps = [(b[0] - a[0], b[1] - a[1]) for a, b in itertools.pairwise(pts)]
