@@ -238,6 +238,6 @@ async def _linear_fill_eta(n: int, rate_gb_s: float, start_gb: float) -> None:
 
 
 def test_fill_rate_drops_samples_out_of_time_order() -> None:
-    # (5, 999) is not later than (10, 10): dropped, not fitted
-    assert fill_rate([(0, 0), (10, 10), (5, 999), (20, 20)]) == pytest.approx(1.0)
+    # (5, 999) and (7, 500) are not later than (10, 10): dropped, not fitted
+    assert fill_rate([(0, 0), (10, 10), (5, 999), (7, 500), (20, 20)]) == pytest.approx(1.0)
     assert fill_rate([(0, 0), (0, 5)]) is None
