@@ -5,9 +5,10 @@
 entry-point group, ``rule_dirs`` files, the ``rules_file`` pack, minus ``disabled_rules``), offline
 -- no coordinator needs to run -- and prints each one's name, source (builtin, entry_point,
 rule_dir, declarative), the hooks it implements and where it comes from; then the disabled names.
-``--json`` prints the same object as the coordinator's ``GET /v1/rules``: ``{"rules": [{"name",
-"source", "origin", "hooks"}], "disabled": [...]}``. A rule file that does not load is an error
-(exit 2), as it would stop the coordinator.
+``--json`` prints the object the coordinator's ``GET /v1/rules`` answers: ``{"rules": [{"name",
+"source", "origin", "hooks"}], "disabled": [...]}`` (the running coordinator also lists its built-in
+executors plugin, ``builtin_executors``, and any plugin its embedder added). A rule file that does
+not load is an error (exit 2), as it would stop the coordinator.
 
 What: replays a recorded event stream (JSON lines of :class:`ftd.events.Event`, as
 ``Ledger.export_events`` writes them; ``-`` reads stdin) through the rules and the policy gate the
