@@ -3,7 +3,8 @@
 What: :func:`check_references` returns a :class:`~ftd.config.errors.Problem` (at the option's
 dotted path) for each one a daemon could not use:
 
-- both daemons: ``bus.ca_file`` (loads as a CA bundle, when ``bus.tls``), ``bus.password_file``
+- both daemons: ``bus.ca_file`` (loads as a CA bundle, when ``bus.tls``), ``bus.cert_file`` and
+  ``bus.key_file`` (both or neither, with ``bus.tls``; readable; the pair loads), ``bus.password_file``
   (readable, not empty);
 - the agent (role ``"agent"``): ``agent.kmsg_path`` (a readable character device, FIFO or file),
   ``agent.state_dir`` and the directory of ``agent.socket_path`` (writable, or creatable: the agent
@@ -44,7 +45,7 @@ from pathlib import Path
 from ftd.config import paths
 from ftd.config.credentials import read_secret_file
 from ftd.config.errors import ConfigError, Problem
-from ftd.config.schema import Config, KubernetesConfig
+from ftd.config.schema import BusConfig, Config, KubernetesConfig
 
 __all__ = ["ROLES", "check_references", "deferred_credentials"]
 
@@ -91,6 +92,7 @@ def check_references(
     bus = config.bus
     if bus.tls and bus.ca_file is not None:
         found.check("bus.ca_file", bus.ca_file, paths.ca_bundle_problem, "bus.tls")
+    _client_certificate(bus, found)
     if "agent" in wanted:
         _agent(config, found)
     if "coordinator" in wanted:
@@ -105,6 +107,34 @@ def check_references(
                 found.problems.extend(exc.problems)
     order = {section: i for i, section in enumerate(("bus", *ROLES))}  # the tables' order in a file
     return sorted(found.problems, key=lambda p: order.get(p.path.split(".")[0], len(order)))
+
+
+def _client_certificate(bus: BusConfig, found: _Found) -> None:
+    """``bus.cert_file`` / ``bus.key_file`` (mutual TLS): both or neither, with ``tls``, each a
+    readable file, and the pair loads as the daemon loads it (a key that does not match is named)."""
+    if bus.cert_file is None and bus.key_file is None:
+        return
+    for option, value, other in (
+        ("bus.cert_file", bus.cert_file, bus.key_file),
+        ("bus.key_file", bus.key_file, bus.cert_file),
+    ):
+        if value is not None and other is None:
+            missing = "bus.key_file" if option == "bus.cert_file" else "bus.cert_file"
+            found.problems.append(Problem(option, f"is set but {missing} is not: mutual TLS needs both"))
+        if value is not None and not bus.tls:
+            found.problems.append(Problem(option, "is set but bus.tls is not true; set tls = true"))
+    if not bus.tls or bus.cert_file is None or bus.key_file is None:
+        return
+    cert_ok = found.check("bus.cert_file", bus.cert_file, paths.file_problem, "bus.tls")
+    key_ok = found.check("bus.key_file", bus.key_file, paths.file_problem, "bus.tls")
+    if cert_ok and key_ok:
+        import ssl  # not at module level: ``import ftd.config`` stays light
+
+        try:
+            ssl.create_default_context().load_cert_chain(bus.cert_file, bus.key_file)
+        except (ssl.SSLError, OSError) as exc:
+            reason = f"does not load with bus.key_file {bus.key_file}: {exc}"
+            found.problems.append(Problem("bus.cert_file", reason))
 
 
 def deferred_credentials(config: Config, roles: Iterable[str] = ROLES) -> list[str]:

@@ -65,18 +65,49 @@ def _chown_for_broker(path: Path) -> None:
             shutil.chown(path, "mosquitto", "mosquitto")
 
 
-def deploy_conf_lines(workdir: Path) -> list[str]:
-    """deploy/mosquitto.conf minus what the test broker sets, with file paths pointed into workdir."""
-    lines = []
+def _deploy_conf() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(key, value) pairs of deploy/mosquitto.conf: the general part (up to the second ``listener``)
+    and the TLS listener block (from it to the end; its settings belong to that listener)."""
+    general: list[tuple[str, str]] = []
+    tls: list[tuple[str, str]] = []
+    listeners = 0
     for raw in (DEPLOY / "mosquitto.conf").read_text().splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         key, _, value = line.partition(" ")
+        listeners += key == "listener"
+        (tls if listeners >= 2 else general).append((key, value))
+    return general, tls
+
+
+def deploy_conf_lines(workdir: Path) -> list[str]:
+    """deploy/mosquitto.conf minus what the test broker sets (and minus its TLS listener: see
+    :func:`deploy_tls_listener`), with file paths pointed into workdir."""
+    lines = []
+    for key, value in _deploy_conf()[0]:
         if key in _OWN_KEYS:
             continue
         if key in {"password_file", "acl_file"}:
             value = str(workdir / Path(value).name)
+        lines.append(f"{key} {value}")
+    return lines
+
+
+def deploy_plain_listener() -> str:
+    """The value of deploy/mosquitto.conf's plain-MQTT ``listener`` line."""
+    return next(value for key, value in _deploy_conf()[0] if key == "listener")
+
+
+def deploy_tls_listener(port: int, certs: Path) -> list[str]:
+    """deploy/mosquitto.conf's TLS listener block, on 127.0.0.1:``port`` with its CA, certificate and
+    key taken from ``certs`` (same file names)."""
+    lines = []
+    for key, value in _deploy_conf()[1]:
+        if key == "listener":
+            value = f"{port} 127.0.0.1"
+        elif key in {"cafile", "certfile", "keyfile"}:
+            value = str(certs / Path(value).name)
         lines.append(f"{key} {value}")
     return lines
 
@@ -185,6 +216,12 @@ def connect(broker: Mosquitto) -> Iterator[Connect]:
     yield open_client
     for client in opened:
         client.close()
+
+
+def test_plain_listener_is_on_loopback_only() -> None:
+    """Passwords cross the plain listener in clear text: the shipped config keeps it off the network
+    (nodes use the TLS listener, tests/security/test_mtls.py)."""
+    assert deploy_plain_listener() == "1883 127.0.0.1"
 
 
 def test_anonymous_and_wrong_password_refused(connect: Connect) -> None:
