@@ -607,3 +607,39 @@ def test_sxid_storm_folds_details_through_the_cache_too() -> None:
     got = list(parse_lines(lines, cached))
     assert got == list(parse_lines(lines, full))
     assert len(got) == 30 and all(e.extra["fatal"] for e in got)
+
+
+NVLINK5_WORDS = [
+    "NETIR_LINK_EVT", "SAW_MVB", "Fatal", "Nonfatal", "Non-fatal", "XC0", "XC", "i0", "i", "Link",
+    "(", ")", "[", "]", "0x", "0x025001c6", "0xzz", " ", "  ", "00", "17",
+]  # fmt: skip
+
+
+@settings(max_examples=300)
+@given(
+    st.integers(144, 150),
+    st.lists(st.one_of(st.sampled_from(NVLINK5_WORDS), st.text(max_size=6)), max_size=14),
+)
+def test_nvlink5_decode_never_loses_the_xid(code: int, parts: list[str]) -> None:
+    """Whatever follows the code, the line is one Xid event (a decode failure must not drop it)."""
+    line = f"NVRM: Xid (PCI:0000:04:00): {code}, " + " ".join(parts).replace("\n", " ").replace("\r", " ")
+    (event,) = parse(line)
+    assert (event.kind, event.code) == (Kind.XID, code)
+    if code == 150:
+        assert event.extra["fatal"] is True and event.severity == "critical"
+    sub_code = event.extra.get("sub_code")
+    assert sub_code is None or 0 <= sub_code <= 63
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(st.sampled_from(["Fatal,", "Non-fatal,", "Link", "44", "Severity", "(First)"]),
+                          st.text(max_size=8)), max_size=10))  # fmt: skip
+def test_sxid_header_never_lost(parts: list[str]) -> None:
+    rest = " ".join(parts).replace("\n", " ").replace("\r", " ").lstrip()
+    line = f"nvidia-nvswitch1: SXid (PCI:0000:c6:00.0): 24007, {rest}"
+    events = parse(line)
+    if rest.startswith(("Data {", "Data{")):
+        assert events == []
+    else:
+        (event,) = events
+        assert event.kind is Kind.SXID and event.code == 24007 and isinstance(event.extra["fatal"], bool)
