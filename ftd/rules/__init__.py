@@ -7,8 +7,36 @@ coordinator names them as strings (``ftd.coordinator.plugins.DEFAULT_RULES``), s
 imported until a plugin manager is built. Site policy an operator copies and edits lives in the
 repository's top-level ``rules/`` folder, not here.
 
-Built-in rules (each module's docstring has its table): ``xid_catalog`` (Xid buckets, Xid 154),
-``ecc_remap`` (row remap pending/failure, SRAM uncorrectable), ``repeat_offender`` (same fault twice
-in 24 h, a GPU that failed elsewhere), ``fs_fill`` (save while there is room, stop before full),
-``hang`` (heartbeat lost / log stale), ``node_death`` (node offline with a job), ``straggler``.
+Built-in rules (each module's docstring has its table; ``tests/replay/scenarios/`` replays each):
+
+=================  ==================================================================================
+rule               decides on
+=================  ==================================================================================
+xid_catalog        Xids and the fall-off banner, by the bucket -> plan table of
+                   :mod:`ftd.catalog.remedy` (the one ``ftd xid explain`` prints): restart in place
+                   (application Xids, crash-loop policy), reset after the save, drain, notify, nothing;
+                   Xid 48 with 63/64 drains; NVLink5 144-150 by their Fatal/Nonfatal decode
+app_faults         application error log patterns (cuda_oom, cuda_error, segfault, ...): restart in place
+                   with crash-loop backoff, notify after ``policy.app_fault_restart_limit``; never drain
+nccl_ib            ``nccl_*`` / ``ib_*`` log failures: restart in place; drain only with hardware evidence
+                   on the node (``ib_link`` down, IB fatal lines, a hardware Xid); ``ib_link``: notify
+sxid               fatal NVSwitch SXid: restart excluding the node, drain
+gpu_health         ``gpu_missing``, NVLink down: drain after the save; retired pages: reset after the
+                   save; PCIe replays, NVLink errors, NVML stalls: notify
+thermal            hot / throttling: notify; sustained throttling: save (no stop) + notify
+memory             trainer RSS leak: save, then save-and-restart if it continues or is critical; host
+                   memory low: save; critical: save-and-restart in place; never drain
+ecc_remap          no spare rows (row-remap failure), SRAM over the limit: drain for RMA after the save;
+                   remap pending: reset after the save; correctable-ECC rate over threshold: notify
+repeat_offender    a second hardware incident of the same signature on one GPU within 24 h: drain;
+                   a GPU that arrives with faults from another node: notify (see ``_incidents``)
+fs_fill            forecast or warning: save (no stop); critical crossing: save, stop, requeue
+                   excluding the node; ENOSPC on a still-critical fs: move the job off again
+hang               heartbeat lost / log stale: diagnostics, restart in place
+node_death         node offline with jobs: restart them excluding the node
+straggler          a rank far behind: notify
+=================  ==================================================================================
+
+``_incidents`` (not a plugin) is what they share to see one fault as one incident: which records
+implicate hardware, the job-level application-fault policy, incident windows.
 """
