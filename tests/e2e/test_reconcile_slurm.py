@@ -13,14 +13,19 @@ The two failures of the report (issue #10), reproduced before the fix:
   the bus stayed in service;
 - after a coordinator restart (``kill -9``, start) it forgot its drain of node-2 and drained node-1
   too, past its budget.
+
+And a job ftd requeued that stays PENDING (excluded from node-1, the only node with a slurmd) past
+``pending_alert_s`` (3 s here) raises one alert.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import signal
 import sqlite3
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +35,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.daemons import Daemon
+from ftd.bus import topics
+from ftd.bus.mqtt import MqttBus
+from tests.e2e.daemons import REPO, Daemon
 from tests.realparts import Mosquitto, SlurmCluster
 
 pytestmark = [pytest.mark.real]
@@ -41,10 +48,48 @@ XID79 = "[ 5021.437112] NVRM: Xid (PCI:0000:3b:00): 79, pid=31337, name=python, 
 @dataclass
 class Cluster:
     slurm: SlurmCluster
+    broker: Mosquitto
     coordinator: Daemon
     agents: dict[str, Daemon]
     kmsg: dict[str, Path]
+    sockets: dict[str, str]
     ledger: Path
+    workdir: Path
+
+    def submit_trainer(self) -> str:
+        """tests/e2e/trainer_job.py as a --requeue batch job on node-1, talking to node-1's agent."""
+        log = self.workdir / f"trainer-{time.monotonic_ns()}.jsonl"
+        script = f"""#!/bin/bash
+export FTD_SOCKET={self.sockets["node-1"]}
+export FTD_TEST_LOG={log}
+export PYTHONPATH={REPO}
+exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
+"""
+        return self.slurm.sbatch(script, "--requeue", "-w", "node-1", "--job-name=ftd-reconcile")
+
+    def wait_registered(self, job: str, timeout: float = 20.0) -> None:
+        """Until the job's presence (with a rank) is retained on the bus, where the coordinator reads it."""
+
+        async def watch() -> None:
+            bus = MqttBus(host="127.0.0.1", port=self.broker.port, client_id=f"rec-{job}", clean_session=True)
+            await bus.subscribe(topics.node_job("node-1", job))
+            await bus.start()
+            try:
+                async for message in bus.messages():
+                    if message.payload and b'"rank"' in message.payload:
+                        return
+            finally:
+                await bus.stop()
+
+        asyncio.run(asyncio.wait_for(watch(), timeout))
+        time.sleep(0.3)  # the coordinator is subscribed to the same retained topic
+
+    def notes(self, problem: str) -> list[dict[str, Any]]:
+        """The coordinator's own notes (node ftd-coordinator) with this ``data.problem``."""
+        with sqlite3.connect(self.ledger) as db:
+            rows = db.execute("SELECT body FROM events WHERE node = 'ftd-coordinator'").fetchall()
+        bodies = [json.loads(body) for (body,) in rows]
+        return [b for b in bodies if b.get("data", {}).get("problem") == problem]
 
     def xid79(self, node: str) -> None:
         with self.kmsg[node].open("a") as f:
@@ -104,6 +149,9 @@ reconnect_max_s = 1.0
 ledger_path = "{ledger}"
 scheduler = "slurm"
 reconcile_interval_s = 1.0
+pending_alert_s = 3.0
+save_deadline_s = 20
+stop_deadline_s = 20
 
 [coordinator.slurm]
 slurm_conf = "{slurm.conf_path}"
@@ -149,13 +197,15 @@ def cluster(slurm: SlurmCluster, mosquitto: Mosquitto, tmp_path: Path) -> Iterat
     coordinator = Daemon("coordinator", coordinator_config(mosquitto, slurm, ledger), tmp_path)
     agents: dict[str, Daemon] = {}
     kmsg: dict[str, Path] = {}
+    sockets: dict[str, str] = {}
     for node in ("node-1", "node-2"):
         kmsg[node] = tmp_path / f"kmsg-{node}"
         kmsg[node].touch()
         state, socket = tmp_path / f"state-{node}", f"{run_dir}/{node}.sock"
+        sockets[node] = socket
         config = agent_config(mosquitto, node, kmsg[node], state, socket)
         agents[node] = Daemon(f"agent-{node}", config, tmp_path / node)
-    built = Cluster(slurm, coordinator, agents, kmsg, ledger)
+    built = Cluster(slurm, mosquitto, coordinator, agents, kmsg, sockets, ledger, tmp_path)
     coordinator.start()
     for agent in agents.values():
         agent.start()
@@ -236,3 +286,29 @@ def test_restart_remembers_its_drains(cluster: Cluster) -> None:
     assert cluster.drained("node-2")
     [restored] = cluster.log_records("drains_restored")
     assert restored["ftd"] == ["node-2"]
+
+
+def test_requeued_job_stuck_pending_raises_one_alert(cluster: Cluster) -> None:
+    job = cluster.submit_trainer()
+    cluster.slurm.wait_job_state(job, "RUNNING", 30)
+    cluster.wait_registered(job)
+
+    cluster.xid79("node-1")  # save, stop, drain node-1, requeue without node-1: nowhere to run
+
+    def requeued() -> bool:
+        info = cluster.slurm.job(job)
+        return info.get("JobState") == "PENDING" and int(info.get("Restarts", "0")) >= 1
+
+    wait_until(requeued, 40, "the job requeued (and pending)", cluster)
+    requeued_at = time.time()
+    wait_until(lambda: bool(cluster.notes("job_pending")), 15, "the job_pending alert", cluster)
+    alerted_after = time.time() - requeued_at
+    [note] = cluster.notes("job_pending")
+    assert note["data"]["job"] == job and note["source"] == "scheduler" and note["severity"] == "error"
+    assert note["data"]["pending_s"] >= 3.0 and "node-1" in note["data"]["excluded"]
+    assert alerted_after < 10  # 3 s after the requeue, at the next 1 s round
+    [logged] = cluster.log_records("job_pending_too_long")
+    assert logged["job"] == job
+    time.sleep(2.5)  # more rounds: still one alert
+    assert len(cluster.notes("job_pending")) == 1
+    assert cluster.slurm.job(job).get("JobState") == "PENDING"
