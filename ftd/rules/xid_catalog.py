@@ -22,7 +22,8 @@ none           IGNORE, WORKFLOW_XID_45, Xid 154 announcing nothing: recorded onl
 Xid 154        follows the bucket the driver announces (``data.action``)
 =============  =============================================================================================
 
-Follow-on Xids (``data.caused_by`` / ``data.extra.caused_by_previous``) and storm summaries
+NVLink5 reasons carry the parser's decode (``extra``: unit, link, sub-code, interrupt info, error
+status). Follow-on Xids (``data.caused_by`` / ``data.extra.caused_by_previous``) and storm summaries
 (``data.repeat_of``) are recorded, not acted on: their incident already was.
 """
 
@@ -46,6 +47,18 @@ def _describe(remedy: Remedy, data: dict[str, Any]) -> str:
         parts.append(remedy.name)
     if remedy.why:
         parts.append(f"({remedy.why})")
+    extra = data.get("extra")
+    if isinstance(extra, dict) and extra.get("nvlink5_unit"):  # the parser's NVLink5 decode
+        detail = [str(extra["nvlink5_unit"])]
+        if extra.get("link") is not None:
+            detail.append(f"link {extra['link']}")
+        if extra.get("sub_code") is not None:
+            detail.append(f"sub-code {extra['sub_code']}")
+        if extra.get("intr_info"):
+            detail.append(f"intr {extra['intr_info']}")
+        if extra.get("error_status"):
+            detail.append(f"status {extra['error_status']}")
+        parts.append(f"[{', '.join(detail)}]")
     return " ".join(parts)
 
 

@@ -360,3 +360,23 @@ def test_gate_acts_again_when_the_job_came_back_onto_the_node_it_was_moved_off()
     gate.started(record2)
     gate.finished(record2)
     assert not gate.decide(in_place, view_with(jobs={"j2": ["node-1"]})).allowed  # never moved: cooldown
+
+
+def test_nvlink5_follows_the_parsers_decode_and_names_its_sub_code() -> None:
+    from ftd.agent.kmsg_parse import parse_lines
+    from ftd.agent.watchers.kmsg import kernel_event_to_event
+
+    fatal_line = (
+        "[ 900.1] NVRM: Xid (PCI:0000:1b:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04 "
+        "(0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+    )
+    benign_line = (
+        "[ 901.1] NVRM: Xid (PCI:0000:1b:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 01 (0x00000004 0x0)"
+    )
+    fatal, benign = (
+        kernel_event_to_event("node-1", k) for line in (fatal_line, benign_line) for k in parse_lines([line])
+    )
+    actions = evaluate_rule(xid_catalog, fatal, view())
+    assert kinds(actions) == [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]
+    assert "NETIR_LINK_EVT, link 4, sub-code 4, intr 0x004505c6" in actions[1].reason
+    assert kinds(evaluate_rule(xid_catalog, benign, view())) == [("notify", "node-1")]
