@@ -159,6 +159,8 @@ class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
     drain_reason: str
     last_change: float
     jobs: list[str]
+    # drained or down by someone else, as the scheduler says (ftd.coordinator.reconcile); not ftd's budget
+    unavailable: str | None = None
 
 
 class RuleOut(msgspec.Struct, frozen=True, kw_only=True):
@@ -318,6 +320,7 @@ class _Collector:
         gauge.add_metric(["online"], sum(1 for n in nodes if n.online))
         gauge.add_metric(["offline"], sum(1 for n in nodes if not n.online))
         gauge.add_metric(["drained"], sum(1 for n in nodes if n.drained_by_ftd))
+        gauge.add_metric(["unavailable"], len(c.state.unavailable))  # drained/down by others
         yield gauge
         yield GaugeMetricFamily(
             "ftd_jobs", "Jobs with ranks registered at an agent.", value=len(c.state.jobs)
@@ -713,6 +716,7 @@ class Api:
                     drain_reason=n.drain_reason,
                     last_change=n.last_change,
                     jobs=state.jobs_on_node(n.name),
+                    unavailable=state.unavailable.get(n.name),
                 )
                 for n in sorted(state.nodes.values(), key=lambda n: n.name)
             ]
