@@ -55,6 +55,7 @@ DEFAULT_RULES = (
     "ftd.rules.gpu_health",
     "ftd.rules.thermal",
     "ftd.rules.memory",
+    "ftd.rules.kernel",
 )
 
 

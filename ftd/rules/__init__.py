@@ -26,6 +26,7 @@ gpu_health         ``gpu_missing``, NVLink down: drain after the save; retired p
 thermal            hot / throttling: notify; sustained throttling: save (no stop) + notify
 memory             trainer RSS leak: save, then save-and-restart if it continues or is critical; host
                    memory low: save; critical: save-and-restart in place; never drain
+kernel             fatal PCIe AER: drain after the save; uncorrected AER, OOM killer, hung task: notify
 ecc_remap          no spare rows (row-remap failure), SRAM over the limit: drain for RMA after the save;
                    remap pending: reset after the save; correctable-ECC rate over threshold: notify
 repeat_offender    a second hardware incident of the same signature on one GPU within 24 h: drain;

@@ -47,6 +47,7 @@ def test_every_builtin_is_registered() -> None:
         "gpu_health",
         "thermal",
         "memory",
+        "kernel",
     }
 
 

@@ -380,3 +380,25 @@ def test_nvlink5_follows_the_parsers_decode_and_names_its_sub_code() -> None:
     assert kinds(actions) == [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]
     assert "NETIR_LINK_EVT, link 4, sub-code 4, intr 0x004505c6" in actions[1].reason
     assert kinds(evaluate_rule(xid_catalog, benign, view())) == [("notify", "node-1")]
+
+
+def test_kernel_events_aer_oom_hung_task() -> None:
+    from ftd.rules import kernel
+
+    fatal = make_event(
+        "node-1", Kind.PCIE_AER, severity="critical", data={"pci": PCI, "extra": {"aer": "Fatal"}}
+    )
+    actions = evaluate_rule(kernel, fatal, view())
+    assert kinds(actions) == [("checkpoint_restart", "j1"), ("drain_node", "node-1")]
+    assert actions[0].params["exclude"] == ["node-1"]
+    nonfatal = make_event("node-1", Kind.PCIE_AER, severity="error", data={"pci": PCI})
+    assert kinds(evaluate_rule(kernel, nonfatal, view())) == [("notify", "node-1")]
+    corrected = make_event("node-1", Kind.PCIE_AER, severity="info", data={"pci": PCI})
+    assert evaluate_rule(kernel, corrected, view()) == []
+    oom = make_event("node-1", Kind.OOM_KILL, severity="error", data={"pid": 42, "process": "python"})
+    [note] = evaluate_rule(kernel, oom, view())
+    assert note.kind == "notify" and "python (pid 42)" in note.reason
+    hung = make_event(
+        "node-1", Kind.HUNG_TASK, data={"pid": 43, "process": "python", "extra": {"blocked_s": 120}}
+    )
+    assert "blocked for 120s" in evaluate_rule(kernel, hung, view())[0].reason
