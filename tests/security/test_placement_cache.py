@@ -6,6 +6,7 @@ Coordinator's message handling with an in-process scheduler whose answers the te
 - A dead scheduler is asked once per ``failure_hold_s``, not once per message.
 - A job requeued onto another node: that node is believed after a refresh (cache miss -> lookup).
 - A node inventing job ids costs at most its miss budget in scheduler calls.
+- A forged heartbeat inside an event batch is dropped alone.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler, SchedulerError
 from ftd.coordinator.app import Coordinator
 from ftd.coordinator.ledger import Ledger
 from ftd.coordinator.placement import Placement
-from ftd.events import Ack, JobPresence, RankInfo, encode
+from ftd.events import Ack, JobPresence, Kind, RankInfo, Severity, encode, make_event
 
 
 class Flaky(FakeScheduler):
@@ -125,3 +126,21 @@ async def test_invented_job_ids_cost_at_most_the_miss_budget_in_scheduler_calls(
     assert c.state.jobs == {}
     assert c.placement.violations == 20  # the 20 looked up: no such job runs on node-2
     await c.placement.close()
+
+
+async def test_forged_heartbeat_inside_a_batch_is_dropped_and_the_rest_handled() -> None:
+    """A batch cannot smuggle a heartbeat for another node's job: that event alone is refused."""
+    sched = Flaky()
+    sched.add_job("80", ["node-1"])
+    c = coordinator(sched)
+    claim = {"job": "80", "rank": 0}
+    lost = make_event("node-2", Kind.RANK_HEARTBEAT_LOST, severity=Severity.ERROR, data=claim)
+    xid = make_event("node-2", Kind.XID, severity=Severity.WARNING, data={"code": 43})
+    batch = b"[" + encode(lost) + b"," + encode(xid) + b"]"
+    assert await c.handle(Message(topics.node_event_batch("node-2"), batch))
+    stored = {e.id for e in c.ledger.events()}
+    assert xid.id in stored and lost.id not in stored
+    assert c.placement.violations == 1
+    assert not [a for a in c.ledger.actions() if a.request.target == "80"]
+    assert c._receipts["node-2"].rejected.keys() == {lost.id}
+    assert c._receipts["node-2"].ids == [xid.id]
