@@ -141,7 +141,7 @@ def test_xid48_saves_stops_then_resets_the_gpu_then_requeues(gpu_stack: tuple[St
 
     # Then the requeue: after the reset, with node-1 excluded (the job stays PENDING: no other slurmd).
     assert restart["phases_done"] == ["stop", "requeue"]
-    assert reset_at <= restart["requeued"]["ts"]
+    assert reset_at <= restart["requeued_at"]
     assert restart["requeued"]["exclude"] == ["node-1"]
     info = stack.slurm.job(job)
     assert info.get("JobState") == "PENDING" and int(info.get("Restarts", "0")) == 1, info

@@ -19,8 +19,8 @@ action's detail:
    empties), so the scheduler does not kill a rank mid-write and a node action (GPU reset) never
    meets the job's processes.
 2. **requeue** -- after ``params.delay_s`` seconds when a rule asks for a crash-loop backoff, through
-   the scheduler, excluding ``params.exclude`` (the faulty nodes); ``detail["requeued"]`` has its
-   time (``ts``) and ``resume_step``, the step to resume from.
+   the scheduler, excluding ``params.exclude`` (the faulty nodes); ``detail["requeued_at"]`` is its
+   time; the step to resume from is ``detail["resume_step"]`` (told to the ranks with the stop).
 
 With ``params["stop"] = False`` (the default for action kind ``checkpoint``) only the save runs: the
 job saves and keeps training (a filesystem filling up: save while there is still room).
@@ -199,12 +199,10 @@ class CheckpointRestart:
             log.info("requeue_delayed", job=job, delay_s=delay)  # crash-loop backoff asked by the rule
             await asyncio.sleep(float(delay))
         await self._scheduler.requeue(job, exclude=exclude)
-        requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude, "ts": time.time()}
+        requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude}
         if delay:
             requeued["delayed_s"] = delay
-        if record.detail.get("resume_step") is not None:
-            requeued["resume_step"] = record.detail["resume_step"]
-        return {"requeued": requeued}
+        return {"requeued": requeued, "requeued_at": time.time()}
 
     async def _wait_job_gone(self, job: str) -> bool:
         loop = asyncio.get_running_loop()
