@@ -92,7 +92,7 @@ def check_references(
     bus = config.bus
     if bus.tls and bus.ca_file is not None:
         found.check("bus.ca_file", bus.ca_file, paths.ca_bundle_problem, "bus.tls")
-    _client_certificate(bus, found)
+    _client_certificate(bus, found, config.agent.resolved_node() if "agent" in wanted else None)
     if "agent" in wanted:
         _agent(config, found)
     if "coordinator" in wanted:
@@ -109,9 +109,12 @@ def check_references(
     return sorted(found.problems, key=lambda p: order.get(p.path.split(".")[0], len(order)))
 
 
-def _client_certificate(bus: BusConfig, found: _Found) -> None:
+def _client_certificate(bus: BusConfig, found: _Found, node: str | None) -> None:
     """``bus.cert_file`` / ``bus.key_file`` (mutual TLS): both or neither, with ``tls``, each a
-    readable file, and the pair loads as the daemon loads it (a key that does not match is named)."""
+    readable file, and the pair loads as the daemon loads it (a key that does not match is named).
+    For an agent (``node`` given) the certificate's CN must be the node name: the broker takes the CN
+    as the identity its ACL grants ``ftd/v1/nodes/<CN>/...``, so any other CN silently drops every
+    event the agent publishes."""
     if bus.cert_file is None and bus.key_file is None:
         return
     for option, value, other in (
@@ -135,6 +138,23 @@ def _client_certificate(bus: BusConfig, found: _Found) -> None:
         except (ssl.SSLError, OSError) as exc:
             reason = f"does not load with bus.key_file {bus.key_file}: {exc}"
             found.problems.append(Problem("bus.cert_file", reason))
+            return
+        cn = _common_name(bus.cert_file)
+        if node is not None and cn is not None and cn != node and found.known("agent.node"):
+            reason = f"its CN is {cn!r} but this agent's node is {node!r}: the broker would know it as {cn!r}"
+            found.problems.append(Problem("bus.cert_file", reason))
+
+
+def _common_name(path: str) -> str | None:
+    """The subject CN of the PEM certificate at ``path`` (None when it cannot be read that way)."""
+    import ssl
+
+    try:  # CPython's own PEM decoder (no third-party X.509 parser needed); private, hence guarded
+        subject = ssl._ssl._test_decode_cert(path)["subject"]  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    names = [value for rdn in subject for key, value in rdn if key == "commonName"]
+    return str(names[-1]) if names else None
 
 
 def deferred_credentials(config: Config, roles: Iterable[str] = ROLES) -> list[str]:

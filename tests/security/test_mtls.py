@@ -11,7 +11,8 @@ certificate settings; the TLS listener was commented out, the plain one on every
   certificate cannot publish or read as node-2, even when it sends node-2's username and password;
 - no certificate, an expired one, or one from an unknown CA: refused in the handshake;
 - a node's certificate connecting with the coordinator's client id does not take over its session;
-- ``check-config`` checks ``cert_file``/``key_file`` (missing, unpaired, mismatched key).
+- ``check-config`` checks ``cert_file``/``key_file`` (missing, unpaired, mismatched key, an agent's
+  certificate naming another node).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pytest
 from ftd.bus import topics
 from ftd.bus.factory import make_mqtt_bus
 from ftd.bus.mqtt import MqttBus
-from ftd.config import BusConfig, Config, check_references
+from ftd.config import AgentConfig, BusConfig, Config, check_references
 from tests.contract.test_mosquitto_acl import (
     DEPLOY,
     OBSERVER_ACL,
@@ -236,9 +237,20 @@ def test_check_config_checks_client_certificate_files(pki: Pki, tmp_path: Path) 
     assert list(problems(tls=True, cert_file=cert)) == ["bus.cert_file"]  # no key_file
     assert list(problems(tls=True, key_file=key)) == ["bus.key_file"]
     assert set(problems(tls=False, cert_file=cert, key_file=key)) == {"bus.cert_file", "bus.key_file"}
-    _, other_key = pki.cert("node-2")
+    other_cert, other_key = pki.cert("node-2")
     mismatch = problems(tls=True, ca_file=ca, cert_file=cert, key_file=other_key)
     assert list(mismatch) == ["bus.cert_file"] and "does not load" in mismatch["bus.cert_file"]
+
+    # An agent's certificate must name its node: the broker would know it by the CN.
+    def agent_cert_problem(node: str, cert_file: str, key_file: str) -> str | None:
+        bus = BusConfig(tls=True, ca_file=ca, cert_file=cert_file, key_file=key_file)
+        config = Config(bus=bus, agent=AgentConfig(node=node))
+        found = {p.path: p.message for p in check_references(config, roles=("agent",))}
+        return found.get("bus.cert_file")
+
+    assert agent_cert_problem("node-1", cert, key) is None
+    wrong = agent_cert_problem("node-1", other_cert, other_key)
+    assert wrong is not None and "'node-2'" in wrong and "'node-1'" in wrong
 
 
 @pytest.fixture(scope="module")
