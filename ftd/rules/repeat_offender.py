@@ -8,8 +8,8 @@ whose same signature (GPU UUID, else PCI address / index,   the node, and drain_
 plus kind and code) already had an earlier, separate
 incident within 24 h (``view.node_history``)
 an event names a GPU (``data.uuid``) whose record says it   notify (flag the GPU: it failed before, on
-is in another node and had faults there (it moved: the      ``params.previous_node``); ftd does not drain
-first event from it on its new node)                        on this alone
+is in another node and had hardware faults there (it        ``params.previous_node``); ftd does not drain
+moved: the first event from it on its new node)             on this alone
 ==========================================================  ===============================================
 
 Counted (:func:`ftd.rules._incidents.implicates_hardware`): Xids whose catalog plan is a reset or a
@@ -53,7 +53,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if isinstance(uuid, str) and uuid:
         gpu = view.gpu(uuid)
         if gpu is not None and gpu.node != event.node:
-            elsewhere = [f for f in gpu.faults if f.node != event.node]
+            elsewhere = [f for f in gpu.faults if f.node != event.node and implicates_hardware(f)]
             if elsewhere:
                 last = elsewhere[-1]
                 reason = (

@@ -258,3 +258,13 @@ def test_incident_starts_cover_every_record_within_one_window(stamps: list[float
     for t in stamps:  # every record lies in the window its incident opened
         opened = max(s for s in starts if s <= t)
         assert t - opened <= _incidents.INCIDENT_WINDOW_S
+
+
+def test_a_moved_gpu_is_flagged_for_its_hardware_past_only() -> None:
+    uuid = GPUS[0][1]
+    app = xid(13, 10)
+    arrived = make_event("node-7", Kind.GPU_HEALTH, severity="info", data={"uuid": uuid}, ts=5000)
+    assert evaluate_rule(repeat_offender, arrived, view_with(history=[app])) == []
+    hw = xid(48, 20)
+    [flag] = evaluate_rule(repeat_offender, arrived, view_with(history=[app, hw]))
+    assert flag.kind == "notify" and "xid 48" in flag.reason and flag.params["faults"] == 1
