@@ -85,6 +85,7 @@ class Engine:
         self._tasks: set[asyncio.Task[None]] = set()
         self._progress: dict[str, Progress] = {}  # running action id -> its phases' progress
         self._running: dict[str, ActionRecord] = {}  # action key -> the running record
+        self._after: dict[str, dict[int, list[Dependency]]] = {}  # running action id -> its dependencies
         self._plans: dict[str, Plan] = {}  # unfinished plans by id
         self._observers: list[Observer] = []
         self.counters: dict[str, int] = {
@@ -183,6 +184,14 @@ class Engine:
                     event_id=event_id,
                     steps=[f"{s.kind}:{s.target}" for s in plan.steps],
                 )
+        if plan_steps:
+            # A job action already running (this event's was a duplicate) requeues only after this
+            # event's node actions too, if its requeue has not begun.
+            node_deps = [Dependency(s.action, 0) for s in plan.steps if s.role == "node"]
+            for running in duplicates:
+                after = self._after.get(running.id)
+                if after is not None and node_deps:
+                    after.setdefault(1, []).extend(node_deps)
         for record in records:
             if record.state == ActionState.PENDING:
                 step = plan_steps.get(record.id)
@@ -282,6 +291,8 @@ class Engine:
         self._running[record.request.key] = record
 
     def _launch(self, record: ActionRecord, after: dict[int, list[Dependency]]) -> None:
+        after = {phase: list(deps) for phase, deps in after.items()}
+        self._after[record.id] = after  # a later event may add to it (a duplicate job action)
         task = asyncio.create_task(self._run(record, after), name=f"action:{record.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -357,6 +368,7 @@ class Engine:
         finally:
             progress.finish()  # dependents go on whatever happened (order, not success)
             self._progress.pop(record.id, None)
+            self._after.pop(record.id, None)
             if self._running.get(record.request.key) is record:
                 del self._running[record.request.key]
         self.gate.finished(record)

@@ -32,7 +32,9 @@ executor and not a separate requeue action.
   (the node must go), a failed reset does not keep the job from being requeued (it must move); each
   record says how its own part went. A step the policy gate did not start (suppressed, dry run,
   awaiting approval) is not waited for; a job step suppressed as a duplicate of an action already
-  running for that job is replaced by that running action (the reset still waits for *that* stop).
+  running for that job is replaced by that running action (the reset still waits for *that* stop,
+  and that action's requeue, if it has not begun, waits for this event's node steps; this late
+  dependency lives in memory only, not in the ledger's plan).
 
 Params a rule may set that the executors honour (see :mod:`ftd.plugin.actions`): checkpoint_restart
 ``exclude`` (nodes), ``stop`` (false: save only); gpu_reset ``pci``/``uuid``/``index``. The plan

@@ -65,10 +65,14 @@ class GpuReset:
         deadline_s: float,
         scheduler: Scheduler | None = None,
         state: ClusterState | None = None,
-        retry_s: float = 120.0,
+        retry_s: float = 0.0,
         retry_backoff_s: float = 1.0,
         reboot_deadline_s: float = 1800.0,
+        reboot_poll_s: float = 1.0,
     ) -> None:
+        """``retry_s`` 0: a refusal is not asked again (the coordinator passes its configuration:
+        ``gpu_reset_retry_s`` and friends); ``reboot_poll_s``: how often the verify phase looks for
+        the rebooted node's agent."""
         self._publish = publish
         self._acks = acks
         self.deadline_s = deadline_s
@@ -77,6 +81,7 @@ class GpuReset:
         self.retry_s = retry_s
         self.retry_backoff_s = retry_backoff_s
         self.reboot_deadline_s = reboot_deadline_s
+        self.reboot_poll_s = reboot_poll_s
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         """Both phases in a row (outside a plan)."""
@@ -194,7 +199,7 @@ class GpuReset:
             if loop.time() >= deadline:
                 log.warning("gpu_reset_reboot_unconfirmed", node=node, waited_s=self.reboot_deadline_s)
                 return {"reboot_unconfirmed": True}
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(self.reboot_poll_s)
         directive_id, ack = await self._ask(record, "-check", {**self._gpu(record), "check_only": True})
         detail: dict[str, Any] = {
             "check_directive_id": directive_id,
