@@ -6,6 +6,10 @@ checks the default action, its order (save before drain / reset) and the reason 
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftd.coordinator.plugins import evaluate, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.events import Kind
 from ftd.plugin import ActionKind, ActionRecord, ActionRequest, ActionState
@@ -402,3 +406,47 @@ def test_kernel_events_aer_oom_hung_task() -> None:
         "node-1", Kind.HUNG_TASK, data={"pid": 43, "process": "python", "extra": {"blocked_s": 120}}
     )
     assert "blocked for 120s" in evaluate_rule(kernel, hung, view())[0].reason
+
+
+# --- bad input: no built-in rule raises, whatever the data ---------------------------------------
+
+_KEYS = [
+    "code", "pci", "uuid", "index", "gpu", "job", "rank", "pid", "pattern", "signal", "level", "reason",
+    "resource", "used_pct", "inodes_used_pct", "time_to_full_s", "eta_s", "leak", "links_down", "active",
+    "sustained", "sustained_s", "throttle_reasons", "temperature_c", "rate_per_hour", "threshold_per_hour",
+    "reasons", "failure", "pending", "extra", "message", "action", "repeat_of", "caused_by", "path", "mount",
+    "stalled", "missing_uuids", "expected", "found", "rss_mb", "growth_mb_per_min", "time_to_exhaustion_s",
+    "mem_available_pct", "counters", "sram_uncorrectable", "dbe", "file", "jobs",
+]  # fmt: skip
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 200),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.one_of(st.integers(-2, 9), st.text(max_size=5)), max_size=3),
+    st.dictionaries(st.sampled_from(["fatal", "caused_by_previous", "link", "nvlink5_unit", "aer"]),
+                    st.one_of(st.booleans(), st.integers(), st.text(max_size=5)), max_size=3),
+)  # fmt: skip
+_PM = make_plugin_manager(entry_points=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([k.value for k in Kind]),
+            st.sampled_from(["info", "warning", "error", "critical"]),
+            st.dictionaries(st.sampled_from(_KEYS), _VALUES, max_size=8),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_no_builtin_rule_raises_on_any_data(events: list[tuple[str, str, dict[str, object]]]) -> None:
+    state = view_with(jobs={"j1": ["node-1", "node-2"]})
+    for i, (kind, severity, data) in enumerate(events):
+        event = make_event("node-1", kind, severity=severity, data=data, ts=1000.0 + i)
+        result = evaluate(_PM, event, state, slow_s=float("inf"))
+        assert result.errors == [], result.errors
+        state.apply_event(event)
