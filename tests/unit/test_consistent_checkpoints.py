@@ -4,8 +4,10 @@ from the newest step every rank has."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -17,11 +19,13 @@ from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart, resume_step, save_at_step
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.state import ClusterState
-from ftd.events import Ack, Directive, JobPresence, RankInfo, decode
+from ftd.events import Ack, Directive, JobPresence, Kind, RankInfo, decode, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.plugin.view import JobRecord
 from tests.unit.helpers import until
 
 JOB = "77"
+_NO_RANKS = JobRecord("none")
 
 
 def test_save_at_step_is_margin_steps_past_the_furthest_rank() -> None:
@@ -200,3 +204,61 @@ async def test_the_stop_tells_the_client_which_step_to_resume_from(
     await api.deliver(stop)
     await until(client.should_stop)
     assert client.resume_step == 996
+
+
+# --- live: the real coordinator and agent, two ranks on the real client, no collectives ------------
+
+
+def two_ranks(
+    socket_path: str, starts: dict[int, int], saved: dict[int, int], job: str
+) -> list[threading.Thread]:
+    """Two training loops of one job, ``starts`` steps apart (one rank 7 steps ahead of the other)."""
+
+    def run(rank: int) -> None:
+        client = Client(job=job, rank=rank, socket_path=socket_path, heartbeat_interval=0.02)
+        try:
+            step = starts[rank]
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                step += 1
+                client.heartbeat(step)
+                time.sleep(0.01)
+                if client.should_save():
+                    saved[rank] = step
+                    client.ack_saved(step, f"/ckpt/{rank}/{step}")
+                if client.should_stop():
+                    break
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in starts]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+@pytest.mark.parametrize(("margin", "agree"), [(-1, False), (300, True)])
+async def test_live_ranks_save_one_step_when_the_coordinator_picks_it(
+    tmp_path: Path, margin: int, agree: bool
+) -> None:
+    from tests.unit.test_plan_sequencing import JOB, NODE, PCI, cluster
+
+    async with cluster(tmp_path, save_step_margin=margin, save_deadline_s=10.0) as env:
+        saved: dict[int, int] = {}
+        threads = two_ranks(env.socket_path, {0: 990, 1: 997}, saved, JOB)
+        await until(lambda: len(env.coordinator.state.jobs.get(JOB, _NO_RANKS).ranks) == 2, 10)
+        await until(lambda: (env.coordinator.state.jobs[JOB].last_step or 0) >= 1005, 10)
+        env.coordinator.engine.handle_event(make_event(NODE, Kind.XID, data={"code": 48, "pci": PCI}))
+        assert await env.coordinator.engine.wait_idle(30)
+        for thread in threads:
+            thread.join(5)
+        restart = next(r for r in env.coordinator.ledger.actions() if r.request.kind == "checkpoint_restart")
+        if agree:  # the issue's fix: one step on every rank, a success, resumed from that step
+            assert saved[0] == saved[1] == restart.detail["save_at_step"], (saved, restart.detail)
+            assert restart.state == ActionState.SUCCEEDED, restart.detail
+            assert restart.detail["resume_step"] == saved[0]
+        else:  # saving at once (the old behaviour): different steps, never called a success
+            assert saved[0] != saved[1], saved
+            assert restart.state == ActionState.ESCALATED, restart.detail
+            assert restart.detail["save_steps_differ"] == {"0": saved[0], "1": saved[1]}
+            assert restart.detail["resume_step"] == min(saved.values())
