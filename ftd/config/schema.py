@@ -596,7 +596,9 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         _doc(
             "Steps ahead of the furthest step the ranks reported that a save directive asks every rank "
             "to save at (save at the first step >= it, so ranks agree without collectives); -1: save "
-            "at once.",
+            "at once. Cover what a rank runs in about 1.5 s (progress is reported once a second, plus "
+            "the directive's trip): raise it for steps faster than 0.3 s; keep margin x step time "
+            "well under save_deadline_s.",
             ge=-1,
         ),
     ] = 5
