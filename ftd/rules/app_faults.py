@@ -42,7 +42,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind != Kind.LOG_PATTERN or already_judged(event):
         return None
     pattern = event.data.get("pattern")
-    if pattern not in APP_PATTERNS:
+    if not isinstance(pattern, str) or pattern not in APP_PATTERNS:
         return None
     where = event.data.get("file")
     what = f"{pattern} in {where}" if isinstance(where, str) and where else str(pattern)
