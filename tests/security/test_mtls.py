@@ -22,6 +22,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from tests.contract.test_mosquitto_acl import (
     deploy_tls_listener,
     make_passwd,
 )
+from tests.e2e.daemons import Daemon
 from tests.realparts import Mosquitto, free_port, require_binary, wait_port
 from tests.security.bus import USERS, Inbox
 
@@ -256,3 +258,57 @@ def test_check_config_checks_client_certificate_files(pki: Pki, tmp_path: Path) 
 @pytest.fixture(scope="module")
 def tls(tls_broker: TlsBroker) -> TlsBroker:
     return tls_broker
+
+
+async def test_ftd_agent_daemon_connects_with_its_certificate_and_refuses_another_nodes(
+    tls: TlsBroker, pki: Pki, tmp_path: Path
+) -> None:
+    """``ftd agent`` from a config file with ``cert_file``/``key_file``: it connects over mutual TLS
+    and its retained ``online`` status reaches the broker; with another node's certificate it does
+    not start at all (exit 2, the CN named), instead of running with every event dropped."""
+    observer = await Inbox(bus_as(tls, pki, "observer")).start(topics.node_status("node-1"))
+    run_dir = Path(tempfile.mkdtemp(prefix="ftd-mtls-", dir="/tmp"))  # short unix socket path
+
+    def agent(name: str, cert: str) -> Daemon:
+        (tmp_path / "kmsg").touch()
+        return Daemon(
+            name,
+            f"""[bus]
+host = "127.0.0.1"
+port = {tls.tls_port}
+tls = true
+ca_file = "{pki.dir / "ca.crt"}"
+cert_file = "{pki.dir / f"{cert}.crt"}"
+key_file = "{pki.dir / f"{cert}.key"}"
+keepalive_s = 2
+
+[agent]
+node = "node-1"
+kmsg_path = "{tmp_path / "kmsg"}"
+state_dir = "{tmp_path / name}"
+socket_path = "{run_dir / f"{name}.sock"}"
+
+[agent.nvml]
+enabled = false
+
+[log]
+json = true
+""",
+            tmp_path,
+        )
+
+    wrong = agent("agent-wrong", "node-2").start()
+    good = agent("agent-node-1", "node-1")
+    try:
+        assert wrong.proc is not None and wrong.proc.wait(30) == 2
+        assert "CN is 'node-2'" in wrong.log()
+        good.start()
+
+        def online() -> bool:
+            return any(b'"online"' in m.payload for m in observer.got)
+
+        await observer.wait(online, 20, "node-1's online status over mutual TLS")
+    finally:
+        good.stop()
+        await observer.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
