@@ -270,6 +270,7 @@ class Engine:
         self.ledger.save_action(record)
         log.info("action_rejected", action_id=record.id, reason=reason, by=by or None)
         self._notify("action", record)
+        self._finish_plan(record)
         return record
 
     def startup(self, coordinator: Any) -> None:
@@ -391,14 +392,16 @@ class Engine:
     def _finish_plan(self, record: ActionRecord) -> None:
         """Mark the plan of ``record`` finished once none of its steps runs any more."""
         plan = self._plans.get(str(record.detail.get("plan", "")))
-        if plan is None or any(step.action in self._progress for step in plan.steps):
+        if plan is None or not self._plan_over(plan):
             return
-        if any(step.action in {r.id for r in self.awaiting.values()} for step in plan.steps):
-            return  # a step still waits for a human
         plan.state = "finished"
         del self._plans[plan.id]
         self.ledger.save_plan(plan)
         log.info("plan_finished", plan_id=plan.id)
+
+    def _plan_over(self, plan: Plan) -> bool:
+        """No step of ``plan`` runs, waits to run, or waits for a human."""
+        return not any(step.action in self._progress or step.action in self.awaiting for step in plan.steps)
 
     def resume_unfinished(self) -> list[ActionRecord]:
         """Restart actions a previous run left pending or running (executors are idempotent), in
@@ -428,7 +431,7 @@ class Engine:
         for record in startable:
             self._launch(record, self._plan_after(record))
         for plan in list(self._plans.values()):  # plans whose every step had finished already
-            if not any(step.action in self._progress for step in plan.steps):
+            if self._plan_over(plan):
                 plan.state = "finished"
                 del self._plans[plan.id]
                 self.ledger.save_plan(plan)

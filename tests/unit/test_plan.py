@@ -248,3 +248,27 @@ async def test_a_gpu_still_missing_after_the_reboot_is_drained_for_rma() -> None
     assert detail["reboot_cleared"] is False
     node = scheduler.nodes["n1"]
     assert node.drained and node.reason is not None and "still bad after reboot: RMA" in node.reason
+
+
+async def test_a_rejected_step_does_not_keep_its_plan_open(tmp_path: Path) -> None:
+    log: list[str] = []
+    job = Phased(log)
+    for gate in job.gates.values():
+        gate.set()
+    eng = engine(
+        tmp_path,
+        {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: Plain(log)},
+        approval_required_kinds=(ActionKind.DRAIN_NODE,),
+    )
+    restart, drain = eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    assert await eng.wait_idle(5)
+    plan_id = restart.detail["plan"]
+
+    def plan_state() -> str | None:
+        plan = eng.ledger.plan(plan_id)
+        return plan.state if plan else None
+
+    assert plan_state() == "running"  # the drain waits for a human
+    eng.reject(drain.id, reason="not this node", by="op")
+    assert plan_state() == "finished"
+    assert log == ["checkpoint_restart:stop", "checkpoint_restart:requeue"]
