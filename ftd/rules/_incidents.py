@@ -22,7 +22,7 @@ Two questions are answered here, from the read-only view's history (pure functio
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,18 +175,17 @@ def app_fault_actions(
     if signature is None:
         return []
     policy = APP_POLICY
+    same = _same_signature(fault, signature)
+    oldest = event.ts - policy.window_s
     out: list[ActionRequest] = []
     for job in jobs:
         nodes = set(view.job_nodes(job)) | {event.node}
         past = [
             r
             for node in sorted(nodes)
-            for r in view.node_events(node)
-            if r.event_id != event.id
-            and app_signature(r) == signature
-            and r.job in (None, job)
-            and 0 <= event.ts - r.ts <= policy.window_s
-            and (r.node == event.node or job in _jobs_then(r, view))
+            for r in _since(view.node_events(node), oldest)
+            if same(r) and r.ts <= event.ts and r.job in (None, job) and r.event_id != event.id
+            and not r.linked
         ]
         starts = incident_starts(past)
         if in_open_incident(starts, event.ts):
@@ -219,9 +218,27 @@ def app_fault_actions(
     return out
 
 
-def _jobs_then(record: FaultRecord, view: ClusterView) -> list[str]:
-    """The jobs a past record concerns: its own ``job``, else the jobs on its node now."""
-    return [record.job] if record.job else view.jobs_on_node(record.node)
+_REORDER_S = 300.0  # events may arrive this much out of timestamp order (spooled on an agent)
+
+
+def _since(records: Sequence[FaultRecord], oldest: float) -> Iterator[FaultRecord]:
+    """``records`` (arrival order) from the newest back to the first well before ``oldest``."""
+    for record in reversed(records):
+        if record.ts < oldest - _REORDER_S:
+            return
+        if record.ts >= oldest:
+            yield record
+
+
+def _same_signature(fault: FaultRecord, signature: str) -> Callable[[FaultRecord], bool]:
+    """A cheap test for "the same application fault as ``fault``" (field compares, no catalog)."""
+    if fault.kind == "xid":
+        code = fault.code
+        return lambda r: r.kind == "xid" and r.code == code and (code != 154 or app_signature(r) == signature)
+    if signature == "nccl":
+        return lambda r: r.kind == "log_pattern" and is_nccl_pattern(r.pattern)
+    pattern = fault.pattern
+    return lambda r: r.kind == "log_pattern" and r.pattern == pattern
 
 
 def recent(view: ClusterView, node: str, ts: float, window: float) -> list[FaultRecord]:

@@ -72,6 +72,8 @@ def _same_gpu(a: dict[str, Any], b: Any) -> bool:
 def _xid_48_escalated(event: Event, code: int, view: ClusterView) -> bool:
     """An Xid 48 and an Xid 63/64 on the same GPU within one incident window (either order)."""
     partners = XID_48_ESCALATORS if code == _XID_48 else {_XID_48} if code in XID_48_ESCALATORS else set()
+    if not partners:
+        return False
     return any(
         r.kind == "xid" and r.code in partners and not r.linked and _same_gpu(event.data, r)
         for r in recent(view, event.node, event.ts, INCIDENT_WINDOW_S)
