@@ -256,6 +256,7 @@ class Coordinator:
         self.api = await start_api(self)
         await self.start()
         await self.bus.wait_connected()
+        await self.placement.warm()  # every running job's nodes in one call, before the retained presence
         # Handle (not just receive) what the broker delivers first -- retained status and job presence,
         # acks it queued for this persistent session while we were down -- before resuming actions that
         # depend on it: a resumed checkpoint_restart must know the job's ranks and see acks sent meanwhile.

@@ -193,6 +193,26 @@ class Placement:
         if not task.cancelled():
             task.exception()  # retrieved here too: a failure no caller awaited is not "never retrieved"
 
+    async def warm(self) -> int:
+        """Fill the cache with every running job in one scheduler call, when the scheduler offers
+        ``running_job_nodes`` (Slurm; Kubernetes looks jobs up one by one): a starting coordinator gets every job's retained
+        presence at once, and one lookup per job would hold up the bus pump behind them (a resumed
+        checkpoint_restart must see the job's ranks). Returns the number of jobs cached; a failure
+        is logged and leaves the per-job lookups to do the work."""
+        bulk = getattr(self.scheduler, "running_job_nodes", None)
+        if not self.enforced or bulk is None:
+            return 0
+        try:
+            jobs = await asyncio.wait_for(bulk(), max(self.lookup_timeout_s, 10.0))
+        except Exception as exc:
+            log.warning("placement_warm_up_failed", error=str(exc)[:300])
+            return 0
+        for job, nodes in jobs.items():
+            self._store(str(job), nodes)
+        self.lookups += 1
+        log.info("placement_warmed", jobs=len(jobs))
+        return len(jobs)
+
     async def _fetch(self, job: str) -> tuple[str, ...]:
         assert self.scheduler is not None
         self.lookups += 1

@@ -36,6 +36,16 @@ async def test_slurm_job_nodes_of_running_pending_unknown_and_invalid_jobs(slurm
     assert await sched.job_nodes(running) == ()  # finished: its NodeList is history
 
 
+async def test_slurm_running_job_nodes_lists_only_active_jobs(slurm: SlurmCluster) -> None:
+    """The placement cache's warm-up: one ``scontrol show job -o`` for every job."""
+    sched = SlurmScheduler(slurm_conf=str(slurm.conf_path), timeout_s=10)
+    running = slurm.sbatch(None, "-w", "node-1", wrap="sleep 300")
+    slurm.wait_job_state(running, "RUNNING")
+    pending = slurm.sbatch(None, "-w", "node-1", wrap="sleep 300")
+    slurm.wait_job_state(pending, "PENDING")
+    assert await sched.running_job_nodes() == {running: ("node-1",)}
+
+
 async def test_slurm_hostlists_are_expanded_by_scontrol(slurm: SlurmCluster) -> None:
     """Multi-node NodeLists (``node-[1-3,7]``) go through ``scontrol show hostnames``; same answer as
     ftd's own expander on the shapes both know."""
@@ -67,6 +77,8 @@ async def test_fake_scheduler_job_nodes() -> None:
     fake = FakeScheduler()
     fake.add_job("5", ["node-1", "node-2"])
     assert await fake.job_nodes("5") == ("node-1", "node-2")
+    fake.add_job("7", ["node-3"], state="PENDING")
+    assert await fake.running_job_nodes() == {"5": ("node-1", "node-2")}
     fake.finish_job("5")
     assert await fake.job_nodes("5") == ()
     assert await fake.job_nodes("6") == ()

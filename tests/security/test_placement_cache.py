@@ -7,6 +7,7 @@ Coordinator's message handling with an in-process scheduler whose answers the te
 - A job requeued onto another node: that node is believed after a refresh (cache miss -> lookup).
 - A node inventing job ids costs at most its miss budget in scheduler calls.
 - A forged heartbeat inside an event batch is dropped alone.
+- The warm-up at start caches every running job in one scheduler call.
 """
 
 from __future__ import annotations
@@ -144,3 +145,18 @@ async def test_forged_heartbeat_inside_a_batch_is_dropped_and_the_rest_handled()
     assert not [a for a in c.ledger.actions() if a.request.target == "80"]
     assert c._receipts["node-2"].rejected.keys() == {lost.id}
     assert c._receipts["node-2"].ids == [xid.id]
+
+
+async def test_warm_up_caches_every_running_job_in_one_call() -> None:
+    """A starting coordinator receives every job's retained presence at once: after the warm-up they
+    are decided from the cache, with no scheduler call per job (the bus pump is not held up)."""
+    sched = Flaky()
+    for i in range(50):
+        sched.add_job(str(100 + i), [f"node-{i % 4}"])
+    c = coordinator(sched)
+    assert await c.placement.warm() == 50
+    for i in range(50):
+        assert await c.handle(presence(f"node-{i % 4}", str(100 + i), 0))
+    assert await c.handle(presence("node-9", "100", 0))  # forged: decided from the cache too
+    assert len(c.state.jobs) == 50 and c.placement.violations == 1
+    assert [op for op, _ in sched.calls] == ["running_job_nodes"]

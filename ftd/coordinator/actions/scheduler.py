@@ -250,6 +250,10 @@ class FakeScheduler:
         j = self.jobs.get(job)
         return j.nodes if j is not None and j.state == "RUNNING" else ()
 
+    async def running_job_nodes(self) -> dict[str, tuple[str, ...]]:
+        self._record("running_job_nodes")
+        return {job: j.nodes for job, j in self.jobs.items() if j.state == "RUNNING" and j.nodes}
+
     async def reboot(self, node: str, reason: str, nextstate: str = "RESUME") -> None:
         self._record("reboot", node, reason, nextstate)
         if nextstate not in REBOOT_NEXTSTATES:

@@ -289,6 +289,19 @@ class SlurmScheduler:
         _, names, _ = await self._run("show", "hostnames", hostlist)
         return tuple(dict.fromkeys(n.strip() for n in names.splitlines() if n.strip()))
 
+    async def running_job_nodes(self) -> dict[str, tuple[str, ...]]:
+        """Every job in an active state and its nodes, from one ``scontrol show job -o`` (the
+        placement cache's warm-up when the coordinator starts; hostlists expanded by
+        :func:`expand_hostlist`, which agrees with ``scontrol show hostnames`` on Slurm's syntax)."""
+        _, out, _ = await self._run("show", "job", "-o")
+        found: dict[str, tuple[str, ...]] = {}
+        for line in out.splitlines():
+            rec = parse_oneliner(line) if line.strip() else {}
+            job, nodes = rec.get("JobId"), rec.get("NodeList", "")
+            if job and rec.get("JobState") in _ACTIVE_STATES and nodes not in _NULLS:
+                found[job] = expand_hostlist(nodes)
+        return found
+
     async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
         _check_job(job)
         exclude = tuple(dict.fromkeys(exclude))
