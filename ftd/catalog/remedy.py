@@ -28,6 +28,7 @@ node (plan reset or drain) makes a node a repeat offender; application faults ne
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -149,16 +150,34 @@ class Remedy:
 
 
 def resolve_xid(code: int, data: Mapping[str, Any], catalog: XidCatalog | None = None) -> Remedy:
-    """The plan for Xid ``code`` with the event's ``data`` (the single decision table)."""
-    catalog = catalog or load_xid_catalog()
+    """The plan for Xid ``code`` with the event's ``data`` (the single decision table).
+
+    Only two things in ``data`` matter: the recovery action an Xid 154 announces (``action``) and,
+    for NVLink5 codes, whether the message is fatal; the answer for the packaged catalog is cached on
+    those (rules ask for every Xid in a node's history)."""
+    info = (catalog or load_xid_catalog()).lookup(code)
+    bucket = info.action if info else "UNKNOWN"
+    announced = data.get("action") if bucket in ("XID_154", "XID_154_EVAL") else None
+    fatal = nvlink5_fatal(code, data) if bucket == "WORKFLOW_NVLINK5_ERR" else None
+    key = (code, announced if isinstance(announced, str) else None, fatal)
+    if catalog is None:
+        return _resolve_cached(*key)
+    return _resolve(catalog, *key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _resolve_cached(code: int, announced: str | None, fatal: bool | None) -> Remedy:
+    return _resolve(load_xid_catalog(), code, announced, fatal)
+
+
+def _resolve(catalog: XidCatalog, code: int, announced: str | None, fatal: bool | None) -> Remedy:
     info = catalog.lookup(code)
     name = info.name if info else ""
     bucket = info.action if info else "UNKNOWN"
     why = ""
     if bucket in ("XID_154", "XID_154_EVAL"):
-        announced = data.get("action")
         quiet = ("XID_154", "XID_154_EVAL")
-        if isinstance(announced, str) and announced in ACTIONS and announced not in quiet:
+        if announced is not None and announced in ACTIONS and announced not in quiet:
             bucket, why = announced, f"announced {announced}"
         elif bucket == "XID_154":
             return Remedy(code, name, bucket, NONE, False, "no recovery action announced")
@@ -166,7 +185,6 @@ def resolve_xid(code: int, data: Mapping[str, Any], catalog: XidCatalog | None =
     plan = entry.plan
     hardware = entry.implicates_hardware
     if plan == "nvlink5":
-        fatal = nvlink5_fatal(code, data)
         plan, hardware = (RESET, True) if fatal else (NOTIFY, False)
         why = "nvlink5 fatal" if fatal else "nvlink5 non-fatal" if fatal is False else "nvlink5 not decoded"
     elif plan == "announce":

@@ -22,7 +22,7 @@ Two questions are answered here, from the read-only view's history (pure functio
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ def is_nccl_pattern(pattern: str | None) -> bool:
     return (
         isinstance(pattern, str)
         and pattern.startswith(("nccl_", "ib_"))
+        and not pattern.endswith(("_info", "_warn", "_debug"))
         and pattern not in NCCL_CONTEXT_ONLY
     )
 
@@ -183,8 +184,11 @@ def app_fault_actions(
         past = [
             r
             for node in sorted(nodes)
-            for r in _since(view.node_events(node), oldest)
-            if same(r) and r.ts <= event.ts and r.job in (None, job) and r.event_id != event.id
+            for r in view.node_events(node)
+            if oldest <= r.ts <= event.ts
+            and same(r)
+            and r.job in (None, job)
+            and r.event_id != event.id
             and not r.linked
         ]
         starts = incident_starts(past)
@@ -216,18 +220,6 @@ def app_fault_actions(
             )
         )
     return out
-
-
-_REORDER_S = 300.0  # events may arrive this much out of timestamp order (spooled on an agent)
-
-
-def _since(records: Sequence[FaultRecord], oldest: float) -> Iterator[FaultRecord]:
-    """``records`` (arrival order) from the newest back to the first well before ``oldest``."""
-    for record in reversed(records):
-        if record.ts < oldest - _REORDER_S:
-            return
-        if record.ts >= oldest:
-            yield record
 
 
 def _same_signature(fault: FaultRecord, signature: str) -> Callable[[FaultRecord], bool]:

@@ -16,6 +16,7 @@ cause): an ``ib_link`` down there, an
 ``ib_device_fatal`` / ``ib_port_error`` line in
 its logs, or an Xid/SXid/GPU event that
 implicates hardware
+the same with no job on the node                nothing (recorded)
 ``ib_link`` (a port went down)                  notify (the NCCL failure that follows decides; the site pack
                                                 ``rules/nccl_ib.toml`` handles a flapping port)
 ==============================================  ==============================================================
@@ -37,6 +38,11 @@ from ftd.rules._incidents import (
 )
 
 EVIDENCE_WINDOW_S = 900.0
+#: The kinds that can be hardware evidence (a cheap test before the catalog is asked).
+_EVIDENCE_KINDS = frozenset(
+    {"ib_link", "log_pattern", "xid", "gpu_fallen_off_bus", "sxid", "gpu_missing", "ecc", "row_remap",
+     "gpu_health", "pcie_aer"}
+)  # fmt: skip
 
 
 def _evidence(event: Event, view: ClusterView) -> FaultRecord | None:
@@ -44,9 +50,12 @@ def _evidence(event: Event, view: ClusterView) -> FaultRecord | None:
     found = [
         r
         for r in recent(view, event.node, event.ts, EVIDENCE_WINDOW_S)
-        if (r.kind == "ib_link" and not r.linked)
-        or (r.kind == "log_pattern" and r.pattern in IB_HARDWARE_PATTERNS)
-        or implicates_hardware(r)
+        if r.kind in _EVIDENCE_KINDS
+        and (
+            (r.kind == "ib_link" and not r.linked)
+            or (r.kind == "log_pattern" and r.pattern in IB_HARDWARE_PATTERNS)
+            or implicates_hardware(r)
+        )
     ]
     return found[-1] if found else None
 
@@ -81,6 +90,8 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
         return None
     pattern = str(event.data["pattern"])
     jobs = jobs_of(event, view)
+    if not jobs:
+        return None  # an NCCL failure with no job on the node: nothing to restart (recorded)
     evidence = _evidence(event, view)
     if evidence is None:
         return app_fault_actions(event, view, jobs, pattern) or None
