@@ -81,6 +81,7 @@ from ftd.events import (
     Ack,
     CoordinatorStatus,
     DecodeError,
+    Directive,
     Event,
     JobPresence,
     Kind,
@@ -187,6 +188,7 @@ class Coordinator:
             lookup_timeout_s=place.lookup_timeout_s,
             retry_s=place.retry_s,
         )
+        self._directive_nodes: dict[str, str] = {}  # node directive id -> the node it was sent to
         if not self.placement.enforced:
             why = "disabled in config" if scheduler is not None else "no scheduler"
             log.warning("placement_not_enforced", reason=why, effect="any node may speak for any job")
@@ -232,7 +234,25 @@ class Coordinator:
         }
 
     async def _publish(self, topic: str, payload: bytes) -> None:
+        self._note_node_directive(topic, payload)
         await self.bus.publish(topic, payload)
+
+    MAX_DIRECTIVE_NODES = 10_000  # node directives remembered for checking who answers them
+
+    def _note_node_directive(self, topic: str, payload: bytes) -> None:
+        """Remember the node each node directive (gpu_reset, diagnostics) was sent to: its answer
+        (an ack of rank NODE_RANK) counts only from that node. Directive ids derive from action ids,
+        which a node sees in its own directives, so another node could guess them."""
+        levels = topic.split("/")
+        if len(levels) != 5 or levels[2] != "nodes" or levels[4] != "directives":
+            return
+        try:
+            directive = decode(payload, Directive)
+        except DecodeError:
+            return
+        self._directive_nodes[directive.id] = levels[3]
+        if len(self._directive_nodes) > self.MAX_DIRECTIVE_NODES:
+            del self._directive_nodes[next(iter(self._directive_nodes))]
 
     async def start(self) -> None:
         for pattern in SUBSCRIPTIONS:
@@ -629,11 +649,16 @@ class Coordinator:
         ack = decode(message.payload, Ack)
         if ack.node != levels[1]:
             raise DecodeError(f"ack from node {ack.node!r} published under node {levels[1]!r}")
-        # A rank's ack counts only from a node the scheduler runs its job on. (Node-level answers,
-        # rank NODE_RANK, reply to a node directive only that node can read.)
+        # A rank's ack counts only from a node the scheduler runs its job on; a node-level answer
+        # (rank NODE_RANK) only from the node its directive was sent to.
         if ack.rank != NODE_RANK and self.placement.check(ack.node, [ack.job]):
             detail = f"rank {ack.rank} directive {ack.directive_id[:100]}"
             self.placement.violation(ack.node, ack.job, "ack", detail)
+            return True
+        target = self._directive_nodes.get(ack.directive_id) if ack.rank == NODE_RANK else None
+        if target is not None and target != ack.node:
+            detail = f"answer to directive {ack.directive_id[:100]} sent to {target}"
+            self.placement.violation(ack.node, ack.job or "-", "node_ack", detail)
             return True
         log.info(
             "trainer_ack", job=ack.job, rank=ack.rank, ok=ack.ok, step=ack.step, directive=ack.directive_id

@@ -8,6 +8,7 @@ Coordinator's message handling with an in-process scheduler whose answers the te
 - A node inventing job ids costs at most its miss budget in scheduler calls.
 - A forged heartbeat inside an event batch is dropped alone.
 - The warm-up at start caches every running job in one scheduler call.
+- A node-level answer (gpu_reset, diagnostics) counts only from the node its directive went to.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler, SchedulerError
 from ftd.coordinator.app import Coordinator
 from ftd.coordinator.ledger import Ledger
 from ftd.coordinator.placement import Placement
-from ftd.events import Ack, JobPresence, Kind, RankInfo, Severity, encode, make_event
+from ftd.events import NODE_RANK, Ack, Directive, JobPresence, Kind, RankInfo, Severity, encode, make_event
 
 
 class Flaky(FakeScheduler):
@@ -160,3 +161,23 @@ async def test_warm_up_caches_every_running_job_in_one_call() -> None:
     assert await c.handle(presence("node-9", "100", 0))  # forged: decided from the cache too
     assert len(c.state.jobs) == 50 and c.placement.violations == 1
     assert [op for op, _ in sched.calls] == ["running_job_nodes"]
+
+
+async def test_a_node_level_answer_counts_only_from_the_node_the_directive_was_sent_to() -> None:
+    """gpu_reset / diagnostics answers (rank NODE_RANK) are matched by directive id, and directive
+    ids are guessable (a node sees action ids in its own directives): another node's answer is a
+    violation, not the answer."""
+    c = coordinator(Flaky())
+    await c.bus.start()
+    reset = Directive(id="act-1-gpu_reset", ts=time.time(), action="gpu_reset", node="node-2")
+    await c._publish(topics.node_directives("node-2"), encode(reset))
+    forged = Ack(directive_id=reset.id, job="", rank=NODE_RANK, node="node-1", reason="reset: ok")
+    assert await c.handle(Message(topics.node_acks("node-1"), encode(forged)))
+    assert c.acks.outcome(reset.id, [NODE_RANK]).missing == frozenset({NODE_RANK})
+    assert c.placement.violations == 1
+    (summary,) = c.placement.security.pending()
+    assert summary.node == "node-1" and summary.data["by_message"] == {"node_ack": 1}
+    genuine = Ack(directive_id=reset.id, job="", rank=NODE_RANK, node="node-2", reason="reset: ok")
+    assert await c.handle(Message(topics.node_acks("node-2"), encode(genuine)))
+    assert c.acks.outcome(reset.id, [NODE_RANK]).acked[NODE_RANK].node == "node-2"
+    await c.bus.stop()
