@@ -199,7 +199,7 @@ class MqttBus:
                 failures += 1
                 delay = _backoff_delay(failures, *self._backoff)
                 log_fn = log.warning if was_connected or failures == 1 else log.debug
-                log_fn("bus disconnected", error=str(exc), retry_in_s=round(delay, 3), attempt=failures)
+                log_fn("bus_disconnected", error=str(exc), retry_in_s=round(delay, 3), attempt=failures)
                 await asyncio.sleep(delay)
             finally:
                 self._connected.clear()

@@ -25,6 +25,10 @@ lookup succeeds, retried with backoff for up to ``retry_s``; after that it is re
 for ``failure_hold_s``, so a dead scheduler costs the bus pump at most one ``lookup_timeout_s`` wait
 per hold period, never one per message.
 
+A node-level answer (an ack of rank ``NODE_RANK`` to a gpu_reset or diagnostics directive) is
+checked by the coordinator against the node the directive was sent to; a mismatch is booked here as
+a ``node_ack`` violation.
+
 Violations are counted (:attr:`Placement.violations`), logged (``placement_violation``) and summed
 per node and window into one ``security`` event of severity error (:class:`SecurityBook`), which
 the coordinator commits to the ledger like its ``bad_input`` summaries: what was claimed (kind of
@@ -195,9 +199,9 @@ class Placement:
 
     async def warm(self) -> int:
         """Fill the cache with every running job in one scheduler call, when the scheduler offers
-        ``running_job_nodes`` (Slurm; Kubernetes looks jobs up one by one): a starting coordinator gets every job's retained
-        presence at once, and one lookup per job would hold up the bus pump behind them (a resumed
-        checkpoint_restart must see the job's ranks). Returns the number of jobs cached; a failure
+        ``running_job_nodes`` (Slurm; Kubernetes jobs are looked up one by one): a starting
+        coordinator gets every job's retained presence at once, and one lookup per job would hold up
+        the bus pump behind them (a resumed checkpoint_restart must see the job's ranks). Returns the number of jobs cached; a failure
         is logged and leaves the per-job lookups to do the work."""
         bulk = getattr(self.scheduler, "running_job_nodes", None)
         if not self.enforced or bulk is None:
