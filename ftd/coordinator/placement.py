@@ -201,8 +201,8 @@ class Placement:
         """Fill the cache with every running job in one scheduler call, when the scheduler offers
         ``running_job_nodes`` (Slurm; Kubernetes jobs are looked up one by one): a starting
         coordinator gets every job's retained presence at once, and one lookup per job would hold up
-        the bus pump behind them (a resumed checkpoint_restart must see the job's ranks). Returns the number of jobs cached; a failure
-        is logged and leaves the per-job lookups to do the work."""
+        the bus pump behind them (a resumed checkpoint_restart must see the job's ranks). Returns
+        the number of jobs cached; a failure is logged and leaves the per-job lookups to do the work."""
         bulk = getattr(self.scheduler, "running_job_nodes", None)
         if not self.enforced or bulk is None:
             return 0
