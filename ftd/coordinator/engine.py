@@ -167,7 +167,9 @@ class Engine:
                 and plans.role_of(r.request.kind) == "job"
                 and r.request.key in self._running
             ]
-            plan = plans.build(new_id("plan"), event_id, live, running_jobs=duplicates)
+            plan = plans.build(
+                new_id("plan"), event_id, live, running_jobs=duplicates, phases=self._node_phases
+            )
             if len(live) + len(duplicates) < 2 or not plans.worth_a_plan(plan):
                 plan_steps: dict[str, plans.Step] = {}
             else:
@@ -187,7 +189,9 @@ class Engine:
         if plan_steps:
             # A job action already running (this event's was a duplicate) requeues only after this
             # event's node actions too, if its requeue has not begun.
-            node_deps = [Dependency(s.action, 0) for s in plan.steps if s.role == "node"]
+            node_deps = [
+                Dependency(s.action, self._node_phases(s.kind)[1]) for s in plan.steps if s.role == "node"
+            ]
             for running in duplicates:
                 after = self._after.get(running.id)
                 if after is not None and node_deps:
@@ -197,6 +201,9 @@ class Engine:
                 step = plan_steps.get(record.id)
                 self._launch(record, step.after if step else {})
         return records
+
+    def _node_phases(self, kind: str) -> tuple[int, int]:
+        return plans.node_phases(self.executors.get(kind))
 
     def _decide(self, request: ActionRequest, admit: bool = False) -> ActionRecord:
         """Gate and record one action (not started: :meth:`_start`, or with ``admit`` counted as

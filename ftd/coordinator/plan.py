@@ -16,18 +16,23 @@ executor and not a separate requeue action.
   ``run_phase(record, phase)``). ``checkpoint_restart`` has ``("stop", "requeue")`` (``checkpoint``
   uses the same executor: its "stop" phase only saves and its "requeue" phase does nothing);
   ``gpu_reset`` has ``("reset", "verify")`` (the reset with its retries and, when it cannot be done,
-  the reboot request or the drain; then the wait for the rebooted node). A plain executor is one
-  phase. The action stays *one* record (one ledger row, one policy key), so the rules' contract,
-  dedupe, cooldown and the API are unchanged; the engine runs the phases in order, records
-  ``detail["phases_done"]`` after each, and a resumed action skips the phases already done.
+  the reboot request or the drain; then the wait for the rebooted node); ``drain_node`` has
+  ``("drain", "evict")``: the node stops taking work at once (Slurm's drain never touches running
+  jobs; Kubernetes cordons and taints), and only the eviction (Kubernetes) waits for the save. A node
+  executor names its ``disruptive_phase`` (waits for the jobs' stop) and ``settled_phase`` (the
+  requeue waits for it), :func:`node_phases`. A plain executor is one phase. The action stays
+  *one* record (one ledger row, one policy key), so the rules' contract, dedupe, cooldown and the
+  API are unchanged; the engine runs the phases in order, records ``detail["phases_done"]`` after
+  each, and a resumed action skips the phases already done.
 * Each request of a plan gets a *role* from its kind (:func:`role_of`): ``job`` (checkpoint_restart,
   checkpoint), ``node`` (gpu_reset, drain_node: they disrupt whatever runs on the node) or ``free``
   (notify, collect_diagnostics, a plugin's own kinds: they start at once, as before; diagnostics in
-  particular must run while the ranks are still alive). Dependencies (:func:`build`): every node step
-  waits for the first phase of every job step; every job step's second phase (the requeue) waits for
-  the first phase of every node step. So the reset never meets the job's processes, and the job is
-  requeued only once its node was reset, drained or handed to the scheduler for a reboot; with no
-  node step, checkpoint_restart runs straight through as it always did.
+  particular must run while the ranks are still alive). Dependencies (:func:`build`): every node
+  step's disruptive phase waits for the first phase of every job step; every job step's second
+  phase (the requeue) waits for the settled phase of every node step. So the reset never meets the
+  job's processes, an eviction never races the save, and the job is requeued only once its node was
+  reset, drained or handed to the scheduler for a reboot; with no node step, checkpoint_restart runs
+  straight through as it always did.
 * A dependency is about *order*, never success: a failed save does not stop the drain of a bad node
   (the node must go), a failed reset does not keep the job from being requeued (it must move); each
   record says how its own part went. A step the policy gate did not start (suppressed, dry run,
@@ -45,7 +50,7 @@ action's row) and rebuilt from it by :meth:`Engine.resume_unfinished` after a re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -116,29 +121,40 @@ class Plan(msgspec.Struct, kw_only=True):
         return next((s for s in self.steps if s.action == action_id), None)
 
 
+def node_phases(executor: object) -> tuple[int, int]:
+    """(disruptive, settled) phase indexes of a node action's executor: the first phase that touches
+    what runs on the node (it waits for the jobs' stop), and the phase after which the node is
+    settled (reset, drained, handed over for a reboot: the jobs' requeue waits for it). Executors say
+    so with ``disruptive_phase`` / ``settled_phase`` attributes; a plain one is (0, 0)."""
+    disruptive = getattr(executor, "disruptive_phase", 0)
+    settled = getattr(executor, "settled_phase", 0)
+    return (disruptive if isinstance(disruptive, int) else 0, settled if isinstance(settled, int) else 0)
+
+
 def build(
     plan_id: str,
     event_id: str | None,
     records: Sequence[ActionRecord],
     *,
     running_jobs: Iterable[ActionRecord] = (),
+    phases: Callable[[str], tuple[int, int]] = lambda kind: (0, 0),
 ) -> Plan:
     """The plan of one event's records (see the module docstring for the dependencies).
 
     ``records`` are the records the gate let start (pending); ``running_jobs`` are job actions
     already running for jobs this event's job steps were suppressed for (duplicates): node steps wait
-    for them too."""
+    for them too. ``phases(kind)`` is :func:`node_phases` of that kind's executor."""
     steps = [
         Step(action=r.id, kind=r.request.kind, target=r.request.target, role=role_of(r.request.kind))
         for r in records
     ]
     job_ids = [s.action for s in steps if s.role == "job"] + [r.id for r in running_jobs]
-    node_ids = [s.action for s in steps if s.role == "node"]
+    node_deps = [Dependency(s.action, phases(s.kind)[1]) for s in steps if s.role == "node"]
     for s in steps:
         if s.role == "node" and job_ids:
-            s.after[0] = [Dependency(a, 0) for a in job_ids]
-        elif s.role == "job" and node_ids:
-            s.after[1] = [Dependency(a, 0) for a in node_ids]
+            s.after[phases(s.kind)[0]] = [Dependency(a, 0) for a in job_ids]
+        elif s.role == "job" and node_deps:
+            s.after[1] = list(node_deps)
     return Plan(id=plan_id, event_id=event_id, steps=steps)
 
 

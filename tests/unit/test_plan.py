@@ -272,3 +272,72 @@ async def test_a_rejected_step_does_not_keep_its_plan_open(tmp_path: Path) -> No
     eng.reject(drain.id, reason="not this node", by="op")
     assert plan_state() == "finished"
     assert log == ["checkpoint_restart:stop", "checkpoint_restart:requeue"]
+
+
+class EvictingScheduler(FakeScheduler):
+    """Kubernetes' shape: drain is cordon + evict, offered in halves."""
+
+    log: list[str] | None = None
+
+    async def cordon(self, node: str, reason: str) -> None:
+        assert self.log is not None
+        self.log.append("cordon")
+        await self.drain(node, reason)
+
+    async def evict_node(self, node: str) -> dict[str, Any]:
+        assert self.log is not None
+        self.log.append("evict")
+        return {"node": node, "evicted": ["ns/pod-1"]}
+
+
+async def test_the_node_stops_taking_work_at_once_and_only_the_eviction_waits_for_the_save(
+    tmp_path: Path,
+) -> None:
+    from ftd.coordinator.actions.drain import DrainNode
+
+    log: list[str] = []
+    scheduler = EvictingScheduler()
+    scheduler.log = log
+    scheduler.add_node("n1")
+    job = Phased(log)
+    state = ClusterState()
+    drainer = DrainNode(scheduler, state)
+    executors: dict[str, Any] = {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: drainer}
+    eng = engine(tmp_path, executors)
+    restart, drain = eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    plan = eng.ledger.plan(restart.detail["plan"])
+    assert plan is not None
+    steps = {s.kind: s for s in plan.steps}
+    assert steps["drain_node"].after == {1: [Dependency(restart.id, 0)]}  # only the eviction waits
+    assert steps["checkpoint_restart"].after == {1: [Dependency(drain.id, 1)]}  # requeue after it
+    await until(lambda: log == ["cordon"])
+    assert scheduler.nodes["n1"].drained and state.nodes["n1"].drained_by_ftd  # out of service at once
+    await asyncio.sleep(0.05)
+    assert log == ["cordon"]  # no eviction while the job saves
+    job.gates["stop"].set()
+    job.gates["requeue"].set()
+    assert await eng.wait_idle(5)
+    assert log == ["cordon", "checkpoint_restart:stop", "evict", "checkpoint_restart:requeue"]
+    done = eng.ledger.action(drain.id)
+    assert done is not None and done.state == ActionState.SUCCEEDED
+    assert done.detail["evicted"]["evicted"] == ["ns/pod-1"]
+    assert done.detail["phases_done"] == ["drain", "evict"]
+
+
+async def test_on_slurm_the_drain_is_immediate_and_evicts_nothing(tmp_path: Path) -> None:
+    from ftd.coordinator.actions.drain import DrainNode
+
+    log: list[str] = []
+    scheduler = FakeScheduler()
+    scheduler.add_node("n1")
+    job = Phased(log)
+    drain = DrainNode(scheduler, ClusterState())
+    executors: dict[str, Any] = {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: drain}
+    eng = engine(tmp_path, executors)
+    eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    await until(lambda: scheduler.nodes["n1"].drained)
+    assert log == []  # the job has not even saved yet: Slurm's drain leaves it running
+    job.gates["stop"].set()
+    job.gates["requeue"].set()
+    assert await eng.wait_idle(5)
+    assert [op for op, _ in scheduler.calls] == ["drain"]

@@ -1,4 +1,12 @@
-"""drain_node / resume_node through the scheduler; resume only what ftd itself drained."""
+"""drain_node / resume_node through the scheduler; resume only what ftd itself drained.
+
+drain_node has two phases (:mod:`ftd.coordinator.plan`): **drain** -- the node takes no new work, at
+once, never touching what runs on it (a scheduler offering ``cordon(node, reason)``, Kubernetes,
+cordons and taints; otherwise ``drain``: Slurm's drain leaves running jobs alone) -- and **evict**
+(a scheduler offering ``evict_node(node)``: Kubernetes evicts the node's pods; nothing for Slurm).
+Inside a plan only the eviction waits for the jobs' save and stop, so a bad node is out of service
+as soon as the fault is seen and an eviction never races the save handshake.
+"""
 
 from __future__ import annotations
 
@@ -16,16 +24,36 @@ def drain_reason(reason: str) -> str:
 
 
 class DrainNode:
+    phases = ("drain", "evict")
+    disruptive_phase = 1  # the eviction waits for the jobs' save and stop
+    settled_phase = 1  # the jobs' requeue waits for the eviction
+
     def __init__(self, scheduler: Scheduler, state: ClusterState) -> None:
         self._scheduler = scheduler
         self._state = state
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
+        detail = await self.run_phase(record, "drain")
+        detail.update(await self.run_phase(record, "evict"))
+        return detail
+
+    async def run_phase(self, record: ActionRecord, phase: str) -> dict[str, Any]:
         node = record.request.target
-        reason = drain_reason(record.request.reason)
-        await self._scheduler.drain(node, reason)
-        self._state.mark_drained(node, reason)
-        return {"node": node, "reason": reason, "scheduler": self._scheduler.name}
+        if phase == "drain":
+            reason = drain_reason(record.request.reason)
+            cordon = getattr(self._scheduler, "cordon", None)
+            if callable(cordon):
+                await cordon(node, reason)
+            else:
+                await self._scheduler.drain(node, reason)
+            self._state.mark_drained(node, reason)
+            return {"node": node, "reason": reason, "scheduler": self._scheduler.name}
+        if phase == "evict":
+            evict = getattr(self._scheduler, "evict_node", None)
+            if not callable(evict):
+                return {}
+            return {"evicted": await evict(node)}
+        raise ValueError(f"drain_node has no phase {phase!r}")
 
 
 class ResumeNode:

@@ -21,6 +21,9 @@ Semantics, mapped onto the scheduler contract:
   reported in :attr:`KubernetesScheduler.last_drain` — the node is cordoned either way, so the drain
   itself succeeded. Eviction can be turned off (``evict = false``) when checkpoint_restart should be
   the only thing that moves training pods. Draining a drained node replaces the reason and taint value.
+* **cordon(node, reason)** / **evict_node(node)**: the two halves of drain, for the coordinator's
+  drain_node, which cordons at once and evicts only once the node's jobs have saved and stopped
+  (:mod:`ftd.coordinator.actions.drain`), so an eviction never races the save handshake.
 * **resume(node)** = remove ftd's taint and annotations, and uncordon *only if ftd cordoned it*. A node
   that is not drained is a no-op; a node cordoned by someone else (no ``drained-by=ftd``) raises, so
   ftd never undoes an operator's cordon.
@@ -277,6 +280,25 @@ class KubernetesScheduler:
             evicted=len(summary["evicted"]),
             blocked=summary["blocked"],
         )
+
+    async def cordon(self, node: str, reason: str) -> None:
+        """The first half of :meth:`drain`: cordon + taint + annotations, no eviction (the
+        coordinator evicts with :meth:`evict_node` once the node's jobs have saved and stopped)."""
+        reason = sanitize_reason(reason)
+        await self._cordon(node, reason)
+        log.info("kubernetes_node_cordoned", node=node, reason=reason)
+
+    async def evict_node(self, node: str) -> dict[str, Any]:
+        """The second half of :meth:`drain`: evict the node's pods (when ``evict`` is on); returns
+        the summary also kept in :attr:`last_drain`."""
+        summary: dict[str, Any] = {"node": node, "evicted": [], "blocked": [], "skipped": []}
+        if self.evict:
+            await self._evict_pods(node, summary)
+        self.last_drain = summary
+        log.info(
+            "kubernetes_node_evicted", node=node, evicted=len(summary["evicted"]), blocked=summary["blocked"]
+        )
+        return summary
 
     async def _evict_pods(self, node: str, summary: dict[str, Any]) -> None:
         pods = await self._call(
