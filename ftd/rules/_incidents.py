@@ -101,6 +101,12 @@ def _extra(record: FaultRecord) -> dict[str, Any]:
     return extra if isinstance(extra, dict) else {}
 
 
+#: The kinds :func:`implicates_hardware` can say yes to (a cheap test before building a record).
+HARDWARE_KINDS = frozenset(
+    {"xid", "gpu_fallen_off_bus", "sxid", "gpu_missing", "ecc", "row_remap", "gpu_health", "pcie_aer"}
+)
+
+
 def implicates_hardware(record: FaultRecord) -> bool:
     """Whether this record, on its own, points at the GPU or the node (see the module docstring)."""
     if record.linked:

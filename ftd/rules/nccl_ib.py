@@ -29,6 +29,7 @@ from typing import Any
 from ftd.plugin import ActionRequest, ClusterView, Event, FaultRecord, Kind, hookimpl
 from ftd.plugin.helpers import already_judged, drain, jobs_of, notify, restart_jobs
 from ftd.rules._incidents import (
+    HARDWARE_KINDS,
     IB_HARDWARE_PATTERNS,
     app_fault_actions,
     configure,
@@ -39,10 +40,7 @@ from ftd.rules._incidents import (
 
 EVIDENCE_WINDOW_S = 900.0
 #: The kinds that can be hardware evidence (a cheap test before the catalog is asked).
-_EVIDENCE_KINDS = frozenset(
-    {"ib_link", "log_pattern", "xid", "gpu_fallen_off_bus", "sxid", "gpu_missing", "ecc", "row_remap",
-     "gpu_health", "pcie_aer"}
-)  # fmt: skip
+_EVIDENCE_KINDS = HARDWARE_KINDS | {"ib_link", "log_pattern"}
 
 
 def _evidence(event: Event, view: ClusterView) -> FaultRecord | None:

@@ -28,9 +28,10 @@ timestamps, never against a clock.
 
 from __future__ import annotations
 
-from ftd.plugin import ActionRequest, ClusterView, Event, FaultRecord, fault_of, hookimpl
+from ftd.plugin import ActionRequest, ClusterView, Event, FaultRecord, Severity, fault_of, hookimpl
 from ftd.plugin.helpers import drain, jobs_of, notify, restart_jobs
 from ftd.rules._incidents import (
+    HARDWARE_KINDS,
     hardware_signature,
     implicates_hardware,
     in_open_incident,
@@ -62,6 +63,8 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
                 )
                 params = {"uuid": uuid, "previous_node": last.node, "faults": len(elsewhere)}
                 out.append(notify(event, reason, params))
+    if event.kind not in HARDWARE_KINDS or event.severity.rank < Severity.ERROR.rank:
+        return out or None  # node_history keeps faults (severity >= error) only
     fault = fault_of(event)
     if implicates_hardware(fault):
         signature = hardware_signature(fault)
