@@ -16,6 +16,7 @@ engine rebuilds this from the ledger's recent events at start-up.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -106,6 +107,8 @@ class ClusterState:
             if isinstance(pci, str) and pci:
                 gpu.pci = pci
         fault = fault_of(event)
+        if fault.job is None and event.severity.rank >= Severity.WARNING.rank:  # info links nothing
+            fault = dataclasses.replace(fault, jobs=tuple(self.jobs_on_node(event.node)))
         self.recent.setdefault(event.node, deque(maxlen=HISTORY_LIMIT)).append(fault)
         if event.severity.rank < Severity.ERROR.rank:
             return

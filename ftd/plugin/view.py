@@ -47,6 +47,13 @@ class FaultRecord:
     signal: str | None = None  # gpu_health / ecc: data["signal"]
     count: int = 1
     data: Mapping[str, Any] = field(default_factory=dict)
+    #: The jobs on the node when the event arrived (history fills it in for events that name no
+    #: job, e.g. a kernel-log Xid), so an incident is linked per job, not per node.
+    jobs: tuple[str, ...] = ()
+
+    def concerns(self, job: str) -> bool:
+        """Whether this event was about ``job``: it names it, or names none and the job was there."""
+        return self.job == job if self.job is not None else job in self.jobs
 
     @property
     def signature(self) -> tuple[str, int | None]:

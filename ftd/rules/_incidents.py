@@ -193,7 +193,7 @@ def app_fault_actions(
             for r in view.node_events(node)
             if oldest <= r.ts <= event.ts
             and same(r)
-            and r.job in (None, job)
+            and r.concerns(job)
             and r.event_id != event.id
             and not r.linked
         ]

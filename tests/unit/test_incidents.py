@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ftd.coordinator.plugins import evaluate, make_plugin_manager
 from ftd.coordinator.state import ClusterState
-from ftd.events import Event, Kind
+from ftd.events import Event, JobPresence, Kind, RankInfo
 from ftd.plugin import ActionRequest
 from ftd.rules import _incidents, app_faults, repeat_offender, xid_catalog
 from ftd.testing import evaluate_rule, make_event, view_with
@@ -77,6 +77,19 @@ def test_xid_13_on_three_gpus_is_one_incident_one_restart() -> None:
     view = view_with(jobs={"j1": ["node-1"]})
     actions = all_builtins([xid(13, 1000.0, gpu=g) for g in range(3)], view)
     assert kinds(actions) == [("xid_catalog", "checkpoint_restart", "j1")]
+
+
+def test_the_next_job_on_the_node_is_its_own_incident() -> None:
+    """An Xid 13 names no job: it is linked to the jobs on the node when it arrived, so a new job's
+    first Xid 13 a few seconds after the last job's is restarted, not taken for the same incident
+    (``ftd bench e2e`` runs one job after another on one node exactly like this)."""
+    view = view_with(jobs={"a": ["node-1"]})
+    first = all_builtins([xid(13, 1000.0)], view)
+    view.apply_presence("node-1", "a", None)  # job a left; job b starts on the same node
+    view.apply_presence("node-1", "b", JobPresence(job="b", node="node-1", ranks=[RankInfo(rank=0)]))
+    second = all_builtins([xid(13, 1005.0, gpu=1)], view)
+    assert kinds(first) == [("xid_catalog", "checkpoint_restart", "a")]
+    assert kinds(second) == [("xid_catalog", "checkpoint_restart", "b")]
 
 
 def test_two_cuda_oom_lines_never_drain() -> None:
