@@ -10,7 +10,8 @@ What: :func:`check_relations` returns a :class:`~ftd.config.errors.Problem` for 
   clears); ``agent.memory.available_critical_pct < available_warn_pct``;
   ``agent.nvml.temperature_hysteresis_c < temperature_c``; ``agent.heartbeat.check_interval_s <
   timeout_s``;
-- windows that must hold enough samples: ``agent.fs.forecast_window_s`` three samples taken every
+- windows that must hold enough samples: ``agent.fs.forecast_window_s`` ``forecast_min_samples`` samples
+  (and ``forecast_min_span_s``) taken every
   ``interval_s`` (the fill-rate fit's minimum), ``agent.memory.leak_window_s``
   ``leak_min_samples`` of them;
 - references inside the file: one ``coordinator.policy.rate_limits`` entry per action kind (a
@@ -194,11 +195,20 @@ def _orderings(data: Mapping[Any, Any]) -> Iterator[Problem | None]:
 
 def _windows(data: Mapping[Any, Any]) -> Iterator[Problem | None]:
     fs, prefix = _table(data, "agent", "fs"), "agent.fs"
-    yield _must_span(
-        _value(fs, prefix, "forecast_window_s", FsConfig()),
-        3,  # ftd.agent.watchers.fs fits a fill rate on at least 3 samples
+    window = _value(fs, prefix, "forecast_window_s", FsConfig())
+    # ftd.agent.watchers.fs fits a fill rate on forecast_min_samples samples spanning forecast_min_span_s
+    too_few = _must_span(
+        window,
+        _value(fs, prefix, "forecast_min_samples", FsConfig()),
         _value(fs, prefix, "interval_s", FsConfig()),
         "no time-to-full forecast could be made",
+    )
+    yield too_few
+    yield None if too_few else _order(
+        _value(fs, prefix, "forecast_min_span_s", FsConfig()),
+        window,
+        strict=False,
+        why=" (no time-to-full forecast could be made)",
     )
     memory, prefix = _table(data, "agent", "memory"), "agent.memory"
     yield _must_span(

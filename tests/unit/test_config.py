@@ -450,7 +450,13 @@ CROSS_FIELD_KEYS = {
         "leak_min_samples",
         "interval_s",
     },
-    "agent.fs": {"hysteresis_pct", "forecast_window_s", "interval_s"},
+    "agent.fs": {
+        "hysteresis_pct",
+        "forecast_window_s",
+        "forecast_min_samples",
+        "forecast_min_span_s",
+        "interval_s",
+    },
     "agent.fs.mounts[]": {"warn_pct", "critical_pct"},
 }
 

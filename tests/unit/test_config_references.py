@@ -540,8 +540,24 @@ def test_defaults_satisfy_every_relation() -> None:
         (
             "[agent.fs]\nforecast_window_s = 50\n",
             {
-                "agent.fs.forecast_window_s": "must span 3 samples taken every agent.fs.interval_s "
-                "(30.0, the default): at least 60 s, got 50; no time-to-full forecast could be made"
+                "agent.fs.forecast_window_s": "must span agent.fs.forecast_min_samples (5, the default) "
+                "samples taken every agent.fs.interval_s (30.0, the default): at least 120 s, got 50; "
+                "no time-to-full forecast could be made"
+            },
+        ),
+        (
+            "[agent.fs]\nforecast_window_s = 130\nforecast_min_span_s = 200\n",
+            {
+                "agent.fs.forecast_min_span_s": "must not exceed agent.fs.forecast_window_s (130), got 200 "
+                "(no time-to-full forecast could be made)"
+            },
+        ),
+        (
+            "[agent.fs]\nforecast_min_samples = 40\n",
+            {
+                "agent.fs.forecast_min_samples": "40 samples taken every agent.fs.interval_s (30.0, the "
+                "default) span 1170 s, more than agent.fs.forecast_window_s (900.0, the default); "
+                "no time-to-full forecast could be made"
             },
         ),
         (
