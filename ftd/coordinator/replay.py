@@ -22,9 +22,10 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from ftd.config import CoordinatorConfig
+from ftd.config import Config, CoordinatorConfig
 from ftd.coordinator.engine import Engine
 from ftd.coordinator.ledger import Ledger
 from ftd.coordinator.plugins import collect_executors, make_plugin_manager
@@ -91,6 +92,22 @@ class SimulatedExecutors:
         return {"simulated": True}
 
 
+@dataclass(frozen=True)
+class SandboxHost:
+    """What ``ftd_startup`` gets in a replay or simulation instead of the coordinator: the same
+    ``config``, ``state``, ``engine`` and ``ledger`` attributes, and ``simulated = True`` so a plugin
+    whose start-up opens connections can skip that."""
+
+    config: Config
+    state: ClusterState
+    engine: Engine
+    simulated: bool = True
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.engine.ledger
+
+
 class Sandbox:
     """The coordinator's engine on a simulated clock, for replays and simulations."""
 
@@ -123,6 +140,11 @@ class Sandbox:
             executors=self.executors.executors(),
             slow_rule_s=float("inf"),
         )
+        # The live coordinator calls ftd_startup once its engine exists; rules take their settings
+        # there (the crash-loop limits in policy.app_fault_*), so a replay must too, or it would
+        # decide with defaults while the coordinator uses the config.
+        self.host = SandboxHost(Config(coordinator=cfg), self.state, self.engine)
+        self.engine.startup(self.host)
 
     async def settle(self) -> None:
         """Let actions started by the last decision reach their first await (their timers are set)."""

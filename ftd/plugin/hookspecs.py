@@ -83,6 +83,8 @@ def ftd_startup(coordinator: Any) -> None:
     Called: once, after the engine is built and before the first bus message is handled.
     Arguments: ``coordinator``, the :class:`ftd.coordinator.app.Coordinator` (``.config``,
     ``.state``, ``.engine``, ``.ledger``). Treat it as read-only; keep a reference if you need one.
+    In a replay or a simulation (``ftd rules test``, ``ftd sim goodput``) it is a stand-in with the
+    same attributes and ``simulated = True``: read settings, but open no connections then.
     Result: ignored (return None).
     Errors: an exception is logged with the plugin's name and start-up goes on; the plugin's other
     hooks are still called, so a plugin whose start-up failed should make them do nothing.

@@ -93,6 +93,11 @@ def configure(policy: Any) -> None:
             setattr(APP_POLICY, name, type(getattr(APP_POLICY, name))(value))
 
 
+def configure_from(coordinator: Any) -> None:
+    """An ``ftd_startup`` body: take the settings from the coordinator's (or sandbox's) config."""
+    configure(getattr(getattr(getattr(coordinator, "config", None), "coordinator", None), "policy", None))
+
+
 # --- classification ------------------------------------------------------------------------------
 
 

@@ -27,14 +27,13 @@ from typing import Any
 
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import already_judged, jobs_of
-from ftd.rules._incidents import APP_PATTERNS, app_fault_actions, configure
+from ftd.rules._incidents import APP_PATTERNS, app_fault_actions, configure_from
 
 
 @hookimpl
 def ftd_startup(coordinator: Any) -> None:
     """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""
-    config = getattr(coordinator, "config", None)
-    configure(getattr(getattr(config, "coordinator", None), "policy", None))
+    configure_from(coordinator)
 
 
 @hookimpl

@@ -32,7 +32,7 @@ from ftd.rules._incidents import (
     HARDWARE_KINDS,
     IB_HARDWARE_PATTERNS,
     app_fault_actions,
-    configure,
+    configure_from,
     implicates_hardware,
     is_nccl_pattern,
     recent,
@@ -71,8 +71,7 @@ def _label(record: FaultRecord) -> str:
 @hookimpl
 def ftd_startup(coordinator: Any) -> None:
     """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""
-    config = getattr(coordinator, "config", None)
-    configure(getattr(getattr(config, "coordinator", None), "policy", None))
+    configure_from(coordinator)
 
 
 @hookimpl

@@ -34,7 +34,7 @@ from typing import Any
 from ftd.catalog.remedy import XID_48_ESCALATORS, Remedy, resolve_xid
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import already_judged, drain, gpu_reset, jobs_of, notify, restart_jobs
-from ftd.rules._incidents import INCIDENT_WINDOW_S, app_fault_actions, configure, recent
+from ftd.rules._incidents import INCIDENT_WINDOW_S, app_fault_actions, configure_from, recent
 
 _XID_48 = 48
 
@@ -90,8 +90,7 @@ def _code(event: Event) -> int | None:
 @hookimpl
 def ftd_startup(coordinator: Any) -> None:
     """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""
-    config = getattr(coordinator, "config", None)
-    configure(getattr(getattr(config, "coordinator", None), "policy", None))
+    configure_from(coordinator)
 
 
 @hookimpl

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ftd.cli import main
@@ -75,3 +77,33 @@ def test_bad_config_or_missing_file_exits_2(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "e.jsonl").write_text("")
     assert main(["rules", "test", "--events", str(tmp_path / "e.jsonl"), "--config", str(config)]) == 2
     assert "cannot read rules file" in capsys.readouterr().err
+
+
+def test_replay_takes_the_crash_loop_limits_from_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rules read ``policy.app_fault_*`` in ``ftd_startup``; a replay calls it as the coordinator
+    does, so ``--config`` decides (it used to replay with the defaults whatever the file said)."""
+    from ftd.rules import _incidents
+
+    saved = dataclasses.replace(_incidents.APP_POLICY)
+    events = tmp_path / "events.jsonl"
+    with events.open("w") as out:
+        for i in range(2):  # two incidents of the same application fault, 15 minutes apart
+            data = {"code": 13, "pci": "0000:1b:00.0", "uuid": "GPU-aaaa"}
+            event = make_event("node-1", "xid", severity="error", data=data, ts=1000 + 900 * i, id=f"x{i}")
+            out.write(msgspec.json.encode(event).decode() + "\n")
+    config = tmp_path / "ftd.toml"
+    config.write_text("[coordinator.policy]\napp_fault_restart_limit = 1\n")
+
+    def replay(*extra: str) -> list[tuple[str, str]]:
+        args = ["rules", "test", "--events", str(events), "--json", "--no-entry-points", "--job", "j1=node-1"]
+        assert main([*args, *extra]) == 0
+        doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        return [(a["kind"], a["event_id"]) for a in doc["actions"] if a["rule"] == "xid_catalog"]
+
+    try:
+        assert replay() == [("checkpoint_restart", "x0"), ("checkpoint_restart", "x1")]
+        assert replay("--config", str(config)) == [("checkpoint_restart", "x0"), ("notify", "x1")]
+    finally:
+        _incidents.APP_POLICY.__dict__.update(saved.__dict__)
