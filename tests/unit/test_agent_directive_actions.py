@@ -135,6 +135,7 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.COLLECT_DIAGNOSTICS,
         ActionKind.DRAIN_NODE,
         ActionKind.RESUME_NODE,
+        ActionKind.NOTIFY,  # without a webhook it writes the log
     }
     config = parse_config('[coordinator.notify]\nwebhook_url = "http://127.0.0.1:9/x"\n')
     ctx = ExecutorContext(

@@ -142,9 +142,23 @@ async def test_timeout_and_connection_errors_are_retried_and_redacted(receiver: 
     assert SECRET not in str(err.value) and "ClientConnectorError" in str(err.value)
 
 
-async def test_missing_url_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(NotifyError, match="no webhook"):
-        await Notify(NotifyConfig())(_record())
+async def test_without_a_webhook_the_log_is_the_channel() -> None:
+    """No webhook configured: one ``notification`` warning line with the action's facts, and the
+    action succeeds (every notify used to end "failed" with "no executor" on such a site)."""
+    with structlog.testing.capture_logs() as logs:
+        result = await Notify(NotifyConfig())(_record())
+    assert result == {"channel": "log"}
+    lines = [entry for entry in logs if entry["event"] == "notification"]
+    assert len(lines) == 1 and lines[0]["log_level"] == "warning"
+    record = _record()
+    assert (lines[0]["action_id"], lines[0]["reason"], lines[0]["target"]) == (
+        record.id,
+        record.request.reason,
+        record.request.target,
+    )
+
+
+async def test_a_configured_url_file_that_cannot_be_read_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(NotifyError, match="url_file"):
         await Notify(NotifyConfig(url_file=str(tmp_path / "nope")))(_record())
 

@@ -7,9 +7,9 @@ already taken fails start-up the same way, whoever came first).
 
 Always registered: ``checkpoint_restart``, ``gpu_reset`` and ``collect_diagnostics`` (bus directives to
 agents). ``drain_node`` / ``resume_node`` go through whichever scheduler ``coordinator.scheduler``
-selects (Slurm, Kubernetes) and are absent with none. ``notify`` is registered when a webhook is
-configured (``coordinator.notify.webhook_url`` or ``url_file``), so a rule asking for it without one
-is recorded as failed ("no executor") rather than silently dropped.
+selects (Slurm, Kubernetes) and are absent with none. ``notify`` is always registered: it posts to
+the webhook when one is configured (``coordinator.notify.webhook_url`` or ``url_file``), else it
+writes one ``notification`` warning line to the log (the journal is then the channel).
 """
 
 from __future__ import annotations
@@ -69,8 +69,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
             publish=ctx.publish, state=ctx.state, acks=ctx.acks, deadline_s=cfg.diagnostics_deadline_s
         ),
     }
-    if cfg.notify.webhook_url or cfg.notify.url_file:
-        executors[ActionKind.NOTIFY] = Notify(cfg.notify, ctx.state)
+    executors[ActionKind.NOTIFY] = Notify(cfg.notify, ctx.state)  # without a webhook: the log
     if ctx.scheduler is not None:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)
         executors[ActionKind.RESUME_NODE] = ResumeNode(ctx.scheduler, ctx.state)

@@ -16,6 +16,10 @@ up to ``retries`` times with exponential backoff (0.5 s doubling, capped at 10 s
 rejected request does not help). Every attempt carries ``Idempotency-Key: <action id>`` so a
 receiver can drop the repeat a resumed action (coordinator restarted mid-send) may cause.
 
+Without a webhook (neither ``webhook_url`` nor ``url_file``) the notification is one ``notification``
+warning line in the coordinator's log (JSON in the journal: action, target, node, job, rule, reason)
+and the action succeeds with ``{"channel": "log"}``.
+
 Secrets: the URL usually embeds a token (Slack's path, ``?token=``). It is never logged nor put in the
 action's detail: logs and errors name only ``scheme://host``, and any text that could echo the URL
 (exception messages) is scrubbed. With ``url_file`` the URL is read at each send (rotation without a
@@ -110,6 +114,21 @@ class Notify:
         }
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
+        if not (self.config.webhook_url or self.config.url_file):
+            # No webhook: the journal is the channel (one warning line an alerting rule can match);
+            # the action succeeds, so a site without a webhook does not see every notify "failed".
+            body = self.payload(record)
+            log.warning(
+                "notification",
+                action_id=record.id,
+                action=body["action"],
+                target=body["target"],
+                node=body["node"],
+                job=body["job"],
+                rule=body["rule"],
+                reason=body["reason"],
+            )
+            return {"channel": "log"}
         url = self._url()
         origin = safe_origin(url)
         body = self.payload(record)
