@@ -88,7 +88,10 @@ class ActionRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def key(self) -> str:
-        """What dedupe works on: one action of a kind per target at a time."""
+        """What dedupe works on: one action of a kind per target at a time. A notification is also
+        per rule: one rule's message (a hot GPU) must not hold back another's (a crash loop)."""
+        if self.kind == ActionKind.NOTIFY and self.rule:
+            return f"{self.kind}:{self.target}:{self.rule}"
         return f"{self.kind}:{self.target}"
 
     @property

@@ -45,6 +45,20 @@ def test_duplicate_in_progress_is_suppressed_then_cooldown_then_allowed() -> Non
     assert gate.decide(req()).allowed
 
 
+def test_one_rules_notification_does_not_hold_back_anothers() -> None:
+    """Notifications are deduped and cooled down per rule: a thermal notice on node-1 must not
+    silence a crash-loop notice on node-1 for the cooldown (they shared ``notify:node-1``)."""
+    clock = Clock()
+    gate = PolicyGate(cooldown_s=600, clock=clock)
+    thermal = run(gate, req("notify", rule="thermal"))
+    assert gate.decide(req("notify", rule="app_faults")).allowed
+    assert gate.decide(req("notify", rule="thermal")).reason.startswith("duplicate")
+    gate.finished(thermal)
+    clock.now += 10
+    assert gate.decide(req("notify", rule="thermal")).reason.startswith("cooldown")
+    assert gate.decide(req("notify", rule="app_faults")).allowed
+
+
 def test_dry_run_global_and_per_rule() -> None:
     assert PolicyGate(dry_run=True).decide(req()).state == ActionState.DRY_RUN
     gate = PolicyGate(dry_run_rules=["shadow"])
