@@ -168,6 +168,7 @@ class Agent:
         self._core: list[asyncio.Task[Any]] = []
         self._side: set[asyncio.Task[Any]] = set()
         self.watchdog_pings = 0
+        self._jobs_here: set[str] = set()  # jobs with a registered rank on this node
 
     def _open_outbox(self, state_dir: Path) -> Outbox:
         """The outbox on its spool. A spool that cannot be written (full disk) is no reason to stop:
@@ -272,6 +273,13 @@ class Agent:
         payload = encode(JobPresence(job=job, node=self.node, ranks=ranks, ts=time.time())) if ranks else b""
         # Not durable: replaying a stale presence after a restart would resurrect a gone job.
         self.outbox.put(Outgoing(topic, payload, retain=True, priority=3, durable=False))
+        if not ranks:
+            self._jobs_here.discard(job)
+        elif job not in self._jobs_here:  # a job arrived: a still-full filesystem must not take it
+            self._jobs_here.add(job)
+            for watcher in self.watchers:
+                if isinstance(watcher, FsWatcher):
+                    await watcher.job_arrived(job)
 
     async def _on_ack(self, ack: Ack) -> None:
         self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))

@@ -10,6 +10,8 @@ or none), or severity critical outside a forecast           full disk again) + n
 ``eta_s``/``time_to_full_s`` <= 3600 s), whatever its       ``params.stop = false``: a forecast is a trend,
 severity, or ``data.level`` "warning"                       perhaps one burst; training goes on) + notify
 ``fs_fill`` "ok"/"cleared" level, a stall, anything milder  nothing
+``fs_fill`` ``data.reason`` "job_arrived" (the agent: a     checkpoint_restart of that job excluding the
+job registered while the mount is still critical)           node + notify
 ``log_pattern`` ``disk_full`` ("No space left on device")   checkpoint_restart of the job excluding the node
 on a node whose last ``fs_fill`` level is still critical    + notify: a job (re)started onto a still-full
                                                             filesystem is moved off it, not left failing
@@ -118,7 +120,11 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     jobs = jobs_of(event, view)
     params: dict[str, Any] = {"mount": mount, "resource": event.data.get("resource") or "bytes"}
     if level == "stop":
-        reason = f"{describe(event)}: save and stop, requeue elsewhere"
+        arrived = event.data.get("job") if event.data.get("reason") == "job_arrived" else None
+        if arrived:
+            reason = f"{describe(event)} and job {arrived} started on it: stop, requeue elsewhere"
+        else:
+            reason = f"{describe(event)}: save and stop, requeue elsewhere"
         restarts = restart_jobs(jobs, event, reason, exclude=True, params=params)
         return [*restarts, notify(event, reason, params)]
     what = "forecast" if is_forecast(event) else "filling"

@@ -20,6 +20,8 @@ re-armed when the forecast goes back above 1.5x the horizon or the fill rate tur
 
 Events: ``fs_fill`` with ``data.reason``:
 
+* ``job_arrived``: a job registered on this node while a mount is still critical (the level does
+  not change, so nothing else would be said): the critical event again, with ``job``;
 * ``threshold``: a level change (``warning`` / ``critical`` entered, ``info`` when it clears back to
   ``ok``); ``resource`` is ``bytes`` or ``inodes``, whichever is fuller; ``previous`` level.
 * ``forecast``: full within the horizon; ``resource`` is the one that fills first, ``horizon_s``.
@@ -137,6 +139,7 @@ class _MountState:
         self.samples: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=4096)
         self.forecast_armed = True
         self.stalled_reported = False
+        self.last: dict[str, Any] = {}  # the last sample's figures (for a job that arrives later)
         self.thread: threading.Thread | None = None
         self.result: StatvfsResult | BaseException | None = None
 
@@ -261,6 +264,7 @@ class FsWatcher:
             "inodes_time_to_full_s": _rounded(ttf_inodes),
         }
 
+        st.last = {"resource": "inodes" if inodes_pct > used_pct else "bytes", **data}
         level = self._next_level(st.level, worst, mount)
         if level != st.level:
             previous, st.level = st.level, level
@@ -296,6 +300,21 @@ class FsWatcher:
                 )
         elif ttf is None or ttf > 1.5 * cfg.forecast_horizon_s:
             st.forecast_armed = True
+
+    async def job_arrived(self, job: str) -> int:
+        """A job started on this node: each mount still at the critical level is reported again as
+        a critical ``fs_fill`` naming the job (``reason`` "job_arrived"), so a job requeued onto a
+        still-full filesystem is moved off it at once instead of failing there unprotected (a level
+        is reported only when it changes). Returns how many mounts were reported."""
+        reported = 0
+        for mount in self.cfg.mounts:
+            st = self.state[mount.path]
+            if st.level != "critical" or not st.last:
+                continue
+            data = {**st.last, "reason": "job_arrived", "level": "critical", "job": job}
+            await self._send(mount, Severity.CRITICAL, data)
+            reported += 1
+        return reported
 
     def _next_level(self, current: str, pct: float, mount: FsMount) -> str:
         hyst = self.cfg.hysteresis_pct
