@@ -299,6 +299,18 @@ class Ledger:
         row = self._db.execute("SELECT body FROM plans WHERE id = ?", (plan_id,)).fetchone()
         return plan_decoder.decode(row[0]) if row else None
 
+    def plan_states(self, plan_id: str) -> list[tuple[str, str, str, str | None]]:
+        """(action id, kind, target, state) of each step of a plan, in the plan's order; a step
+        whose action row is missing has state None."""
+        plan = self.plan(plan_id)
+        if plan is None:
+            return []
+        out: list[tuple[str, str, str, str | None]] = []
+        for step in plan.steps:
+            row = self._db.execute("SELECT state FROM actions WHERE id = ?", (step.action,)).fetchone()
+            out.append((step.action, step.kind, step.target, row[0] if row else None))
+        return out
+
     def plans(self, *, limit: int = 100, unfinished: bool = False) -> list[Plan]:
         where = "WHERE state != 'finished' " if unfinished else ""
         sql = f"SELECT body FROM plans {where}ORDER BY created DESC, id DESC LIMIT ?"

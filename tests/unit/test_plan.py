@@ -121,6 +121,10 @@ async def test_the_drain_waits_for_the_stop_and_the_requeue_for_the_drain(tmp_pa
     done = eng.ledger.action(records[0].id)
     assert done is not None and done.state == ActionState.SUCCEEDED
     assert done.detail["phases_done"] == ["stop", "requeue"] and done.detail["stop"] is True
+    assert eng.ledger.plan_states(done.detail["plan"]) == [
+        (records[0].id, "checkpoint_restart", "7", "succeeded"),
+        (records[1].id, "drain_node", "n1", "succeeded"),
+    ]
 
 
 async def test_order_is_not_success_a_failed_stop_still_lets_the_drain_run(tmp_path: Path) -> None:
