@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "ftd.commands.status",
     "ftd.commands.events",
     "ftd.commands.rules",
+    "ftd.commands.sim",
 )
 
 
