@@ -61,6 +61,12 @@ without talking to the others (a rank already past S when the directive arrives 
 coordinator sees the differing steps in the acks). A local trigger (signal, save switch, memory
 guard) still saves at once.
 
+Resume step: a ``stop`` may carry ``params["resume_step"]``, the newest step every rank of the job
+saved (it differs from this rank's own save only when the ranks' saves disagreed): it is
+:attr:`Client.resume_step`, and with ``resume_file=`` / ``$FTD_RESUME_FILE`` it is written there and
+read back by the job's next process (set the variable in the job script: a requeued Slurm job runs
+it again), so the restart resumes from a checkpoint every rank has.
+
 Deadlines: a ``save`` directive carries ``deadline_s``. If it is still unanswered that long after it
 arrived (the rank is stuck, or its save is failing slowly), the I/O thread answers it with a nack
 ("save not completed within deadline") so the coordinator learns why instead of waiting for silence.
@@ -174,7 +180,9 @@ class Client:
     ``/run/ftd/agent.sock``. With ``connect=False`` nothing happens until :meth:`start`.
     ``signals=True`` installs the SIGUSR1/SIGTERM handlers (:meth:`install_signal_handlers`);
     ``stop_file``/``save_file`` default to ``$FTD_STOP_FILE``/``$FTD_SAVE_FILE`` (kill and save
-    switches, polled every ``switch_poll_s`` seconds).
+    switches, polled every ``switch_poll_s`` seconds); ``resume_file`` to ``$FTD_RESUME_FILE``
+    (where :attr:`resume_step` is kept for the job's next process: name one per job, e.g. next to
+    its checkpoints).
     """
 
     def __init__(
@@ -191,6 +199,7 @@ class Client:
         stop_file: str | None = None,
         save_file: str | None = None,
         switch_poll_s: float = 0.2,
+        resume_file: str | None = None,
     ) -> None:
         self.job: str = job or _env("FTD_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID") or DEFAULT_JOB
         env_rank = _env_int("RANK", "SLURM_PROCID")
@@ -218,8 +227,10 @@ class Client:
         self.stop_reason: str | None = None
         #: The step to resume from, as the coordinator told it with a ``stop`` (the newest step every
         #: rank of the job saved; differs from this rank's own save only when the ranks' saves
-        #: disagreed). None: not told. Record it where the restarted job looks for its checkpoint.
-        self.resume_step: int | None = None
+        #: disagreed). None: not told. With a resume file it is also written there, and read back
+        #: by the next process of the job (a requeued job keeps its environment).
+        self.resume_file: str | None = resume_file or _env("FTD_RESUME_FILE")
+        self.resume_step: int | None = _read_step(self.resume_file) if self.resume_file else None
         self.stop_file: str | None = stop_file or _env("FTD_STOP_FILE")
         self.save_file: str | None = save_file or _env("FTD_SAVE_FILE")
         self.switch_poll_s = switch_poll_s
@@ -701,6 +712,8 @@ class Client:
                 resume = info.params.get("resume_step")
                 if isinstance(resume, int) and not isinstance(resume, bool):
                     self.resume_step = resume
+                    if self.resume_file:
+                        _write_step(self.resume_file, resume)
                 self.last_directive_ns = arrived_ns
                 self._stops[did] = info
                 self._stop = True
@@ -709,6 +722,27 @@ class Client:
                 _log.debug("ftd client: ignoring directive action %r", action)
                 return
         _log.info("ftd client: %s requested (%s) id=%s", action, info.reason or "no reason", did)
+
+
+def _read_step(path: str) -> int | None:
+    """The step in a resume file; None when there is none (absent, unreadable, not an integer)."""
+    text = _read(path)
+    try:
+        return int(text.strip()) if text else None
+    except ValueError:
+        _log.warning("ftd client: ignoring resume file %s: not a step number", path)
+        return None
+
+
+def _write_step(path: str, step: int) -> None:
+    """Write the resume file atomically (a restarted rank never reads half a number); fail-open."""
+    try:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(f"{step}\n")
+        os.replace(tmp, path)
+    except OSError:
+        _log.warning("ftd client: could not write the resume file %s", path, exc_info=True)
 
 
 def _save_at(saves: dict[str, DirectiveInfo]) -> int | None:

@@ -206,6 +206,26 @@ async def test_the_stop_tells_the_client_which_step_to_resume_from(
     assert client.resume_step == 996
 
 
+async def test_the_resume_step_reaches_the_jobs_next_process_through_the_resume_file(
+    api: LocalApi, clients: list[Client], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resume_file = tmp_path / "job-77.resume"
+    monkeypatch.setenv("FTD_RESUME_FILE", str(resume_file))
+    first = Client(job="j1", rank=0, socket_path=api.socket_path)
+    clients.append(first)
+    await until(lambda: first.connected)
+    assert first.resume_step is None and not resume_file.exists()
+    stop = Directive(id="stop-2", ts=time.time(), action="stop", job="j1", params={"resume_step": 996})
+    await api.deliver(stop)
+    await until(first.should_stop)
+    assert resume_file.read_text() == "996\n"
+    first.close()
+    restarted = Client(job="j1", rank=0, socket_path=api.socket_path, connect=False)  # the requeued job
+    assert restarted.resume_step == 996
+    resume_file.write_text("garbage")
+    assert Client(job="j1", connect=False).resume_step is None  # unreadable: none, never an error
+
+
 # --- live: the real coordinator and agent, two ranks on the real client, no collectives ------------
 
 
