@@ -3,13 +3,15 @@
 What: a discrete-event simulation (:mod:`ftd.sim.goodput`) of one large training job over weeks of
 simulated time. Faults come from a trace: a fault mix (``--trace llama3``, the default, or
 ``opt175b``, or a TOML file in the same format) drawn as Poisson arrivals scaled to the job's GPUs
-and ``--days``. Two policies run over the same faults: no ftd (NCCL watchdog, launcher, humans) and
-ftd with the coordinator config (``--config``; default: the built-in defaults), whose decisions come
-from the real engine on a simulated clock. Prints a table (ETTR, lost GPU-hours by cause, restarts,
-nodes drained, mean time to recover), what each percentage point was lost to, and ETTR against the
-checkpoint interval with the Young/Daly optimum; ``--plot FILE.png`` draws both; ``--json`` prints
-every figure as one JSON object. The last run's JSON is also written to ``--state`` (default
-``$XDG_STATE_HOME/ftd/goodput-last.json``) for the dashboard.
+and ``--days``, or a recording (``--events FILE``, JSON lines from ``ftd events export``: one fault
+per incident, see :func:`ftd.sim.goodput.faults.recorded_trace`). Two policies run over the same
+faults: no ftd (NCCL watchdog, launcher, humans) and ftd with the coordinator config (``--config``;
+default: the built-in defaults), whose decisions come from the real engine on a simulated clock.
+Prints a table (ETTR, lost GPU-hours by cause, restarts, nodes drained, mean time to recover), what
+each percentage point was lost to, and ETTR against the checkpoint interval with the Young/Daly
+optimum; ``--plot FILE.png`` draws both; ``--json`` prints every figure as one JSON object. The last
+run's JSON is also written to ``--state`` (default ``$XDG_STATE_HOME/ftd/goodput-last.json``) for
+the dashboard.
 
 Set-up: ``--scenario`` picks a named set-up from the mix file (``meta``: Meta's Llama 3 set-up as
 best known; ``fast``: in-memory checkpoints and hot spares); every flag overrides one value.
@@ -73,6 +75,12 @@ def register(subparsers: Any) -> None:
         "ftd (the real engine, your config). Prints ETTR and where the time went.",
     )
     g.add_argument("--trace", default="llama3", help="llama3 | opt175b | a fault-mix TOML file")
+    g.add_argument(
+        "--events",
+        metavar="FILE",
+        help="faults from a recording (`ftd events export` JSON lines) instead of the mix; the set-up "
+        "comes from --trace's --scenario",
+    )
     g.add_argument("--scenario", help="a set-up named in the mix file (llama3: meta, fast; opt175b: opt)")
     g.add_argument("--config", metavar="PATH", help="coordinator config (rules, policy); default: built-in")
     g.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
@@ -103,7 +111,7 @@ def _fail(message: str) -> int:
 def run_goodput(args: argparse.Namespace) -> int:
     from ftd.config import Config, ConfigError, load_config
     from ftd.coordinator.plugins import PluginError
-    from ftd.sim.goodput.faults import MixError, load_mix
+    from ftd.sim.goodput.faults import MixError, load_mix, recorded_trace
     from ftd.sim.goodput.model import from_scenario
     from ftd.sim.goodput.report import plot, render_text
     from ftd.sim.goodput.runner import default_sweep, run
@@ -135,6 +143,21 @@ def run_goodput(args: argparse.Namespace) -> int:
         problems.append("--same-node-p must be within [0, 1]")
     if problems:
         return _fail("; ".join(problems))
+    traces = None
+    recording: dict[str, int] | None = None
+    if args.events:
+        try:
+            with open(args.events, "rb") as stream:
+                mix, trace, recording = recorded_trace(
+                    stream, nodes=params.nodes, job_gpus=params.job_gpus
+                )
+        except OSError as exc:
+            return _fail(f"cannot read {args.events}: {exc.strerror or exc}")
+        except MixError as exc:
+            return _fail(f"{args.events}: {exc}")
+        if args.days is None:
+            params = params.replace(days=mix.days)
+        traces = [trace]
     seeds = [args.seed + i for i in range(max(1, args.seeds))]
     sweep = None if args.no_sweep else default_sweep(params, mix)
     progress = None if args.json or not sys.stderr.isatty() else lambda m: print(m, file=sys.stderr)
@@ -148,10 +171,13 @@ def run_goodput(args: argparse.Namespace) -> int:
             sweep_seeds=seeds[: max(1, args.sweep_seeds)],
             entry_points=not args.no_entry_points,
             progress=progress,
+            traces=traces,
         )
     except PluginError as exc:
         return _fail(str(exc))
     report["scenario"] = scenario_name
+    if recording is not None:
+        report["recording"] = {"path": args.events, **recording}
     report["config"] = args.config or "(built-in defaults)"
     if args.plot:
         try:

@@ -74,3 +74,36 @@ def test_bad_input_is_a_clear_error(
     err = capsys.readouterr().err
     assert err.startswith("ftd sim goodput: ") and message in err
     assert not (tmp_path / "s.json").exists()
+
+
+def test_a_recording_is_the_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ftd.events import encode, make_event
+
+    t0 = 1_750_000_000.0
+    events = [
+        make_event("gpu-a", "thermal", severity="warning", ts=t0 + 3600, data={"gpu": 1}),
+        make_event("gpu-a", "gpu_fallen_off_bus", severity="critical", ts=t0 + 3660),
+        make_event("gpu-b", "rank_heartbeat_lost", severity="error", ts=t0 + 7200, data={"rank": 3}),
+        make_event("gpu-c", "thermal", severity="warning", ts=t0 + 9000),  # a warning only: no fault
+        make_event("gpu-a", "xid", severity="error", ts=t0 + 2 * 86400, data={"code": 13}),
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in events) + b"not json\n")
+    args = [*SHORT[:2], "--events", str(path), "--json", "--no-sweep", "--no-entry-points"]
+    assert main([*args, "--state", str(tmp_path / "s.json")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    counts = {"events": 5, "bad_lines": 1, "incidents": 4, "faults": 3}
+    assert report["recording"] == {"path": str(path), **counts}
+    assert report["params"]["days"] == pytest.approx(2.0)  # first to last event, plus an hour
+    assert report["faults_per_run"] == 3
+    ftd, no_ftd = report["policies"]["ftd"], report["policies"]["no_ftd"]
+    assert no_ftd["proactive_moves"] == 0
+    assert {"kind": "drain_node", "verdict": "allowed", "count": 1} in ftd["engine_verdicts"]
+    assert ftd["ettr"] > no_ftd["ettr"]
+
+
+def test_an_empty_recording_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(b"\n")
+    assert main([*SHORT, "--events", str(path), "--state", str(tmp_path / "s.json")]) == 2
+    assert "no events" in capsys.readouterr().err

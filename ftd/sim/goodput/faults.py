@@ -205,3 +205,107 @@ def with_extra(faults: Iterable[Fault], extra: Iterable[Fault]) -> list[Fault]:
     """A trace with more faults (for comparisons); ids stay unique, order by time."""
     merged = sorted([*faults, *extra], key=lambda f: (f.t, f.id))
     return merged
+
+
+# --- a recording as the trace ---------------------------------------------------------------------
+
+HARDWARE_KINDS = frozenset(
+    {"xid", "sxid", "gpu_fallen_off_bus", "gpu_health", "ecc", "row_remap", "gpu_missing", "pcie_aer",
+     "ib_link", "thermal", "node_offline"}
+)  # fmt: skip
+CRASH_KINDS = frozenset({"xid", "gpu_fallen_off_bus", "log_pattern", "oom_kill", "ecc", "gpu_missing"})
+_SEVERE = ("error", "critical")
+
+
+def recorded_trace(
+    lines: Iterable[bytes], *, nodes: int, job_gpus: int, window_s: float = 120.0, repair_h: float = 24.0
+) -> tuple[FaultMix, list[Fault], dict[str, int]]:
+    """Faults from events recorded with ``ftd events export`` (JSON lines of Event).
+
+    Events of one node less than ``window_s`` apart are one incident; an incident with an event of
+    severity error or worse is a fault at that event's time (earlier events of the incident are its
+    warnings, later ones its follow-ups), on the node's slot (nodes in order of first appearance,
+    wrapped onto the job's ``nodes``). The incident's first severe event names its category
+    (``xid_79``, ``node_offline``, ...): a node fault when any event is a hardware kind, the node down
+    for ``node_offline``, a crash when the first severe event is an Xid, a log line or an OOM kill,
+    else a hang. Returns the mix (counts over the recording's span), the trace, and counts of what
+    was read (``events``, ``bad_lines``, ``incidents``, ``faults``)."""
+    from ftd.events import DecodeError, Event, decode
+
+    stats = {"events": 0, "bad_lines": 0, "incidents": 0, "faults": 0}
+    events: list[Event] = []
+    for raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            events.append(decode(raw.strip(), Event))
+        except DecodeError:
+            stats["bad_lines"] += 1
+    stats["events"] = len(events)
+    events.sort(key=lambda e: e.ts)
+    if not events:
+        raise MixError("the recording holds no events")
+    start = events[0].ts
+    slots: dict[str, int] = {}
+    open_incidents: dict[str, list[Event]] = {}
+    incidents: list[list[Event]] = []
+    for event in events:
+        slots.setdefault(event.node, len(slots) % nodes)
+        current = open_incidents.get(event.node)
+        if current is None or event.ts - current[-1].ts > window_s:
+            current = open_incidents[event.node] = []
+            incidents.append(current)
+        current.append(event)
+    stats["incidents"] = len(incidents)
+    span_days = max(1.0, (events[-1].ts - start + 3600.0) / 86400.0)  # an hour for the last to play out
+    categories: dict[str, dict[str, Any]] = {}
+    raw_faults: list[tuple[float, str, int, int]] = []
+    for incident in incidents:
+        severe = next((e for e in incident if str(e.severity) in _SEVERE), None)
+        if severe is None:
+            continue
+        code = severe.data.get("code")
+        name = str(severe.kind) + (f"_{code}" if isinstance(code, int) else "")
+        kinds = {str(e.kind) for e in incident}
+        entry = categories.setdefault(
+            name,
+            {
+                "node_fault": bool(kinds & HARDWARE_KINDS),
+                "node_down": "node_offline" in kinds,
+                "mode": "crash" if str(severe.kind) in CRASH_KINDS else "hang",
+                "variants": [],
+            },
+        )
+        signals = tuple(
+            Signal(kind=str(e.kind), severity=str(e.severity), at_s=e.ts - severe.ts, data=dict(e.data))
+            for e in incident
+        )
+        entry["variants"].append(Variant(1.0, entry["mode"], False, signals))
+        raw_faults.append((severe.ts - start, name, len(entry["variants"]) - 1, slots[severe.node]))
+    built = {
+        name: Category(
+            name=name,
+            count=float(len(entry["variants"])),
+            node_fault=entry["node_fault"],
+            node_down=entry["node_down"],
+            repair_h=repair_h,
+            reset_clears=0.0,
+            silent=False,
+            variants=tuple(entry["variants"]),
+            source="recording (ftd events export)",
+        )
+        for name, entry in categories.items()
+    }
+    mix = FaultMix(
+        name="recorded",
+        title=f"recorded events: {len(raw_faults)} faults in {span_days:.1f} days",
+        days=span_days,
+        gpus=job_gpus,
+        source="ftd events export",
+        categories=built,
+        scenarios={},
+    )
+    raw_faults.sort()
+    trace = [Fault(i, t, c, v, slot, seed=i) for i, (t, c, v, slot) in enumerate(raw_faults)]
+    stats["faults"] = len(trace)
+    return mix, trace, stats
