@@ -10,7 +10,12 @@ needs is always the same::
          -> requeue       (checkpoint_restart's "requeue" phase)
 
 The design chosen here: **phased executors plus ordering by role**, not one monolithic plan
-executor and not a separate requeue action.
+executor and not a separate requeue action. A plan executor would have to re-implement every
+executor's work (and a plugin's own executors could not take part); a separate requeue action would
+split one checkpoint_restart into two ledger rows and two policy keys that rules, the API and
+operators would have to correlate, and every plugin executor of checkpoint_restart would have to
+learn a new kind. Phases keep the rule contract as it was; an executor without phases still works
+(it runs as one step, in order).
 
 * An executor may split its work into named phases (:class:`PhasedExecutor`: ``phases`` and
   ``run_phase(record, phase)``). ``checkpoint_restart`` has ``("stop", "requeue")`` (``checkpoint``
@@ -42,7 +47,8 @@ executor and not a separate requeue action.
   dependency lives in memory only, not in the ledger's plan).
 
 Params a rule may set that the executors honour (see :mod:`ftd.plugin.actions`): checkpoint_restart
-``exclude`` (nodes), ``stop`` (false: save only); gpu_reset ``pci``/``uuid``/``index``. The plan
+``exclude`` (nodes), ``stop`` (false: save only), ``delay_s`` (crash-loop backoff before the
+requeue); gpu_reset ``pci``/``uuid``/``index``. The plan
 itself is recorded in the ledger's ``plans`` table (steps, dependencies; each step's state is its
 action's row) and rebuilt from it by :meth:`Engine.resume_unfinished` after a restart.
 """
