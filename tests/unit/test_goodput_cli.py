@@ -107,3 +107,12 @@ def test_an_empty_recording_is_a_clear_error(tmp_path: Path, capsys: pytest.Capt
     path.write_bytes(b"\n")
     assert main([*SHORT, "--events", str(path), "--state", str(tmp_path / "s.json")]) == 2
     assert "no events" in capsys.readouterr().err
+
+
+def test_bench_sim_reports_both_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "sim", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["gpus"] == 16384 and result["days"] == 54.0 and result["faults"] > 300
+    assert result["no_ftd_s_per_run"] > 0 and result["ftd_s_per_run"] > 0  # measured, not judged
+    assert result["no_ftd_ettr"] < result["ftd_ettr"]
+    assert result["engine_actions"] > result["faults"]
