@@ -20,7 +20,6 @@ from ftd.sim.goodput.runner import run_policy, trace_for
 
 
 def bench_sim(runs: int = 3) -> dict[str, Any]:
-    configure("warning")  # the sandboxed engine logs every decision at info
     mix = load_mix("llama3")
     params = from_scenario(mix.scenarios["fast"])
     trace = trace_for(mix, params, 1)
@@ -39,4 +38,5 @@ def bench_sim(runs: int = 3) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    configure("warning")  # the sandboxed engine logs every decision at info (`ftd bench` does this)
     print(bench_sim())
