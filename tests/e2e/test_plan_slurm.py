@@ -52,6 +52,9 @@ elif args and args[0].startswith("--query-compute-apps"):
 elif args[:1] == ["-r"]:
     with open(RESETS, "a") as f:
         f.write(repr(time.time()) + " " + " ".join(args) + "\\n")
+    if os.path.exists(RESETS + ".fail"):
+        print("Unable to reset GPU 00000000:3B:00.0: Unknown Error")
+        sys.exit(15)
     print("GPU 00000000:3B:00.0 was successfully reset.")
 else:
     sys.exit(2)
@@ -155,3 +158,37 @@ def test_xid48_saves_stops_then_resets_the_gpu_then_requeues(gpu_stack: tuple[St
     assert reset["plan"] == restart["plan"] == plan["id"]
     assert steps["gpu_reset"]["after"] == {"0": [[steps["checkpoint_restart"]["action"], 0]]}
     assert steps["checkpoint_restart"]["after"] == {"1": [[steps["gpu_reset"]["action"], 0]]}
+
+
+def test_xid48_whose_reset_fails_is_escalated_reboot_refused_then_drained_for_rma(
+    gpu_stack: tuple[Stack, Path, Path],
+) -> None:
+    """The reset itself fails (nvidia-smi -r exits non-zero): the coordinator asks Slurm for
+    ``scontrol reboot ASAP nextstate=RESUME``; this test cluster has no RebootProgram, so slurmctld
+    refuses, and the node is drained for RMA instead, with the reason saying why."""
+    stack, holders, resets = gpu_stack
+    Path(str(resets) + ".fail").touch()
+    job, log = submit_gpu_trainer(stack, holders)
+    stack.slurm.wait_job_state(job, "RUNNING", 30)
+    stack.wait_registered(job, timeout=60)
+    wait_until(lambda: any(r["what"] == "started" for r in trainer_records(log)), 30, "the trainer")
+
+    stack.append_kernel_line(XID48)
+
+    def done() -> bool:
+        got = actions(stack)
+        kinds = ("gpu_reset", "checkpoint_restart")
+        return all(k in got and got[k][0] not in ("pending", "running") for k in kinds)
+
+    wait_until(done, 60, "the gpu_reset and checkpoint_restart actions to finish")
+    reset_state, reset, _ = actions(stack)["gpu_reset"]
+    assert reset_state == "escalated", reset
+    assert reset["escalation"] == "drain" and reset["refused"] is False, reset
+    assert "scontrol" in reset["reboot_error"] and "nextstate=RESUME" in reset["reboot_error"], reset
+    assert reset["agent_reason"].startswith("failed: nvidia-smi -r exit 15")
+    node = stack.slurm.node("node-1")
+    assert "DRAIN" in node.get("State", ""), node
+    assert node.get("Reason", "").startswith("ftd: gpu 0000:3b:00.0 reset not done, reboot impossible: RMA")
+    restart_state, restart, _ = actions(stack)["checkpoint_restart"]
+    assert restart_state == "succeeded" and restart["requeued"]["exclude"] == ["node-1"], restart
+    assert len(resets.read_text().splitlines()) == 1  # a failed reset is escalated, not tried again
