@@ -8,10 +8,10 @@ RESTART_APP                   restart  no        checkpoint_restart of the job i
                                                  policy: crash-loop backoff, then notify, no more restarts)
 XID_154_EVAL                  restart  no        same (unless an Xid 154 announces another action)
 RESET_GPU                     reset    yes       checkpoint_restart excluding the node, then gpu_reset after
-                                                 the save
+                                                 the save (refused: asked again; impossible: scheduler
+                                                 reboot, then drain for RMA if the GPU is still bad)
 WORKFLOW_NVLINK_ERR           reset    yes       same
-WORKFLOW_XID_48               reset    yes       same; drain_node when Xid 63/64 is in the same incident or
-                                                 the reset fails
+WORKFLOW_XID_48               reset    yes       same; drain_node when Xid 63/64 is in the same incident
 WORKFLOW_NVLINK5_ERR          nvlink5  decoded   fatal (the message says Fatal, or Xid 150): reset; non-fatal:
                                                  notify
 RESTART_BM, RESTART_VM,       drain    yes       checkpoint_restart excluding the node, then drain_node
@@ -58,7 +58,9 @@ class BucketPlan:
 
 
 _RESET_TEXT = (
-    "checkpoint_restart of the node's jobs excluding the node, then gpu_reset of the GPU after the save"
+    "checkpoint_restart of the node's jobs excluding the node, then gpu_reset of the GPU after the save "
+    "(a refused reset is asked again once the GPU is free; a reset that cannot be done: reboot through "
+    "the scheduler, then drain for RMA if the GPU is still bad)"
 )
 _DRAIN_TEXT = "checkpoint_restart of the node's jobs excluding the node, then drain_node (reboot / service)"
 
@@ -77,8 +79,7 @@ PLANS: Mapping[str, BucketPlan] = {
     "WORKFLOW_XID_48": BucketPlan(
         RESET,
         True,
-        f"{_RESET_TEXT}; drain_node instead when Xid 63/64 comes in the same incident, or when the "
-        "reset fails",
+        f"{_RESET_TEXT}; drain_node instead when Xid 63/64 comes in the same incident",
     ),
     "WORKFLOW_NVLINK5_ERR": BucketPlan(
         "nvlink5",
