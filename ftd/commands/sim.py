@@ -10,8 +10,8 @@ default: the built-in defaults), whose decisions come from the real engine on a 
 Prints a table (ETTR, lost GPU-hours by cause, restarts, nodes drained, mean time to recover), what
 each percentage point was lost to, and ETTR against the checkpoint interval with the Young/Daly
 optimum; ``--plot FILE.png`` draws both; ``--json`` prints every figure as one JSON object. The last
-run's JSON is also written to ``--state`` (default ``$XDG_STATE_HOME/ftd/goodput-last.json``) for
-the dashboard.
+run's JSON is also written to ``--state`` (default: beside the ledger of ``--config``'s coordinator,
+whose dashboard shows it; without ``--config``, ``$XDG_STATE_HOME/ftd/goodput-last.json``).
 
 Set-up: ``--scenario`` picks a named set-up from the mix file (``meta``: Meta's Llama 3 set-up as
 best known; ``fast``: in-memory checkpoints and hot spares); every flag overrides one value.
@@ -58,9 +58,18 @@ NON_NEGATIVE = (
 )
 
 
-def default_state_path() -> Path:
+def state_path(given: str | None, ledger_path: str | None) -> Path:
+    """``--state``; else, with ``--config``, beside that coordinator's ledger (its dashboard shows it:
+    ``GET /v1/sim/goodput``); else ``$XDG_STATE_HOME/ftd/goodput-last.json``."""
+    from ftd.sim.goodput import LAST_RUN, last_run_path
+
+    if given:
+        return Path(given)
+    beside_ledger = last_run_path(ledger_path) if ledger_path else None
+    if beside_ledger is not None:
+        return beside_ledger
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "ftd" / "goodput-last.json"
+    return Path(base) / "ftd" / LAST_RUN
 
 
 def register(subparsers: Any) -> None:
@@ -186,7 +195,7 @@ def run_goodput(args: argparse.Namespace) -> int:
             return _fail("--plot needs matplotlib (pip install 'ftd[sim]')")
         except OSError as exc:
             return _fail(f"cannot write {args.plot}: {exc.strerror or exc}")
-    _save_state(report, Path(args.state) if args.state else default_state_path())
+    _save_state(report, state_path(args.state, config.coordinator.ledger_path if args.config else None))
     if args.json:
         print(json.dumps(report))
     else:

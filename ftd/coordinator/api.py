@@ -384,6 +384,14 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "GET",
+        "/v1/sim/goodput",
+        "goodput",
+        "The last `ftd sim goodput --config` run for this coordinator (its JSON report).",
+        ok=(200, dict[str, Any], ""),
+        extra=(404,),
+    ),
+    Route(
+        "GET",
         "/v1/events",
         "events",
         "Recent events from the ledger, newest first.",
@@ -730,6 +738,18 @@ class Api:
                 disabled=disabled_plugins(plugins),
             )
         )
+
+    async def goodput(self, request: web.Request) -> web.Response:
+        from ftd.sim.goodput import last_run_path
+
+        path = last_run_path(self.coordinator.config.coordinator.ledger_path)
+        try:
+            report = msgspec.json.decode(path.read_bytes()) if path is not None else None
+        except (OSError, msgspec.DecodeError):
+            report = None
+        if not isinstance(report, dict):
+            raise ApiError(404, "no goodput run saved: run `ftd sim goodput --config` with this config")
+        return json_response(report)
 
     async def gpus(self, request: web.Request) -> web.Response:
         gpus = getattr(self.coordinator.state, "gpus", None)  # GPU records, where the state keeps them

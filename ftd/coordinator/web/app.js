@@ -83,5 +83,31 @@ async function refresh() {
   }
 }
 
+// The last `ftd sim goodput --config` run (GET /v1/sim/goodput; 404 until one is saved).
+async function refreshGoodput() {
+  const summary = document.getElementById("goodput-summary");
+  let report;
+  try {
+    report = await getJSON("/v1/sim/goodput");
+  } catch (err) {
+    summary.textContent = "";
+    fill("goodput", [], 6, "no run saved: ftd sim goodput --config <this coordinator's config>");
+    return;
+  }
+  const p = report.params || {};
+  summary.textContent = `last simulation: ${report.mix ? report.mix.title : ""} · ` +
+    `${p.job_gpus} GPUs · checkpoint every ${p.checkpoint_interval_s} s · ${report.config || ""}`;
+  fill("goodput", Object.entries(report.policies || {}).map(([name, r]) => [
+    name,
+    (100 * r.ettr).toFixed(2) + " %",
+    Math.round(Object.values(r.lost_gpu_hours).reduce((a, b) => a + b, 0)).toLocaleString(),
+    r.interruptions.toFixed(1),
+    r.nodes_drained.toFixed(1),
+    (r.mttr_s / 60).toFixed(1) + " min",
+  ]), 6, "the run has no policies");
+}
+
 refresh();
+refreshGoodput();
 setInterval(refresh, REFRESH_MS);
+setInterval(refreshGoodput, 30 * REFRESH_MS);

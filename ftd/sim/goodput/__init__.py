@@ -7,3 +7,17 @@ engine on a simulated clock (:mod:`.bridge`); :mod:`.runner` compares them over 
 the checkpoint interval; :mod:`.report` prints the table and draws the plot. The fault mixes and the
 set-ups, with a source for every number, are data: ``ftd/sim/data/*.toml``.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LAST_RUN = "goodput-last.json"
+
+
+def last_run_path(ledger_path: str) -> Path | None:
+    """Where ``ftd sim goodput --config`` leaves its last run for that coordinator's dashboard: beside
+    the coordinator's ledger (its state directory). None for an in-memory ledger."""
+    if ledger_path == ":memory:":
+        return None
+    return Path(ledger_path).parent / LAST_RUN
