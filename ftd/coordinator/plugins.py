@@ -228,11 +228,44 @@ def call_each(pm: pluggy.PluginManager, hook: str, **kwargs: Any) -> list[tuple[
     return errors
 
 
+@dataclass(frozen=True)
+class _Rule:
+    name: str
+    function: Any
+    argnames: tuple[str, ...]
+    kinds: frozenset[str] | None  # the plugin's EVENT_KINDS; None: every event
+
+
+def _rules(pm: pluggy.PluginManager) -> list[_Rule]:
+    """The ``ftd_evaluate`` implementations with what :func:`evaluate` needs, rebuilt only when the
+    registered plugins change (per event this was most of the engine's time)."""
+    impls = pm.hook.ftd_evaluate.get_hookimpls()
+    cached = _RULES_CACHE.get(pm)
+    if cached is not None and cached[0] == impls:  # HookImpl compares by identity: a C-speed check
+        return cached[1]
+    rules = []
+    for impl in impls:
+        declared = getattr(impl.plugin, "EVENT_KINDS", None)
+        kinds = frozenset(str(kind) for kind in declared) if declared is not None else None
+        rules.append(_Rule(impl.plugin_name, impl.function, tuple(impl.argnames), kinds))
+    _RULES_CACHE[pm] = (impls, rules)
+    return rules
+
+
+_RULES_CACHE: weakref.WeakKeyDictionary[pluggy.PluginManager, tuple[list[Any], list[_Rule]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def evaluate(pm: pluggy.PluginManager, event: Event, view: ClusterView, slow_s: float = 0.05) -> Evaluation:
+    """Ask every rule about ``event`` (a rule declaring ``EVENT_KINDS`` only for those kinds)."""
     result = Evaluation()
     arguments = {"event": event, "view": view}
-    for impl in pm.hook.ftd_evaluate.get_hookimpls():
-        rule = impl.plugin_name
+    kind = event.kind
+    for impl in _rules(pm):
+        if impl.kinds is not None and kind not in impl.kinds:
+            continue
+        rule = impl.name
         started = time.perf_counter()
         try:
             kwargs = {name: arguments[name] for name in impl.argnames}
@@ -243,8 +276,10 @@ def evaluate(pm: pluggy.PluginManager, event: Event, view: ClusterView, slow_s: 
         elapsed = time.perf_counter() - started
         if elapsed > slow_s:
             result.slow.append((rule, elapsed))
+        if proposed is None:
+            continue
         try:
-            items = list(proposed or ())
+            items = list(proposed)
         except TypeError:
             result.errors.append((rule, f"returned {type(proposed).__name__}, not a list"))
             continue

@@ -59,6 +59,9 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     rule object (a sliding-window counter) is allowed when it depends only on the events seen.
     Errors: an exception is logged and counted (``rule_errors``); the other plugins still decide.
     A result item that is not an ActionRequest is reported the same way and dropped.
+    Speed: a plugin (module or object) may declare ``EVENT_KINDS``, the event kinds it decides on;
+    it is then called only for those (``EVENT_KINDS = frozenset({Kind.XID})``). Without it, every
+    event. The built-in rules declare theirs, and a property test holds them to it.
     """
 
 

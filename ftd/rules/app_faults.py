@@ -29,6 +29,8 @@ from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import already_judged, jobs_of
 from ftd.rules._incidents import APP_PATTERNS, app_fault_actions, configure_from
 
+#: The only kinds this rule decides on (the coordinator skips it for the others).
+EVENT_KINDS = frozenset({Kind.LOG_PATTERN})
 
 @hookimpl
 def ftd_startup(coordinator: Any) -> None:

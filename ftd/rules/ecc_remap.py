@@ -47,6 +47,9 @@ def _yes(value: Any) -> bool:
     return value is True or (n is not None and n > 0)
 
 
+#: The only kinds this rule decides on (the coordinator skips it for the others).
+EVENT_KINDS = frozenset({Kind.ROW_REMAP, Kind.ECC})
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind not in (Kind.ROW_REMAP, Kind.ECC) or already_judged(event):

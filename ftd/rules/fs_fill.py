@@ -100,6 +100,9 @@ def _still_critical(event: Event, view: ClusterView) -> dict[str, Any] | None:
     return None
 
 
+#: The only kinds this rule decides on (the coordinator skips it for the others).
+EVENT_KINDS = frozenset({Kind.FS_FILL, Kind.LOG_PATTERN})
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind == Kind.LOG_PATTERN and event.data.get("pattern") == "disk_full":

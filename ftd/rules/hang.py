@@ -20,6 +20,8 @@ from __future__ import annotations
 from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import jobs_of, restart_jobs
 
+#: The only kinds this rule decides on (the coordinator skips it for the others).
+EVENT_KINDS = frozenset({Kind.RANK_HEARTBEAT_LOST, Kind.LOG_STALE})
 
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:

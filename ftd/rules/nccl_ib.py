@@ -68,6 +68,9 @@ def _label(record: FaultRecord) -> str:
     return f"{record.kind} {record.code}" if record.code is not None else record.kind
 
 
+#: The only kinds this rule decides on (the coordinator skips it for the others).
+EVENT_KINDS = frozenset({Kind.IB_LINK, Kind.LOG_PATTERN})
+
 @hookimpl
 def ftd_startup(coordinator: Any) -> None:
     """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import jobs_of, restart_jobs
 
+#: The only kinds this rule decides on (the coordinator skips it for the others).
+EVENT_KINDS = frozenset({Kind.NODE_OFFLINE})
 
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:

@@ -15,6 +15,8 @@ from typing import Any
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import notify
 
+#: The only kinds this rule decides on (the coordinator skips it for the others).
+EVENT_KINDS = frozenset({Kind.RANK_STRAGGLER})
 
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:

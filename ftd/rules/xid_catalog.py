@@ -87,6 +87,9 @@ def _code(event: Event) -> int | None:
     return code if isinstance(code, int) and not isinstance(code, bool) else None
 
 
+#: The only kinds this rule decides on (the coordinator skips it for the others).
+EVENT_KINDS = frozenset({Kind.XID, Kind.GPU_FALLEN_OFF_BUS})
+
 @hookimpl
 def ftd_startup(coordinator: Any) -> None:
     """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""
