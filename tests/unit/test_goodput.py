@@ -89,13 +89,14 @@ def run(policy: str, mix: Any, params: Params, trace: list[Fault], cfg: Coordina
 
 faults_st = st.lists(
     st.tuples(
-        st.floats(min_value=0.0, max_value=2 * 86400.0 - 1, allow_nan=False),
+        # crowded into the first 6 h so faults often land while the job is already down or saving
+        st.floats(min_value=0.0, max_value=6 * 3600.0, allow_nan=False),
         st.sampled_from(sorted(SMALL.categories)),
         st.integers(min_value=0, max_value=1),
         st.integers(min_value=0, max_value=7),
         st.integers(min_value=0, max_value=2**32 - 1),
     ),
-    max_size=8,
+    max_size=10,
 )
 
 
@@ -124,7 +125,7 @@ def test_ettr_is_a_fraction_and_time_adds_up(raw: list[Any], policy: str) -> Non
     assert all(v >= 0 for v in result.lost.values())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(faults_st, faults_st, st.sampled_from(["no_ftd", "ftd"]))
 def test_more_faults_never_raise_ettr(raw: list[Any], extra: list[Any], policy: str) -> None:
     base = as_trace(raw)
