@@ -267,3 +267,49 @@ def test_a_broken_mix_names_the_entry() -> None:
 def test_causes_are_the_reported_ones() -> None:
     result = run("no_ftd", SMALL, SMALL_PARAMS, [])
     assert set(result.to_json()["lost_gpu_hours"]) == set(CAUSES)
+
+
+# --- the set-up's knobs -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["no_ftd", "ftd"])
+def test_time_adds_up_on_the_llama3_mix(policy: str) -> None:
+    mix = load_mix("llama3")
+    params = from_scenario(mix.scenarios["meta"], days=20.0)
+    result = run(policy, mix, params, trace_for(mix, params, 2))
+    assert accounted(result) == pytest.approx(params.horizon_s, rel=1e-9)
+    assert result.interruptions >= result.faults - 5  # a few may hit nodes ftd moved the job off
+    assert sum(result.lost_by_category.values()) == pytest.approx(
+        sum(result.lost.values()) - result.lost["checkpoint_overhead"], rel=1e-9
+    )
+
+
+def test_the_same_bad_node_back_costs_recurrences() -> None:
+    mix = load_mix("llama3")
+    params = from_scenario(mix.scenarios["meta"], days=20.0)
+    trace = trace_for(mix, params, 4)
+    never = run("no_ftd", mix, params.replace(same_node_p=0.0), trace)
+    often = run("no_ftd", mix, params.replace(same_node_p=0.6), trace)
+    assert never.recurrences == 0 and often.recurrences > 10
+    assert often.ettr < never.ettr
+
+
+def test_without_spares_the_job_waits_for_repairs() -> None:
+    mix = load_mix("llama3")
+    params = from_scenario(mix.scenarios["fast"], days=10.0)
+    trace = trace_for(mix, params, 5)
+    spares = run("ftd", mix, params, trace)
+    none = run("ftd", mix, params.replace(spare_nodes=0), trace)
+    assert spares.lost["spare_wait"] == 0.0
+    assert none.lost["spare_wait"] > 3600.0
+    assert none.ettr < spares.ettr
+
+
+def test_a_longer_watchdog_costs_no_ftd_more() -> None:
+    mix = load_mix("llama3")
+    params = from_scenario(mix.scenarios["meta"], days=20.0)
+    trace = trace_for(mix, params, 6)
+    ten = run("no_ftd", mix, params, trace)
+    thirty = run("no_ftd", mix, params.replace(watchdog_s=1800.0), trace)
+    assert thirty.lost["detection"] > 1.8 * ten.lost["detection"]  # hangs wait 3x as long, crashes not
+    assert thirty.ettr < ten.ettr
