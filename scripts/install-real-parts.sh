@@ -19,6 +19,8 @@ missing=()
 for bin in mosquitto mosquitto_passwd munged slurmctld slurmd scontrol sbatch; do
   have "$bin" || missing+=("$bin")
 done
+# PostgreSQL (the HA ledger's tests and `ftd bench failover`): the server tools are not on PATH.
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=("postgresql")
 
 if ((${#missing[@]})); then
   echo "install-real-parts: missing ${missing[*]}; installing packages"
@@ -34,9 +36,9 @@ if ((${#missing[@]})); then
   trap cleanup EXIT
   $SUDO apt-get update
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-    mosquitto mosquitto-clients munge slurmctld slurmd slurm-client
+    mosquitto mosquitto-clients munge slurmctld slurmd slurm-client postgresql
 else
-  echo "install-real-parts: mosquitto, munge and slurm are installed"
+  echo "install-real-parts: mosquitto, munge, slurm and postgresql are installed"
 fi
 
 # munge needs a shared key; the package usually creates one, a minimal image may not.

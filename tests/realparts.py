@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ftd.bench.postgres import LocalPostgres, PostgresMissing, find_bindir
+
 REQUIRE_REAL = os.environ.get("FTD_REQUIRE_REAL") == "1"
 
 
@@ -166,6 +168,7 @@ class SlurmCluster:
     ctld_port: int = 0
     slurmd_port: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    extra_conf: list[str] = field(default_factory=list)  # lines appended to slurm.conf (Prolog=...)
 
     @property
     def conf_path(self) -> Path:
@@ -238,6 +241,7 @@ class SlurmCluster:
         ]
         if self.nodes > 1:
             lines.append(f"PartitionName=spare Nodes=node-[2-{self.nodes}] MaxTime=INFINITE State=UP")
+        lines.extend(self.extra_conf)
         self.conf_path.write_text("\n".join(lines) + "\n")
 
     def start(self, timeout: float = 30.0) -> SlurmCluster:
@@ -383,3 +387,27 @@ class SlurmCluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+
+
+# --------------------------------------------------------------------------------------------------
+# PostgreSQL (the HA ledger): initdb + pg_ctl from Debian's postgresql package, on a free port.
+# --------------------------------------------------------------------------------------------------
+
+
+def start_postgres(workdir: Path) -> LocalPostgres:
+    """A private PostgreSQL (``ftd.bench.postgres.LocalPostgres``); skipped when the package is
+    missing, failed instead under ``FTD_REQUIRE_REAL=1``."""
+    try:
+        find_bindir()
+    except PostgresMissing as exc:
+        if REQUIRE_REAL:
+            pytest.fail(f"FTD_REQUIRE_REAL=1 and {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        msg = "psycopg not installed (pip install 'ftd[ha]')"
+        if REQUIRE_REAL:
+            pytest.fail(f"FTD_REQUIRE_REAL=1 and {msg}", pytrace=False)
+        pytest.skip(msg)
+    return LocalPostgres(workdir).start()

@@ -70,6 +70,7 @@ from ftd.coordinator.fairness import (
     readable_ids,
 )
 from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.ledger_seam import LedgerStore
 from ftd.coordinator.placement import NeedPlacement, Placement
 from ftd.coordinator.plugins import collect_executors, describe_plugins, disabled_plugins, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
@@ -154,7 +155,7 @@ class Coordinator:
         *,
         bus: Bus,
         scheduler: Scheduler | None,
-        ledger: Ledger | None = None,
+        ledger: LedgerStore | None = None,
         extra_plugins: tuple[object, ...] = (),
         node_rate: float = NODE_RATE,
         node_burst: float = NODE_BURST,
@@ -169,7 +170,7 @@ class Coordinator:
         self.scheduler = scheduler
         self.state = ClusterState()
         self.acks = AckBook()
-        self.ledger = ledger or Ledger(cfg.ledger_path)
+        self.ledger: LedgerStore = ledger or Ledger(cfg.ledger_path)
         self.bad_messages = 0
         self.storage_errors = 0  # messages left unacknowledged because the ledger could not commit
         self.receipts_sent = 0
@@ -639,7 +640,8 @@ class Coordinator:
         if presence is not None and (presence.node != node or presence.job != job):
             raise DecodeError("job presence does not match its topic")
         # Authority follows placement; clearing its own presence (no ranks) is always a node's right.
-        if presence is not None and presence.ranks and self.placement.check(node, [job]):
+        claims = presence is not None and (presence.ranks or presence.allocation is not None)
+        if presence is not None and claims and self.placement.check(node, [job]):
             self.placement.violation(node, job, "presence", f"ranks {[r.rank for r in presence.ranks][:16]}")
             return True
         self.state.apply_presence(node, job, presence)

@@ -50,7 +50,8 @@ from typing import Any
 import pluggy
 
 from ftd.coordinator import plan as plans
-from ftd.coordinator.ledger import NOTICE_NODE, Ledger
+from ftd.coordinator.ledger import NOTICE_NODE
+from ftd.coordinator.ledger_seam import LedgerStore
 from ftd.coordinator.plan import Dependency, Plan, Progress
 from ftd.coordinator.plugins import call_each, evaluate
 from ftd.coordinator.policy import PolicyGate
@@ -70,7 +71,7 @@ class Engine:
         self,
         *,
         state: ClusterState,
-        ledger: Ledger,
+        ledger: LedgerStore,
         gate: PolicyGate,
         plugins: pluggy.PluginManager,
         executors: Mapping[str, Executor],

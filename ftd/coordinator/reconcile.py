@@ -52,7 +52,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ftd.coordinator.actions.scheduler import NodeInfo, Scheduler, SchedulerError
-from ftd.coordinator.ledger import NOTICE_NODE, Drain, Ledger
+from ftd.coordinator.ledger import NOTICE_NODE, Drain
+from ftd.coordinator.ledger_seam import LedgerStore
 from ftd.coordinator.state import ClusterState
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
@@ -92,7 +93,7 @@ class Reconciler:
         self,
         *,
         state: ClusterState,
-        ledger: Ledger,
+        ledger: LedgerStore,
         scheduler: Scheduler | None,
         engine: Engine,
         interval_s: float = 60.0,

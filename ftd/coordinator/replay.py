@@ -28,6 +28,7 @@ from typing import Any
 from ftd.config import Config, CoordinatorConfig
 from ftd.coordinator.engine import Engine
 from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.ledger_seam import LedgerStore
 from ftd.coordinator.plugins import collect_executors, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
@@ -104,7 +105,7 @@ class SandboxHost:
     simulated: bool = True
 
     @property
-    def ledger(self) -> Ledger:
+    def ledger(self) -> LedgerStore:
         return self.engine.ledger
 
 

@@ -1,0 +1,80 @@
+"""The ledger seam: what the engine, the reconciler and the API need from a ledger, whatever holds it.
+
+Two backends implement it: :class:`ftd.coordinator.ledger.Ledger` (SQLite, the embedded default:
+one machine, ``ftd demo``, replays, the simulator) and :class:`ftd.coordinator.ledger_pg.PgLedger`
+(PostgreSQL, for an active/standby coordinator pair: ``coordinator.ha``). The same contract suite
+(``tests/contract/test_ledger_contract.py``) runs against both.
+
+Fencing (:mod:`ftd.coordinator.lease`): a ledger shared by several coordinators takes writes only from
+the holder of the current lease epoch. A write carrying a stale epoch raises :class:`LedgerFenced` and
+changes nothing; the coordinator that gets it has lost the lease and must stop acting.
+:class:`LedgerUnavailable` (an :class:`OSError`, like the storage errors of the SQLite backend the
+coordinator already counts and retries) says the database could not be reached or answered too late.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ftd.coordinator.ledger import Drain
+    from ftd.coordinator.plan import Plan
+    from ftd.events import Event
+    from ftd.plugin.actions import ActionRecord
+
+
+class LedgerFenced(Exception):
+    """A write by a coordinator whose lease epoch is no longer the current one (or has expired)."""
+
+    def __init__(self, epoch: int | None, current: int | None, holder: str | None) -> None:
+        super().__init__(f"write with lease epoch {epoch} refused: the current epoch is {current} ({holder})")
+        self.epoch, self.current, self.holder = epoch, current, holder
+
+
+class LedgerUnavailable(OSError):
+    """The ledger's database could not be reached, or did not answer within its statement timeout."""
+
+
+class LedgerStore(Protocol):
+    """The ledger's contract (see :class:`ftd.coordinator.ledger.Ledger` for each method's meaning)."""
+
+    path: str
+    clock: Callable[[], float]
+
+    def close(self) -> None: ...
+
+    def transaction(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def record_event(self, event: Event) -> bool: ...
+
+    def record_summary(self, event: Event) -> None: ...
+
+    def events(self, *, limit: int = 100, node: str | None = None) -> list[Event]: ...
+
+    def export_events(self, out: IO[str]) -> int: ...
+
+    def save_action(self, record: ActionRecord) -> None: ...
+
+    def actions(self, *, limit: int = 100) -> list[ActionRecord]: ...
+
+    def action(self, action_id: str) -> ActionRecord | None: ...
+
+    def unfinished(self) -> list[ActionRecord]: ...
+
+    def recent(self, since: float) -> list[ActionRecord]: ...
+
+    def save_plan(self, plan: Plan) -> None: ...
+
+    def plan(self, plan_id: str) -> Plan | None: ...
+
+    def plan_states(self, plan_id: str) -> list[tuple[str, str, str, str | None]]: ...
+
+    def plans(self, *, limit: int = 100, unfinished: bool = False) -> list[Plan]: ...
+
+    def save_drain(self, drain: Drain) -> None: ...
+
+    def drop_drain(self, node: str) -> bool: ...
+
+    def drains(self, origin: str | None = None) -> list[Drain]: ...
