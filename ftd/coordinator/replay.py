@@ -35,6 +35,9 @@ from ftd.coordinator.state import ClusterState
 from ftd.plugin.actions import ActionKind, ActionRecord
 from ftd.plugin.hookspecs import Executor
 
+#: Loop turns :meth:`Sandbox.finish` gives a newly started step to reach its first clock sleep.
+_SETTLE_ROUNDS = 100
+
 
 class SimClock:
     """A clock that moves only when advanced; ``await clock.sleep(s)`` wakes at simulated ``now + s``."""
@@ -152,7 +155,18 @@ class Sandbox:
         await asyncio.sleep(0)
 
     async def finish(self) -> None:
-        """Run the clock forward until every started action has finished."""
-        while (due := self.clock.next_due) is not None:
-            await self.clock.advance(due)
-        await self.engine.wait_idle()
+        """Run the clock forward until every started action has finished. A plan's later step
+        (a drain after the job's save and stop) starts only when the earlier one ends, in a task
+        of its own: the loop runs until nothing is due and no task is left to reach a timer."""
+        while True:
+            while (due := self.clock.next_due) is not None:
+                await self.clock.advance(due)
+            if await self.engine.wait_idle(timeout=0):
+                return
+            for _ in range(_SETTLE_ROUNDS):  # let the next step run to its first sleep
+                await asyncio.sleep(0)
+                if self.clock.next_due is not None:
+                    break
+            else:
+                await self.engine.wait_idle()  # waiting on something other than the clock
+                return

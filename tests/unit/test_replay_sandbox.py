@@ -8,6 +8,7 @@ from typing import Any
 from ftd.config import CoordinatorConfig
 from ftd.coordinator.plugins import DEFAULT_RULES, default_rule_name
 from ftd.coordinator.replay import Sandbox, SimClock
+from ftd.events import JobPresence, RankInfo
 from ftd.plugin import ActionKind, ActionRecord, ActionRequest, ClusterView, Event, Kind, hookimpl, make_event
 
 
@@ -100,4 +101,23 @@ async def test_a_plugins_own_executor_is_simulated_not_run() -> None:
     assert [(r.request.kind, str(r.state)) for r in records] == [("page", "succeeded")]
     assert records[0].detail == {"simulated": True}
     assert plugin.paged == []
+    await box.engine.close()
+
+
+async def test_finish_runs_a_plans_later_steps_too() -> None:
+    """A plan's later step (the drain after the job's save and stop) starts only once the earlier
+    one ends, so it sets its timer after the clock moved: finish() used to stop advancing and wait
+    for it forever."""
+    box = Sandbox(CoordinatorConfig(), entry_points=False, start=1000.0)
+    presence = JobPresence(job="j1", node="node-1", ranks=[RankInfo(rank=0)])
+    box.state.apply_presence("node-1", "j1", presence)
+    data = {"pci": "0000:3b:00.0"}
+    event = make_event("node-1", "gpu_fallen_off_bus", severity="critical", data=data, ts=1000.0)
+    records = box.engine.handle_event(event)
+    await box.settle()
+    await asyncio.wait_for(box.finish(), timeout=10)
+    assert sorted((str(r.request.kind), str(r.state)) for r in records) == [
+        ("checkpoint_restart", "succeeded"),
+        ("drain_node", "succeeded"),
+    ]
     await box.engine.close()
