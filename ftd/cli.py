@@ -21,6 +21,9 @@ COMMAND_MODULES = (
     "ftd.commands.status",
     "ftd.commands.events",
     "ftd.commands.rules",
+    "ftd.commands.health",  # Slurm HealthCheckProgram
+    "ftd.commands.preflight",
+    "ftd.commands.slurm_hooks",  # Slurm Prolog / Epilog
     "ftd.commands.sim",
 )
 

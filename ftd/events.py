@@ -57,6 +57,7 @@ class Kind(enum.StrEnum):
     RANK_HEARTBEAT_LOST = "rank_heartbeat_lost"
     RANK_STRAGGLER = "rank_straggler"
     AGENT_HEALTH = "agent_health"
+    JOB_LEFTOVER = "job_leftover"  # a job's processes still alive after its end (Slurm Epilog)
     NODE_OFFLINE = "node_offline"
     OPERATOR_REQUEST = "operator_request"
     BAD_INPUT = "bad_input"
@@ -137,14 +138,31 @@ class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     last_beat: float | None = None
 
 
+class JobAllocation(msgspec.Struct, frozen=True, kw_only=True):
+    """What the scheduler's own hook (Slurm Prolog) told the node's agent about a job starting there:
+    known whether or not the job's processes use ``ftd.client`` (see :mod:`ftd.agent.jobs`)."""
+
+    source: str = "prolog"
+    user: str = ""
+    uid: int | None = None
+    gpus: list[str] = msgspec.field(default_factory=list)  # indexes (SLURM_JOB_GPUS, CUDA_VISIBLE_DEVICES)
+    tasks: int | None = None  # tasks (ranks) of the job on this node, when the scheduler says
+    partition: str = ""
+    started: float = 0.0
+
+
 class JobPresence(msgspec.Struct, frozen=True, kw_only=True):
-    """Retained per (node, job): which ranks of a job run on a node. An empty payload clears it."""
+    """Retained per (node, job): which ranks of a job run on a node. An empty payload clears it.
+
+    ``allocation`` (None when no scheduler hook reported the job) says the job runs on the node even
+    with no rank registered (a job without the client)."""
 
     schema: int = SCHEMA_VERSION
     job: str
     node: str
     ranks: list[RankInfo] = msgspec.field(default_factory=list)
     ts: float = 0.0
+    allocation: JobAllocation | None = None
 
 
 NodeState = Literal["online", "offline"]

@@ -45,8 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from ftd import __version__
+from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
 from ftd.agent.diagnostics import collect_diagnostics
 from ftd.agent.gpu_reset import GpuResetter, Runner
+from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, SchedulerJobs, leftover_event
 from ftd.agent.local_api import LocalApi
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.agent.storm import StormControl
@@ -60,6 +62,7 @@ from ftd.agent.watchers.nvml.backend import NvmlBackend
 from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.bus import topics
 from ftd.bus.base import Bus, LastWill, Message
+from ftd.client import protocol
 from ftd.config import AgentConfig
 from ftd.events import (
     Ack,
@@ -142,7 +145,12 @@ class Agent:
             on_ack=self._on_ack,
             socket_mode=cfg.socket_mode,
             socket_group=cfg.socket_group,
+            on_hook=self._on_hook,
         )
+        # Jobs the Slurm Prolog reported (with or without the client) and the node's active critical
+        # conditions (what `ftd health` reports): ftd.agent.jobs, ftd.agent.conditions.
+        self.scheduler_jobs = SchedulerJobs(state_dir / "jobs.json")
+        self.conditions = ConditionBook(state_dir / "conditions.json")
         self.kmsg = KmsgWatcher(
             cfg.kmsg_path,
             self.node,
@@ -157,6 +165,7 @@ class Agent:
         self.watchers.extend(self._configured_watchers(nvml_backend))
         self.watchers.extend(watchers or ())
         self.gpu_resetter = GpuResetter(self.node, runner=gpu_runner)
+        self._nvml_backend = nvml_backend  # preflight asks the same NVML the watcher does
         self.bad_messages = 0
         self.events_emitted = 0
         self.watcher_restarts: dict[str, int] = {}
@@ -243,6 +252,7 @@ class Agent:
 
     async def _publish_event(self, event: Event) -> None:
         """Storm control's downstream: spool and queue for the bus."""
+        self.conditions.observe(event)
         self.outbox.put(
             Outgoing(
                 topics.node_event(self.node, event.kind),
@@ -270,16 +280,53 @@ class Agent:
 
     async def _on_presence(self, job: str, ranks: list[RankInfo]) -> None:
         topic = topics.node_job(self.node, job)
-        payload = encode(JobPresence(job=job, node=self.node, ranks=ranks, ts=time.time())) if ranks else b""
+        allocation = self.scheduler_jobs.get(job)  # the Prolog's word: the job runs here, client or not
+        payload = (
+            encode(JobPresence(job=job, node=self.node, ranks=ranks, ts=time.time(), allocation=allocation))
+            if ranks or allocation is not None
+            else b""
+        )
         # Not durable: replaying a stale presence after a restart would resurrect a gone job.
         self.outbox.put(Outgoing(topic, payload, retain=True, priority=3, durable=False))
-        if not ranks:
+        if not ranks and allocation is None:
             self._jobs_here.discard(job)
         elif job not in self._jobs_here:  # a job arrived: a still-full filesystem must not take it
             self._jobs_here.add(job)
             for watcher in self.watchers:
                 if isinstance(watcher, FsWatcher):
                     await watcher.job_arrived(job)
+
+    async def _on_hook(self, msg: HookMsg) -> dict[str, Any]:
+        """A node hook over the local socket: Prolog/Epilog job start and end, ``ftd health``'s
+        question, ``ftd preflight`` through the agent (:mod:`ftd.agent.jobs`)."""
+        if isinstance(msg, JobStartMsg):
+            self.scheduler_jobs.start(msg)
+            await self._on_presence(msg.job, self.local_api.jobs().get(msg.job, []))
+            return dict(protocol.ok(protocol.JOB_START))
+        if isinstance(msg, JobEndMsg):
+            self.scheduler_jobs.end(msg.job)
+            await self._on_presence(msg.job, self.local_api.jobs().get(msg.job, []))
+            if msg.leftover:
+                await self.emit(leftover_event(self.node, msg))
+            return dict(protocol.ok(protocol.JOB_END))
+        if isinstance(msg, ConditionsMsg):
+            active = self.conditions.active()
+            return {
+                "v": protocol.PROTOCOL_VERSION,
+                "op": protocol.CONDITIONS,
+                "node": self.node,
+                "conditions": [c.to_dict() for c in active],
+            }
+        return await self._preflight_now()
+
+    async def _preflight_now(self) -> dict[str, Any]:
+        """Run the node's preflight checks now (``ftd.preflight``); a pass clears hardware conditions."""
+        from ftd.preflight.runner import run_preflight
+
+        report = await asyncio.to_thread(run_preflight, self.cfg, self._nvml_backend)
+        if report.ok:
+            self.conditions.clear_all(why="preflight passed", kinds=HARDWARE_KINDS)
+        return {"v": protocol.PROTOCOL_VERSION, "op": protocol.PREFLIGHT, **report.to_dict()}
 
     async def _on_ack(self, ack: Ack) -> None:
         self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
@@ -481,6 +528,8 @@ class Agent:
         await self.bus.subscribe(topics.node_receipts(self.node))
         await self.bus.subscribe(topics.COORDINATOR_STATUS)
         await self.bus.start()
+        for job in self.scheduler_jobs.all():  # jobs the Prolog reported before a restart
+            await self._on_presence(job, self.local_api.jobs().get(job, []))
         self._core = [
             asyncio.create_task(self.outbox.run(), name="outbox"),
             asyncio.create_task(self._pump_directives(), name="directives"),

@@ -59,6 +59,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ftd.agent.jobs import PRIVILEGED, ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
 from ftd.agent.peer import JobIdentity, PeerCred, ProcFs, identify, peer_cred
 from ftd.client import protocol
 from ftd.client.protocol import MAX_LINE, PROTOCOL_VERSION
@@ -102,17 +103,24 @@ class _AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=pro
     reason: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] = ""
 
 
-_ClientMsg = _Register | _Heartbeat | _AckMsg
+_ClientMsg = _Register | _Heartbeat | _AckMsg | HookMsg
 _OPS: dict[type[Any], str] = {
     _Register: protocol.REGISTER,
     _Heartbeat: protocol.HEARTBEAT,
     _AckMsg: protocol.ACK,
+    JobStartMsg: protocol.JOB_START,
+    JobEndMsg: protocol.JOB_END,
+    ConditionsMsg: protocol.CONDITIONS,
+    PreflightMsg: protocol.PREFLIGHT,
 }
 _decoder = msgspec.json.Decoder(_ClientMsg)
 _encoder = msgspec.json.Encoder()
 
 PresenceCallback = Callable[[str, list[RankInfo]], Awaitable[None]]
 AckCallback = Callable[[Ack], Awaitable[None]]
+HookCallback = Callable[[HookMsg], Awaitable[Mapping[str, Any]]]
+"""Answers a node hook's message (Prolog, Epilog, ``ftd health``): the reply to send (see
+:mod:`ftd.agent.jobs`)."""
 
 
 def _line(msg: Mapping[str, Any]) -> bytes:
@@ -176,8 +184,10 @@ class LocalApi:
         socket_group: str | int | None = None,
         pending_ttl_s: float = 600.0,
         proc: ProcFs | None = None,
+        on_hook: HookCallback | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self._on_hook = on_hook
         self._socket_dir = os.path.dirname(os.path.abspath(socket_path))
         self.node = node
         self._on_presence = on_presence
@@ -199,6 +209,7 @@ class LocalApi:
         self._last_presence: dict[str, float] = {}
         self._calls: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._hook_tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.counters: dict[str, int] = {
             "connections": 0,
@@ -488,6 +499,8 @@ class LocalApi:
             return
         if isinstance(msg, _Register):
             self._register(conn, msg)
+        elif isinstance(msg, JobStartMsg | JobEndMsg | ConditionsMsg | PreflightMsg):
+            self._hook(conn, msg)
         elif conn.job is None:
             self._bad(conn, _OPS[type(msg)], "not registered")
         elif isinstance(msg, _Heartbeat):
@@ -530,6 +543,34 @@ class LocalApi:
             why=ident.detail if ident else "no peer credentials on this platform",
         )
         self._presence_now(msg.job)
+
+    def _hook(self, conn: _Conn, msg: HookMsg) -> None:
+        """A node hook's request (no registration): privileged ones only from root or our uid."""
+        op = _OPS[type(msg)]
+        ident = conn.identity
+        if isinstance(msg, PRIVILEGED) and ident is not None and not ident.any_job:
+            self.counters["hooks_refused"] = self.counters.get("hooks_refused", 0) + 1
+            cred = conn.cred
+            log.warning("hook_refused", op=op, uid=cred.uid if cred else None, pid=cred.pid if cred else None)
+            self._send(conn, _error_line(op, f"{op} refused: only root or the agent's own user may send it"))
+            return
+        if self._on_hook is None:
+            self._send(conn, _error_line(op, f"{op} is not served by this agent"))
+            return
+        hook = self._on_hook
+
+        async def answer() -> None:
+            try:
+                reply = await hook(msg)
+            except Exception as exc:
+                log.exception("hook_failed", op=op)
+                self._send(conn, _error_line(op, f"{op} failed: {type(exc).__name__}: {exc}"[:500]))
+                return
+            self._send(conn, _line(reply))
+
+        task = asyncio.create_task(answer(), name=f"ftd-localapi-hook-{op}")
+        self._hook_tasks.add(task)
+        task.add_done_callback(self._hook_tasks.discard)
 
     def _unregister(self, conn: _Conn) -> None:
         job = conn.job

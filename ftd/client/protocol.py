@@ -28,6 +28,21 @@ Client -> agent:
 - ``{"v":1,"op":"ack","directive_id":"...","ok":true,"step":1200,"path":"/ckpt/1200","reason":""}``.
   No answer.
 
+Node hooks -> agent (no ``register``; one request, one answer, then the hook closes the connection):
+
+- ``{"v":1,"op":"job_start","job":"1234","user":"alice","uid":1000,"gpus":["0","1"],"tasks":2,
+  "partition":"gpu"}`` from the scheduler's Prolog: the job runs on this node now, with or without
+  the client. Only root or the agent's own uid may send it (slurmd runs the Prolog as root).
+  Answer ``ok`` (``re`` = ``job_start``).
+- ``{"v":1,"op":"job_end","job":"1234","leftover":[{"pid":77,"name":"python","gpu":"0"}]}`` from the
+  Epilog: the job ended here; ``leftover`` lists its processes still alive (the "Kill task failed"
+  case), reported as a ``job_leftover`` event. Same rights. Answer ``ok``.
+- ``{"v":1,"op":"conditions"}`` from ``ftd health``: answer ``{"v":1,"op":"conditions","node":...,
+  "conditions":[{"key":...,"kind":...,"reason":...,"since":...}]}``, the node's active critical
+  conditions (:mod:`ftd.agent.conditions`).
+- ``{"v":1,"op":"preflight"}`` (root or the agent's uid) asks the agent to run its preflight checks
+  now; answer ``{"v":1,"op":"preflight","ok":...,"reason":...,"checks":[...]}``.
+
 Agent -> client, pushed at any time:
 
 - ``{"v":1,"op":"directive", <every Directive field: schema, id, ts, action, job, node, reason,
@@ -86,15 +101,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACK",
+    "CONDITIONS",
     "DEFAULT_SOCKET",
     "DIRECTIVE",
     "DIRECTIVE_ID_MAX",
     "ERROR",
     "HEARTBEAT",
+    "JOB_END",
     "JOB_MAX",
     "JOB_PATTERN",
+    "JOB_START",
     "MAX_LINE",
     "OK",
+    "PREFLIGHT",
     "PROTOCOL_VERSION",
     "REGISTER",
     "SOCKET_ENV",
@@ -105,7 +124,10 @@ __all__ = [
     "encode",
     "error",
     "heartbeat",
+    "job_end",
+    "job_start",
     "ok",
+    "query",
     "register",
 ]
 
@@ -127,6 +149,11 @@ TEXT_MAX = 4096
 REGISTER = "register"
 HEARTBEAT = "heartbeat"
 ACK = "ack"
+# Node hooks -> agent (Prolog, Epilog, ftd health):
+JOB_START = "job_start"
+JOB_END = "job_end"
+CONDITIONS = "conditions"
+PREFLIGHT = "preflight"
 # Agent -> client:
 OK = "ok"
 ERROR = "error"
@@ -161,6 +188,36 @@ def ack(directive_id: str, *, ok: bool, step: int | None, path: str | None, reas
         "path": path,
         "reason": reason,
     }
+
+
+def job_start(
+    job: str,
+    *,
+    user: str = "",
+    uid: int | None = None,
+    gpus: list[str] | None = None,
+    tasks: int | None = None,
+    partition: str = "",
+) -> dict[str, Any]:
+    return {
+        "v": PROTOCOL_VERSION,
+        "op": JOB_START,
+        "job": job,
+        "user": user,
+        "uid": uid,
+        "gpus": list(gpus or []),
+        "tasks": tasks,
+        "partition": partition,
+    }
+
+
+def job_end(job: str, leftover: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "op": JOB_END, "job": job, "leftover": list(leftover or [])}
+
+
+def query(op: str) -> dict[str, Any]:
+    """A hook's question without arguments (:data:`CONDITIONS`, :data:`PREFLIGHT`)."""
+    return {"v": PROTOCOL_VERSION, "op": op}
 
 
 def ok(re: str) -> OkMsg:

@@ -70,6 +70,19 @@ def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
+def _client(job: dict[str, Any]) -> str:
+    """``yes`` when ranks registered through ftd.client; ``no (prolog)`` for a job only the Slurm
+    Prolog reported (ftd moves it with Slurm's signal convention)."""
+    if job["ranks"]:
+        return "yes"
+    return "no (prolog)" if job.get("allocations") else "-"
+
+
+def _user(job: dict[str, Any]) -> str:
+    users = sorted({a.get("user") or "" for a in (job.get("allocations") or {}).values()} - {""})
+    return ",".join(users) or "-"
+
+
 def render(data: dict[str, Any], url: str) -> str:
     health, nodes, jobs, actions = data["health"], data["nodes"], data["jobs"], data["actions"]
     online = sum(1 for n in nodes if n["online"])
@@ -95,13 +108,15 @@ def render(data: dict[str, Any], url: str) -> str:
         "",
         f"JOBS ({len(jobs)})",
         table(
-            ["job", "nodes", "ranks", "last step"],
+            ["job", "nodes", "ranks", "last step", "client", "user"],
             [
                 [
                     j["id"],
                     ",".join(j["nodes"]) or "-",
                     str(len(j["ranks"])),
                     "-" if j["last_step"] is None else str(j["last_step"]),
+                    _client(j),
+                    _user(j),
                 ]
                 for j in jobs
             ],

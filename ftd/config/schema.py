@@ -260,6 +260,24 @@ class SpoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     ] = False
 
 
+class PreflightConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Node checks before (re)entering service (``ftd preflight``; ``ftd.preflight``)."""
+
+    gpu_compute: Annotated[
+        bool, _doc("Allocate memory and run a small matmul on each GPU (needs torch and a GPU).")
+    ] = True
+    dcgm: Annotated[bool, _doc("Run dcgmi diag -r 1 when DCGM is installed.")] = True
+    dcgm_timeout_s: Annotated[PositiveSeconds, _doc("Deadline for dcgmi diag -r 1.")] = 300.0
+    nccl: Annotated[
+        bool, _doc("Single-node NCCL all-reduce across the node's GPUs (more than one GPU, torch).")
+    ] = True
+    nccl_timeout_s: Annotated[PositiveSeconds, _doc("Deadline for the NCCL all-reduce.")] = 120.0
+    commands: Annotated[
+        list[NonEmptyStr], _doc("The site's own checks: shell command lines that must each exit 0.")
+    ] = msgspec.field(default_factory=list)
+    command_timeout_s: Annotated[PositiveSeconds, _doc("Deadline for each of the commands.")] = 60.0
+
+
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The per-node agent (``ftd agent``)."""
 
@@ -315,10 +333,58 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     )
     storm: Annotated[StormConfig, _doc("Storm control.")] = msgspec.field(default_factory=StormConfig)
     spool: Annotated[SpoolConfig, _doc("Durable outbox spool.")] = msgspec.field(default_factory=SpoolConfig)
+    preflight: Annotated[PreflightConfig, _doc("Preflight checks (ftd preflight, return to service).")] = (
+        msgspec.field(default_factory=PreflightConfig)
+    )
 
     def resolved_node(self) -> str:
         """``node``, or the short host name when unset (the name Slurm usually knows the node by)."""
         return self.node or socket.gethostname().split(".", 1)[0]
+
+
+CLIENTLESS_MODES = ("batch", "full")
+
+
+class ClientlessPartition(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The signal flag for one partition's jobs without the client."""
+
+    name: Annotated[NonEmptyStr, _doc("Slurm partition name.")]
+    mode: Annotated[
+        str,
+        _doc(
+            "batch: signal the batch script's shell only; full: every process of the job.",
+            extra={"choices": CLIENTLESS_MODES},
+        ),
+    ]
+
+
+class ClientlessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """checkpoint_restart of a job with no rank registered (no ftd.client): Slurm's signal convention
+    (``ftd.coordinator.actions.slurm_signal``)."""
+
+    enabled: Annotated[
+        bool,
+        _doc("Signal a job without the client (scancel --signal) before requeueing it; off: requeue only."),
+    ] = True
+    signal: Annotated[NonEmptyStr, _doc("Signal sent (scancel --signal=...).")] = "USR1"
+    mode: Annotated[
+        str,
+        _doc(
+            "batch: scancel --batch (the batch script traps it); full: scancel --full (every process).",
+            extra={"choices": CLIENTLESS_MODES},
+        ),
+    ] = "batch"
+    partitions: Annotated[
+        list[ClientlessPartition], _doc("Per-partition mode, overriding mode for that partition's jobs.")
+    ] = msgspec.field(default_factory=list)
+    grace_s: Annotated[
+        PositiveSeconds,
+        _doc("How long the job may take to checkpoint and requeue itself or exit before it is requeued."),
+    ] = 120.0
+    poll_s: Annotated[PositiveSeconds, _doc("How often the job's state is read while waiting.")] = 1.0
+    scancel: Annotated[NonEmptyStr, _doc("scancel executable (name on $PATH or absolute path).")] = (
+        "scancel"
+    )
 
 
 class SlurmConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -333,6 +399,9 @@ class SlurmConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         NonEmptyStr | None, _doc("slurm.conf to use, exported as SLURM_CONF; unset: Slurm's default.")
     ] = None
     timeout_s: Annotated[PositiveSeconds, _doc("Deadline for one scontrol call.")] = 30.0
+    clientless: Annotated[ClientlessConfig, _doc("Jobs without the client: Slurm's signal convention.")] = (
+        msgspec.field(default_factory=ClientlessConfig)
+    )
 
 
 class KubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -56,7 +56,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ftd import __version__
 from ftd.config import ApiConfig, read_secret_file
 from ftd.coordinator.plugins import describe_plugins, disabled_plugins
-from ftd.events import Event
+from ftd.events import Event, JobAllocation
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
@@ -181,6 +181,9 @@ class JobOut(msgspec.Struct, frozen=True, kw_only=True):
     ranks: list[int]
     last_step: int | None
     ranks_by_node: dict[str, list[int]]
+    # node -> what the scheduler's Prolog reported (user, GPUs, ...); a job without the client has
+    # only these (ftd.agent.jobs)
+    allocations: dict[str, JobAllocation] = msgspec.field(default_factory=dict)
 
 
 class ActionOut(msgspec.Struct, frozen=True, kw_only=True):
@@ -374,7 +377,13 @@ ROUTES: tuple[Route, ...] = (
         "GPU records by UUID (empty if not tracked).",
         ok=(200, list[dict[str, Any]], ""),
     ),
-    Route("GET", "/v1/jobs", "jobs", "Jobs with ranks registered at agents.", ok=(200, list[JobOut], "")),
+    Route(
+        "GET",
+        "/v1/jobs",
+        "jobs",
+        "Jobs: ranks registered at agents, and jobs the Slurm Prolog reported.",
+        ok=(200, list[JobOut], ""),
+    ),
     Route(
         "GET",
         "/v1/rules",
@@ -774,6 +783,7 @@ class Api:
                     ranks=sorted(j.ranks),
                     last_step=j.last_step,
                     ranks_by_node={n: sorted(r.rank for r in ranks) for n, ranks in j.ranks_by_node.items()},
+                    allocations=dict(sorted(j.allocations.items())),
                 )
                 for j in sorted(self.coordinator.state.jobs.values(), key=lambda j: j.id)
             ]

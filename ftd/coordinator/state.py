@@ -60,16 +60,27 @@ class ClusterState:
         return changed
 
     def apply_presence(self, node: str, job: str, presence: JobPresence | None) -> None:
+        """A node's retained presence of ``job``: its registered ranks and, from the scheduler's
+        Prolog, its allocation there (a job without the client has only that)."""
         record = self.jobs.get(job)
-        if presence is None or not presence.ranks:
+        allocation = presence.allocation if presence is not None else None
+        if presence is None or (not presence.ranks and allocation is None):
             if record is not None:
                 record.ranks_by_node.pop(node, None)
-                if not record.ranks_by_node:
+                record.allocations.pop(node, None)
+                if not record.ranks_by_node and not record.allocations:
                     del self.jobs[job]
             return
         if record is None:
             record = self.jobs[job] = JobRecord(job)
-        record.ranks_by_node[node] = list(presence.ranks)
+        if presence.ranks:
+            record.ranks_by_node[node] = list(presence.ranks)
+        else:
+            record.ranks_by_node.pop(node, None)
+        if allocation is not None:
+            record.allocations[node] = allocation
+        else:
+            record.allocations.pop(node, None)
         self._node(node)
 
     def mark_drained(self, node: str, reason: str, drained: bool = True) -> None:
@@ -122,7 +133,7 @@ class ClusterState:
         return self.nodes.get(name)
 
     def jobs_on_node(self, node: str) -> list[str]:
-        return sorted(j.id for j in self.jobs.values() if j.ranks_by_node.get(node))
+        return sorted(j.id for j in self.jobs.values() if j.ranks_by_node.get(node) or node in j.allocations)
 
     def job_nodes(self, job: str) -> list[str]:
         record = self.jobs.get(job)

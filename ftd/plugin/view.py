@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ftd.events import Event, RankInfo
+from ftd.events import Event, JobAllocation, RankInfo
 
 HISTORY_LIMIT = 256
 
@@ -130,12 +130,17 @@ def fault_of(event: Event) -> FaultRecord:
 
 @dataclass
 class JobRecord:
+    """A job and where it runs: ``ranks_by_node`` (trainer ranks registered with the agents) and
+    ``allocations`` (nodes whose scheduler hook, Slurm's Prolog, reported the job: a job without the
+    client has these only). ``nodes`` is both; ``ranks`` only the registered ranks."""
+
     id: str
     ranks_by_node: dict[str, list[RankInfo]] = field(default_factory=dict)
+    allocations: dict[str, JobAllocation] = field(default_factory=dict)
 
     @property
     def nodes(self) -> list[str]:
-        return sorted(n for n, ranks in self.ranks_by_node.items() if ranks)
+        return sorted({n for n, ranks in self.ranks_by_node.items() if ranks} | set(self.allocations))
 
     @property
     def ranks(self) -> set[int]:

@@ -181,6 +181,7 @@ async def test_nodes_jobs_gpus(env: Env) -> None:
             "ranks": [0, 1],
             "last_step": 7,
             "ranks_by_node": {"node-1": [0, 1]},
+            "allocations": {},
         }
     ]
     assert await (await env.client.get("/v1/gpus")).json() == []

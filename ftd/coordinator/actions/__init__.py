@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from ftd.config import Config
+from ftd.config.schema import SlurmConfig
 from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
 from ftd.coordinator.actions.diagnostics import CollectDiagnostics
@@ -25,6 +26,7 @@ from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.notify import Notify
 from ftd.coordinator.actions.scheduler import Scheduler
+from ftd.coordinator.actions.slurm_signal import SlurmSignalFallback
 from ftd.coordinator.state import ClusterState
 from ftd.plugin.actions import ActionKind
 from ftd.plugin.hookspecs import Executor, hookimpl
@@ -52,6 +54,8 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         stop_deadline_s=cfg.stop_deadline_s,
         save_step_margin=cfg.save_step_margin,
     )
+    if ctx.scheduler is not None and ctx.scheduler.name == "slurm" and cfg.slurm.clientless.enabled:
+        checkpoint_restart.clientless = clientless_fallback(cfg.slurm)
     executors: dict[str, Executor] = {
         ActionKind.CHECKPOINT_RESTART: checkpoint_restart,
         ActionKind.CHECKPOINT: checkpoint_restart,  # save only: the executor skips stop and requeue
@@ -74,6 +78,22 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)
         executors[ActionKind.RESUME_NODE] = ResumeNode(ctx.scheduler, ctx.state)
     return executors
+
+
+def clientless_fallback(slurm: SlurmConfig) -> SlurmSignalFallback:
+    """checkpoint_restart's way to move a Slurm job that has no rank registered (no ftd.client)."""
+    cl = slurm.clientless
+    return SlurmSignalFallback(
+        slurm_conf=slurm.slurm_conf,
+        scancel=cl.scancel,
+        scontrol=slurm.scontrol,
+        signal=cl.signal,
+        mode=cl.mode,
+        partition_modes={p.name: p.mode for p in cl.partitions},
+        grace_s=cl.grace_s,
+        poll_s=cl.poll_s,
+        timeout_s=slurm.timeout_s,
+    )
 
 
 class BuiltinExecutors:

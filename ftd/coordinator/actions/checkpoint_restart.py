@@ -39,6 +39,7 @@ from ftd.bus import topics
 from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions._directive import Publish, publish_with_retry
 from ftd.coordinator.actions.scheduler import Scheduler
+from ftd.coordinator.actions.slurm_signal import ClientlessFallback
 from ftd.coordinator.plan import merge_state
 from ftd.coordinator.state import ClusterState
 from ftd.events import Directive, DirectiveAction, RankInfo, encode
@@ -86,6 +87,9 @@ class CheckpointRestart:
         self.save_deadline_s = save_deadline_s
         self.stop_deadline_s = stop_deadline_s
         self.save_step_margin = save_step_margin
+        # A job with no rank registered (no ftd.client): the scheduler's own signal convention
+        # (:mod:`ftd.coordinator.actions.slurm_signal`); None: nothing to save, requeue only.
+        self.clientless: ClientlessFallback | None = None
 
     async def _send(
         self,
@@ -142,6 +146,9 @@ class CheckpointRestart:
         stop = bool(record.request.params.get("stop", record.request.kind != ActionKind.CHECKPOINT))
         detail["stop"] = stop
         if not ranks:
+            if self.clientless is not None:
+                detail.update(await self.clientless.save_and_stop(job, stop=stop))
+                return detail
             detail["note"] = "no ranks of this job are registered with any agent: nothing to save"
             return detail
 
@@ -207,7 +214,8 @@ class CheckpointRestart:
     async def _wait_job_gone(self, job: str) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.stop_deadline_s
-        while job in self._state.jobs:
+        # The ranks gone (the Prolog's allocation of the job may stay until the job itself ends).
+        while (left := self._state.jobs.get(job)) is not None and left.ranks:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.05)

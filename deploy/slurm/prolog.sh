@@ -1,0 +1,20 @@
+#!/bin/sh
+# Slurm Prolog (slurm.conf: Prolog=/etc/ftd/slurm/prolog.sh, PrologFlags=Alloc): tell the node's ftd
+# agent that a job starts here, so the coordinator knows it even when it does not use ftd.client.
+# Budget: FTD_HOOK_TIMEOUT seconds (default 2) to reach the agent. Never fails the job because ftd is
+# down: a warning on stderr (slurmd's log) and exit 0 -- unless FTD_PROLOG_GATE=1 (then an agent that
+# cannot be told fails the Prolog: Slurm drains the node and requeues the job).
+# Settings: /etc/default/ftd-slurm (FTD_BIN, FTD_SOCKET, FTD_HOOK_TIMEOUT, FTD_PROLOG_GATE).
+[ -r "${FTD_SLURM_DEFAULTS:-/etc/default/ftd-slurm}" ] && . "${FTD_SLURM_DEFAULTS:-/etc/default/ftd-slurm}"
+FTD_BIN=${FTD_BIN:-/usr/local/bin/ftd}
+T=${FTD_HOOK_TIMEOUT:-2}
+if [ ! -x "$FTD_BIN" ]; then
+    echo "ftd prolog: WARNING: $FTD_BIN not found; job ${SLURM_JOB_ID:-?} not reported" >&2
+    [ "${FTD_PROLOG_GATE:-0}" = 1 ] && exit 1
+    exit 0
+fi
+# `timeout` bounds even a hung interpreter start (the command itself waits at most $T for the agent).
+timeout -k 1 $((T + 3)) "$FTD_BIN" slurm prolog --timeout "$T" $([ "${FTD_PROLOG_GATE:-0}" = 1 ] && echo --gate)
+rc=$?
+[ "${FTD_PROLOG_GATE:-0}" = 1 ] && exit $rc
+exit 0

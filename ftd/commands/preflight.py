@@ -1,0 +1,56 @@
+"""``ftd preflight [--config PATH] [--skip CHECK] [--json]``: is this node fit for work?
+
+What: runs the node checks of :mod:`ftd.preflight` (GPU count and UUIDs against the inventory, NVML
+health, ECC and row remapping, a device memory allocation and small compute with torch, ``dcgmi diag
+-r 1`` with DCGM, a single-node NCCL all-reduce, the site's own commands) and exits 0 when none
+failed, else 1 with one line ``preflight failed: CHECK: reason``. A check whose tool or GPU is
+absent is skipped with the reason (``-v`` lists every check). Usable as a Slurm Prolog gate (a
+failing Prolog drains the node) and run by the agent for the coordinator's return to service.
+
+``--config`` reads the agent's configuration (``agent.nvml.expected_gpus``, ``agent.state_dir`` for
+the inventory, ``agent.preflight``); without it the defaults apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("preflight", help="node checks before (re)entering service; exit 1 with a reason")
+    p.add_argument("--config", default=None, help="agent config file (expected GPUs, state_dir, checks)")
+    p.add_argument("--skip", action="append", default=[], metavar="CHECK", help="a check not to run")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every check's result")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ftd.config import AgentConfig
+    from ftd.preflight.runner import CHECKS, run_preflight
+
+    unknown = sorted(set(args.skip) - set(CHECKS))
+    if unknown:
+        print(f"preflight: unknown check(s) {', '.join(unknown)}; checks: {', '.join(CHECKS)}")
+        return 2
+    if args.config:
+        from ftd.config import ConfigError, load_config
+
+        try:
+            cfg = load_config(args.config).agent
+        except ConfigError as exc:
+            print(f"preflight: {args.config}: {exc}")
+            return 2
+    else:
+        cfg = AgentConfig()
+    report = run_preflight(cfg, skip=set(args.skip))
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        if args.verbose:
+            for check in report.checks:
+                print(f"{check.name:15} {check.status:5} {check.reason}".rstrip())
+        print(f"preflight {'passed' if report.ok else 'failed'}: {report.reason}")
+    return 0 if report.ok else 1

@@ -1,0 +1,300 @@
+"""``ftd slurm prolog`` / ``ftd slurm epilog``: Slurm's Prolog and Epilog tell the node's agent about jobs.
+
+What: slurmd runs the Prolog (as root) when a job starts on the node and the Epilog when it ends
+there (``deploy/slurm/``). The Prolog sends ``job_start`` (job id, user, uid, GPUs from
+``SLURM_JOB_GPUS`` or ``CUDA_VISIBLE_DEVICES``, tasks on this node, partition) over the agent's
+local socket; the Epilog looks for the job's processes still alive (the "Kill task failed" case:
+every process whose environment carries the job's ``SLURM_JOB_ID``, and among them those
+``nvidia-smi`` lists as holding a GPU) and sends ``job_end`` with them. The agent publishes the job's
+presence with its allocation, so the coordinator knows every job and where it runs even when no
+trainer registers, and reports leftovers as a ``job_leftover`` event (see :mod:`ftd.agent.jobs`).
+
+How they fail: both must be fast and must never hold up or fail a job because ftd is down. Each
+waits at most ``--timeout`` seconds (default 2) for the agent, then prints a warning on stderr (it
+ends up in slurmd's log) and exits 0. ``--gate`` makes an unreachable agent fail the Prolog (exit 1:
+Slurm then drains the node and requeues the job) for sites that want no job to start unwatched.
+
+Imports the standard library and :mod:`ftd.client.protocol` only: it starts in a few tens of ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ftd.client import protocol
+
+DEFAULT_TIMEOUT_S = 2.0
+_TASKS_RE = re.compile(r"^(\d+)")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("slurm", help="Slurm hooks: prolog and epilog (deploy/slurm)")
+    hooks = p.add_subparsers(dest="hook", metavar="HOOK", required=True)
+    for name, text in (
+        ("prolog", "tell the local agent a job started here (Slurm Prolog)"),
+        ("epilog", "tell the local agent a job ended here, with its leftover processes (Slurm Epilog)"),
+    ):
+        h = hooks.add_parser(name, help=text)
+        h.add_argument(
+            "--socket", default=None, help="agent socket (default: $FTD_SOCKET or /run/ftd/agent.sock)"
+        )
+        h.add_argument(
+            "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for the agent"
+        )
+        if name == "prolog":
+            h.add_argument(
+                "--gate",
+                action="store_true",
+                help="exit 1 when the agent cannot be told (Slurm drains the node)",
+            )
+        else:
+            h.add_argument(
+                "--nvidia-smi",
+                default=os.environ.get("FTD_NVIDIA_SMI", "nvidia-smi"),
+                help="nvidia-smi to ask which processes hold a GPU (skipped when absent)",
+            )
+        h.set_defaults(handler=run)
+
+
+def warn(message: str) -> None:
+    print(f"ftd slurm hook: WARNING: {message}", file=sys.stderr)
+
+
+# --- what Slurm tells the hooks -------------------------------------------------------------------
+
+
+def gpus_from_env(env: Mapping[str, str]) -> list[str]:
+    """The job's GPUs on this node: ``SLURM_JOB_GPUS`` (Prolog/Epilog), else ``CUDA_VISIBLE_DEVICES``."""
+    for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS"):
+        value = env.get(name, "").strip()
+        if value and value.lower() not in ("nodevfiles", "none"):
+            return [g.strip() for g in value.split(",") if g.strip()]
+    return []
+
+
+def tasks_from_env(env: Mapping[str, str]) -> int | None:
+    """Tasks of the job on this node when Slurm says (``SLURM_NTASKS_PER_NODE``, the first count of
+    ``SLURM_TASKS_PER_NODE`` such as ``2(x3)``); None when it does not (the Prolog often does not)."""
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        match = _TASKS_RE.match(env.get(name, ""))
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def job_start_message(env: Mapping[str, str]) -> dict[str, Any] | None:
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job:
+        return None
+    uid_text = env.get("SLURM_JOB_UID", "")
+    return protocol.job_start(
+        job,
+        user=env.get("SLURM_JOB_USER", ""),
+        uid=int(uid_text) if uid_text.isdigit() else None,
+        gpus=gpus_from_env(env),
+        tasks=tasks_from_env(env),
+        partition=env.get("SLURM_JOB_PARTITION", ""),
+    )
+
+
+# --- leftover processes (Epilog) ------------------------------------------------------------------
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _ppid(proc: Path, pid: int) -> int | None:
+    stat = _read(proc / str(pid) / "stat")
+    if stat is None:
+        return None
+    text = stat.decode(errors="replace")
+    rest = text[text.rfind(")") + 1 :].split()
+    try:
+        return int(rest[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def job_processes(job: str, *, proc_root: str = "/proc", me: int | None = None) -> list[dict[str, Any]]:
+    """Processes still carrying ``SLURM_JOB_ID=job`` in their environment, except this hook itself
+    (its ancestors and descendants: slurmd gives the Epilog the job's environment) and slurmstepd."""
+    proc = Path(proc_root)
+    me = os.getpid() if me is None else me
+    parents: dict[int, int | None] = {}
+    candidates: list[int] = []
+    needle = f"SLURM_JOB_ID={job}".encode()
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        parents[pid] = _ppid(proc, pid)
+        environ = _read(proc / name / "environ")
+        if environ and needle in environ.split(b"\0"):
+            candidates.append(pid)
+    mine = {me}
+    walker: int | None = me
+    while walker is not None and walker > 1 and len(mine) < 256:  # my ancestors (slurmd's chain)
+        walker = parents.get(walker) if walker in parents else _ppid(proc, walker)
+        if walker is not None:
+            mine.add(walker)
+
+    def descends_from_me(pid: int) -> bool:
+        seen = 0
+        current: int | None = pid
+        while current is not None and current > 1 and seen < 256:
+            if current == me:
+                return True
+            current = parents.get(current)
+            seen += 1
+        return False
+
+    found = []
+    for pid in sorted(candidates):
+        if pid in mine or descends_from_me(pid):
+            continue
+        comm = (_read(proc / str(pid) / "comm") or b"").decode(errors="replace").strip()
+        cmdline = _read(proc / str(pid) / "cmdline") or b""
+        if cmdline.startswith(b"slurmstepd"):
+            continue
+        try:
+            uid = (proc / str(pid)).stat().st_uid
+        except OSError:
+            continue  # gone meanwhile
+        found.append({"pid": pid, "name": comm[:256], "uid": uid})
+    return found
+
+
+def gpu_pids(nvidia_smi: str, timeout: float) -> dict[int, str]:
+    """pid -> GPU UUID of every compute process ``nvidia-smi`` lists ({} without it or on failure)."""
+    binary = shutil.which(nvidia_smi)
+    if binary is None:
+        return {}
+    try:
+        out = subprocess.run(
+            [binary, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        warn(f"{nvidia_smi} failed: {exc}")
+        return {}
+    held: dict[int, str] = {}
+    for line in out.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0].isdigit():
+            held[int(parts[0])] = parts[1]
+    return held
+
+
+def leftovers(job: str, nvidia_smi: str, timeout: float, proc_root: str = "/proc") -> list[dict[str, Any]]:
+    procs = job_processes(job, proc_root=proc_root)
+    if not procs:
+        return []
+    held = gpu_pids(nvidia_smi, timeout)
+    for p in procs:
+        p["gpu"] = held.get(p["pid"])
+    return procs
+
+
+# --- talking to the agent -------------------------------------------------------------------------
+
+
+def ask(socket_path: str, message: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    """Send one hook message and read the one-line answer; raises OSError/TimeoutError/ValueError."""
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(socket_path)
+        sock.sendall(protocol.encode(message))
+        buf = b""
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no answer from the agent within {timeout:g} s")
+            sock.settimeout(left)
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the agent closed the connection without an answer")
+            buf += chunk
+            if len(buf) > 4 * protocol.MAX_LINE:
+                raise ValueError("answer too long")
+    reply = protocol.decode(buf.split(b"\n", 1)[0])
+    if reply is None:
+        raise ValueError("the agent's answer is not a JSON object")
+    return reply
+
+
+def socket_path_of(args: argparse.Namespace) -> str:
+    return str(args.socket or os.environ.get(protocol.SOCKET_ENV) or protocol.DEFAULT_SOCKET)
+
+
+def tell(socket_path: str, message: Mapping[str, Any], timeout: float) -> str | None:
+    """Send ``message``; None when the agent said ok, else why not."""
+    try:
+        reply = ask(socket_path, message, timeout)
+    except (OSError, TimeoutError, ValueError) as exc:
+        return f"agent not reachable at {socket_path}: {exc}"
+    if reply.get("op") != protocol.OK:
+        return f"agent refused {message.get('op')}: {reply.get('error', reply)}"
+    return None
+
+
+def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    env = os.environ if env is None else env
+    path = socket_path_of(args)
+    if args.hook == "prolog":
+        message = job_start_message(env)
+        if message is None:
+            warn("no SLURM_JOB_ID in the environment: not run by slurmd? nothing reported")
+            return 0
+        problem = tell(path, message, args.timeout)
+        if problem is not None:
+            warn(f"job {message['job']}: {problem}" + (" (gate: failing the prolog)" if args.gate else ""))
+            return 1 if args.gate else 0
+        return 0
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job:
+        warn("no SLURM_JOB_ID in the environment: not run by slurmd? nothing reported")
+        return 0
+    left = leftovers(job, args.nvidia_smi, min(args.timeout, 2.0))
+    if left:
+        warn(f"job {job} left {len(left)} process(es) running: " + ", ".join(_describe(left)))
+    problem = tell(path, protocol.job_end(job, left), args.timeout)
+    if problem is not None:
+        warn(f"job {job}: {problem}")
+    return 0
+
+
+def _describe(procs: Iterable[Mapping[str, Any]]) -> list[str]:
+    return [f"{p['pid']} ({p['name']}{', GPU ' + str(p['gpu']) if p.get('gpu') else ''})" for p in procs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ftd.commands.slurm_hooks prolog|epilog`` (without the rest of the CLI)."""
+    parser = argparse.ArgumentParser(prog="ftd")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["slurm", *(sys.argv[1:] if argv is None else argv)])
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Run the preflight checks in order and give one verdict with a one-line reason.
+
+:func:`run_preflight` is what ``ftd preflight`` and the agent's ``preflight`` node directive call
+(the coordinator's return to service: :mod:`ftd.coordinator.actions.return_to_service`). The first
+failing check decides the reason (``"gpu_inventory: 7 GPUs found, 8 expected"``); skipped checks
+are listed with why. NVML comes from the backend passed in (the agent's, a fake in tests) or, when
+none is, the real one; no NVML is a skip, never a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftd.agent.watchers.nvml.backend import NvmlBackend, NvmlError
+from ftd.config import AgentConfig
+from ftd.preflight import checks
+from ftd.preflight.checks import FAIL, CheckResult
+
+CHECKS = (
+    "gpu_inventory",
+    "nvml_health",
+    "ecc_remap",
+    "gpu_compute",
+    "dcgm_diag",
+    "nccl_allreduce",
+    "commands",
+)
+
+
+@dataclass(frozen=True)
+class Report:
+    ok: bool
+    reason: str
+    checks: list[CheckResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "reason": self.reason, "checks": [c.to_dict() for c in self.checks]}
+
+
+def _open_backend(cfg: AgentConfig, backend: NvmlBackend | None) -> tuple[NvmlBackend | None, bool]:
+    """(backend, opened here); None when NVML is off or not there."""
+    if backend is not None:
+        return backend, False
+    if not cfg.nvml.enabled:
+        return None, False
+    from ftd.agent.watchers.nvml.real import RealNvml
+
+    real = RealNvml()
+    try:
+        real.init()
+    except NvmlError:
+        return None, False
+    return real, True
+
+
+def run_preflight(
+    cfg: AgentConfig, backend: NvmlBackend | None = None, *, skip: Collection[str] = ()
+) -> Report:
+    """Every check not in ``skip``, in :data:`CHECKS` order; ``ok`` when none failed."""
+    pf = cfg.preflight
+    nvml, opened = _open_backend(cfg, backend)
+    inventory = Path(cfg.state_dir) / "gpu-inventory.json"
+    results: list[CheckResult] = []
+    try:
+        if "gpu_inventory" not in skip:
+            result, gpus = checks.gpu_inventory(nvml, cfg.nvml.expected_gpus, inventory)
+            results.append(result)
+        else:
+            gpus = []
+        for name in CHECKS[1:]:
+            if name in skip:
+                continue
+            if name == "nvml_health":
+                results.append(checks.nvml_health(nvml, gpus))
+            elif name == "ecc_remap":
+                results.append(checks.ecc_remap(nvml, gpus))
+            elif name == "gpu_compute":
+                results.append(
+                    checks.gpu_compute() if pf.gpu_compute else CheckResult(name, "skip", "turned off")
+                )
+            elif name == "dcgm_diag":
+                results.append(
+                    checks.dcgm_diag(timeout_s=pf.dcgm_timeout_s)
+                    if pf.dcgm
+                    else CheckResult(name, "skip", "turned off")
+                )
+            elif name == "nccl_allreduce":
+                results.append(
+                    checks.nccl_allreduce(pf.nccl_timeout_s)
+                    if pf.nccl
+                    else CheckResult(name, "skip", "turned off")
+                )
+            else:
+                results.append(checks.commands(pf.commands, pf.command_timeout_s))
+    finally:
+        if opened and nvml is not None:
+            nvml.shutdown()
+    failed = [r for r in results if r.status == FAIL]
+    if failed:
+        return Report(False, f"{failed[0].name}: {failed[0].reason}", results)
+    if gpus:
+        with contextlib.suppress(OSError):
+            checks.record_inventory(inventory, gpus)
+    ran = sum(1 for r in results if r.status != "skip")
+    return Report(True, f"{ran} check(s) passed, {len(results) - ran} skipped", results)
+
+
+__all__ = ["CHECKS", "Report", "run_preflight"]
