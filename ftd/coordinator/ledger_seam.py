@@ -25,8 +25,11 @@ if TYPE_CHECKING:
     from ftd.plugin.actions import ActionRecord
 
 
-class LedgerFenced(Exception):
-    """A write by a coordinator whose lease epoch is no longer the current one (or has expired)."""
+class LedgerFenced(OSError):
+    """A write by a coordinator whose lease epoch is no longer the current one (or has expired).
+
+    An ``OSError`` so the coordinator treats it as it treats a storage error: the bus message in hand
+    is left unacknowledged (the next leader gets it), nothing is receipted."""
 
     def __init__(self, epoch: int | None, current: int | None, holder: str | None) -> None:
         super().__init__(f"write with lease epoch {epoch} refused: the current epoch is {current} ({holder})")
