@@ -4,12 +4,12 @@ What: :func:`check_relations` returns a :class:`~ftd.config.errors.Problem` for 
 
 - exclusive or dependent options: ``bus.password`` vs ``bus.password_file``, a user name needs a
   password and a password a user name, ``bus.ca_file`` needs ``bus.tls``, ``coordinator.notify``'s
-  ``webhook_url`` vs ``url_file``;
+  ``webhook_url`` vs ``url_file``, ``coordinator.ha.ledger = "postgresql"`` needs ``ha.dsn``;
 - orderings: ``bus.reconnect_min_s <= reconnect_max_s``; per ``agent.fs.mounts`` entry
   ``warn_pct < critical_pct`` and ``agent.fs.hysteresis_pct < warn_pct`` (or a warning never
   clears); ``agent.memory.available_critical_pct < available_warn_pct``;
   ``agent.nvml.temperature_hysteresis_c < temperature_c``; ``agent.heartbeat.check_interval_s <
-  timeout_s``;
+  timeout_s``; ``coordinator.ha.renew_interval_s < lease_ttl_s``;
 - windows that must hold enough samples: ``agent.fs.forecast_window_s`` ``forecast_min_samples`` samples
   (and ``forecast_min_span_s``) taken every
   ``interval_s`` (the fill-rate fit's minimum), ``agent.memory.leak_window_s``
@@ -40,6 +40,7 @@ from ftd.config.schema import (
     BusConfig,
     FsConfig,
     FsMount,
+    HaConfig,
     HeartbeatConfig,
     MemoryConfig,
     NvmlConfig,
@@ -143,6 +144,9 @@ def _credentials(data: Mapping[Any, Any]) -> Iterator[Problem | None]:
         yield Problem(f"bus.{key}", "a password needs bus.username (MQTT sends none without a user name)")
     if given("ca_file") and bus.get("tls") is not True:
         yield Problem("bus.ca_file", "is set but bus.tls is not true; set tls = true or remove it")
+    ha = _table(data, "coordinator", "ha")
+    if ha.get("ledger") == "postgresql" and ha.get("dsn") is None:
+        yield Problem("coordinator.ha.dsn", "ledger = postgresql needs the database's connection string")
 
 
 #: Pairs of options of one table that must be ordered: (table, its defaults, the lower option, the
@@ -156,6 +160,14 @@ _ORDERS: tuple[tuple[str, msgspec.Struct, str, str, bool, str], ...] = (
         "temperature_c",
         True,
         " (a hot GPU would never count as cool again)",
+    ),
+    (
+        "coordinator.ha",
+        HaConfig(),
+        "renew_interval_s",
+        "lease_ttl_s",
+        True,
+        " (the lease would lapse between two renewals)",
     ),
     (
         "agent.heartbeat",

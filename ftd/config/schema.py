@@ -590,6 +590,50 @@ class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     ] = 60.0
 
 
+HA_LEDGERS = ("sqlite", "postgresql")
+
+
+class HaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Active/standby coordinators (``ftd.coordinator.ha``): a leader lease with a fencing epoch in a
+    PostgreSQL ledger they share. With ``ledger = "sqlite"`` (the default) there is one coordinator
+    and ``ledger_path`` is its ledger."""
+
+    ledger: Annotated[
+        str,
+        _doc(
+            "Ledger backend: sqlite (one coordinator, coordinator.ledger_path) or postgresql (any "
+            "number of coordinators on coordinator.ha.dsn, one active at a time).",
+            extra={"choices": HA_LEDGERS},
+        ),
+    ] = "sqlite"
+    dsn: Annotated[
+        NonEmptyStr | None,
+        _doc(
+            "libpq connection string of the shared PostgreSQL ledger (ledger = postgresql), e.g. "
+            "'host=db.example port=5432 dbname=ftd user=ftd'; the password is best left to "
+            "~/.pgpass or PGPASSWORD."
+        ),
+    ] = None
+    lease_ttl_s: Annotated[
+        PositiveSeconds,
+        _doc("A leader that has not renewed its lease for this long is replaced by a standby."),
+    ] = 5.0
+    renew_interval_s: Annotated[
+        PositiveSeconds, _doc("How often the leader renews its lease (less than lease_ttl_s).")
+    ] = 1.0
+    poll_interval_s: Annotated[
+        PositiveSeconds, _doc("How often a standby tries to take an expired lease.")
+    ] = 0.2
+    identity: Annotated[
+        NonEmptyStr | None,
+        _doc("This coordinator's name in the lease (shown as the leader); unset: {hostname}-{pid}."),
+    ] = None
+    statement_timeout_s: Annotated[
+        PositiveSeconds,
+        _doc("Longest wait for one ledger statement; a slower database counts as unavailable."),
+    ] = 2.0
+
+
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The cluster coordinator (``ftd coordinator``)."""
 
@@ -674,6 +718,9 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     placement: Annotated[
         PlacementConfig, _doc("Which node may speak for which job (checked with the scheduler).")
     ] = msgspec.field(default_factory=PlacementConfig)
+    ha: Annotated[
+        HaConfig, _doc("Active/standby coordinators on a shared PostgreSQL ledger (leader lease).")
+    ] = msgspec.field(default_factory=HaConfig)
 
 
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -440,6 +440,7 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
 CROSS_FIELD_KEYS = {
     "bus": {"username", "password", "password_file", "ca_file", "reconnect_min_s", "reconnect_max_s"},
     "coordinator.notify": {"url_file"},
+    "coordinator.ha": {"ledger", "dsn", "lease_ttl_s", "renew_interval_s"},
     "coordinator.policy": {"domain_budgets"},
     "agent.nvml": {"temperature_c", "temperature_hysteresis_c"},
     "agent.heartbeat": {"timeout_s", "check_interval_s"},
