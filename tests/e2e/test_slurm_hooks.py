@@ -106,14 +106,14 @@ def hooked(hooked_cluster: Hooked) -> Iterator[Hooked]:
 
 @contextlib.contextmanager
 def hooked_stack(
-    hooked: Hooked, mosquitto: Mosquitto, tmp_path: Path, **kw: Any
+    hooked: Hooked, mosquitto: Mosquitto, tmp_path: Path, coordinator_extra: str = "", **kw: Any
 ) -> Iterator[tuple[Stack, int]]:
     port = free_port()
     with make_stack(
         hooked.slurm,
         mosquitto,
         tmp_path,
-        coordinator_extra=f"\n[coordinator.api]\nport = {port}\n",
+        coordinator_extra=f"\n[coordinator.api]\nport = {port}\n{coordinator_extra}",
         **kw,
     ) as stack:
         stack.agent.wait_log("local_api_listening")
