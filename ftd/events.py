@@ -92,7 +92,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     count: int = 1  # >1 when storm control collapsed identical events into this one
 
 
-DirectiveAction = Literal["save", "stop", "resume", "gpu_reset", "collect_diagnostics"]
+DirectiveAction = Literal["save", "stop", "resume", "gpu_reset", "collect_diagnostics", "preflight"]
 
 
 class Directive(msgspec.Struct, frozen=True, kw_only=True):

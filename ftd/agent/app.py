@@ -65,6 +65,7 @@ from ftd.bus.base import Bus, LastWill, Message
 from ftd.client import protocol
 from ftd.config import AgentConfig
 from ftd.events import (
+    NODE_RANK,
     Ack,
     CoordinatorStatus,
     DecodeError,
@@ -166,6 +167,7 @@ class Agent:
         self.watchers.extend(watchers or ())
         self.gpu_resetter = GpuResetter(self.node, runner=gpu_runner)
         self._nvml_backend = nvml_backend  # preflight asks the same NVML the watcher does
+        self._preflight_answers: dict[str, tuple[bool, str]] = {}  # directive id -> (ok, reason)
         self.bad_messages = 0
         self.events_emitted = 0
         self.watcher_restarts: dict[str, int] = {}
@@ -405,6 +407,10 @@ class Agent:
             )
             self._side.add(task)
             task.add_done_callback(self._side.discard)
+        elif directive.action == "preflight":
+            task = asyncio.create_task(self._preflight(directive), name=f"preflight:{directive.id}")
+            self._side.add(task)
+            task.add_done_callback(self._side.discard)
         else:
             log.warning("node_directive_not_supported", action=directive.action, directive_id=directive.id)
 
@@ -412,6 +418,43 @@ class Agent:
         result = await self.gpu_resetter.reset(directive)
         event, ack = self.gpu_resetter.report(directive, result)
         await self.emit(event)
+        self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
+
+    async def _preflight(self, directive: Directive) -> None:
+        """The coordinator's return to service asks: run the preflight checks, answer with the verdict
+        (an Ack, rank NODE_RANK) and record it (a ``gpu_health`` event, ``signal = "preflight"``)."""
+        answer = self._preflight_answers.get(directive.id)
+        if answer is None:  # a re-delivered directive gets the first verdict, not a second run
+            report = await self._preflight_now()
+            answer = self._preflight_answers[directive.id] = (bool(report["ok"]), str(report["reason"]))
+            while len(self._preflight_answers) > 256:
+                self._preflight_answers.pop(next(iter(self._preflight_answers)))
+            await self.emit(
+                make_event(
+                    self.node,
+                    Kind.GPU_HEALTH,
+                    severity=Severity.INFO if answer[0] else Severity.ERROR,
+                    source="preflight",
+                    data={
+                        "signal": "preflight",
+                        "result": "passed" if answer[0] else "failed",
+                        "reason": answer[1],
+                        "directive_id": directive.id,
+                        "action_id": directive.action_id,
+                    },
+                )
+            )
+        ok, reason = answer
+        log.info("preflight_answered", directive_id=directive.id, ok=ok, reason=reason)
+        ack = Ack(
+            directive_id=directive.id,
+            job=directive.job or "",
+            rank=NODE_RANK,
+            node=self.node,
+            ok=ok,
+            reason=reason,
+            ts=time.time(),
+        )
         self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
 
     async def _collect_diagnostics(self, directive: Directive) -> None:

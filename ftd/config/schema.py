@@ -634,6 +634,19 @@ class HaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ] = 2.0
 
 
+class ReturnToServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A node reset by an opted-in rule is drained, then resumed only after its preflight passes (a
+    failure drains it for RMA); ``ftd.coordinator.return_service``. Off while ``rules`` is empty."""
+
+    rules: Annotated[
+        list[NonEmptyStr],
+        _doc("Rules whose GPU resets take the node out of service until preflight passes; empty: off."),
+    ] = msgspec.field(default_factory=list)
+    preflight_deadline_s: Annotated[
+        PositiveSeconds, _doc("How long a node's agent gets to run its preflight checks and answer.")
+    ] = 900.0
+
+
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The cluster coordinator (``ftd coordinator``)."""
 
@@ -718,6 +731,9 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     placement: Annotated[
         PlacementConfig, _doc("Which node may speak for which job (checked with the scheduler).")
     ] = msgspec.field(default_factory=PlacementConfig)
+    return_to_service: Annotated[
+        ReturnToServiceConfig, _doc("Return to service after a GPU reset, gated on preflight (opt-in).")
+    ] = msgspec.field(default_factory=ReturnToServiceConfig)
     ha: Annotated[
         HaConfig, _doc("Active/standby coordinators on a shared PostgreSQL ledger (leader lease).")
     ] = msgspec.field(default_factory=HaConfig)

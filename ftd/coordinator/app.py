@@ -48,7 +48,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -75,6 +75,7 @@ from ftd.coordinator.placement import NeedPlacement, Placement
 from ftd.coordinator.plugins import collect_executors, describe_plugins, disabled_plugins, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.reconcile import Reconciler
+from ftd.coordinator.return_service import ReturnToService
 from ftd.coordinator.state import ClusterState
 from ftd.events import (
     MAX_PAYLOAD_BYTES,
@@ -95,6 +96,9 @@ from ftd.events import (
 )
 from ftd.logs import get_logger
 from ftd.sdnotify import notify, watchdog_interval_s
+
+if TYPE_CHECKING:
+    from ftd.coordinator.ha import HaStatus
 
 log = get_logger(__name__)
 
@@ -171,6 +175,7 @@ class Coordinator:
         self.state = ClusterState()
         self.acks = AckBook()
         self.ledger: LedgerStore = ledger or Ledger(cfg.ledger_path)
+        self.ha: HaStatus | None = None  # who leads, when run by ftd.coordinator.ha (PostgreSQL ledger)
         self.bad_messages = 0
         self.storage_errors = 0  # messages left unacknowledged because the ledger could not commit
         self.receipts_sent = 0
@@ -226,6 +231,11 @@ class Coordinator:
         )
         self.reconciler.restore()
         self.engine.observe(self.reconciler.observe)
+        if cfg.return_to_service.rules:  # opt-in per rule: reset -> preflight -> resume or RMA
+            self.return_to_service = ReturnToService(
+                self.engine.submit, rules=cfg.return_to_service.rules, state=self.state
+            )
+            self.engine.observe(self.return_to_service.observe)
         self.engine.startup(self)  # ftd_startup hooks, each on its own
         self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], bool]] = {
             "events": self._on_event,

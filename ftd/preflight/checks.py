@@ -50,20 +50,24 @@ class CheckResult:
         return asdict(self)
 
 
-def _gpus(backend: NvmlBackend) -> list[GpuIdentity]:
-    return [backend.identity(i) for i in range(backend.device_count())]
-
-
 def gpu_inventory(
     backend: NvmlBackend | None, expected: int | None, inventory_path: Path | None
 ) -> tuple[CheckResult, list[GpuIdentity]]:
     name = "gpu_inventory"
     if backend is None:
         return CheckResult(name, SKIP, "no NVML on this node"), []
+    gpus: list[GpuIdentity] = []
     try:
-        gpus = _gpus(backend)
+        count = backend.device_count()
     except NvmlError as exc:
         return CheckResult(name, FAIL, f"GPU inventory unreadable: {exc}"), []
+    for index in range(count):
+        try:
+            gpus.append(backend.identity(index))
+        except NvmlGpuLost as exc:
+            return CheckResult(name, FAIL, f"GPU {index} is lost: {exc}"), gpus
+        except NvmlError as exc:
+            return CheckResult(name, FAIL, f"GPU {index} unreadable: {exc}"), gpus
     if expected is not None and len(gpus) != expected:
         return CheckResult(name, FAIL, f"{len(gpus)} GPUs found, {expected} expected"), gpus
     if inventory_path is not None:
@@ -240,16 +244,17 @@ def commands(argvs: Sequence[str], timeout_s: float) -> CheckResult:
     name = "commands"
     if not argvs:
         return CheckResult(name, SKIP, "no agent.preflight.commands configured")
-    for line in argvs:
+    for number, line in enumerate(argvs, 1):
         try:
             done = subprocess.run(
                 line, shell=True, capture_output=True, text=True, timeout=timeout_s, env=dict(os.environ)
             )
         except subprocess.TimeoutExpired:
-            return CheckResult(name, FAIL, f"{line}: did not finish in {timeout_s:g} s")
+            return CheckResult(name, FAIL, f"command {number} did not finish in {timeout_s:g} s: {line[:80]}")
         if done.returncode != 0:
-            last = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
-            return CheckResult(name, FAIL, f"{line}: exit {done.returncode} {last[0][:160]}".rstrip())
+            # Its own last line says why (short: it ends up in Slurm's drain reason); else the command.
+            last = (done.stdout + done.stderr).strip().splitlines()[-1:] or [line[:80]]
+            return CheckResult(name, FAIL, f"command {number} exit {done.returncode}: {last[0][:160]}")
     return CheckResult(name, PASS, f"{len(argvs)} command(s)")
 
 

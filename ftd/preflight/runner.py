@@ -42,8 +42,13 @@ class Report:
 
 
 def _open_backend(cfg: AgentConfig, backend: NvmlBackend | None) -> tuple[NvmlBackend | None, bool]:
-    """(backend, opened here); None when NVML is off or not there."""
+    """(backend, opened here); None when NVML is off or not there. A backend handed in (the agent's
+    own) is initialised again (NVML counts its inits) and left open."""
     if backend is not None:
+        try:
+            backend.init()
+        except NvmlError:
+            return None, False
         return backend, False
     if not cfg.nvml.enabled:
         return None, False

@@ -136,6 +136,7 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.DRAIN_NODE,
         ActionKind.RESUME_NODE,
         ActionKind.NOTIFY,  # without a webhook it writes the log
+        "preflight",  # return to service (ftd.coordinator.return_service)
     }
     config = parse_config('[coordinator.notify]\nwebhook_url = "http://127.0.0.1:9/x"\n')
     ctx = ExecutorContext(
@@ -147,4 +148,5 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.GPU_RESET,
         ActionKind.COLLECT_DIAGNOSTICS,
         ActionKind.NOTIFY,
+        "preflight",
     }

@@ -27,6 +27,7 @@ from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.notify import Notify
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.slurm_signal import SlurmSignalFallback
+from ftd.coordinator.return_service import PREFLIGHT, Preflight
 from ftd.coordinator.state import ClusterState
 from ftd.plugin.actions import ActionKind
 from ftd.plugin.hookspecs import Executor, hookimpl
@@ -74,6 +75,10 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         ),
     }
     executors[ActionKind.NOTIFY] = Notify(cfg.notify, ctx.state)  # without a webhook: the log
+    # Return to service (ftd.coordinator.return_service): the node's agent runs its preflight checks.
+    executors[PREFLIGHT] = Preflight(
+        publish=ctx.publish, acks=ctx.acks, deadline_s=cfg.return_to_service.preflight_deadline_s
+    )
     if ctx.scheduler is not None:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)
         executors[ActionKind.RESUME_NODE] = ResumeNode(ctx.scheduler, ctx.state)

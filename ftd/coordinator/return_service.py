@@ -1,0 +1,246 @@
+"""Return to service: a node that was reset comes back only after its preflight passes (issue #12).
+
+Off by default; opted in per rule (``coordinator.return_to_service.rules``: the names of the rules
+whose GPU resets take the node out of service and back). For a ``gpu_reset`` decided by such a rule
+on node N, :class:`ReturnToService` (an :meth:`~ftd.coordinator.engine.Engine.observe` observer, so
+the engine and the reset executor stay as they are) does, each step an ordinary action through the
+policy gate and the ledger:
+
+1. ``drain_node`` N at once (reason ``ftd: return-to-service: GPU reset ...``): no new job lands on
+   the node while it is reset (the rule's plan still saves and moves the running job first);
+2. once the reset is done (``gpu_reset`` succeeded, or escalated to a reboot that cleared it) and
+   the drain finished: ``preflight`` on N (:class:`Preflight`: the agent runs :mod:`ftd.preflight`
+   on a ``preflight`` node directive and answers with the verdict);
+3. preflight passed -> ``resume_node`` N; failed (or no answer by the deadline) -> ``drain_node`` N
+   for RMA, the history in the reason (``ftd: RMA: preflight failed after GPU reset: <why>; history:
+   <the reset's reason>; ...``), with ``params.severity = critical`` so the drain cooldown of step 1
+   does not hold it back.
+
+A reset that did not work is left to the reset's own escalation (reboot, or drain for RMA): nothing
+comes back without a passing preflight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions._directive import Publish, ask_node
+from ftd.coordinator.state import ClusterState
+from ftd.events import Directive
+from ftd.logs import get_logger
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
+
+log = get_logger(__name__)
+
+PREFLIGHT = "preflight"
+RULE = "return_to_service"
+
+
+class Preflight:
+    """The ``preflight`` executor: ask the node's agent to run its preflight checks; succeeded when
+    they pass, escalated when they fail (the reason in ``detail``), failed on no answer."""
+
+    def __init__(self, *, publish: Publish, acks: AckBook, deadline_s: float) -> None:
+        self._publish = publish
+        self._acks = acks
+        self.deadline_s = deadline_s
+
+    async def __call__(self, record: ActionRecord) -> dict[str, Any]:
+        node = record.request.target
+        directive = Directive(
+            id=f"{record.id}-preflight",
+            ts=time.time(),
+            action="preflight",
+            node=node,
+            reason=record.request.reason,
+            deadline_s=self.deadline_s,
+            action_id=record.id,
+        )
+        ack = await ask_node(self._publish, self._acks, directive, self.deadline_s)
+        if ack is None:
+            return {
+                "state": str(ActionState.FAILED),
+                "preflight": f"no answer from {node}'s agent within {self.deadline_s:g} s",
+            }
+        if ack.ok:
+            return {"passed": True, "preflight": ack.reason}
+        return {"state": str(ActionState.ESCALATED), "passed": False, "preflight": ack.reason}
+
+
+@dataclass
+class _Node:
+    reset_id: str
+    reset_reason: str
+    rule: str
+    drain_id: str | None = None
+    drain_done: bool = False
+    reset_done: str | None = None  # "GPU reset" / "reboot" once the reset worked
+    preflight_id: str | None = None
+    history: list[str] = field(default_factory=list)
+
+
+class ReturnToService:
+    """The observer that sequences drain -> reset -> preflight -> resume or RMA (module docstring)."""
+
+    def __init__(
+        self,
+        submit: Callable[[ActionRequest], ActionRecord],
+        *,
+        rules: Collection[str],
+        state: ClusterState | None = None,
+    ) -> None:
+        self._submit = submit
+        self.rules = frozenset(rules)
+        self._state = state
+        self._nodes: dict[str, _Node] = {}
+
+    def observe(self, what: str, payload: Any) -> None:
+        if what != "action" or not isinstance(payload, ActionRecord):
+            return
+        record = payload
+        kind, node = record.request.kind, record.request.target
+        if kind == ActionKind.GPU_RESET and record.request.rule in self.rules:
+            self._reset(node, record)
+        elif kind == ActionKind.DRAIN_NODE and node in self._nodes:
+            track = self._nodes[node]
+            if record.id == track.drain_id and record.state.finished:
+                track.drain_done = True
+                self._maybe_preflight(node)
+        elif kind == PREFLIGHT and node in self._nodes and record.state.finished:
+            track = self._nodes[node]
+            if record.id == track.preflight_id:
+                self._verdict(node, track, record)
+
+    def _later(self, request: ActionRequest) -> None:
+        """Submit after the engine's current step (observers run inside it)."""
+
+        def go() -> None:
+            record = self._submit(request)
+            log.info(
+                "return_to_service_step",
+                kind=request.kind,
+                node=request.target,
+                action_id=record.id,
+                state=str(record.state),
+            )
+            self.observe("action", record)  # a suppressed step finishes at once
+
+        try:
+            asyncio.get_running_loop().call_soon(go)
+        except RuntimeError:  # no loop (a synchronous replay): at once
+            go()
+
+    def _reset(self, node: str, record: ActionRecord) -> None:
+        track = self._nodes.get(node)
+        if record.state in (ActionState.PENDING, ActionState.RUNNING):
+            if track is not None and track.reset_id == record.id:
+                return
+            track = self._nodes[node] = _Node(record.id, record.request.reason, record.request.rule)
+            track.history.append(record.request.reason)
+            drain = ActionRequest(
+                kind=ActionKind.DRAIN_NODE,
+                target=node,
+                reason=f"return-to-service: GPU reset ({record.request.reason}); back after preflight",
+                params={"severity": "warning", "return_to_service": record.id},
+                rule=RULE,
+            )
+            track.drain_id = f"pending:{record.id}"
+            self._later_drain(node, drain)
+            return
+        if track is None or track.reset_id != record.id or not record.state.finished:
+            return
+        if record.state == ActionState.SUCCEEDED:
+            track.reset_done = "GPU reset"
+        elif record.detail.get("reboot_cleared"):
+            track.reset_done = "reboot"
+        else:  # the reset's own escalation (reboot pending, drain for RMA) keeps the node out
+            log.info("return_to_service_abandoned", node=node, reset=record.id, state=str(record.state))
+            del self._nodes[node]
+            return
+        track.history.append(f"{track.reset_done} done")
+        self._maybe_preflight(node)
+
+    def _later_drain(self, node: str, request: ActionRequest) -> None:
+        def go() -> None:
+            record = self._submit(request)
+            track = self._nodes.get(node)
+            if track is None:
+                return
+            track.drain_id = record.id
+            log.info("return_to_service_drain", node=node, action_id=record.id, state=str(record.state))
+            if record.state.finished:  # suppressed by the gate (budget, dry run): go on without it
+                track.drain_done = True
+                self._maybe_preflight(node)
+
+        try:
+            asyncio.get_running_loop().call_soon(go)
+        except RuntimeError:
+            go()
+
+    def _maybe_preflight(self, node: str) -> None:
+        track = self._nodes.get(node)
+        if track is None or not track.drain_done or track.reset_done is None or track.preflight_id:
+            return
+        track.preflight_id = "pending"
+        request = ActionRequest(
+            kind=PREFLIGHT,
+            target=node,
+            reason=f"return to service after {track.reset_done}: {track.reset_reason}",
+            params={"after": track.reset_done, "reset_action": track.reset_id},
+            rule=RULE,
+        )
+
+        def go() -> None:
+            record = self._submit(request)
+            track.preflight_id = record.id
+            log.info("return_to_service_preflight", node=node, action_id=record.id, state=str(record.state))
+            if record.state.finished:
+                self._verdict(node, track, record)
+
+        try:
+            asyncio.get_running_loop().call_soon(go)
+        except RuntimeError:
+            go()
+
+    def _verdict(self, node: str, track: _Node, record: ActionRecord) -> None:
+        self._nodes.pop(node, None)
+        if record.state == ActionState.SUCCEEDED:
+            self._later(
+                ActionRequest(
+                    kind=ActionKind.RESUME_NODE,
+                    target=node,
+                    reason=f"preflight passed after {track.reset_done}",
+                    params={"return_to_service": track.reset_id},
+                    rule=RULE,
+                )
+            )
+            return
+        why = str(record.detail.get("preflight") or record.detail.get("error") or record.state)
+        history = "; ".join([*track.history, *self._faults(node)])
+        self._later(
+            ActionRequest(
+                kind=ActionKind.DRAIN_NODE,
+                target=node,
+                reason=f"RMA: preflight failed after {track.reset_done}: {why}; history: {history}",
+                params={"severity": "critical", "rma": True, "return_to_service": track.reset_id},
+                rule=RULE,
+            )
+        )
+
+    def _faults(self, node: str) -> list[str]:
+        if self._state is None:
+            return []
+        faults = list(self._state.node_history(node))[-3:]
+        out = []
+        for f in faults:
+            code = "" if f.code is None else f" {f.code}"
+            out.append(f"{f.kind}{code} at {time.strftime('%H:%M:%S', time.gmtime(f.ts))}")
+        return out
+
+
+__all__ = ["PREFLIGHT", "Preflight", "ReturnToService"]

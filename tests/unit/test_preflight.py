@@ -1,0 +1,111 @@
+"""``ftd preflight``: each check against the fake NVML (no GPU on this machine), the verdict's one-line
+reason, the inventory recorded by a first pass, skips with their reasons, and the command's exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ftd.agent.watchers.nvml.fake import FakeNvml
+from ftd.cli import main
+from ftd.config import AgentConfig, NvmlConfig
+from ftd.config.schema import PreflightConfig
+from ftd.preflight.checks import FAIL, PASS, SKIP
+from ftd.preflight.runner import CHECKS, run_preflight
+
+
+def config(tmp_path: Path, expected: int | None = None, commands: list[str] | None = None) -> AgentConfig:
+    return AgentConfig(
+        state_dir=str(tmp_path),
+        nvml=NvmlConfig(expected_gpus=expected),
+        preflight=PreflightConfig(commands=commands or []),
+    )
+
+
+def statuses(report: object) -> dict[str, str]:
+    return {c.name: c.status for c in report.checks}  # type: ignore[attr-defined]
+
+
+def test_a_healthy_node_passes_and_its_inventory_is_recorded(tmp_path: Path) -> None:
+    fake = FakeNvml(2)
+    report = run_preflight(config(tmp_path, expected=2), fake)
+    assert report.ok, report
+    got = statuses(report)
+    assert [got[n] for n in ("gpu_inventory", "nvml_health", "ecc_remap")] == [PASS, PASS, PASS]
+    # no torch GPU, no DCGM, no commands here: skipped with their reasons, never failed
+    assert got["gpu_compute"] == got["dcgm_diag"] == got["nccl_allreduce"] == got["commands"] == SKIP
+    assert json.loads((tmp_path / "gpu-inventory.json").read_text()) == sorted(g.uuid for g in fake.gpus)
+    assert report.reason == "3 check(s) passed, 4 skipped"
+
+
+@pytest.mark.parametrize(
+    ("break_it", "reason"),
+    [
+        (lambda f: f.vanish(1), "gpu_inventory: 1 GPUs found, 2 expected"),
+        (lambda f: setattr(f.gpus[1], "lost", True), "gpu_inventory: GPU 1 is lost: GPU is lost"),
+        (
+            lambda f: setattr(f.gpus[0], "retired_pending", True),
+            "nvml_health: GPU 0 (0000:18:00.0) has retired",
+        ),
+        (lambda f: f.gpus[0].bump_ecc("dbe", 2), "ecc_remap: GPU 0 (0000:18:00.0): 2 uncorrectable ECC"),
+        (
+            lambda f: setattr(f.gpus[1], "remap_pending", True),
+            "ecc_remap: GPU 1 (0000:28:00.0): row remap pending",
+        ),
+        (
+            lambda f: setattr(f.gpus[1], "remap_failure", True),
+            "ecc_remap: GPU 1 (0000:28:00.0): row remapping failed",
+        ),
+    ],
+)
+def test_each_fault_fails_with_a_one_line_reason(tmp_path: Path, break_it: object, reason: str) -> None:
+    fake = FakeNvml(2)
+    break_it(fake)  # type: ignore[operator]
+    report = run_preflight(config(tmp_path, expected=2), fake)
+    assert not report.ok
+    assert report.reason.startswith(reason), report.reason
+    assert "\n" not in report.reason
+
+
+def test_a_gpu_swapped_since_the_first_pass_is_named(tmp_path: Path) -> None:
+    fake = FakeNvml(2)
+    assert run_preflight(config(tmp_path), fake).ok
+    gone = fake.gpus[1].uuid
+    fake.gpus[1].uuid = "GPU-replacement"
+    report = run_preflight(config(tmp_path), fake)
+    assert report.reason == f"gpu_inventory: GPU(s) gone from the inventory: {gone}"
+
+
+def test_without_nvml_every_gpu_check_skips_and_site_commands_decide(tmp_path: Path) -> None:
+    cfg = AgentConfig(state_dir=str(tmp_path), nvml=NvmlConfig(enabled=False))
+    report = run_preflight(cfg)
+    assert report.ok and statuses(report)["gpu_inventory"] == SKIP
+    assert next(c for c in report.checks if c.name == "gpu_inventory").reason == "no NVML on this node"
+    failing = config(tmp_path, commands=["true", "echo checking; echo 'ib0 down' >&2; exit 3"])
+    report = run_preflight(AgentConfig(**{**_fields(failing), "nvml": NvmlConfig(enabled=False)}))
+    assert report.reason == "commands: command 2 exit 3: ib0 down"
+    assert statuses(report)["commands"] == FAIL
+
+
+def _fields(cfg: AgentConfig) -> dict[str, object]:
+    return {f: getattr(cfg, f) for f in cfg.__struct_fields__}
+
+
+def test_the_command_exits_non_zero_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "agent.toml"
+    conf.write_text(
+        f'[agent]\nstate_dir = "{tmp_path}"\n[agent.nvml]\nenabled = false\n'
+        '[agent.preflight]\ncommands = ["echo disk /scratch read-only; exit 1"]\n'
+    )
+    assert main(["preflight", "--config", str(conf)]) == 1
+    assert (
+        capsys.readouterr().out == "preflight failed: commands: command 1 exit 1: disk /scratch read-only\n"
+    )
+    assert main(["preflight", "--config", str(conf), "--skip", "commands", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is True and [c["name"] for c in data["checks"]] == [
+        n for n in CHECKS if n != "commands"
+    ]
+    assert main(["preflight", "--skip", "nope"]) == 2
