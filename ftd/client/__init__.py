@@ -71,6 +71,13 @@ Deadlines: a ``save`` directive carries ``deadline_s``. If it is still unanswere
 arrived (the rank is stuck, or its save is failing slowly), the I/O thread answers it with a nack
 ("save not completed within deadline") so the coordinator learns why instead of waiting for silence.
 
+Exit status (Kubernetes): a rank that leaves its loop because the coordinator sent ``stop`` should end
+with :meth:`Client.exit_status`: 0 on Slurm (ftd requeues the job itself), but on Kubernetes
+(``KUBERNETES_SERVICE_HOST`` is set in every pod) :data:`STOP_EXIT_CODE` (75, EX_TEMPFAIL; or
+``$FTD_STOP_EXIT_CODE``): a Job whose pods exit 0 is *Complete* and nothing recreates them, while a
+pod that fails with 75 is replaced (give the Job ``podFailurePolicy: onExitCodes [75] -> Ignore`` so
+the restart is not counted in ``backoffLimit``; ``deploy/kubernetes/training-job-example.yaml``).
+
 The wire protocol (newline-delimited JSON over a unix socket, version 1) is
 :mod:`ftd.client.protocol`; the agent's end is ``ftd/agent/local_api.py``.
 """
@@ -97,13 +104,15 @@ if TYPE_CHECKING:
     from types import TracebackType
     from typing import Any
 
-__all__ = ["DEFAULT_SOCKET", "PROTOCOL_VERSION", "Client", "DirectiveInfo"]
+__all__ = ["DEFAULT_SOCKET", "PROTOCOL_VERSION", "STOP_EXIT_CODE", "Client", "DirectiveInfo"]
 
 DEFAULT_JOB = "default"
 
 _log = logging.getLogger("ftd.client")
 _MAX_BUFFER = 1024 * 1024
 _MAX_SEEN = 4096
+STOP_EXIT_CODE = 75
+"""EX_TEMPFAIL: how a rank stopped by the coordinator exits on Kubernetes, so its pod is recreated."""
 _IO_TIMEOUT_S = 2.0
 _REGISTER_TIMEOUT_S = 5.0
 DEADLINE_REASON = "save not completed within deadline"
@@ -289,6 +298,21 @@ class Client:
         if self._poll_at is not None and time.monotonic() >= self._poll_at:
             self._poll_switches()
         return self._stop
+
+    def exit_status(self) -> int:
+        """What this rank should exit with once it left its loop (``sys.exit(client.exit_status())``).
+
+        0, unless a ``stop`` *directive* moved the job and only a failed process is restarted where it
+        runs: on Kubernetes (``KUBERNETES_SERVICE_HOST`` set) :data:`STOP_EXIT_CODE`, so the Job's
+        controller recreates the pod instead of calling the Job complete; ``$FTD_STOP_EXIT_CODE``
+        (an integer, 0 included) overrides it anywhere. A stop by SIGTERM, the kill switch or the
+        memory guard, or no stop at all, is 0."""
+        if not self._stops:
+            return 0
+        code = _env_int("FTD_STOP_EXIT_CODE")
+        if code is not None:
+            return code
+        return STOP_EXIT_CODE if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
 
     @property
     def save_directive_pending(self) -> bool:
