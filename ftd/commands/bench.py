@@ -19,6 +19,11 @@ BENCHES: dict[str, tuple[str, str, str]] = {
     "agent": ("ftd.bench.agent", "bench_agent", "<= 1% of a core, <= 60 MB RSS"),
     "coordinator": ("ftd.bench.coordinator", "bench_coordinator", ">= 5,000 events/s, p99 <= 250 ms, 0 lost"),
     "chaos": ("ftd.bench.chaos", "bench_chaos", "lost 0, actions done twice 0, in every kill scenario"),
+    "failover": (
+        "ftd.bench.failover",
+        "bench_failover",
+        "takeover <= lease TTL + 1 s, 0 lost, 0 done twice, 0 side effects by a fenced leader",
+    ),
     "fairness": ("ftd.bench.fairness", "bench_fairness", "other node's event->decision p99 <= 100 ms"),
     "sim": ("ftd.bench.sim", "bench_sim", "one simulated 54-day run at 16,384 GPUs < 60 s on one core"),
 }

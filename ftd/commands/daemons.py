@@ -115,6 +115,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         return 2
 
     async def main(ready: Ready) -> None:
+        from ftd.bus.base import Bus
         from ftd.bus.factory import make_mqtt_bus
         from ftd.coordinator.app import Coordinator, coordinator_will, make_scheduler
 
@@ -124,6 +125,16 @@ def _coordinator(args: argparse.Namespace) -> int:
                 from ftd.bus.embedded import EmbeddedBroker
 
                 broker = await EmbeddedBroker(config.bus.host, config.bus.port).start()
+            if config.coordinator.ha.ledger == "postgresql":  # active/standby (ftd.coordinator.ha)
+                from ftd.coordinator.ha import HaRunner
+
+                def ha_bus() -> Bus:
+                    return make_mqtt_bus(
+                        config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True
+                    )
+
+                await HaRunner(config, make_bus=ha_bus, scheduler=make_scheduler(config)).run(ready)
+                return
             bus = make_mqtt_bus(
                 config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True
             )

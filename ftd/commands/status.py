@@ -1,9 +1,10 @@
 """``ftd status [--url URL | --config PATH] [--json]``: the cluster as the coordinator sees it.
 
-What: reads the coordinator's HTTP API (``/healthz``, ``/v1/nodes``, ``/v1/jobs``, ``/v1/actions``)
-and prints three tables: nodes (online/offline, drained by ftd and why, jobs), jobs (nodes, ranks,
+What: reads the coordinator's HTTP API (``/healthz``, ``/v1/nodes``, ``/v1/jobs``, ``/v1/actions``,
+``/v1/ha``), prints who leads (active/standby: the leader, its lease epoch and the lease's age) and
+three tables: nodes (online/offline, drained by ftd and why, jobs), jobs (nodes, ranks,
 last step) and recent actions. ``--json`` prints one JSON object ``{"health", "nodes", "jobs",
-"actions"}`` instead. The URL is ``--url``, else ``http://{coordinator.api.host}:{port}`` from
+"actions", "ha"}`` instead. The URL is ``--url``, else ``http://{coordinator.api.host}:{port}`` from
 ``--config``, else ``http://127.0.0.1:8787``. Exit 0; 1 if the API cannot be reached or answers an
 error (the message says which URL and why).
 
@@ -90,6 +91,7 @@ def render(data: dict[str, Any], url: str) -> str:
     out = [
         f"coordinator {url}  version {health.get('version', '?')}  "
         f"bus {'connected' if health.get('bus_connected') else 'DISCONNECTED'}",
+        _ha_line(data.get("ha")),
         "",
         f"NODES ({len(nodes)}: {online} online, {drained} drained by ftd)",
         table(
@@ -142,6 +144,27 @@ def render(data: dict[str, Any], url: str) -> str:
     return "\n".join(out)
 
 
+def _ha(url: str, timeout: float) -> Any:
+    """``/v1/ha`` (who leads, the lease epoch and age); None from a coordinator without it (404)."""
+    try:
+        return fetch(f"{url}/v1/ha", timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def _ha_line(ha: dict[str, Any] | None) -> str:
+    if ha is None or ha.get("role") == "single":
+        return "single coordinator (sqlite ledger)"
+    age = ha.get("lease_age_s")
+    renewed = "?" if age is None else f"{age:.1f} s ago"
+    return (
+        f"leader {ha.get('leader') or 'NONE'}  epoch {ha.get('leader_epoch')}  lease renewed {renewed}  "
+        f"this coordinator: {ha.get('identity')} ({ha.get('role')})"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from ftd.config import ConfigError
 
@@ -157,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
             "nodes": fetch(f"{url}/v1/nodes", args.timeout),
             "jobs": fetch(f"{url}/v1/jobs", args.timeout),
             "actions": fetch(f"{url}/v1/actions?limit={limit}", args.timeout),
+            "ha": _ha(url, args.timeout),
         }
     except urllib.error.HTTPError as exc:
         print(f"ftd status: {exc.url}: HTTP {exc.code} {exc.reason}", file=sys.stderr)

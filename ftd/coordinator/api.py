@@ -328,6 +328,8 @@ class _Collector:
         yield GaugeMetricFamily(
             "ftd_jobs", "Jobs with ranks registered at an agent.", value=len(c.state.jobs)
         )
+        if c.ha is not None:  # active/standby (ftd.coordinator.ha): leader, epoch, lease age
+            yield from c.ha.metrics()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -370,6 +372,13 @@ ROUTES: tuple[Route, ...] = (
         extra=(404,),
     ),
     Route("GET", "/v1/nodes", "nodes", "Nodes, online/offline and drained.", ok=(200, list[NodeOut], "")),
+    Route(
+        "GET",
+        "/v1/ha",
+        "ha",
+        "Active/standby: this coordinator's role, the leader, the lease epoch and age (sqlite: single).",
+        ok=(200, dict[str, Any], ""),
+    ),
     Route(
         "GET",
         "/v1/gpus",
@@ -721,6 +730,12 @@ class Api:
             body=(WEB_DIR / name).read_bytes(),
             headers={"Content-Type": content_type, "Cache-Control": "no-cache"},
         )
+
+    async def ha(self, request: web.Request) -> web.Response:
+        ha = self.coordinator.ha
+        if ha is None:
+            return json_response({"role": "single", "ledger": "sqlite", "leader": None, "epoch": None})
+        return json_response({"ledger": "postgresql", **ha.as_dict()})
 
     async def nodes(self, request: web.Request) -> web.Response:
         state = self.coordinator.state

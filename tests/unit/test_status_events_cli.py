@@ -27,7 +27,9 @@ def test_status_prints_nodes_jobs_and_actions(capsys: pytest.CaptureFixture[str]
     job = next(line for line in lines if line.startswith("42 "))
     assert job.split() == ["42", "node-1", "2", "7", "yes", "-"]  # client: ranks registered; no Prolog user
     assert any("act-known" in line and "drain_node" in line and "succeeded" in line for line in lines)
-    assert set(data) == {"health", "nodes", "jobs", "actions"}
+    assert set(data) == {"health", "nodes", "jobs", "actions", "ha"}
+    assert data["ha"] == {"role": "single", "ledger": "sqlite", "leader": None, "epoch": None}
+    assert "single coordinator (sqlite ledger)" in text
     assert [n["name"] for n in data["nodes"]] == ["node-1", "node-2"]
 
 

@@ -1,0 +1,252 @@
+"""Active/standby coordinators (``coordinator.ha.ledger = "postgresql"``): wait, lead, step down.
+
+:class:`HaRunner` is what ``ftd coordinator`` runs with a PostgreSQL ledger. Every replica runs it:
+
+* **Standby**: the process is up (config checked, plugins importable, the database reachable), polls
+  the lease every ``poll_interval_s`` and serves a read-only status (:class:`HaStatus`, in the log and
+  through :meth:`HaStatus.as_dict`) -- but holds **no bus session**. All replicas share the
+  coordinator's persistent MQTT session (one client id): the broker queues what arrives while no one
+  leads and delivers it to whoever connects next, and a new leader's connection takes the session
+  over from a frozen old one (the broker drops the old connection). A standby with a session of its
+  own would steal it, or need one of its own whose queue no one drains.
+* **Takeover**: on winning the lease (epoch ``n``) it builds a fresh :class:`Coordinator` on the
+  shared ledger with its writes fenced to epoch ``n`` (:class:`~ftd.coordinator.ledger_pg.PgLedger`),
+  the bus, the scheduler and every executor guarded by the lease (:mod:`ftd.coordinator.lease`), and
+  runs it: the engine rebuilds its memory from the ledger, the coordinator handles the retained
+  status and presence and the queued messages, then resumes the unfinished actions and plans --
+  once: only the holder of the new epoch does it, and the old holder can no longer write.
+  Agents re-send every event not yet receipted when the new leader's ``online`` status arrives, so
+  no event is lost across the gap.
+* **Leading**: a task renews the lease every ``renew_interval_s``. A renewal that finds the term
+  over, or a local deadline passed without a successful renewal (the database unreachable, the
+  process frozen), ends the term: the coordinator is **stepped down** without a word to anyone --
+  its tasks cancelled, its bus stopped (no ``offline`` status: the new leader's ``online`` is the
+  truth), its ledger closed -- and the replica goes back to standby.
+* **Database down**: the leader cannot renew, so at its local deadline it steps down; no one can
+  take the lease while the database is down, so nothing acts (fail safe, never two active); agents
+  keep spooling events. When the database returns, one replica wins the lease and goes on.
+* **Clean stop** (SIGTERM): the leader closes its coordinator (``offline`` status) and releases the
+  lease, so a standby takes over at its next poll instead of after the TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from ftd.bus.base import Bus
+from ftd.config import Config
+from ftd.coordinator.actions.scheduler import Scheduler
+from ftd.coordinator.lease import FencedBus, FencedScheduler, Lease, guard_executors
+from ftd.coordinator.ledger_pg import PgLedger
+from ftd.coordinator.ledger_seam import LedgerUnavailable
+from ftd.logs import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class HaStatus:
+    """Who leads, as this replica knows it (``/metrics``, ``GET /v1/ha``, ``ftd status``)."""
+
+    identity: str
+    role: str = "standby"  # standby | leader
+    epoch: int | None = None  # this replica's term while it leads
+    leader: str | None = None  # the lease holder as last read
+    leader_epoch: int = 0
+    lease_age_s: float | None = None  # since the holder's last renewal
+    lease_expires_in_s: float | None = None
+    terms: int = 0  # terms this replica has led
+    takeovers: list[float] = field(default_factory=list)  # wall time each term began
+    database_ok: bool = True
+
+    def metrics(self) -> Iterator[Metric]:
+        """Prometheus gauges: leader (1 on the replica that leads), epoch, lease age."""
+        leader = GaugeMetricFamily(
+            "ftd_ha_leader", "1 while this coordinator holds the lease, else 0.", labels=["identity"]
+        )
+        leader.add_metric([self.identity], 1.0 if self.role == "leader" else 0.0)
+        yield leader
+        yield GaugeMetricFamily(
+            "ftd_ha_epoch", "The lease epoch (fencing token) as last read.", value=self.leader_epoch
+        )
+        yield GaugeMetricFamily(
+            "ftd_ha_lease_age_seconds",
+            "Seconds since the leader last renewed the lease (as last read).",
+            value=self.lease_age_s if self.lease_age_s is not None else float("nan"),
+        )
+        yield GaugeMetricFamily("ftd_ha_terms", "Terms this coordinator has led.", value=self.terms)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity,
+            "role": self.role,
+            "epoch": self.epoch,
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "lease_age_s": self.lease_age_s,
+            "lease_expires_in_s": self.lease_expires_in_s,
+            "terms": self.terms,
+            "database_ok": self.database_ok,
+        }
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class HaRunner:
+    """One replica: standby until it wins the lease, then the coordinator until it loses it."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        make_bus: Callable[[], Bus],
+        scheduler: Scheduler | None,
+        extra_plugins: tuple[object, ...] = (),
+        on_coordinator: Callable[[Any], None] | None = None,
+    ) -> None:
+        ha = config.coordinator.ha
+        if ha.ledger != "postgresql" or not ha.dsn:
+            raise ValueError("coordinator.ha: ledger = postgresql with a dsn is needed for active/standby")
+        self.config = config
+        self.dsn = ha.dsn
+        self.make_bus = make_bus
+        self.scheduler = scheduler
+        self.extra_plugins = extra_plugins
+        self.on_coordinator = on_coordinator  # called with each new leader's Coordinator (benches, tests)
+        self.lease = Lease(
+            ha.dsn,
+            ha.identity or default_identity(),
+            ttl_s=ha.lease_ttl_s,
+            renew_s=ha.renew_interval_s,
+            timeout_s=min(ha.statement_timeout_s, ha.lease_ttl_s / 5),
+        )
+        self.poll_s = ha.poll_interval_s
+        self.status = HaStatus(identity=self.lease.identity)
+        self.coordinator: Any = None
+
+    def _refresh(self) -> None:
+        try:
+            info = self.lease.info()
+        except LedgerUnavailable:
+            self.status.database_ok = False
+            return
+        self.status.database_ok = True
+        self.status.leader, self.status.leader_epoch = info.holder, info.epoch
+        self.status.lease_age_s, self.status.lease_expires_in_s = info.age_s, info.expires_in_s
+
+    async def run(self, ready: Callable[[], None] | None = None) -> None:
+        """Standby, lead, step down, standby ... until cancelled."""
+        if ready is not None:
+            ready()  # the replica is up; whether it leads is the lease's business
+        log.info("ha_standby", identity=self.lease.identity, ttl_s=self.lease.ttl_s)
+        try:
+            while True:
+                await self._wait_for_lease()
+                await self._lead()
+        finally:
+            self.lease.close()
+
+    async def _wait_for_lease(self) -> None:
+        last_report = 0.0
+        while True:
+            try:
+                if self.lease.try_acquire():
+                    return
+                self.status.database_ok = True
+            except LedgerUnavailable as exc:
+                if self.status.database_ok:
+                    log.warning("ha_database_unavailable", error=str(exc))
+                self.status.database_ok = False
+            if time.monotonic() - last_report > 10:
+                self._refresh()
+                last_report = time.monotonic()
+            await asyncio.sleep(self.poll_s)
+
+    async def _lead(self) -> None:
+        from ftd.coordinator.app import Coordinator
+
+        epoch = self.lease.check()
+        status = self.status
+        status.role, status.epoch, status.terms = "leader", epoch, status.terms + 1
+        status.leader, status.leader_epoch, status.database_ok = self.lease.identity, epoch, True
+        status.takeovers.append(time.time())
+        ha = self.config.coordinator.ha
+        ledger = PgLedger(self.dsn, timeout_s=ha.statement_timeout_s)
+        ledger.epoch = epoch
+        check = self.lease.check
+        bus = FencedBus(self.make_bus(), check)
+        scheduler = FencedScheduler(self.scheduler, check) if self.scheduler is not None else None
+        coordinator = Coordinator(
+            self.config, bus=bus, scheduler=scheduler, ledger=ledger, extra_plugins=self.extra_plugins
+        )
+        coordinator.engine.executors = guard_executors(coordinator.engine.executors, check)
+        coordinator.ha = status  # the API, /metrics and ftd status show who leads
+        self.coordinator = coordinator
+        if self.on_coordinator is not None:
+            self.on_coordinator(coordinator)
+        log.info("ha_leading", identity=self.lease.identity, epoch=epoch)
+        running = asyncio.create_task(coordinator.run(), name="coordinator")
+        keeper = asyncio.create_task(self._keep(), name="lease")
+        clean = False
+        try:
+            done, _ = await asyncio.wait({running, keeper}, return_when=asyncio.FIRST_COMPLETED)
+            if running in done:
+                running.result()  # a coordinator that ended by itself: its error, raised
+                clean = True
+        except asyncio.CancelledError:
+            clean = True  # a stop asked for (SIGTERM): close properly and hand the lease over
+            raise
+        finally:
+            keeper.cancel()
+            running.cancel()
+            await asyncio.gather(running, keeper, return_exceptions=True)
+            if clean and self.lease.held:
+                with contextlib.suppress(Exception):
+                    await coordinator.close()
+                self.lease.release()
+            else:
+                await self._step_down(coordinator)
+            status.role, status.epoch = "standby", None
+            self.coordinator = None
+
+    async def _keep(self) -> None:
+        """Renew until the term is over (returns then)."""
+        while True:
+            await asyncio.sleep(self.lease.renew_s)
+            try:
+                if not self.lease.renew():
+                    return
+                self._refresh()
+            except LedgerUnavailable as exc:
+                log.warning("lease_renew_failed", epoch=self.lease.epoch, error=str(exc))
+                if not self.lease.held:
+                    self.lease.epoch = None
+                    return
+
+    async def _step_down(self, coordinator: Any) -> None:
+        """End a lost term without acting: no status, no ledger write, no acknowledgement."""
+        log.warning("ha_stepping_down", identity=self.lease.identity, epoch=self.status.epoch)
+        self.lease.epoch = None  # every guard refuses from here on
+        api = getattr(coordinator, "api", None)
+        with contextlib.suppress(Exception):
+            if api is not None:
+                await api.stop()
+        with contextlib.suppress(Exception):
+            await coordinator.engine.close()
+        with contextlib.suppress(Exception):
+            await coordinator.placement.close()
+        with contextlib.suppress(Exception):
+            await coordinator.bus.stop()
+        with contextlib.suppress(Exception):
+            coordinator.ledger.close()
