@@ -397,6 +397,12 @@ class SlurmCluster:
 def start_postgres(workdir: Path) -> LocalPostgres:
     """A private PostgreSQL (``ftd.bench.postgres.LocalPostgres``); skipped when the package is
     missing, failed instead under ``FTD_REQUIRE_REAL=1``."""
+    require_postgres()
+    return LocalPostgres(workdir).start()
+
+
+def require_postgres() -> None:
+    """PostgreSQL's server tools and psycopg are installed (else skip; fail under FTD_REQUIRE_REAL=1)."""
     try:
         find_bindir()
     except PostgresMissing as exc:
@@ -410,4 +416,3 @@ def start_postgres(workdir: Path) -> LocalPostgres:
         if REQUIRE_REAL:
             pytest.fail(f"FTD_REQUIRE_REAL=1 and {msg}", pytrace=False)
         pytest.skip(msg)
-    return LocalPostgres(workdir).start()
