@@ -13,6 +13,11 @@ if [ ! -x "$FTD_BIN" ]; then
     [ "${FTD_PROLOG_GATE:-0}" = 1 ] && exit 1
     exit 0
 fi
+# FTD_PROLOG_PREFLIGHT=1: run `ftd preflight` first; a failing node fails the Prolog (Slurm drains it
+# and requeues the job). Its checks take time: keep the slow ones off in [agent.preflight].
+if [ "${FTD_PROLOG_PREFLIGHT:-0}" = 1 ]; then
+    "$FTD_BIN" preflight --config "${FTD_AGENT_CONFIG:-/etc/ftd/agent.toml}" >&2 || exit 1
+fi
 # `timeout` bounds even a hung interpreter start (the command itself waits at most $T for the agent).
 timeout -k 1 $((T + 3)) "$FTD_BIN" slurm prolog --timeout "$T" $([ "${FTD_PROLOG_GATE:-0}" = 1 ] && echo --gate)
 rc=$?
