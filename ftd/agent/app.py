@@ -50,6 +50,7 @@ from ftd.agent.diagnostics import collect_diagnostics
 from ftd.agent.gpu_reset import GpuResetter, Runner
 from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, SchedulerJobs, leftover_event
 from ftd.agent.local_api import LocalApi
+from ftd.agent.node_conditions import NodeConditionWriter
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.agent.storm import StormControl
 from ftd.agent.watchers.base import Watcher
@@ -152,6 +153,9 @@ class Agent:
         # conditions (what `ftd health` reports): ftd.agent.jobs, ftd.agent.conditions.
         self.scheduler_jobs = SchedulerJobs(state_dir / "jobs.json")
         self.conditions = ConditionBook(state_dir / "conditions.json")
+        self.node_conditions: NodeConditionWriter | None = None
+        if cfg.kubernetes.node_conditions:  # ftd's view as a Kubernetes node condition (NPD-style)
+            self.node_conditions = NodeConditionWriter(cfg.kubernetes, self.node, self.conditions)
         self.kmsg = KmsgWatcher(
             cfg.kmsg_path,
             self.node,
@@ -165,6 +169,8 @@ class Agent:
         self.watchers: list[Watcher] = [_Named("kmsg", self.kmsg), self.heartbeat]
         self.watchers.extend(self._configured_watchers(nvml_backend))
         self.watchers.extend(watchers or ())
+        if self.node_conditions is not None:
+            self.watchers.append(self.node_conditions)
         self.gpu_resetter = GpuResetter(self.node, runner=gpu_runner)
         self._nvml_backend = nvml_backend  # preflight asks the same NVML the watcher does
         self._preflight_answers: dict[str, tuple[bool, str]] = {}  # directive id -> (ok, reason)
@@ -254,7 +260,8 @@ class Agent:
 
     async def _publish_event(self, event: Event) -> None:
         """Storm control's downstream: spool and queue for the bus."""
-        self.conditions.observe(event)
+        if self.conditions.observe(event) and self.node_conditions is not None:
+            self.node_conditions.poke()
         self.outbox.put(
             Outgoing(
                 topics.node_event(self.node, event.kind),

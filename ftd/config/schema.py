@@ -278,6 +278,29 @@ class PreflightConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     command_timeout_s: Annotated[PositiveSeconds, _doc("Deadline for each of the commands.")] = 60.0
 
 
+class AgentKubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The node's ftd condition on its Kubernetes Node, like node-problem-detector's
+    (``ftd.agent.node_conditions``)."""
+
+    node_conditions: Annotated[
+        bool, _doc("Write ftd's view (active critical conditions) as a condition of this node's Node.")
+    ] = False
+    condition_type: Annotated[NonEmptyStr, _doc("The node condition's type.")] = "FtdProblem"
+    host: Annotated[
+        NonEmptyStr | None, _doc("API server URL; unset: in-cluster (KUBERNETES_SERVICE_HOST).")
+    ] = None
+    token_file: Annotated[NonEmptyStr, _doc("Bearer token, re-read on every write.")] = (
+        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )
+    ca_file: Annotated[NonEmptyStr | None, _doc("CA bundle of the API server; unset: system CAs.")] = (
+        "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    )
+    resync_s: Annotated[
+        PositiveSeconds, _doc("Write the condition at least this often (a heartbeat; at once on change).")
+    ] = 60.0
+    timeout_s: Annotated[PositiveSeconds, _doc("Deadline for one write.")] = 5.0
+
+
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The per-node agent (``ftd agent``)."""
 
@@ -336,6 +359,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     preflight: Annotated[PreflightConfig, _doc("Preflight checks (ftd preflight, return to service).")] = (
         msgspec.field(default_factory=PreflightConfig)
     )
+    kubernetes: Annotated[
+        AgentKubernetesConfig, _doc("Kubernetes node condition written by the agent (off by default).")
+    ] = msgspec.field(default_factory=AgentKubernetesConfig)
 
     def resolved_node(self) -> str:
         """``node``, or the short host name when unset (the name Slurm usually knows the node by)."""

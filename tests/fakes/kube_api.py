@@ -166,6 +166,7 @@ class FakeKubeApi:
         app.router.add_route("GET", "/api/v1/nodes", self._list_nodes)
         app.router.add_route("GET", "/api/v1/nodes/{name}", self._get_node)
         app.router.add_route("PATCH", "/api/v1/nodes/{name}", self._patch_node)
+        app.router.add_route("PATCH", "/api/v1/nodes/{name}/status", self._patch_node_status)
         app.router.add_route("GET", "/api/v1/pods", self._list_all_pods)
         app.router.add_route("GET", "/api/v1/namespaces/{ns}/pods", self._list_ns_pods)
         app.router.add_route("DELETE", "/api/v1/namespaces/{ns}/pods/{name}", self._delete_pod)
@@ -270,6 +271,33 @@ class FakeKubeApi:
         merged["metadata"]["resourceVersion"] = str(self._rv)
         self.nodes[name] = merged
         return web.json_response(merged)
+
+    async def _patch_node_status(self, request: web.Request) -> web.Response:
+        """The status subresource, as node-problem-detector writes it: a strategic merge patch whose
+        ``status.conditions`` merge into the node's by ``type`` (the kubelet's are kept)."""
+        name = request.match_info["name"]
+        if self.requests[-1].content_type != "application/strategic-merge-patch+json":
+            return _status(415, "UnsupportedMediaType", "status conditions need a strategic merge patch")
+        node = self.nodes.get(name)
+        if node is None:
+            return _status(404, "NotFound", f'nodes "{name}" not found')
+        patch = self._body(request)
+        if not isinstance(patch, dict) or set(patch) != {"status"} or set(patch["status"]) != {"conditions"}:
+            return _status(422, "Invalid", "only status.conditions may be patched here")
+        conditions = node.setdefault("status", {}).setdefault("conditions", [])
+        for cond in patch["status"]["conditions"]:
+            statuses = ("True", "False", "Unknown")
+            valid = isinstance(cond, dict) and cond.get("type") and cond.get("status") in statuses
+            if not valid:
+                return _status(422, "Invalid", f"bad condition {cond!r}")
+            old = next((c for c in conditions if c["type"] == cond["type"]), None)
+            if old is None:
+                conditions.append(dict(cond))
+            else:
+                old.update(cond)
+        self._rv += 1
+        node["metadata"]["resourceVersion"] = str(self._rv)
+        return web.json_response(node)
 
     # -- pods -------------------------------------------------------------------------------------
 

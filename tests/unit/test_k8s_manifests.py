@@ -142,11 +142,9 @@ def test_the_broker_acl_is_deploy_mosquittos() -> None:
     assert "use_identity_as_username true" in conf and "acl_file /mosquitto/config/acl" in conf
 
 
-def test_the_agent_runs_on_every_gpu_node_without_api_access() -> None:
+def test_the_agent_runs_on_every_gpu_node_and_may_only_write_its_node_condition() -> None:
     ds = by_kind("DaemonSet", "ftd-agent")
     pod = ds["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
-    assert by_kind("ServiceAccount", "ftd-agent")["automountServiceAccountToken"] is False
     assert pod["tolerations"] == [{"operator": "Exists"}]  # stays on nodes ftd cordoned and tainted
     assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
@@ -159,12 +157,17 @@ def test_the_agent_runs_on_every_gpu_node_without_api_access() -> None:
     text = by_kind("ConfigMap", "ftd-agent")["data"]["agent.toml"].replace("@NODE@", "gpu-a017")
     agent = parse_config(text).agent
     assert agent.node == "gpu-a017" and agent.socket_path == "/run/ftd/agent.sock"
-    # no ftd RBAC object names the agent
-    assert not [
-        d
+    assert agent.kubernetes.node_conditions is True
+    # its only API right: patch nodes/status (the FtdProblem condition), bound to its account only
+    assert _grants(by_kind("ClusterRole", "ftd-agent")["rules"]) == {("nodes/status", "patch")}
+    bound = [
+        d["roleRef"]["name"]
         for _, d in docs()
         if d["kind"].endswith("Binding") and any(s["name"] == "ftd-agent" for s in d["subjects"])
     ]
+    assert bound == ["ftd-agent"]
+    source = (REPO / "ftd" / "agent" / "node_conditions.py").read_text()
+    assert "/api/v1/nodes/{self.node}/status" in source and "session.patch" in source
 
 
 def test_the_training_job_is_recreated_when_ftd_stops_it() -> None:
