@@ -173,7 +173,12 @@ def coordinator_main(config_path: str, effects_path: str) -> int:
         return RecordingBus(bus, effects)
 
     async def main() -> None:
-        runner = HaRunner(config, make_bus=make_bus, scheduler=RecordingScheduler(effects))
+        def view_bus(client_id: str) -> Bus:
+            return make_mqtt_bus(config.bus, client_id=client_id, clean_session=True)
+
+        runner = HaRunner(
+            config, make_bus=make_bus, scheduler=RecordingScheduler(effects), make_view_bus=view_bus
+        )
         task = asyncio.create_task(runner.run())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -133,7 +133,13 @@ def _coordinator(args: argparse.Namespace) -> int:
                         config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True
                     )
 
-                await HaRunner(config, make_bus=ha_bus, scheduler=make_scheduler(config)).run(ready)
+                def view_bus(client_id: str) -> Bus:  # the standby's clean session (retained state)
+                    return make_mqtt_bus(config.bus, client_id=client_id, clean_session=True)
+
+                runner = HaRunner(
+                    config, make_bus=ha_bus, scheduler=make_scheduler(config), make_view_bus=view_bus
+                )
+                await runner.run(ready)
                 return
             bus = make_mqtt_bus(
                 config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True

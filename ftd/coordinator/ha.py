@@ -25,6 +25,8 @@
 * **Database down**: the leader cannot renew, so at its local deadline it steps down; no one can
   take the lease while the database is down, so nothing acts (fail safe, never two active); agents
   keep spooling events. When the database returns, one replica wins the lease and goes on.
+* **The coordinator fails** (an error out of its run, such as the database going away during a
+  start-up read): stepped down as above, the term released when still held, back to standby.
 * **Clean stop** (SIGTERM): the leader closes its coordinator (``offline`` status) and releases the
   lease, so a standby takes over at its next poll instead of after the TTL.
 """
@@ -42,7 +44,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ftd.bus.base import Bus
+from ftd.bus.base import Bus, Message
 from ftd.config import Config
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.lease import FencedBus, FencedScheduler, Lease, guard_executors
@@ -99,6 +101,48 @@ class HaStatus:
         }
 
 
+class RetainedView:
+    """What a standby keeps warm: the retained node status and job presence, from a bus session of its
+    own (clean, a client id of its own: it never touches the coordinator's persistent session).
+
+    Why: the new leader's persistent session delivers the messages queued while no one led *before*
+    the broker re-sends the retained status and presence on its new subscriptions; decided without
+    them, an Xid on a job's node would find no job there. The leader replays this snapshot through
+    its handlers before it starts (:meth:`Coordinator.handle`, placement checks included)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.retained: dict[str, Message] = {}  # topic -> its last retained message
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        from ftd.bus import topics
+
+        for pattern in (topics.ALL_NODE_STATUS, topics.ALL_NODE_JOBS):
+            await self.bus.subscribe(pattern)
+        await self.bus.start()
+        self._task = asyncio.create_task(self._pump(), name="standby-retained")
+
+    async def _pump(self) -> None:
+        async for message in self.bus.messages():
+            if not message.payload:
+                self.retained.pop(message.topic, None)
+            else:
+                self.retained[message.topic] = message
+
+    def snapshot(self) -> list[Message]:
+        """Node status first (presence may name nodes), then presence."""
+        messages = list(self.retained.values())
+        return sorted(messages, key=lambda m: (not m.topic.endswith("/status"), m.topic))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.bus.stop()
+
+
 def default_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -114,7 +158,11 @@ class HaRunner:
         scheduler: Scheduler | None,
         extra_plugins: tuple[object, ...] = (),
         on_coordinator: Callable[[Any], None] | None = None,
+        make_view_bus: Callable[[str], Bus] | None = None,
     ) -> None:
+        """``make_bus`` makes the coordinator's bus (its persistent session) for each term;
+        ``make_view_bus(client_id)`` the standby's clean session for the :class:`RetainedView`
+        (None: no warm view; the leader then waits for the retained messages like a restart)."""
         ha = config.coordinator.ha
         if ha.ledger != "postgresql" or not ha.dsn:
             raise ValueError("coordinator.ha: ledger = postgresql with a dsn is needed for active/standby")
@@ -134,6 +182,8 @@ class HaRunner:
         self.poll_s = ha.poll_interval_s
         self.status = HaStatus(identity=self.lease.identity)
         self.coordinator: Any = None
+        view_bus = make_view_bus(f"ftd-standby-{self.lease.identity}") if make_view_bus else None
+        self.view = RetainedView(view_bus) if view_bus is not None else None
 
     def _refresh(self) -> None:
         try:
@@ -150,11 +200,15 @@ class HaRunner:
         if ready is not None:
             ready()  # the replica is up; whether it leads is the lease's business
         log.info("ha_standby", identity=self.lease.identity, ttl_s=self.lease.ttl_s)
+        if self.view is not None:
+            await self.view.start()
         try:
             while True:
                 await self._wait_for_lease()
                 await self._lead()
         finally:
+            if self.view is not None:
+                await self.view.stop()
             self.lease.close()
 
     async def _wait_for_lease(self) -> None:
@@ -196,14 +250,23 @@ class HaRunner:
         if self.on_coordinator is not None:
             self.on_coordinator(coordinator)
         log.info("ha_leading", identity=self.lease.identity, epoch=epoch)
-        running = asyncio.create_task(coordinator.run(), name="coordinator")
+        running = asyncio.create_task(self._run(coordinator), name="coordinator")
         keeper = asyncio.create_task(self._keep(), name="lease")
-        clean = False
+        clean = failed = False
         try:
             done, _ = await asyncio.wait({running, keeper}, return_when=asyncio.FIRST_COMPLETED)
             if running in done:
-                running.result()  # a coordinator that ended by itself: its error, raised
-                clean = True
+                error = running.exception()
+                if error is None:
+                    clean = True
+                else:  # e.g. the database went away under a start-up read: hand over, stand by
+                    failed = True
+                    log.error(
+                        "ha_coordinator_failed",
+                        identity=self.lease.identity,
+                        epoch=epoch,
+                        error=f"{type(error).__name__}: {error}",
+                    )
         except asyncio.CancelledError:
             clean = True  # a stop asked for (SIGTERM): close properly and hand the lease over
             raise
@@ -216,9 +279,26 @@ class HaRunner:
                     await coordinator.close()
                 self.lease.release()
             else:
+                held = failed and self.lease.held
                 await self._step_down(coordinator)
+                if held:  # the term is still ours: end it, so another replica need not wait the TTL
+                    self.lease.epoch = epoch
+                    self.lease.release()
             status.role, status.epoch = "standby", None
             self.coordinator = None
+        if failed:
+            await asyncio.sleep(self.poll_s)
+
+    async def _run(self, coordinator: Any) -> None:
+        """The warm view's retained status and presence first, then the coordinator itself."""
+        if self.view is not None:
+            snapshot = self.view.snapshot()
+            if snapshot:
+                await coordinator.placement.warm()
+                for message in snapshot:
+                    await coordinator.handle(message)
+                log.info("ha_state_warmed", messages=len(snapshot), jobs=len(coordinator.state.jobs))
+        await coordinator.run()
 
     async def _keep(self) -> None:
         """Renew until the term is over (returns then)."""
