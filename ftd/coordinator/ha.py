@@ -51,6 +51,7 @@ from ftd.coordinator.lease import FencedBus, FencedScheduler, Lease, guard_execu
 from ftd.coordinator.ledger_pg import PgLedger
 from ftd.coordinator.ledger_seam import LedgerUnavailable
 from ftd.logs import get_logger
+from ftd.sdnotify import notify, watchdog_interval_s
 
 log = get_logger(__name__)
 
@@ -199,6 +200,8 @@ class HaRunner:
         """Standby, lead, step down, standby ... until cancelled."""
         if ready is not None:
             ready()  # the replica is up; whether it leads is the lease's business
+        notify("READY=1")  # systemd (Type=notify): a standby is a started service too
+        watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
         log.info("ha_standby", identity=self.lease.identity, ttl_s=self.lease.ttl_s)
         if self.view is not None:
             await self.view.start()
@@ -207,9 +210,19 @@ class HaRunner:
                 await self._wait_for_lease()
                 await self._lead()
         finally:
+            watchdog.cancel()
             if self.view is not None:
                 await self.view.stop()
             self.lease.close()
+
+    async def _watchdog(self) -> None:
+        """WATCHDOG=1 while standing by as while leading (the coordinator pings too, harmlessly)."""
+        interval = watchdog_interval_s()
+        if interval is None:
+            return
+        while True:
+            notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
 
     async def _wait_for_lease(self) -> None:
         last_report = 0.0
