@@ -50,6 +50,7 @@ from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.lease import FencedBus, FencedScheduler, Lease, guard_executors
 from ftd.coordinator.ledger_pg import PgLedger
 from ftd.coordinator.ledger_seam import LedgerUnavailable
+from ftd.coordinator.standby_api import StandbyApi
 from ftd.logs import get_logger
 from ftd.sdnotify import notify, watchdog_interval_s
 
@@ -185,6 +186,12 @@ class HaRunner:
         self.coordinator: Any = None
         view_bus = make_view_bus(f"ftd-standby-{self.lease.identity}") if make_view_bus else None
         self.view = RetainedView(view_bus) if view_bus is not None else None
+        self.api: StandbyApi | None = None
+        if config.coordinator.api.enabled:
+            dsn, timeout = ha.dsn, ha.statement_timeout_s
+            self.api = StandbyApi(
+                config.coordinator.api, self.status, lambda: PgLedger(dsn, timeout_s=timeout)
+            )
 
     def _refresh(self) -> None:
         try:
@@ -207,9 +214,15 @@ class HaRunner:
             await self.view.start()
         try:
             while True:
+                if self.api is not None:
+                    await self.api.start()
                 await self._wait_for_lease()
+                if self.api is not None:
+                    await self.api.stop()  # the leader's full API takes the port
                 await self._lead()
         finally:
+            if self.api is not None:
+                await self.api.stop()
             watchdog.cancel()
             if self.view is not None:
                 await self.view.stop()
@@ -235,7 +248,7 @@ class HaRunner:
                 if self.status.database_ok:
                     log.warning("ha_database_unavailable", error=str(exc))
                 self.status.database_ok = False
-            if time.monotonic() - last_report > 10:
+            if time.monotonic() - last_report > 1:
                 self._refresh()
                 last_report = time.monotonic()
             await asyncio.sleep(self.poll_s)

@@ -1,6 +1,7 @@
 """A standby replica (ftd.coordinator.ha.HaRunner while another holds the lease): it tells systemd it
-is ready and keeps pinging the watchdog, never opens the coordinator's bus session, and reports who
-leads. Real PostgreSQL; systemd's notify socket is a datagram socket of the test."""
+is ready and keeps pinging the watchdog, never opens the coordinator's bus session, and serves the
+read-only standby API (who leads, the shared ledger; everything else 503). Real PostgreSQL;
+systemd's notify socket is a datagram socket of the test."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import asyncio
 import socket
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from ftd import __version__
 from ftd.bench.failover import _config
 from ftd.bus.base import Bus
 from ftd.config import load_config
 from ftd.coordinator.ha import HaRunner
 from ftd.coordinator.lease import Lease
-from tests.realparts import start_postgres
+from ftd.coordinator.ledger_pg import PgLedger
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
+from tests.realparts import free_port, start_postgres
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,7 +34,15 @@ async def test_standby_is_ready_pings_the_watchdog_and_holds_no_bus_session(
         assert leader.try_acquire()
         config_path = tmp_path / "coordinator.toml"
         _config(config_path, "coord-b", 1, pg.dsn)  # bus port 1: it must never be used
+        port = free_port()
+        text = config_path.read_text().replace("enabled = false", f'host = "127.0.0.1"\nport = {port}')
+        config_path.write_text(text)
         config = load_config(config_path)
+        ledger = PgLedger(pg.dsn)
+        ledger.epoch = leader.epoch
+        req = ActionRequest(kind="drain_node", target="node-7", reason="xid 79", rule="xid")
+        ledger.save_action(ActionRecord(id="act-7", request=req, state=ActionState.SUCCEEDED))
+        ledger.close()
         sock_path = str(tmp_path / "notify.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         listener.bind(sock_path)
@@ -53,6 +66,20 @@ async def test_standby_is_ready_pings_the_watchdog_and_holds_no_bus_session(
                 except BlockingIOError:
                     break
         runner._refresh()
+        base = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as resp:
+                health = await resp.json()
+            async with http.get(f"{base}/v1/ha") as resp:
+                ha = await resp.json()
+            async with http.get(f"{base}/v1/actions?limit=5") as resp:
+                actions = await resp.json()
+            async with http.get(f"{base}/metrics") as resp:
+                metrics = await resp.text()
+            async with http.post(f"{base}/v1/nodes/node-7/drain", json={"reason": "x"}) as resp:
+                refused = (resp.status, (await resp.json())["leader"])
+            async with http.get(f"{base}/v1/actions?limit=0") as resp:
+                bad_limit = resp.status
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         listener.close()
@@ -61,7 +88,14 @@ async def test_standby_is_ready_pings_the_watchdog_and_holds_no_bus_session(
         assert buses == []
         assert runner.status.role == "standby"
         assert (runner.status.leader, runner.status.leader_epoch) == ("coord-a", 1)
-        assert runner.status.as_dict()["role"] == "standby"
+        assert health == {"status": "standby", "version": __version__, "leader": "coord-a", "epoch": 1}
+        assert (ha["role"], ha["leader"], ha["leader_epoch"]) == ("standby", "coord-a", 1)
+        assert ha["identity"] == "coord-b"
+        assert [(a["id"], a["state"], a["target"]) for a in actions] == [("act-7", "succeeded", "node-7")]
+        assert 'ftd_ha_leader{identity="coord-b"} 0.0' in metrics
+        assert "ftd_ha_epoch 1.0" in metrics
+        assert refused == (503, "coord-a")
+        assert bad_limit == 400
         leader.close()
     finally:
         pg.remove()
