@@ -51,6 +51,10 @@ async def test_a_job_not_running_is_not_signalled_and_a_failing_scancel_escalate
         "clientless": {"job_state": "PENDING", "signalled": False}
     }
     assert "scancel" not in log.read_text()
+    (tmp_path / "done").mkdir()
+    scontrol, scancel, _ = fakes(tmp_path / "done", state="COMPLETED", partition="p")
+    finished = await SlurmSignalFallback(scontrol=scontrol, scancel=scancel).save_and_stop("5", stop=True)
+    assert finished == {"clientless": {"job_state": "COMPLETED", "signalled": False, "finished": True}}
     assert "note" in await fallback.save_and_stop("5", stop=False)  # a save-only checkpoint: nothing
     (tmp_path / "x").mkdir()
     scontrol, scancel, _ = fakes(tmp_path / "x", state="RUNNING", partition="p", scancel_rc=1)

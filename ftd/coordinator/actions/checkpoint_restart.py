@@ -197,6 +197,11 @@ class CheckpointRestart:
         """Requeue with the bad nodes excluded (nothing for a save-only ``checkpoint``)."""
         if not record.detail.get("stop", True):
             return {}
+        clientless = record.detail.get("clientless")
+        if isinstance(clientless, dict) and clientless.get("finished"):
+            # A job without the client that had already completed (exit 0) when asked: nothing to move
+            # (requeueing it would run a finished job again).
+            return {"requeued": None, "note": f"job already {clientless.get('job_state')}: not requeued"}
         job = record.request.target
         exclude = list(record.request.params.get("exclude") or [])
         if self._scheduler is None:

@@ -10,6 +10,9 @@ PyTorch Lightning's SLURM environment) asks the job to checkpoint and requeue it
 ``grace_s`` for the job to leave the RUNNING state (requeued itself: PENDING with one more restart;
 or ended). The executor's requeue phase then requeues it with the bad node excluded (a job that
 requeued itself only gets the exclusion; see :class:`~ftd.coordinator.actions.scheduler.Scheduler`).
+A job already COMPLETED when asked (it ended well by itself) is not signalled and not requeued
+(``detail["clientless"]["finished"]``): requeueing would run a finished job again; a job that
+already FAILED is requeued without the node (it may have failed because of it).
 
 A job still running after the grace period ignored the signal: the action is *escalated* (detail
 ``signal_ignored``) and the requeue phase requeues it anyway (``scontrol requeue`` kills it: what a
@@ -123,7 +126,10 @@ class SlurmSignalFallback:
             return {"clientless": {"error": str(exc)[:500]}, "state": str(ActionState.ESCALATED)}
         state = info.get("JobState", "")
         if state not in _RUNNING:
-            return {"clientless": {"job_state": state or "unknown", "signalled": False}}
+            ended: dict[str, Any] = {"job_state": state or "unknown", "signalled": False}
+            if state == "COMPLETED":  # it ended well by itself: the requeue phase leaves it alone
+                ended["finished"] = True
+            return {"clientless": ended}
         mode = self.mode_for(info.get("Partition", ""))
         restarts = _int(info.get("Restarts"))
         argv = (self.scancel, f"--signal={self.signal}", f"--{mode}", job)
