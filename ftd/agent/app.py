@@ -48,7 +48,15 @@ from ftd import __version__
 from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
 from ftd.agent.diagnostics import collect_diagnostics
 from ftd.agent.gpu_reset import GpuResetter, Runner
-from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, SchedulerJobs, leftover_event
+from ftd.agent.jobs import (
+    ENDED_JOBS_DIR,
+    ConditionsMsg,
+    HookMsg,
+    JobEndMsg,
+    JobStartMsg,
+    SchedulerJobs,
+    leftover_event,
+)
 from ftd.agent.local_api import LocalApi
 from ftd.agent.node_conditions import NodeConditionWriter
 from ftd.agent.spool import Outbox, Outgoing
@@ -328,6 +336,12 @@ class Agent:
             }
         return await self._preflight_now()
 
+    async def _ended_while_away(self) -> None:
+        """End the jobs whose Epilog could not reach us (files in ``state_dir/ended-jobs``)."""
+        for job in self.scheduler_jobs.ended_while_away(Path(self.cfg.state_dir) / ENDED_JOBS_DIR):
+            log.info("job_ended_while_away", job=job)
+            await self._on_presence(job, self.local_api.jobs().get(job, []))
+
     async def _preflight_now(self) -> dict[str, Any]:
         """Run the node's preflight checks now (``ftd.preflight``); a pass clears hardware conditions."""
         from ftd.preflight.runner import run_preflight
@@ -549,6 +563,7 @@ class Agent:
             now = time.monotonic()
             self._check_stalls(now)
             self.outbox.check_spool()  # in a spool outage: back to durable spooling once it can be
+            await self._ended_while_away()
             await self._report_spool()
             if self.outbox.dropped > self._reported_drops:
                 dropped = self.outbox.dropped - self._reported_drops
@@ -578,6 +593,7 @@ class Agent:
         await self.bus.subscribe(topics.node_receipts(self.node))
         await self.bus.subscribe(topics.COORDINATOR_STATUS)
         await self.bus.start()
+        await self._ended_while_away()  # Epilogs that ran while the agent was down
         for job in self.scheduler_jobs.all():  # jobs the Prolog reported before a restart
             await self._on_presence(job, self.local_api.jobs().get(job, []))
         self._core = [

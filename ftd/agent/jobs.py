@@ -10,6 +10,11 @@ client: the coordinator then knows every job and where it runs even when no trai
 (:meth:`ftd.coordinator.state.ClusterState.apply_presence`), and a job without the client can be
 moved (:mod:`ftd.coordinator.actions.slurm_signal`).
 
+An Epilog that cannot reach the agent (down, restarting) leaves the job's id as an empty file in
+``{state_dir}/ended-jobs/``; the agent ends those jobs when it starts and on each health round
+(:meth:`SchedulerJobs.ended_while_away`), so a missed Epilog does not leave a finished job "running"
+on the node (it would be signalled or requeued again on the next fault there).
+
 Who may send them: only root or the agent's own uid (the local API checks the peer's credentials;
 :mod:`ftd.agent.peer`). A training process cannot invent or end a job.
 
@@ -20,6 +25,7 @@ The message structs of these hook operations (and of the ``conditions`` / ``pref
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -36,6 +42,8 @@ from ftd.logs import get_logger
 log = get_logger(__name__)
 
 MAX_JOBS = 4096
+ENDED_JOBS_DIR = "ended-jobs"
+"""Under ``state_dir``: one empty file per job whose Epilog could not reach the agent."""
 MAX_LEFTOVER = 256
 
 JobName = Annotated[
@@ -160,6 +168,22 @@ class SchedulerJobs:
         log.info("job_ended_here", job=job, known=alloc is not None)
         return alloc
 
+    def ended_while_away(self, spool: Path) -> list[str]:
+        """Jobs whose Epilog could not reach the agent (it left ``{spool}/{job}``, see
+        :mod:`ftd.commands.slurm_hooks`): end them here and remove their files. Returns them."""
+        try:
+            names = sorted(os.listdir(spool))
+        except OSError:
+            return []
+        ended = []
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(spool / name)
+            if name in self._jobs:
+                self.end(name)
+                ended.append(name)
+        return ended
+
     def get(self, job: str) -> JobAllocation | None:
         return self._jobs.get(job)
 
@@ -168,6 +192,7 @@ class SchedulerJobs:
 
 
 __all__ = [
+    "ENDED_JOBS_DIR",
     "PRIVILEGED",
     "ConditionsMsg",
     "HookMsg",

@@ -59,6 +59,11 @@ def register(sub: Any) -> None:
             )
         else:
             h.add_argument(
+                "--state-dir",
+                default=os.environ.get("FTD_STATE_DIR", "/var/lib/ftd"),
+                help="the agent's state_dir: where a job end is noted when the agent is unreachable",
+            )
+            h.add_argument(
                 "--nvidia-smi",
                 default=os.environ.get("FTD_NVIDIA_SMI", "nvidia-smi"),
                 help="nvidia-smi to ask which processes hold a GPU (skipped when absent)",
@@ -281,7 +286,21 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     problem = tell(path, protocol.job_end(job, left), args.timeout)
     if problem is not None:
         warn(f"job {job}: {problem}")
+        note_ended(args.state_dir, job)
     return 0
+
+
+def note_ended(state_dir: str, job: str) -> None:
+    """Leave ``{state_dir}/ended-jobs/{job}`` for the agent to find when it is back (ftd.agent.jobs):
+    a missed Epilog must not leave the job "running" on the node in ftd's view."""
+    if not re.fullmatch(protocol.JOB_PATTERN, job) or len(job) > protocol.JOB_MAX:
+        return
+    spool = Path(state_dir) / "ended-jobs"
+    try:
+        spool.mkdir(mode=0o700, exist_ok=True)
+        (spool / job).touch()
+    except OSError as exc:
+        warn(f"cannot note the end of job {job} in {spool}: {exc}")
 
 
 def _describe(procs: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -53,6 +53,8 @@ class Hooked:
             "export FTD_SOCKET",
             f"SLURM_CONF={self.slurm.conf_path}",
             "export SLURM_CONF",
+            f"FTD_STATE_DIR={self.workdir}",  # where a missed Epilog notes the job's end
+            "export FTD_STATE_DIR",
             "FTD_HOOK_TIMEOUT=2",
         ]
         if gpu_pid_file is not None:
@@ -69,7 +71,10 @@ class Hooked:
 def hooked_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hooked]:
     work = tmp_path_factory.mktemp("slurm-hooks")
     defaults = work / "ftd-slurm.env"
-    defaults.write_text(f"FTD_BIN={FTD_BIN}\nFTD_SOCKET=/nonexistent/agent.sock\nexport FTD_SOCKET\n")
+    defaults.write_text(
+        f"FTD_BIN={FTD_BIN}\nFTD_SOCKET=/nonexistent/agent.sock\nexport FTD_SOCKET\n"
+        f"FTD_STATE_DIR={work}\nexport FTD_STATE_DIR\n"
+    )
     wrappers = {}
     for hook in HOOKS:
         wrapper = work / f"{hook}-wrapper.sh"

@@ -161,3 +161,55 @@ def test_the_coordinator_knows_a_job_from_its_allocation_alone() -> None:
     state.apply_presence("node-1", "9", None)
     assert "9" not in state.jobs and state.jobs_on_node("node-1") == []
     assert os.path.exists("/proc")  # job_processes reads the real /proc in production
+
+
+async def test_a_job_whose_epilog_missed_the_agent_is_ended_when_it_is_back(tmp_path: Path) -> None:
+    import asyncio
+    import contextlib
+
+    from ftd.agent.app import Agent
+    from ftd.agent.jobs import JobStartMsg, SchedulerJobs
+    from ftd.bus import topics
+    from ftd.bus.memory import MemoryBroker, MemoryBus
+    from ftd.config import AgentConfig
+    from tests.unit.helpers import until
+
+    state = tmp_path / "state"
+    before = SchedulerJobs(state / "jobs.json")  # the agent before it went down knew two jobs
+    before.start(JobStartMsg(job="77", user="alice"))
+    before.start(JobStartMsg(job="78", user="bob"))
+    (state / "ended-jobs").mkdir()
+    (state / "ended-jobs" / "77").touch()  # 77's Epilog ran while the agent was down
+    (tmp_path / "kmsg").touch()
+    broker = MemoryBroker()
+    watch = MemoryBus(broker, client_id="watch")
+    await watch.subscribe(topics.ALL_NODE_JOBS)
+    await watch.start()
+    cfg = AgentConfig(
+        node="n1",
+        kmsg_path=str(tmp_path / "kmsg"),
+        state_dir=str(state),
+        socket_path=str(tmp_path / "a.sock"),
+    )
+    agent = Agent(cfg, bus=MemoryBus(broker, client_id="agent"))
+    task = asyncio.create_task(agent.run())
+    seen: dict[str, bytes] = {}
+
+    async def collect() -> None:
+        async for message in watch.messages():
+            seen[message.topic] = message.payload
+
+    collector = asyncio.create_task(collect())
+    try:
+        await until(lambda: topics.node_job("n1", "78") in seen, 10)
+        assert agent.scheduler_jobs.get("77") is None and agent.scheduler_jobs.get("78") is not None
+        assert b'"user":"bob"' in seen[topics.node_job("n1", "78")]
+        assert not seen.get(topics.node_job("n1", "77"))  # 77 is not published as running
+        assert not (state / "ended-jobs" / "77").exists()
+        assert SchedulerJobs(state / "jobs.json").get("77") is None  # and it stays ended
+    finally:
+        for t in (task, collector):
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await watch.stop()

@@ -32,10 +32,13 @@ def run_hook(tmp_path: Path, hook: str, settings: str, job: str = "41") -> subpr
 def test_with_the_agent_down_the_hooks_warn_and_let_the_job_be(tmp_path: Path, hook: str) -> None:
     settings = (
         f"FTD_BIN={FTD_BIN}\nFTD_SOCKET={tmp_path}/absent.sock\nexport FTD_SOCKET\nFTD_HOOK_TIMEOUT=1\n"
+        f"FTD_STATE_DIR={tmp_path}\nexport FTD_STATE_DIR\n"
     )
     done = run_hook(tmp_path, hook, settings)
     assert done.returncode == 0, done.stderr
     assert "WARNING: job 41: agent not reachable at" in done.stderr
+    # the Epilog notes the end for the agent to find when it is back; the Prolog notes nothing
+    assert (tmp_path / "ended-jobs" / "41").exists() is (hook == "epilog")
 
 
 def test_a_gating_prolog_fails_when_the_agent_cannot_be_told(tmp_path: Path) -> None:
