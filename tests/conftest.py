@@ -6,8 +6,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from tests.realparts import Mosquitto, SlurmCluster
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_per_test() -> Iterator[None]:
+    """A command run in-process (``main([...])``) configures logging for the process, e.g. to
+    warning; put it back after each test so a later test capturing info lines sees them."""
+    saved = structlog.get_config()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
 
 
 @pytest.fixture
