@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
@@ -72,6 +72,7 @@ def test_a_passing_preflight_clears_hardware_conditions_only(tmp_path: Path) -> 
     assert [c.kind for c in book.active()] == ["fs_fill"]
 
 
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # slow only on a loaded machine
 @given(
     st.dictionaries(
         st.sampled_from(["code", "pci", "uuid", "path", "job", "level", "signal"]),
