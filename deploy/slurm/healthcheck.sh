@@ -11,5 +11,10 @@ if [ ! -x "$FTD_BIN" ]; then
     echo "WARNING:  ftd:  $FTD_BIN not found" >&2
     exit 0
 fi
-exec timeout -k 1 5 "$FTD_BIN" health --slurm --timeout "${FTD_HEALTH_TIMEOUT:-0.8}" \
-    $([ "${FTD_HEALTH_RESUME:-0}" = 1 ] && echo --resume)
+RESUME=$([ "${FTD_HEALTH_RESUME:-0}" = 1 ] && echo --resume)
+# FTD_PYTHON (the interpreter ftd is installed in): start only the health module (~0.05 s) instead
+# of the whole CLI (~0.2 s).
+if [ -n "${FTD_PYTHON:-}" ] && [ -x "$FTD_PYTHON" ]; then
+    exec timeout -k 1 5 "$FTD_PYTHON" -m ftd.commands.health --slurm --timeout "${FTD_HEALTH_TIMEOUT:-0.8}" $RESUME
+fi
+exec timeout -k 1 5 "$FTD_BIN" health --slurm --timeout "${FTD_HEALTH_TIMEOUT:-0.8}" $RESUME

@@ -49,6 +49,7 @@ class Hooked:
     def configure(self, socket_path: str, gpu_pid_file: Path | None = None) -> None:
         lines = [
             f"FTD_BIN={FTD_BIN}",
+            f"FTD_PYTHON={sys.executable}",  # the health check's fast path
             f"FTD_SOCKET={socket_path}",
             "export FTD_SOCKET",
             f"SLURM_CONF={self.slurm.conf_path}",
