@@ -9,15 +9,16 @@ policy gate and the ledger:
 1. ``drain_node`` N at once (reason ``ftd: return-to-service: GPU reset ...``): no new job lands on
    the node while it is reset (the rule's plan still saves and moves the running job first);
 2. once the reset is done (``gpu_reset`` succeeded, or escalated to a reboot that cleared it) and
-   the drain finished: ``preflight`` on N (:class:`Preflight`: the agent runs :mod:`ftd.preflight`
-   on a ``preflight`` node directive and answers with the verdict);
+   the drain finished: ``preflight`` on N (:class:`~ftd.coordinator.actions.preflight.Preflight`:
+   the agent runs :mod:`ftd.preflight` on a ``preflight`` node directive and answers the verdict);
 3. preflight passed -> ``resume_node`` N; failed (or no answer by the deadline) -> ``drain_node`` N
    for RMA, the history in the reason (``ftd: RMA: preflight failed after GPU reset: <why>; history:
    <the reset's reason>; ...``), with ``params.severity = critical`` so the drain cooldown of step 1
    does not hold it back.
 
 A reset that did not work is left to the reset's own escalation (reboot, or drain for RMA): nothing
-comes back without a passing preflight.
+comes back without a passing preflight. A preflight the policy gate holds back (or a dry run) gives
+no verdict: the node stays drained, for a human.
 """
 
 from __future__ import annotations
@@ -28,48 +29,14 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions._directive import Publish, ask_node
+from ftd.coordinator.actions.preflight import PREFLIGHT
 from ftd.coordinator.state import ClusterState
-from ftd.events import Directive
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
 log = get_logger(__name__)
 
-PREFLIGHT = "preflight"
 RULE = "return_to_service"
-
-
-class Preflight:
-    """The ``preflight`` executor: ask the node's agent to run its preflight checks; succeeded when
-    they pass, escalated when they fail (the reason in ``detail``), failed on no answer."""
-
-    def __init__(self, *, publish: Publish, acks: AckBook, deadline_s: float) -> None:
-        self._publish = publish
-        self._acks = acks
-        self.deadline_s = deadline_s
-
-    async def __call__(self, record: ActionRecord) -> dict[str, Any]:
-        node = record.request.target
-        directive = Directive(
-            id=f"{record.id}-preflight",
-            ts=time.time(),
-            action="preflight",
-            node=node,
-            reason=record.request.reason,
-            deadline_s=self.deadline_s,
-            action_id=record.id,
-        )
-        ack = await ask_node(self._publish, self._acks, directive, self.deadline_s)
-        if ack is None:
-            return {
-                "state": str(ActionState.FAILED),
-                "preflight": f"no answer from {node}'s agent within {self.deadline_s:g} s",
-            }
-        if ack.ok:
-            return {"passed": True, "preflight": ack.reason}
-        return {"state": str(ActionState.ESCALATED), "passed": False, "preflight": ack.reason}
 
 
 @dataclass
@@ -209,6 +176,10 @@ class ReturnToService:
 
     def _verdict(self, node: str, track: _Node, record: ActionRecord) -> None:
         self._nodes.pop(node, None)
+        if record.state in (ActionState.SUPPRESSED, ActionState.DRY_RUN):
+            # No verdict (the gate held the preflight back, or a dry run): the node stays as it is.
+            log.info("return_to_service_no_verdict", node=node, state=str(record.state))
+            return
         if record.state == ActionState.SUCCEEDED:
             self._later(
                 ActionRequest(
@@ -243,4 +214,4 @@ class ReturnToService:
         return out
 
 
-__all__ = ["PREFLIGHT", "Preflight", "ReturnToService"]
+__all__ = ["PREFLIGHT", "ReturnToService"]

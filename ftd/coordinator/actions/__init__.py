@@ -25,9 +25,9 @@ from ftd.coordinator.actions.diagnostics import CollectDiagnostics
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.notify import Notify
+from ftd.coordinator.actions.preflight import PREFLIGHT, Preflight
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.slurm_signal import SlurmSignalFallback
-from ftd.coordinator.return_service import PREFLIGHT, Preflight
 from ftd.coordinator.state import ClusterState
 from ftd.plugin.actions import ActionKind
 from ftd.plugin.hookspecs import Executor, hookimpl

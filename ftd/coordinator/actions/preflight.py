@@ -1,0 +1,55 @@
+"""The ``preflight`` executor: ask a node's agent to run its preflight checks (``ftd.preflight``).
+
+Used by the return to service (:mod:`ftd.coordinator.return_service`): a ``preflight`` node directive
+goes to ``ftd/v1/nodes/{node}/directives``; the agent runs the checks and answers with an Ack
+(``rank = NODE_RANK``) whose ``ok`` is the verdict and ``reason`` its one line. Succeeded when they
+pass, escalated when they fail (the reason in ``detail["preflight"]``), failed on no answer by the
+deadline. The directive id derives from the action id: a resumed action asks again with the same
+id and the agent answers it from its record instead of running the checks twice.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions._directive import Publish, ask_node
+from ftd.events import Directive
+from ftd.plugin.actions import ActionRecord, ActionState
+
+PREFLIGHT = "preflight"
+
+
+class Preflight:
+    """The ``preflight`` executor: ask the node's agent to run its preflight checks; succeeded when
+    they pass, escalated when they fail (the reason in ``detail``), failed on no answer."""
+
+    def __init__(self, *, publish: Publish, acks: AckBook, deadline_s: float) -> None:
+        self._publish = publish
+        self._acks = acks
+        self.deadline_s = deadline_s
+
+    async def __call__(self, record: ActionRecord) -> dict[str, Any]:
+        node = record.request.target
+        directive = Directive(
+            id=f"{record.id}-preflight",
+            ts=time.time(),
+            action="preflight",
+            node=node,
+            reason=record.request.reason,
+            deadline_s=self.deadline_s,
+            action_id=record.id,
+        )
+        ack = await ask_node(self._publish, self._acks, directive, self.deadline_s)
+        if ack is None:
+            return {
+                "state": str(ActionState.FAILED),
+                "preflight": f"no answer from {node}'s agent within {self.deadline_s:g} s",
+            }
+        if ack.ok:
+            return {"passed": True, "preflight": ack.reason}
+        return {"state": str(ActionState.ESCALATED), "passed": False, "preflight": ack.reason}
+
+
+__all__ = ["PREFLIGHT", "Preflight"]

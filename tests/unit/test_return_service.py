@@ -1,0 +1,115 @@
+"""The return-to-service sequence, step by step (ftd.coordinator.return_service): the observer sees the
+engine's action records and submits the next step; here a recorder stands in for Engine.submit and the
+records are made by hand, so each branch is checked on its own (the whole path on real Slurm:
+tests/e2e/test_return_to_service.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+from ftd.coordinator.return_service import PREFLIGHT, ReturnToService
+from ftd.coordinator.state import ClusterState
+from ftd.events import Kind, make_event
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
+
+ids = itertools.count()
+
+
+def record(kind: str, state: ActionState, *, rule: str = "xid_catalog", **detail: object) -> ActionRecord:
+    request = ActionRequest(kind=kind, target="n1", reason=f"{kind} because", rule=rule)
+    return ActionRecord(id=f"a{next(ids)}", request=request, state=state, detail=dict(detail))
+
+
+class Engine:
+    """Engine.submit's stand-in: records every request, answers with a pending (or given) record."""
+
+    def __init__(self, answers: dict[str, ActionState] | None = None) -> None:
+        self.submitted: list[ActionRecord] = []
+        self.answers = answers or {}
+
+    def submit(self, request: ActionRequest) -> ActionRecord:
+        state = self.answers.get(request.kind, ActionState.PENDING)
+        done = ActionRecord(id=f"s{next(ids)}", request=request, state=state)
+        self.submitted.append(done)
+        return done
+
+    def kinds(self) -> list[str]:
+        return [r.request.kind for r in self.submitted]
+
+
+def finish(rts: ReturnToService, rec: ActionRecord, state: ActionState, **detail: object) -> None:
+    rec.state = state
+    rec.detail.update(detail)
+    rts.observe("action", rec)
+
+
+def test_reset_then_passing_preflight_resumes() -> None:
+    engine = Engine()
+    rts = ReturnToService(engine.submit, rules=["xid_catalog"])
+    reset = record(ActionKind.GPU_RESET, ActionState.PENDING)
+    rts.observe("action", reset)  # no running loop here: steps are submitted at once
+    assert engine.kinds() == [ActionKind.DRAIN_NODE]
+    assert engine.submitted[0].request.reason.startswith("return-to-service: GPU reset")
+    finish(rts, reset, ActionState.SUCCEEDED)
+    assert engine.kinds() == [ActionKind.DRAIN_NODE]  # the drain has not finished: no preflight yet
+    finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
+    assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT]
+    assert engine.submitted[1].request.params["after"] == "GPU reset"
+    finish(rts, engine.submitted[1], ActionState.SUCCEEDED, passed=True)
+    assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT, ActionKind.RESUME_NODE]
+
+
+def test_a_failing_preflight_after_a_reboot_drains_for_rma_with_the_history() -> None:
+    engine = Engine()
+    state = ClusterState()
+    state.apply_event(make_event("n1", Kind.XID, severity="critical", data={"code": 79}, ts=0.0))
+    rts = ReturnToService(engine.submit, rules=["xid_catalog"], state=state)
+    reset = record(ActionKind.GPU_RESET, ActionState.RUNNING)
+    rts.observe("action", reset)
+    finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
+    finish(rts, reset, ActionState.ESCALATED, escalation="reboot", reboot_cleared=True)
+    assert engine.submitted[1].request.params["after"] == "reboot"
+    finish(
+        rts, engine.submitted[1], ActionState.ESCALATED, preflight="gpu_inventory: 7 GPUs found, 8 expected"
+    )
+    rma = engine.submitted[-1].request
+    assert (
+        rma.kind == ActionKind.DRAIN_NODE
+        and rma.params["rma"] is True
+        and rma.params["severity"] == "critical"
+    )
+    assert rma.reason == (
+        "RMA: preflight failed after reboot: gpu_inventory: 7 GPUs found, 8 expected; "
+        "history: gpu_reset because; reboot done; xid 79 at 00:00:00"
+    )
+
+
+def test_a_reset_that_did_not_work_and_rules_not_opted_in_are_left_alone() -> None:
+    engine = Engine()
+    rts = ReturnToService(engine.submit, rules=["ecc_remap"])
+    rts.observe("action", record(ActionKind.GPU_RESET, ActionState.PENDING, rule="xid_catalog"))
+    assert engine.submitted == []
+    reset = record(ActionKind.GPU_RESET, ActionState.PENDING, rule="ecc_remap")
+    rts.observe("action", reset)
+    finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
+    finish(rts, reset, ActionState.ESCALATED, escalation="drain")  # its own escalation drained for RMA
+    assert engine.kinds() == [ActionKind.DRAIN_NODE]
+
+
+def test_a_drain_the_gate_suppresses_does_not_stop_the_preflight() -> None:
+    engine = Engine({ActionKind.DRAIN_NODE: ActionState.SUPPRESSED})  # e.g. the drain budget is spent
+    rts = ReturnToService(engine.submit, rules=["xid_catalog"])
+    reset = record(ActionKind.GPU_RESET, ActionState.PENDING)
+    rts.observe("action", reset)
+    finish(rts, reset, ActionState.SUCCEEDED)
+    assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT]
+
+
+def test_a_held_back_preflight_gives_no_verdict() -> None:
+    engine = Engine({PREFLIGHT: ActionState.DRY_RUN})
+    rts = ReturnToService(engine.submit, rules=["xid_catalog"])
+    reset = record(ActionKind.GPU_RESET, ActionState.PENDING)
+    rts.observe("action", reset)
+    finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
+    finish(rts, reset, ActionState.SUCCEEDED)
+    assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT]  # neither resumed nor drained for RMA
