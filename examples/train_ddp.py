@@ -264,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     if log_file is not None:
         log_file.close()
-    return 0 if outcome != "timeout" else 1
+    if outcome == "timeout":
+        return 1
+    # 0, or on Kubernetes 75 after ftd's stop directive: the Job's pod is then recreated (ftd.client)
+    return client.exit_status()
 
 
 if __name__ == "__main__":

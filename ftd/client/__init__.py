@@ -303,8 +303,9 @@ class Client:
         """What this rank should exit with once it left its loop (``sys.exit(client.exit_status())``).
 
         0, unless a ``stop`` *directive* moved the job and only a failed process is restarted where it
-        runs: on Kubernetes (``KUBERNETES_SERVICE_HOST`` set) :data:`STOP_EXIT_CODE`, so the Job's
-        controller recreates the pod instead of calling the Job complete; ``$FTD_STOP_EXIT_CODE``
+        runs: on Kubernetes (``KUBERNETES_SERVICE_HOST`` set, and not a Slurm job: ``SLURM_JOB_ID``
+        unset) :data:`STOP_EXIT_CODE`, so the Job's controller recreates the pod instead of calling
+        the Job complete; ``$FTD_STOP_EXIT_CODE``
         (an integer, 0 included) overrides it anywhere. A stop by SIGTERM, the kill switch or the
         memory guard, or no stop at all, is 0."""
         if not self._stops:
@@ -312,6 +313,8 @@ class Client:
         code = _env_int("FTD_STOP_EXIT_CODE")
         if code is not None:
             return code
+        if os.environ.get("SLURM_JOB_ID"):  # Slurm (even slurmd in a pod): ftd requeues the job itself
+            return 0
         return STOP_EXIT_CODE if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
 
     @property

@@ -40,7 +40,11 @@ sys.exit(client.exit_status())
 
 
 def start(api: LocalApi, **env: str) -> subprocess.Popen[str]:
-    full = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "FTD_STOP_EXIT_CODE")}
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KUBERNETES_SERVICE_HOST", "FTD_STOP_EXIT_CODE", "SLURM_JOB_ID")
+    }
     full.update(FTD_SOCKET=api.socket_path, PYTHONPATH=str(REPO), **env)
     return subprocess.Popen([sys.executable, "-c", TRAINER], env=full, stdout=subprocess.PIPE, text=True)
 
@@ -64,6 +68,7 @@ async def stopped_by_directive(api: LocalApi, n: int, **env: str) -> int:
         ({}, 0),
         ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "FTD_STOP_EXIT_CODE": "3"}, 3),
         ({"FTD_STOP_EXIT_CODE": "0"}, 0),
+        ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "SLURM_JOB_ID": "12"}, 0),  # Slurm in pods: ftd requeues
     ],
 )
 async def test_a_stop_directive_sets_the_exit_status(api: LocalApi, env: dict[str, str], code: int) -> None:
