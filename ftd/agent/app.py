@@ -32,7 +32,14 @@ directives with
 ``gpu_health`` event and an :class:`~ftd.events.Ack` on ``ftd/v1/nodes/{node}/acks``; those with
 ``action = "collect_diagnostics"`` go to :func:`~ftd.agent.diagnostics.collect_diagnostics` (py-spy
 dumps of the job's ranks on this node under ``{state_dir}/diagnostics/{action id}/``), answered
-the same way with the result's Ack.
+the same way with the result's Ack; those with ``action = "preflight"`` run :mod:`ftd.preflight`
+(the coordinator's return to service) and are answered with the verdict.
+
+Node hooks on the local socket (:mod:`ftd.agent.jobs`): the Slurm Prolog/Epilog report jobs starting
+and ending here, published as the ``allocation`` of the job's retained presence (jobs without the
+client included); every published event also feeds :class:`~ftd.agent.conditions.ConditionBook`, the
+node's active critical conditions that ``ftd health`` asks for and, with
+``agent.kubernetes.node_conditions``, :mod:`ftd.agent.node_conditions` writes to the Node.
 """
 
 from __future__ import annotations

@@ -41,6 +41,15 @@ point the diagnostics' py-spy at someone else's process). Heartbeats and acks on
 for the job registered on it only: an ack for a directive this agent delivered to another job is
 refused (``acks_refused``).
 
+Node hooks (issue #12)
+----------------------
+Besides the ranks, the node's own hooks use the socket, without registering: the Slurm Prolog and
+Epilog (``job_start`` / ``job_end``), ``ftd health`` (``conditions``) and ``ftd preflight``
+through the agent (``preflight``); see :mod:`ftd.client.protocol` and :mod:`ftd.agent.jobs`. Each
+is decoded like any message and answered by the ``on_hook`` callback (off the connection handler);
+``job_start``, ``job_end`` and ``preflight`` only from root or the agent's own uid (the peer
+identity ``trusted_uid``), else refused with an ``error`` and counted (``hooks_refused``).
+
 Thread-safety: everything here runs on the agent's event loop; call it from that loop only.
 """
 
