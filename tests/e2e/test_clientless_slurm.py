@@ -78,7 +78,12 @@ def test_a_job_trapping_usr1_checkpoints_and_requeues_itself(
     hooked: Hooked, mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
     script = f"""#!/bin/bash
-trap 'echo "restart ${{SLURM_RESTART_COUNT:-0}}" > {tmp_path}/ckpt; scontrol requeue $SLURM_JOB_ID; exit 0' USR1
+save_and_requeue() {{
+    echo "restart ${{SLURM_RESTART_COUNT:-0}}" > {tmp_path}/ckpt
+    scontrol requeue $SLURM_JOB_ID
+    exit 0
+}}
+trap save_and_requeue USR1
 touch {tmp_path}/started
 while true; do sleep 0.2; done
 """
