@@ -34,7 +34,7 @@ from typing import Any
 from ftd.client import protocol
 
 DEFAULT_TIMEOUT_S = 2.0
-_TASKS_RE = re.compile(r"^(\d+)")
+_TASKS_RE = re.compile(r"^([0-9]{1,9})")
 
 
 def register(sub: Any) -> None:

@@ -4,6 +4,7 @@ tells them and of ``/proc``, and the coordinator's record of a job without the c
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -214,3 +215,20 @@ async def test_a_job_whose_epilog_missed_the_agent_is_ended_when_it_is_back(tmp_
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         await watch.stop()
+
+
+@given(st.text(), st.text(), st.text())
+def test_hook_env_parsers_take_anything(gpus: str, cuda: str, tasks: str) -> None:
+    env = {"SLURM_JOB_GPUS": gpus, "CUDA_VISIBLE_DEVICES": cuda, "SLURM_TASKS_PER_NODE": tasks}
+    found = gpus_from_env(env)
+    assert all(g and g == g.strip() and "," not in g for g in found)
+    count = tasks_from_env(env)
+    leading = re.match(r"[0-9]{1,9}", tasks)
+    assert count == (int(leading.group()) if leading else None)
+
+
+@given(st.text(max_size=1000))
+def test_a_health_drain_reason_is_always_one_safe_bounded_line(reason: str) -> None:
+    text = health.sanitize(reason)
+    assert text.startswith("ftd: health: ") and len(text) <= 200
+    assert not any(c in text for c in '"\\\n\r\x00')
