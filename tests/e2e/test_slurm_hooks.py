@@ -8,8 +8,8 @@
   fake ``nvidia-smi`` says it holds a GPU): a ``job_leftover`` event in the ledger naming it, and the
   node's health check fails while it lives.
 - With the coordinator stopped, an Xid 79 in the node's kernel log makes slurmd's own health check
-  (``ftd health --slurm``) drain node-1 with ftd's reason; with the agent down the check warns and
-  leaves the node alone.
+  (``ftd health --slurm``) drain node-1 with ftd's reason; the coordinator, started again, counts
+  node-1 among ftd's drains. With the agent down the check warns and leaves the node alone.
 
 The shipped scripts read their settings from ``FTD_SLURM_DEFAULTS``: the wrappers slurm.conf names
 set it to a file each test rewrites (the current agent's socket, the ``ftd`` executable, SLURM_CONF).
@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -61,7 +62,7 @@ class Hooked:
         if gpu_pid_file is not None:
             # nvidia-smi as the Epilog asks it: the leftover process holds GPU 0.
             self.fake_smi.write_text(
-                f"#!/bin/sh\n[ -s {gpu_pid_file} ] && echo \"$(cat {gpu_pid_file}), GPU-fake-0000\"\nexit 0\n"
+                f'#!/bin/sh\n[ -s {gpu_pid_file} ] && echo "$(cat {gpu_pid_file}), GPU-fake-0000"\nexit 0\n'
             )
             self.fake_smi.chmod(0o755)
             lines += [f"FTD_NVIDIA_SMI={self.fake_smi}", "export FTD_NVIDIA_SMI"]
@@ -228,6 +229,16 @@ def test_healthcheck_drains_the_node_while_the_coordinator_is_stopped(
         checked = health(stack.socket)
         assert checked.returncode == 1
         assert checked.stdout.startswith("ERROR:  ftd:  Health check failed:  xid 79 on 0000:3b:00")
+        # The coordinator, back, receives the spooled Xid and counts node-1 as drained by ftd (its own
+        # drain_node of the Xid, or the health check's drain adopted: the reason starts with "ftd:").
+        stack.coordinator.start()
+
+        def ftd_drain() -> list[tuple[str, str]]:
+            with sqlite3.connect(stack.ledger) as db:
+                return list(db.execute("SELECT node, origin FROM drains"))
+
+        wait_until(lambda: ftd_drain() == [("node-1", "ftd")], 30, "node-1 in the coordinator's drains")
+        assert "DRAIN" in hooked.slurm.node("node-1")["State"]
 
 
 def test_healthcheck_with_the_agent_down_warns_and_leaves_the_node(hooked: Hooked, tmp_path: Path) -> None:
