@@ -585,7 +585,8 @@ class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         ),
     ] = 5
     auth_backoff_s: Annotated[
-        PositiveSeconds, _doc("First wait after too many failed token checks; doubles with each further failure.")
+        PositiveSeconds,
+        _doc("First wait after too many failed token checks; doubles with each further failure."),
     ] = 1.0
     auth_backoff_max_s: Annotated[PositiveSeconds, _doc("Longest wait after failed token checks.")] = 300.0
 
