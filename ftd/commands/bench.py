@@ -26,6 +26,7 @@ BENCHES: dict[str, tuple[str, str, str]] = {
     ),
     "fairness": ("ftd.bench.fairness", "bench_fairness", "other node's event->decision p99 <= 100 ms"),
     "sim": ("ftd.bench.sim", "bench_sim", "one simulated 54-day run at 16,384 GPUs < 60 s on one core"),
+    "health": ("ftd.bench.health", "bench_health", "Slurm HealthCheckProgram well under 1 s, agent down too"),
 }
 
 
