@@ -187,36 +187,68 @@ def job_processes(job: str, *, proc_root: str = "/proc", me: int | None = None) 
     return found
 
 
-def gpu_pids(nvidia_smi: str, timeout: float) -> dict[int, str]:
-    """pid -> GPU UUID of every compute process ``nvidia-smi`` lists ({} without it or on failure)."""
+def _smi_rows(nvidia_smi: str, query: str, timeout: float) -> list[list[str]]:
+    """The CSV rows ``nvidia-smi --query-...`` prints ([] without it or on failure)."""
     binary = shutil.which(nvidia_smi)
     if binary is None:
-        return {}
+        return []
     try:
         out = subprocess.run(
-            [binary, "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+            [binary, query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=timeout
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         warn(f"{nvidia_smi} failed: {exc}")
-        return {}
-    held: dict[int, str] = {}
-    for line in out.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 2 and parts[0].isdigit():
-            held[int(parts[0])] = parts[1]
-    return held
+        return []
+    return [[p.strip() for p in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
 
 
-def leftovers(job: str, nvidia_smi: str, timeout: float, proc_root: str = "/proc") -> list[dict[str, Any]]:
+def gpu_pids(nvidia_smi: str, timeout: float) -> dict[int, str]:
+    """pid -> GPU UUID of every compute process ``nvidia-smi`` lists ({} without it or on failure)."""
+    rows = _smi_rows(nvidia_smi, "--query-compute-apps=pid,gpu_uuid", timeout)
+    return {int(r[0]): r[1] for r in rows if len(r) >= 2 and r[0].isdigit()}
+
+
+def gpu_uuids(nvidia_smi: str, indexes: Iterable[str], timeout: float) -> set[str]:
+    """The UUIDs of the GPUs with these indexes (the job's ``SLURM_JOB_GPUS``)."""
+    wanted = set(indexes)
+    rows = _smi_rows(nvidia_smi, "--query-gpu=index,uuid", timeout)
+    return {r[1] for r in rows if len(r) >= 2 and r[0] in wanted}
+
+
+def _other_job(job: str, pid: int, proc_root: str) -> bool:
+    """True when process ``pid`` carries another job's ``SLURM_JOB_ID`` (it is that job's)."""
+    environ = _read(Path(proc_root) / str(pid) / "environ") or b""
+    for item in environ.split(b"\0"):
+        if item.startswith(b"SLURM_JOB_ID="):
+            return item.split(b"=", 1)[1].decode(errors="replace") != job
+    return False
+
+
+def leftovers(
+    job: str, nvidia_smi: str, timeout: float, proc_root: str = "/proc", gpus: Iterable[str] = ()
+) -> list[dict[str, Any]]:
+    """The job's processes still alive (marked with the GPU they hold), plus any compute process
+    still on the job's own GPUs that belongs to no other job (one that escaped with its environment
+    cleared). ``nvidia-smi`` is asked only when there is something to ask about."""
     procs = job_processes(job, proc_root=proc_root)
-    if not procs:
+    gpus = list(gpus)
+    if not procs and not gpus:
         return []
     held = gpu_pids(nvidia_smi, timeout)
     for p in procs:
         p["gpu"] = held.get(p["pid"])
+    if gpus and held:
+        mine = gpu_uuids(nvidia_smi, gpus, timeout)
+        known = {p["pid"] for p in procs}
+        for pid, uuid in sorted(held.items()):
+            if uuid not in mine or pid in known or _other_job(job, pid, proc_root):
+                continue
+            try:
+                uid = (Path(proc_root) / str(pid)).stat().st_uid
+            except OSError:
+                continue  # gone meanwhile (or not in this pid namespace)
+            comm = (_read(Path(proc_root) / str(pid) / "comm") or b"").decode(errors="replace").strip()
+            procs.append({"pid": pid, "name": comm[:256], "uid": uid, "gpu": uuid})
     return procs
 
 
@@ -280,7 +312,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     if not job:
         warn("no SLURM_JOB_ID in the environment: not run by slurmd? nothing reported")
         return 0
-    left = leftovers(job, args.nvidia_smi, min(args.timeout, 2.0))
+    left = leftovers(job, args.nvidia_smi, min(args.timeout, 2.0), gpus=gpus_from_env(env))
     if left:
         warn(f"job {job} left {len(left)} process(es) running: " + ", ".join(_describe(left)))
     problem = tell(path, protocol.job_end(job, left), args.timeout)

@@ -232,3 +232,25 @@ def test_a_health_drain_reason_is_always_one_safe_bounded_line(reason: str) -> N
     text = health.sanitize(reason)
     assert text.startswith("ftd: health: ") and len(text) <= 200
     assert not any(c in text for c in '"\\\n\r\x00')
+
+
+def test_gpu_processes_left_on_the_jobs_own_gpus_are_found_without_its_environment(tmp_path: Path) -> None:
+    from ftd.commands.slurm_hooks import leftovers
+
+    proc = tmp_path / "proc"
+    _proc(proc, 50, 1, b"HOME=/\0", comm="python")  # escaped with a cleared environment, on GPU-B
+    _proc(proc, 51, 1, b"SLURM_JOB_ID=999\0", comm="python")  # another job's, on GPU-B
+    _proc(proc, 52, 1, b"", comm="python")  # on GPU-C: not this job's GPU
+    _proc(proc, 53, 1, b"SLURM_JOB_ID=55\0", comm="sleep")  # the job's own, holding no GPU
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        '  --query-gpu=*) printf "0, GPU-A\\n1, GPU-B\\n2, GPU-C\\n" ;;\n'
+        '  --query-compute-apps=*) printf "50, GPU-B\\n51, GPU-B\\n52, GPU-C\\n77, GPU-B\\n" ;;\n'
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    found = leftovers("55", str(smi), 5.0, proc_root=str(proc), gpus=["1"])
+    assert [(p["pid"], p["gpu"]) for p in found] == [(53, None), (50, "GPU-B")]  # 77: no such process
+    assert leftovers("55", str(smi), 5.0, proc_root=str(tmp_path / "empty"), gpus=[]) == []
