@@ -283,7 +283,7 @@ class LocalApi:
         server.close()
         for conn in list(self._conns):
             conn.writer.close()
-        handlers = list(self._handlers)
+        handlers = [*self._handlers, *self._hook_tasks]  # node hooks still being answered too
         for task in handlers:
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
