@@ -236,6 +236,10 @@ class Coordinator:
                 self.engine.submit, rules=cfg.return_to_service.rules, state=self.state
             )
             self.engine.observe(self.return_to_service.observe)
+            loaded = {p.name for p in describe_plugins(plugins)}
+            unknown = sorted(set(cfg.return_to_service.rules) - loaded)
+            if unknown:  # a typo would silently keep those resets out of return to service
+                log.warning("return_to_service_rules_not_loaded", rules=unknown, loaded=sorted(loaded))
         self.engine.startup(self)  # ftd_startup hooks, each on its own
         self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], bool]] = {
             "events": self._on_event,
