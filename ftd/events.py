@@ -165,6 +165,17 @@ class JobPresence(msgspec.Struct, frozen=True, kw_only=True):
     allocation: JobAllocation | None = None
 
 
+class NodeConditions(msgspec.Struct, frozen=True, kw_only=True):
+    """Retained per node on ``ftd/v1/nodes/{node}/conditions/ftd``: the reasons of the node's active
+    critical conditions as its agent keeps them (:mod:`ftd.agent.conditions`; what ``ftd health``
+    reports). Empty list: none. Published on change."""
+
+    schema: int = SCHEMA_VERSION
+    node: str
+    ts: float = 0.0
+    conditions: list[str] = msgspec.field(default_factory=list)
+
+
 NodeState = Literal["online", "offline"]
 
 

@@ -89,6 +89,7 @@ from ftd.events import (
     Event,
     JobPresence,
     Kind,
+    NodeConditions,
     NodeStatus,
     RankInfo,
     Receipt,
@@ -168,6 +169,7 @@ class Agent:
         # conditions (what `ftd health` reports): ftd.agent.jobs, ftd.agent.conditions.
         self.scheduler_jobs = SchedulerJobs(state_dir / "jobs.json")
         self.conditions = ConditionBook(state_dir / "conditions.json")
+        self._conditions_published: list[str] | None = None
         self.node_conditions: NodeConditionWriter | None = None
         if cfg.kubernetes.node_conditions:  # ftd's view as a Kubernetes node condition (NPD-style)
             self.node_conditions = NodeConditionWriter(cfg.kubernetes, self.node, self.conditions)
@@ -275,8 +277,10 @@ class Agent:
 
     async def _publish_event(self, event: Event) -> None:
         """Storm control's downstream: spool and queue for the bus."""
-        if self.conditions.observe(event) and self.node_conditions is not None:
-            self.node_conditions.poke()
+        if self.conditions.observe(event):
+            self._sync_conditions()
+            if self.node_conditions is not None:
+                self.node_conditions.poke()
         self.outbox.put(
             Outgoing(
                 topics.node_event(self.node, event.kind),
@@ -342,6 +346,17 @@ class Agent:
                 "conditions": [c.to_dict() for c in active],
             }
         return await self._preflight_now()
+
+    def _sync_conditions(self) -> None:
+        """Publish the node's active critical conditions (retained ``conditions/ftd``) when they
+        changed since the last time: the coordinator shows them (API, ``ftd status``)."""
+        reasons = [c.reason for c in self.conditions.active()][:64]
+        if reasons == self._conditions_published:
+            return
+        self._conditions_published = reasons
+        summary = NodeConditions(node=self.node, ts=time.time(), conditions=reasons)
+        topic = topics.node_condition(self.node, topics.FTD_CONDITIONS)
+        self.outbox.put(Outgoing(topic, encode(summary), retain=True, priority=3, durable=False))
 
     async def _ended_while_away(self) -> None:
         """End the jobs whose Epilog could not reach us (files in ``state_dir/ended-jobs``)."""
@@ -571,6 +586,7 @@ class Agent:
             self._check_stalls(now)
             self.outbox.check_spool()  # in a spool outage: back to durable spooling once it can be
             await self._ended_while_away()
+            self._sync_conditions()  # leftover processes that exited close their condition
             await self._report_spool()
             if self.outbox.dropped > self._reported_drops:
                 dropped = self.outbox.dropped - self._reported_drops
@@ -601,6 +617,7 @@ class Agent:
         await self.bus.subscribe(topics.COORDINATOR_STATUS)
         await self.bus.start()
         await self._ended_while_away()  # Epilogs that ran while the agent was down
+        self._sync_conditions()  # the conditions kept across the restart (or none: clears the topic)
         for job in self.scheduler_jobs.all():  # jobs the Prolog reported before a restart
             await self._on_presence(job, self.local_api.jobs().get(job, []))
         self._core = [

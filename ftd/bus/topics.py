@@ -107,6 +107,9 @@ ALL_NODE_EVENTS = f"{PREFIX}/nodes/+/events/+"
 ALL_NODE_STATUS = f"{PREFIX}/nodes/+/status"
 ALL_NODE_JOBS = f"{PREFIX}/nodes/+/jobs/+"
 ALL_NODE_ACKS = f"{PREFIX}/nodes/+/acks"
+ALL_NODE_CONDITIONS = f"{PREFIX}/nodes/+/conditions/+"
+#: The ``{type}`` level of the agent's own condition summary (:class:`ftd.events.NodeConditions`).
+FTD_CONDITIONS = "ftd"
 
 
 def matches(pattern: str, topic: str) -> bool:

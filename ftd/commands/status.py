@@ -95,7 +95,7 @@ def render(data: dict[str, Any], url: str) -> str:
         "",
         f"NODES ({len(nodes)}: {online} online, {drained} drained by ftd)",
         table(
-            ["node", "state", "drained", "reason", "jobs"],
+            ["node", "state", "drained", "reason", "jobs", "conditions"],
             [
                 [
                     n["name"],
@@ -103,6 +103,7 @@ def render(data: dict[str, Any], url: str) -> str:
                     "yes" if n["drained"] else "no",
                     n["drain_reason"] or "-",
                     ",".join(n["jobs"]) or "-",
+                    "; ".join(n.get("conditions") or []) or "-",  # what `ftd health` reports there
                 ]
                 for n in nodes
             ],

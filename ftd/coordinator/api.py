@@ -161,6 +161,8 @@ class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
     jobs: list[str]
     # drained or down by someone else, as the scheduler says (ftd.coordinator.reconcile); not ftd's budget
     unavailable: str | None = None
+    # the node's active critical conditions as its agent sees them (what `ftd health` reports there)
+    conditions: list[str] = msgspec.field(default_factory=list)
 
 
 class RuleOut(msgspec.Struct, frozen=True, kw_only=True):
@@ -749,6 +751,7 @@ class Api:
                     last_change=n.last_change,
                     jobs=state.jobs_on_node(n.name),
                     unavailable=state.unavailable.get(n.name),
+                    conditions=state.conditions.get(n.name, []),
                 )
                 for n in sorted(state.nodes.values(), key=lambda n: n.name)
             ]

@@ -87,6 +87,7 @@ from ftd.events import (
     Event,
     JobPresence,
     Kind,
+    NodeConditions,
     NodeState,
     NodeStatus,
     Receipt,
@@ -126,7 +127,13 @@ class _Refused(Exception):
         self.reason, self.error, self.ids = reason, error, ids or []
 
 
-SUBSCRIPTIONS = (topics.ALL_NODE_STATUS, topics.ALL_NODE_JOBS, topics.ALL_NODE_ACKS, topics.ALL_NODE_EVENTS)
+SUBSCRIPTIONS = (
+    topics.ALL_NODE_STATUS,
+    topics.ALL_NODE_JOBS,
+    topics.ALL_NODE_ACKS,
+    topics.ALL_NODE_EVENTS,
+    topics.ALL_NODE_CONDITIONS,
+)
 
 
 def coordinator_status(state: NodeState) -> bytes:
@@ -246,6 +253,7 @@ class Coordinator:
             "status": self._on_status,
             "jobs": self._on_presence,
             "acks": self._on_ack,
+            "conditions": self._on_conditions,
         }
 
     async def _publish(self, topic: str, payload: bytes) -> None:
@@ -659,6 +667,20 @@ class Coordinator:
             self.placement.violation(node, job, "presence", f"ranks {[r.rank for r in presence.ranks][:16]}")
             return True
         self.state.apply_presence(node, job, presence)
+        return True
+
+    def _on_conditions(self, levels: tuple[str, ...], message: Message) -> bool:
+        """A node's active critical conditions as its agent sees them (retained; shown by the API and
+        ``ftd status``). Only the agent's own summary (``conditions/ftd``) is read."""
+        if len(levels) != 4 or levels[3] != topics.FTD_CONDITIONS:
+            raise DecodeError("unexpected conditions topic")
+        if not message.payload:
+            self.state.apply_conditions(levels[1], [])
+            return True
+        summary = decode(message.payload, NodeConditions)
+        if summary.node != levels[1]:
+            raise DecodeError(f"conditions of node {summary.node!r} published under node {levels[1]!r}")
+        self.state.apply_conditions(summary.node, [c[:300] for c in summary.conditions[:64]])
         return True
 
     def _on_ack(self, levels: tuple[str, ...], message: Message) -> bool:

@@ -41,6 +41,8 @@ class ClusterState:
         # node -> why: drained or down by someone else (the scheduler says so; not ftd's budget)
         self.unavailable: dict[str, str] = {}
         self.recent: dict[str, deque[FaultRecord]] = {}  # node -> every event, oldest first (incidents)
+        # node -> reasons of its active critical conditions, as its agent publishes them (ftd health)
+        self.conditions: dict[str, list[str]] = {}
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -82,6 +84,13 @@ class ClusterState:
         else:
             record.allocations.pop(node, None)
         self._node(node)
+
+    def apply_conditions(self, node: str, reasons: list[str]) -> None:
+        """The node's active critical conditions (its agent's ``conditions/ftd``); [] clears them."""
+        if reasons:
+            self.conditions[node] = list(reasons)
+        else:
+            self.conditions.pop(node, None)
 
     def mark_drained(self, node: str, reason: str, drained: bool = True) -> None:
         """ftd drained ``node`` (or, ``drained=False``, it is back in service): counted in ftd's

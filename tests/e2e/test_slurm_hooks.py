@@ -216,7 +216,7 @@ def test_epilog_reports_a_leftover_gpu_process(hooked: Hooked, mosquitto: Mosqui
 def test_healthcheck_drains_the_node_while_the_coordinator_is_stopped(
     hooked: Hooked, mosquitto: Mosquitto, tmp_path: Path
 ) -> None:
-    with hooked_stack(hooked, mosquitto, tmp_path) as (stack, _port):
+    with hooked_stack(hooked, mosquitto, tmp_path) as (stack, port):
         stack.coordinator.stop()
         hooked.configure(stack.socket)
         assert health(stack.socket).returncode == 0  # healthy: NHC-style, nothing printed
@@ -239,6 +239,10 @@ def test_healthcheck_drains_the_node_while_the_coordinator_is_stopped(
 
         wait_until(lambda: ftd_drain() == [("node-1", "ftd")], 30, "node-1 in the coordinator's drains")
         assert "DRAIN" in hooked.slurm.node("node-1")["State"]
+        # and shows what the agent sees (its retained conditions/ftd), as `ftd health` does on the node
+        stack.coordinator.wait_log("http_api_listening")
+        node1 = next(n for n in status(port)["nodes"] if n["name"] == "node-1")
+        assert node1["conditions"] == ["xid 79 on 0000:3b:00.0"]
 
 
 def test_healthcheck_with_the_agent_down_warns_and_leaves_the_node(hooked: Hooked, tmp_path: Path) -> None:
