@@ -125,3 +125,45 @@ async def test_a_bad_hook_message_is_an_error_not_a_crash(served: tuple[LocalApi
     reply = await _send_as_root(api.socket_path, bad_end)
     assert reply["op"] == "error"
     assert hooks.seen == [] and api.counters["bad_messages"] == 2
+
+
+async def test_random_hook_messages_are_answered_and_harmless(served: tuple[LocalApi, Hooks]) -> None:
+    """Every line gets exactly one answer (ok or error), the agent keeps serving: 300 seeded messages
+    with the hook ops and fields of wrong types, sizes and shapes."""
+    import random
+
+    api, hooks = served
+    rng = random.Random(12)
+    values: list[Any] = [
+        None,
+        True,
+        -1,
+        0,
+        2**70,
+        1.5,
+        "",
+        "4242",
+        "a/b",
+        "x" * 5000,
+        [],
+        ["0"],
+        [1],
+        {},
+        {"pid": 1},
+    ]
+    fields = ["job", "user", "uid", "gpus", "tasks", "partition", "leftover", "v"]
+    reader, writer = await asyncio.open_unix_connection(api.socket_path)
+    try:
+        for _ in range(300):
+            msg: dict[str, Any] = {"op": rng.choice(["job_start", "job_end", "conditions", "preflight"])}
+            for name in rng.sample(fields, rng.randint(0, len(fields))):
+                msg[name] = rng.choice(values)
+            writer.write(json.dumps(msg).encode() + b"\n")
+            await writer.drain()
+            reply = json.loads(await asyncio.wait_for(reader.readline(), 5))
+            assert reply["op"] in ("ok", "error", "conditions"), reply
+    finally:
+        writer.close()
+    good = await _send_as_root(api.socket_path, protocol.job_start("1", user="alice"))
+    assert good == {"v": 1, "op": "ok", "re": "job_start"}  # still serving
+    assert all(isinstance(m, HookMsg.__args__) for m in hooks.seen)  # type: ignore[attr-defined]
