@@ -262,14 +262,24 @@ class HaRunner:
         status.leader, status.leader_epoch, status.database_ok = self.lease.identity, epoch, True
         status.takeovers.append(time.time())
         ha = self.config.coordinator.ha
-        ledger = PgLedger(self.dsn, timeout_s=ha.statement_timeout_s)
-        ledger.epoch = epoch
         check = self.lease.check
-        bus = FencedBus(self.make_bus(), check)
-        scheduler = FencedScheduler(self.scheduler, check) if self.scheduler is not None else None
-        coordinator = Coordinator(
-            self.config, bus=bus, scheduler=scheduler, ledger=ledger, extra_plugins=self.extra_plugins
-        )
+        ledger: PgLedger | None = None
+        try:  # the engine reads its memory from the ledger here: the database may fail under it
+            ledger = PgLedger(self.dsn, timeout_s=ha.statement_timeout_s)
+            ledger.epoch = epoch
+            bus = FencedBus(self.make_bus(), check)
+            scheduler = FencedScheduler(self.scheduler, check) if self.scheduler is not None else None
+            coordinator = Coordinator(
+                self.config, bus=bus, scheduler=scheduler, ledger=ledger, extra_plugins=self.extra_plugins
+            )
+        except LedgerUnavailable as exc:
+            log.error("ha_coordinator_failed", identity=self.lease.identity, epoch=epoch, error=str(exc))
+            if ledger is not None:
+                ledger.close()
+            self.lease.release()
+            status.role, status.epoch = "standby", None
+            await asyncio.sleep(self.poll_s)
+            return
         coordinator.engine.executors = guard_executors(coordinator.engine.executors, check)
         coordinator.ha = status  # the API, /metrics and ftd status show who leads
         self.coordinator = coordinator
