@@ -415,9 +415,12 @@ class Engine:
         """Restart actions a previous run left pending or running (executors are idempotent), in
         the order of their plans: each one waits again for the steps it depends on that are being
         resumed too, and skips the phases it had finished (``detail["phases_done"]``)."""
-        resumed = self.ledger.unfinished()
+        # What this run decided itself (bus messages are handled a moment before the resume) is
+        # running already: resuming it too would run it twice.
+        mine = set(self._progress) | set(self.awaiting) | {r.id for r in self._running.values()}
+        resumed = [record for record in self.ledger.unfinished() if record.id not in mine]
         for plan in self.ledger.plans(limit=10_000, unfinished=True):
-            self._plans[plan.id] = plan
+            self._plans.setdefault(plan.id, plan)
         startable: list[ActionRecord] = []
         for record in resumed:
             if record.request.kind not in self.executors:

@@ -122,6 +122,23 @@ async def test_restart_neither_repeats_finished_nor_loses_unfinished_actions(tmp
     assert engine2.ledger.action(unfinished.id).state == ActionState.SUCCEEDED
 
 
+async def test_resume_leaves_alone_what_this_run_already_started(tmp_path: Path) -> None:
+    """The coordinator handles bus messages a moment before it resumes the last run's actions; an
+    action decided in that moment is in the ledger as running, and resuming it again ran it twice
+    (seen in the coordinator-crash e2e when the Xid came early)."""
+    block = asyncio.Event()
+    executor = Recorder(block=block)
+    engine = make_engine(tmp_path, executor)
+    [record] = engine.handle_event(make_event("node-1", Kind.ECC))
+    await asyncio.sleep(0.01)
+    assert engine.resume_unfinished() == []
+    block.set()
+    await engine.wait_idle(5)
+    assert executor.calls == ["node-1"]
+    stored = engine.ledger.action(record.id)
+    assert stored.state == ActionState.SUCCEEDED and "resumed" not in stored.detail
+
+
 def test_plugin_with_unknown_hook_fails_at_startup() -> None:
     class Typo:
         @hookimpl
