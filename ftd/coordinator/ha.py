@@ -26,7 +26,12 @@
   take the lease while the database is down, so nothing acts (fail safe, never two active); agents
   keep spooling events. When the database returns, one replica wins the lease and goes on.
 * **The coordinator fails** (an error out of its run, such as the database going away during a
-  start-up read): stepped down as above, the term released when still held, back to standby.
+  start-up read) **or a ledger write fails** (the database unreachable for a moment, shorter than the
+  lease): stepped down as above, the term released when still held, back to standby; the next term
+  (this replica's or another's) rebuilds from the ledger, gets the unacknowledged messages again
+  and resumes what was cut short. Without this, a message the ledger could not take would wait
+  for the next reconnect, and an action whose last write failed would stay "running" in the ledger
+  until the next takeover.
 * **Clean stop** (SIGTERM): the leader closes its coordinator (``offline`` status) and releases the
   lease, so a standby takes over at its next poll instead of after the TTL.
 """
@@ -287,7 +292,7 @@ class HaRunner:
             self.on_coordinator(coordinator)
         log.info("ha_leading", identity=self.lease.identity, epoch=epoch)
         running = asyncio.create_task(self._run(coordinator), name="coordinator")
-        keeper = asyncio.create_task(self._keep(), name="lease")
+        keeper = asyncio.create_task(self._keep(ledger), name="lease")
         clean = failed = False
         try:
             done, _ = await asyncio.wait({running, keeper}, return_when=asyncio.FIRST_COMPLETED)
@@ -303,6 +308,8 @@ class HaRunner:
                         epoch=epoch,
                         error=f"{type(error).__name__}: {error}",
                     )
+            elif keeper.result():
+                failed = True  # a ledger write failed: end the term (released if still held)
         except asyncio.CancelledError:
             clean = True  # a stop asked for (SIGTERM): close properly and hand the lease over
             raise
@@ -336,19 +343,27 @@ class HaRunner:
                 log.info("ha_state_warmed", messages=len(snapshot), jobs=len(coordinator.state.jobs))
         await coordinator.run()
 
-    async def _keep(self) -> None:
-        """Renew until the term is over (returns then)."""
+    async def _keep(self, ledger: PgLedger) -> bool:
+        """Renew until the term is over: False then; True when it must end because a ledger write
+        failed (the database was unreachable for a moment): what the engine holds in memory (an
+        action it counts as ended, a message it could not record) may then differ from the ledger,
+        and the next term -- this replica's or another's -- rebuilds from the ledger and resumes."""
         while True:
             await asyncio.sleep(self.lease.renew_s)
+            if ledger.write_failures:
+                log.warning(
+                    "ha_ledger_write_failed", epoch=self.lease.epoch, failures=ledger.write_failures
+                )
+                return True
             try:
                 if not self.lease.renew():
-                    return
+                    return False
                 self._refresh()
             except LedgerUnavailable as exc:
                 log.warning("lease_renew_failed", epoch=self.lease.epoch, error=str(exc))
                 if not self.lease.held:
                     self.lease.epoch = None
-                    return
+                    return False
 
     async def _step_down(self, coordinator: Any) -> None:
         """End a lost term without acting: no status, no ledger write, no acknowledgement."""

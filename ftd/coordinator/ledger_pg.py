@@ -118,6 +118,7 @@ class PgLedger:
         self.lease_name = lease_name
         self.epoch: int | None = None  # set by the lease: writes carry it (None: not fenced)
         self.stale_writes_rejected = 0
+        self.write_failures = 0  # writes (or transactions) the database did not take
         self._conn: psycopg.Connection[Any] | None = None
         self._depth = 0  # nesting of transaction()
         create_schema(self._db())
@@ -135,12 +136,14 @@ class PgLedger:
             self._conn = None
 
     @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
+    def _errors(self, write: bool = False) -> Iterator[None]:
         try:
             yield
         except (psycopg.OperationalError, psycopg.errors.QueryCanceled) as exc:
             if self._conn is not None and self._conn.closed:
                 self._conn = None
+            if write or self._depth:
+                self.write_failures += 1
             raise LedgerUnavailable(f"ledger database: {type(exc).__name__}: {exc}") from exc
 
     def _fence(self, conn: psycopg.Connection[Any]) -> None:
@@ -176,13 +179,13 @@ class PgLedger:
             finally:
                 self._depth -= 1
             return
-        with self._errors():
+        with self._errors(write=True):
             conn = self._db()
             conn.execute("BEGIN")
             self._depth = 1
         try:
             try:
-                with self._errors():
+                with self._errors(write=True):
                     self._fence(conn)
             except BaseException:
                 with contextlib.suppress(psycopg.Error):
@@ -192,7 +195,7 @@ class PgLedger:
         finally:
             self._depth = 0
             if not conn.closed:
-                with self._errors():
+                with self._errors(write=True):
                     conn.execute("COMMIT")
 
     def _write(self, sql: str, args: tuple[Any, ...]) -> int:
