@@ -152,6 +152,39 @@ def _check_job(job: str) -> str:
     return job
 
 
+async def run_command(
+    argv: Sequence[str], *, slurm_conf: str | None, timeout_s: float
+) -> tuple[int, str, str]:
+    """Run a Slurm command (``scontrol``, ``scancel``) with ``SLURM_CONF`` when given: (rc, stdout,
+    stderr). A command that cannot start or outlives ``timeout_s`` (killed) is a SchedulerError."""
+    env = dict(os.environ)
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+    except OSError as exc:
+        raise SchedulerError(f"cannot run {argv[0]}: {exc}", command=argv) from exc
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise SchedulerError(f"{argv[0]} timed out after {timeout_s}s (killed)", command=argv) from None
+    except asyncio.CancelledError:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
+    rc = proc.returncode if proc.returncode is not None else -1
+    return rc, out.decode(errors="replace"), err.decode(errors="replace")
+
+
 class SlurmScheduler:
     """Drain, resume and requeue through ``scontrol`` (see the module docstring for the semantics)."""
 
@@ -163,34 +196,8 @@ class SlurmScheduler:
         self.timeout_s = timeout_s
 
     async def _run(self, *args: str, check: bool = True) -> tuple[int, str, str]:
-        argv = [self.scontrol, *args]
-        env = dict(os.environ)
-        if self.slurm_conf:
-            env["SLURM_CONF"] = self.slurm_conf
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-            )
-        except OSError as exc:
-            raise SchedulerError(f"cannot run scontrol: {exc}", command=argv) from exc
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            msg = f"scontrol timed out after {self.timeout_s}s (killed)"
-            raise SchedulerError(msg, command=argv) from None
-        except asyncio.CancelledError:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            raise
-        rc = proc.returncode if proc.returncode is not None else -1
-        stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+        argv = (self.scontrol, *args)
+        rc, stdout, stderr = await run_command(argv, slurm_conf=self.slurm_conf, timeout_s=self.timeout_s)
         if check and rc != 0:
             raise SchedulerError("scontrol failed", command=argv, returncode=rc, stderr=stderr or stdout)
         return rc, stdout, stderr

@@ -28,11 +28,10 @@ same for Kubernetes (whose ``stop`` is the pod's SIGTERM), and the executor stay
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any, Protocol
 
 from ftd.coordinator.actions.scheduler import SchedulerError
-from ftd.coordinator.actions.slurm import parse_oneliner
+from ftd.coordinator.actions.slurm import parse_oneliner, run_command
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionState
 
@@ -82,28 +81,7 @@ class SlurmSignalFallback:
         self.timeout_s = timeout_s
 
     async def _run(self, *argv: str) -> tuple[int, str, str]:
-        env = dict(os.environ)
-        if self.slurm_conf:
-            env["SLURM_CONF"] = self.slurm_conf
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-            )
-        except OSError as exc:
-            raise SchedulerError(f"cannot run {argv[0]}: {exc}", command=argv) from exc
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), self.timeout_s)
-        except (TimeoutError, asyncio.CancelledError):
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            raise
-        rc = proc.returncode if proc.returncode is not None else -1
-        return rc, out.decode(errors="replace"), err.decode(errors="replace")
+        return await run_command(argv, slurm_conf=self.slurm_conf, timeout_s=self.timeout_s)
 
     async def job(self, job: str) -> dict[str, str]:
         """``scontrol show job -o JOB`` as a dict (empty when Slurm does not know the job)."""
