@@ -32,7 +32,6 @@ such as a node's ``bad_input`` summary of a window, whose count grows with every
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -42,10 +41,11 @@ from typing import IO, Any
 
 import msgspec
 
+from ftd.coordinator.ledger_seam import action_from_row, action_row
 from ftd.coordinator.plan import Plan, plan_decoder, plan_encoder
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
-from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
+from ftd.plugin.actions import ActionRecord, ActionRequest
 
 log = get_logger(__name__)
 
@@ -239,37 +239,16 @@ class Ledger:
     # --- actions -----------------------------------------------------------------------------
 
     def save_action(self, record: ActionRecord) -> None:
-        now = self.clock()
-        record.created = record.created or now
-        record.updated = now
-        req = record.request
         self._db.execute(
             "INSERT INTO actions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
             "state = excluded.state, detail = excluded.detail, updated = excluded.updated",
-            (
-                record.id,
-                req.key,
-                req.kind,
-                req.target,
-                str(record.state),
-                msgspec.json.encode(req).decode(),
-                json.dumps(record.detail, default=str),
-                record.created,
-                record.updated,
-            ),
+            action_row(record, self.clock()),
         )
 
     def _rows(self, where: str = "", args: tuple[Any, ...] = ()) -> Iterator[ActionRecord]:
         sql = "SELECT id, state, request, detail, created, updated FROM actions " + where
-        for id_, state, request, detail, created, updated in self._db.execute(sql, args):
-            yield ActionRecord(
-                id=id_,
-                request=_request_decoder.decode(request),
-                state=ActionState(state),
-                detail=json.loads(detail),
-                created=created,
-                updated=updated,
-            )
+        for row in self._db.execute(sql, args):
+            yield action_from_row(*row)
 
     def actions(self, *, limit: int = 100) -> list[ActionRecord]:
         return list(self._rows("ORDER BY created DESC, id DESC LIMIT ?", (limit,)))

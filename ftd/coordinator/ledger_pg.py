@@ -27,7 +27,6 @@ sizes: a loopback round trip is ~0.1 ms.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -36,11 +35,11 @@ import msgspec
 import psycopg
 
 from ftd.coordinator.ledger import Drain
-from ftd.coordinator.ledger_seam import LedgerFenced, LedgerUnavailable
+from ftd.coordinator.ledger_seam import LedgerFenced, LedgerUnavailable, action_from_row, action_row
 from ftd.coordinator.plan import Plan, plan_decoder, plan_encoder
 from ftd.events import Event
 from ftd.logs import get_logger
-from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
+from ftd.plugin.actions import ActionRecord, ActionRequest
 
 log = get_logger(__name__)
 
@@ -244,39 +243,15 @@ class PgLedger:
     # --- actions -----------------------------------------------------------------------------
 
     def save_action(self, record: ActionRecord) -> None:
-        now = self.clock()
-        record.created = record.created or now
-        record.updated = now
-        req = record.request
         self._write(
             "INSERT INTO actions VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
             "state = excluded.state, detail = excluded.detail, updated = excluded.updated",
-            (
-                record.id,
-                req.key,
-                req.kind,
-                req.target,
-                str(record.state),
-                msgspec.json.encode(req).decode(),
-                json.dumps(record.detail, default=str),
-                record.created,
-                record.updated,
-            ),
+            action_row(record, self.clock()),
         )
 
     def _rows(self, where: str = "", args: tuple[Any, ...] = ()) -> list[ActionRecord]:
         sql = "SELECT id, state, request, detail, created, updated FROM actions " + where
-        return [
-            ActionRecord(
-                id=id_,
-                request=_request_decoder.decode(request),
-                state=ActionState(state),
-                detail=json.loads(detail),
-                created=created,
-                updated=updated,
-            )
-            for id_, state, request, detail, created, updated in self._read(sql, args)
-        ]
+        return [action_from_row(*row) for row in self._read(sql, args)]
 
     def actions(self, *, limit: int = 100) -> list[ActionRecord]:
         return self._rows("ORDER BY created DESC, id DESC LIMIT %s", (limit,))

@@ -15,14 +15,54 @@ coordinator already counts and retries) says the database could not be reached o
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
 if TYPE_CHECKING:
     from ftd.coordinator.ledger import Drain
     from ftd.coordinator.plan import Plan
     from ftd.events import Event
-    from ftd.plugin.actions import ActionRecord
+
+
+_request_decoder = msgspec.json.Decoder(ActionRequest)
+
+
+def action_row(record: ActionRecord, now: float) -> tuple[Any, ...]:
+    """Stamp ``record`` (created once, updated now) and give its ``actions`` row, the same in both
+    backends: id, key, kind, target, state, request (JSON), detail (JSON), created, updated."""
+    record.created = record.created or now
+    record.updated = now
+    req = record.request
+    return (
+        record.id,
+        req.key,
+        req.kind,
+        req.target,
+        str(record.state),
+        msgspec.json.encode(req).decode(),
+        json.dumps(record.detail, default=str),
+        record.created,
+        record.updated,
+    )
+
+
+def action_from_row(
+    id_: str, state: str, request: str, detail: str, created: float, updated: float
+) -> ActionRecord:
+    """The record of a ``SELECT id, state, request, detail, created, updated`` row."""
+    return ActionRecord(
+        id=id_,
+        request=_request_decoder.decode(request),
+        state=ActionState(state),
+        detail=json.loads(detail),
+        created=created,
+        updated=updated,
+    )
 
 
 class LedgerFenced(OSError):
