@@ -6,6 +6,7 @@ the abstract namespace). Outside systemd the variable is unset and every call is
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
@@ -30,3 +31,14 @@ def watchdog_interval_s() -> float | None:
     if not usec or not usec.isdigit() or int(usec) == 0:
         return None
     return int(usec) / 2_000_000
+
+
+async def ping_watchdog() -> None:
+    """``WATCHDOG=1`` every :func:`watchdog_interval_s` until cancelled; returns at once when systemd
+    asked for no watchdog (a daemon whose liveness is its event loop running)."""
+    interval = watchdog_interval_s()
+    if interval is None:
+        return
+    while True:
+        notify("WATCHDOG=1")
+        await asyncio.sleep(interval)

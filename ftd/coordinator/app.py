@@ -96,7 +96,7 @@ from ftd.events import (
     encode,
 )
 from ftd.logs import get_logger
-from ftd.sdnotify import notify, watchdog_interval_s
+from ftd.sdnotify import notify, ping_watchdog
 
 if TYPE_CHECKING:
     from ftd.coordinator.ha import HaStatus
@@ -318,7 +318,7 @@ class Coordinator:
             notify("READY=1")
             if ready is not None:
                 ready()
-            watchdog = asyncio.create_task(self._watchdog())
+            watchdog = asyncio.create_task(ping_watchdog())
             await pump
         finally:
             pump.cancel()
@@ -413,14 +413,6 @@ class Coordinator:
         if rejected:
             pending.rejected.update(rejected)
         self._receipts_ready.set()
-
-    async def _watchdog(self) -> None:
-        interval = watchdog_interval_s()
-        if interval is None:
-            return
-        while True:
-            notify("WATCHDOG=1")
-            await asyncio.sleep(interval)
 
     async def close(self) -> None:
         api = getattr(self, "api", None)

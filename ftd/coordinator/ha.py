@@ -57,7 +57,7 @@ from ftd.coordinator.ledger_pg import PgLedger
 from ftd.coordinator.ledger_seam import LedgerUnavailable
 from ftd.coordinator.standby_api import StandbyApi
 from ftd.logs import get_logger
-from ftd.sdnotify import notify, watchdog_interval_s
+from ftd.sdnotify import notify, ping_watchdog
 
 log = get_logger(__name__)
 
@@ -213,7 +213,7 @@ class HaRunner:
         if ready is not None:
             ready()  # the replica is up; whether it leads is the lease's business
         notify("READY=1")  # systemd (Type=notify): a standby is a started service too
-        watchdog = asyncio.create_task(self._watchdog(), name="watchdog")
+        watchdog = asyncio.create_task(ping_watchdog(), name="watchdog")
         log.info("ha_standby", identity=self.lease.identity, ttl_s=self.lease.ttl_s)
         if self.view is not None:
             await self.view.start()
@@ -232,15 +232,6 @@ class HaRunner:
             if self.view is not None:
                 await self.view.stop()
             self.lease.close()
-
-    async def _watchdog(self) -> None:
-        """WATCHDOG=1 while standing by as while leading (the coordinator pings too, harmlessly)."""
-        interval = watchdog_interval_s()
-        if interval is None:
-            return
-        while True:
-            notify("WATCHDOG=1")
-            await asyncio.sleep(interval)
 
     async def _wait_for_lease(self) -> None:
         last_report = 0.0
