@@ -42,14 +42,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ftd.bench.chaos import Broker
 from ftd.bench.postgres import LocalPostgres
 from ftd.bus import topics
-from ftd.bus.base import Bus, Message
+from ftd.bus.base import Bus, ForwardingBus, Message
 from ftd.events import (
     Ack,
     CoordinatorStatus,
@@ -120,40 +120,16 @@ class RecordingScheduler:
         return ()
 
 
-class RecordingBus:
+class RecordingBus(ForwardingBus):
     """The MQTT bus with each publish recorded (it sits *inside* the lease guard: only what passed)."""
 
     def __init__(self, inner: Bus, effects: _Effects) -> None:
-        self.inner, self.effects = inner, effects
-
-    @property
-    def connected(self) -> bool:
-        return self.inner.connected
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def wait_connected(self, timeout: float | None = None) -> bool:
-        return await self.inner.wait_connected(timeout)
-
-    async def stop(self) -> None:
-        await self.inner.stop()
+        super().__init__(inner)
+        self.effects = effects
 
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self.effects.record("publish", topic)
         await self.inner.publish(topic, payload, retain=retain)
-
-    async def subscribe(self, pattern: str) -> None:
-        await self.inner.subscribe(pattern)
-
-    def messages(self) -> AsyncIterator[Message]:
-        return self.inner.messages()
-
-    def ack(self, message: Message) -> None:
-        self.inner.ack(message)
-
-    def set_birth(self, birth: Message | None) -> None:
-        self.inner.set_birth(birth)
 
 
 def coordinator_main(config_path: str, effects_path: str) -> int:

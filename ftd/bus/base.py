@@ -72,3 +72,39 @@ class Bus(Protocol):
 
     def set_birth(self, birth: Message | None) -> None:
         """From the next (re)connect on, publish ``birth`` (retained) first; None for nothing."""
+
+
+class ForwardingBus:
+    """A :class:`Bus` that hands every call to ``inner``: subclass it and override the calls to
+    watch or guard (the HA lease's fenced bus, the failover bench's recording bus)."""
+
+    def __init__(self, inner: Bus) -> None:
+        self.inner = inner
+
+    @property
+    def connected(self) -> bool:
+        return self.inner.connected
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def wait_connected(self, timeout: float | None = None) -> bool:
+        return await self.inner.wait_connected(timeout)
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        await self.inner.publish(topic, payload, retain=retain)
+
+    async def subscribe(self, pattern: str) -> None:
+        await self.inner.subscribe(pattern)
+
+    def messages(self) -> AsyncIterator[Message]:
+        return self.inner.messages()
+
+    def ack(self, message: Message) -> None:
+        self.inner.ack(message)
+
+    def set_birth(self, birth: Message | None) -> None:
+        self.inner.set_birth(birth)

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ftd.client import protocol
+from ftd.commands.slurm_hooks import ask
 
 DEFAULT_TIMEOUT_S = 0.8
 REASON_PREFIX = "ftd: health: "
@@ -65,29 +66,8 @@ def sanitize(reason: str) -> str:
 
 def ask_conditions(path: str, timeout: float) -> dict[str, Any]:
     """The agent's answer to ``conditions``; raises OSError/TimeoutError/ValueError."""
-    deadline = time.monotonic() + timeout
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        sock.sendall(protocol.encode(protocol.query(protocol.CONDITIONS)))
-        buf = b""
-        while b"\n" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no answer within {timeout:g} s")
-            sock.settimeout(left)
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("the agent closed the connection")
-            buf += chunk
-            if len(buf) > 4 * protocol.MAX_LINE:
-                raise ValueError("answer too long")
-    reply = protocol.decode(buf.split(b"\n", 1)[0])
-    if (
-        reply is None
-        or reply.get("op") != protocol.CONDITIONS
-        or not isinstance(reply.get("conditions"), list)
-    ):
+    reply = ask(path, protocol.query(protocol.CONDITIONS), timeout)
+    if reply.get("op") != protocol.CONDITIONS or not isinstance(reply.get("conditions"), list):
         raise ValueError(f"unexpected answer from the agent: {str(reply)[:200]}")
     return reply
 

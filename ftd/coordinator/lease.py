@@ -34,13 +34,13 @@ never waits behind the ledger's transaction.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from ftd.bus.base import Bus, Message
+from ftd.bus.base import Bus, ForwardingBus, Message
 from ftd.coordinator.actions.scheduler import JobInfo, NodeInfo, Scheduler
 from ftd.coordinator.ledger_pg import LEASE_NAME, connect, create_schema
 from ftd.coordinator.ledger_seam import LedgerUnavailable
@@ -250,38 +250,19 @@ class FencedScheduler:
         return getattr(self.inner, name)
 
 
-class FencedBus:
+class FencedBus(ForwardingBus):
     """A :class:`~ftd.bus.base.Bus` that publishes (directives, receipts, status) and acknowledges
     deliveries to the broker only while the lease is held: a fenced leader's unacknowledged messages
     stay in the shared persistent session for the next leader. (The birth message the MQTT client
     itself repeats on a reconnect is not guarded: a fenced coordinator stops its bus at once.)"""
 
     def __init__(self, inner: Bus, check: Check) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.check = check
-
-    @property
-    def connected(self) -> bool:
-        return self.inner.connected
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def wait_connected(self, timeout: float | None = None) -> bool:
-        return await self.inner.wait_connected(timeout)
-
-    async def stop(self) -> None:
-        await self.inner.stop()
 
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
         self.check()
         await self.inner.publish(topic, payload, retain=retain)
-
-    async def subscribe(self, pattern: str) -> None:
-        await self.inner.subscribe(pattern)
-
-    def messages(self) -> AsyncIterator[Message]:
-        return self.inner.messages()
 
     def ack(self, message: Message) -> None:
         try:
@@ -289,9 +270,6 @@ class FencedBus:
         except LeaseLost:
             return  # left for the next leader (redelivered from the session)
         self.inner.ack(message)
-
-    def set_birth(self, birth: Message | None) -> None:
-        self.inner.set_birth(birth)
 
 
 class _Guarded:

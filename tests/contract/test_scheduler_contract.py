@@ -219,7 +219,7 @@ async def test_slurm_timeout_kills_scontrol(tmp_path: Path) -> None:
 
 
 async def test_slurm_missing_binary_is_scheduler_error(tmp_path: Path) -> None:
-    with pytest.raises(SchedulerError, match="cannot run .*nope"):
+    with pytest.raises(SchedulerError, match=r"cannot run .*nope"):
         await SlurmScheduler(scontrol=str(tmp_path / "nope")).drain("node-1", "x")
 
 
