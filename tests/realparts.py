@@ -7,6 +7,7 @@ broken install can never turn the real-part tests into silent skips.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -399,6 +400,19 @@ def start_postgres(workdir: Path) -> LocalPostgres:
     missing, failed instead under ``FTD_REQUIRE_REAL=1``."""
     require_postgres()
     return LocalPostgres(workdir).start()
+
+
+_database_numbers = itertools.count()
+
+
+def fresh_database(server: LocalPostgres, prefix: str = "test") -> str:
+    """The dsn of a new, empty database on ``server``: tests share a server, never tables."""
+    import psycopg
+
+    name = f"{prefix}_{next(_database_numbers)}"
+    with psycopg.connect(server.dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    return server.dsn.replace("dbname=ftd", f"dbname={name}")
 
 
 def require_postgres() -> None:

@@ -99,8 +99,9 @@ async def main():
         except TimeoutError:
             pass
     await coord.engine.wait_idle(10)
-    rows = coord.ledger._db.execute("SELECT count(*) FROM events").fetchone()[0]
-    actions = dict(coord.ledger._db.execute("SELECT state, count(*) FROM actions GROUP BY state").fetchall())
+    rows = coord.ledger.ledger._db.execute("SELECT count(*) FROM events").fetchone()[0]
+    db = coord.ledger.ledger._db
+    actions = dict(db.execute("SELECT state, count(*) FROM actions GROUP BY state").fetchall())
     task.cancel()
     try:
         await task

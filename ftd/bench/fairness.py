@@ -104,10 +104,10 @@ async def main():
             await asyncio.wait_for(stop.wait(), 0.1)
         except TimeoutError:
             pass
-    coord.commit_summaries()
+    await coord.commit_summaries()
     summaries = [
         json.loads(body)
-        for (body,) in coord.ledger._db.execute(
+        for (body,) in coord.ledger.ledger._db.execute(
             "SELECT body FROM events WHERE node = ? AND kind = 'bad_input'", (flood,)
         )
     ]

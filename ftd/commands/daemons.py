@@ -126,18 +126,18 @@ def _coordinator(args: argparse.Namespace) -> int:
 
                 broker = await EmbeddedBroker(config.bus.host, config.bus.port).start()
             if config.coordinator.ha.ledger == "postgresql":  # active/standby (ftd.coordinator.ha)
-                from ftd.coordinator.ha import HaRunner
+                from ftd.coordinator.ha import HaRunner, view_bus_maker
 
                 def ha_bus() -> Bus:
                     return make_mqtt_bus(
                         config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True
                     )
 
-                def view_bus(client_id: str) -> Bus:  # the standby's clean session (retained state)
-                    return make_mqtt_bus(config.bus, client_id=client_id, clean_session=True)
-
                 runner = HaRunner(
-                    config, make_bus=ha_bus, scheduler=make_scheduler(config), make_view_bus=view_bus
+                    config,
+                    make_bus=ha_bus,
+                    scheduler=make_scheduler(config),
+                    make_view_bus=view_bus_maker(config),  # None: no login of its own, no view
                 )
                 await runner.run(ready)
                 return

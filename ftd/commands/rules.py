@@ -278,7 +278,7 @@ class Replay:
             node.online = False
         self._current = event
         try:
-            self.engine.handle_event(event)
+            await self.engine.handle_event(event)
         finally:
             self._current = None
         await self.sandbox.settle()

@@ -2,7 +2,8 @@
 
 What: :func:`read_secret_file` reads one, resolving a relative path against
 ``$CREDENTIALS_DIRECTORY`` (systemd ``LoadCredential=``); :func:`resolve_password` gives the broker
-password, inline or from ``bus.password_file``.
+password, inline or from ``bus.password_file``; :func:`standby_bus` the login of an HA standby's
+read-only view (``coordinator.ha.standby_*``), or why it has none.
 
 Why apart from validation: a secret is read when a daemon starts or a call needs it, not when the
 file is checked (``ftd check-config`` runs outside the service's credential sandbox), and a rotated
@@ -14,11 +15,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import msgspec
+
 from ftd.config.errors import ConfigError, Problem
 from ftd.config.paths import os_reason
-from ftd.config.schema import BusConfig
+from ftd.config.schema import BusConfig, Config
 
-__all__ = ["read_secret_file", "resolve_password"]
+__all__ = ["STANDBY_OPTIONS", "read_secret_file", "resolve_password", "standby_bus"]
+
+#: The standby view's login options (``coordinator.ha.<key>``) and the ``bus`` option each replaces.
+STANDBY_OPTIONS = {
+    "standby_username": "username",
+    "standby_password_file": "password_file",
+    "standby_cert_file": "cert_file",
+    "standby_key_file": "key_file",
+}
 
 
 def read_secret_file(name: str, key: str) -> str:
@@ -52,3 +63,26 @@ def resolve_password(bus: BusConfig) -> str | None:
     if bus.password_file is None:
         return None
     return read_secret_file(bus.password_file, "bus.password_file")
+
+
+def standby_bus(config: Config) -> tuple[BusConfig | None, str | None]:
+    """The bus an HA standby's read-only view (:class:`ftd.coordinator.ha.RetainedView`) connects
+    with, or ``(None, why not)``.
+
+    ``bus`` with the ``coordinator.ha.standby_*`` login in place of the coordinator's, and never
+    ``bus.client_id`` (the view gets a client id of its own). Without a standby login, only on an
+    anonymous bus: the coordinator's own login would, under Mosquitto's ``use_username_as_clientid``
+    (deploy/mosquitto), make the view *the* ``coordinator`` client and the broker would close the
+    leader's persistent session to let it in. (An anonymous bus has no user name to take a client id
+    from, and the view never uses ``bus.client_id``: no collision there.)"""
+    bus, ha = config.bus, config.coordinator.ha
+    if any(getattr(ha, option) is not None for option in STANDBY_OPTIONS):
+        login = {field: getattr(ha, option) for option, field in STANDBY_OPTIONS.items()}
+        return msgspec.structs.replace(bus, password=None, client_id=None, **login), None
+    what = (
+        "set coordinator.ha.standby_username and standby_password_file "
+        "(or standby_cert_file and standby_key_file)"
+    )
+    if bus.username is not None or bus.cert_file is not None:
+        return None, f"the bus is authenticated and the view would log in as the coordinator; {what}"
+    return msgspec.structs.replace(bus, client_id=None), None

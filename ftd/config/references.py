@@ -18,7 +18,9 @@ dotted path) for each one a daemon could not use:
   ``policy.dry_run_rules`` (a rule must exist, or a typo leaves it enabled or acting for real); with
   ``scheduler = "slurm"`` the ``slurm.scontrol`` executable and ``slurm.slurm_conf``; with
   ``"kubernetes"`` its ``token_file`` and a ``ca_file`` set in the file (the in-cluster default may
-  be absent: system CAs are used then); ``api.token_file`` (API enabled) and ``notify.url_file``.
+  be absent: system CAs are used then); ``api.token_file`` (API enabled) and ``notify.url_file``;
+  with a PostgreSQL ledger, the HA standby's login (``coordinator.ha.standby_cert_file`` and
+  ``standby_key_file`` by the bus's rules, ``standby_password_file`` readable).
 
 Secret files (``password_file``, ``token_file``, ``url_file``) are read with
 :func:`~ftd.config.credentials.read_secret_file`, the daemons' own reader. A relative secret name is
@@ -43,7 +45,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
 from ftd.config import paths
-from ftd.config.credentials import read_secret_file
+from ftd.config.credentials import STANDBY_OPTIONS, read_secret_file, standby_bus
 from ftd.config.errors import ConfigError, Problem
 from ftd.config.schema import BusConfig, Config, KubernetesConfig
 
@@ -96,6 +98,10 @@ def check_references(
     if "agent" in wanted:
         _agent(config, found)
     if "coordinator" in wanted:
+        standby, _ = standby_bus(config)
+        if config.coordinator.ha.ledger == "postgresql" and standby is not None:
+            at = {field: f"coordinator.ha.{option}" for option, field in STANDBY_OPTIONS.items()}
+            _client_certificate(standby, found, None, lambda key: at.get(key, f"bus.{key}"))
         _coordinator(config, found)
         _rules(config, found)
     deferred = set() if in_service else set(deferred_credentials(config, wanted))
@@ -109,40 +115,43 @@ def check_references(
     return sorted(found.problems, key=lambda p: order.get(p.path.split(".")[0], len(order)))
 
 
-def _client_certificate(bus: BusConfig, found: _Found, node: str | None) -> None:
+def _client_certificate(
+    bus: BusConfig, found: _Found, node: str | None, option: Callable[[str], str] = "bus.{}".format
+) -> None:
     """``bus.cert_file`` / ``bus.key_file`` (mutual TLS): both or neither, with ``tls``, each a
     readable file, and the pair loads as the daemon loads it (a key that does not match is named).
     For an agent (``node`` given) the certificate's CN must be the node name: the broker takes the CN
     as the identity its ACL grants ``ftd/v1/nodes/<CN>/...``, so any other CN silently drops every
-    event the agent publishes."""
+    event the agent publishes. ``option(key)``: the dotted path problems are reported at (the HA
+    standby's login is a ``BusConfig`` derived from ``coordinator.ha.standby_*``)."""
     if bus.cert_file is None and bus.key_file is None:
         return
-    for option, value, other in (
-        ("bus.cert_file", bus.cert_file, bus.key_file),
-        ("bus.key_file", bus.key_file, bus.cert_file),
+    cert_option, key_option = option("cert_file"), option("key_file")
+    for at, value, other, missing in (
+        (cert_option, bus.cert_file, bus.key_file, key_option),
+        (key_option, bus.key_file, bus.cert_file, cert_option),
     ):
         if value is not None and other is None:
-            missing = "bus.key_file" if option == "bus.cert_file" else "bus.cert_file"
-            found.problems.append(Problem(option, f"is set but {missing} is not: mutual TLS needs both"))
+            found.problems.append(Problem(at, f"is set but {missing} is not: mutual TLS needs both"))
         if value is not None and not bus.tls:
-            found.problems.append(Problem(option, "is set but bus.tls is not true; set tls = true"))
+            found.problems.append(Problem(at, "is set but bus.tls is not true; set tls = true"))
     if not bus.tls or bus.cert_file is None or bus.key_file is None:
         return
-    cert_ok = found.check("bus.cert_file", bus.cert_file, paths.file_problem, "bus.tls")
-    key_ok = found.check("bus.key_file", bus.key_file, paths.file_problem, "bus.tls")
+    cert_ok = found.check(cert_option, bus.cert_file, paths.file_problem, "bus.tls")
+    key_ok = found.check(key_option, bus.key_file, paths.file_problem, "bus.tls")
     if cert_ok and key_ok:
         import ssl  # not at module level: ``import ftd.config`` stays light
 
         try:
             ssl.create_default_context().load_cert_chain(bus.cert_file, bus.key_file)
         except (ssl.SSLError, OSError) as exc:
-            reason = f"does not load with bus.key_file {bus.key_file}: {exc}"
-            found.problems.append(Problem("bus.cert_file", reason))
+            reason = f"does not load with {key_option} {bus.key_file}: {exc}"
+            found.problems.append(Problem(cert_option, reason))
             return
         cn = _common_name(bus.cert_file)
         if node is not None and cn is not None and cn != node and found.known("agent.node"):
             reason = f"its CN is {cn!r} but this agent's node is {node!r}: the broker would know it as {cn!r}"
-            found.problems.append(Problem("bus.cert_file", reason))
+            found.problems.append(Problem(cert_option, reason))
 
 
 def _common_name(path: str) -> str | None:
@@ -177,6 +186,9 @@ def _secrets(config: Config, roles: Collection[str]) -> Iterator[tuple[str, str]
             yield "coordinator.api.token_file", coordinator.api.token_file
         if coordinator.notify.url_file is not None:
             yield "coordinator.notify.url_file", coordinator.notify.url_file
+        ha = coordinator.ha
+        if ha.ledger == "postgresql" and ha.standby_password_file is not None:
+            yield "coordinator.ha.standby_password_file", ha.standby_password_file
 
 
 def _agent(config: Config, found: _Found) -> None:

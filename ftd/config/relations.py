@@ -4,7 +4,9 @@ What: :func:`check_relations` returns a :class:`~ftd.config.errors.Problem` for 
 
 - exclusive or dependent options: ``bus.password`` vs ``bus.password_file``, a user name needs a
   password and a password a user name, ``bus.ca_file`` needs ``bus.tls``, ``coordinator.notify``'s
-  ``webhook_url`` vs ``url_file``, ``coordinator.ha.ledger = "postgresql"`` needs ``ha.dsn``;
+  ``webhook_url`` vs ``url_file``, ``coordinator.ha.ledger = "postgresql"`` needs ``ha.dsn``; the
+  same user name / password rules for the HA standby's login (``coordinator.ha.standby_username``,
+  ``standby_password_file``), which only a PostgreSQL ledger uses;
 - orderings: ``bus.reconnect_min_s <= reconnect_max_s``; per ``agent.fs.mounts`` entry
   ``warn_pct < critical_pct`` and ``agent.fs.hysteresis_pct < warn_pct`` (or a warning never
   clears); ``agent.memory.available_critical_pct < available_warn_pct``;
@@ -28,12 +30,13 @@ bus.reconnect_max_s (10.0, the default), got 20").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from ftd.config.credentials import STANDBY_OPTIONS
 from ftd.config.errors import Problem
 from ftd.config.schema import (
     NODE_LABELS,
@@ -131,22 +134,39 @@ def _credentials(data: Mapping[Any, Any]) -> Iterator[Problem | None]:
     if None not in (notify.get("webhook_url"), notify.get("url_file")):
         yield Problem("coordinator.notify.url_file", "mutually exclusive with webhook_url; keep one of them")
     bus = _table(data, "bus")
-
-    def given(key: str) -> bool:
-        return bus.get(key) is not None
-
-    if given("password") and given("password_file"):
-        yield Problem("bus.password_file", "mutually exclusive with bus.password; keep one of them")
-    if given("username") and not (given("password") or given("password_file")):
-        yield Problem("bus.username", "a user name needs a password: set bus.password_file")
-    if not given("username") and (given("password") or given("password_file")):
-        key = "password" if given("password") else "password_file"
-        yield Problem(f"bus.{key}", "a password needs bus.username (MQTT sends none without a user name)")
-    if given("ca_file") and bus.get("tls") is not True:
+    yield from _login(bus, lambda key: f"bus.{key}")
+    if bus.get("ca_file") is not None and bus.get("tls") is not True:
         yield Problem("bus.ca_file", "is set but bus.tls is not true; set tls = true or remove it")
     ha = _table(data, "coordinator", "ha")
     if ha.get("ledger") == "postgresql" and ha.get("dsn") is None:
         yield Problem("coordinator.ha.dsn", "ledger = postgresql needs the database's connection string")
+    # The standby view's login: the same rules as the bus's, on the options that replace bus.*.
+    standby = {field: ha.get(option) for option, field in STANDBY_OPTIONS.items()}
+    yield from _login(
+        standby, {field: f"coordinator.ha.{option}" for option, field in STANDBY_OPTIONS.items()}.get
+    )
+    given = [f"coordinator.ha.{option}" for option in STANDBY_OPTIONS if ha.get(option) is not None]
+    if given and ha.get("ledger") != "postgresql":
+        yield Problem(given[0], "is set but coordinator.ha.ledger is not postgresql (no standby to use it)")
+
+
+def _login(table: Mapping[Any, Any], path: Callable[[str], str | None]) -> Iterator[Problem]:
+    """A user name and its password, in ``table`` (``bus``'s keys); ``path(key)`` is the option's
+    dotted path (``None``: the option does not exist there, e.g. the standby's inline password)."""
+
+    def given(key: str) -> bool:
+        return table.get(key) is not None
+
+    def at(key: str) -> str:
+        return path(key) or key
+
+    if given("password") and given("password_file"):
+        yield Problem(at("password_file"), f"mutually exclusive with {at('password')}; keep one of them")
+    if given("username") and not (given("password") or given("password_file")):
+        yield Problem(at("username"), f"a user name needs a password: set {at('password_file')}")
+    if not given("username") and (given("password") or given("password_file")):
+        key = "password" if given("password") else "password_file"
+        yield Problem(at(key), f"a password needs {at('username')} (MQTT sends none without a user name)")
 
 
 #: Pairs of options of one table that must be ordered: (table, its defaults, the lower option, the
@@ -216,11 +236,15 @@ def _windows(data: Mapping[Any, Any]) -> Iterator[Problem | None]:
         "no time-to-full forecast could be made",
     )
     yield too_few
-    yield None if too_few else _order(
-        _value(fs, prefix, "forecast_min_span_s", FsConfig()),
-        window,
-        strict=False,
-        why=" (no time-to-full forecast could be made)",
+    yield (
+        None
+        if too_few
+        else _order(
+            _value(fs, prefix, "forecast_min_span_s", FsConfig()),
+            window,
+            strict=False,
+            why=" (no time-to-full forecast could be made)",
+        )
     )
     memory, prefix = _table(data, "agent", "memory"), "agent.memory"
     yield _must_span(

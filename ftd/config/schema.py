@@ -659,6 +659,33 @@ class HaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         PositiveSeconds,
         _doc("Longest wait for one ledger statement; a slower database counts as unavailable."),
     ] = 2.0
+    # The standby's warm view (ftd.coordinator.ha.RetainedView): a read-only broker login of its own.
+    standby_username: Annotated[
+        NonEmptyStr | None,
+        _doc(
+            "MQTT user of a standby's read-only view of the retained node status (needs "
+            "standby_password_file); deploy/mosquitto/acl names it coordinator-standby. Unset on an "
+            "authenticated bus (and without standby_cert_file): no view, a takeover then waits for "
+            "the retained messages; the coordinator's own login would take over the leader's session."
+        ),
+    ] = None
+    standby_password_file: Annotated[
+        NonEmptyStr | None,
+        _doc(
+            "File holding standby_username's MQTT password (trailing newline ignored); relative: "
+            "against $CREDENTIALS_DIRECTORY when set, like bus.password_file."
+        ),
+    ] = None
+    standby_cert_file: Annotated[
+        NonEmptyStr | None,
+        _doc(
+            "Client certificate (PEM) of the standby's view on a mutual-TLS bus (needs bus.tls and "
+            "standby_key_file); its CN is the view's identity, e.g. 'coordinator-standby'."
+        ),
+    ] = None
+    standby_key_file: Annotated[
+        NonEmptyStr | None, _doc("Private key (PEM) of standby_cert_file; readable by the daemon only.")
+    ] = None
 
 
 class ReturnToServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

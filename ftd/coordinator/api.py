@@ -49,12 +49,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ftd import __version__
 from ftd.config import ApiConfig, read_secret_file
+from ftd.coordinator.ledger_seam import LedgerUnavailable
 from ftd.coordinator.plugins import describe_plugins, disabled_plugins
 from ftd.events import Event, JobAllocation
 from ftd.logs import get_logger
@@ -530,6 +532,50 @@ def host_allowed(header: str | None, cfg: ApiConfig) -> bool:
     return _host_name(header) in allowed
 
 
+def host_check(cfg: ApiConfig, counters: dict[str, int]) -> Middleware:
+    """The DNS rebinding guard (see the module docstring) as an aiohttp middleware: a request whose
+    ``Host`` names no host of ``cfg`` is answered 421, counted in ``counters["wrong_host"]``. The full
+    API and the standby's (:mod:`ftd.coordinator.standby_api`) both put it in front of every route."""
+
+    @web.middleware
+    async def check_host(request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = request.headers.get("Host")
+        if host_allowed(host, cfg):
+            return await handler(request)
+        counters["wrong_host"] = counters.get("wrong_host", 0) + 1
+        if counters["wrong_host"] <= 10 or counters["wrong_host"] % 1000 == 0:
+            log.warning("api_wrong_host", host=(host or "")[:100], remote=request.remote)
+        message = (
+            f"this API does not serve host {(host or '')[:100]!r} (DNS rebinding protection): "
+            "reach it by an allowed name, or add this one to coordinator.api.allowed_hosts"
+        )
+        return json_response(Error(error=message), 421)
+
+    return check_host
+
+
+async def dashboard_index(request: web.Request) -> web.Response:
+    """``GET /``: the dashboard page (``web/index.html``), never cached stale."""
+    return web.Response(
+        body=(WEB_DIR / "index.html").read_bytes(),
+        content_type="text/html",
+        charset="utf-8",
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+async def dashboard_static(request: web.Request) -> web.Response:
+    """``GET /static/{name}``: one of :data:`STATIC_FILES` (no path is ever built from input), else 404."""
+    name = request.match_info["name"]
+    content_type = STATIC_FILES.get(name)
+    if content_type is None:
+        return json_response(Error(error=f"no such file: {name[:64]!r}"), 404)
+    return web.Response(
+        body=(WEB_DIR / name).read_bytes(),
+        headers={"Content-Type": content_type, "Cache-Control": "no-cache"},
+    )
+
+
 @dataclass
 class _Failures:
     count: int = 0
@@ -584,7 +630,9 @@ class Api:
     # --- app ------------------------------------------------------------------------------------
 
     def _build(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._check_host], client_max_size=MAX_BODY)
+        app = web.Application(
+            middlewares=[self._errors, host_check(self.cfg, self.counters)], client_max_size=MAX_BODY
+        )
         for route in ROUTES:
             app.router.add_route(route.method, route.path, self._wrap(route))
         return app
@@ -611,23 +659,12 @@ class Api:
                 raise
             headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate")}
             return json_response(Error(error=exc.reason or "error"), exc.status, headers)
+        except LedgerUnavailable as exc:  # the HA ledger's database is down or slow: try again later
+            log.warning("api_ledger_unavailable", path=request.path, error=str(exc))
+            return json_response(Error(error=f"ledger unavailable: {exc}"), 503, {"Retry-After": "1"})
         except Exception:
             log.exception("api_handler_failed", path=request.path, method=request.method)
             return json_response(Error(error="internal error (logged by the coordinator)"), 500)
-
-    @web.middleware
-    async def _check_host(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        host = request.headers.get("Host")
-        if not host_allowed(host, self.cfg):
-            self.counters["wrong_host"] += 1
-            if self.counters["wrong_host"] <= 10 or self.counters["wrong_host"] % 1000 == 0:
-                log.warning("api_wrong_host", host=(host or "")[:100], remote=request.remote)
-            raise ApiError(
-                421,
-                f"this API does not serve host {(host or '')[:100]!r} (DNS rebinding protection): "
-                "reach it by an allowed name, or add this one to coordinator.api.allowed_hosts",
-            )
-        return await handler(request)
 
     def _authorize(self, request: web.Request) -> None:
         address = request.remote or "unknown"
@@ -703,7 +740,7 @@ class Api:
                 version=__version__,
                 bus_connected=bool(c.bus.connected),
                 uptime_s=round(time.time() - self.started, 3),
-                actions_in_progress=len(c.ledger.unfinished()),
+                actions_in_progress=c.engine.in_progress,
             )
         )
 
@@ -716,22 +753,10 @@ class Api:
         return json_response(openapi_document())
 
     async def index(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=(WEB_DIR / "index.html").read_bytes(),
-            content_type="text/html",
-            charset="utf-8",
-            headers={"Cache-Control": "no-cache"},
-        )
+        return await dashboard_index(request)
 
     async def static(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        content_type = STATIC_FILES.get(name)
-        if content_type is None:
-            raise ApiError(404, f"no such file: {name[:64]!r}")
-        return web.Response(
-            body=(WEB_DIR / name).read_bytes(),
-            headers={"Content-Type": content_type, "Cache-Control": "no-cache"},
-        )
+        return await dashboard_static(request)
 
     async def ha(self, request: web.Request) -> web.Response:
         ha = self.coordinator.ha
@@ -809,37 +834,37 @@ class Api:
 
     async def events(self, request: web.Request) -> web.Response:
         q = _query(request, EventsQuery)
-        return json_response(self.coordinator.ledger.events(limit=q.limit, node=q.node))
+        return json_response(await self.coordinator.ledger.events(limit=q.limit, node=q.node))
 
     async def actions(self, request: web.Request) -> web.Response:
         q = _query(request, ActionsQuery)
-        return json_response([action_out(r) for r in self.coordinator.ledger.actions(limit=q.limit)])
+        return json_response([action_out(r) for r in await self.coordinator.ledger.actions(limit=q.limit)])
 
-    def _record(self, request: web.Request) -> ActionRecord:
+    async def _record(self, request: web.Request) -> ActionRecord:
         action_id: str = _path_param(request, "id", ActionId)
-        record = self.coordinator.ledger.action(action_id)
+        record = await self.coordinator.ledger.action(action_id)
         if record is None:
             raise ApiError(404, f"no action with id {action_id[:80]!r}")
         return record
 
     async def action(self, request: web.Request) -> web.Response:
-        return json_response(action_out(self._record(request)))
+        return json_response(action_out(await self._record(request)))
 
     # --- mutating handlers ------------------------------------------------------------------------
 
     async def _decide(self, request: web.Request, verb: str, body_type: type[Any]) -> web.Response:
-        record = self._record(request)
+        record = await self._record(request)
         body = await _body(request, body_type, required=False)
         engine = self.coordinator.engine
         try:
             if verb == "approve":
-                engine.approve(record.id, by=body.by)
+                await engine.approve(record.id, by=body.by)
             else:
-                engine.reject(record.id, body.reason, by=body.by)
+                await engine.reject(record.id, body.reason, by=body.by)
         except KeyError as exc:
             raise ApiError(404, f"{record.id}: {exc.args[0] if exc.args else exc}") from None
         log.info("action_decision_via_api", verb=verb, action_id=record.id, by=body.by)
-        updated = self.coordinator.ledger.action(record.id) or record
+        updated = await self.coordinator.ledger.action(record.id) or record
         return json_response(action_out(updated))
 
     async def approve(self, request: web.Request) -> web.Response:
@@ -848,8 +873,8 @@ class Api:
     async def reject(self, request: web.Request) -> web.Response:
         return await self._decide(request, "reject", RejectRequest)
 
-    def _submit(self, request: ActionRequest) -> web.Response:
-        record = self.coordinator.engine.submit(request)
+    async def _submit(self, request: ActionRequest) -> web.Response:
+        record = await self.coordinator.engine.submit(request)
         started = record.state in (ActionState.PENDING, ActionState.RUNNING)
         return json_response(action_out(record), 202 if started else 200)
 
@@ -862,14 +887,14 @@ class Api:
     async def drain(self, request: web.Request) -> web.Response:
         node = self._known_node(request)
         body = await _body(request, DrainRequest, required=True)
-        return self._submit(
+        return await self._submit(
             ActionRequest(kind=ActionKind.DRAIN_NODE, target=node, reason=body.reason, rule=f"api:{body.by}")
         )
 
     async def resume(self, request: web.Request) -> web.Response:
         node = self._known_node(request)
         body = await _body(request, ResumeRequest, required=False)
-        return self._submit(
+        return await self._submit(
             ActionRequest(kind=ActionKind.RESUME_NODE, target=node, reason=body.reason, rule=f"api:{body.by}")
         )
 
@@ -878,7 +903,7 @@ class Api:
         if job not in self.coordinator.state.jobs:
             raise ApiError(404, f"job {job!r} is not known to the coordinator (no rank has registered)")
         body = await _body(request, RestartRequest, required=True)
-        return self._submit(
+        return await self._submit(
             ActionRequest(
                 kind=ActionKind.CHECKPOINT_RESTART,
                 target=job,

@@ -46,7 +46,7 @@ import asyncio
 import contextlib
 import sqlite3
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +69,7 @@ from ftd.coordinator.fairness import (
     RateLimiter,
     readable_ids,
 )
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.ledger import Ledger, as_store
 from ftd.coordinator.ledger_seam import LedgerStore
 from ftd.coordinator.placement import NeedPlacement, Placement
 from ftd.coordinator.plugins import collect_executors, describe_plugins, disabled_plugins, make_plugin_manager
@@ -166,7 +166,7 @@ class Coordinator:
         *,
         bus: Bus,
         scheduler: Scheduler | None,
-        ledger: LedgerStore | None = None,
+        ledger: LedgerStore | Ledger | None = None,
         extra_plugins: tuple[object, ...] = (),
         node_rate: float = NODE_RATE,
         node_burst: float = NODE_BURST,
@@ -181,7 +181,8 @@ class Coordinator:
         self.scheduler = scheduler
         self.state = ClusterState()
         self.acks = AckBook()
-        self.ledger: LedgerStore = ledger or Ledger(cfg.ledger_path)
+        self.ledger: LedgerStore = as_store(ledger or Ledger(cfg.ledger_path))
+        self.loaded = False  # the engine's and the reconciler's memory read from the ledger (load())
         self.ha: HaStatus | None = None  # who leads, when run by ftd.coordinator.ha (PostgreSQL ledger)
         self.bad_messages = 0
         self.storage_errors = 0  # messages left unacknowledged because the ledger could not commit
@@ -236,7 +237,6 @@ class Coordinator:
             interval_s=cfg.reconcile_interval_s,
             pending_alert_s=cfg.pending_alert_s,
         )
-        self.reconciler.restore()
         self.engine.observe(self.reconciler.observe)
         if cfg.return_to_service.rules:  # opt-in per rule: reset -> preflight -> resume or RMA
             self.return_to_service = ReturnToService(
@@ -247,14 +247,24 @@ class Coordinator:
             unknown = sorted(set(cfg.return_to_service.rules) - loaded)
             if unknown:  # a typo would silently keep those resets out of return to service
                 log.warning("return_to_service_rules_not_loaded", rules=unknown, loaded=sorted(loaded))
-        self.engine.startup(self)  # ftd_startup hooks, each on its own
-        self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], bool]] = {
+        self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], Awaitable[bool]]] = {
             "events": self._on_event,
             "status": self._on_status,
             "jobs": self._on_presence,
             "acks": self._on_ack,
             "conditions": self._on_conditions,
         }
+
+    async def load(self) -> None:
+        """Read what the ledger remembers -- the engine's gate, held approvals and history, ftd's
+        drains -- then call the ``ftd_startup`` hooks; once, before the first message is handled
+        (:meth:`run` calls it; so does the HA runner, before it replays its warm view)."""
+        if self.loaded:
+            return
+        await self.engine.load()
+        await self.reconciler.restore()  # ftd's drains before any event is decided
+        self.loaded = True
+        self.engine.startup(self)  # ftd_startup hooks, each on its own
 
     async def _publish(self, topic: str, payload: bytes) -> None:
         self._note_node_directive(topic, payload)
@@ -296,6 +306,7 @@ class Coordinator:
         """Process bus messages until cancelled."""
         from ftd.coordinator.api import start_api  # HTTP API + dashboard (None when disabled)
 
+        await self.load()
         self.api = await start_api(self)
         await self.start()
         await self.bus.wait_connected()
@@ -310,7 +321,7 @@ class Coordinator:
         reconcile: asyncio.Task[None] | None = None
         try:
             await asyncio.sleep(0.5)
-            self.engine.resume_unfinished()
+            await self.engine.resume_unfinished()
             reconcile = asyncio.create_task(self.reconciler.run(), name="reconcile")
             online = Message(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
             self.bus.set_birth(online)  # said again on every reconnect: agents then resend unreceipted events
@@ -335,7 +346,7 @@ class Coordinator:
             if await self.handle(message):
                 self._acks.append(message)
                 if len(self._acks) >= ACK_EVERY:
-                    self._flush()
+                    await self._flush()
                 else:
                     self._flush_due.set()
 
@@ -348,29 +359,29 @@ class Coordinator:
             await self._flush_due.wait()
             await asyncio.sleep(ACK_DELAY_S)
             self._flush_due.clear()
-            if not self._flush():
+            if not await self._flush():
                 await asyncio.sleep(self.RETRY_COMMIT_S)
                 self._flush_due.set()
 
-    def _flush(self) -> bool:
+    async def _flush(self) -> bool:
         """Commit the changed summaries, then acknowledge the messages handled since the last flush;
         False (nothing acknowledged, tried again later) when the ledger cannot commit."""
-        if (self.inputs.dirty or self.placement.security.dirty) and not self.commit_summaries():
+        if (self.inputs.dirty or self.placement.security.dirty) and not await self.commit_summaries():
             return False
         acks, self._acks = self._acks, []
         for message in acks:
             self.bus.ack(message)
         return True
 
-    def commit_summaries(self) -> bool:
+    async def commit_summaries(self) -> bool:
         """Commit every ``bad_input`` summary changed since the last call (one transaction), then
         receipt the events folded or refused into them; False on a storage error (tried again later)."""
         summaries = self.inputs.pending() + self.placement.security.pending()
         if summaries:
             try:
-                with self.ledger.transaction():
+                async with self.ledger.transaction():
                     for summary in summaries:
-                        self.ledger.record_summary(summary)
+                        await self.ledger.record_summary(summary)
             except (sqlite3.Error, OSError) as exc:
                 self.storage_errors += 1
                 log.error("summary_commit_failed", error=str(exc), total=self.storage_errors)
@@ -420,31 +431,22 @@ class Coordinator:
             await api.stop()
         await self.engine.close()
         await self.placement.close()
-        self._flush()  # what was folded or refused last is in the ledger, not only in memory
+        await self._flush()  # what was folded or refused last is in the ledger, not only in memory
         if self.bus.connected:
             with contextlib.suppress(BusUnavailable):
                 await self.bus.publish(topics.COORDINATOR_STATUS, coordinator_status("offline"), retain=True)
         await self.bus.stop()
-        self.ledger.close()
+        await self.ledger.close()
 
     # --- message handling --------------------------------------------------------------------
 
-    def handle_message(self, message: Message) -> bool:
-        """Handle one bus message to the end -- a batch in one go, the summaries committed -- and say
-        whether it may be acknowledged to the broker (handled, folded or refused for good; False:
-        deliver it again, the ledger could not commit). The bus pump uses :meth:`handle` instead."""
-        steps = self._steps(message)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                ok: bool = done.value
-                break
-            except NeedPlacement as need:  # only the async path can ask the scheduler
-                log.warning("placement_unknown_not_handled", topic=message.topic[:200], jobs=need.jobs)
-                return False
+    async def handle_message(self, message: Message) -> bool:
+        """Handle one bus message to the end -- the summaries committed too -- and say whether it may
+        be acknowledged to the broker (handled, folded or refused for good; False: deliver it again,
+        the ledger could not commit). The bus pump uses :meth:`handle` and commits in groups."""
+        ok = await self.handle(message)
         if self.inputs.dirty or self.placement.security.dirty:
-            self.commit_summaries()  # a storage error leaves them pending, as the pump's commits do
+            await self.commit_summaries()  # a storage error leaves them pending, as the pump's commits do
         return ok
 
     async def handle(self, message: Message) -> bool:
@@ -455,15 +457,8 @@ class Coordinator:
         scheduler lookup (handlers raise :class:`NeedPlacement` before any side effect); one the
         scheduler cannot vouch for now is held and retried (:mod:`ftd.coordinator.placement`)."""
         for attempt in (1, 2):
-            steps = self._steps(message)
             try:
-                while True:
-                    try:
-                        next(steps)
-                    except StopIteration as done:
-                        ok: bool = done.value
-                        return ok
-                    await asyncio.sleep(0)
+                return await self._process(message)
             except NeedPlacement as need:
                 if attempt == 1 and await self.placement.lookup(need.node, need.jobs):
                     continue
@@ -480,8 +475,8 @@ class Coordinator:
         self._refuse(message, levels[1], "placement_unverified", error)
         self._flush_due.set()
 
-    def _steps(self, message: Message) -> Generator[None, None, bool]:
-        """The handling of one message; it yields where the caller may give the loop a turn."""
+    async def _process(self, message: Message) -> bool:
+        """The handling of one message (a batch gives the loop a turn between its chunks)."""
         node: str | None = None  # whose summary a refusal goes into (None: no node to charge)
         events = batch = False  # an event message, a batch of them: its event ids are worth reading
         try:
@@ -497,11 +492,11 @@ class Coordinator:
                 why = f"payload of {len(message.payload)} bytes is over the limit of {limit}"
                 raise _Refused("oversized", why, ids)
             if batch:
-                return (yield from self._on_batch(node, message))
+                return await self._on_batch(node, message)
             handler = self._handlers.get(levels[2])
             if handler is None:
                 raise DecodeError("unexpected topic")
-            return handler(levels, message)
+            return await handler(levels, message)
         except _Refused as refused:
             return self._refuse(message, node, refused.reason, refused.error, refused.ids)
         except NeedPlacement:
@@ -545,7 +540,7 @@ class Coordinator:
                 summary="events over the rate are folded into a bad_input event",
             )
 
-    def _on_event(self, levels: tuple[str, ...], message: Message) -> bool:
+    async def _on_event(self, levels: tuple[str, ...], message: Message) -> bool:
         node = levels[1]
         try:
             event = decode(message.payload, Event)
@@ -559,11 +554,11 @@ class Coordinator:
         if not self.limiter.admit(node, event.severity):
             self._fold(event)
             return True
-        self.engine.handle_event(event)
+        await self.engine.handle_event(event)
         self._receipt(node, [event.id])
         return True
 
-    def _on_batch(self, node: str, message: Message) -> Generator[None, None, bool]:
+    async def _on_batch(self, node: str, message: Message) -> bool:
         """``ftd/v1/nodes/{node}/events/batch``: a JSON list of Events, all of that node (the ACL
         vouches for the topic). Checked as a whole before any is handled: one bad event refuses the
         batch, so a batch is never half-applied. Both passes go in chunks of :data:`BATCH_CHUNK`."""
@@ -577,7 +572,7 @@ class Coordinator:
                         why = f"event for node {event.node!r} in a batch under node {node!r}"
                         raise _Refused("foreign_node", why, readable_ids(message.payload, batch=True))
                     events.append(event)
-                yield
+                await asyncio.sleep(0)
         except DecodeError as exc:
             ids = readable_ids(message.payload, batch=True)
             raise _Refused("invalid", f"{exc} (in a batch)", ids) from None
@@ -592,11 +587,9 @@ class Coordinator:
                 self._fold(event)
         for start in range(0, len(admitted), BATCH_CHUNK):
             if start:
-                yield
+                await asyncio.sleep(0)
             chunk = admitted[start : start + BATCH_CHUNK]
-            with self.ledger.transaction():  # one commit per chunk: the storm's hot path
-                for event in chunk:
-                    self.engine.handle_event(event)
+            await self.engine.handle_events(chunk)  # one commit per chunk: the storm's hot path
             self._receipt(node, [e.id for e in chunk])
         return True
 
@@ -626,7 +619,7 @@ class Coordinator:
                 self._receipt(node, [], {event.id: why})
         return forged
 
-    def _on_status(self, levels: tuple[str, ...], message: Message) -> bool:
+    async def _on_status(self, levels: tuple[str, ...], message: Message) -> bool:
         if not message.payload:
             return True
         status = decode(message.payload, NodeStatus)
@@ -635,7 +628,7 @@ class Coordinator:
         changed = self.state.apply_status(status)
         log.info("node_status", node=status.node, state=status.state, retained=message.retain)
         if changed and status.state == "offline":
-            self.engine.handle_event(
+            await self.engine.handle_event(
                 Event(
                     id=f"{status.node}-offline-{int((status.ts or time.time()) * 1000)}",
                     ts=status.ts or time.time(),
@@ -648,7 +641,7 @@ class Coordinator:
             )
         return True
 
-    def _on_presence(self, levels: tuple[str, ...], message: Message) -> bool:
+    async def _on_presence(self, levels: tuple[str, ...], message: Message) -> bool:
         node, job = levels[1], levels[3]
         presence = decode(message.payload, JobPresence) if message.payload else None
         if presence is not None and (presence.node != node or presence.job != job):
@@ -661,7 +654,7 @@ class Coordinator:
         self.state.apply_presence(node, job, presence)
         return True
 
-    def _on_conditions(self, levels: tuple[str, ...], message: Message) -> bool:
+    async def _on_conditions(self, levels: tuple[str, ...], message: Message) -> bool:
         """A node's active critical conditions as its agent sees them (retained; shown by the API and
         ``ftd status``). Only the agent's own summary (``conditions/ftd``) is read."""
         if len(levels) != 4 or levels[3] != topics.FTD_CONDITIONS:
@@ -675,7 +668,7 @@ class Coordinator:
         self.state.apply_conditions(summary.node, [c[:300] for c in summary.conditions[:64]])
         return True
 
-    def _on_ack(self, levels: tuple[str, ...], message: Message) -> bool:
+    async def _on_ack(self, levels: tuple[str, ...], message: Message) -> bool:
         ack = decode(message.payload, Ack)
         if ack.node != levels[1]:
             raise DecodeError(f"ack from node {ack.node!r} published under node {levels[1]!r}")

@@ -9,7 +9,20 @@ Observers (the demo's timeline, metrics, the API's live view, ``ftd rules test``
 :meth:`Engine.observe` and receive ``(what, payload)``: ``("event", Event)`` for each new event,
 ``("action", ActionRecord)`` for each decision and state change, ``("decision", seconds)`` once per
 event (receipt -> verdicts; the API feeds a bounded Prometheus histogram, a bench keeps its own
-samples: the engine keeps none) and ``("rule_error", (event, rule, error))``.
+samples: the engine keeps none) and ``("rule_error", (event, rule, error))``. An observer may be a
+coroutine function (the reconciler records drains in the ledger): the engine awaits it. Observers
+must not call back into the engine's entry points directly (schedule a task instead, as
+return-to-service does): they run inside a decision.
+
+The ledger is asynchronous (:class:`~ftd.coordinator.ledger_seam.LedgerStore`: its PostgreSQL
+backend must not stall the event loop). Decisions -- :meth:`Engine.handle_event`, :meth:`Engine.submit`,
+:meth:`Engine.approve`, :meth:`Engine.reject`, :meth:`Engine.resume_unfinished` -- therefore hold one
+lock each from the gate's verdict to the record in the ledger, so two of them never interleave at a
+ledger round trip (a bus event and an operator's approval deciding against the same budget); with
+the SQLite backend nothing suspends and the lock is never contended. Lock order: the decision lock
+first, then a ledger transaction (:meth:`Engine.handle_events`), never the other way round.
+:meth:`Engine.load` reads the engine's memory (gate, held approvals, cluster history) from the
+ledger before the first decision.
 
 One engine everywhere: the live coordinator, ``ftd rules test`` and the goodput simulator all run
 this class. Time is the policy gate's clock (``PolicyGate(clock=...)``): the wall clock live, the
@@ -43,14 +56,15 @@ called on its own; a failure is logged).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import pluggy
 
 from ftd.coordinator import plan as plans
-from ftd.coordinator.ledger import NOTICE_NODE
+from ftd.coordinator.ledger import NOTICE_NODE, Ledger, as_store
 from ftd.coordinator.ledger_seam import LedgerStore
 from ftd.coordinator.plan import Dependency, Plan, Progress
 from ftd.coordinator.plugins import call_each, evaluate
@@ -63,7 +77,7 @@ from ftd.plugin.hookspecs import Executor
 
 log = get_logger(__name__)
 
-Observer = Callable[[str, Any], None]  # ("event" | "action", payload)
+Observer = Callable[[str, Any], "Awaitable[None] | None"]  # ("event" | "action", payload)
 
 
 class Engine:
@@ -71,7 +85,7 @@ class Engine:
         self,
         *,
         state: ClusterState,
-        ledger: LedgerStore,
+        ledger: LedgerStore | Ledger,
         gate: PolicyGate,
         plugins: pluggy.PluginManager,
         executors: Mapping[str, Executor],
@@ -79,7 +93,7 @@ class Engine:
     ) -> None:
         self.state = state
         self.slow_rule_s = slow_rule_s  # a rule slower than this on one event is logged
-        self.ledger = ledger
+        self.ledger = as_store(ledger)
         self.gate = gate
         self.plugins = plugins
         self.executors = dict(executors)
@@ -100,66 +114,97 @@ class Engine:
             "plans": 0,
         }
         self.clock = gate.clock
-        self.gate.restore(ledger.unfinished())
-        recent = ledger.recent(self.clock() - max(gate.cooldown_s, self.AWAITING_LOOKBACK_S))
-        self.gate.restore(r for r in recent if r.state != ActionState.AWAITING_APPROVAL)
-        self.awaiting: dict[str, ActionRecord] = {
-            r.id: r for r in recent if r.state == ActionState.AWAITING_APPROVAL
-        }
-        self.gate.restore(self.awaiting.values())
-        for event in reversed(ledger.events(limit=self.HISTORY_EVENTS)):
+        self.awaiting: dict[str, ActionRecord] = {}  # action id -> held for a human's approval
+        self._decisions = asyncio.Lock()  # one decision at a time (see the module docstring)
+
+    async def load(self) -> None:
+        """Read the engine's memory from the ledger: what the gate counts (unfinished and recent
+        actions), the actions held for approval, the cluster history. Before the first decision."""
+        ledger, gate = self.ledger, self.gate
+        gate.restore(await ledger.unfinished())
+        recent = await ledger.recent(self.clock() - max(gate.cooldown_s, self.AWAITING_LOOKBACK_S))
+        gate.restore(r for r in recent if r.state != ActionState.AWAITING_APPROVAL)
+        self.awaiting.update((r.id, r) for r in recent if r.state == ActionState.AWAITING_APPROVAL)
+        gate.restore(self.awaiting.values())
+        for event in reversed(await ledger.events(limit=self.HISTORY_EVENTS)):
             if event.node != NOTICE_NODE:  # the coordinator's notes about itself: not a node's past
-                state.apply_event(event)
+                self.state.apply_event(event)
 
     AWAITING_LOOKBACK_S = 7 * 86400.0  # held actions older than this are not restored after a restart
     HISTORY_EVENTS = 20_000  # recent events replayed into the cluster history at start-up
 
+    @property
+    def in_progress(self) -> int:
+        """Actions started and not ended yet (from memory: the health check asks no database)."""
+        return len(self._progress)
+
     def observe(self, observer: Observer) -> None:
         self._observers.append(observer)
 
-    def _notify(self, what: str, payload: Any) -> None:
+    async def _notify(self, what: str, payload: Any) -> None:
         for observer in self._observers:
             try:
-                observer(what, payload)
+                result = observer(what, payload)
+                if inspect.isawaitable(result):
+                    await result
             except Exception:
                 log.exception("observer_failed", what=what)
 
     # --- events ------------------------------------------------------------------------------
 
-    def handle_event(self, event: Event) -> list[ActionRecord]:
+    async def handle_event(self, event: Event) -> list[ActionRecord]:
         """Decide on one event; returns the action records created (running ones continue as tasks)."""
+        async with self._decisions:
+            return await self._handle_event(event)
+
+    async def handle_events(self, events: Sequence[Event]) -> None:
+        """Decide on several events (a chunk of a batch) with their records in one ledger transaction:
+        one commit, the storm's hot path. The decision lock is taken before the transaction, as
+        everywhere (taken the other way round, a decision waiting on the ledger would deadlock)."""
+        async with self._decisions, self.ledger.transaction():
+            for event in events:
+                await self._handle_event(event)
+
+    async def _handle_event(self, event: Event) -> list[ActionRecord]:
         received = time.perf_counter()
-        if not self.ledger.record_event(event):
+        if not await self.ledger.record_event(event):
             self.counters["duplicates"] += 1
             return []
         self.counters["events"] += 1
-        self._notify("event", event)
+        await self._notify("event", event)
         result = evaluate(self.plugins, event, self.state, slow_s=self.slow_rule_s)
         self.state.apply_event(event)
         for rule, error in result.errors:
             self.counters["rule_errors"] += 1
             log.error("rule_failed", rule=rule, event_id=event.id, error=error)
-            self._notify("rule_error", (event, rule, error))
+            await self._notify("rule_error", (event, rule, error))
         for rule, seconds in result.slow:
             log.warning("slow_rule", rule=rule, seconds=round(seconds, 4), event_id=event.id)
-        records = self.submit_all(result.requests, event_id=event.id) if result.requests else []
-        self._notify("decision", time.perf_counter() - received)
+        records = await self._submit_all(result.requests, event_id=event.id) if result.requests else []
+        await self._notify("decision", time.perf_counter() - received)
         return records
 
     # --- actions -----------------------------------------------------------------------------
 
-    def submit(self, request: ActionRequest) -> ActionRecord:
+    async def submit(self, request: ActionRequest) -> ActionRecord:
         """Gate, record and (if allowed) start one action. Also the entry point for manual actions."""
-        record = self._decide(request)
-        if record.state == ActionState.PENDING:
-            self._start(record)
-        return record
+        async with self._decisions:
+            record = await self._decide(request)
+            if record.state == ActionState.PENDING:
+                self._start(record)
+            return record
 
-    def submit_all(self, requests: list[ActionRequest], event_id: str | None = None) -> list[ActionRecord]:
+    async def submit_all(
+        self, requests: list[ActionRequest], event_id: str | None = None
+    ) -> list[ActionRecord]:
         """Gate and record the actions asked for on one event, then start them as one plan (see the
         module docstring); one request, or requests whose order does not matter, start at once."""
-        with self.ledger.transaction():
-            records = [self._decide(request, admit=True) for request in requests]
+        async with self._decisions:
+            return await self._submit_all(requests, event_id)
+
+    async def _submit_all(self, requests: list[ActionRequest], event_id: str | None) -> list[ActionRecord]:
+        async with self.ledger.transaction():
+            records = [await self._decide(request, admit=True) for request in requests]
             live = [r for r in records if r.state in (ActionState.PENDING, ActionState.AWAITING_APPROVAL)]
             duplicates = [
                 self._running[r.request.key]
@@ -179,8 +224,8 @@ class Engine:
                 plan_steps = {step.action: step for step in plan.steps}
                 for record in live:
                     record.detail["plan"] = plan.id
-                    self.ledger.save_action(record)
-                self.ledger.save_plan(plan)
+                    await self.ledger.save_action(record)
+                await self.ledger.save_plan(plan)
                 log.info(
                     "plan_decided",
                     plan_id=plan.id,
@@ -206,7 +251,7 @@ class Engine:
     def _node_phases(self, kind: str) -> tuple[int, int]:
         return plans.node_phases(self.executors.get(kind))
 
-    def _decide(self, request: ActionRequest, admit: bool = False) -> ActionRecord:
+    async def _decide(self, request: ActionRequest, admit: bool = False) -> ActionRecord:
         """Gate and record one action (not started: :meth:`_start`, or with ``admit`` counted as
         started for the gate already, so the next request of the same event is deduped against it,
         and launched by the caller)."""
@@ -219,7 +264,7 @@ class Engine:
         ):
             record.state = ActionState.FAILED
             record.detail["error"] = f"no executor registered for {request.kind!r}"
-        self.ledger.save_action(record)
+        await self.ledger.save_action(record)
         log.info(
             "action_decided",
             action_id=record.id,
@@ -230,7 +275,7 @@ class Engine:
             reason=request.reason,
             policy=verdict.reason or None,
         )
-        self._notify("action", record)
+        await self._notify("action", record)
         if record.state == ActionState.PENDING:
             if admit:
                 self._admit(record)
@@ -242,8 +287,12 @@ class Engine:
             self.awaiting[record.id] = record
         return record
 
-    def approve(self, action_id: str, by: str = "") -> ActionRecord:
+    async def approve(self, action_id: str, by: str = "") -> ActionRecord:
         """Start an action awaiting approval (if the gate still allows it). KeyError if not held."""
+        async with self._decisions:
+            return await self._approve(action_id, by)
+
+    async def _approve(self, action_id: str, by: str) -> ActionRecord:
         record = self.awaiting.pop(action_id, None)
         if record is None:
             raise KeyError(f"no action {action_id!r} is awaiting approval")
@@ -258,16 +307,20 @@ class Engine:
             record.detail["policy"] = f"approved, then {verdict.reason}"
             if record.state == ActionState.SUPPRESSED:
                 self.counters["actions_suppressed"] += 1
-        self.ledger.save_action(record)
+        await self.ledger.save_action(record)
         log.info("action_approved", action_id=record.id, state=str(record.state), by=by or None)
-        self._notify("action", record)
+        await self._notify("action", record)
         if record.state == ActionState.PENDING:
             self._admit(record)
             self._launch(record, self._plan_after(record))
         return record
 
-    def reject(self, action_id: str, reason: str = "", by: str = "") -> ActionRecord:
+    async def reject(self, action_id: str, reason: str = "", by: str = "") -> ActionRecord:
         """Close an action awaiting approval as suppressed, with the operator's reason."""
+        async with self._decisions:
+            return await self._reject(action_id, reason, by)
+
+    async def _reject(self, action_id: str, reason: str, by: str) -> ActionRecord:
         record = self.awaiting.pop(action_id, None)
         if record is None:
             raise KeyError(f"no action {action_id!r} is awaiting approval")
@@ -275,10 +328,10 @@ class Engine:
         record.detail["policy"] = f"rejected by {by or 'operator'}: {reason or 'no reason given'}"
         self.gate.finished(record)
         self.counters["actions_suppressed"] += 1
-        self.ledger.save_action(record)
+        await self.ledger.save_action(record)
         log.info("action_rejected", action_id=record.id, reason=reason, by=by or None)
-        self._notify("action", record)
-        self._finish_plan(record)
+        await self._notify("action", record)
+        await self._finish_plan(record)
         return record
 
     def startup(self, coordinator: Any) -> None:
@@ -338,8 +391,8 @@ class Engine:
                     await self._wait_for(record, after[index])
                 if record.state != ActionState.RUNNING:
                     record.state = ActionState.RUNNING
-                    self.ledger.save_action(record)
-                    self._notify("action", record)
+                    await self.ledger.save_action(record)
+                    await self._notify("action", record)
                 if phase is not None and phase in done:
                     progress.reached(index)  # done before a restart
                     continue
@@ -357,8 +410,8 @@ class Engine:
                     if outcome is not None:
                         record.detail["phase_state"] = outcome
                     if index < len(phases) - 1:
-                        self.ledger.save_action(record)  # a resumed action skips what is done
-                        self._notify("action", record)
+                        await self.ledger.save_action(record)  # a resumed action skips what is done
+                        await self._notify("action", record)
                 progress.reached(index)
             record.detail.pop("phase_state", None)
             record.state = ActionState(outcome or ActionState.SUCCEEDED)
@@ -381,8 +434,8 @@ class Engine:
             if self._running.get(record.request.key) is record:
                 del self._running[record.request.key]
         self.gate.finished(record)
-        self.ledger.save_action(record)
-        self._finish_plan(record)
+        await self.ledger.save_action(record)
+        await self._finish_plan(record)
         log.info(
             "action_finished",
             action_id=record.id,
@@ -390,43 +443,47 @@ class Engine:
             target=record.request.target,
             state=str(record.state),
         )
-        self._notify("action", record)
+        await self._notify("action", record)
         for plugin, error in call_each(
             self.plugins, "ftd_action_completed", request=record.request, record=record
         ):
             self.counters["hook_errors"] += 1
             log.error("action_completed_hook_failed", plugin=plugin, action_id=record.id, error=error)
 
-    def _finish_plan(self, record: ActionRecord) -> None:
+    async def _finish_plan(self, record: ActionRecord) -> None:
         """Mark the plan of ``record`` finished once none of its steps runs any more."""
         plan = self._plans.get(str(record.detail.get("plan", "")))
         if plan is None or not self._plan_over(plan):
             return
         plan.state = "finished"
         del self._plans[plan.id]
-        self.ledger.save_plan(plan)
+        await self.ledger.save_plan(plan)
         log.info("plan_finished", plan_id=plan.id)
 
     def _plan_over(self, plan: Plan) -> bool:
         """No step of ``plan`` runs, waits to run, or waits for a human."""
         return not any(step.action in self._progress or step.action in self.awaiting for step in plan.steps)
 
-    def resume_unfinished(self) -> list[ActionRecord]:
+    async def resume_unfinished(self) -> list[ActionRecord]:
         """Restart actions a previous run left pending or running (executors are idempotent), in
         the order of their plans: each one waits again for the steps it depends on that are being
         resumed too, and skips the phases it had finished (``detail["phases_done"]``)."""
+        async with self._decisions:
+            return await self._resume_unfinished()
+
+    async def _resume_unfinished(self) -> list[ActionRecord]:
         # What this run decided itself (bus messages are handled a moment before the resume) is
         # running already: resuming it too would run it twice.
         mine = set(self._progress) | set(self.awaiting) | {r.id for r in self._running.values()}
-        resumed = [record for record in self.ledger.unfinished() if record.id not in mine]
-        for plan in self.ledger.plans(limit=10_000, unfinished=True):
+        resumed = [record for record in await self.ledger.unfinished() if record.id not in mine]
+        for plan in await self.ledger.plans(limit=10_000, unfinished=True):
             self._plans.setdefault(plan.id, plan)
         startable: list[ActionRecord] = []
         for record in resumed:
             if record.request.kind not in self.executors:
                 record.state = ActionState.FAILED
                 record.detail["error"] = f"no executor registered for {record.request.kind!r}"
-                self.ledger.save_action(record)
+                await self.ledger.save_action(record)
                 continue
             log.info(
                 "action_resuming",
@@ -445,7 +502,7 @@ class Engine:
             if self._plan_over(plan):
                 plan.state = "finished"
                 del self._plans[plan.id]
-                self.ledger.save_plan(plan)
+                await self.ledger.save_plan(plan)
         return resumed
 
     async def wait_idle(self, timeout: float | None = None) -> bool:

@@ -4,7 +4,8 @@
 
 * **Standby**: the process is up (config checked, plugins importable, the database reachable), polls
   the lease every ``poll_interval_s`` and serves a read-only status (:class:`HaStatus`, in the log and
-  through :meth:`HaStatus.as_dict`) -- but holds **no bus session**. All replicas share the
+  through :meth:`HaStatus.as_dict`) -- but holds **no coordinator session** (only the read-only
+  :class:`RetainedView`, under a login of its own, closed while leading). All replicas share the
   coordinator's persistent MQTT session (one client id): the broker queues what arrives while no one
   leads and delivers it to whoever connects next, and a new leader's connection takes the session
   over from a frozen old one (the broker drops the old connection). A standby with a session of its
@@ -51,6 +52,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ftd.bus.base import Bus, Message
 from ftd.config import Config
+from ftd.config.credentials import standby_bus
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.lease import FencedBus, FencedScheduler, Lease, guard_executors
 from ftd.coordinator.ledger_pg import PgLedger
@@ -110,28 +112,37 @@ class HaStatus:
 
 class RetainedView:
     """What a standby keeps warm: the retained node status and job presence, from a bus session of its
-    own (clean, a client id of its own: it never touches the coordinator's persistent session).
+    own (clean, a client id of its own and a read-only login of its own,
+    ``coordinator.ha.standby_username``: it never touches the coordinator's persistent session; see
+    :func:`view_bus_maker`). Open only while this replica stands by: a leader has no use for it, and
+    replicas that share one standby login would otherwise replace each other's view at the broker.
 
     Why: the new leader's persistent session delivers the messages queued while no one led *before*
     the broker re-sends the retained status and presence on its new subscriptions; decided without
     them, an Xid on a job's node would find no job there. The leader replays this snapshot through
     its handlers before it starts (:meth:`Coordinator.handle`, placement checks included)."""
 
-    def __init__(self, bus: Bus) -> None:
-        self.bus = bus
+    def __init__(self, make_bus: Callable[[], Bus]) -> None:
+        self.make_bus = make_bus  # a fresh session each time the replica stands by
+        self.bus: Bus | None = None
         self.retained: dict[str, Message] = {}  # topic -> its last retained message
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        """Open the session (no-op while open); the broker re-sends what is retained now."""
         from ftd.bus import topics
 
+        if self.bus is not None:
+            return
+        self.retained.clear()  # what was cleared while this replica led is not re-sent
+        self.bus = self.make_bus()
         for pattern in (topics.ALL_NODE_STATUS, topics.ALL_NODE_JOBS):
             await self.bus.subscribe(pattern)
         await self.bus.start()
-        self._task = asyncio.create_task(self._pump(), name="standby-retained")
+        self._task = asyncio.create_task(self._pump(self.bus), name="standby-retained")
 
-    async def _pump(self) -> None:
-        async for message in self.bus.messages():
+    async def _pump(self, bus: Bus) -> None:
+        async for message in bus.messages():
             if not message.payload:
                 self.retained.pop(message.topic, None)
             else:
@@ -147,7 +158,26 @@ class RetainedView:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        await self.bus.stop()
+        bus, self.bus = self.bus, None
+        if bus is not None:
+            await bus.stop()
+
+
+def view_bus_maker(config: Config) -> Callable[[str], Bus] | None:
+    """``make_view_bus`` for :class:`HaRunner` from ``config``: the MQTT bus with the standby's login
+    (:func:`~ftd.config.credentials.standby_bus`), or None -- logged once as
+    ``standby_view_disabled`` with the reason and what to set -- where the view would log in as the
+    coordinator and, under ``use_username_as_clientid``, close the leader's persistent session."""
+    standby, why_not = standby_bus(config)
+    if standby is None:
+        log.warning(
+            "standby_view_disabled", reason=why_not, consequence="a takeover waits for retained status"
+        )
+        return None
+    from ftd.bus.factory import make_mqtt_bus  # the only aiomqtt importer: loaded when used
+
+    login = standby
+    return lambda client_id: make_mqtt_bus(login, client_id=client_id, clean_session=True)
 
 
 def default_identity() -> str:
@@ -189,8 +219,10 @@ class HaRunner:
         self.poll_s = ha.poll_interval_s
         self.status = HaStatus(identity=self.lease.identity)
         self.coordinator: Any = None
-        view_bus = make_view_bus(f"ftd-standby-{self.lease.identity}") if make_view_bus else None
-        self.view = RetainedView(view_bus) if view_bus is not None else None
+        self.view: RetainedView | None = None
+        if make_view_bus is not None:
+            client_id, make = f"ftd-standby-{self.lease.identity}", make_view_bus
+            self.view = RetainedView(lambda: make(client_id))
         self.api: StandbyApi | None = None
         if config.coordinator.api.enabled:
             dsn, timeout = ha.dsn, ha.statement_timeout_s
@@ -198,9 +230,9 @@ class HaRunner:
                 config.coordinator.api, self.status, lambda: PgLedger(dsn, timeout_s=timeout)
             )
 
-    def _refresh(self) -> None:
+    async def _refresh(self) -> None:
         try:
-            info = self.lease.info()
+            info = await self.lease.info()
         except LedgerUnavailable:
             self.status.database_ok = False
             return
@@ -215,10 +247,10 @@ class HaRunner:
         notify("READY=1")  # systemd (Type=notify): a standby is a started service too
         watchdog = asyncio.create_task(ping_watchdog(), name="watchdog")
         log.info("ha_standby", identity=self.lease.identity, ttl_s=self.lease.ttl_s)
-        if self.view is not None:
-            await self.view.start()
         try:
             while True:
+                if self.view is not None:
+                    await self.view.start()  # standing by (again): keep the retained state warm
                 if self.api is not None:
                     await self.api.start()
                 await self._wait_for_lease()
@@ -231,13 +263,13 @@ class HaRunner:
             watchdog.cancel()
             if self.view is not None:
                 await self.view.stop()
-            self.lease.close()
+            await self.lease.close()
 
     async def _wait_for_lease(self) -> None:
         last_report = 0.0
         while True:
             try:
-                if self.lease.try_acquire():
+                if await self.lease.try_acquire():
                     return
                 self.status.database_ok = True
             except LedgerUnavailable as exc:
@@ -245,7 +277,7 @@ class HaRunner:
                     log.warning("ha_database_unavailable", error=str(exc))
                 self.status.database_ok = False
             if time.monotonic() - last_report > 1:
-                self._refresh()
+                await self._refresh()
                 last_report = time.monotonic()
             await asyncio.sleep(self.poll_s)
 
@@ -259,23 +291,15 @@ class HaRunner:
         status.takeovers.append(time.time())
         ha = self.config.coordinator.ha
         check = self.lease.check
-        ledger: PgLedger | None = None
-        try:  # the engine reads its memory from the ledger here: the database may fail under it
-            ledger = PgLedger(self.dsn, timeout_s=ha.statement_timeout_s)
-            ledger.epoch = epoch
-            bus = FencedBus(self.make_bus(), check)
-            scheduler = FencedScheduler(self.scheduler, check) if self.scheduler is not None else None
-            coordinator = Coordinator(
-                self.config, bus=bus, scheduler=scheduler, ledger=ledger, extra_plugins=self.extra_plugins
-            )
-        except LedgerUnavailable as exc:
-            log.error("ha_coordinator_failed", identity=self.lease.identity, epoch=epoch, error=str(exc))
-            if ledger is not None:
-                ledger.close()
-            self.lease.release()
-            status.role, status.epoch = "standby", None
-            await asyncio.sleep(self.poll_s)
-            return
+        # Nothing is read here: the ledger connects, and the coordinator reads its memory, in _run,
+        # where a database failure ends the term like any other failure of the running coordinator.
+        ledger = PgLedger(self.dsn, timeout_s=ha.statement_timeout_s)
+        ledger.epoch = epoch
+        bus = FencedBus(self.make_bus(), check)
+        scheduler = FencedScheduler(self.scheduler, check) if self.scheduler is not None else None
+        coordinator = Coordinator(
+            self.config, bus=bus, scheduler=scheduler, ledger=ledger, extra_plugins=self.extra_plugins
+        )
         coordinator.engine.executors = guard_executors(coordinator.engine.executors, check)
         coordinator.ha = status  # the API, /metrics and ftd status show who leads
         self.coordinator = coordinator
@@ -311,22 +335,25 @@ class HaRunner:
             if clean and self.lease.held:
                 with contextlib.suppress(Exception):
                     await coordinator.close()
-                self.lease.release()
+                await self.lease.release()
             else:
                 held = failed and self.lease.held
                 await self._step_down(coordinator)
                 if held:  # the term is still ours: end it, so another replica need not wait the TTL
                     self.lease.epoch = epoch
-                    self.lease.release()
+                    await self.lease.release()
             status.role, status.epoch = "standby", None
             self.coordinator = None
         if failed:
             await asyncio.sleep(self.poll_s)
 
     async def _run(self, coordinator: Any) -> None:
-        """The warm view's retained status and presence first, then the coordinator itself."""
+        """The ledger's memory (a failure here ends the term: the database went away), the warm view's
+        retained status and presence, then the coordinator itself."""
+        await coordinator.load()
         if self.view is not None:
             snapshot = self.view.snapshot()
+            await self.view.stop()  # leading: reopened when this replica stands by again
             if snapshot:
                 await coordinator.placement.warm()
                 for message in snapshot:
@@ -342,14 +369,12 @@ class HaRunner:
         while True:
             await asyncio.sleep(self.lease.renew_s)
             if ledger.write_failures:
-                log.warning(
-                    "ha_ledger_write_failed", epoch=self.lease.epoch, failures=ledger.write_failures
-                )
+                log.warning("ha_ledger_write_failed", epoch=self.lease.epoch, failures=ledger.write_failures)
                 return True
             try:
-                if not self.lease.renew():
+                if not await self.lease.renew():
                     return False
-                self._refresh()
+                await self._refresh()
             except LedgerUnavailable as exc:
                 log.warning("lease_renew_failed", epoch=self.lease.epoch, error=str(exc))
                 if not self.lease.held:
@@ -371,4 +396,4 @@ class HaRunner:
         with contextlib.suppress(Exception):
             await coordinator.bus.stop()
         with contextlib.suppress(Exception):
-            coordinator.ledger.close()
+            await coordinator.ledger.close()

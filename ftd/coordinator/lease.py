@@ -26,13 +26,16 @@ coordinators' clocks never have to agree.
 Release (:meth:`Lease.release`): a coordinator stopping cleanly expires its own term so a standby
 takes over at its next poll instead of waiting out the TTL.
 
-All calls are small synchronous statements with a statement timeout (see
-:mod:`ftd.coordinator.ledger_pg` for why synchronous); the lease uses its own connection so a renewal
-never waits behind the ledger's transaction.
+All calls are small asynchronous statements, each bounded by a statement timeout on the server and
+the same limit plus a grace on the client (:mod:`ftd.coordinator.ledger_pg`): a renewal stuck behind a
+partition cannot outlive the term it renews. The lease uses its own connection so a renewal never
+waits behind the ledger's transaction. :meth:`Lease.check`, called before every side effect, asks
+no one: it compares the local deadline with the monotonic clock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,7 +45,7 @@ import psycopg
 
 from ftd.bus.base import Bus, ForwardingBus, Message
 from ftd.coordinator.actions.scheduler import JobInfo, NodeInfo, Scheduler
-from ftd.coordinator.ledger_pg import LEASE_NAME, connect, create_schema
+from ftd.coordinator.ledger_pg import GRACE_S, LEASE_NAME, bounded, connect, discard, rows_of
 from ftd.coordinator.ledger_seam import LedgerUnavailable
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord
@@ -93,22 +96,21 @@ class Lease:
         self.epoch: int | None = None  # the term held now (None: not the leader)
         self.deadline = 0.0  # monotonic time the term lapses, as far as this process knows
         self.terms = 0  # terms won by this process
-        self._conn: psycopg.Connection[Any] | None = None
-        create_schema(self._db())
+        self._conn: psycopg.AsyncConnection[Any] | None = None  # opened (with the schema) on first use
+        self._lock = asyncio.Lock()  # one statement at a time on the connection
 
-    def _db(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect(self.dsn, timeout_s=self.timeout_s)
-        return self._conn
-
-    def _one(self, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        try:
-            return self._db().execute(sql, args).fetchone()
-        except psycopg.Error as exc:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-            raise LedgerUnavailable(f"lease: {type(exc).__name__}: {exc}") from exc
+    async def _one(self, sql: str, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        async with self._lock:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = await connect(self.dsn, timeout_s=self.timeout_s)
+                conn = self._conn
+                _, rows = await bounded(rows_of(conn, sql, args, True), self.timeout_s + GRACE_S, conn)
+                return rows[0] if rows else None
+            except (psycopg.Error, TimeoutError) as exc:  # connect() raises LedgerUnavailable itself
+                broken, self._conn = self._conn, None
+                discard(broken)
+                raise LedgerUnavailable(f"lease: {type(exc).__name__}: {exc}") from exc
 
     # --- the term ----------------------------------------------------------------------------
 
@@ -124,10 +126,10 @@ class Lease:
             raise LeaseLost(f"{self.identity} does not hold the lease (epoch {epoch}, past its deadline)")
         return epoch
 
-    def try_acquire(self) -> bool:
+    async def try_acquire(self) -> bool:
         """Take the lease if it has expired (or was never taken); True when this process now leads."""
         sent = self.monotonic()
-        row = self._one(
+        row = await self._one(
             "INSERT INTO ftd_lease AS l (name, holder, epoch, expires_at, renewed_at) "
             "VALUES (%s, %s, 1, clock_timestamp() + make_interval(secs => %s), clock_timestamp()) "
             "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, epoch = l.epoch + 1, "
@@ -142,7 +144,7 @@ class Lease:
         log.info("lease_acquired", identity=self.identity, epoch=self.epoch, ttl_s=self.ttl_s)
         return True
 
-    def renew(self) -> bool:
+    async def renew(self) -> bool:
         """Extend the term held; False (and no term any more) when it is over. A database error is
         raised (:class:`LedgerUnavailable`): the term is still valid until its local deadline."""
         if self.epoch is None:
@@ -151,7 +153,7 @@ class Lease:
             self._lose("deadline_passed")
             return False
         sent = self.monotonic()
-        row = self._one(
+        row = await self._one(
             "UPDATE ftd_lease SET expires_at = clock_timestamp() + make_interval(secs => %s), "
             "renewed_at = clock_timestamp() WHERE name = %s AND holder = %s AND epoch = %s "
             "AND expires_at > clock_timestamp() RETURNING epoch",
@@ -168,13 +170,13 @@ class Lease:
         self.epoch = None
         self.deadline = 0.0
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """End the term now (clean shutdown): a standby need not wait for the TTL."""
         epoch, self.epoch, self.deadline = self.epoch, None, 0.0
         if epoch is None:
             return
         try:
-            self._one(
+            await self._one(
                 "UPDATE ftd_lease SET expires_at = clock_timestamp() WHERE name = %s AND holder = %s "
                 "AND epoch = %s RETURNING epoch",
                 (self.name, self.identity, epoch),
@@ -183,9 +185,9 @@ class Lease:
         except LedgerUnavailable as exc:
             log.warning("lease_release_failed", identity=self.identity, epoch=epoch, error=str(exc))
 
-    def info(self) -> LeaseInfo:
+    async def info(self) -> LeaseInfo:
         """The lease as the database sees it now (epoch 0: never taken)."""
-        row = self._one(
+        row = await self._one(
             "SELECT holder, epoch, EXTRACT(EPOCH FROM clock_timestamp() - renewed_at)::float8, "
             "EXTRACT(EPOCH FROM expires_at - clock_timestamp())::float8 FROM ftd_lease WHERE name = %s",
             (self.name,),
@@ -194,10 +196,9 @@ class Lease:
             return LeaseInfo(None, 0, None, None)
         return LeaseInfo(row[0], int(row[1]), float(row[2]), float(row[3]))
 
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        discard(conn)
 
 
 # --- guards: no side effect without the lease ---------------------------------------------------

@@ -52,7 +52,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ftd.coordinator.actions.scheduler import NodeInfo, Scheduler, SchedulerError
-from ftd.coordinator.ledger import NOTICE_NODE, Drain
+from ftd.coordinator.ledger import NOTICE_NODE, Drain, Ledger, as_store
 from ftd.coordinator.ledger_seam import LedgerStore
 from ftd.coordinator.state import ClusterState
 from ftd.events import Event, Kind, Severity
@@ -93,7 +93,7 @@ class Reconciler:
         self,
         *,
         state: ClusterState,
-        ledger: LedgerStore,
+        ledger: LedgerStore | Ledger,
         scheduler: Scheduler | None,
         engine: Engine,
         interval_s: float = 60.0,
@@ -101,7 +101,7 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.state = state
-        self.ledger = ledger
+        self.ledger = as_store(ledger)
         self.scheduler = scheduler
         self.engine = engine
         self.interval_s = interval_s
@@ -116,15 +116,15 @@ class Reconciler:
 
     # --- start-up -------------------------------------------------------------------------------
 
-    def restore(self) -> None:
+    async def restore(self) -> None:
         """Put the ledger's drains back into the cluster state; watch the jobs requeued lately."""
-        for drain in self.ledger.drains():
+        for drain in await self.ledger.drains():
             if drain.origin == FTD:
                 self.state.mark_drained(drain.node, drain.reason)
             else:
                 self.state.mark_unavailable(drain.node, _why(drain.state, drain.reason))
         since = self.clock() - REQUEUE_LOOKBACK_S
-        for record in self.ledger.recent(since):
+        for record in await self.ledger.recent(since):
             self._note_requeue(record)
         drains = self.state.drained_nodes()
         if drains or self.state.unavailable:
@@ -136,7 +136,7 @@ class Reconciler:
 
     # --- what the engine did ----------------------------------------------------------------------
 
-    def observe(self, what: str, payload: Any) -> None:
+    async def observe(self, what: str, payload: Any) -> None:
         """An :meth:`Engine.observe` observer: record drains and resumes that succeeded, requeues."""
         if what != "action" or not isinstance(payload, ActionRecord):
             return
@@ -155,10 +155,10 @@ class Reconciler:
             self._touched[node] = self._changes
             if kind == ActionKind.DRAIN_NODE:
                 reason = str(record.detail.get("reason") or record.request.reason)
-                self.ledger.save_drain(Drain(node, FTD, reason, now, action_id=record.id))
+                await self.ledger.save_drain(Drain(node, FTD, reason, now, action_id=record.id))
                 self.state.mark_unavailable(node, None)
             else:
-                self.ledger.drop_drain(node)
+                await self.ledger.drop_drain(node)
             return
         self._note_requeue(record)
 
@@ -192,11 +192,11 @@ class Reconciler:
             return changes
         asked = self._changes
         listed = {info.name: info for info in await self.scheduler.list_nodes()}
-        recorded = {drain.node: drain for drain in self.ledger.drains()}
+        recorded = {drain.node: drain for drain in await self.ledger.drains()}
         for name in sorted(set(listed) | set(recorded)):
             if name in self._in_flight or self._touched.get(name, 0) > asked:
                 continue  # a drain or resume of ftd's is under way: the listing may be older
-            problem = self._node(name, listed.get(name), recorded.get(name))
+            problem = await self._node(name, listed.get(name), recorded.get(name))
             if problem:
                 changes.setdefault(problem, []).append(name)
         await self._check_pending(changes)
@@ -205,49 +205,49 @@ class Reconciler:
             log.info("reconciled", **{k: v for k, v in changes.items()})
         return changes
 
-    def _node(self, name: str, info: NodeInfo | None, drain: Drain | None) -> str | None:
+    async def _node(self, name: str, info: NodeInfo | None, drain: Drain | None) -> str | None:
         out = info is not None and (info.drained or info.down)
         if info is None or not out:  # in service (or gone from the scheduler)
             if drain is None:
                 return None
-            self.ledger.drop_drain(name)
+            await self.ledger.drop_drain(name)
             why = "gone from the scheduler" if info is None else f"back in service ({info.state})"
             if drain.origin == FTD:
                 self.state.mark_drained(name, "", drained=False)
                 log.warning("drain_released", node=name, reason=drain.reason, why=why, by="scheduler")
-                return self._event(name, "ftd_drain_released", Severity.INFO, drain, info, why=why)
+                return await self._event(name, "ftd_drain_released", Severity.INFO, drain, info, why=why)
             self.state.mark_unavailable(name, None)
             log.info("external_drain_over", node=name, why=why)
-            return self._event(name, "external_returned", Severity.INFO, drain, info, why=why)
+            return await self._event(name, "external_returned", Severity.INFO, drain, info, why=why)
         reason = info.reason or ""
         if is_ftds(info):
             if drain is not None and drain.origin == FTD:
                 if drain.state != info.state:
                     kept = Drain(name, FTD, drain.reason, drain.since, info.state, drain.action_id)
-                    self.ledger.save_drain(kept)
+                    await self.ledger.save_drain(kept)
                 self.state.mark_drained(name, drain.reason)
                 return None
-            self.ledger.save_drain(Drain(name, FTD, reason, self.clock(), info.state))
+            await self.ledger.save_drain(Drain(name, FTD, reason, self.clock(), info.state))
             self.state.mark_unavailable(name, None)
             self.state.mark_drained(name, reason)
             log.warning("drain_adopted", node=name, reason=reason, state=info.state)
-            return self._event(name, "ftd_drain_adopted", Severity.WARNING, drain, info)
+            return await self._event(name, "ftd_drain_adopted", Severity.WARNING, drain, info)
         problem = "node_down" if info.down and not info.drained else "external_drain"
         why = _why(info.state, reason)
         self.state.mark_unavailable(name, why)
         if drain is not None and drain.origin == EXTERNAL and drain.reason == reason:
             if drain.state != info.state:
-                self.ledger.save_drain(Drain(name, EXTERNAL, reason, drain.since, info.state))
+                await self.ledger.save_drain(Drain(name, EXTERNAL, reason, drain.since, info.state))
             return None
-        self.ledger.save_drain(Drain(name, EXTERNAL, reason, self.clock(), info.state))
+        await self.ledger.save_drain(Drain(name, EXTERNAL, reason, self.clock(), info.state))
         if drain is not None and drain.origin == FTD:  # someone replaced ftd's reason: theirs now
             self.state.mark_drained(name, "", drained=False)
             log.warning("drain_released", node=name, reason=drain.reason, why=f"now {why}", by="other")
-            self._event(name, "ftd_drain_released", Severity.INFO, drain, info, why=f"now {why}")
+            await self._event(name, "ftd_drain_released", Severity.INFO, drain, info, why=f"now {why}")
         log.warning("external_drain_seen", node=name, problem=problem, state=info.state, reason=reason)
-        return self._event(name, problem, Severity.WARNING, drain, info)
+        return await self._event(name, problem, Severity.WARNING, drain, info)
 
-    def _event(
+    async def _event(
         self,
         node: str,
         problem: str,
@@ -271,7 +271,7 @@ class Reconciler:
             source="scheduler",
             data=data,
         )
-        self.engine.handle_event(event)
+        await self.engine.handle_event(event)
         return problem
 
     async def _check_pending(self, changes: dict[str, list[str]]) -> None:
@@ -300,7 +300,7 @@ class Reconciler:
                 "reason": info.reason,
                 "excluded": list(info.excluded),
             }
-            new = self.ledger.record_event(
+            new = await self.ledger.record_event(
                 Event(
                     id=f"{NOTICE_NODE}-job-pending-{job}-{int(since * 1000)}",
                     ts=now,
@@ -314,7 +314,7 @@ class Reconciler:
             log.warning("job_pending_too_long", job=job, pending_s=round(waited, 1), reason=info.reason)
             if new and ActionKind.NOTIFY in self.engine.executors:
                 text = f"job {job} still pending {waited:.0f}s after ftd requeued it ({info.reason or '?'})"
-                self.engine.submit(
+                await self.engine.submit(
                     ActionRequest(
                         kind=ActionKind.NOTIFY,
                         target=job,

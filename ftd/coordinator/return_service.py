@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,7 @@ class ReturnToService:
 
     def __init__(
         self,
-        submit: Callable[[ActionRequest], ActionRecord],
+        submit: Callable[[ActionRequest], Awaitable[ActionRecord]],
         *,
         rules: Collection[str],
         state: ClusterState | None = None,
@@ -65,6 +65,7 @@ class ReturnToService:
         self.rules = frozenset(rules)
         self._state = state
         self._nodes: dict[str, _Node] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # steps submitted after the current decision
 
     def observe(self, what: str, payload: Any) -> None:
         if what != "action" or not isinstance(payload, ActionRecord):
@@ -83,11 +84,22 @@ class ReturnToService:
             if record.id == track.preflight_id:
                 self._verdict(node, track, record)
 
+    def _soon(self, step: Coroutine[Any, Any, None]) -> None:
+        """Run ``step`` once the engine's current decision is over (observers run inside it)."""
+        task = asyncio.get_running_loop().create_task(step, name="return-to-service")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Wait for the steps submitted so far (tests, replays)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
     def _later(self, request: ActionRequest) -> None:
         """Submit after the engine's current step (observers run inside it)."""
 
-        def go() -> None:
-            record = self._submit(request)
+        async def go() -> None:
+            record = await self._submit(request)
             log.info(
                 "return_to_service_step",
                 kind=request.kind,
@@ -97,10 +109,7 @@ class ReturnToService:
             )
             self.observe("action", record)  # a suppressed step finishes at once
 
-        try:
-            asyncio.get_running_loop().call_soon(go)
-        except RuntimeError:  # no loop (a synchronous replay): at once
-            go()
+        self._soon(go())
 
     def _reset(self, node: str, record: ActionRecord) -> None:
         track = self._nodes.get(node)
@@ -133,8 +142,8 @@ class ReturnToService:
         self._maybe_preflight(node)
 
     def _later_drain(self, node: str, request: ActionRequest) -> None:
-        def go() -> None:
-            record = self._submit(request)
+        async def go() -> None:
+            record = await self._submit(request)
             track = self._nodes.get(node)
             if track is None:
                 return
@@ -144,10 +153,7 @@ class ReturnToService:
                 track.drain_done = True
                 self._maybe_preflight(node)
 
-        try:
-            asyncio.get_running_loop().call_soon(go)
-        except RuntimeError:
-            go()
+        self._soon(go())
 
     def _maybe_preflight(self, node: str) -> None:
         track = self._nodes.get(node)
@@ -162,17 +168,14 @@ class ReturnToService:
             rule=RULE,
         )
 
-        def go() -> None:
-            record = self._submit(request)
+        async def go() -> None:
+            record = await self._submit(request)
             track.preflight_id = record.id
             log.info("return_to_service_preflight", node=node, action_id=record.id, state=str(record.state))
             if record.state.finished:
                 self._verdict(node, track, record)
 
-        try:
-            asyncio.get_running_loop().call_soon(go)
-        except RuntimeError:
-            go()
+        self._soon(go())
 
     def _verdict(self, node: str, track: _Node, record: ActionRecord) -> None:
         self._nodes.pop(node, None)

@@ -1,17 +1,27 @@
-"""The read-only HTTP API of a standby coordinator (``coordinator.ha``): who leads, and the ledger.
+"""The read-only HTTP API of a standby coordinator (``coordinator.ha``): who leads, the ledger, the dashboard.
 
 A standby runs no :class:`~ftd.coordinator.app.Coordinator` (no engine, no bus session), so the full
 API (:mod:`ftd.coordinator.api`) has nothing to serve from. On the same address and port it serves:
 
+* ``GET /`` and ``GET /static/{name}`` -- the same dashboard as the leader (the same handlers,
+  :func:`~ftd.coordinator.api.dashboard_index` and :func:`~ftd.coordinator.api.dashboard_static`).
+  The page reads ``/v1/ha``, shows this replica's role, the leader, its epoch and the lease age, and
+  on a standby a "read-only standby -- leader is X (epoch N)" banner; nodes, jobs and the goodput
+  report live in the leader's memory only, so the page says they are served by the leader instead of
+  failing. It polls, so when this replica takes over (the full API takes the port) it shows the
+  leader's view by itself;
 * ``GET /healthz`` -- ``{"status": "standby", "version", "leader", "epoch"}``;
 * ``GET /v1/ha`` -- the same document the leader serves (role ``standby``);
 * ``GET /metrics`` -- the ``ftd_ha_*`` gauges (``ftd_ha_leader`` 0 here);
 * ``GET /v1/events`` and ``GET /v1/actions`` (``?limit=N``) -- read from the shared ledger (reads
   are never fenced), so an operator sees what the leader decided from either replica.
 
-Anything else answers 503 ``{"error": "standby", "leader": ...}``: mutating calls in particular go to
-the leader. The API is stopped before this replica's own coordinator starts its full API on the port,
-and started again when the replica steps down.
+Anything else answers 503 ``{"error": ..., "leader": ..., "epoch": ...}`` naming the lease holder:
+mutating calls in particular go to the leader. Every request passes the same DNS rebinding guard as
+the full API (:func:`~ftd.coordinator.api.host_check`: a ``Host`` naming no host of
+``coordinator.api`` is answered 421), since a standby's page and ledger reads are as readable from
+a rebinding web page as the leader's. The API is stopped before this replica's own coordinator
+starts its full API on the port, and started again when the replica steps down.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ftd import __version__
 from ftd.config.schema import ApiConfig
+from ftd.coordinator.api import action_out, dashboard_index, dashboard_static, host_check
 from ftd.coordinator.ledger_seam import LedgerStore, LedgerUnavailable
 from ftd.logs import get_logger
 
@@ -62,7 +73,10 @@ class StandbyApi:
         self._ledger: LedgerStore | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_HaCollector(status))
-        self.app = web.Application()
+        self.counters: dict[str, int] = {"wrong_host": 0}
+        self.app = web.Application(middlewares=[host_check(cfg, self.counters)])
+        self.app.router.add_get("/", dashboard_index)
+        self.app.router.add_get("/static/{name}", dashboard_static)
         self.app.router.add_get("/healthz", self.healthz)
         self.app.router.add_get("/v1/ha", self.ha)
         self.app.router.add_get("/metrics", self.metrics)
@@ -90,7 +104,7 @@ class StandbyApi:
             await self._runner.cleanup()
             self._runner = None
         if self._ledger is not None:
-            self._ledger.close()
+            await self._ledger.close()
             self._ledger = None
 
     def _limit(self, request: web.Request) -> int:
@@ -124,33 +138,23 @@ class StandbyApi:
         limit = self._limit(request)
         node = request.query.get("node") or None
         try:
-            return _json(self._store().events(limit=limit, node=node))
+            return _json(await self._store().events(limit=limit, node=node))
         except LedgerUnavailable as exc:
             return _json({"error": f"ledger unavailable: {exc}"}, 503)
 
     async def actions(self, request: web.Request) -> web.Response:
         limit = self._limit(request)
         try:
-            records = self._store().actions(limit=limit)
+            records = await self._store().actions(limit=limit)
         except LedgerUnavailable as exc:
             return _json({"error": f"ledger unavailable: {exc}"}, 503)
-        return _json(
-            [
-                {
-                    "id": r.id,
-                    "kind": r.request.kind,
-                    "target": r.request.target,
-                    "state": str(r.state),
-                    "rule": r.request.rule,
-                    "reason": r.request.reason,
-                    "created": r.created,
-                    "updated": r.updated,
-                    "detail": r.detail,
-                }
-                for r in records
-            ]
-        )
+        return _json([action_out(r) for r in records])  # the leader's document, field for field
 
     async def elsewhere(self, request: web.Request) -> web.Response:
-        error = "this coordinator is a standby: it serves /healthz, /v1/ha, /metrics, /v1/events, /v1/actions"
-        return _json({"error": error, "leader": self.status.leader}, 503)
+        s = self.status
+        leader = s.leader or "none holds the lease"
+        error = (
+            f"this coordinator is a standby (read-only): ask the leader ({leader}); "
+            "a standby serves /, /static/*, /healthz, /v1/ha, /metrics, /v1/events, /v1/actions"
+        )
+        return _json({"error": error, "leader": s.leader, "epoch": s.leader_epoch}, 503)

@@ -83,9 +83,12 @@ def ftd_register_actions() -> Mapping[str, Executor] | None:
 def ftd_startup(coordinator: Any) -> None:
     """Get ready once the coordinator exists (open a webhook session, read a static inventory...).
 
-    Called: once, after the engine is built and before the first bus message is handled.
+    Called: once, after the engine is built and has read its memory from the ledger (ftd's drains,
+    held approvals, recent history), before the first bus message is handled.
     Arguments: ``coordinator``, the :class:`ftd.coordinator.app.Coordinator` (``.config``,
     ``.state``, ``.engine``, ``.ledger``). Treat it as read-only; keep a reference if you need one.
+    ``.ledger`` is the asynchronous :class:`~ftd.coordinator.ledger_seam.LedgerStore` (await its
+    methods, from a task of your own: this hook itself is synchronous).
     In a replay or a simulation (``ftd rules test``, ``ftd sim goodput``) it is a stand-in with the
     same attributes and ``simulated = True``: read settings, but open no connections then.
     Result: ignored (return None).

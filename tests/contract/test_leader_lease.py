@@ -8,8 +8,6 @@ ledger writes and side effects are refused; the next term's leader resumes the a
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +25,12 @@ from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.state import ClusterState
 from ftd.events import Kind, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
-from tests.realparts import start_postgres
-
-_numbers = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
-    server = start_postgres(tmp_path_factory.mktemp("pg"))
-    yield server
-    server.remove()
+from tests.realparts import fresh_database
 
 
 @pytest.fixture
 def dsn(postgres: LocalPostgres) -> str:
-    name = f"lease_{next(_numbers)}"
-    with psycopg.connect(postgres.dsn, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    return postgres.dsn.replace("dbname=ftd", f"dbname={name}")
+    return fresh_database(postgres, "lease")
 
 
 class Clock:
@@ -58,11 +44,14 @@ class Clock:
 
 
 class Recorder:
-    def __init__(self) -> None:
+    def __init__(self, hold: asyncio.Event | None = None) -> None:
         self.calls: list[str] = []
+        self.hold = hold  # set: each call waits for it (an action still running)
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         self.calls.append(record.id)
+        if self.hold is not None:
+            await self.hold.wait()
         return {"done": True}
 
 
@@ -77,54 +66,57 @@ def engine(ledger: PgLedger, executor: Recorder) -> Engine:
     )
 
 
-def unfinished_action(dsn: str) -> ActionRecord:
+async def unfinished_action(dsn: str) -> ActionRecord:
     """What a coordinator killed mid-action leaves in the ledger."""
     ledger = PgLedger(dsn)
     req = ActionRequest(kind=ActionKind.DRAIN_NODE, target="node-3", reason="xid 79", rule="xid")
     record = ActionRecord(id="act-killed", request=req, state=ActionState.RUNNING)
-    ledger.save_action(record)
-    ledger.close()
+    await ledger.save_action(record)
+    await ledger.close()
     return record
 
 
 async def test_without_a_lease_two_coordinators_both_resume_the_same_action(dsn: str) -> None:
-    unfinished_action(dsn)
-    first, second = Recorder(), Recorder()
+    await unfinished_action(dsn)
+    running = asyncio.Event()  # the first one's drain is still under way when the second starts
+    first, second = Recorder(running), Recorder(running)
     engines = [engine(PgLedger(dsn), first), engine(PgLedger(dsn), second)]
     for e in engines:
-        e.resume_unfinished()
+        await e.resume_unfinished()
+    await asyncio.sleep(0.2)
+    running.set()
     for e in engines:
         assert await e.wait_idle(10)
     assert first.calls == ["act-killed"] and second.calls == ["act-killed"]  # done twice
 
 
-def test_one_holder_at_a_time_and_every_takeover_a_new_epoch(dsn: str) -> None:
+async def test_one_holder_at_a_time_and_every_takeover_a_new_epoch(dsn: str) -> None:
     clock = Clock()
     a = Lease(dsn, "a", ttl_s=0.5, monotonic=clock)
     b = Lease(dsn, "b", ttl_s=0.5, monotonic=clock)
-    assert a.try_acquire() is True and a.epoch == 1
-    assert b.try_acquire() is False and b.epoch is None
-    assert a.renew() is True
-    info = b.info()
+    assert await a.try_acquire() is True and a.epoch == 1
+    assert await b.try_acquire() is False and b.epoch is None
+    assert await a.renew() is True
+    info = await b.info()
     assert (info.holder, info.epoch) == ("a", 1)
     assert info.expires_in_s is not None and 0 < info.expires_in_s <= 0.5
-    a.release()  # a clean stop: b need not wait for the TTL
-    assert a.epoch is None and a.renew() is False
-    assert b.try_acquire() is True and b.epoch == 2
-    assert a.try_acquire() is False
+    await a.release()  # a clean stop: b need not wait for the TTL
+    assert a.epoch is None and await a.renew() is False
+    assert await b.try_acquire() is True and b.epoch == 2
+    assert await a.try_acquire() is False
     # b's term lapses in the database: a takes over with epoch 3, b's renewal finds it over
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE ftd_lease SET expires_at = clock_timestamp() - interval '1 second'")
-    assert a.try_acquire() is True and a.epoch == 3
-    assert b.renew() is False and b.epoch is None
+    assert await a.try_acquire() is True and a.epoch == 3
+    assert await b.renew() is False and b.epoch is None
     for lease in (a, b):
-        lease.close()
+        await lease.close()
 
 
-def test_local_deadline_fences_a_frozen_holder_without_asking_the_database(dsn: str) -> None:
+async def test_local_deadline_fences_a_frozen_holder_without_asking_the_database(dsn: str) -> None:
     clock = Clock()
     lease = Lease(dsn, "a", ttl_s=5.0, monotonic=clock)
-    assert lease.try_acquire()
+    assert await lease.try_acquire()
     assert lease.check() == 1
     clock.now += 4.9
     assert lease.check() == 1
@@ -132,20 +124,20 @@ def test_local_deadline_fences_a_frozen_holder_without_asking_the_database(dsn: 
     with pytest.raises(LeaseLost):
         lease.check()
     assert lease.held is False
-    assert lease.renew() is False  # and it does not extend a lapsed term
-    lease.close()
+    assert await lease.renew() is False  # and it does not extend a lapsed term
+    await lease.close()
 
 
 async def test_stale_epoch_writes_and_side_effects_are_refused_and_the_next_leader_resumes_once(
     dsn: str,
 ) -> None:
-    record = unfinished_action(dsn)
+    record = await unfinished_action(dsn)
     clock = Clock()
     old, new = Lease(dsn, "old", ttl_s=5.0, monotonic=clock), Lease(dsn, "new", ttl_s=5.0, monotonic=clock)
-    assert old.try_acquire()
+    assert await old.try_acquire()
     old_ledger = PgLedger(dsn)
     old_ledger.epoch = old.epoch
-    old_ledger.save_action(record)  # the holder writes
+    await old_ledger.save_action(record)  # the holder writes
     scheduler = FakeScheduler()
     scheduler.add_node("node-3")
     old_scheduler = FencedScheduler(scheduler, old.check)
@@ -155,27 +147,27 @@ async def test_stale_epoch_writes_and_side_effects_are_refused_and_the_next_lead
     # the old leader freezes; its term lapses in the database and the new one takes over
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE ftd_lease SET expires_at = clock_timestamp() - interval '1 second'")
-    assert new.try_acquire() and new.epoch == 2
+    assert await new.try_acquire() and new.epoch == 2
     new_ledger = PgLedger(dsn)
     new_ledger.epoch = new.epoch
     executor = Recorder()
     leader = engine(new_ledger, executor)
     leader.executors = guard_executors(leader.executors, new.check)
-    assert [r.id for r in leader.resume_unfinished()] == ["act-killed"]
+    assert [r.id for r in await leader.resume_unfinished()] == ["act-killed"]
     assert await leader.wait_idle(10)
     assert executor.calls == ["act-killed"]
-    done = new_ledger.action("act-killed")
+    done = await new_ledger.action("act-killed")
     assert done is not None and done.state == ActionState.SUCCEEDED
 
     # the old one wakes (its local deadline passed): nothing it tries lands
     clock.now += 6
     record.state = ActionState.FAILED
     with pytest.raises(LedgerFenced) as fenced:
-        old_ledger.save_action(record)
+        await old_ledger.save_action(record)
     assert (fenced.value.epoch, fenced.value.current, fenced.value.holder) == (1, 2, "new")
     assert old_ledger.stale_writes_rejected == 1
     with pytest.raises(LedgerFenced):
-        old_ledger.record_event(make_event("node-3", Kind.XID))
+        await old_ledger.record_event(make_event("node-3", Kind.XID))
     assert old_ledger.stale_writes_rejected == 2
     with pytest.raises(LeaseLost):
         await old_scheduler.requeue("job-1")
@@ -185,27 +177,26 @@ async def test_stale_epoch_writes_and_side_effects_are_refused_and_the_next_lead
     with pytest.raises(LeaseLost):
         await guarded[ActionKind.DRAIN_NODE](record)
     assert old_executor.calls == []
-    after = new_ledger.action("act-killed")
+    after = await new_ledger.action("act-killed")
     assert after is not None and after.state == ActionState.SUCCEEDED  # the stale write changed nothing
-    assert new_ledger.events(limit=10) == []
+    assert await new_ledger.events(limit=10) == []
     for closable in (old_ledger, new_ledger, old, new):
-        closable.close()
-    await asyncio.sleep(0)
+        await closable.close()
 
 
-def test_a_write_even_with_the_right_epoch_is_refused_once_the_term_expired(dsn: str) -> None:
+async def test_a_write_even_with_the_right_epoch_is_refused_once_the_term_expired(dsn: str) -> None:
     lease = Lease(dsn, "a", ttl_s=5.0)
-    assert lease.try_acquire()
+    assert await lease.try_acquire()
     ledger = PgLedger(dsn)
     ledger.epoch = lease.epoch
-    assert ledger.record_event(make_event("node-1", Kind.XID)) is True
+    assert await ledger.record_event(make_event("node-1", Kind.XID)) is True
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE ftd_lease SET expires_at = clock_timestamp() - interval '1 second'")
     with pytest.raises(LedgerFenced):
-        ledger.record_event(make_event("node-1", Kind.XID))
-    assert len(ledger.events()) == 1
-    ledger.close()
-    lease.close()
+        await ledger.record_event(make_event("node-1", Kind.XID))
+    assert len(await ledger.events()) == 1
+    await ledger.close()
+    await lease.close()
 
 
 def test_bad_settings_are_refused(tmp_path: Path) -> None:

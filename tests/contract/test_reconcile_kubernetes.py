@@ -61,11 +61,12 @@ async def test_kubernetes_drain_operator_resume_and_cordon(api: FakeKubeApi, tmp
         },
     )
     reconciler = Reconciler(state=state, ledger=ledger, scheduler=sched, engine=engine)
-    reconciler.restore()
+    await engine.load()
+    await reconciler.restore()
     engine.observe(reconciler.observe)
 
     async def drain(node: str) -> ActionState:
-        record = engine.submit(ActionRequest(kind=ActionKind.DRAIN_NODE, target=node, reason="xid 79"))
+        record = await engine.submit(ActionRequest(kind=ActionKind.DRAIN_NODE, target=node, reason="xid 79"))
         assert await engine.wait_idle(5)
         return record.state
 

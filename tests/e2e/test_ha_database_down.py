@@ -66,10 +66,13 @@ async def test_database_down_the_leader_steps_down_and_nothing_acts(
         pump = asyncio.create_task(nodes.pump())
         await until(lambda: "job-0" in runner.coordinator.state.jobs, 30, "the job's presence")
         assert runner.status.epoch == 1
+        assert runner.view is not None and runner.view.bus is None  # leading: its view is closed
 
         pg.stop()  # immediate: like a crash of the database
         down = time.time()
         await until(lambda: runner.status.role == "standby", 15, "the leader to step down")
+        assert runner.view is not None
+        await until(lambda: runner.view.bus is not None, 10, "the view reopened on standing by")
         with pytest.raises(LeaseLost):
             runner.lease.check()
         await nodes.event(0, 13, Severity.ERROR)  # actionable, while nobody can lead

@@ -1,11 +1,12 @@
 """A standby replica (ftd.coordinator.ha.HaRunner while another holds the lease): it tells systemd it
 is ready and keeps pinging the watchdog, never opens the coordinator's bus session, and serves the
-read-only standby API (who leads, the shared ledger; everything else 503). Real PostgreSQL;
-systemd's notify socket is a datagram socket of the test."""
+read-only standby API (who leads, the shared ledger, the dashboard behind the Host check; everything
+else 503). Real PostgreSQL; systemd's notify socket is a datagram socket of the test."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from ftd.coordinator.ha import HaRunner
 from ftd.coordinator.lease import Lease
 from ftd.coordinator.ledger_pg import PgLedger
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
-from tests.realparts import free_port, start_postgres
+from tests.e2e.test_dashboard import chromium
+from tests.realparts import free_port, require_binary, start_postgres
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,7 +33,7 @@ async def test_standby_is_ready_pings_the_watchdog_and_holds_no_bus_session(
     pg = start_postgres(tmp_path / "pg")
     try:
         leader = Lease(pg.dsn, "coord-a", ttl_s=30.0)
-        assert leader.try_acquire()
+        assert await leader.try_acquire()
         config_path = tmp_path / "coordinator.toml"
         _config(config_path, "coord-b", 1, pg.dsn)  # bus port 1: it must never be used
         port = free_port()
@@ -41,8 +43,8 @@ async def test_standby_is_ready_pings_the_watchdog_and_holds_no_bus_session(
         ledger = PgLedger(pg.dsn)
         ledger.epoch = leader.epoch
         req = ActionRequest(kind="drain_node", target="node-7", reason="xid 79", rule="xid")
-        ledger.save_action(ActionRecord(id="act-7", request=req, state=ActionState.SUCCEEDED))
-        ledger.close()
+        await ledger.save_action(ActionRecord(id="act-7", request=req, state=ActionState.SUCCEEDED))
+        await ledger.close()
         sock_path = str(tmp_path / "notify.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         listener.bind(sock_path)
@@ -65,7 +67,7 @@ async def test_standby_is_ready_pings_the_watchdog_and_holds_no_bus_session(
                     messages.append(listener.recv(256))
                 except BlockingIOError:
                     break
-        runner._refresh()
+        await runner._refresh()
         base = f"http://127.0.0.1:{port}"
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{base}/healthz") as resp:
@@ -80,6 +82,15 @@ async def test_standby_is_ready_pings_the_watchdog_and_holds_no_bus_session(
                 refused = (resp.status, (await resp.json())["leader"])
             async with http.get(f"{base}/v1/actions?limit=0") as resp:
                 bad_limit = resp.status
+            async with http.get(f"{base}/") as resp:
+                page = (resp.status, resp.content_type, await resp.text())
+            async with http.get(f"{base}/static/app.js") as resp:
+                script = (resp.status, resp.content_type, await resp.text())
+            async with http.get(f"{base}/", headers={"Host": "evil.example"}) as resp:
+                rebound = resp.status
+        # what an operator sees: the page as its script left it, in a real browser (when there is one)
+        browser = shutil.which("chromium")
+        dom = await asyncio.to_thread(chromium, "--dump-dom", f"{base}/") if browser else None
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         listener.close()
@@ -96,6 +107,21 @@ async def test_standby_is_ready_pings_the_watchdog_and_holds_no_bus_session(
         assert "ftd_ha_epoch 1.0" in metrics
         assert refused == (503, "coord-a")
         assert bad_limit == 400
-        leader.close()
+        assert page[:2] == (200, "text/html") and '<script src="/static/app.js">' in page[2]
+        assert script[:2] == (200, "text/javascript")
+        assert "/v1/ha" in script[2] and "read-only standby" in script[2]  # the page shows who leads
+        assert rebound == 421  # the DNS rebinding guard applies on a standby too
+        if dom is None:
+            require_binary("chromium", package="chromium")  # skipped (or failed in CI) only here
+        else:
+            assert dom.returncode == 0, dom.stderr[-2000:]
+            html = dom.stdout
+            assert "loading…" not in html  # every table was filled, none left broken
+            assert "read-only standby — leader is coord-a (epoch 1)" in html  # the banner
+            assert "leader: coord-a · epoch 1" in html  # the header badge
+            assert "served by the leader (coord-a)" in html  # nodes, jobs: the leader's memory
+            assert "node-7" in html and "succeeded" in html  # the action, read from the shared ledger
+            assert "API unreachable" not in html
+        await leader.close()
     finally:
         pg.remove()

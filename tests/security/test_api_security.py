@@ -92,7 +92,7 @@ async def served() -> AsyncIterator[Served]:
     for node in ("node-1", "node-2"):
         scheduler.add_node(node)
     coordinator = make_coordinator(scheduler)
-    populate(coordinator)
+    await populate(coordinator)
     await coordinator.bus.start()
     port = free_port()
     clock = Clock()

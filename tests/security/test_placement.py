@@ -32,6 +32,7 @@ from ftd.bus import topics
 from ftd.bus.mqtt import MqttBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig, SlurmConfig
 from ftd.coordinator.app import Coordinator, coordinator_will, make_scheduler
+from ftd.coordinator.ledger import Ledger, SqliteStore
 from ftd.events import (
     Ack,
     Directive,
@@ -132,8 +133,15 @@ async def send_event(bus: MqttBus, event: Event) -> None:
     await bus.publish(topics.node_event(event.node, event.kind), encode(event))
 
 
+def sqlite_ledger(coordinator: Coordinator) -> Ledger:
+    """The coordinator's SQLite ledger, read at once (a predicate until() polls cannot await)."""
+    store = coordinator.ledger
+    assert isinstance(store, SqliteStore)
+    return store.ledger
+
+
 def job_actions(coordinator: Coordinator, job: str) -> list[ActionRecord]:
-    return [a for a in coordinator.ledger.actions() if a.request.target == job]
+    return [a for a in sqlite_ledger(coordinator).actions() if a.request.target == job]
 
 
 def security_events(ledger: Path) -> list[dict[str, object]]:
@@ -246,7 +254,8 @@ async def test_forged_presence_then_xid_does_not_touch_the_job(env: Env, slurm: 
     await present(env.node2.bus, "node-2", job, [0])  # node-2 claims node-1's job
     xid = make_event("node-2", Kind.XID, severity=Severity.ERROR, data=XID13)
     await send_event(env.node2.bus, xid)
-    await until(lambda: any(e.id == xid.id for e in env.coordinator.ledger.events()), 10, "the Xid handled")
+    ledger = sqlite_ledger(env.coordinator)
+    await until(lambda: any(e.id == xid.id for e in ledger.events()), 10, "the Xid handled")
 
     assert job not in env.coordinator.state.jobs
     assert env.coordinator.state.jobs_on_node("node-2") == []
@@ -281,13 +290,14 @@ async def test_forged_heartbeat_is_rejected_and_the_genuine_one_restarts_the_job
 
     await env.node2.wait(rejected, 10, "node-2's forged heartbeat receipted as rejected")
     assert job_actions(env.coordinator, job) == []
-    assert not [e for e in env.coordinator.ledger.events() if e.id == forged.id]  # never stored
+    assert not [e for e in await env.coordinator.ledger.events() if e.id == forged.id]  # never stored
     assert env.coordinator.placement.violations == 1
     (security,) = security_events(env.ledger)
     assert security["data"]["by_message"] == {"rank_heartbeat_lost": 1}  # type: ignore[index]
 
     genuine = make_event("node-1", Kind.RANK_HEARTBEAT_LOST, severity=Severity.ERROR, data=lost)
     await send_event(env.node1.bus, genuine)
+
     def restarting() -> bool:
         return any(a.request.kind == ActionKind.CHECKPOINT_RESTART for a in job_actions(env.coordinator, job))
 

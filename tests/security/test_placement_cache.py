@@ -140,10 +140,10 @@ async def test_forged_heartbeat_inside_a_batch_is_dropped_and_the_rest_handled()
     xid = make_event("node-2", Kind.XID, severity=Severity.WARNING, data={"code": 43})
     batch = b"[" + encode(lost) + b"," + encode(xid) + b"]"
     assert await c.handle(Message(topics.node_event_batch("node-2"), batch))
-    stored = {e.id for e in c.ledger.events()}
+    stored = {e.id for e in await c.ledger.events()}
     assert xid.id in stored and lost.id not in stored
     assert c.placement.violations == 1
-    assert not [a for a in c.ledger.actions() if a.request.target == "80"]
+    assert not [a for a in await c.ledger.actions() if a.request.target == "80"]
     assert c._receipts["node-2"].rejected.keys() == {lost.id}
     assert c._receipts["node-2"].ids == [xid.id]
 

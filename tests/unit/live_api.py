@@ -33,8 +33,8 @@ def live_api() -> Iterator[str]:
 
     async def serve() -> None:
         coordinator = make_coordinator(scheduler)
-        populate(coordinator)
-        coordinator.ledger.save_action(
+        await populate(coordinator)
+        await coordinator.ledger.save_action(
             ActionRecord(
                 id="act-known",
                 request=ActionRequest(

@@ -45,7 +45,7 @@ def make_coordinator(
     return Coordinator(config, bus=MemoryBus(MemoryBroker()), scheduler=scheduler, ledger=Ledger(":memory:"))
 
 
-def populate(coordinator: Coordinator) -> None:
+async def populate(coordinator: Coordinator) -> None:
     state = coordinator.state
     state.apply_status(NodeStatus(node="node-1", state="online", ts=1000.0))
     state.apply_status(NodeStatus(node="node-2", state="online", ts=1000.0))
@@ -55,10 +55,10 @@ def populate(coordinator: Coordinator) -> None:
         "42",
         JobPresence(job="42", node="node-1", ranks=[RankInfo(rank=0, step=7), RankInfo(rank=1)]),
     )
-    coordinator.ledger.record_event(
+    await coordinator.ledger.record_event(
         make_event("node-1", Kind.XID, severity=Severity.CRITICAL, data={"code": 79}, ts=1002.0, id="e1")
     )
-    coordinator.ledger.record_event(make_event("node-2", Kind.ECC, data={"dbe": 1}, ts=1003.0, id="e2"))
+    await coordinator.ledger.record_event(make_event("node-2", Kind.ECC, data={"dbe": 1}, ts=1003.0, id="e2"))
 
 
 async def _env(
@@ -69,7 +69,7 @@ async def _env(
     scheduler.add_node("node-2")
     scheduler.add_job("42", ["node-1"])
     coordinator = make_coordinator(scheduler, dry_run=dry_run, approval=approval)
-    populate(coordinator)
+    await populate(coordinator)
     await coordinator.bus.start()  # directives (checkpoint_restart) are published on it
     api = Api(coordinator, ApiConfig(), token=token)
     client: TestClient[Any, Any] = TestClient(TestServer(api.app))
@@ -121,7 +121,7 @@ async def test_without_a_configured_token_mutating_calls_are_refused(
         assert resp.status == 403
         assert "no token is configured" in (await resp.json())["error"]
     assert open_env.scheduler.calls == []
-    assert open_env.coordinator.ledger.actions() == []
+    assert await open_env.coordinator.ledger.actions() == []
 
 
 @pytest.mark.parametrize(("path", "body"), MUTATING)
@@ -137,7 +137,7 @@ async def test_missing_or_wrong_token_is_401(env: Env, path: str, body: dict[str
         assert why in (await resp.json())["error"]
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
     assert env.scheduler.calls == []
-    assert env.coordinator.ledger.actions() == []
+    assert await env.coordinator.ledger.actions() == []
 
 
 async def test_reads_need_no_token(open_env: Env) -> None:
@@ -324,7 +324,7 @@ async def test_manual_restart_goes_through_checkpoint_restart(env: Env) -> None:
         from ftd.events import Ack
 
         while True:
-            for record in coordinator.ledger.unfinished():
+            for record in await coordinator.ledger.unfinished():
                 if record.request.kind == "checkpoint_restart" and record.state == ActionState.RUNNING:
                     for rank in (0, 1):
                         coordinator.acks.record(
@@ -388,8 +388,8 @@ async def test_drain_waits_for_approval_reject_closes_it_approve_runs_it(approva
 
 
 async def test_metrics_are_prometheus_text(env: Env) -> None:
-    env.coordinator.engine.handle_event(make_event("node-1", Kind.ECC, id="m1"))
-    env.coordinator.engine.handle_event(make_event("node-1", Kind.ECC, id="m1"))  # duplicate
+    await env.coordinator.engine.handle_event(make_event("node-1", Kind.ECC, id="m1"))
+    await env.coordinator.engine.handle_event(make_event("node-1", Kind.ECC, id="m1"))  # duplicate
     env.coordinator.bad_messages = 3
     await env.client.post("/v1/nodes/node-1/drain", json={"reason": "x"}, headers=AUTH)
     await wait_finished(env.coordinator)

@@ -47,25 +47,25 @@ BAD = [
 ]
 
 
-def test_every_kind_of_bad_message_is_counted_and_a_good_one_still_works() -> None:
+async def test_every_kind_of_bad_message_is_counted_and_a_good_one_still_works() -> None:
     coordinator = make_coordinator()
     for topic, payload in BAD:
-        assert coordinator.handle_message(Message(topic, payload))  # refused for good: acknowledge it
+        assert await coordinator.handle_message(Message(topic, payload))  # refused for good: acknowledge it
     assert coordinator.bad_messages == len(BAD)
     good = make_event("node-1", Kind.XID, data={"code": 43})
-    coordinator.handle_message(Message(topics.node_event("node-1", "xid"), encode(good)))
+    await coordinator.handle_message(Message(topics.node_event("node-1", "xid"), encode(good)))
     assert coordinator.engine.counters["events"] == 1
     assert coordinator.bad_messages == len(BAD)
     # Those under node-1's topics are reported in its bad_input summary; the foreign topics have no
     # node to charge them to and are only counted.
-    [summary] = summaries(coordinator, "node-1")
+    [summary] = await summaries(coordinator, "node-1")
     assert summary.source == "coordinator" and summary.severity == Severity.WARNING
     assert summary.data["rejected"] == len(BAD) - 2 == summary.count
     assert summary.data["rejected_reasons"] == {"foreign_node": 1, "invalid": len(BAD) - 3}
 
 
-def summaries(coordinator: Coordinator, node: str) -> list[Event]:
-    return [e for e in coordinator.ledger.events(limit=1000, node=node) if e.kind == Kind.BAD_INPUT]
+async def summaries(coordinator: Coordinator, node: str) -> list[Event]:
+    return [e for e in await coordinator.ledger.events(limit=1000, node=node) if e.kind == Kind.BAD_INPUT]
 
 
 def deep(levels: int) -> bytes:
@@ -126,16 +126,16 @@ POISON: list[tuple[str, bytes, str, str | None]] = [
 ]
 
 
-def test_poison_is_contained_counted_summarised_and_receipted() -> None:
+async def test_poison_is_contained_counted_summarised_and_receipted() -> None:
     """Depth, size and types: every decoding failure is contained, counted once, reported in the
     node's bad_input summary by reason, never stored; events with a readable id are receipted as
     rejected so the agent does not resend them forever."""
     coordinator = make_coordinator()
     for suffix, payload, _reason, _id in POISON:
-        assert coordinator.handle_message(Message(f"ftd/v1/nodes/node-1/{suffix}", payload))
+        assert await coordinator.handle_message(Message(f"ftd/v1/nodes/node-1/{suffix}", payload))
     assert coordinator.bad_messages == len(POISON)
     assert coordinator.engine.counters["events"] == 0
-    [summary] = summaries(coordinator, "node-1")
+    [summary] = await summaries(coordinator, "node-1")
     assert summary.data["rejected"] == len(POISON)
     assert summary.data["rejected_reasons"] == dict(Counter(reason for _s, _p, reason, _i in POISON))
     assert summary.data["largest_bytes"] == max(len(p) for _s, p, _r, _i in POISON)
@@ -144,33 +144,33 @@ def test_poison_is_contained_counted_summarised_and_receipted() -> None:
     assert set(receipt.rejected) == {i for _s, _p, _r, i in POISON if i is not None}
     assert "over the limit" in receipt.rejected["huge"]
     assert "published under node 'node-1'" in receipt.rejected["spoof"]
-    assert coordinator.ledger.events(limit=100) == [summary]  # nothing of the poison itself
+    assert await coordinator.ledger.events(limit=100) == [summary]  # nothing of the poison itself
 
 
-def test_a_failing_handler_is_contained_and_its_event_receipted_rejected(monkeypatch: Any) -> None:
+async def test_a_failing_handler_is_contained_and_its_event_receipted_rejected(monkeypatch: Any) -> None:
     coordinator = make_coordinator()
 
-    def explode(event: Event) -> None:
+    async def explode(event: Event) -> None:
         raise RuntimeError("bug")
 
     monkeypatch.setattr(coordinator.engine, "handle_event", explode)
     event = make_event("node-1", Kind.XID, data={"code": 43})
-    assert coordinator.handle_message(Message(topics.node_event("node-1", "xid"), encode(event)))
+    assert await coordinator.handle_message(Message(topics.node_event("node-1", "xid"), encode(event)))
     assert coordinator.bad_messages == 1
     assert coordinator._receipts["node-1"].rejected == {event.id: "RuntimeError: bug"}
-    [summary] = summaries(coordinator, "node-1")
+    [summary] = await summaries(coordinator, "node-1")
     assert summary.data["rejected_reasons"] == {"error": 1}
 
 
-def test_a_storage_error_leaves_the_message_for_redelivery(monkeypatch: Any) -> None:
+async def test_a_storage_error_leaves_the_message_for_redelivery(monkeypatch: Any) -> None:
     coordinator = make_coordinator()
 
-    def broken(event: Event) -> bool:
+    async def broken(event: Event) -> bool:
         raise sqlite3.OperationalError("disk I/O error")
 
     monkeypatch.setattr(coordinator.ledger, "record_event", broken)
     event = make_event("node-1", Kind.XID, data={"code": 43})
-    assert not coordinator.handle_message(Message(topics.node_event("node-1", "xid"), encode(event)))
+    assert not await coordinator.handle_message(Message(topics.node_event("node-1", "xid"), encode(event)))
     assert coordinator.storage_errors == 1 and coordinator.bad_messages == 0
     assert "node-1" not in coordinator._receipts
 
@@ -181,9 +181,12 @@ def test_a_storage_error_leaves_the_message_for_redelivery(monkeypatch: Any) -> 
     st.binary(max_size=300) | st.text(max_size=300).map(str.encode),
 )
 def test_fuzzed_payloads_never_raise(suffix: str, payload: bytes) -> None:
-    coordinator = make_coordinator()
-    assert coordinator.handle_message(Message(f"ftd/v1/nodes/node-1/{suffix}", payload))
-    assert coordinator.bad_messages == (0 if not payload and suffix in ("status", "jobs/1") else 1)
+    async def handle() -> None:
+        coordinator = make_coordinator()
+        assert await coordinator.handle_message(Message(f"ftd/v1/nodes/node-1/{suffix}", payload))
+        assert coordinator.bad_messages == (0 if not payload and suffix in ("status", "jobs/1") else 1)
+
+    asyncio.run(handle())
 
 
 async def test_agent_counts_bad_directives_and_keeps_relaying(tmp_path: Path) -> None:

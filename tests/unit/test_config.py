@@ -440,7 +440,16 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
 CROSS_FIELD_KEYS = {
     "bus": {"username", "password", "password_file", "ca_file", "reconnect_min_s", "reconnect_max_s"},
     "coordinator.notify": {"url_file"},
-    "coordinator.ha": {"ledger", "dsn", "lease_ttl_s", "renew_interval_s"},
+    "coordinator.ha": {
+        "ledger",
+        "dsn",
+        "lease_ttl_s",
+        "renew_interval_s",
+        "standby_username",
+        "standby_password_file",
+        "standby_cert_file",
+        "standby_key_file",
+    },
     "coordinator.policy": {"domain_budgets"},
     "agent.nvml": {"temperature_c", "temperature_hysteresis_c"},
     "agent.heartbeat": {"timeout_s", "check_interval_s"},

@@ -268,11 +268,13 @@ async def test_live_ranks_save_one_step_when_the_coordinator_picks_it(
         threads = two_ranks(env.socket_path, {0: 990, 1: 997}, saved, JOB)
         await until(lambda: len(env.coordinator.state.jobs.get(JOB, _NO_RANKS).ranks) == 2, 10)
         await until(lambda: (env.coordinator.state.jobs[JOB].last_step or 0) >= 1005, 10)
-        env.coordinator.engine.handle_event(make_event(NODE, Kind.XID, data={"code": 48, "pci": PCI}))
+        await env.coordinator.engine.handle_event(make_event(NODE, Kind.XID, data={"code": 48, "pci": PCI}))
         assert await env.coordinator.engine.wait_idle(30)
         for thread in threads:
             thread.join(5)
-        restart = next(r for r in env.coordinator.ledger.actions() if r.request.kind == "checkpoint_restart")
+        restart = next(
+            r for r in await env.coordinator.ledger.actions() if r.request.kind == "checkpoint_restart"
+        )
         if agree:  # the fix: one step on every rank, a success, resumed from that step
             assert saved[0] == saved[1] == restart.detail["save_at_step"], (saved, restart.detail)
             assert restart.state == ActionState.SUCCEEDED, restart.detail

@@ -48,43 +48,47 @@ class Recorder:
         return {"done": True}
 
 
-def make_engine(tmp_path: Path, executor: Recorder, plugins: tuple[object, ...] = (DrainOnEcc(),)) -> Engine:
+async def make_engine(
+    tmp_path: Path, executor: Recorder, plugins: tuple[object, ...] = (DrainOnEcc(),)
+) -> Engine:
     pm = make_plugin_manager(extra=plugins, entry_points=False, disabled=["xid_catalog"])
-    return Engine(
+    engine = Engine(
         state=ClusterState(),
         ledger=Ledger(tmp_path / "ledger.sqlite"),
         gate=PolicyGate(cooldown_s=600),
         plugins=pm,
         executors={ActionKind.DRAIN_NODE: executor},
     )
+    await engine.load()  # what an earlier engine on the same ledger left (a restart)
+    return engine
 
 
 async def test_a_raising_rule_does_not_silence_the_others(tmp_path: Path) -> None:
     executor = Recorder()
-    engine = make_engine(tmp_path, executor, (Broken(), DrainOnEcc()))
-    records = engine.handle_event(make_event("node-1", Kind.ECC))
+    engine = await make_engine(tmp_path, executor, (Broken(), DrainOnEcc()))
+    records = await engine.handle_event(make_event("node-1", Kind.ECC))
     assert [r.request.kind for r in records] == ["drain_node"]
     assert records[0].request.rule  # the proposing rule is named
     assert engine.counters["rule_errors"] == 1
     await engine.wait_idle(5)
     assert executor.calls == ["node-1"]
-    assert engine.ledger.action(records[0].id).state == ActionState.SUCCEEDED
+    assert (await engine.ledger.action(records[0].id)).state == ActionState.SUCCEEDED
 
 
 async def test_duplicate_event_ids_are_evaluated_once(tmp_path: Path) -> None:
     executor = Recorder()
-    engine = make_engine(tmp_path, executor)
+    engine = await make_engine(tmp_path, executor)
     event = make_event("node-1", Kind.ECC)
-    assert engine.handle_event(event)
-    assert engine.handle_event(event) == []
+    assert await engine.handle_event(event)
+    assert await engine.handle_event(event) == []
     assert engine.counters["duplicates"] == 1
 
 
 async def test_failed_executor_is_recorded_with_its_error(tmp_path: Path) -> None:
-    engine = make_engine(tmp_path, Recorder(fail=True))
-    [record] = engine.handle_event(make_event("node-1", Kind.ECC))
+    engine = await make_engine(tmp_path, Recorder(fail=True))
+    [record] = await engine.handle_event(make_event("node-1", Kind.ECC))
     await engine.wait_idle(5)
-    stored = engine.ledger.action(record.id)
+    stored = await engine.ledger.action(record.id)
     assert stored.state == ActionState.FAILED
     assert "scontrol exploded" in stored.detail["error"]
 
@@ -94,32 +98,32 @@ async def test_action_without_executor_fails_visibly(tmp_path: Path) -> None:
     engine = Engine(
         state=ClusterState(), ledger=Ledger(":memory:"), gate=PolicyGate(), plugins=pm, executors={}
     )
-    [record] = engine.handle_event(make_event("node-1", Kind.ECC))
+    [record] = await engine.handle_event(make_event("node-1", Kind.ECC))
     assert record.state == ActionState.FAILED and "no executor" in record.detail["error"]
 
 
 async def test_restart_neither_repeats_finished_nor_loses_unfinished_actions(tmp_path: Path) -> None:
     first = Recorder()
-    engine = make_engine(tmp_path, first)
+    engine = await make_engine(tmp_path, first)
     event_done = make_event("node-1", Kind.ECC)
-    engine.handle_event(event_done)
+    await engine.handle_event(event_done)
     await engine.wait_idle(5)
     block = asyncio.Event()
     engine.executors[ActionKind.DRAIN_NODE] = Recorder(block=block)
-    [unfinished] = engine.handle_event(make_event("node-2", Kind.ECC))
+    [unfinished] = await engine.handle_event(make_event("node-2", Kind.ECC))
     await asyncio.sleep(0.05)
     await engine.close()  # "crash" while node-2's drain is running
-    engine.ledger.close()
+    await engine.ledger.close()
 
     second = Recorder()
-    engine2 = make_engine(tmp_path, second)
-    assert engine2.handle_event(event_done) == []  # redelivered event: already seen
+    engine2 = await make_engine(tmp_path, second)
+    assert await engine2.handle_event(event_done) == []  # redelivered event: already seen
     assert not engine2.gate.decide(ActionRequest(kind="drain_node", target="node-1", reason="x")).allowed
-    resumed = engine2.resume_unfinished()
+    resumed = await engine2.resume_unfinished()
     assert [r.id for r in resumed] == [unfinished.id]
     await engine2.wait_idle(5)
     assert second.calls == ["node-2"]
-    assert engine2.ledger.action(unfinished.id).state == ActionState.SUCCEEDED
+    assert (await engine2.ledger.action(unfinished.id)).state == ActionState.SUCCEEDED
 
 
 async def test_resume_leaves_alone_what_this_run_already_started(tmp_path: Path) -> None:
@@ -128,14 +132,14 @@ async def test_resume_leaves_alone_what_this_run_already_started(tmp_path: Path)
     (seen in the coordinator-crash e2e when the Xid came early)."""
     block = asyncio.Event()
     executor = Recorder(block=block)
-    engine = make_engine(tmp_path, executor)
-    [record] = engine.handle_event(make_event("node-1", Kind.ECC))
+    engine = await make_engine(tmp_path, executor)
+    [record] = await engine.handle_event(make_event("node-1", Kind.ECC))
     await asyncio.sleep(0.01)
-    assert engine.resume_unfinished() == []
+    assert await engine.resume_unfinished() == []
     block.set()
     await engine.wait_idle(5)
     assert executor.calls == ["node-1"]
-    stored = engine.ledger.action(record.id)
+    stored = await engine.ledger.action(record.id)
     assert stored.state == ActionState.SUCCEEDED and "resumed" not in stored.detail
 
 
@@ -161,13 +165,15 @@ async def test_builtin_xid_rule_drains_on_79_and_restarts_the_job_elsewhere(tmp_
         plugins=pm,
         executors={ActionKind.DRAIN_NODE: executor, ActionKind.CHECKPOINT_RESTART: restarts},
     )
-    records = engine.handle_event(make_event("node-2", Kind.XID, data={"code": 79, "pci": "0000:3b:00.0"}))
+    records = await engine.handle_event(
+        make_event("node-2", Kind.XID, data={"code": 79, "pci": "0000:3b:00.0"})
+    )
     by_kind = {r.request.kind: r.request for r in records}
     assert set(by_kind) == {"drain_node", "checkpoint_restart"}
     assert by_kind["drain_node"].reason == "xid 79 gpu 0000:3b:00.0 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"
     assert by_kind["checkpoint_restart"].target == "1001"
     assert by_kind["checkpoint_restart"].params["exclude"] == ["node-2"]
-    assert engine.handle_event(make_event("node-2", Kind.XID, data={"code": 43})) == []
+    assert await engine.handle_event(make_event("node-2", Kind.XID, data={"code": 43})) == []
     await engine.wait_idle(5)
 
 
@@ -181,30 +187,30 @@ async def test_approval_queue_holds_then_approve_starts_and_reject_closes(tmp_pa
         plugins=pm,
         executors={ActionKind.DRAIN_NODE: executor},
     )
-    [held] = engine.handle_event(make_event("node-1", Kind.ECC))
+    [held] = await engine.handle_event(make_event("node-1", Kind.ECC))
     assert held.state == ActionState.AWAITING_APPROVAL and "approval" in held.detail["policy"]
-    assert engine.ledger.action(held.id).state == ActionState.AWAITING_APPROVAL
-    [dup] = engine.handle_event(make_event("node-1", Kind.ECC))
+    assert (await engine.ledger.action(held.id)).state == ActionState.AWAITING_APPROVAL
+    [dup] = await engine.handle_event(make_event("node-1", Kind.ECC))
     assert dup.state == ActionState.SUPPRESSED  # the held one occupies its key
-    approved = engine.approve(held.id, by="alice")
+    approved = await engine.approve(held.id, by="alice")
     assert approved.state == ActionState.PENDING
     await engine.wait_idle(5)
     assert executor.calls == ["node-1"]
-    assert engine.ledger.action(held.id).state == ActionState.SUCCEEDED
+    assert (await engine.ledger.action(held.id)).state == ActionState.SUCCEEDED
     with pytest.raises(KeyError):
-        engine.approve(held.id)
+        await engine.approve(held.id)
 
-    [other] = engine.handle_event(make_event("node-2", Kind.ECC))
-    rejected = engine.reject(other.id, "known flaky sensor", by="bob")
+    [other] = await engine.handle_event(make_event("node-2", Kind.ECC))
+    rejected = await engine.reject(other.id, "known flaky sensor", by="bob")
     assert rejected.state == ActionState.SUPPRESSED
-    assert engine.ledger.action(other.id).detail["policy"] == "rejected by bob: known flaky sensor"
+    assert (await engine.ledger.action(other.id)).detail["policy"] == "rejected by bob: known flaky sensor"
     assert executor.calls == ["node-1"]
-    [pending_human] = engine.handle_event(make_event("node-3", Kind.ECC))
-    engine.ledger.close()
+    [pending_human] = await engine.handle_event(make_event("node-3", Kind.ECC))
+    await engine.ledger.close()
 
-    restarted = make_engine(tmp_path, Recorder())  # a held action survives a restart
+    restarted = await make_engine(tmp_path, Recorder())  # a held action survives a restart
     assert list(restarted.awaiting) == [pending_human.id]
-    assert restarted.handle_event(make_event("node-3", Kind.ECC))[0].state == ActionState.SUPPRESSED
+    assert (await restarted.handle_event(make_event("node-3", Kind.ECC)))[0].state == ActionState.SUPPRESSED
 
 
 def test_checkpoint_is_served_by_the_checkpoint_restart_executor() -> None:
@@ -223,11 +229,13 @@ def test_checkpoint_is_served_by_the_checkpoint_restart_executor() -> None:
 
 
 async def test_history_is_folded_in_after_the_rules_and_rebuilt_from_the_ledger(tmp_path: Path) -> None:
-    engine = make_engine(tmp_path, Recorder())
-    engine.handle_event(make_event("node-1", Kind.XID, severity="error", data={"code": 13, "uuid": "GPU-1"}))
+    engine = await make_engine(tmp_path, Recorder())
+    await engine.handle_event(
+        make_event("node-1", Kind.XID, severity="error", data={"code": 13, "uuid": "GPU-1"})
+    )
     assert [f.code for f in engine.state.node_history("node-1")] == [13]
     await engine.wait_idle(5)
-    engine.ledger.close()
-    again = make_engine(tmp_path, Recorder())
+    await engine.ledger.close()
+    again = await make_engine(tmp_path, Recorder())
     assert [f.code for f in again.state.node_history("node-1")] == [13]
     assert again.state.gpu("GPU-1") is not None

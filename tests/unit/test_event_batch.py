@@ -27,31 +27,31 @@ def _batch(*events: object) -> bytes:
 async def test_batch_is_recorded_and_deduplicated(tmp_path: Path) -> None:
     c = _coordinator(tmp_path)
     events = [make_event("node-1", Kind.GPU_HEALTH, data={"i": i}) for i in range(5)]
-    c.handle_message(Message(topics.node_event_batch("node-1"), _batch(*events)))
+    await c.handle_message(Message(topics.node_event_batch("node-1"), _batch(*events)))
     assert c.engine.counters["events"] == 5 and c.bad_messages == 0
-    assert {e.id for e in c.ledger.events(limit=10)} == {e.id for e in events}
-    assert not c.ledger._db.in_transaction  # committed
-    c.handle_message(Message(topics.node_event_batch("node-1"), _batch(*events[:2])))  # redelivery
+    assert {e.id for e in await c.ledger.events(limit=10)} == {e.id for e in events}
+    assert not c.ledger.ledger._db.in_transaction  # committed
+    await c.handle_message(Message(topics.node_event_batch("node-1"), _batch(*events[:2])))  # redelivery
     assert c.engine.counters["events"] == 5 and c.engine.counters["duplicates"] == 2
-    c.ledger.close()
+    await c.ledger.close()
 
 
 async def test_batch_with_a_foreign_or_bad_event_is_rejected_whole(tmp_path: Path) -> None:
     c = _coordinator(tmp_path)
     good = make_event("node-1", Kind.GPU_HEALTH)
     forged = make_event("node-2", Kind.XID, data={"code": 79})
-    c.handle_message(Message(topics.node_event_batch("node-1"), _batch(good, forged)))
-    c.handle_message(Message(topics.node_event_batch("node-1"), b'[{"id": 1}]'))
-    c.handle_message(Message(topics.node_event_batch("node-1"), encode(good)))  # not a list
+    await c.handle_message(Message(topics.node_event_batch("node-1"), _batch(good, forged)))
+    await c.handle_message(Message(topics.node_event_batch("node-1"), b'[{"id": 1}]'))
+    await c.handle_message(Message(topics.node_event_batch("node-1"), encode(good)))  # not a list
     assert c.bad_messages == 3 and c.engine.counters["events"] == 0
-    [summary] = c.ledger.events()  # nothing of the batches, only what the coordinator made of them
+    [summary] = await c.ledger.events()  # nothing of the batches, only what the coordinator made of them
     assert summary.kind == Kind.BAD_INPUT and summary.node == "node-1" and summary.count == 3
     assert summary.data["rejected_reasons"] == {"foreign_node": 1, "invalid": 2}
     # The events of the refused batch are receipted as rejected: an agent would resend them forever.
     receipt = c._receipts["node-1"]
     assert set(receipt.rejected) == {good.id, forged.id} and receipt.ids == []
     assert "in a batch under node 'node-1'" in receipt.rejected[good.id]
-    c.ledger.close()
+    await c.ledger.close()
 
 
 async def test_oversized_batch_is_refused_unread_and_its_events_receipted_rejected(tmp_path: Path) -> None:
@@ -59,13 +59,13 @@ async def test_oversized_batch_is_refused_unread_and_its_events_receipted_reject
     events = [make_event("node-1", Kind.GPU_HEALTH, data={"pad": "x" * 1000}) for _ in range(5000)]
     payload = _batch(*events)
     assert len(payload) > MAX_BATCH_BYTES
-    assert c.handle_message(Message(topics.node_event_batch("node-1"), payload))
+    assert await c.handle_message(Message(topics.node_event_batch("node-1"), payload))
     assert c.bad_messages == 1 and c.engine.counters["events"] == 0
-    [summary] = c.ledger.events()
+    [summary] = await c.ledger.events()
     assert summary.data["rejected_reasons"] == {"oversized": 1}
     assert summary.data["largest_bytes"] == len(payload)
     assert set(c._receipts["node-1"].rejected) == {e.id for e in events}
-    c.ledger.close()
+    await c.ledger.close()
 
 
 async def test_large_batch_is_handled_in_chunks_with_the_loop_running_between(tmp_path: Path) -> None:
@@ -89,19 +89,19 @@ async def test_large_batch_is_handled_in_chunks_with_the_loop_running_between(tm
     # 900 events: 4 chunks checked, 4 handled; the loop got a turn between each (7 yields), the
     # ticker ran at least that often.
     assert turns >= 7
-    c.ledger.close()
+    await c.ledger.close()
 
 
 async def test_batch_over_the_node_rate_is_folded_and_all_of_it_receipted(tmp_path: Path) -> None:
     c = _coordinator(tmp_path, node_rate=1e-6, node_burst=100, urgent_reserve=0)
     events = [make_event("node-1", Kind.GPU_HEALTH, data={"i": i}) for i in range(700)]
-    assert c.handle_message(Message(topics.node_event_batch("node-1"), _batch(*events)))
+    assert await c.handle_message(Message(topics.node_event_batch("node-1"), _batch(*events)))
     assert c.engine.counters["events"] == 100
-    assert {e.id for e in c.ledger.events(limit=1000) if e.kind != Kind.BAD_INPUT} == {
+    assert {e.id for e in await c.ledger.events(limit=1000) if e.kind != Kind.BAD_INPUT} == {
         e.id for e in events[:100]
     }
-    [summary] = [e for e in c.ledger.events(limit=1000) if e.kind == Kind.BAD_INPUT]
+    [summary] = [e for e in await c.ledger.events(limit=1000) if e.kind == Kind.BAD_INPUT]
     assert summary.data["folded"] == 600 and summary.data["folded_kinds"] == {"gpu_health": 600}
     assert sorted(c._receipts["node-1"].ids) == sorted(e.id for e in events)
     assert c.bad_messages == 0
-    c.ledger.close()
+    await c.ledger.close()

@@ -191,11 +191,11 @@ async def test_flooding_node_is_folded_and_receipted_while_the_other_node_is_dec
         ordinary = [e.id for e in sent[:200]]
         urgent = [e.id for e in sent[200:] if e.severity == Severity.CRITICAL][:50]
         assert stored == ordinary + urgent
-        [summary] = [e for e in coordinator.ledger.events(node="flood") if e.kind == Kind.BAD_INPUT]
+        [summary] = [e for e in await coordinator.ledger.events(node="flood") if e.kind == Kind.BAD_INPUT]
         assert summary.data["folded"] == len(sent) - len(stored) == summary.count
         assert summary.data["rejected"] == 0 and coordinator.bad_messages == 0
         assert coordinator.summary()["folded"] == len(sent) - len(stored)
-        assert [e for e in coordinator.ledger.events(node="quiet") if e.kind == Kind.BAD_INPUT] == []
+        assert [e for e in await coordinator.ledger.events(node="quiet") if e.kind == Kind.BAD_INPUT] == []
     finally:
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):

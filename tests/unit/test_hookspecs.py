@@ -125,7 +125,7 @@ async def test_startup_and_completion_hooks_are_called_each_in_isolation() -> No
     )
     engine.startup("the coordinator")
     assert good.started == ["the coordinator"]
-    records = engine.handle_event(make_event("node-1", Kind.ECC))
+    records = await engine.handle_event(make_event("node-1", Kind.ECC))
     assert len(records) == 2 and {r.state for r in records} == {ActionState.PENDING, ActionState.SUPPRESSED}
     await engine.wait_idle(5)
     await asyncio.sleep(0)

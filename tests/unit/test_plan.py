@@ -108,20 +108,20 @@ async def test_the_drain_waits_for_the_stop_and_the_requeue_for_the_drain(tmp_pa
     log: list[str] = []
     job = Phased(log)
     eng = engine(tmp_path, {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: Plain(log)})
-    records = eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    records = await eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
     assert [r.state for r in records] == [ActionState.PENDING, ActionState.PENDING]
     job.gates["requeue"].set()  # the requeue may go as soon as its turn comes
     await asyncio.sleep(0.05)
     assert log == []  # the drain (an eviction on Kubernetes) does not race the save
-    drain = eng.ledger.action(records[1].id)
+    drain = await eng.ledger.action(records[1].id)
     assert drain is not None and drain.state == ActionState.PENDING  # waiting, not running
     job.gates["stop"].set()
     assert await eng.wait_idle(5)
     assert log == ["checkpoint_restart:stop", "drain_node", "checkpoint_restart:requeue"]
-    done = eng.ledger.action(records[0].id)
+    done = await eng.ledger.action(records[0].id)
     assert done is not None and done.state == ActionState.SUCCEEDED
     assert done.detail["phases_done"] == ["stop", "requeue"] and done.detail["stop"] is True
-    assert eng.ledger.plan_states(done.detail["plan"]) == [
+    assert await eng.ledger.plan_states(done.detail["plan"]) == [
         (records[0].id, "checkpoint_restart", "7", "succeeded"),
         (records[1].id, "drain_node", "n1", "succeeded"),
     ]
@@ -133,14 +133,14 @@ async def test_order_is_not_success_a_failed_stop_still_lets_the_drain_run(tmp_p
     for gate in job.gates.values():
         gate.set()
     eng = engine(tmp_path, {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: Plain(log)})
-    records = eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    records = await eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
     assert await eng.wait_idle(5)
     assert log == ["checkpoint_restart:stop", "drain_node"]
-    failed, drained = (eng.ledger.action(r.id) for r in records)
+    failed, drained = [await eng.ledger.action(r.id) for r in records]
     assert failed is not None and failed.state == ActionState.FAILED
     assert "stop failed" in failed.detail["error"]
     assert drained is not None and drained.state == ActionState.SUCCEEDED
-    plan = eng.ledger.plan(failed.detail["plan"])
+    plan = await eng.ledger.plan(failed.detail["plan"])
     assert plan is not None and plan.state == "finished"
 
 
@@ -148,9 +148,9 @@ async def test_a_node_action_of_a_later_event_waits_for_the_stop_already_running
     log: list[str] = []
     job = Phased(log)
     eng = engine(tmp_path, {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: Plain(log)})
-    eng.handle_event(make_event("n1", Kind.ECC, data={}))  # nothing
-    first = eng.submit(ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target="7", reason="hang"))
-    records = eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    await eng.handle_event(make_event("n1", Kind.ECC, data={}))  # nothing
+    first = await eng.submit(ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target="7", reason="hang"))
+    records = await eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
     assert records[0].state == ActionState.SUPPRESSED  # the same job is already being restarted
     await asyncio.sleep(0.05)
     assert log == []  # ... so the drain waits for *that* stop
@@ -158,7 +158,7 @@ async def test_a_node_action_of_a_later_event_waits_for_the_stop_already_running
     job.gates["requeue"].set()
     assert await eng.wait_idle(5)
     assert log == ["checkpoint_restart:stop", "drain_node", "checkpoint_restart:requeue"]
-    assert eng.ledger.action(first.id) is not None
+    assert await eng.ledger.action(first.id) is not None
 
 
 async def test_an_approved_drain_still_waits_for_the_stop(tmp_path: Path) -> None:
@@ -169,9 +169,9 @@ async def test_an_approved_drain_still_waits_for_the_stop(tmp_path: Path) -> Non
         {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: Plain(log)},
         approval_required_kinds=(ActionKind.DRAIN_NODE,),
     )
-    _, drain = eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    _, drain = await eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
     assert drain.state == ActionState.AWAITING_APPROVAL
-    eng.approve(drain.id, by="op")
+    await eng.approve(drain.id, by="op")
     await asyncio.sleep(0.05)
     assert log == []
     job.gates["stop"].set()
@@ -264,17 +264,17 @@ async def test_a_rejected_step_does_not_keep_its_plan_open(tmp_path: Path) -> No
         {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: Plain(log)},
         approval_required_kinds=(ActionKind.DRAIN_NODE,),
     )
-    restart, drain = eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    restart, drain = await eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
     assert await eng.wait_idle(5)
     plan_id = restart.detail["plan"]
 
-    def plan_state() -> str | None:
-        plan = eng.ledger.plan(plan_id)
+    async def plan_state() -> str | None:
+        plan = await eng.ledger.plan(plan_id)
         return plan.state if plan else None
 
-    assert plan_state() == "running"  # the drain waits for a human
-    eng.reject(drain.id, reason="not this node", by="op")
-    assert plan_state() == "finished"
+    assert await plan_state() == "running"  # the drain waits for a human
+    await eng.reject(drain.id, reason="not this node", by="op")
+    assert await plan_state() == "finished"
     assert log == ["checkpoint_restart:stop", "checkpoint_restart:requeue"]
 
 
@@ -308,8 +308,8 @@ async def test_the_node_stops_taking_work_at_once_and_only_the_eviction_waits_fo
     drainer = DrainNode(scheduler, state)
     executors: dict[str, Any] = {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: drainer}
     eng = engine(tmp_path, executors)
-    restart, drain = eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
-    plan = eng.ledger.plan(restart.detail["plan"])
+    restart, drain = await eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    plan = await eng.ledger.plan(restart.detail["plan"])
     assert plan is not None
     steps = {s.kind: s for s in plan.steps}
     assert steps["drain_node"].after == {1: [Dependency(restart.id, 0)]}  # only the eviction waits
@@ -322,7 +322,7 @@ async def test_the_node_stops_taking_work_at_once_and_only_the_eviction_waits_fo
     job.gates["requeue"].set()
     assert await eng.wait_idle(5)
     assert log == ["cordon", "checkpoint_restart:stop", "evict", "checkpoint_restart:requeue"]
-    done = eng.ledger.action(drain.id)
+    done = await eng.ledger.action(drain.id)
     assert done is not None and done.state == ActionState.SUCCEEDED
     assert done.detail["evicted"]["evicted"] == ["ns/pod-1"]
     assert done.detail["phases_done"] == ["drain", "evict"]
@@ -338,7 +338,7 @@ async def test_on_slurm_the_drain_is_immediate_and_evicts_nothing(tmp_path: Path
     drain = DrainNode(scheduler, ClusterState())
     executors: dict[str, Any] = {ActionKind.CHECKPOINT_RESTART: job, ActionKind.DRAIN_NODE: drain}
     eng = engine(tmp_path, executors)
-    eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
+    await eng.handle_event(make_event("n1", Kind.XID, data={"code": 79}))
     await until(lambda: scheduler.nodes["n1"].drained)
     assert log == []  # the job has not even saved yet: Slurm's drain leaves it running
     job.gates["stop"].set()

@@ -150,6 +150,7 @@ def trainer(socket_path: str, gpu: HeldGpu, timeline: Timeline, release_after_s:
 @dataclass
 class Cluster:
     coordinator: Coordinator
+    ledger: Ledger  # the coordinator's, read synchronously by the test
     agent: Agent
     scheduler: TimedScheduler
     gpu: HeldGpu
@@ -185,17 +186,18 @@ async def cluster(tmp_path: Path, *, fail_reset: bool = False, **coordinator: An
     }
     config = Config(coordinator=CoordinatorConfig(**settings))
     broker = MemoryBroker()
+    ledger = Ledger(settings["ledger_path"])
     coord = Coordinator(
         config,
         bus=MemoryBus(broker, client_id="coordinator"),
         scheduler=scheduler,
-        ledger=Ledger(settings["ledger_path"]),
+        ledger=ledger,
         extra_plugins=(ResetAfterXid48(),),
     )
     agent = Agent(agent_cfg, bus=MemoryBus(broker, client_id="agent"), node=NODE, gpu_runner=gpu)
     tasks = [asyncio.create_task(coord.run()), asyncio.create_task(agent.run())]
     try:
-        yield Cluster(coord, agent, scheduler, gpu, timeline, agent_cfg.socket_path)
+        yield Cluster(coord, ledger, agent, scheduler, gpu, timeline, agent_cfg.socket_path)
     finally:
         for task in tasks:
             task.cancel()
@@ -205,15 +207,15 @@ async def cluster(tmp_path: Path, *, fail_reset: bool = False, **coordinator: An
         await coord.engine.close()
 
 
-def records(coordinator: Coordinator) -> dict[str, ActionRecord]:
-    return {r.request.kind: r for r in coordinator.ledger.actions()}
+def records(ledger: Ledger) -> dict[str, ActionRecord]:
+    return {r.request.kind: r for r in ledger.actions()}
 
 
 async def xid48(env: Cluster, release_after_s: float) -> threading.Thread:
     thread = trainer(env.socket_path, env.gpu, env.timeline, release_after_s)
     await until(lambda: JOB in env.coordinator.state.jobs, 10)
     await until(lambda: (env.coordinator.state.jobs[JOB].last_step or 0) >= 3, 10)
-    env.coordinator.engine.handle_event(make_event(NODE, Kind.XID, data={"code": 48, "pci": PCI}))
+    await env.coordinator.engine.handle_event(make_event(NODE, Kind.XID, data={"code": 48, "pci": PCI}))
     return thread
 
 
@@ -233,7 +235,7 @@ async def test_gpu_reset_runs_after_the_save_and_stop_and_the_requeue_after_the_
         assert env.gpu.resets == 1
         assert env.gpu.refusals == sum(1 for n in names if n == "reset_refused")
 
-        by_kind = records(env.coordinator)
+        by_kind = records(env.ledger)
         reset, restart = by_kind["gpu_reset"], by_kind["checkpoint_restart"]
         assert reset.state == ActionState.SUCCEEDED, reset.detail
         assert reset.detail["attempts"][-1]["ok"] is True
@@ -242,7 +244,7 @@ async def test_gpu_reset_runs_after_the_save_and_stop_and_the_requeue_after_the_
         assert restart.detail["phases_done"] == ["stop", "requeue"]
         assert restart.detail["requeued"]["exclude"] == [NODE]
         assert reset.detail["plan"] == restart.detail["plan"]
-        plan = env.coordinator.ledger.plan(reset.detail["plan"])
+        plan = env.ledger.plan(reset.detail["plan"])
         assert plan is not None and plan.state == "finished"
         steps = {s.kind: s for s in plan.steps}
         assert [d.action for d in steps["gpu_reset"].after[0]] == [restart.id]
@@ -257,7 +259,7 @@ async def test_a_reset_that_stays_refused_is_escalated_to_a_reboot_and_the_job_s
     async with cluster(tmp_path, gpu_reset_retry_s=0.3, gpu_reboot_deadline_s=0.2) as env:
         thread = await xid48(env, release_after_s=3.0)  # a process keeps the GPU past the retries
         assert await env.coordinator.engine.wait_idle(30)
-        reset = records(env.coordinator)["gpu_reset"]
+        reset = records(env.ledger)["gpu_reset"]
         assert reset.state == ActionState.ESCALATED, reset.detail
         assert reset.detail["escalation"] == "reboot" and reset.detail["refused"] is True
         assert reset.detail["reboot_unconfirmed"] is True  # the node's agent never restarted here
@@ -266,7 +268,7 @@ async def test_a_reset_that_stays_refused_is_escalated_to_a_reboot_and_the_job_s
         assert len(reboots) == 1 and reboots[0][0] == NODE and reboots[0][2] == "RESUME"
         assert str(reboots[0][1]).startswith("ftd: gpu reset of 0000:3b:00.0 not done")
         assert env.scheduler.nodes[NODE].drained and env.scheduler.nodes[NODE].reboot == "RESUME"
-        restart = records(env.coordinator)["checkpoint_restart"]
+        restart = records(env.ledger)["checkpoint_restart"]
         assert restart.state == ActionState.SUCCEEDED and env.scheduler.jobs[JOB].restarts == 1
         thread.join(5)
 
@@ -284,7 +286,7 @@ async def test_a_reboot_the_scheduler_refuses_becomes_a_drain_for_rma(tmp_path: 
         env.scheduler.reboot = refuse  # type: ignore[method-assign]
         thread = await xid48(env, release_after_s=0.0)
         assert await env.coordinator.engine.wait_idle(30)
-        reset = records(env.coordinator)["gpu_reset"]
+        reset = records(env.ledger)["gpu_reset"]
         assert reset.state == ActionState.ESCALATED, reset.detail
         assert reset.detail["escalation"] == "drain" and "RebootProgram" in reset.detail["reboot_error"]
         assert env.gpu.resets == 1  # tried once: a failed reset is not retried, it is escalated
@@ -302,7 +304,7 @@ async def test_a_restarted_coordinator_resumes_the_plan_where_it_stopped(tmp_pat
         thread = await xid48(env, release_after_s=3.0)
 
         def stopped() -> bool:
-            restart = records(env.coordinator).get("checkpoint_restart")
+            restart = records(env.ledger).get("checkpoint_restart")
             return restart is not None and "stop" in restart.detail.get("phases_done", [])
 
         await until(stopped, 10)
@@ -324,11 +326,12 @@ async def test_a_restarted_coordinator_resumes_the_plan_where_it_stopped(tmp_pat
             disabled_rules=[default_rule_name(m) for m in DEFAULT_RULES],
         )
     )
+    ledger = Ledger(ledger_path)
     coord = Coordinator(
         config,
         bus=MemoryBus(broker, client_id="coordinator"),
         scheduler=scheduler,
-        ledger=Ledger(ledger_path),
+        ledger=ledger,
     )
     (tmp_path / "kmsg2").touch()
     agent_cfg = AgentConfig(
@@ -349,7 +352,7 @@ async def test_a_restarted_coordinator_resumes_the_plan_where_it_stopped(tmp_pat
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await coord.engine.close()
-    by_kind = records(coord)
+    by_kind = records(ledger)
     assert by_kind["gpu_reset"].state == ActionState.SUCCEEDED, by_kind["gpu_reset"].detail
     assert by_kind["checkpoint_restart"].state == ActionState.SUCCEEDED
     assert by_kind["checkpoint_restart"].detail["resumed"] == 1
@@ -357,5 +360,5 @@ async def test_a_restarted_coordinator_resumes_the_plan_where_it_stopped(tmp_pat
     assert names.count("ack") == 1 and names.count("reset") == 1 and gpu.resets == 1
     assert names.index("reset") < names.index("requeue")
     assert scheduler.jobs[JOB].restarts == 1
-    plan = coord.ledger.plan(by_kind["gpu_reset"].detail["plan"])
+    plan = ledger.plan(by_kind["gpu_reset"].detail["plan"])
     assert plan is not None and plan.state == "finished"

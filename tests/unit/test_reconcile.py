@@ -43,7 +43,9 @@ class Coordinator:
     notified: list[ActionRecord] = field(default_factory=list)
 
     async def drain(self, node: str, reason: str = "xid 79") -> ActionRecord:
-        record = self.engine.submit(ActionRequest(kind=ActionKind.DRAIN_NODE, target=node, reason=reason))
+        record = await self.engine.submit(
+            ActionRequest(kind=ActionKind.DRAIN_NODE, target=node, reason=reason)
+        )
         assert await self.engine.wait_idle(5)
         return record
 
@@ -54,7 +56,7 @@ class Coordinator:
         return [(e.node, str(e.data["problem"])) for e in events]
 
 
-def start(sched: FakeScheduler, path: Path, now: list[float] | None = None) -> Coordinator:
+async def start(sched: FakeScheduler, path: Path, now: list[float] | None = None) -> Coordinator:
     clock_now = now if now is not None else [1000.0]
     ledger = Ledger(path)
     state = ClusterState()
@@ -86,7 +88,8 @@ def start(sched: FakeScheduler, path: Path, now: list[float] | None = None) -> C
         pending_alert_s=600.0,
         clock=lambda: clock_now[0],
     )
-    reconciler.restore()
+    await engine.load()  # what a restarted coordinator remembers: the gate, then ftd's drains
+    await reconciler.restore()
     engine.observe(reconciler.observe)
     return Coordinator(sched, ledger, state, engine, reconciler, clock_now, notified)
 
@@ -101,7 +104,7 @@ def sched() -> FakeScheduler:
 
 @pytest.fixture
 async def coord(sched: FakeScheduler, tmp_path: Path) -> AsyncIterator[Coordinator]:
-    c = start(sched, tmp_path / "ledger.sqlite")
+    c = await start(sched, tmp_path / "ledger.sqlite")
     yield c
     await c.engine.close()
     c.ledger.close()
@@ -140,12 +143,12 @@ async def test_operator_resume_releases_the_budget(coord: Coordinator, sched: Fa
 
 
 async def test_restart_remembers_drains(sched: FakeScheduler, tmp_path: Path) -> None:
-    first = start(sched, tmp_path / "ledger.sqlite")
+    first = await start(sched, tmp_path / "ledger.sqlite")
     await first.drain("node-2")
     await first.engine.close()
     first.ledger.close()
 
-    second = start(sched, tmp_path / "ledger.sqlite")  # before any reconciliation round
+    second = await start(sched, tmp_path / "ledger.sqlite")  # before any reconciliation round
     try:
         assert second.state.drained_nodes() == {"node-2": "ftd: xid 79"}
         record = await second.drain("node-3")
@@ -201,7 +204,7 @@ async def test_reason_replaced_by_operator_is_not_ftds(coord: Coordinator, sched
 
 async def test_resume_by_ftd_forgets_the_drain(coord: Coordinator) -> None:
     await coord.drain("node-2")
-    coord.engine.submit(ActionRequest(kind=ActionKind.RESUME_NODE, target="node-2", reason="fixed"))
+    await coord.engine.submit(ActionRequest(kind=ActionKind.RESUME_NODE, target="node-2", reason="fixed"))
     assert await coord.engine.wait_idle(5)
     assert coord.ledger.drains() == [] and coord.state.drained_nodes() == {}
     assert await coord.reconciler.reconcile() == {}
@@ -211,13 +214,13 @@ async def test_drain_in_flight_is_left_for_the_next_round(coord: Coordinator, sc
     """A listing taken while ftd's own drain is under way must not adopt or release it."""
     request = ActionRequest(kind=ActionKind.DRAIN_NODE, target="node-2", reason="x")
     record = ActionRecord(id="act-x", request=request, state=ActionState.RUNNING)
-    coord.reconciler.observe("action", record)  # pending: in flight
+    await coord.reconciler.observe("action", record)  # pending: in flight
     await sched.drain("node-2", "x")
     assert await coord.reconciler.reconcile() == {}
     assert coord.ledger.drains() == []
     record.state = ActionState.SUCCEEDED
     record.detail["reason"] = "ftd: x"
-    coord.reconciler.observe("action", record)  # finished: recorded by the observer, not adopted
+    await coord.reconciler.observe("action", record)  # finished: recorded by the observer, not adopted
     assert await coord.reconciler.reconcile() == {}
     assert [(d.node, d.action_id) for d in coord.ledger.drains()] == [("node-2", "act-x")]
 
@@ -232,7 +235,7 @@ async def test_job_stuck_pending_raises_one_alert(coord: Coordinator, sched: Fak
         detail={"requeued": {"scheduler": "fake", "exclude": ["node-1"]}},
         updated=1000.0,
     )
-    coord.reconciler.observe("action", requeue)
+    await coord.reconciler.observe("action", requeue)
     coord.now[0] = 1000.0 + 599.0
     assert await coord.reconciler.reconcile() == {}
     coord.now[0] = 1000.0 + 601.0
@@ -249,7 +252,7 @@ async def test_job_stuck_pending_raises_one_alert(coord: Coordinator, sched: Fak
 
 
 async def test_requeued_jobs_are_found_again_after_a_restart(sched: FakeScheduler, tmp_path: Path) -> None:
-    first = start(sched, tmp_path / "ledger.sqlite")
+    first = await start(sched, tmp_path / "ledger.sqlite")
     record = ActionRecord(
         id="act-cr",
         request=ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target="77", reason="xid 79"),
@@ -259,7 +262,7 @@ async def test_requeued_jobs_are_found_again_after_a_restart(sched: FakeSchedule
     first.ledger.save_action(record)
     await first.engine.close()
     first.ledger.close()
-    second = start(sched, tmp_path / "ledger.sqlite")
+    second = await start(sched, tmp_path / "ledger.sqlite")
     try:
         assert set(second.reconciler.requeued) == {"77"}
     finally:

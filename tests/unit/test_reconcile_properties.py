@@ -56,18 +56,19 @@ def test_one_round_makes_ftd_agree_with_the_scheduler(
         if origin is not None:
             ledger.save_drain(Drain(node, origin, "ftd: old" if origin == "ftd" else "old", 1.0))
     state = ClusterState()
-    engine = Engine(
-        state=state,
-        ledger=ledger,
-        gate=PolicyGate(),
-        plugins=make_plugin_manager(builtins=False, entry_points=False),
-        executors={},
-    )
-    reconciler = Reconciler(state=state, ledger=ledger, scheduler=sched, engine=engine)
-    reconciler.restore()
-    assert set(state.drained_nodes()) == {n for n, o in before.items() if o == "ftd"}
 
     async def rounds_of() -> None:
+        engine = Engine(
+            state=state,
+            ledger=ledger,
+            gate=PolicyGate(),
+            plugins=make_plugin_manager(builtins=False, entry_points=False),
+            executors={},
+        )
+        reconciler = Reconciler(state=state, ledger=ledger, scheduler=sched, engine=engine)
+        await engine.load()
+        await reconciler.restore()
+        assert set(state.drained_nodes()) == {n for n, o in before.items() if o == "ftd"}
         clock = 10.0
         for states in rounds:
             apply(sched, states)

@@ -81,7 +81,7 @@ async def test_actions_finish_on_simulated_time_and_cooldown_starts_at_their_end
     )
     for ts, id_ in ((1000.0, "a"), (1030.0, "b"), (1061.0 + 590.0, "c"), (1061.0 + 601.0, "d")):
         await box.clock.advance(ts)
-        box.engine.handle_event(_ecc("node-1", ts, id_))
+        await box.engine.handle_event(_ecc("node-1", ts, id_))
         await box.settle()
     await box.finish()
     # a: allowed; b: the drain is still running (dedupe); c: 590 s after it finished at 1060 (cooldown);
@@ -95,7 +95,9 @@ async def test_actions_finish_on_simulated_time_and_cooldown_starts_at_their_end
 async def test_a_plugins_own_executor_is_simulated_not_run() -> None:
     plugin = PageOnCall()
     box = Sandbox(CoordinatorConfig(), entry_points=False, extra=(plugin,))
-    records = box.engine.handle_event(make_event("node-3", "thermal", severity="warning", ts=5.0, id="t"))
+    records = await box.engine.handle_event(
+        make_event("node-3", "thermal", severity="warning", ts=5.0, id="t")
+    )
     await box.settle()
     await box.finish()
     assert [(r.request.kind, str(r.state)) for r in records] == [("page", "succeeded")]
@@ -113,7 +115,7 @@ async def test_finish_runs_a_plans_later_steps_too() -> None:
     box.state.apply_presence("node-1", "j1", presence)
     data = {"pci": "0000:3b:00.0"}
     event = make_event("node-1", "gpu_fallen_off_bus", severity="critical", data=data, ts=1000.0)
-    records = box.engine.handle_event(event)
+    records = await box.engine.handle_event(event)
     await box.settle()
     await asyncio.wait_for(box.finish(), timeout=10)
     assert sorted((str(r.request.kind), str(r.state)) for r in records) == [

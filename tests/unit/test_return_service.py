@@ -1,7 +1,7 @@
 """The return-to-service sequence, step by step (ftd.coordinator.return_service): the observer sees the
-engine's action records and submits the next step; here a recorder stands in for Engine.submit and the
-records are made by hand, so each branch is checked on its own (the whole path on real Slurm:
-tests/e2e/test_return_to_service.py)."""
+engine's action records and submits the next step (as a task: ``settle`` waits for it); here a recorder
+stands in for Engine.submit and the records are made by hand, so each branch is checked on its own (the
+whole path on real Slurm: tests/e2e/test_return_to_service.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class Engine:
         self.submitted: list[ActionRecord] = []
         self.answers = answers or {}
 
-    def submit(self, request: ActionRequest) -> ActionRecord:
+    async def submit(self, request: ActionRequest) -> ActionRecord:
         state = self.answers.get(request.kind, ActionState.PENDING)
         done = ActionRecord(id=f"s{next(ids)}", request=request, state=state)
         self.submitted.append(done)
@@ -37,39 +37,45 @@ class Engine:
         return [r.request.kind for r in self.submitted]
 
 
-def finish(rts: ReturnToService, rec: ActionRecord, state: ActionState, **detail: object) -> None:
+async def observe(rts: ReturnToService, rec: ActionRecord) -> None:
+    """What the engine does with each record, and then the steps it led to, submitted."""
+    rts.observe("action", rec)
+    await rts.settle()
+
+
+async def finish(rts: ReturnToService, rec: ActionRecord, state: ActionState, **detail: object) -> None:
     rec.state = state
     rec.detail.update(detail)
-    rts.observe("action", rec)
+    await observe(rts, rec)
 
 
-def test_reset_then_passing_preflight_resumes() -> None:
+async def test_reset_then_passing_preflight_resumes() -> None:
     engine = Engine()
     rts = ReturnToService(engine.submit, rules=["xid_catalog"])
     reset = record(ActionKind.GPU_RESET, ActionState.PENDING)
-    rts.observe("action", reset)  # no running loop here: steps are submitted at once
+    await observe(rts, reset)
     assert engine.kinds() == [ActionKind.DRAIN_NODE]
     assert engine.submitted[0].request.reason.startswith("return-to-service: GPU reset")
-    finish(rts, reset, ActionState.SUCCEEDED)
+    await finish(rts, reset, ActionState.SUCCEEDED)
     assert engine.kinds() == [ActionKind.DRAIN_NODE]  # the drain has not finished: no preflight yet
-    finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
+    await finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
     assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT]
     assert engine.submitted[1].request.params["after"] == "GPU reset"
-    finish(rts, engine.submitted[1], ActionState.SUCCEEDED, passed=True)
+    await finish(rts, engine.submitted[1], ActionState.SUCCEEDED, passed=True)
     assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT, ActionKind.RESUME_NODE]
 
 
-def test_a_failing_preflight_after_a_reboot_drains_for_rma_with_the_history() -> None:
+async def test_a_failing_preflight_after_a_reboot_drains_for_rma_with_the_history() -> None:
     engine = Engine()
     state = ClusterState()
     state.apply_event(make_event("n1", Kind.XID, severity="critical", data={"code": 79}, ts=0.0))
     rts = ReturnToService(engine.submit, rules=["xid_catalog"], state=state)
     reset = record(ActionKind.GPU_RESET, ActionState.RUNNING)
-    rts.observe("action", reset)
-    finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
-    finish(rts, reset, ActionState.ESCALATED, escalation="reboot", reboot_cleared=True)
+    await observe(rts, reset)
+    await finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
+    await finish(rts, reset, ActionState.ESCALATED, escalation="reboot", reboot_cleared=True)
     assert engine.submitted[1].request.params["after"] == "reboot"
-    finish(
+    await finish(
         rts, engine.submitted[1], ActionState.ESCALATED, preflight="gpu_inventory: 7 GPUs found, 8 expected"
     )
     rma = engine.submitted[-1].request
@@ -84,32 +90,32 @@ def test_a_failing_preflight_after_a_reboot_drains_for_rma_with_the_history() ->
     )
 
 
-def test_a_reset_that_did_not_work_and_rules_not_opted_in_are_left_alone() -> None:
+async def test_a_reset_that_did_not_work_and_rules_not_opted_in_are_left_alone() -> None:
     engine = Engine()
     rts = ReturnToService(engine.submit, rules=["ecc_remap"])
-    rts.observe("action", record(ActionKind.GPU_RESET, ActionState.PENDING, rule="xid_catalog"))
+    await observe(rts, record(ActionKind.GPU_RESET, ActionState.PENDING, rule="xid_catalog"))
     assert engine.submitted == []
     reset = record(ActionKind.GPU_RESET, ActionState.PENDING, rule="ecc_remap")
-    rts.observe("action", reset)
-    finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
-    finish(rts, reset, ActionState.ESCALATED, escalation="drain")  # its own escalation drained for RMA
+    await observe(rts, reset)
+    await finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
+    await finish(rts, reset, ActionState.ESCALATED, escalation="drain")  # its own escalation drained for RMA
     assert engine.kinds() == [ActionKind.DRAIN_NODE]
 
 
-def test_a_drain_the_gate_suppresses_does_not_stop_the_preflight() -> None:
+async def test_a_drain_the_gate_suppresses_does_not_stop_the_preflight() -> None:
     engine = Engine({ActionKind.DRAIN_NODE: ActionState.SUPPRESSED})  # e.g. the drain budget is spent
     rts = ReturnToService(engine.submit, rules=["xid_catalog"])
     reset = record(ActionKind.GPU_RESET, ActionState.PENDING)
-    rts.observe("action", reset)
-    finish(rts, reset, ActionState.SUCCEEDED)
+    await observe(rts, reset)
+    await finish(rts, reset, ActionState.SUCCEEDED)
     assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT]
 
 
-def test_a_held_back_preflight_gives_no_verdict() -> None:
+async def test_a_held_back_preflight_gives_no_verdict() -> None:
     engine = Engine({PREFLIGHT: ActionState.DRY_RUN})
     rts = ReturnToService(engine.submit, rules=["xid_catalog"])
     reset = record(ActionKind.GPU_RESET, ActionState.PENDING)
-    rts.observe("action", reset)
-    finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
-    finish(rts, reset, ActionState.SUCCEEDED)
+    await observe(rts, reset)
+    await finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
+    await finish(rts, reset, ActionState.SUCCEEDED)
     assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT]  # neither resumed nor drained for RMA

@@ -106,7 +106,7 @@ class EngineBridge:
         node = self.state._node(event.node)
         if event.kind == Kind.NODE_OFFLINE:
             node.online = False
-        records = self.engine.handle_event(event)
+        records = await self.engine.handle_event(event)
         decision = Decision()
         for record in records:
             request = record.request
