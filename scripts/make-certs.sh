@@ -10,7 +10,8 @@
 # server  DIR/server.crt and .key for the broker: CN = the first NAME; every NAME and IP address
 #         given becomes a subjectAltName (clients check the host they connect to against them).
 # client  DIR/NAME.crt and .key per NAME, CN = NAME: a node's certificate has CN = its node name
-#         (the ACL's %u through use_identity_as_username), the coordinator's CN = coordinator.
+#         (the ACL's %u through use_identity_as_username), the coordinator's CN = coordinator,
+#         an HA standby's read-only view (coordinator.ha.standby_cert_file) CN = coordinator-standby.
 #
 # -d DIR   where the files go (default: .); keys are created with mode 0600.
 # -D DAYS  validity in days (default 825; a negative number makes an already expired certificate,

@@ -7,6 +7,8 @@
 # printed once: give it to that node's agent (`[bus] username = NODE`, `password_file`, see
 # ftd/config.py). With -r the broker is sent SIGHUP to re-read the file; otherwise run
 # `systemctl reload mosquitto`.
+# The coordinator's own logins ("coordinator", and "coordinator-standby" for HA standbys, see the
+# acl) are reserved: add them with mosquitto_passwd.
 set -euo pipefail
 
 passwd_file=/etc/mosquitto/ftd/passwd
@@ -29,8 +31,8 @@ node=$1
 if [[ ! $node =~ ^[A-Za-z0-9._-]{1,128}$ ]]; then
   echo "add-node: invalid node name '$node' (letters, digits, '.', '_', '-')" >&2; exit 2
 fi
-if [[ $node == coordinator ]]; then
-  echo "add-node: 'coordinator' is reserved for the coordinator's credentials" >&2; exit 2
+if [[ $node == coordinator || $node == coordinator-standby ]]; then
+  echo "add-node: '$node' is reserved for the coordinator's credentials" >&2; exit 2
 fi
 command -v mosquitto_passwd >/dev/null || { echo "add-node: mosquitto_passwd not found (package mosquitto)" >&2; exit 1; }
 

@@ -6,12 +6,17 @@ offline: the schemas ship in the package), and the manifests say what ftd needs 
   executor makes (read from ftd/coordinator/actions/kubernetes.py: a new call fails this test until
   the ClusterRole/Role says so);
 - the broker's ACL is deploy/mosquitto/acl, byte for byte; the daemons' TOML configs are valid ftd
-  configs; the agent mounts no service-account token and tolerates every taint.
+  configs; the agent mounts no service-account token and tolerates every taint;
+- the active/standby variant (coordinator-ha.yaml) really runs two replicas on PostgreSQL: its config
+  validates with ftd's validator and names the ledger of postgres.yaml, the password comes from a
+  Secret only, the replicas land on different nodes, a PodDisruptionBudget keeps one, and its probes
+  answer on the leader's API and on the standby's.
 """
 
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
 FILES = sorted(DEPLOY.glob("*.yaml"))
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+SINGLE, HA = "coordinator.yaml", "coordinator-ha.yaml"  # the coordinator: one replica, or two
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 # CoreV1Api method -> (resource, verb, scope) it needs
 CALLS = {
@@ -47,16 +54,26 @@ def docs() -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def by_kind(kind: str, name: str) -> dict[str, Any]:
-    return next(d for _, d in docs() if d["kind"] == kind and d["metadata"]["name"] == name)
+def by_kind(kind: str, name: str, file: str | None = None) -> dict[str, Any]:
+    """The one object of that kind and name (in ``file`` when given: coordinator.yaml and
+    coordinator-ha.yaml are alternatives with the same object names)."""
+    found = [
+        d
+        for path, d in docs()
+        if d["kind"] == kind and d["metadata"]["name"] == name and file in (None, path.name)
+    ]
+    assert len(found) == 1, f"{len(found)} {kind} {name} in {file or 'deploy/kubernetes'}"
+    return found[0]
 
 
 def test_the_manifests_are_all_there() -> None:
     assert [p.name for p in FILES] == [
         "agent.yaml",
+        "coordinator-ha.yaml",
         "coordinator.yaml",
         "mosquitto.yaml",
         "namespace.yaml",
+        "postgres.yaml",
         "secrets.example.yaml",
         "training-job-example.yaml",
     ]
@@ -71,6 +88,7 @@ def test_the_manifests_are_all_there() -> None:
             "Job",
             "Namespace",
             "PersistentVolumeClaim",
+            "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "Secret",
@@ -117,21 +135,22 @@ def test_coordinator_rbac_is_exactly_what_the_kubernetes_executor_calls() -> Non
     source = (REPO / "ftd" / "coordinator" / "actions" / "kubernetes.py").read_text()
     used = set(re.findall(r'"((?:read|list|patch|delete|create|replace)_[a-z_]+)"', source))
     assert used == set(CALLS), f"the executor calls {sorted(used)}: update CALLS and the RBAC"
-    cluster = _grants(by_kind("ClusterRole", "ftd-coordinator")["rules"])
-    namespaced = _grants(by_kind("Role", "ftd-coordinator-requeue")["rules"])
+    cluster = _grants(by_kind("ClusterRole", "ftd-coordinator", SINGLE)["rules"])
+    namespaced = _grants(by_kind("Role", "ftd-coordinator-requeue", SINGLE)["rules"])
     assert cluster == {(r, v) for r, v, scope in CALLS.values() if scope == "cluster"}
     assert namespaced == {(r, v) for r, v, scope in CALLS.values() if scope == "namespace"}
     for rule in (
-        *by_kind("ClusterRole", "ftd-coordinator")["rules"],
-        *by_kind("Role", "ftd-coordinator-requeue")["rules"],
+        *by_kind("ClusterRole", "ftd-coordinator", SINGLE)["rules"],
+        *by_kind("Role", "ftd-coordinator-requeue", SINGLE)["rules"],
     ):
         assert rule["apiGroups"] == [""] and "*" not in rule["verbs"] and "*" not in rule["resources"]
-    config = parse_config(by_kind("ConfigMap", "ftd-coordinator")["data"]["coordinator.toml"])
-    assert (
-        config.coordinator.kubernetes.namespace
-        == by_kind("Role", "ftd-coordinator-requeue")["metadata"]["namespace"]
-    )
-    assert config.coordinator.scheduler == "kubernetes"
+    for file in (SINGLE, HA):
+        config = parse_config(by_kind("ConfigMap", "ftd-coordinator", file)["data"]["coordinator.toml"])
+        assert (
+            config.coordinator.kubernetes.namespace
+            == by_kind("Role", "ftd-coordinator-requeue", file)["metadata"]["namespace"]
+        ), file
+        assert config.coordinator.scheduler == "kubernetes", file
 
 
 def test_the_broker_acl_is_deploy_mosquittos() -> None:
@@ -179,3 +198,156 @@ def test_the_training_job_is_recreated_when_ftd_stops_it() -> None:
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"  # podFailurePolicy needs it
     assert job["spec"]["template"]["metadata"]["labels"]["ftd.dev/job"] == "train-llm"
+
+
+# --- the active/standby coordinators (coordinator-ha.yaml, postgres.yaml) -----------------------------
+
+
+def _objects(file: str, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [d for path, d in docs() if path.name == file and d["kind"] in kinds]
+
+
+def _keys(table: dict[str, Any], prefix: str = "") -> Any:
+    """Every key of a parsed TOML document, dotted."""
+    for key, value in table.items():
+        yield prefix + key
+        if isinstance(value, dict):
+            yield from _keys(value, f"{prefix}{key}.")
+
+
+def _ha_pod() -> dict[str, Any]:
+    spec: dict[str, Any] = by_kind("Deployment", "ftd-coordinator", HA)["spec"]["template"]["spec"]
+    return spec
+
+
+def _ha_config_text() -> str:
+    text: str = by_kind("ConfigMap", "ftd-coordinator", HA)["data"]["coordinator.toml"]
+    return text
+
+
+def test_the_ha_coordinator_has_the_same_rbac_as_the_single_one() -> None:
+    # coordinator-ha.yaml replaces coordinator.yaml: its RBAC is the one checked against the executor
+    # above, object for object (no Lease rights: the lease is in PostgreSQL).
+    single, ha = _objects(SINGLE, RBAC_KINDS), _objects(HA, RBAC_KINDS)
+    assert len(single) == 5 and ha == single
+    assert "leases" not in str([d.get("rules") for d in ha])
+
+
+def test_the_ha_deployment_runs_two_replicas_on_the_postgresql_ledger() -> None:
+    deployment = by_kind("Deployment", "ftd-coordinator", HA)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"  # two may run: the lease decides
+    config = parse_config(_ha_config_text(), source=HA)  # ftd's validator: raises on any problem
+    ha = config.coordinator.ha
+    assert ha.ledger == "postgresql" and ha.dsn
+    assert ha.renew_interval_s < ha.lease_ttl_s
+    assert ha.identity is None  # {hostname}-{pid}: unique per pod (its hostname is the pod name)
+    # no SQLite ledger volume: the replicas share the database
+    pod = _ha_pod()
+    assert not any("persistentVolumeClaim" in v for v in pod["volumes"])
+    assert not _objects(HA, ("PersistentVolumeClaim",))
+
+
+def test_the_ha_config_is_rejected_by_ftd_without_its_dsn() -> None:
+    # the validator used above does catch a broken HA table (so its passing means something)
+    from ftd.config.errors import ConfigError
+
+    broken = re.sub(r"(?m)^dsn = .*$", "", _ha_config_text())
+    assert broken != _ha_config_text()
+    with pytest.raises(ConfigError, match=r"coordinator\.ha\.dsn"):
+        parse_config(broken)
+
+
+def test_the_database_password_comes_from_a_secret_never_from_the_manifests() -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    dsn = parse_config(_ha_config_text()).coordinator.ha.dsn
+    assert dsn is not None
+    params = conninfo_to_dict(dsn)
+    assert "password" not in params
+    keys = list(_keys(tomllib.loads(_ha_config_text())))
+    assert "coordinator.ha.dsn" in keys and not [k for k in keys if "password" in k], keys
+    (container,) = _ha_pod()["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "ftd-postgres", "key": "password"}
+    (db,) = by_kind("StatefulSet", "ftd-postgres")["spec"]["template"]["spec"]["containers"]
+    db_env = {e["name"]: e for e in db["env"]}
+    secret_ref = {"name": "ftd-postgres", "key": "password"}
+    assert db_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == secret_ref
+    for c in (container, db):  # no literal value for anything that looks like a secret
+        for e in c["env"]:
+            if any(word in e["name"] for word in ("PASSWORD", "SECRET", "TOKEN")):
+                assert "value" not in e and "valueFrom" in e, e
+    assert "password" in by_kind("Secret", "ftd-postgres")["stringData"]  # the template names the key
+    # the dsn names postgres.yaml's database: its Service, port, user and database
+    service = by_kind("Service", "ftd-postgres")
+    assert params["host"] == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert int(str(params["port"])) == service["spec"]["ports"][0]["port"]
+    assert (params["user"], params["dbname"]) == (
+        db_env["POSTGRES_USER"]["value"],
+        db_env["POSTGRES_DB"]["value"],
+    )
+
+
+def test_the_two_replicas_never_share_a_node_and_one_survives_voluntary_disruptions() -> None:
+    labels = by_kind("Deployment", "ftd-coordinator", HA)["spec"]["template"]["metadata"]["labels"]
+    (term,) = _ha_pod()["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+    pdb = by_kind("PodDisruptionBudget", "ftd-coordinator", HA)
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    # one node per replica: a surge pod would find no node when only two are eligible
+    rolling = by_kind("Deployment", "ftd-coordinator", HA)["spec"]["strategy"]["rollingUpdate"]
+    assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (0, 1)
+    service = by_kind("Service", "ftd-coordinator", HA)
+    assert service["spec"]["selector"].items() <= labels.items()
+    (container,) = _ha_pod()["containers"]
+    assert service["spec"]["ports"][0]["targetPort"] in {p["name"] for p in container["ports"]}
+
+
+async def test_the_ha_probes_answer_on_the_leader_and_on_the_standby() -> None:
+    # Both replicas must be Ready (the PDB and rolling updates count them): the probe's path is a
+    # route of the leader's API and of the standby's, and the probe's Host header passes the leader's
+    # DNS-rebinding check.
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from ftd.coordinator.api import ROUTES, host_allowed
+    from ftd.coordinator.ha import HaStatus
+    from ftd.coordinator.standby_api import StandbyApi
+
+    config = parse_config(_ha_config_text())
+    (container,) = _ha_pod()["containers"]
+    port = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port["http"] == config.coordinator.api.port
+    leader_routes = {(r.method, r.path) for r in ROUTES}
+
+    def no_ledger() -> Any:
+        raise AssertionError("a health probe must not need the ledger on a standby")
+
+    standby = StandbyApi(config.coordinator.api, HaStatus(identity="pod-1", leader="pod-0"), no_ledger)
+    client: TestClient[Any, Any] = TestClient(TestServer(standby.app))
+    await client.start_server()
+    try:
+        for kind in ("readinessProbe", "livenessProbe"):
+            probe = container[kind]["httpGet"]
+            assert probe["port"] == "http"
+            assert ("GET", probe["path"]) in leader_routes, kind
+            headers = {h["name"]: h["value"] for h in probe.get("httpHeaders", [])}
+            assert host_allowed(headers.get("Host"), config.coordinator.api), kind
+            response = await client.get(probe["path"], headers=headers)
+            assert response.status == 200, kind
+            assert (await response.json())["status"] == "standby"
+    finally:
+        await client.close()
+
+
+def test_the_bundled_postgres_is_one_documented_instance_on_a_volume() -> None:
+    statefulset = by_kind("StatefulSet", "ftd-postgres")
+    assert statefulset["spec"]["replicas"] == 1
+    (claim,) = statefulset["spec"]["volumeClaimTemplates"]
+    (db,) = statefulset["spec"]["template"]["spec"]["containers"]
+    assert any(m["name"] == claim["metadata"]["name"] for m in db["volumeMounts"])
+    header = (DEPLOY / "postgres.yaml").read_text().split("apiVersion", 1)[0]
+    assert "NOT HIGH AVAILABILITY" in header
+    assert all(word in header for word in ("Patroni", "CloudNativePG", "managed"))
