@@ -80,7 +80,8 @@ async def _run(argv: Sequence[str], timeout_s: float) -> tuple[int | None, bytes
         start_new_session=True,
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            out, err = await proc.communicate()
     except (TimeoutError, asyncio.CancelledError) as exc:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):

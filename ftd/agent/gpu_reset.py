@@ -51,7 +51,8 @@ def subprocess_runner(timeout_s: float = 60.0) -> Runner:
         except OSError as exc:
             return -1, f"cannot run {argv[0]}: {exc}"
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                out, _ = await proc.communicate()
         except TimeoutError:
             proc.kill()
             await proc.wait()

@@ -288,10 +288,12 @@ class LocalApi:
             task.cancel()
         await asyncio.gather(*handlers, return_exceptions=True)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(server.wait_closed(), 2.0)
+            async with asyncio.timeout(2.0):
+                await server.wait_closed()
         # Let the callbacks already queued (acks, the presence of ranks that just left) go out.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._calls.join(), 2.0)
+            async with asyncio.timeout(2.0):
+                await self._calls.join()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -310,7 +312,8 @@ class LocalApi:
         if not stat.S_ISSOCK(st.st_mode):
             raise RuntimeError(f"{self.socket_path} exists and is not a socket; refusing to replace it")
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), 1.0)
+            async with asyncio.timeout(1.0):
+                _, writer = await asyncio.open_unix_connection(self.socket_path)
         except (OSError, TimeoutError):
             os.unlink(self.socket_path)
             log.info("local_api_stale_socket_removed", path=self.socket_path)

@@ -152,7 +152,8 @@ class NodeConditionWriter:
             await self.write()
             self.last_progress = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self.cfg.resync_s)
+                async with asyncio.timeout(self.cfg.resync_s):
+                    await self._poke.wait()
 
 
 __all__ = ["NodeConditionWriter"]

@@ -58,7 +58,7 @@ PUBLISHERS = 4
 
 # The coordinator process: prints READY, PROGRESS lines, and one STATS line on SIGTERM.
 _COORDINATOR = r"""
-import asyncio, json, signal, sys, time, sqlite3
+import asyncio, contextlib, json, signal, sys, time, sqlite3
 from ftd.config import parse_config
 from ftd.logs import configure
 from ftd.bus.factory import make_mqtt_bus
@@ -94,10 +94,9 @@ async def main():
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     while not stop.is_set():
         print("PROGRESS", coord.engine.counters["events"], flush=True)
-        try:
-            await asyncio.wait_for(stop.wait(), 0.25)
-        except TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.25):
+                await stop.wait()
     await coord.engine.wait_idle(10)
     rows = coord.ledger.ledger._db.execute("SELECT count(*) FROM events").fetchone()[0]
     db = coord.ledger.ledger._db

@@ -105,7 +105,8 @@ class _PresenceWatch:
                 raise TimeoutError("the coordinator never came online")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 0.5)
+                async with asyncio.timeout(0.5):
+                    await self._changed.wait()
 
     async def wait(self, job: str, present: bool, timeout: float = 10.0) -> None:
         loop = asyncio.get_running_loop()
@@ -116,7 +117,8 @@ class _PresenceWatch:
             if remaining <= 0:
                 raise TimeoutError(f"job {job} {'never appeared' if present else 'never left'}")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -424,7 +424,8 @@ async def _scenario(
                 nodes.on_save[job] = asyncio.Event()
             await nodes.event(i, 13, Severity.ERROR)
             if i in (kill_job, stop_job):
-                await asyncio.wait_for(nodes.on_save[job].wait(), 30)
+                async with asyncio.timeout(30):
+                    await nodes.on_save[job].wait()
                 holder, epoch = db.lease()
                 leader = by_name[str(holder)]
                 standby = b if leader is a else a

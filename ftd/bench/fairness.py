@@ -64,7 +64,7 @@ PACED_NODE = "paced-node"
 
 # The coordinator process: READY, then PROGRESS {json} lines, then one STATS {json} on SIGTERM.
 _COORDINATOR = r"""
-import asyncio, json, signal, sys, time
+import asyncio, contextlib, json, signal, sys, time
 from ftd.config import parse_config
 from ftd.logs import configure
 from ftd.bus.factory import make_mqtt_bus
@@ -100,10 +100,9 @@ async def main():
         return int(coord.summary().get("folded", 0))
     while not stop.is_set():
         print("PROGRESS", json.dumps({"accepted": accepted, "folded": folded()}), flush=True)
-        try:
-            await asyncio.wait_for(stop.wait(), 0.1)
-        except TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await stop.wait()
     await coord.commit_summaries()
     summaries = [
         json.loads(body)

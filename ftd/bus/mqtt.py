@@ -85,7 +85,8 @@ class MqttBus:
 
     async def wait_connected(self, timeout: float | None = None) -> bool:
         try:
-            await asyncio.wait_for(self._connected.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._connected.wait()
         except TimeoutError:
             return False
         return True

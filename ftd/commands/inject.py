@@ -88,7 +88,8 @@ async def inject(config: Any, kind: Kind, severity: Severity, data: dict[str, An
     try:
         if not await bus.wait_connected(timeout):
             raise TimeoutError(f"not connected after {timeout}s")
-        await asyncio.wait_for(bus.publish(topics.node_event(node, kind), encode(event)), timeout)
+        async with asyncio.timeout(timeout):
+            await bus.publish(topics.node_event(node, kind), encode(event))
     finally:
         await bus.stop()
     return event.id

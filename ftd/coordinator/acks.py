@@ -55,4 +55,5 @@ class AckBook:
                 return outcome
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()

@@ -207,7 +207,8 @@ class Placement:
         if not self.enforced or bulk is None:
             return 0
         try:
-            jobs = await asyncio.wait_for(bulk(), max(self.lookup_timeout_s, 10.0))
+            async with asyncio.timeout(max(self.lookup_timeout_s, 10.0)):
+                jobs = await bulk()
         except Exception as exc:
             log.warning("placement_warm_up_failed", error=str(exc)[:300])
             return 0
@@ -220,7 +221,8 @@ class Placement:
     async def _fetch(self, job: str) -> tuple[str, ...]:
         assert self.scheduler is not None
         self.lookups += 1
-        return await asyncio.wait_for(self.scheduler.job_nodes(job), self.lookup_timeout_s)
+        async with asyncio.timeout(self.lookup_timeout_s):
+            return await self.scheduler.job_nodes(job)
 
     def _store(self, job: str, nodes: Iterable[str]) -> None:
         now = self.clock()

@@ -196,7 +196,8 @@ class SimCluster:
             agent = Agent(cfg, bus=self._bus(f"ftd-agent-{node}", will=will, birth=birth), node=node)
             self.agents[node] = agent
             self._tasks.append(asyncio.create_task(agent.run()))
-        await asyncio.wait_for(ready.wait(), 15)
+        async with asyncio.timeout(15):
+            await ready.wait()
         await self.wait_for(lambda: set(self.coordinator_state.online_nodes()) >= set(self.node_names), 15)
 
     @property

@@ -171,7 +171,8 @@ async def run_command(
     except OSError as exc:
         raise SchedulerError(f"cannot run {argv[0]}: {exc}", command=argv) from exc
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            out, err = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()
