@@ -13,9 +13,8 @@ the leader-never-kicked check below is known to be able to fail.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,43 +25,13 @@ from ftd.bus.base import Bus
 from ftd.bus.factory import make_mqtt_bus
 from ftd.config import Config, config_from_data
 from ftd.coordinator.ha import RetainedView, view_bus_maker
-from tests.contract.test_mosquitto_acl import (
-    DEPLOY,
-    Client,
-    _chown_for_broker,
-    _mosquitto_dir,
-    deploy_conf_lines,
-    make_passwd,
-)
+from tests.contract.conftest import SHIPPED_USERS as USERS
+from tests.contract.test_mosquitto_acl import Client
 from tests.realparts import Mosquitto
 
 pytestmark = pytest.mark.real
 
-USERS = {"coordinator": "pw-coordinator", "coordinator-standby": "pw-standby", "node-1": "pw-node-1"}
 TAKEN_OVER = "already connected, closing old connection"
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[tuple[Mosquitto, Path]]:
-    """deploy/mosquitto.conf and acl as shipped (no test-only ACL lines); the broker logs connections."""
-    workdir = _mosquitto_dir()
-    try:
-        make_passwd(workdir, USERS)
-        shutil.copy(DEPLOY / "acl", workdir / "acl")
-        _chown_for_broker(workdir / "acl")
-        for user, password in USERS.items():  # the daemons' password files
-            (workdir / f"{user}.pw").write_text(password + "\n")
-        conf = [*deploy_conf_lines(workdir), "log_type notice", "log_type information"]
-        assert "use_username_as_clientid true" in conf
-        (workdir / "broker").mkdir()
-        _chown_for_broker(workdir / "broker")
-        b = Mosquitto(workdir / "broker", extra_conf=conf).start()
-        try:
-            yield b, workdir
-        finally:
-            b.stop()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _config(broker: tuple[Mosquitto, Path], standby: str | None) -> Config:
@@ -124,8 +93,9 @@ async def _leader_with_a_standby_view(
 
 
 async def test_the_standby_view_logs_in_as_coordinator_standby_and_leaves_the_leader_alone(
-    broker: tuple[Mosquitto, Path],
+    shipped_broker: tuple[Mosquitto, Path],
 ) -> None:
+    broker = shipped_broker
     make_view_bus = view_bus_maker(_config(broker, "coordinator-standby"))
     assert make_view_bus is not None
     taken_over, received, view = await _leader_with_a_standby_view(broker, make_view_bus)
@@ -136,9 +106,10 @@ async def test_the_standby_view_logs_in_as_coordinator_standby_and_leaves_the_le
 
 
 async def test_the_coordinators_login_for_the_view_takes_the_leaders_session_over(
-    broker: tuple[Mosquitto, Path],
+    shipped_broker: tuple[Mosquitto, Path],
 ) -> None:
     """The bug as it was (the view made from ``bus`` as is): the broker closes the leader's session."""
+    broker = shipped_broker
     config = _config(broker, None)
 
     def as_it_was(client_id: str) -> Bus:
@@ -148,9 +119,11 @@ async def test_the_coordinators_login_for_the_view_takes_the_leaders_session_ove
     assert taken_over and not received
 
 
-def test_no_view_on_an_authenticated_bus_without_a_standby_login(broker: tuple[Mosquitto, Path]) -> None:
+def test_no_view_on_an_authenticated_bus_without_a_standby_login(
+    shipped_broker: tuple[Mosquitto, Path],
+) -> None:
     with structlog.testing.capture_logs() as logs:
-        assert view_bus_maker(_config(broker, None)) is None
+        assert view_bus_maker(_config(shipped_broker, None)) is None
     warnings = [entry for entry in logs if entry["event"] == "standby_view_disabled"]
     assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
     assert "coordinator.ha.standby_username" in warnings[0]["reason"]

@@ -121,7 +121,8 @@ class AckingBus(MemoryBus):
         self.acked: list[Message] = []
 
     def ack(self, message: Message) -> None:
-        self.acked.append(message)
+        if message.topic != topics.COORDINATOR_SYNC:  # the coordinator's own start-up marker
+            self.acked.append(message)
 
 
 class Node:

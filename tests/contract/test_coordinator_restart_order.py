@@ -1,0 +1,122 @@
+"""A restarted coordinator decides the events queued for it knowing which jobs run where.
+
+The coordinator's MQTT session is persistent: node events published while it is down wait at the
+broker and arrive the moment it reconnects -- before the retained node status and job presence,
+which the broker sends only after the coordinator subscribes again. Handled in that order, an Xid 79
+on a node running a job found no job there: the rule drained the node and never saved or requeued the
+job (reported as "left alone" in the #13 note; reproduced here on a real Mosquitto with the shipped
+config and ACL). The coordinator now handles what is retained first: after subscribing it publishes a
+marker to its own ``coordinator/sync`` topic, and holds the other messages until the marker comes
+back, which the broker sends after the retained messages of the subscriptions before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import pytest
+
+from ftd.bus import topics
+from ftd.bus.factory import make_mqtt_bus
+from ftd.config import Config, config_from_data
+from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.coordinator.app import Coordinator, coordinator_will
+from ftd.coordinator.ledger import Ledger
+from ftd.events import JobPresence, Kind, NodeStatus, RankInfo, Severity, encode, make_event
+from ftd.plugin.actions import ActionRecord
+from tests.contract.conftest import SHIPPED_USERS
+from tests.contract.test_mosquitto_acl import Client
+from tests.realparts import Mosquitto
+
+pytestmark = pytest.mark.real
+
+NODE, JOB = "node-1", "4242"
+
+
+def _config(broker: tuple[Mosquitto, Path], ledger: Path) -> Config:
+    b, workdir = broker
+    return config_from_data(
+        {
+            "bus": {
+                "port": b.port,
+                "username": "coordinator",
+                "password_file": str(workdir / "coordinator.pw"),
+            },
+            "coordinator": {"ledger_path": str(ledger), "api": {"enabled": False}},
+        }
+    )
+
+
+def _coordinator(config: Config, scheduler: FakeScheduler, ledger: Path) -> Coordinator:
+    bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
+    return Coordinator(config, bus=bus, scheduler=scheduler, ledger=Ledger(ledger))
+
+
+async def _until(what: str, predicate: object, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"not in time: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def _stop(task: asyncio.Task[None], coordinator: Coordinator) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await coordinator.engine.close()
+    await coordinator.bus.stop()
+
+
+def _decided(ledger: Path) -> list[ActionRecord]:
+    db = Ledger(ledger)
+    try:
+        return db.actions(limit=1000)
+    finally:
+        db.close()
+
+
+async def test_events_queued_while_down_are_decided_after_the_retained_job_presence(
+    shipped_broker: tuple[Mosquitto, Path], tmp_path: Path
+) -> None:
+    broker, _ = shipped_broker
+    ledger = tmp_path / "ledger.sqlite"
+    config = _config(shipped_broker, ledger)
+    scheduler = FakeScheduler()
+    scheduler.add_job(JOB, [NODE])
+    node = Client(broker.port, NODE, SHIPPED_USERS[NODE])
+    try:
+        status = NodeStatus(node=NODE, state="online", ts=time.time())
+        node.c.publish(topics.node_status(NODE), encode(status), qos=1, retain=True).wait_for_publish(5)
+        presence = JobPresence(job=JOB, node=NODE, ranks=[RankInfo(rank=0, pid=1)], ts=time.time())
+        node.c.publish(topics.node_job(NODE, JOB), encode(presence), qos=1, retain=True).wait_for_publish(5)
+
+        # The coordinator runs once (its persistent session and subscriptions are made), then stops.
+        first = _coordinator(config, scheduler, ledger)
+        task = asyncio.create_task(first.run())
+        await _until("the first run sees the job", lambda: JOB in first.state.jobs)
+        await _stop(task, first)
+
+        # While it is down, the node's GPU falls off the bus: the broker queues the event for it.
+        xid = make_event(NODE, Kind.XID, severity=Severity.CRITICAL, data={"code": 79, "pci": "0000:3b:00.0"})
+        node.c.publish(topics.node_event(NODE, Kind.XID), encode(xid), qos=1).wait_for_publish(5)
+
+        second = _coordinator(config, scheduler, ledger)
+        task = asyncio.create_task(second.run())
+        try:
+            await _until("the queued xid is decided", lambda: second.engine.counters["events"] >= 1)
+            drained = lambda: any(r.request.kind == "drain_node" for r in _decided(ledger))  # noqa: E731
+            await _until("the node's drain is decided", drained)
+            # The marker came back (the shipped ACL lets the coordinator write it): no timeout.
+            await _until("the start-up settles", second.retained_first.settled.is_set)
+            assert not second.retained_first.timed_out and second.retained_first.held == 1
+        finally:
+            await _stop(task, second)
+    finally:
+        node.close()
+
+    decided = {(r.request.kind, r.request.target) for r in _decided(ledger)}
+    # Decided together: the job on the node is saved and requeued elsewhere, and the node drained.
+    assert decided == {("checkpoint_restart", JOB), ("drain_node", NODE)}, decided
