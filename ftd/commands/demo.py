@@ -144,6 +144,7 @@ async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str,
             say("demo", f"job {job} training again on {', '.join(restarted_on)}")
         acks = sum(len(rank.saved) for rank in cluster.ranks)
         seen = [r.save_seen_ns for r in cluster.ranks if r.save_seen_ns is not None]
+        violations = cluster.coordinator.placement.violations  # the restarted ranks are believed
     finally:
         await cluster.stop()
 
@@ -160,12 +161,15 @@ async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str,
         ],
         "drained": drained_nodes,
         "restarted_on": restarted_on,
+        "placement_violations": violations,
     }
     did_restart = any(
         a["kind"] == "checkpoint_restart" and a["state"] == ActionState.SUCCEEDED for a in summary["actions"]
     )
-    summary["ok"] = (bool(drained_nodes) == scenario.expect_drain) and (
-        did_restart == scenario.expect_restart
+    summary["ok"] = (
+        bool(drained_nodes) == scenario.expect_drain
+        and did_restart == scenario.expect_restart
+        and violations == 0
     )
     say("demo", "done: " + ("as expected" if summary["ok"] else "NOT as expected"))
     return summary

@@ -212,7 +212,12 @@ class Coordinator:
         self._flush_due = asyncio.Event()
         builtin = BuiltinExecutors(
             ExecutorContext(
-                config=config, state=self.state, acks=self.acks, publish=self._publish, scheduler=scheduler
+                config=config,
+                state=self.state,
+                acks=self.acks,
+                publish=self._publish,
+                scheduler=scheduler,
+                job_moved=self.placement.forget,
             )
         )
         plugins = make_plugin_manager(

@@ -13,7 +13,8 @@ own presence (ranks gone) is always accepted: it can only remove that node's own
 Cache: a job's node list is kept ``ttl_s`` seconds. A node not in a cached list is looked up again
 (the job may just have been requeued onto it) at most once per ``refresh_s`` per job, so a forger
 cannot turn its forgeries into a scontrol storm; a node's cache misses are also rate-limited (a
-token bucket) so made-up job ids cannot either.
+token bucket) so made-up job ids cannot either. A job ftd requeues itself is forgotten at once
+(:meth:`Placement.forget`): its ranks restarting elsewhere within ``refresh_s`` are no forgery.
 
 Scheduler errors: **fail closed, with a bounded retry**. A message whose job cannot be checked because
 the scheduler does not answer (error or ``lookup_timeout_s``) is never accepted unverified: that
@@ -232,6 +233,11 @@ class Placement:
             if len(self._cache) >= MAX_CACHED_JOBS:
                 self._cache.clear()
         self._cache[job] = _Entry(frozenset(nodes), now)
+
+    def forget(self, job: str) -> None:
+        """Drop ``job``'s cached node list (ftd requeued it: it will run elsewhere); the next claim
+        for it is looked up, whatever ``refresh_s`` says."""
+        self._cache.pop(job, None)
 
     def nodes_of(self, job: str) -> frozenset[str] | None:
         """The cached node list of ``job`` (None: not cached); for tests and the API."""

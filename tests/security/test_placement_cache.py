@@ -4,7 +4,8 @@ Coordinator's message handling with an in-process scheduler whose answers the te
 - A scheduler that cannot answer never lets a claim through (fail closed), but a genuine message is
   held and handled once it answers again; past ``retry_s`` it is refused as ``placement_unverified``.
 - A dead scheduler is asked once per ``failure_hold_s``, not once per message.
-- A job requeued onto another node: that node is believed after a refresh (cache miss -> lookup).
+- A job requeued onto another node: that node is believed after a refresh (cache miss -> lookup);
+  at once when ftd requeued it itself.
 - A node inventing job ids costs at most its miss budget in scheduler calls.
 - A forged heartbeat inside an event batch is dropped alone.
 - The warm-up at start caches every running job in one scheduler call.
@@ -115,6 +116,24 @@ async def test_job_requeued_onto_another_node_is_believed_after_a_refresh() -> N
     assert c.state.jobs["79"].ranks_by_node.keys() >= {"node-2"}
     assert c.placement.violations == 1
     assert lookups(sched) == 2
+
+
+async def test_a_job_ftd_requeued_itself_is_looked_up_again_at_once() -> None:
+    """The executor tells placement (``job_moved``) right after its requeue: the ranks restarting on
+    another node within ``refresh_s`` are believed, where the test above books a violation."""
+    sched = Flaky()
+    sched.add_job("80", ["node-1"])
+    c = coordinator(sched)
+    c.placement.refresh_s = 60.0
+    assert await c.handle(presence("node-1", "80", 0))
+    await sched.requeue("80", exclude=["node-1"])
+    c.placement.forget("80")  # what CheckpointRestart does through ExecutorContext.job_moved
+    sched.start_job("80", ["node-2"])
+    assert await c.handle(presence("node-2", "80", 0))
+    assert c.state.jobs["80"].ranks_by_node.keys() >= {"node-2"}
+    assert c.placement.violations == 0 and lookups(sched) == 2
+    assert await c.handle(presence("node-3", "80", 0))  # a forger right after: the new list says no
+    assert c.placement.violations == 1 and lookups(sched) == 2
 
 
 async def test_invented_job_ids_cost_at_most_the_miss_budget_in_scheduler_calls() -> None:

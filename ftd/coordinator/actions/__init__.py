@@ -42,6 +42,9 @@ class ExecutorContext:
     acks: AckBook
     publish: Callable[[str, bytes], Awaitable[None]]
     scheduler: Scheduler | None
+    #: Told the job ftd just requeued (its nodes change): the coordinator's placement cache forgets
+    #: the old list, so the ranks that start elsewhere are believed, not reported as forgeries.
+    job_moved: Callable[[str], None] = lambda job: None
 
 
 def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
@@ -51,6 +54,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         state=ctx.state,
         acks=ctx.acks,
         scheduler=ctx.scheduler,
+        job_moved=ctx.job_moved,
         save_deadline_s=cfg.save_deadline_s,
         stop_deadline_s=cfg.stop_deadline_s,
         save_step_margin=cfg.save_step_margin,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ftd.bus import topics
@@ -79,11 +80,13 @@ class CheckpointRestart:
         save_deadline_s: float,
         stop_deadline_s: float,
         save_step_margin: int = DEFAULT_SAVE_STEP_MARGIN,
+        job_moved: Callable[[str], None] | None = None,
     ) -> None:
         self._publish = publish
         self._state = state
         self._acks = acks
         self._scheduler = scheduler
+        self._job_moved = job_moved
         self.save_deadline_s = save_deadline_s
         self.stop_deadline_s = stop_deadline_s
         self.save_step_margin = save_step_margin
@@ -211,6 +214,8 @@ class CheckpointRestart:
             log.info("requeue_delayed", job=job, delay_s=delay)  # crash-loop backoff asked by the rule
             await asyncio.sleep(float(delay))
         await self._scheduler.requeue(job, exclude=exclude)
+        if self._job_moved is not None:
+            self._job_moved(job)  # before any rank of the restarted job can register elsewhere
         requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude}
         if delay:
             requeued["delayed_s"] = delay
