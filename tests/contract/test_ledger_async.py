@@ -36,6 +36,7 @@ from ftd.coordinator.state import ClusterState
 from ftd.events import Event, Kind, Severity, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from tests.realparts import fresh_database, start_postgres
+from tests.unit.helpers import loop_turns
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -100,24 +101,15 @@ async def test_a_database_that_stops_answering_never_stalls_the_event_loop(tmp_p
     try:
         ledger = PgLedger(fresh_database(server), timeout_s=0.5)
         assert await ledger.record_event(event(1)) is True  # connected, schema made
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.01)
-
-        beat = asyncio.create_task(ticker())
-        with frozen(server):
-            for call in (ledger.record_event(event(2)), ledger.events()):  # a write, then a reconnect
-                started, before = time.monotonic(), ticks
-                with pytest.raises(LedgerUnavailable):
-                    await call
-                waited = time.monotonic() - started
-                assert waited < 0.5 + GRACE_S + 1.0, waited  # bounded by the client, not the server
-                assert ticks - before >= 10, (ticks - before, waited)  # the loop kept turning
-        beat.cancel()
+        async with loop_turns(0.01) as turns:
+            with frozen(server):
+                for call in (ledger.record_event(event(2)), ledger.events()):  # a write, then a reconnect
+                    started, before = time.monotonic(), turns.count
+                    with pytest.raises(LedgerUnavailable):
+                        await call
+                    waited = time.monotonic() - started
+                    assert waited < 0.5 + GRACE_S + 1.0, waited  # bounded by the client, not the server
+                    assert turns.count - before >= 10, (turns.count - before, waited)  # the loop kept turning
         assert ledger.write_failures == 1
         assert await ledger.record_event(event(2)) is True  # back: reconnects, nothing half-written
         assert [e.id for e in await ledger.events()] == ["ev-2", "ev-1"]

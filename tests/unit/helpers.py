@@ -1,10 +1,12 @@
-"""Helpers shared by the unit tests: waiting for a condition, recording the local API's callbacks."""
+"""Helpers shared by the tests: waiting for a condition, counting the event loop's turns, recording
+the local API's callbacks."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from ftd.events import Ack, RankInfo
 
@@ -29,3 +31,27 @@ async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.01)
+
+
+class LoopTurns:
+    """How often the event loop came round to a task that counts and sleeps ``interval`` seconds: a
+    test's evidence that nothing blocked the loop meanwhile."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+@contextlib.asynccontextmanager
+async def loop_turns(interval: float = 0.0) -> AsyncIterator[LoopTurns]:
+    turns = LoopTurns()
+
+    async def count() -> None:
+        while True:
+            turns.count += 1
+            await asyncio.sleep(interval)
+
+    task = asyncio.create_task(count())
+    try:
+        yield turns
+    finally:
+        task.cancel()

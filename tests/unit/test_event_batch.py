@@ -13,6 +13,7 @@ from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import parse_config
 from ftd.coordinator.app import MAX_BATCH_BYTES, Coordinator
 from ftd.events import Kind, encode, make_event
+from tests.unit.helpers import loop_turns
 
 
 def _coordinator(tmp_path: Path, **limits: float) -> Coordinator:
@@ -71,24 +72,15 @@ async def test_oversized_batch_is_refused_unread_and_its_events_receipted_reject
 async def test_large_batch_is_handled_in_chunks_with_the_loop_running_between(tmp_path: Path) -> None:
     c = _coordinator(tmp_path)
     events = [make_event("node-1", Kind.GPU_HEALTH, data={"i": i}) for i in range(900)]
-    turns = 0
-
-    async def ticker() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    handled = await c.handle(Message(topics.node_event_batch("node-1"), _batch(*events)))
-    task.cancel()
+    async with loop_turns() as turns:
+        await asyncio.sleep(0)
+        handled = await c.handle(Message(topics.node_event_batch("node-1"), _batch(*events)))
     assert handled
     assert c.engine.counters["events"] == 900 and c.bad_messages == 0
     assert c._receipts["node-1"].ids == [e.id for e in events]
     # 900 events: 4 chunks checked, 4 handled; the loop got a turn between each (7 yields), the
     # ticker ran at least that often.
-    assert turns >= 7
+    assert turns.count >= 7
     await c.ledger.close()
 
 
