@@ -684,8 +684,6 @@ class Agent:
             await self.outbox.flush(flush_s)
         for task in [*tasks, *side]:
             task.cancel()
-        for task in [*tasks, *side]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await asyncio.gather(*tasks, *side, return_exceptions=True)
         self.outbox.close()
         await self.bus.stop()

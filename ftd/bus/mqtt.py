@@ -21,7 +21,6 @@ the agent's outbox keeps the event and retries.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import socket
 import ssl
@@ -95,8 +94,7 @@ class MqttBus:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.gather(task, return_exceptions=True)  # a cancel of stop() itself still ends it
         self._connected.clear()
 
     def abort(self) -> None:

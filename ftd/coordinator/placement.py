@@ -39,7 +39,6 @@ message, job, rank), never the payload itself.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import time
 from collections import Counter
@@ -288,9 +287,7 @@ class Placement:
         tasks = [*self._held, *self._inflight.values()]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # --- violations ----------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ Used by ``ftd demo`` and by tests that want the full loop without subprocesses.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tempfile
 import threading
 import time
@@ -247,9 +246,7 @@ class SimCluster:
             await asyncio.to_thread(rank.join, 2.0)
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.coordinator is not None:
             await self.coordinator.close()
         if self.broker is not None:

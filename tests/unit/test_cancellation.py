@@ -6,6 +6,8 @@ expects them to stop where they are, to be resumed by the next leader. On Python
 waits for, and the cancel is gone: an action waiting for an agent's answer then carried on (CI saw a
 GPU reset finish on a coordinator that had been closed three seconds before). The daemons therefore
 bound their waits with ``asyncio.timeout``, and ruff bans ``asyncio.wait_for`` in ``ftd/`` (TID251).
+Likewise a ``close()`` that waits for the tasks it cancelled uses ``gather(..., return_exceptions=True)``,
+not ``suppress(CancelledError)``, which would swallow a cancel of ``close()`` itself.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.coordinator.placement import Placement
 from ftd.events import Ack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,3 +60,22 @@ def test_the_daemons_never_use_asyncio_wait_for() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+async def test_a_cancelled_close_is_not_swallowed_while_it_waits_for_its_own_tasks() -> None:
+    """``close()`` cancels its tasks and waits for them. Waiting with ``suppress(CancelledError)``
+    also swallowed a cancel of ``close()`` itself (the two arrive as the same exception); waiting with
+    ``gather(..., return_exceptions=True)`` keeps them apart."""
+    placement = Placement(FakeScheduler(), retry_s=60.0)
+
+    async def again(item: str) -> None:
+        pass
+
+    assert placement.hold("a presence", "node-1", ["7"], again, lambda item: None)
+    await asyncio.sleep(0)
+    closing = asyncio.create_task(placement.close())
+    await asyncio.sleep(0)  # close() now waits for the held message's task
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert closing.cancelled() and placement.held == 0
