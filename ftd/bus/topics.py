@@ -101,8 +101,6 @@ def action_phase(action_id: str, phase: str) -> str:
 
 
 COORDINATOR_STATUS = f"{PREFIX}/coordinator/status"
-# The coordinator's start-up marker, to itself (ftd.coordinator.retained_first).
-COORDINATOR_SYNC = f"{PREFIX}/coordinator/sync"
 
 # Subscription patterns.
 ALL_NODE_EVENTS = f"{PREFIX}/nodes/+/events/+"

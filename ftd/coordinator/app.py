@@ -75,7 +75,6 @@ from ftd.coordinator.placement import NeedPlacement, Placement
 from ftd.coordinator.plugins import collect_executors, describe_plugins, disabled_plugins, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
 from ftd.coordinator.reconcile import Reconciler
-from ftd.coordinator.retained_first import RetainedFirst
 from ftd.coordinator.return_service import ReturnToService
 from ftd.coordinator.state import ClusterState
 from ftd.events import (
@@ -134,7 +133,6 @@ SUBSCRIPTIONS = (
     topics.ALL_NODE_ACKS,
     topics.ALL_NODE_EVENTS,
     topics.ALL_NODE_CONDITIONS,
-    topics.COORDINATOR_SYNC,  # last: its marker follows the retained messages of the others
 )
 
 
@@ -195,7 +193,6 @@ class Coordinator:
         limits = {"rate": node_rate, "burst": node_burst, "urgent_reserve": urgent_reserve}
         self.inputs = InputBook(window_s=summary_window_s, limits=limits)
         self._acks: list[Message] = []  # handled, their acknowledgement not sent yet
-        self.retained_first = RetainedFirst()  # start-up: retained state before queued events
         place = cfg.placement
         self.placement = Placement(
             scheduler,
@@ -320,20 +317,15 @@ class Coordinator:
         await self.bus.wait_connected()
         await self.placement.warm()  # every running job's nodes in one call, before the retained presence
         # Handle (not just receive) what the broker delivers first -- retained status and job presence,
-        # then the events and acks it queued for this persistent session while we were down -- before
-        # resuming actions that depend on it: a resumed checkpoint_restart must know the job's ranks and
-        # see acks sent meanwhile; a queued Xid must find the job on its node (retained_first).
+        # acks it queued for this persistent session while we were down -- before resuming actions that
+        # depend on it: a resumed checkpoint_restart must know the job's ranks and see acks sent meanwhile.
         pump = asyncio.create_task(self._pump(), name="bus-messages")
         receipts = asyncio.create_task(self._send_receipts(), name="receipts")
         flusher = asyncio.create_task(self._flush_when_due(), name="acks")
         watchdog: asyncio.Task[None] | None = None
         reconcile: asyncio.Task[None] | None = None
-        settled = asyncio.create_task(self.retained_first.settled.wait())
         try:
-            await self._publish_when_connected(topics.COORDINATOR_SYNC, self.retained_first.token)
-            await asyncio.wait({settled, pump}, return_when=asyncio.FIRST_COMPLETED)
-            if pump.done():
-                await pump  # its failure, raised here
+            await asyncio.sleep(0.5)
             await self.engine.resume_unfinished()
             reconcile = asyncio.create_task(self.reconciler.run(), name="reconcile")
             online = Message(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
@@ -345,7 +337,6 @@ class Coordinator:
             watchdog = asyncio.create_task(ping_watchdog())
             await pump
         finally:
-            settled.cancel()
             pump.cancel()
             receipts.cancel()
             flusher.cancel()
@@ -356,24 +347,13 @@ class Coordinator:
 
     async def _pump(self) -> None:
         """Handle bus messages in order; acknowledge them in groups (see the module docstring)."""
-        messages = aiter(self.bus.messages())
-        reading = await self.retained_first.settle(messages, self._take, self.bus.ack)
-        if reading is not None:
-            await self._take(await reading)
-        async for message in messages:
-            await self._take(message)
-
-    async def _take(self, message: Message) -> None:
-        """Handle one message of the pump and acknowledge it with its group."""
-        if self.retained_first.is_marker(message):  # a start-up marker arriving late: nothing to do
-            self.bus.ack(message)
-            return
-        if await self.handle(message):
-            self._acks.append(message)
-            if len(self._acks) >= ACK_EVERY:
-                await self._flush()
-            else:
-                self._flush_due.set()
+        async for message in self.bus.messages():
+            if await self.handle(message):
+                self._acks.append(message)
+                if len(self._acks) >= ACK_EVERY:
+                    await self._flush()
+                else:
+                    self._flush_due.set()
 
     RETRY_COMMIT_S = 1.0  # after a storage error, the next try to commit the summaries
 
