@@ -74,6 +74,7 @@ from ftd.coordinator.ledger_seam import LedgerStore
 from ftd.coordinator.placement import NeedPlacement, Placement
 from ftd.coordinator.plugins import collect_executors, describe_plugins, disabled_plugins, make_plugin_manager
 from ftd.coordinator.policy import PolicyGate
+from ftd.coordinator.presence_memory import PresenceMemory
 from ftd.coordinator.reconcile import Reconciler
 from ftd.coordinator.return_service import ReturnToService
 from ftd.coordinator.state import ClusterState
@@ -193,6 +194,8 @@ class Coordinator:
         limits = {"rate": node_rate, "burst": node_burst, "urgent_reserve": urgent_reserve}
         self.inputs = InputBook(window_s=summary_window_s, limits=limits)
         self._acks: list[Message] = []  # handled, their acknowledgement not sent yet
+        # which job runs where, kept in the ledger: known at start before the broker re-sends it
+        self.presence_memory = PresenceMemory(self.ledger, self.state)
         place = cfg.placement
         self.placement = Placement(
             scheduler,
@@ -268,6 +271,7 @@ class Coordinator:
             return
         await self.engine.load()
         await self.reconciler.restore()  # ftd's drains before any event is decided
+        await self.presence_memory.load()  # and which job runs where (presence_memory)
         self.loaded = True
         self.engine.startup(self)  # ftd_startup hooks, each on its own
 
@@ -316,6 +320,9 @@ class Coordinator:
         await self.start()
         await self.bus.wait_connected()
         await self.placement.warm()  # every running job's nodes in one call, before the retained presence
+        if self.placement.running is not None:  # what ended or moved while the coordinator was down
+            running = self.placement.running
+            await self.presence_memory.forget_stopped(running.get)
         # Handle (not just receive) what the broker delivers first -- retained status and job presence,
         # acks it queued for this persistent session while we were down -- before resuming actions that
         # depend on it: a resumed checkpoint_restart must know the job's ranks and see acks sent meanwhile.
@@ -657,6 +664,7 @@ class Coordinator:
             self.placement.violation(node, job, "presence", f"ranks {[r.rank for r in presence.ranks][:16]}")
             return True
         self.state.apply_presence(node, job, presence)
+        await self.presence_memory.observe(node, job, presence)
         return True
 
     async def _on_conditions(self, levels: tuple[str, ...], message: Message) -> bool:

@@ -42,9 +42,15 @@ from typing import IO, Any
 
 import msgspec
 
-from ftd.coordinator.ledger_seam import LedgerStore, action_from_row, action_row
+from ftd.coordinator.ledger_seam import (
+    LedgerStore,
+    action_from_row,
+    action_row,
+    presence_from_row,
+    presence_row,
+)
 from ftd.coordinator.plan import Plan, plan_decoder, plan_encoder
-from ftd.events import Event, Kind, Severity
+from ftd.events import Event, JobPresence, Kind, Severity
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest
 
@@ -77,6 +83,10 @@ CREATE INDEX IF NOT EXISTS plans_state ON plans(state);
 CREATE TABLE IF NOT EXISTS drains (
     node TEXT PRIMARY KEY, origin TEXT NOT NULL, reason TEXT NOT NULL, state TEXT NOT NULL,
     since REAL NOT NULL, action_id TEXT, updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS presence (
+    node TEXT NOT NULL, job TEXT NOT NULL, body TEXT NOT NULL, updated REAL NOT NULL,
+    PRIMARY KEY (node, job)
 );
 """
 
@@ -320,6 +330,24 @@ class Ledger:
         rows = self._db.execute(sql + " ORDER BY node", args)
         return [Drain(*row) for row in rows]
 
+    def save_presence(self, presence: JobPresence) -> None:
+        """Remember which ranks of a job run on a node (replacing that node's row for the job)."""
+        self._db.execute(
+            "INSERT INTO presence VALUES (?, ?, ?, ?) ON CONFLICT(node, job) DO UPDATE SET "
+            "body = excluded.body, updated = excluded.updated",
+            (*presence_row(presence), self.clock()),
+        )
+
+    def drop_presence(self, node: str, job: str) -> bool:
+        """Forget a job's presence on a node; False when none was remembered."""
+        sql = "DELETE FROM presence WHERE node = ? AND job = ?"
+        return self._db.execute(sql, (node, job)).rowcount == 1
+
+    def presences(self) -> list[JobPresence]:
+        """Every remembered presence, by node then job."""
+        rows = self._db.execute("SELECT body FROM presence ORDER BY node, job")
+        return [presence_from_row(body) for (body,) in rows]
+
 
 class SqliteStore:
     """A :class:`Ledger` behind the asynchronous :class:`~ftd.coordinator.ledger_seam.LedgerStore`
@@ -426,6 +454,18 @@ class SqliteStore:
     async def drains(self, origin: str | None = None) -> list[Drain]:
         await self._turn()
         return self.ledger.drains(origin)
+
+    async def save_presence(self, presence: JobPresence) -> None:
+        await self._turn()
+        self.ledger.save_presence(presence)
+
+    async def drop_presence(self, node: str, job: str) -> bool:
+        await self._turn()
+        return self.ledger.drop_presence(node, job)
+
+    async def presences(self) -> list[JobPresence]:
+        await self._turn()
+        return self.ledger.presences()
 
 
 def as_store(ledger: Ledger | LedgerStore) -> LedgerStore:

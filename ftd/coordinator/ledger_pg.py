@@ -43,9 +43,16 @@ import msgspec
 import psycopg
 
 from ftd.coordinator.ledger import Drain
-from ftd.coordinator.ledger_seam import LedgerFenced, LedgerUnavailable, action_from_row, action_row
+from ftd.coordinator.ledger_seam import (
+    LedgerFenced,
+    LedgerUnavailable,
+    action_from_row,
+    action_row,
+    presence_from_row,
+    presence_row,
+)
 from ftd.coordinator.plan import Plan, plan_decoder, plan_encoder
-from ftd.events import Event
+from ftd.events import Event, JobPresence
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest
 
@@ -76,6 +83,10 @@ CREATE INDEX IF NOT EXISTS plans_state ON plans(state);
 CREATE TABLE IF NOT EXISTS drains (
     node TEXT PRIMARY KEY, origin TEXT NOT NULL, reason TEXT NOT NULL, state TEXT NOT NULL,
     since DOUBLE PRECISION NOT NULL, action_id TEXT, updated DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE IF NOT EXISTS presence (
+    node TEXT NOT NULL, job TEXT NOT NULL, body TEXT NOT NULL, updated DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (node, job)
 );
 CREATE TABLE IF NOT EXISTS ftd_lease (
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, epoch BIGINT NOT NULL,
@@ -413,6 +424,22 @@ class PgLedger:
         if origin is not None:
             sql, args = sql + " WHERE origin = %s", (origin,)
         return [Drain(*row) for row in await self._read(sql + " ORDER BY node", args)]
+
+    # --- job presence ------------------------------------------------------------------------
+
+    async def save_presence(self, presence: JobPresence) -> None:
+        await self._write(
+            "INSERT INTO presence VALUES (%s, %s, %s, %s) ON CONFLICT (node, job) DO UPDATE SET "
+            "body = excluded.body, updated = excluded.updated",
+            (*presence_row(presence), self.clock()),
+        )
+
+    async def drop_presence(self, node: str, job: str) -> bool:
+        return await self._write("DELETE FROM presence WHERE node = %s AND job = %s", (node, job)) == 1
+
+    async def presences(self) -> list[JobPresence]:
+        rows = await self._read("SELECT body FROM presence ORDER BY node, job", ())
+        return [presence_from_row(body) for (body,) in rows]
 
 
 def _redact(dsn: str) -> str:

@@ -25,6 +25,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from ftd.events import JobPresence
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
 if TYPE_CHECKING:
@@ -34,6 +35,16 @@ if TYPE_CHECKING:
 
 
 _request_decoder = msgspec.json.Decoder(ActionRequest)
+_presence_decoder = msgspec.json.Decoder(JobPresence)
+
+
+def presence_row(presence: JobPresence) -> tuple[str, str, str]:
+    """The ``presence`` row of ``presence``, the same in both backends: node, job, body (JSON)."""
+    return presence.node, presence.job, msgspec.json.encode(presence).decode()
+
+
+def presence_from_row(body: str) -> JobPresence:
+    return _presence_decoder.decode(body)
 
 
 def action_row(record: ActionRecord, now: float) -> tuple[Any, ...]:
@@ -128,3 +139,12 @@ class LedgerStore(Protocol):
     async def drop_drain(self, node: str) -> bool: ...
 
     async def drains(self, origin: str | None = None) -> list[Drain]: ...
+
+    async def save_presence(self, presence: JobPresence) -> None:
+        """Remember which ranks of a job run on a node (replacing that node's row for the job)."""
+
+    async def drop_presence(self, node: str, job: str) -> bool:
+        """Forget a job's presence on a node; False when none was remembered."""
+
+    async def presences(self) -> list[JobPresence]:
+        """Every remembered presence, by node then job."""

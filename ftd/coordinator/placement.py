@@ -117,6 +117,9 @@ class Placement:
         self._misses: dict[str, TokenBucket] = {}
         self._failed_until = 0.0
         self._held: set[asyncio.Task[None]] = set()
+        #: Every running job's nodes, as the last successful warm-up (:meth:`warm`) got them; None
+        #: until one succeeded.
+        self.running: dict[str, frozenset[str]] | None = None
         self.lookups = 0
         self.lookup_failures = 0
         self.violations = 0
@@ -214,6 +217,7 @@ class Placement:
             return 0
         for job, nodes in jobs.items():
             self._store(str(job), nodes)
+        self.running = {str(job): frozenset(nodes) for job, nodes in jobs.items()}
         self.lookups += 1
         log.info("placement_warmed", jobs=len(jobs))
         return len(jobs)

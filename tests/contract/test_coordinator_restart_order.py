@@ -3,11 +3,10 @@
 The coordinator's MQTT session is persistent: node events published while it is down wait at the
 broker and arrive the moment it reconnects -- before the retained node status and job presence,
 which the broker sends only after the coordinator subscribes again. Handled in that order, an Xid 79
-on a node running a job found no job there: the rule drained the node and never saved or requeued the
-job (reported as "left alone" in the #13 note; reproduced here on a real Mosquitto with the shipped
-config and ACL). The coordinator now handles what is retained first: after subscribing it publishes a
-marker to its own ``coordinator/sync`` topic, and holds the other messages until the marker comes
-back, which the broker sends after the retained messages of the subscriptions before it.
+on a node running a job found no job there: the rule drained the node and never saved or requeued
+the job. Reproduced here on a real Mosquitto with the shipped config and ACL. The coordinator now
+keeps each job's membership in the ledger (:mod:`ftd.coordinator.presence_memory`) and reads it
+back before its first message; what the scheduler no longer runs is dropped at the warm-up.
 """
 
 from __future__ import annotations
@@ -109,14 +108,57 @@ async def test_events_queued_while_down_are_decided_after_the_retained_job_prese
             await _until("the queued xid is decided", lambda: second.engine.counters["events"] >= 1)
             drained = lambda: any(r.request.kind == "drain_node" for r in _decided(ledger))  # noqa: E731
             await _until("the node's drain is decided", drained)
-            # The marker came back (the shipped ACL lets the coordinator write it): no timeout.
-            await _until("the start-up settles", second.retained_first.settled.is_set)
-            assert not second.retained_first.timed_out and second.retained_first.held == 1
         finally:
             await _stop(task, second)
     finally:
+        node.c.publish(topics.node_job(NODE, JOB), b"", qos=1, retain=True).wait_for_publish(5)
         node.close()
 
     decided = {(r.request.kind, r.request.target) for r in _decided(ledger)}
     # Decided together: the job on the node is saved and requeued elsewhere, and the node drained.
     assert decided == {("checkpoint_restart", JOB), ("drain_node", NODE)}, decided
+
+
+async def test_a_job_that_ended_while_the_coordinator_was_down_is_forgotten_at_the_warm_up(
+    shipped_broker: tuple[Mosquitto, Path], tmp_path: Path
+) -> None:
+    """The other side: the remembered presence of a job the scheduler no longer runs (it ended while
+    the coordinator was down, and its agent's clearing presence never came) is dropped before the
+    first message, so the queued Xid drains the node without restarting a job that is gone."""
+    broker, _ = shipped_broker
+    ledger = tmp_path / "ledger.sqlite"
+    config = _config(shipped_broker, ledger)
+    job = "4343"
+    scheduler = FakeScheduler()
+    scheduler.add_job(job, [NODE])
+    node = Client(broker.port, NODE, SHIPPED_USERS[NODE])
+    try:
+        presence = JobPresence(job=job, node=NODE, ranks=[RankInfo(rank=0, pid=1)], ts=time.time())
+        node.c.publish(topics.node_job(NODE, job), encode(presence), qos=1, retain=True).wait_for_publish(5)
+        first = _coordinator(config, scheduler, ledger)
+        task = asyncio.create_task(first.run())
+        await _until("the first run sees the job", lambda: job in first.state.jobs)
+        await _stop(task, first)
+        assert [p.job for p in Ledger(ledger).presences()] == [job]
+
+        scheduler.finish_job(job)
+        xid = make_event(NODE, Kind.XID, severity=Severity.CRITICAL, data={"code": 79, "pci": "0000:3b:00.0"})
+        node.c.publish(topics.node_event(NODE, Kind.XID), encode(xid), qos=1).wait_for_publish(5)
+
+        second = _coordinator(config, scheduler, ledger)
+        task = asyncio.create_task(second.run())
+        try:
+            drained = lambda: any(r.request.kind == "drain_node" for r in _decided(ledger))  # noqa: E731
+            await _until("the node's drain is decided", drained)
+        finally:
+            await _stop(task, second)
+        # Retained presence of the ended job is still at the broker (nothing cleared it): the second
+        # run's placement check refuses it, so it does not come back either.
+        assert job not in second.state.jobs
+    finally:
+        node.c.publish(topics.node_job(NODE, job), b"", qos=1, retain=True).wait_for_publish(5)
+        node.close()
+
+    decided = {(r.request.kind, r.request.target) for r in _decided(ledger)}
+    assert decided == {("drain_node", NODE)}, decided
+    assert Ledger(ledger).presences() == []

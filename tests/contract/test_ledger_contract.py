@@ -17,7 +17,7 @@ from ftd.bench.postgres import LocalPostgres
 from ftd.coordinator.ledger import Drain, Ledger, SqliteStore
 from ftd.coordinator.ledger_seam import LedgerStore
 from ftd.coordinator.plan import Dependency, Plan, Step
-from ftd.events import Event, Kind, Severity
+from ftd.events import Event, JobAllocation, JobPresence, Kind, RankInfo, Severity
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.realparts import fresh_database
 
@@ -148,6 +148,22 @@ async def test_drains(ledger: tuple[LedgerStore, Clock]) -> None:
     assert await store.drop_drain("node-2") is True
     assert await store.drop_drain("node-2") is False
     assert [d.node for d in await store.drains()] == ["node-1"]
+
+
+async def test_presence(ledger: tuple[LedgerStore, Clock]) -> None:
+    store, _ = ledger
+    two = JobPresence(job="7", node="node-2", ranks=[RankInfo(rank=1, local_rank=0, pid=42)], ts=5.0)
+    one = JobPresence(job="7", node="node-1", ranks=[RankInfo(rank=0, local_rank=0, pid=41)], ts=5.0)
+    prolog = JobPresence(job="8", node="node-1", allocation=JobAllocation(user="ann", uid=1000), ts=6.0)
+    for presence in (two, one, prolog):
+        await store.save_presence(presence)
+    assert await store.presences() == [one, prolog, two]  # by node, then job
+    moved = JobPresence(job="7", node="node-2", ranks=[RankInfo(rank=1), RankInfo(rank=2)], ts=9.0)
+    await store.save_presence(moved)  # replaces node-2's row for job 7
+    assert await store.presences() == [one, prolog, moved]
+    assert await store.drop_presence("node-2", "7") is True
+    assert await store.drop_presence("node-2", "7") is False
+    assert await store.presences() == [one, prolog]
 
 
 async def test_transaction_groups_and_nests(ledger: tuple[LedgerStore, Clock]) -> None:
