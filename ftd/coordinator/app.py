@@ -275,6 +275,15 @@ class Coordinator:
         self.loaded = True
         self.engine.startup(self)  # ftd_startup hooks, each on its own
 
+    async def _forget_stopped_jobs(self) -> None:
+        """Drop the remembered presence of what ended or moved while the coordinator was down (the
+        warm-up's answer, or one lookup per remembered job where the scheduler has no bulk call)."""
+        running = self.placement.running
+        if running is None and self.placement.enforced and self.presence_memory.jobs():
+            running = await self.placement.where(self.presence_memory.jobs())
+        if running is not None:
+            await self.presence_memory.forget_stopped(running.get)
+
     async def _publish(self, topic: str, payload: bytes) -> None:
         self._note_node_directive(topic, payload)
         await self.bus.publish(topic, payload)
@@ -320,9 +329,7 @@ class Coordinator:
         await self.start()
         await self.bus.wait_connected()
         await self.placement.warm()  # every running job's nodes in one call, before the retained presence
-        if self.placement.running is not None:  # what ended or moved while the coordinator was down
-            running = self.placement.running
-            await self.presence_memory.forget_stopped(running.get)
+        await self._forget_stopped_jobs()
         # Handle (not just receive) what the broker delivers first -- retained status and job presence,
         # acks it queued for this persistent session while we were down -- before resuming actions that
         # depend on it: a resumed checkpoint_restart must know the job's ranks and see acks sent meanwhile.

@@ -222,6 +222,22 @@ class Placement:
         log.info("placement_warmed", jobs=len(jobs))
         return len(jobs)
 
+    async def where(self, jobs: Iterable[str]) -> dict[str, frozenset[str]] | None:
+        """Where each of ``jobs`` runs now (empty: nowhere), one lookup per job, side by side -- for a
+        scheduler without the bulk call of :meth:`warm`; None when the scheduler cannot answer."""
+        if self.scheduler is None:
+            return None
+        wanted = list(dict.fromkeys(jobs))
+        answers = await asyncio.gather(*(self._fetch(job) for job in wanted), return_exceptions=True)
+        found: dict[str, frozenset[str]] = {}
+        for job, answer in zip(wanted, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning("placement_lookup_failed", job=job[:128], error=str(answer)[:300])
+                return None
+            self._store(job, answer)
+            found[job] = frozenset(answer)
+        return found
+
     async def _fetch(self, job: str) -> tuple[str, ...]:
         assert self.scheduler is not None
         self.lookups += 1

@@ -13,8 +13,11 @@ allocation -- never the step or heartbeat time, which are stale by the time they
 which the retained presence refreshes within a second. It is written only when the membership
 changes (a job starts, a rank joins or leaves, a job ends), not on every heartbeat. At start,
 :meth:`PresenceMemory.load` puts it into the cluster state; once the scheduler has said which jobs
-run (the placement warm-up), :meth:`PresenceMemory.forget_stopped` drops what it no longer runs (a
-job that ended while the coordinator was down, a node it left).
+run (the placement warm-up, or one lookup per remembered job for a scheduler without the bulk
+call), :meth:`PresenceMemory.forget_stopped` drops what it no longer runs (a job that ended while
+the coordinator was down, a node it left). A scheduler that cannot answer then leaves it as it is:
+the placement check still stands between it and any claim, and the broker's queued and retained
+presence corrects it as it arrives.
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ class PresenceMemory:
         await self.ledger.save_presence(membership(presence))
         self._kept[here] = key
         self.writes += 1
+
+    def jobs(self) -> set[str]:
+        """The jobs remembered on some node."""
+        return {job for _, job in self._kept}
 
     async def forget_stopped(self, nodes_of: Callable[[str], frozenset[str] | None]) -> int:
         """Drop the remembered pairs whose job the scheduler no longer runs on that node (``nodes_of``:

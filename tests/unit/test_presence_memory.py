@@ -4,10 +4,18 @@ longer runs is dropped. The restart it is for is ``tests/contract/test_coordinat
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+from ftd.bus.memory import MemoryBroker, MemoryBus
+from ftd.config import ApiConfig, Config, CoordinatorConfig
+from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.coordinator.app import Coordinator
 from ftd.coordinator.ledger import Ledger, SqliteStore
-from ftd.coordinator.presence_memory import PresenceMemory
+from ftd.coordinator.presence_memory import PresenceMemory, membership
 from ftd.coordinator.state import ClusterState
 from ftd.events import JobAllocation, JobPresence, RankInfo
+from tests.unit.helpers import until
 
 
 def presence(
@@ -67,3 +75,36 @@ async def test_loaded_into_the_state_then_what_stopped_is_forgotten() -> None:
     assert state.jobs_on_node("node-1") == ["7"] and state.jobs_on_node("node-2") == []
     assert "8" not in state.jobs
     assert [(p.node, p.job) for p in await store.presences()] == [("node-1", "7"), ("node-3", "9")]
+
+
+class NoBulkCall(FakeScheduler):
+    """A scheduler that can only be asked one job at a time (as Kubernetes' is)."""
+
+    running_job_nodes = None
+
+
+async def test_without_a_bulk_call_each_remembered_job_is_looked_up_at_start(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    for p in (
+        presence("node-1", "7", (0, 5)),
+        presence("node-1", "8", (0, 5)),
+        presence("node-2", "7", (1, 5)),
+    ):
+        ledger.save_presence(membership(p))
+    scheduler = NoBulkCall()
+    scheduler.add_job("7", ["node-1"])  # 7 now runs on node-1 only; 8 ended
+    config = Config(coordinator=CoordinatorConfig(ledger_path=str(ledger.path), api=ApiConfig(enabled=False)))
+    coordinator = Coordinator(
+        config, bus=MemoryBus(MemoryBroker(), client_id="coordinator"), scheduler=scheduler, ledger=ledger
+    )
+    run = asyncio.create_task(coordinator.run())
+    try:
+        await until(lambda: len(ledger.presences()) == 1)
+    finally:
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        await coordinator.close()
+    assert sorted(args for op, args in scheduler.calls if op == "job_nodes") == [("7",), ("8",)]
+    assert (
+        coordinator.state.jobs_on_node("node-1") == ["7"] and coordinator.state.jobs_on_node("node-2") == []
+    )
