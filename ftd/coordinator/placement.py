@@ -56,6 +56,7 @@ T = TypeVar("T")
 
 MAX_JOBS_LISTED = 20  # job ids named in one security summary (the count covers the rest)
 MAX_CACHED_JOBS = 20_000
+WHERE_CONCURRENCY = 16  # scheduler lookups at once in Placement.where
 
 
 class NodeSource(Protocol):
@@ -223,12 +224,18 @@ class Placement:
         return len(jobs)
 
     async def where(self, jobs: Iterable[str]) -> dict[str, frozenset[str]] | None:
-        """Where each of ``jobs`` runs now (empty: nowhere), one lookup per job, side by side -- for a
-        scheduler without the bulk call of :meth:`warm`; None when the scheduler cannot answer."""
+        """Where each of ``jobs`` runs now (empty: nowhere), one lookup per job, a few side by side --
+        for a scheduler without the bulk call of :meth:`warm`; None when the scheduler cannot answer."""
         if self.scheduler is None:
             return None
         wanted = list(dict.fromkeys(jobs))
-        answers = await asyncio.gather(*(self._fetch(job) for job in wanted), return_exceptions=True)
+        gate = asyncio.Semaphore(WHERE_CONCURRENCY)
+
+        async def fetch(job: str) -> tuple[str, ...]:
+            async with gate:
+                return await self._fetch(job)
+
+        answers = await asyncio.gather(*(fetch(job) for job in wanted), return_exceptions=True)
         found: dict[str, frozenset[str]] = {}
         for job, answer in zip(wanted, answers, strict=True):
             if isinstance(answer, BaseException):
