@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -77,26 +78,30 @@ def _decided(ledger: Path) -> list[ActionRecord]:
         db.close()
 
 
-async def test_events_queued_while_down_are_decided_after_the_retained_job_presence(
-    shipped_broker: tuple[Mosquitto, Path], tmp_path: Path
-) -> None:
-    broker, _ = shipped_broker
-    ledger = tmp_path / "ledger.sqlite"
-    config = _config(shipped_broker, ledger)
-    scheduler = FakeScheduler()
-    scheduler.add_job(JOB, [NODE])
-    node = Client(broker.port, NODE, SHIPPED_USERS[NODE])
+async def _restart_with_a_queued_xid(
+    broker: tuple[Mosquitto, Path],
+    ledger: Path,
+    scheduler: FakeScheduler,
+    job: str,
+    meanwhile: Callable[[], None],
+) -> Coordinator:
+    """Job ``job``'s rank 0 on node-1 (retained presence); the coordinator runs until it sees it and
+    stops; ``meanwhile()``; an Xid 79 on node-1, queued by the broker for the stopped coordinator;
+    the coordinator starts again and decides it. Returns the second coordinator (stopped)."""
+    config = _config(broker, ledger)
+    node = Client(broker[0].port, NODE, SHIPPED_USERS[NODE])
     try:
         status = NodeStatus(node=NODE, state="online", ts=time.time())
         node.c.publish(topics.node_status(NODE), encode(status), qos=1, retain=True).wait_for_publish(5)
-        presence = JobPresence(job=JOB, node=NODE, ranks=[RankInfo(rank=0, pid=1)], ts=time.time())
-        node.c.publish(topics.node_job(NODE, JOB), encode(presence), qos=1, retain=True).wait_for_publish(5)
+        presence = JobPresence(job=job, node=NODE, ranks=[RankInfo(rank=0, pid=1)], ts=time.time())
+        node.c.publish(topics.node_job(NODE, job), encode(presence), qos=1, retain=True).wait_for_publish(5)
 
         # The coordinator runs once (its persistent session and subscriptions are made), then stops.
         first = _coordinator(config, scheduler, ledger)
         task = asyncio.create_task(first.run())
-        await _until("the first run sees the job", lambda: JOB in first.state.jobs)
+        await _until("the first run sees the job", lambda: job in first.state.jobs)
         await _stop(task, first)
+        meanwhile()
 
         # While it is down, the node's GPU falls off the bus: the broker queues the event for it.
         xid = make_event(NODE, Kind.XID, severity=Severity.CRITICAL, data={"code": 79, "pci": "0000:3b:00.0"})
@@ -105,15 +110,23 @@ async def test_events_queued_while_down_are_decided_after_the_retained_job_prese
         second = _coordinator(config, scheduler, ledger)
         task = asyncio.create_task(second.run())
         try:
-            await _until("the queued xid is decided", lambda: second.engine.counters["events"] >= 1)
             drained = lambda: any(r.request.kind == "drain_node" for r in _decided(ledger))  # noqa: E731
             await _until("the node's drain is decided", drained)
         finally:
             await _stop(task, second)
+        return second
     finally:
-        node.c.publish(topics.node_job(NODE, JOB), b"", qos=1, retain=True).wait_for_publish(5)
+        node.c.publish(topics.node_job(NODE, job), b"", qos=1, retain=True).wait_for_publish(5)
         node.close()
 
+
+async def test_an_xid_queued_while_the_coordinator_was_down_is_decided_knowing_the_nodes_job(
+    shipped_broker: tuple[Mosquitto, Path], tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.sqlite"
+    scheduler = FakeScheduler()
+    scheduler.add_job(JOB, [NODE])
+    await _restart_with_a_queued_xid(shipped_broker, ledger, scheduler, JOB, lambda: None)
     decided = {(r.request.kind, r.request.target) for r in _decided(ledger)}
     # Decided together: the job on the node is saved and requeued elsewhere, and the node drained.
     assert decided == {("checkpoint_restart", JOB), ("drain_node", NODE)}, decided
@@ -125,40 +138,18 @@ async def test_a_job_that_ended_while_the_coordinator_was_down_is_forgotten_at_t
     """The other side: the remembered presence of a job the scheduler no longer runs (it ended while
     the coordinator was down, and its agent's clearing presence never came) is dropped before the
     first message, so the queued Xid drains the node without restarting a job that is gone."""
-    broker, _ = shipped_broker
     ledger = tmp_path / "ledger.sqlite"
-    config = _config(shipped_broker, ledger)
-    job = "4343"
     scheduler = FakeScheduler()
-    scheduler.add_job(job, [NODE])
-    node = Client(broker.port, NODE, SHIPPED_USERS[NODE])
-    try:
-        presence = JobPresence(job=job, node=NODE, ranks=[RankInfo(rank=0, pid=1)], ts=time.time())
-        node.c.publish(topics.node_job(NODE, job), encode(presence), qos=1, retain=True).wait_for_publish(5)
-        first = _coordinator(config, scheduler, ledger)
-        task = asyncio.create_task(first.run())
-        await _until("the first run sees the job", lambda: job in first.state.jobs)
-        await _stop(task, first)
-        assert [p.job for p in Ledger(ledger).presences()] == [job]
+    scheduler.add_job(JOB, [NODE])
 
-        scheduler.finish_job(job)
-        xid = make_event(NODE, Kind.XID, severity=Severity.CRITICAL, data={"code": 79, "pci": "0000:3b:00.0"})
-        node.c.publish(topics.node_event(NODE, Kind.XID), encode(xid), qos=1).wait_for_publish(5)
+    def job_ends() -> None:
+        assert [p.job for p in Ledger(ledger).presences()] == [JOB]  # remembered by the first run
+        scheduler.finish_job(JOB)
 
-        second = _coordinator(config, scheduler, ledger)
-        task = asyncio.create_task(second.run())
-        try:
-            drained = lambda: any(r.request.kind == "drain_node" for r in _decided(ledger))  # noqa: E731
-            await _until("the node's drain is decided", drained)
-        finally:
-            await _stop(task, second)
-        # Retained presence of the ended job is still at the broker (nothing cleared it): the second
-        # run's placement check refuses it, so it does not come back either.
-        assert job not in second.state.jobs
-    finally:
-        node.c.publish(topics.node_job(NODE, job), b"", qos=1, retain=True).wait_for_publish(5)
-        node.close()
-
+    second = await _restart_with_a_queued_xid(shipped_broker, ledger, scheduler, JOB, job_ends)
+    # The ended job's retained presence is still at the broker (nothing cleared it): the second run's
+    # placement check refuses it, so it does not come back either.
+    assert JOB not in second.state.jobs
     decided = {(r.request.kind, r.request.target) for r in _decided(ledger)}
     assert decided == {("drain_node", NODE)}, decided
     assert Ledger(ledger).presences() == []
