@@ -33,7 +33,7 @@ from ftd.logs import get_logger
 
 log = get_logger(__name__)
 
-Membership = tuple[tuple[tuple[int, int | None, int | None], ...], JobAllocation | None]
+Membership = tuple[tuple[RankInfo, ...], JobAllocation | None]
 
 
 def membership(presence: JobPresence) -> JobPresence:
@@ -43,7 +43,8 @@ def membership(presence: JobPresence) -> JobPresence:
 
 
 def _key(presence: JobPresence) -> Membership:
-    return tuple((r.rank, r.local_rank, r.pid) for r in presence.ranks), presence.allocation
+    """What a write is worth making for: the membership's ranks and the allocation."""
+    return tuple(membership(presence).ranks), presence.allocation
 
 
 class PresenceMemory:

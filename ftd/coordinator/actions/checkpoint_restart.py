@@ -80,7 +80,7 @@ class CheckpointRestart:
         save_deadline_s: float,
         stop_deadline_s: float,
         save_step_margin: int = DEFAULT_SAVE_STEP_MARGIN,
-        job_moved: Callable[[str], None] | None = None,
+        job_moved: Callable[[str], None] = lambda job: None,
     ) -> None:
         self._publish = publish
         self._state = state
@@ -214,8 +214,7 @@ class CheckpointRestart:
             log.info("requeue_delayed", job=job, delay_s=delay)  # crash-loop backoff asked by the rule
             await asyncio.sleep(float(delay))
         await self._scheduler.requeue(job, exclude=exclude)
-        if self._job_moved is not None:
-            self._job_moved(job)  # before any rank of the restarted job can register elsewhere
+        self._job_moved(job)  # before any rank of the restarted job can register elsewhere
         requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude}
         if delay:
             requeued["delayed_s"] = delay
