@@ -32,10 +32,10 @@ class Kind(enum.StrEnum):
     one per node and window, what that node sent that the coordinator did not store as sent --
     messages it refused (oversized, undecodable, nested too deep, wrong types, speaking for another
     node; counted by reason, never stored) and events over the node's rate limit (folded: counted by
-    kind, receipted, not evaluated one by one). See :mod:`ftd.coordinator.fairness`. ``security``: one
+    kind, receipted, not evaluated one by one). See :mod:`ftd.coordinator.intake.fairness`. ``security``: one
     per node and window, severity error, what that node's valid credentials tried that its authority
     does not cover (``placement_violation``: presence, heartbeats or acks for a job the scheduler does
-    not run on that node; counted, never stored verbatim). See :mod:`ftd.coordinator.placement`.
+    not run on that node; counted, never stored verbatim). See :mod:`ftd.coordinator.intake.placement`.
     """
 
     XID = "xid"

@@ -11,7 +11,7 @@
         actions = evaluate_rule(my_rules, events, view)
         assert [(a.kind, a.target) for a in actions] == [("drain_node", "node-1")]
 
-:func:`view_with` builds a real :class:`~ftd.coordinator.state.ClusterState` (so a rule sees exactly
+:func:`view_with` builds a real :class:`~ftd.coordinator.model.state.ClusterState` (so a rule sees exactly
 the view the coordinator gives it: nodes, jobs, GPUs by UUID, fault history). :func:`evaluate_rule`
 calls the rule's ``ftd_evaluate`` the way the engine does (one event at a time, then folds the event
 into the view's history) and returns every request, with ``rule`` and ``event_id`` filled in. A rule
@@ -25,8 +25,8 @@ from types import ModuleType
 
 import pluggy
 
-from ftd.coordinator.plugins import evaluate
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.plugins import evaluate
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Event, JobPresence, Kind, RankInfo, Severity, make_event
 from ftd.plugin import hookspecs
 from ftd.plugin.actions import ActionKind, ActionRequest

@@ -7,7 +7,7 @@ the job's processes still alive (:mod:`ftd.commands.slurm_hooks`). :class:`Sched
 running ones (saved in ``state_dir``, so an agent restart still knows them) and the agent publishes
 each as the ``allocation`` of the job's retained presence, beside the ranks registered through the
 client: the coordinator then knows every job and where it runs even when no trainer registers
-(:meth:`ftd.coordinator.state.ClusterState.apply_presence`), and a job without the client can be
+(:meth:`ftd.coordinator.model.state.ClusterState.apply_presence`), and a job without the client can be
 moved (:mod:`ftd.coordinator.actions.slurm_signal`).
 
 An Epilog that cannot reach the agent (down, restarting) leaves the job's id as an empty file in

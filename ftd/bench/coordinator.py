@@ -1,6 +1,6 @@
 """``ftd bench coordinator``: 10,000 simulated nodes storm a real coordinator over a real Mosquitto.
 
-Setup: a private Mosquitto on loopback; the coordinator (:class:`ftd.coordinator.app.Coordinator`,
+Setup: a private Mosquitto on loopback; the coordinator (:class:`ftd.coordinator.daemon.Coordinator`,
 rules loaded as in production, ``scheduler = "none"`` plus an in-process FakeScheduler knowing every
 node so drains succeed) in a *separate process* started with ``python -c``, reporting progress and,
 at the end, its stats on stdout; and, in this process, several publisher connections, each playing
@@ -62,7 +62,7 @@ import asyncio, contextlib, json, signal, sys, time, sqlite3
 from ftd.config import parse_config
 from ftd.logs import configure
 from ftd.bus.factory import make_mqtt_bus
-from ftd.coordinator.app import Coordinator, coordinator_will
+from ftd.coordinator.daemon import Coordinator, coordinator_will
 from ftd.coordinator.actions.scheduler import FakeScheduler
 
 config = parse_config(open(sys.argv[1]).read())

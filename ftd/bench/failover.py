@@ -2,7 +2,7 @@
 
 Real parts: a private PostgreSQL (:mod:`ftd.bench.postgres`) holding the ledger and the lease, a
 private Mosquitto, and two coordinator *processes* (``python -m ftd.bench.failover coordinator``,
-i.e. :class:`~ftd.coordinator.ha.HaRunner` as ``ftd coordinator`` runs it with ``coordinator.ha.ledger
+i.e. :class:`~ftd.coordinator.ha.runner.HaRunner` as ``ftd coordinator`` runs it with ``coordinator.ha.ledger
 = "postgresql"``; lease TTL 5 s, renewal every 1 s). Simulated: the nodes and their trainers (one MQTT
 client in this process speaking the agents' protocol: retained job presence, events, acks of save
 and stop directives, and -- as the agent does -- every event not yet receipted sent again when the
@@ -136,8 +136,8 @@ def coordinator_main(config_path: str, effects_path: str) -> int:
     """One bench coordinator replica (run as ``python -m ftd.bench.failover coordinator CONFIG FILE``)."""
     from ftd.bus.factory import make_mqtt_bus
     from ftd.config import load_config
-    from ftd.coordinator.app import coordinator_will
-    from ftd.coordinator.ha import HaRunner
+    from ftd.coordinator.daemon import coordinator_will
+    from ftd.coordinator.ha.runner import HaRunner
     from ftd.logs import configure
 
     config = load_config(config_path)

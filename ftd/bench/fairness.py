@@ -4,7 +4,7 @@ DESIGN §10 target: during the flood, the other node's event -> decision p99 <= 
 
 Setup, all real: a private Mosquitto on loopback with the queue limits of ``deploy/mosquitto``
 (``max_queued_messages 100000``, the default ``max_inflight_messages`` of 20), the coordinator
-(:class:`ftd.coordinator.app.Coordinator`, rules loaded as in production, ``scheduler = "none"``)
+(:class:`ftd.coordinator.daemon.Coordinator`, rules loaded as in production, ``scheduler = "none"``)
 in a separate process started with ``python -c``, reporting progress and, at the end, its figures;
 and two publishers with node credentials' worth of topics:
 
@@ -17,7 +17,7 @@ and two publishers with node credentials' worth of topics:
   ``paced_rate`` events/s from one second before the flood until one second after it.
 
 ``node_rate`` / ``node_burst`` / ``urgent_reserve`` are the coordinator's per-node limits
-(defaults: those of :mod:`ftd.coordinator.fairness`), to measure other settings.
+(defaults: those of :mod:`ftd.coordinator.intake.fairness`), to measure other settings.
 
 Measured (``--json``): ``other_p50_ms`` / ``other_p99_ms`` / ``other_max_ms`` = event creation at
 the paced node -> the engine's verdict on it, for the paced node's events created while the flood
@@ -56,7 +56,7 @@ from ftd.bench.broker import PrivateMosquitto
 from ftd.bench.coordinator import CoordinatorProcess, percentile
 from ftd.bus import topics
 from ftd.bus.mqtt import MqttBus
-from ftd.coordinator.fairness import NODE_BURST, NODE_RATE, URGENT_RESERVE
+from ftd.coordinator.intake.fairness import NODE_BURST, NODE_RATE, URGENT_RESERVE
 from ftd.events import SCHEMA_VERSION, Event, Kind, Severity, encode
 
 FLOOD_NODE = "flood-node"
@@ -68,7 +68,7 @@ import asyncio, contextlib, json, signal, sys, time
 from ftd.config import parse_config
 from ftd.logs import configure
 from ftd.bus.factory import make_mqtt_bus
-from ftd.coordinator.app import Coordinator, coordinator_will
+from ftd.coordinator.daemon import Coordinator, coordinator_will
 
 config = parse_config(open(sys.argv[1]).read())
 configure("warning", json=True)

@@ -117,7 +117,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     async def main(ready: Ready) -> None:
         from ftd.bus.base import Bus
         from ftd.bus.factory import make_mqtt_bus
-        from ftd.coordinator.app import Coordinator, coordinator_will, make_scheduler
+        from ftd.coordinator.daemon import Coordinator, coordinator_will, make_scheduler
 
         broker = None
         try:
@@ -125,8 +125,8 @@ def _coordinator(args: argparse.Namespace) -> int:
                 from ftd.bus.embedded import EmbeddedBroker
 
                 broker = await EmbeddedBroker(config.bus.host, config.bus.port).start()
-            if config.coordinator.ha.ledger == "postgresql":  # active/standby (ftd.coordinator.ha)
-                from ftd.coordinator.ha import HaRunner, view_bus_maker
+            if config.coordinator.ha.ledger == "postgresql":  # active/standby (ftd.coordinator.ha.runner)
+                from ftd.coordinator.ha.runner import HaRunner, view_bus_maker
 
                 def ha_bus() -> Bus:
                     return make_mqtt_bus(

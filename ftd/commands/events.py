@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
 
 
 def _export(path: str, out: IO[str]) -> int:
-    from ftd.coordinator.ledger import Ledger
+    from ftd.coordinator.ledger.sqlite import Ledger
 
     # Validate read access first: Ledger() would create a missing file (and its schema).
     if not Path(path).is_file():

@@ -20,7 +20,7 @@ table per rule and action kind. ``--json`` prints one JSON object instead (``eve
 ``actions``, ``summary``, ``bad_lines``, ``duplicates``, ``rule_errors``). Nothing is executed and
 nothing is published.
 
-Simulation: the events run through the coordinator's own engine (:mod:`ftd.coordinator.replay`: the
+Simulation: the events run through the coordinator's own engine (:mod:`ftd.coordinator.decide.replay`: the
 same dedupe, rules, policy gate and ledger code) on a clock that is the events' timestamps (never
 the wall clock), so cooldowns, rate limits and declarative windows behave as they would have. An
 allowed action is taken to run for ``--action-s`` seconds (default 60), then finish: until then
@@ -119,7 +119,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def rules_listing(cfg: CoordinatorConfig, *, entry_points: bool = True) -> dict[str, Any]:
     """``{"rules": [...], "disabled": [...]}`` for the plugins ``cfg`` loads (GET /v1/rules' shape)."""
-    from ftd.coordinator.plugins import describe_plugins, disabled_plugins, make_plugin_manager
+    from ftd.coordinator.decide.plugins import describe_plugins, disabled_plugins, make_plugin_manager
 
     pm = make_plugin_manager(
         disabled=cfg.disabled_rules,
@@ -146,7 +146,7 @@ def render_listing(listing: dict[str, Any], out: IO[str]) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     from ftd.config import Config, ConfigError, load_config
-    from ftd.coordinator.plugins import PluginError
+    from ftd.coordinator.decide.plugins import PluginError
 
     try:
         config = load_config(args.config) if args.config else Config()
@@ -212,7 +212,7 @@ class Replay:
         entry_points: bool = True,
         extra: tuple[object, ...] = (),
     ) -> None:
-        from ftd.coordinator.replay import Sandbox
+        from ftd.coordinator.decide.replay import Sandbox
 
         self.sandbox = Sandbox(cfg, action_s=action_s, entry_points=entry_points, extra=extra)
         self.state = self.sandbox.state
@@ -404,7 +404,7 @@ async def _replay_all(replay: Replay, events: Iterator[Event]) -> None:
 
 def run_test(args: argparse.Namespace) -> int:
     from ftd.config import Config, ConfigError, load_config
-    from ftd.coordinator.plugins import PluginError
+    from ftd.coordinator.decide.plugins import PluginError
 
     try:
         config = load_config(args.config) if args.config else Config()

@@ -119,7 +119,7 @@ def _fail(message: str) -> int:
 
 def run_goodput(args: argparse.Namespace) -> int:
     from ftd.config import Config, ConfigError, load_config
-    from ftd.coordinator.plugins import PluginError
+    from ftd.coordinator.decide.plugins import PluginError
     from ftd.sim.goodput.faults import MixError, load_mix, recorded_trace
     from ftd.sim.goodput.model import from_scenario
     from ftd.sim.goodput.report import plot, render_text

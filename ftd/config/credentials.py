@@ -66,7 +66,7 @@ def resolve_password(bus: BusConfig) -> str | None:
 
 
 def standby_bus(config: Config) -> tuple[BusConfig | None, str | None]:
-    """The bus an HA standby's read-only view (:class:`ftd.coordinator.ha.RetainedView`) connects
+    """The bus an HA standby's read-only view (:class:`ftd.coordinator.ha.runner.RetainedView`) connects
     with, or ``(None, why not)``.
 
     ``bus`` with the ``coordinator.ha.standby_*`` login in place of the coordinator's, and never

@@ -238,8 +238,8 @@ def _rules(config: Config, found: _Found) -> None:
     the rule names the config refers to."""
     from importlib.metadata import entry_points
 
-    from ftd.coordinator.declarative import DeclarativeError, load_rules_file
-    from ftd.coordinator.plugins import (
+    from ftd.coordinator.decide.declarative import DeclarativeError, load_rules_file
+    from ftd.coordinator.decide.plugins import (
         DEFAULT_RULES,
         PluginError,
         default_rule_name,

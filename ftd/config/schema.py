@@ -592,7 +592,7 @@ class ApiConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Authority follows placement (``ftd.coordinator.placement``): presence, heartbeats and acks for a
+    """Authority follows placement (``ftd.coordinator.intake.placement``): presence, heartbeats and acks for a
     job are accepted only from nodes the scheduler runs it on."""
 
     enforce: Annotated[
@@ -621,7 +621,7 @@ HA_LEDGERS = ("sqlite", "postgresql")
 
 
 class HaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Active/standby coordinators (``ftd.coordinator.ha``): a leader lease with a fencing epoch in a
+    """Active/standby coordinators (``ftd.coordinator.ha.runner``): a leader lease with a fencing epoch in a
     PostgreSQL ledger they share. With ``ledger = "sqlite"`` (the default) there is one coordinator
     and ``ledger_path`` is its ledger."""
 
@@ -659,7 +659,7 @@ class HaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         PositiveSeconds,
         _doc("Longest wait for one ledger statement; a slower database counts as unavailable."),
     ] = 2.0
-    # The standby's warm view (ftd.coordinator.ha.RetainedView): a read-only broker login of its own.
+    # The standby's warm view (ftd.coordinator.ha.runner.RetainedView): a read-only broker login of its own.
     standby_username: Annotated[
         NonEmptyStr | None,
         _doc(
@@ -690,7 +690,7 @@ class HaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 class ReturnToServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A node reset by an opted-in rule is drained, then resumed only after its preflight passes (a
-    failure drains it for RMA); ``ftd.coordinator.return_service``. Off while ``rules`` is empty."""
+    failure drains it for RMA); ``ftd.coordinator.upkeep.return_service``. Off while ``rules`` is empty."""
 
     rules: Annotated[
         list[NonEmptyStr],

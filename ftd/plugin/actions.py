@@ -6,7 +6,7 @@ the policy gate and, if allowed, hands it to the executor registered for its ``k
 the same action.
 
 Order: the requests a rule (or several rules) return for one event are run as one plan
-(:mod:`ftd.coordinator.plan`): a job's save and stop (``checkpoint_restart``, ``checkpoint``) before
+(:mod:`ftd.coordinator.model.plan`): a job's save and stop (``checkpoint_restart``, ``checkpoint``) before
 node actions (``gpu_reset``, ``drain_node``), those before the job's requeue. A rule just returns
 them; it need not order them or say what depends on what.
 

@@ -49,7 +49,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     the event is folded into the cluster history (so ``view.node_history`` shows the past only).
     ``ftd rules test`` calls it the same way while replaying recorded events.
     Arguments: ``event`` (:class:`ftd.events.Event`, frozen) and ``view``, a read-only
-    :class:`~ftd.coordinator.state.ClusterView` (nodes, jobs and where they run, GPUs by UUID,
+    :class:`~ftd.coordinator.model.state.ClusterView` (nodes, jobs and where they run, GPUs by UUID,
     fault history). Do not mutate either.
     Result: a list of :class:`~ftd.plugin.actions.ActionRequest` (or None / [] for nothing). The
     requests of all plugins are concatenated; ``rule`` defaults to the plugin's name and
@@ -85,9 +85,9 @@ def ftd_startup(coordinator: Any) -> None:
 
     Called: once, after the engine is built and has read its memory from the ledger (ftd's drains,
     held approvals, recent history), before the first bus message is handled.
-    Arguments: ``coordinator``, the :class:`ftd.coordinator.app.Coordinator` (``.config``,
+    Arguments: ``coordinator``, the :class:`ftd.coordinator.daemon.Coordinator` (``.config``,
     ``.state``, ``.engine``, ``.ledger``). Treat it as read-only; keep a reference if you need one.
-    ``.ledger`` is the asynchronous :class:`~ftd.coordinator.ledger_seam.LedgerStore` (await its
+    ``.ledger`` is the asynchronous :class:`~ftd.coordinator.ledger.store.LedgerStore` (await its
     methods, from a task of your own: this hook itself is synchronous).
     In a replay or a simulation (``ftd rules test``, ``ftd sim goodput``) it is a stand-in with the
     same attributes and ``simulated = True``: read settings, but open no connections then.

@@ -3,7 +3,7 @@
 Each module imports only the rule contract (:mod:`ftd.plugin`), the Xid catalog and the standard
 library (``tests/unit/test_layering.py`` enforces it), does no I/O, and is an ordinary pluggy plugin
 an operator can disable by its name (``coordinator.disabled_rules = ["xid_catalog"]``). The
-coordinator names them as strings (``ftd.coordinator.plugins.DEFAULT_RULES``), so nothing here is
+coordinator names them as strings (``ftd.coordinator.decide.plugins.DEFAULT_RULES``), so nothing here is
 imported until a plugin manager is built. Site policy an operator copies and edits lives in the
 repository's top-level ``rules/`` folder, not here.
 

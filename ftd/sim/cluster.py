@@ -26,8 +26,8 @@ from ftd.bus.mqtt import MqttBus
 from ftd.client import Client
 from ftd.config import AgentConfig, ApiConfig, Config, CoordinatorConfig, NvmlConfig, PolicyConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.app import Coordinator, coordinator_will
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.daemon import Coordinator, coordinator_will
+from ftd.coordinator.ledger.sqlite import Ledger
 
 Timeline = Callable[[str, str], None]  # (who, what)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ftd.coordinator.ledger import NOTICE_NODE, Ledger
+from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger
 from ftd.events import Kind, encode, make_event
 from tests.chaos.test_poison import CoordinatorRig, NodeClient, control
 from tests.realparts import Mosquitto

@@ -5,7 +5,7 @@ broker and arrive the moment it reconnects -- before the retained node status an
 which the broker sends only after the coordinator subscribes again. Handled in that order, an Xid 79
 on a node running a job found no job there: the rule drained the node and never saved or requeued
 the job. Reproduced here on a real Mosquitto with the shipped config and ACL. The coordinator now
-keeps each job's membership in the ledger (:mod:`ftd.coordinator.presence_memory`) and reads it
+keeps each job's membership in the ledger (:mod:`ftd.coordinator.intake.presence_memory`) and reads it
 back before its first message; what the scheduler no longer runs is dropped at the warm-up.
 """
 
@@ -23,8 +23,8 @@ from ftd.bus import topics
 from ftd.bus.factory import make_mqtt_bus
 from ftd.config import Config, config_from_data
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.app import Coordinator, coordinator_will
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.daemon import Coordinator, coordinator_will
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.events import JobPresence, Kind, NodeStatus, RankInfo, Severity, encode, make_event
 from ftd.plugin.actions import ActionRecord
 from tests.contract.conftest import SHIPPED_USERS

@@ -1,6 +1,6 @@
 """An HA standby's warm view on the shipped broker config (deploy/mosquitto) and a real Mosquitto 2.0.
 
-Reported on Mosquitto 2.0.11: the standby's read-only view (:class:`ftd.coordinator.ha.RetainedView`)
+Reported on Mosquitto 2.0.11: the standby's read-only view (:class:`ftd.coordinator.ha.runner.RetainedView`)
 logged in with the coordinator's credentials; ``use_username_as_clientid`` made it *the*
 ``coordinator`` client, and the broker closed the leader's persistent session to let it in ("Client
 coordinator already connected, closing old connection"). Now the view logs in as the ACL's read-only
@@ -24,7 +24,7 @@ from ftd.bus import topics
 from ftd.bus.base import Bus
 from ftd.bus.factory import make_mqtt_bus
 from ftd.config import Config, config_from_data
-from ftd.coordinator.ha import RetainedView, view_bus_maker
+from ftd.coordinator.ha.runner import RetainedView, view_bus_maker
 from tests.contract.conftest import SHIPPED_USERS as USERS
 from tests.contract.test_mosquitto_acl import Client
 from tests.realparts import Mosquitto

@@ -11,7 +11,7 @@ import pytest
 
 from ftd.coordinator.actions.drain import DrainNode
 from ftd.coordinator.actions.kubernetes import KubernetesScheduler
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.fakes.kube_api import FakeKubeApi
 

@@ -1,4 +1,4 @@
-"""Leader lease and fencing on a real PostgreSQL (``ftd.coordinator.lease``).
+"""Leader lease and fencing on a real PostgreSQL (``ftd.coordinator.ha.lease``).
 
 First the failure it fixes: two coordinators on one shared ledger both resume the same unfinished
 action (each thinks it is the one coordinator). Then: only the lease holder acts; a stale epoch's
@@ -16,13 +16,13 @@ import pytest
 
 from ftd.bench.postgres import LocalPostgres
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.lease import FencedScheduler, Lease, LeaseLost, guard_executors
-from ftd.coordinator.ledger_pg import PgLedger
-from ftd.coordinator.ledger_seam import LedgerFenced
-from ftd.coordinator.plugins import make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ha.lease import FencedScheduler, Lease, LeaseLost, guard_executors
+from ftd.coordinator.ledger.postgres import PgLedger
+from ftd.coordinator.ledger.store import LedgerFenced
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Kind, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from tests.realparts import fresh_database

@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 
 from ftd.bench.postgres import LocalPostgres
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.ledger import Ledger, SqliteStore
-from ftd.coordinator.ledger_pg import GRACE_S, PgLedger
-from ftd.coordinator.ledger_seam import LedgerStore, LedgerUnavailable
-from ftd.coordinator.plugins import make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.postgres import GRACE_S, PgLedger
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
+from ftd.coordinator.ledger.store import LedgerStore, LedgerUnavailable
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Event, Kind, Severity, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from tests.realparts import fresh_database, start_postgres

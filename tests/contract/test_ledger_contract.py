@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ftd.bench.postgres import LocalPostgres
-from ftd.coordinator.ledger import Drain, Ledger, SqliteStore
-from ftd.coordinator.ledger_seam import LedgerStore
-from ftd.coordinator.plan import Dependency, Plan, Step
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
+from ftd.coordinator.ledger.store import Drain, LedgerStore
+from ftd.coordinator.model.plan import Dependency, Plan, Step
 from ftd.events import Event, JobAllocation, JobPresence, Kind, RankInfo, Severity
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.realparts import fresh_database
@@ -37,7 +37,7 @@ async def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     if request.param == "sqlite":
         store = SqliteStore(Ledger(tmp_path / "ledger.sqlite", clock=clock))
     else:
-        from ftd.coordinator.ledger_pg import PgLedger
+        from ftd.coordinator.ledger.postgres import PgLedger
 
         server: LocalPostgres = request.getfixturevalue("postgres")
         store = PgLedger(fresh_database(server, "contract"), clock=clock)

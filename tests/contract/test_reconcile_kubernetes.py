@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.plugins import make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.reconcile import Reconciler
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.events import NodeStatus
 from ftd.plugin.actions import ActionKind, ActionRequest, ActionState
 from tests.fakes.kube_api import FakeKubeApi

@@ -1,6 +1,6 @@
 """``Scheduler.list_nodes``: one contract for FakeScheduler, a real Slurm 22.05 and Kubernetes.
 
-The coordinator's reconciliation (:mod:`ftd.coordinator.reconcile`) trusts this listing to tell
+The coordinator's reconciliation (:mod:`ftd.coordinator.upkeep.reconcile`) trusts this listing to tell
 ftd's drains (reason prefix ``ftd:``) from an operator's, to see an operator's resume, and to see
 nodes down; so the fake the unit tests use must list exactly what Slurm and Kubernetes list. The
 same test body runs against the three: the fake, Slurm through ``scontrol`` (real slurmctld), and

@@ -1,6 +1,6 @@
 """The database goes down under the leader: it steps down and nothing acts; when PostgreSQL is back
 one replica takes a new term and the event sent meanwhile is decided once (real PostgreSQL and
-Mosquitto, the coordinator in-process through ftd.coordinator.ha.HaRunner)."""
+Mosquitto, the coordinator in-process through ftd.coordinator.ha.runner.HaRunner)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from ftd.bus.base import Bus
 from ftd.bus.factory import make_mqtt_bus
 from ftd.bus.mqtt import MqttBus
 from ftd.config import load_config
-from ftd.coordinator.app import coordinator_will
-from ftd.coordinator.ha import HaRunner
-from ftd.coordinator.lease import LeaseLost
+from ftd.coordinator.daemon import coordinator_will
+from ftd.coordinator.ha.lease import LeaseLost
+from ftd.coordinator.ha.runner import HaRunner
 from ftd.events import Severity
 from tests.realparts import Mosquitto, start_postgres
 

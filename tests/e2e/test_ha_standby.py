@@ -1,4 +1,4 @@
-"""A standby replica (ftd.coordinator.ha.HaRunner while another holds the lease): it tells systemd it
+"""A standby replica (ftd.coordinator.ha.runner.HaRunner while another holds the lease): it tells systemd it
 is ready and keeps pinging the watchdog, never opens the coordinator's bus session, and serves the
 read-only standby API (who leads, the shared ledger, the dashboard behind the Host check; everything
 else 503). Real PostgreSQL; systemd's notify socket is a datagram socket of the test."""
@@ -17,9 +17,9 @@ from ftd import __version__
 from ftd.bench.failover import _config
 from ftd.bus.base import Bus
 from ftd.config import load_config
-from ftd.coordinator.ha import HaRunner
-from ftd.coordinator.lease import Lease
-from ftd.coordinator.ledger_pg import PgLedger
+from ftd.coordinator.ha.lease import Lease
+from ftd.coordinator.ha.runner import HaRunner
+from ftd.coordinator.ledger.postgres import PgLedger
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.e2e.test_dashboard import chromium
 from tests.realparts import free_port, require_binary, start_postgres

@@ -26,8 +26,8 @@ with atheris.instrument_imports(include=["ftd"]):  # coverage of ftd's code, not
     from ftd.bus.base import Message
     from ftd.bus.memory import MemoryBroker, MemoryBus
     from ftd.config import ApiConfig, Config, CoordinatorConfig
-    from ftd.coordinator.app import Coordinator
-    from ftd.coordinator.ledger import Ledger
+    from ftd.coordinator.daemon import Coordinator
+    from ftd.coordinator.ledger.sqlite import Ledger
 
 _parser = KmsgParser()
 _SUFFIXES = ("events/xid", "events/batch", "status", "jobs/7", "acks", "events/ecc", "directives", "x")

@@ -1,4 +1,4 @@
-"""The placement check's cache and failure policy (ftd.coordinator.placement), on the real
+"""The placement check's cache and failure policy (ftd.coordinator.intake.placement), on the real
 Coordinator's message handling with an in-process scheduler whose answers the test controls.
 
 - A scheduler that cannot answer never lets a claim through (fail closed), but a genuine message is
@@ -22,9 +22,9 @@ from ftd.bus.base import Message
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler, SchedulerError
-from ftd.coordinator.app import Coordinator
-from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.placement import Placement
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.intake.placement import Placement
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.events import NODE_RANK, Ack, Directive, JobPresence, Kind, RankInfo, Severity, encode, make_event
 
 

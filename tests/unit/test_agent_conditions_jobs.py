@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
 from ftd.commands import health
 from ftd.commands.slurm_hooks import gpus_from_env, job_processes, job_start_message, tasks_from_env
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import JobAllocation, JobPresence, Kind, RankInfo, Severity, make_event
 
 PCI = "0000:3b:00.0"

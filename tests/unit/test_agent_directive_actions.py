@@ -7,11 +7,11 @@ from typing import Any
 
 from ftd.bus import topics
 from ftd.config import Config
-from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions import ExecutorContext, build_executors
+from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.diagnostics import CollectDiagnostics
 from ftd.coordinator.actions.gpu_reset import GpuReset
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import NODE_RANK, Ack, Directive, JobPresence, RankInfo, decode
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
@@ -136,7 +136,7 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.DRAIN_NODE,
         ActionKind.RESUME_NODE,
         ActionKind.NOTIFY,  # without a webhook it writes the log
-        "preflight",  # return to service (ftd.coordinator.return_service)
+        "preflight",  # return to service (ftd.coordinator.upkeep.return_service)
     }
     config = parse_config('[coordinator.notify]\nwebhook_url = "http://127.0.0.1:9/x"\n')
     ctx = ExecutorContext(

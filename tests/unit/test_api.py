@@ -19,9 +19,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig, PolicyConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.api import ROUTES, Api, openapi_document, resolve_token
-from ftd.coordinator.app import Coordinator
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.api.server import ROUTES, Api, openapi_document, resolve_token
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.events import JobPresence, Kind, NodeStatus, RankInfo, Severity, make_event
 from ftd.plugin.actions import ActionState
 

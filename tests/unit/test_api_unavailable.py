@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.api import Api
-from ftd.coordinator.app import Coordinator
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.api.server import Api
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.events import NodeStatus
 
 

@@ -20,8 +20,8 @@ from ftd.bus import topics
 from ftd.bus.base import Message
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig, Config, CoordinatorConfig
-from ftd.coordinator.app import Coordinator
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.events import MAX_PAYLOAD_BYTES, Event, Kind, Severity, encode, make_event
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import ftd.rules
-from ftd.coordinator.plugins import DEFAULT_RULES, make_plugin_manager
+from ftd.coordinator.decide.plugins import DEFAULT_RULES, make_plugin_manager
 from ftd.events import Kind
 from ftd.rules import (
     ecc_remap,

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.placement import Placement
+from ftd.coordinator.intake.placement import Placement
 from ftd.events import Ack
 
 ROOT = Path(__file__).resolve().parents[2]

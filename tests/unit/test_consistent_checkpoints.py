@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from ftd.agent.local_api import LocalApi
 from ftd.client import Client
-from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart, resume_step, save_at_step
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Ack, Directive, JobPresence, Kind, RankInfo, decode, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.plugin.view import JobRecord

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ftd.coordinator.declarative import DeclarativeError, load_rules_file, parse_rules
-from ftd.coordinator.plugins import PluginError, make_plugin_manager
+from ftd.coordinator.decide.declarative import DeclarativeError, load_rules_file, parse_rules
+from ftd.coordinator.decide.plugins import PluginError, make_plugin_manager
 from ftd.testing import evaluate_rule, make_event, view_with
 
 RULES = """

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.plugins import PluginError, make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import PluginError, make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import JobPresence, Kind, RankInfo, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.plugin.hookspecs import hookimpl
@@ -216,8 +216,8 @@ async def test_approval_queue_holds_then_approve_starts_and_reject_closes(tmp_pa
 def test_checkpoint_is_served_by_the_checkpoint_restart_executor() -> None:
     """``checkpoint`` (save only) is the same executor: it reads ``params["stop"]`` and the kind."""
     from ftd.config import Config
-    from ftd.coordinator.acks import AckBook
     from ftd.coordinator.actions import ExecutorContext, build_executors
+    from ftd.coordinator.actions.acks import AckBook
 
     async def publish(topic: str, payload: bytes) -> None: ...
 

@@ -11,7 +11,7 @@ from ftd.bus import topics
 from ftd.bus.base import Message
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import parse_config
-from ftd.coordinator.app import MAX_BATCH_BYTES, Coordinator
+from ftd.coordinator.daemon import MAX_BATCH_BYTES, Coordinator
 from ftd.events import Kind, encode, make_event
 from tests.unit.helpers import loop_turns
 

@@ -1,4 +1,4 @@
-"""Per-node fairness (ftd.coordinator.fairness): token buckets, the bad_input book, and a live
+"""Per-node fairness (ftd.coordinator.intake.fairness): token buckets, the bad_input book, and a live
 coordinator on the in-process bus taking a flood from one node while another node's events are all
 decided -- with exact counts of what was handled, folded, receipted and acknowledged."""
 
@@ -12,8 +12,8 @@ from ftd.bus import topics
 from ftd.bus.base import Message
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import parse_config
-from ftd.coordinator.app import Coordinator
-from ftd.coordinator.fairness import (
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.intake.fairness import (
     MAX_ID_SCAN_BYTES,
     InputBook,
     RateLimiter,

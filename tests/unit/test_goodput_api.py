@@ -14,11 +14,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.cli import main
 from ftd.config import ApiConfig, Config, CoordinatorConfig
-from ftd.coordinator.api import Api
-from ftd.coordinator.app import Coordinator
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.api.server import Api
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.ledger.sqlite import Ledger
 
-WEB = Path(__file__).resolve().parents[2] / "ftd" / "coordinator" / "web"
+WEB = Path(__file__).resolve().parents[2] / "ftd" / "coordinator" / "api" / "web"
 
 
 async def _get(ledger_path: Path) -> tuple[int, Any]:

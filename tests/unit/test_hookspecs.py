@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.plugins import PluginError, make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import PluginError, make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Kind, make_event
 from ftd.plugin import hookspecs
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftd.coordinator.plugins import evaluate, make_plugin_manager
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.plugins import evaluate, make_plugin_manager
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Event, JobPresence, Kind, RankInfo
 from ftd.plugin import ActionRequest
 from ftd.rules import _incidents, app_faults, repeat_offender, xid_catalog

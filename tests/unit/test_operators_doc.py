@@ -47,7 +47,7 @@ def test_every_command_shown_is_one_the_cli_has() -> None:
 
 
 def test_the_toml_rule_example_loads() -> None:
-    from ftd.coordinator.declarative import parse_rules
+    from ftd.coordinator.decide.declarative import parse_rules
 
     block = re.search(r"```toml\n(\[\[rule\]\].*?)```", DOC, flags=re.S)
     assert block is not None

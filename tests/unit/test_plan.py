@@ -1,4 +1,4 @@
-"""Plans (ftd.coordinator.plan) in the engine: dependencies by role, order not success, duplicates,
+"""Plans (ftd.coordinator.model.plan) in the engine: dependencies by role, order not success, duplicates,
 approvals; and the GPU reset's escalation after a reboot (verify phase)."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from ftd.agent.gpu_reset import GpuResetter
-from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.plan import Dependency, build, role_of, worth_a_plan
-from ftd.coordinator.plugins import make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.model.plan import Dependency, build, role_of, worth_a_plan
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Directive, Kind, NodeStatus, decode, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.plugin.hookspecs import hookimpl

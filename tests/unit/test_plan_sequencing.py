@@ -25,9 +25,9 @@ from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.client import Client
 from ftd.config import AgentConfig, ApiConfig, Config, CoordinatorConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.app import Coordinator
-from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.plugins import DEFAULT_RULES, default_rule_name
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.events import Kind, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.plugin.hookspecs import hookimpl

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftd.coordinator.policy import DomainBudget, PolicyGate, RateLimit
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.policy import DomainBudget, PolicyGate, RateLimit
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import JobPresence, RankInfo
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.app import Coordinator
-from ftd.coordinator.ledger import Ledger, SqliteStore
-from ftd.coordinator.presence_memory import PresenceMemory, membership
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.intake.presence_memory import PresenceMemory, membership
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import JobAllocation, JobPresence, RankInfo
 from tests.unit.helpers import until
 

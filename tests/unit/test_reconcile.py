@@ -1,4 +1,4 @@
-"""ftd's drains persisted and reconciled with the scheduler (:mod:`ftd.coordinator.reconcile`).
+"""ftd's drains persisted and reconciled with the scheduler (:mod:`ftd.coordinator.upkeep.reconcile`).
 
 In-process: the coordinator's own engine, policy gate, ledger (a file, so a "restart" reopens it)
 and drain/resume executors on the :class:`FakeScheduler` (which passes the same listing contract as
@@ -18,12 +18,12 @@ import pytest
 
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.ledger import NOTICE_NODE, Ledger
-from ftd.coordinator.plugins import make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.reconcile import Reconciler
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger
+from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.events import Kind, NodeStatus
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 

@@ -3,7 +3,7 @@ ftd's picture equal the scheduler's, and a second round with nothing changed cha
 
 Hypothesis draws, for four nodes, what the ledger recorded (nothing, ftd's drain, someone else's)
 and a sequence of scheduler states (drained or not, down or not, the reason: none, ftd's, an
-operator's); after each round the invariants of :mod:`ftd.coordinator.reconcile` must hold.
+operator's); after each round the invariants of :mod:`ftd.coordinator.upkeep.reconcile` must hold.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.ledger import Drain, Ledger
-from ftd.coordinator.plugins import make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.reconcile import Reconciler
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.store import Drain
+from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.reconcile import Reconciler
 
 NODES = ("node-1", "node-2", "node-3", "node-4")
 

@@ -25,7 +25,7 @@ import pytest
 from ftd.agent.kmsg_parse import parse_lines
 from ftd.agent.watchers.logfile import load_patterns
 from ftd.cli import main
-from ftd.coordinator.plugins import DEFAULT_RULES, default_rule_name
+from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name
 from ftd.events import Event, decode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The real engine in a sandbox (ftd.coordinator.replay): simulated time, nothing executed for real."""
+"""The real engine in a sandbox (ftd.coordinator.decide.replay): simulated time, nothing executed for real."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 from typing import Any
 
 from ftd.config import CoordinatorConfig
-from ftd.coordinator.plugins import DEFAULT_RULES, default_rule_name
-from ftd.coordinator.replay import Sandbox, SimClock
+from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name
+from ftd.coordinator.decide.replay import Sandbox, SimClock
 from ftd.events import JobPresence, RankInfo
 from ftd.plugin import ActionKind, ActionRecord, ActionRequest, ClusterView, Event, Kind, hookimpl, make_event
 

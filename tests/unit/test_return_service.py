@@ -1,4 +1,4 @@
-"""The return-to-service sequence, step by step (ftd.coordinator.return_service): the observer sees the
+"""The return-to-service sequence, step by step (ftd.coordinator.upkeep.return_service): the observer sees the
 engine's action records and submits the next step (as a task: ``settle`` waits for it); here a recorder
 stands in for Engine.submit and the records are made by hand, so each branch is checked on its own (the
 whole path on real Slurm: tests/e2e/test_return_to_service.py)."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import itertools
 
-from ftd.coordinator.return_service import PREFLIGHT, ReturnToService
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.return_service import PREFLIGHT, ReturnToService
 from ftd.events import Kind, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 

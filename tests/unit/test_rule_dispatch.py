@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftd.coordinator.plugins import DEFAULT_RULES, evaluate, make_plugin_manager
+from ftd.coordinator.decide.plugins import DEFAULT_RULES, evaluate, make_plugin_manager
 from ftd.events import Kind
 from ftd.plugin import ActionKind, ActionRequest, hookimpl
 from ftd.testing import make_event, view_with

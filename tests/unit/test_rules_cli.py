@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from ftd.cli import main
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.events import make_event
 
 

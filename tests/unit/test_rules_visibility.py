@@ -23,10 +23,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig
-from ftd.coordinator.api import Api
-from ftd.coordinator.app import Coordinator
-from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.plugins import DEFAULT_RULES, default_rule_name
+from ftd.coordinator.api.server import Api
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.plugin.hookspecs import hookimpl
 
 REPO = Path(__file__).resolve().parents[2]

@@ -38,8 +38,8 @@ from ftd.agent.kmsg_parse import parse_lines
 from ftd.agent.watchers.logfile import load_patterns
 from ftd.cli import main
 from ftd.config import load_config
-from ftd.coordinator.declarative import load_rules_file
-from ftd.coordinator.plugins import DEFAULT_RULES, default_rule_name, make_plugin_manager, rule_files
+from ftd.coordinator.decide.declarative import load_rules_file
+from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name, make_plugin_manager, rule_files
 from ftd.events import Event, decode
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftd.coordinator.plugins import evaluate, make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
+from ftd.coordinator.decide.plugins import evaluate, make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
 from ftd.events import Kind
 from ftd.plugin import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.rules import ecc_remap, fs_fill, gpu_health, memory, nccl_ib, sxid, thermal, xid_catalog

@@ -1,4 +1,4 @@
-"""The standby's read-only API (ftd.coordinator.standby_api) over aiohttp's test client: it serves the
+"""The standby's read-only API (ftd.coordinator.ha.standby_api) over aiohttp's test client: it serves the
 same dashboard as the leader behind the same DNS rebinding guard, answers who leads, and refuses
 everything else with a 503 naming the leader. The dashboard's "who leads" header (app.js ``haView``)
 is checked under node when node is installed.
@@ -17,10 +17,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from ftd.config import ApiConfig
-from ftd.coordinator.api import WEB_DIR
-from ftd.coordinator.ha import HaStatus
-from ftd.coordinator.ledger_seam import LedgerStore
-from ftd.coordinator.standby_api import StandbyApi
+from ftd.coordinator.api.server import WEB_DIR
+from ftd.coordinator.ha.runner import HaStatus
+from ftd.coordinator.ha.standby_api import StandbyApi
+from ftd.coordinator.ledger.store import LedgerStore
 
 
 def _no_ledger() -> LedgerStore:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ftd.cli import main
-from ftd.coordinator.ledger import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.events import Kind, make_event
 from tests.realparts import free_port
 from tests.unit.live_api import live_api

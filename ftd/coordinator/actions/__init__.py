@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ftd.config import Config
 from ftd.config.schema import SlurmConfig
-from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
 from ftd.coordinator.actions.diagnostics import CollectDiagnostics
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
@@ -28,7 +28,7 @@ from ftd.coordinator.actions.notify import Notify
 from ftd.coordinator.actions.preflight import PREFLIGHT, Preflight
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.slurm_signal import SlurmSignalFallback
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionKind
 from ftd.plugin.hookspecs import Executor, hookimpl
 
@@ -79,7 +79,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         ),
     }
     executors[ActionKind.NOTIFY] = Notify(cfg.notify, ctx.state)  # without a webhook: the log
-    # Return to service (ftd.coordinator.return_service): the node's agent runs its preflight checks.
+    # Return to service (ftd.coordinator.upkeep.return_service): the node's agent runs its preflight checks.
     executors[PREFLIGHT] = Preflight(
         publish=ctx.publish, acks=ctx.acks, deadline_s=cfg.return_to_service.preflight_deadline_s
     )

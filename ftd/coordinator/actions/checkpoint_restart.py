@@ -1,6 +1,6 @@
 """checkpoint_restart: save every rank at the same step, stop them, requeue without the bad nodes.
 
-Two phases (:class:`~ftd.coordinator.plan.PhasedExecutor`: inside a plan the engine runs a node's
+Two phases (:class:`~ftd.coordinator.model.plan.PhasedExecutor`: inside a plan the engine runs a node's
 reset or drain between them; outside one, calling the executor runs both), each recorded in the
 action's detail:
 
@@ -37,12 +37,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ftd.bus import topics
-from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions._directive import Publish, publish_with_retry
+from ftd.coordinator.actions.acks import AckBook
+from ftd.coordinator.actions.directive import Publish, publish_with_retry
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.slurm_signal import ClientlessFallback
-from ftd.coordinator.plan import merge_state
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.plan import merge_state
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Directive, DirectiveAction, RankInfo, encode
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionState

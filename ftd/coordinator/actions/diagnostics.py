@@ -20,9 +20,9 @@ import asyncio
 import time
 from typing import Any
 
-from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions._directive import Publish, ask_node
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.actions.acks import AckBook
+from ftd.coordinator.actions.directive import Publish, ask_node
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Directive
 from ftd.plugin.actions import ActionRecord, ActionState
 

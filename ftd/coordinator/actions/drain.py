@@ -1,6 +1,6 @@
 """drain_node / resume_node through the scheduler; resume only what ftd itself drained.
 
-drain_node has two phases (:mod:`ftd.coordinator.plan`): **drain** -- the node takes no new work, at
+drain_node has two phases (:mod:`ftd.coordinator.model.plan`): **drain** -- the node takes no new work, at
 once, never touching what runs on it (a scheduler offering ``cordon(node, reason)``, Kubernetes,
 cordons and taints; otherwise ``drain``: Slurm's drain leaves running jobs alone) -- and **evict**
 (a scheduler offering ``evict_node(node)``: Kubernetes evicts the node's pods; nothing for Slurm).
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ftd.coordinator.actions.scheduler import Scheduler
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionRecord
 
 REASON_PREFIX = "ftd: "

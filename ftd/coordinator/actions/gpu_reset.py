@@ -7,7 +7,7 @@ agent resolves and cross-checks them). A ``gpu_reset`` :class:`~ftd.events.Direc
 not a trainer's), ``ok`` and a ``reason`` such as ``"refused: GPU in use by pid(s) 4242"`` or
 ``"reset_ok: ..."``. The agent refuses while any process holds the GPU (DESIGN §11).
 
-Two phases (:class:`~ftd.coordinator.plan.PhasedExecutor`; inside a plan the job's save and stop
+Two phases (:class:`~ftd.coordinator.model.plan.PhasedExecutor`; inside a plan the job's save and stop
 come before the first, and the job's requeue waits for the first):
 
 1. **reset** -- ask; a *refusal* (the GPU is still held: a rank still exiting, a stray process) is
@@ -39,11 +39,11 @@ import asyncio
 import time
 from typing import Any
 
-from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions._directive import Publish, ask_node
+from ftd.coordinator.actions.acks import AckBook
+from ftd.coordinator.actions.directive import Publish, ask_node
 from ftd.coordinator.actions.scheduler import Scheduler, SchedulerError
-from ftd.coordinator.plan import merge_state
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.plan import merge_state
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Ack, Directive
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionState

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from ftd.config import ConfigError, NotifyConfig, read_secret_file
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.state import ClusterState
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord
 

@@ -1,6 +1,6 @@
 """The ``preflight`` executor: ask a node's agent to run its preflight checks (``ftd.preflight``).
 
-Used by the return to service (:mod:`ftd.coordinator.return_service`): a ``preflight`` node directive
+Used by the return to service (:mod:`ftd.coordinator.upkeep.return_service`): a ``preflight`` node directive
 goes to ``ftd/v1/nodes/{node}/directives``; the agent runs the checks and answers with an Ack
 (``rank = NODE_RANK``) whose ``ok`` is the verdict and ``reason`` its one line. Succeeded when they
 pass, escalated when they fail (the reason in ``detail["preflight"]``), failed on no answer by the
@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ftd.coordinator.acks import AckBook
-from ftd.coordinator.actions._directive import Publish, ask_node
+from ftd.coordinator.actions.acks import AckBook
+from ftd.coordinator.actions.directive import Publish, ask_node
 from ftd.events import Directive
 from ftd.plugin.actions import ActionRecord, ActionState
 

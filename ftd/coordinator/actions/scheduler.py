@@ -20,7 +20,7 @@ Semantics every implementation keeps (the coordinator retries after a crash, so 
   retried requeue does not count a second restart).
 * Unknown nodes and jobs, and refusals by the scheduler, raise :class:`SchedulerError`.
 * ``list_nodes()``: every node the scheduler knows, as :class:`NodeInfo` (state, drained, down,
-  reason), sorted by name; the coordinator's reconciliation (:mod:`ftd.coordinator.reconcile`)
+  reason), sorted by name; the coordinator's reconciliation (:mod:`ftd.coordinator.upkeep.reconcile`)
   compares it with the drains ftd recorded (ftd's own carry the ``ftd:`` reason prefix).
 * ``reboot(node, reason, nextstate)``: reboot the node once it is idle (it takes no new work until
   then, like a drain, with the sanitized reason), then return it to service (``nextstate="RESUME"``)
@@ -28,7 +28,7 @@ Semantics every implementation keeps (the coordinator retries after a crash, so 
   uses it. A scheduler that cannot reboot nodes raises :class:`SchedulerError` saying so.
 * ``job_nodes(job)``: the nodes the job's processes run on *now* (empty when it is pending, finished,
   unknown or not a valid job id of this scheduler); :class:`SchedulerError` only when the scheduler
-  cannot answer. The coordinator's placement check (:mod:`ftd.coordinator.placement`) trusts a
+  cannot answer. The coordinator's placement check (:mod:`ftd.coordinator.intake.placement`) trusts a
   node's word about a job's ranks only when this names the node.
 """
 

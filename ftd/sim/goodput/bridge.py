@@ -1,4 +1,5 @@
-"""The ftd policy's decisions: the real coordinator engine, in a :class:`~ftd.coordinator.replay.Sandbox`.
+"""The ftd policy's decisions: the real coordinator engine, in a
+:class:`~ftd.coordinator.decide.replay.Sandbox`.
 
 What: :class:`EngineBridge` keeps the sandbox's cluster view in step with the simulated job (every
 node known and online, the job's one rank per node placed on the nodes it runs on, a node that comes
@@ -50,7 +51,7 @@ class EngineBridge:
     def __init__(
         self, cfg: CoordinatorConfig, *, nodes: int, entry_points: bool = False, action_s: float = 60.0
     ) -> None:
-        from ftd.coordinator.replay import Sandbox
+        from ftd.coordinator.decide.replay import Sandbox
 
         self.sandbox = Sandbox(cfg, action_s=action_s, entry_points=entry_points, start=BASE_TS)
         self.state = self.sandbox.state

@@ -94,7 +94,7 @@ class ClusterState:
 
     def mark_drained(self, node: str, reason: str, drained: bool = True) -> None:
         """ftd drained ``node`` (or, ``drained=False``, it is back in service): counted in ftd's
-        blast-radius budget. Persisted and reconciled by :mod:`ftd.coordinator.reconcile`."""
+        blast-radius budget. Persisted and reconciled by :mod:`ftd.coordinator.upkeep.reconcile`."""
         record = self._node(node)
         record.drained_by_ftd = drained
         record.drain_reason = reason if drained else ""

@@ -2,7 +2,7 @@
 
 Off by default; opted in per rule (``coordinator.return_to_service.rules``: the names of the rules
 whose GPU resets take the node out of service and back). For a ``gpu_reset`` decided by such a rule
-on node N, :class:`ReturnToService` (an :meth:`~ftd.coordinator.engine.Engine.observe` observer, so
+on node N, :class:`ReturnToService` (an :meth:`~ftd.coordinator.decide.engine.Engine.observe` observer, so
 the engine and the reset executor stay as they are) does, each step an ordinary action through the
 policy gate and the ledger:
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftd.coordinator.actions.preflight import PREFLIGHT
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.model.state import ClusterState
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 

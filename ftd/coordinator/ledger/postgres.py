@@ -1,13 +1,13 @@
 """The ledger on PostgreSQL, for an active/standby coordinator (``coordinator.ha.ledger = "postgresql"``).
 
-Same tables and the same contract as the SQLite :class:`~ftd.coordinator.ledger.Ledger`
+Same tables and the same contract as the SQLite :class:`~ftd.coordinator.ledger.sqlite.Ledger`
 (``tests/contract/test_ledger_contract.py`` runs one suite against both), in a database every
 coordinator of the pair reaches; PostgreSQL's own replication is what makes the ledger survive a host.
 
-Fencing: once :attr:`PgLedger.epoch` is set (by the lease, :mod:`ftd.coordinator.lease`), every write
+Fencing: once :attr:`PgLedger.epoch` is set (by the lease, :mod:`ftd.coordinator.ha.lease`), every write
 runs in a transaction that first reads the lease row ``FOR SHARE`` and goes on only if the row still
 names this epoch and has not expired by the *database's* clock; otherwise it raises
-:class:`~ftd.coordinator.ledger_seam.LedgerFenced` and writes nothing (counted in
+:class:`~ftd.coordinator.ledger.store.LedgerFenced` and writes nothing (counted in
 :attr:`PgLedger.stale_writes_rejected`). The row lock makes the check and the write one step against
 a takeover: a standby's ``UPDATE`` of the lease waits for the leader's write in flight to commit, so
 what the new leader reads after taking over includes it, and nothing the old leader sends after that
@@ -21,7 +21,7 @@ limit plus :data:`GRACE_S` (:func:`bounded`): a server that stops answering alto
 host, a partition) answers neither the statement nor its cancellation, and psycopg, when the
 coroutine waiting on it is cancelled, itself waits up to ten seconds trying to cancel the query.
 So the statement runs as a task of its own; past the limit the caller gets
-:class:`~ftd.coordinator.ledger_seam.LedgerUnavailable` (an ``OSError``, like SQLite's storage
+:class:`~ftd.coordinator.ledger.store.LedgerUnavailable` (an ``OSError``, like SQLite's storage
 errors: the coordinator leaves the message unacknowledged and retries) and the connection is
 abandoned -- closed once that task ends, never used again (an open transaction on it is rolled back
 by the server when the connection goes). The next call opens a new one. The connection serves one
@@ -42,8 +42,8 @@ from typing import IO, Any, TypeVar
 import msgspec
 import psycopg
 
-from ftd.coordinator.ledger import Drain
-from ftd.coordinator.ledger_seam import (
+from ftd.coordinator.ledger.store import (
+    Drain,
     LedgerFenced,
     LedgerUnavailable,
     action_from_row,
@@ -51,7 +51,7 @@ from ftd.coordinator.ledger_seam import (
     presence_from_row,
     presence_row,
 )
-from ftd.coordinator.plan import Plan, plan_decoder, plan_encoder
+from ftd.coordinator.model.plan import Plan, plan_decoder, plan_encoder
 from ftd.events import Event, JobPresence
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest

@@ -11,8 +11,8 @@
   over from a frozen old one (the broker drops the old connection). A standby with a session of its
   own would steal it, or need one of its own whose queue no one drains.
 * **Takeover**: on winning the lease (epoch ``n``) it builds a fresh :class:`Coordinator` on the
-  shared ledger with its writes fenced to epoch ``n`` (:class:`~ftd.coordinator.ledger_pg.PgLedger`),
-  the bus, the scheduler and every executor guarded by the lease (:mod:`ftd.coordinator.lease`), and
+  shared ledger with its writes fenced to epoch ``n`` (:class:`~ftd.coordinator.ledger.postgres.PgLedger`),
+  the bus, the scheduler and every executor guarded by the lease (:mod:`ftd.coordinator.ha.lease`), and
   runs it: the engine rebuilds its memory from the ledger, the coordinator handles the retained
   status and presence and the queued messages, then resumes the unfinished actions and plans --
   once: only the holder of the new epoch does it, and the old holder can no longer write.
@@ -54,10 +54,10 @@ from ftd.bus.base import Bus, Message
 from ftd.config import Config
 from ftd.config.credentials import standby_bus
 from ftd.coordinator.actions.scheduler import Scheduler
-from ftd.coordinator.lease import FencedBus, FencedScheduler, Lease, guard_executors
-from ftd.coordinator.ledger_pg import PgLedger
-from ftd.coordinator.ledger_seam import LedgerUnavailable
-from ftd.coordinator.standby_api import StandbyApi
+from ftd.coordinator.ha.lease import FencedBus, FencedScheduler, Lease, guard_executors
+from ftd.coordinator.ha.standby_api import StandbyApi
+from ftd.coordinator.ledger.postgres import PgLedger
+from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.logs import get_logger
 from ftd.sdnotify import notify, ping_watchdog
 
@@ -282,7 +282,7 @@ class HaRunner:
             await asyncio.sleep(self.poll_s)
 
     async def _lead(self) -> None:
-        from ftd.coordinator.app import Coordinator
+        from ftd.coordinator.daemon import Coordinator
 
         epoch = self.lease.check()
         status = self.status

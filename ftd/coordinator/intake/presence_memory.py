@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from ftd.coordinator.ledger_seam import LedgerStore
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.ledger.store import LedgerStore
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import JobAllocation, JobPresence, RankInfo
 from ftd.logs import get_logger
 

@@ -1,10 +1,11 @@
 """The read-only HTTP API of a standby coordinator (``coordinator.ha``): who leads, the ledger, the dashboard.
 
-A standby runs no :class:`~ftd.coordinator.app.Coordinator` (no engine, no bus session), so the full
-API (:mod:`ftd.coordinator.api`) has nothing to serve from. On the same address and port it serves:
+A standby runs no :class:`~ftd.coordinator.daemon.Coordinator` (no engine, no bus session), so the full
+API (:mod:`ftd.coordinator.api.server`) has nothing to serve from. On the same address and port it serves:
 
 * ``GET /`` and ``GET /static/{name}`` -- the same dashboard as the leader (the same handlers,
-  :func:`~ftd.coordinator.api.dashboard_index` and :func:`~ftd.coordinator.api.dashboard_static`).
+  :func:`~ftd.coordinator.api.server.dashboard_index` and
+  :func:`~ftd.coordinator.api.server.dashboard_static`).
   The page reads ``/v1/ha``, shows this replica's role, the leader, its epoch and the lease age, and
   on a standby a "read-only standby -- leader is X (epoch N)" banner; nodes, jobs and the goodput
   report live in the leader's memory only, so the page says they are served by the leader instead of
@@ -18,7 +19,7 @@ API (:mod:`ftd.coordinator.api`) has nothing to serve from. On the same address 
 
 Anything else answers 503 ``{"error": ..., "leader": ..., "epoch": ...}`` naming the lease holder:
 mutating calls in particular go to the leader. Every request passes the same DNS rebinding guard as
-the full API (:func:`~ftd.coordinator.api.host_check`: a ``Host`` naming no host of
+the full API (:func:`~ftd.coordinator.api.server.host_check`: a ``Host`` naming no host of
 ``coordinator.api`` is answered 421), since a standby's page and ledger reads are as readable from
 a rebinding web page as the leader's. The API is stopped before this replica's own coordinator
 starts its full API on the port, and started again when the replica steps down.
@@ -36,14 +37,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ftd import __version__
 from ftd.config.schema import ApiConfig
-from ftd.coordinator.api import action_out, dashboard_index, dashboard_static, host_check
-from ftd.coordinator.ledger_seam import LedgerStore, LedgerUnavailable
+from ftd.coordinator.api.server import action_out, dashboard_index, dashboard_static, host_check
+from ftd.coordinator.ledger.store import LedgerStore, LedgerUnavailable
 from ftd.logs import get_logger
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from ftd.coordinator.ha import HaStatus
+    from ftd.coordinator.ha.runner import HaStatus
 
 log = get_logger(__name__)
 

@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from ftd.coordinator.fairness import TokenBucket
+from ftd.coordinator.intake.fairness import TokenBucket
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
 
@@ -358,7 +358,7 @@ class _Window:
 class SecurityBook:
     """One ``security`` event per node and window summing its placement violations: the event's
     ``count`` is the total, ``data`` says by kind of message and names up to :data:`MAX_JOBS_LISTED`
-    jobs. Committed with :meth:`~ftd.coordinator.ledger.Ledger.record_summary` (same id while the
+    jobs. Committed with :meth:`~ftd.coordinator.ledger.sqlite.Ledger.record_summary` (same id while the
     window is open, so the stored event grows instead of multiplying)."""
 
     def __init__(self, *, window_s: float = 60.0, clock: Callable[[], float] = time.time) -> None:

@@ -17,13 +17,13 @@ file aside for them would lose it. Corruption met later, while running, is a sto
 commit in hand (counted and retried by the coordinator), not a reason to drop the ledger under it.
 
 Plans (:meth:`Ledger.save_plan`, table ``plans``): the order and dependencies of one event's actions
-(:mod:`ftd.coordinator.plan`); each step's state is its action's row. A plan not ``finished`` is
+(:mod:`ftd.coordinator.model.plan`); each step's state is its action's row. A plan not ``finished`` is
 rebuilt after a restart together with its unfinished actions.
 
 Drains (:meth:`Ledger.save_drain`, table ``drains``): the nodes out of service as the coordinator
 last knew them, one row per node -- ``origin`` ``ftd`` (drained by ftd: counts against its
 blast-radius budget) or ``external`` (drained or down by someone else) -- kept in step with the
-scheduler by :mod:`ftd.coordinator.reconcile`, so a restarted coordinator remembers its drains.
+scheduler by :mod:`ftd.coordinator.upkeep.reconcile`, so a restarted coordinator remembers its drains.
 
 Summaries (:meth:`Ledger.record_summary`): an event the coordinator keeps *updating* under one id,
 such as a node's ``bad_input`` summary of a window, whose count grows with every commit.
@@ -36,20 +36,20 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import msgspec
 
-from ftd.coordinator.ledger_seam import (
+from ftd.coordinator.ledger.store import (
+    Drain,
     LedgerStore,
     action_from_row,
     action_row,
     presence_from_row,
     presence_row,
 )
-from ftd.coordinator.plan import Plan, plan_decoder, plan_encoder
+from ftd.coordinator.model.plan import Plan, plan_decoder, plan_encoder
 from ftd.events import Event, JobPresence, Kind, Severity
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest
@@ -92,19 +92,6 @@ CREATE TABLE IF NOT EXISTS presence (
 
 _request_decoder = msgspec.json.Decoder(ActionRequest)
 _event_decoder = msgspec.json.Decoder(Event)
-
-
-@dataclass
-class Drain:
-    """A node out of service: ``origin`` ``"ftd"`` or ``"external"``; ``state`` the scheduler's
-    spelling when last seen (empty until listed); ``action_id`` the drain_node action, if ftd's."""
-
-    node: str
-    origin: str
-    reason: str
-    since: float
-    state: str = ""
-    action_id: str | None = None
 
 
 class LedgerCorrupt(sqlite3.DatabaseError):
@@ -273,7 +260,7 @@ class Ledger:
     def recent(self, since: float) -> list[ActionRecord]:
         return list(self._rows("WHERE updated >= ? ORDER BY created", (since,)))
 
-    # --- plans (ftd.coordinator.plan: one event's actions in order) ----------------------------
+    # --- plans (ftd.coordinator.model.plan: one event's actions in order) ----------------------------
 
     def save_plan(self, plan: Plan) -> None:
         now = self.clock()
@@ -306,7 +293,7 @@ class Ledger:
         sql = f"SELECT body FROM plans {where}ORDER BY created DESC, id DESC LIMIT ?"
         return [plan_decoder.decode(row[0]) for row in self._db.execute(sql, (limit,))]
 
-    # --- drains (ftd.coordinator.reconcile: which nodes are out, and by whom) -------------------
+    # --- drains (ftd.coordinator.upkeep.reconcile: which nodes are out, and by whom) -------------------
 
     def save_drain(self, drain: Drain) -> None:
         """Record ``drain`` (replacing the node's row)."""
@@ -350,7 +337,7 @@ class Ledger:
 
 
 class SqliteStore:
-    """A :class:`Ledger` behind the asynchronous :class:`~ftd.coordinator.ledger_seam.LedgerStore`
+    """A :class:`Ledger` behind the asynchronous :class:`~ftd.coordinator.ledger.store.LedgerStore`
     seam the engine, the reconciler and the API use.
 
     SQLite calls are local file I/O of microseconds (a group commit of a batch chunk is one fsync),

@@ -1,6 +1,6 @@
 """The real engine in a sandbox: a simulated clock, an in-memory ledger, executors that only pretend.
 
-What: :class:`Sandbox` builds the coordinator's own :class:`~ftd.coordinator.engine.Engine` (same
+What: :class:`Sandbox` builds the coordinator's own :class:`~ftd.coordinator.decide.engine.Engine` (same
 plugin loading, same policy gate, same ledger code) but drives it on a :class:`SimClock` that moves
 only when told, with an SQLite ``:memory:`` ledger and :class:`SimulatedExecutors` registered for
 every action kind: an allowed action "runs" for ``action_s`` simulated seconds and then succeeds,
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftd.config import Config, CoordinatorConfig
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.ledger import Ledger
-from ftd.coordinator.ledger_seam import LedgerStore
-from ftd.coordinator.plugins import collect_executors, make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import collect_executors, make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.store import LedgerStore
+from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionKind, ActionRecord
 from ftd.plugin.hookspecs import Executor
 

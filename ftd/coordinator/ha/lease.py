@@ -1,6 +1,6 @@
 """The leader lease and its fencing: several coordinators may run, exactly one acts.
 
-The lease is one row of ``ftd_lease`` in the PostgreSQL ledger (:mod:`ftd.coordinator.ledger_pg`):
+The lease is one row of ``ftd_lease`` in the PostgreSQL ledger (:mod:`ftd.coordinator.ledger.postgres`):
 ``holder``, ``epoch`` and ``expires_at``, all times taken from the *database's* clock so the
 coordinators' clocks never have to agree.
 
@@ -15,8 +15,8 @@ coordinators' clocks never have to agree.
   migration) wakes up to a deadline already passed and knows it is fenced before doing anything,
   without asking the database.
 * **Fencing**: the lease sets its epoch on the ledger (:attr:`PgLedger.epoch
-  <ftd.coordinator.ledger_pg.PgLedger.epoch>`), which refuses every write whose epoch is not the
-  current one (:class:`~ftd.coordinator.ledger_seam.LedgerFenced`). Side effects outside the ledger
+  <ftd.coordinator.ledger.postgres.PgLedger.epoch>`), which refuses every write whose epoch is not the
+  current one (:class:`~ftd.coordinator.ledger.store.LedgerFenced`). Side effects outside the ledger
   are guarded here: :class:`FencedScheduler` (every scheduler call), :class:`FencedBus`
   (directives, receipts and acknowledgements on the bus) and :func:`guard_executors` (before each
   executor call or phase) raise :class:`LeaseLost` once the local deadline has passed. An executor
@@ -27,7 +27,7 @@ Release (:meth:`Lease.release`): a coordinator stopping cleanly expires its own 
 takes over at its next poll instead of waiting out the TTL.
 
 All calls are small asynchronous statements, each bounded by a statement timeout on the server and
-the same limit plus a grace on the client (:mod:`ftd.coordinator.ledger_pg`): a renewal stuck behind a
+the same limit plus a grace on the client (:mod:`ftd.coordinator.ledger.postgres`): a renewal stuck behind a
 partition cannot outlive the term it renews. The lease uses its own connection so a renewal never
 waits behind the ledger's transaction. :meth:`Lease.check`, called before every side effect, asks
 no one: it compares the local deadline with the monotonic clock.
@@ -45,8 +45,8 @@ import psycopg
 
 from ftd.bus.base import Bus, ForwardingBus, Message
 from ftd.coordinator.actions.scheduler import JobInfo, NodeInfo, Scheduler
-from ftd.coordinator.ledger_pg import GRACE_S, LEASE_NAME, bounded, connect, discard, rows_of
-from ftd.coordinator.ledger_seam import LedgerUnavailable
+from ftd.coordinator.ledger.postgres import GRACE_S, LEASE_NAME, bounded, connect, discard, rows_of
+from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord
 from ftd.plugin.hookspecs import Executor
@@ -285,7 +285,7 @@ class _Guarded:
 
 
 class _GuardedPhased(_Guarded):
-    """A phased executor (:class:`~ftd.coordinator.plan.PhasedExecutor`), each phase guarded."""
+    """A phased executor (:class:`~ftd.coordinator.model.plan.PhasedExecutor`), each phase guarded."""
 
     def __init__(self, inner: Executor, check: Check) -> None:
         super().__init__(inner, check)

@@ -17,7 +17,7 @@ full, as before; the excess costs only a decode and a count.
   receipted as committed, never evaluated one by one) and its refused messages (*rejected*: counted
   by reason -- ``oversized``, ``invalid``, ``foreign_node``, ``error`` -- never stored) add up to in
   the current window. The coordinator commits each node's open summary (:meth:`InputBook.pending`,
-  an Event whose ``count`` is the total) with :meth:`~ftd.coordinator.ledger.Ledger.record_summary`,
+  an Event whose ``count`` is the total) with :meth:`~ftd.coordinator.ledger.sqlite.Ledger.record_summary`,
   then receipts the events in it and acknowledges their messages (:meth:`InputBook.committed`). A
   window closes ``window_s`` after it opened; the next fold or refusal opens a new one.
 

@@ -5,7 +5,7 @@ scheduler (Slurm, Kubernetes) it acts on.
 
 * **Recorded**: every ``drain_node`` that succeeds is written to the ledger's ``drains`` table
   (origin ``ftd``), every ``resume_node`` that succeeds removes it (:meth:`Reconciler.observe`,
-  an :meth:`~ftd.coordinator.engine.Engine.observe` observer, so the executors stay as they are).
+  an :meth:`~ftd.coordinator.decide.engine.Engine.observe` observer, so the executors stay as they are).
   At start-up :meth:`Reconciler.restore` puts the recorded drains back into the cluster state
   *before* any event is decided, so a restarted coordinator counts its drains in the blast-radius
   budget (it used to forget them and drain past the budget).
@@ -31,7 +31,7 @@ scheduler (Slurm, Kubernetes) it acts on.
 * **Jobs stuck pending**: a job ftd requeued (a finished ``checkpoint_restart`` whose detail says
   ``requeued``) that the scheduler still shows PENDING ``coordinator.pending_alert_s`` after the
   requeue raises one alert: a ``job_pending`` note in the ledger (node
-  :data:`~ftd.coordinator.ledger.NOTICE_NODE`), a warning in the log, and a ``notify`` action to the
+  :data:`~ftd.coordinator.ledger.sqlite.NOTICE_NODE`), a warning in the log, and a ``notify`` action to the
   webhook when one is configured. Requeued jobs are found again in the ledger after a restart.
 
 The events are :attr:`~ftd.events.Kind.AGENT_HEALTH` with ``source = "scheduler"`` and
@@ -52,15 +52,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ftd.coordinator.actions.scheduler import NodeInfo, Scheduler, SchedulerError
-from ftd.coordinator.ledger import NOTICE_NODE, Drain, Ledger, as_store
-from ftd.coordinator.ledger_seam import LedgerStore
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, as_store
+from ftd.coordinator.ledger.store import Drain, LedgerStore
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
 if TYPE_CHECKING:
-    from ftd.coordinator.engine import Engine
+    from ftd.coordinator.decide.engine import Engine
 
 log = get_logger(__name__)
 

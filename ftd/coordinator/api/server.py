@@ -56,14 +56,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ftd import __version__
 from ftd.config import ApiConfig, read_secret_file
-from ftd.coordinator.ledger_seam import LedgerUnavailable
-from ftd.coordinator.plugins import describe_plugins, disabled_plugins
+from ftd.coordinator.decide.plugins import describe_plugins, disabled_plugins
+from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.events import Event, JobAllocation
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
 if TYPE_CHECKING:
-    from ftd.coordinator.app import Coordinator
+    from ftd.coordinator.daemon import Coordinator
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -161,7 +161,7 @@ class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
     drain_reason: str
     last_change: float
     jobs: list[str]
-    # drained or down by someone else, as the scheduler says (ftd.coordinator.reconcile); not ftd's budget
+    # drained or down by someone else, as the scheduler says (upkeep.reconcile); not ftd's budget
     unavailable: str | None = None
     # the node's active critical conditions as its agent sees them (what `ftd health` reports there)
     conditions: list[str] = msgspec.field(default_factory=list)
@@ -169,7 +169,7 @@ class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
 
 class RuleOut(msgspec.Struct, frozen=True, kw_only=True):
     name: str
-    source: str  # builtin | entry_point | rule_dir | declarative | extra (ftd.coordinator.plugins)
+    source: str  # builtin | entry_point | rule_dir | declarative | extra (ftd.coordinator.decide.plugins)
     origin: str  # module, distribution, rule file or rules file
     hooks: list[str]
 
@@ -332,7 +332,7 @@ class _Collector:
         yield GaugeMetricFamily(
             "ftd_jobs", "Jobs with ranks registered at an agent.", value=len(c.state.jobs)
         )
-        if c.ha is not None:  # active/standby (ftd.coordinator.ha): leader, epoch, lease age
+        if c.ha is not None:  # active/standby (ftd.coordinator.ha.runner): leader, epoch, lease age
             yield from c.ha.metrics()
 
 
@@ -535,7 +535,7 @@ def host_allowed(header: str | None, cfg: ApiConfig) -> bool:
 def host_check(cfg: ApiConfig, counters: dict[str, int]) -> Middleware:
     """The DNS rebinding guard (see the module docstring) as an aiohttp middleware: a request whose
     ``Host`` names no host of ``cfg`` is answered 421, counted in ``counters["wrong_host"]``. The full
-    API and the standby's (:mod:`ftd.coordinator.standby_api`) both put it in front of every route."""
+    API and the standby's (:mod:`ftd.coordinator.ha.standby_api`) both put it in front of every route."""
 
     @web.middleware
     async def check_host(request: web.Request, handler: Handler) -> web.StreamResponse:

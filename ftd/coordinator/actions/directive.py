@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from ftd.bus import topics
 from ftd.bus.base import BusUnavailable
-from ftd.coordinator.acks import AckBook
+from ftd.coordinator.actions.acks import AckBook
 from ftd.events import NODE_RANK, Ack, Directive, encode
 
 Publish = Callable[[str, bytes], Awaitable[None]]

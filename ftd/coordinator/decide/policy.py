@@ -17,7 +17,7 @@ Checks, in order, each recorded with its reason when it says no:
    nodes known))``; nor ``max_drained_per_job`` among the nodes of any job on the target; nor
    ``max_drained`` of a :class:`DomainBudget` among nodes sharing the target's label value (rack,
    NVLink domain: ``coordinator.node_labels``). A node with no such label is not in any domain.
-   "Drained by ftd" is the reconciled set (:mod:`ftd.coordinator.reconcile`): persisted in the ledger
+   "Drained by ftd" is the reconciled set (:mod:`ftd.coordinator.upkeep.reconcile`): persisted in the ledger
    (a restart remembers it) and checked against the scheduler, so a node an operator resumed no
    longer counts. Drains and downs made by others (no ``ftd:`` reason) are unavailable capacity
    (``ClusterState.unavailable``) but never count against ftd's budget: an operator's maintenance
@@ -25,7 +25,7 @@ Checks, in order, each recorded with its reason when it says no:
 5. **dry-run** — globally, or for the proposing rule (shadow mode): recorded as ``dry_run``;
 6. **approval** — a kind in ``approval_required_kinds`` is recorded as ``awaiting_approval``; a human
    approves (the request goes through checks 1-5 again, as the cluster may have changed) or rejects
-   it (:meth:`ftd.coordinator.engine.Engine.approve` / ``reject``).
+   it (:meth:`ftd.coordinator.decide.engine.Engine.approve` / ``reject``).
 
 The gate is a pure object over its own memory, a clock and the read-only cluster view handed to
 :meth:`PolicyGate.decide`; the engine restores that memory from the ledger at start-up so a restart

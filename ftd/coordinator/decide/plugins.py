@@ -194,7 +194,7 @@ def make_plugin_manager(
         pm.register(load_rule_file(path), name=path.stem)
         sources[path.stem] = ("rule_dir", str(path))
     if rules_file is not None:
-        from ftd.coordinator.declarative import DeclarativeError, load_rules_file
+        from ftd.coordinator.decide.declarative import DeclarativeError, load_rules_file
 
         try:
             declared = load_rules_file(rules_file)

@@ -3,13 +3,14 @@
 The seam is asynchronous (:class:`LedgerStore`): a ledger on another host (PostgreSQL) must never
 stall the coordinator's event loop -- its bus session, lease renewals, API and running actions --
 while the database is slow or unreachable. Two backends implement it:
-:class:`ftd.coordinator.ledger.SqliteStore` (the SQLite :class:`~ftd.coordinator.ledger.Ledger`, the
-embedded default: one machine, ``ftd demo``, replays, the simulator; its calls are local file I/O
-and run inline) and :class:`ftd.coordinator.ledger_pg.PgLedger` (PostgreSQL through psycopg's async
-connection, for an active/standby coordinator pair: ``coordinator.ha``). The same contract suite
+:class:`ftd.coordinator.ledger.sqlite.SqliteStore` (the SQLite
+:class:`~ftd.coordinator.ledger.sqlite.Ledger`, the embedded default: one machine, ``ftd demo``,
+replays, the simulator; its calls are local file I/O and run inline) and
+:class:`ftd.coordinator.ledger.postgres.PgLedger` (PostgreSQL through psycopg's async connection,
+for an active/standby coordinator pair: ``coordinator.ha``). The same contract suite
 (``tests/contract/test_ledger_contract.py``) runs against both.
 
-Fencing (:mod:`ftd.coordinator.lease`): a ledger shared by several coordinators takes writes only from
+Fencing (:mod:`ftd.coordinator.ha.lease`): a ledger shared by several coordinators takes writes only from
 the holder of the current lease epoch. A write carrying a stale epoch raises :class:`LedgerFenced` and
 changes nothing; the coordinator that gets it has lost the lease and must stop acting.
 :class:`LedgerUnavailable` (an :class:`OSError`, like the storage errors of the SQLite backend the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import msgspec
@@ -29,9 +31,21 @@ from ftd.events import JobPresence
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
 if TYPE_CHECKING:
-    from ftd.coordinator.ledger import Drain
-    from ftd.coordinator.plan import Plan
+    from ftd.coordinator.model.plan import Plan
     from ftd.events import Event
+
+
+@dataclass
+class Drain:
+    """A node out of service: ``origin`` ``"ftd"`` or ``"external"``; ``state`` the scheduler's
+    spelling when last seen (empty until listed); ``action_id`` the drain_node action, if ftd's."""
+
+    node: str
+    origin: str
+    reason: str
+    since: float
+    state: str = ""
+    action_id: str | None = None
 
 
 _request_decoder = msgspec.json.Decoder(ActionRequest)
@@ -96,7 +110,7 @@ class LedgerUnavailable(OSError):
 
 
 class LedgerStore(Protocol):
-    """The ledger's contract (see :class:`ftd.coordinator.ledger.Ledger` for each method's meaning).
+    """The ledger's contract (see :class:`ftd.coordinator.ledger.sqlite.Ledger` for each method's meaning).
 
     ``transaction()`` groups the writes made inside it by the task that opened it into one commit;
     another task's calls wait for it to end (a transaction is never shared across tasks)."""

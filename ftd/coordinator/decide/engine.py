@@ -14,7 +14,7 @@ coroutine function (the reconciler records drains in the ledger): the engine awa
 must not call back into the engine's entry points directly (schedule a task instead, as
 return-to-service does): they run inside a decision.
 
-The ledger is asynchronous (:class:`~ftd.coordinator.ledger_seam.LedgerStore`: its PostgreSQL
+The ledger is asynchronous (:class:`~ftd.coordinator.ledger.store.LedgerStore`: its PostgreSQL
 backend must not stall the event loop). Decisions -- :meth:`Engine.handle_event`, :meth:`Engine.submit`,
 :meth:`Engine.approve`, :meth:`Engine.reject`, :meth:`Engine.resume_unfinished` -- therefore hold one
 lock each from the gate's verdict to the record in the ledger, so two of them never interleave at a
@@ -32,14 +32,14 @@ clock, and the executors are whatever the caller registered (simulated ones in a
 After the rules have decided on an event it is folded into the cluster history
 (:meth:`ClusterState.apply_event`), so rules see the past, not the event itself, in
 ``view.node_history``; the history is rebuilt from the ledger's recent events at start-up (except the
-coordinator's notes about itself, node :data:`~ftd.coordinator.ledger.NOTICE_NODE`).
+coordinator's notes about itself, node :data:`~ftd.coordinator.ledger.sqlite.NOTICE_NODE`).
 
 Approval: an action whose kind needs a human (``policy.approval_required_kinds``) is recorded as
 ``awaiting_approval``; :meth:`Engine.approve` re-checks it with the gate (the cluster may have
 changed) and starts it, :meth:`Engine.reject` closes it as ``suppressed`` with the operator's
 reason (the key then cools down like a finished action, so the rule does not ask again at once).
 
-Plans (:mod:`ftd.coordinator.plan`): the actions one event's rules ask for are decided together and,
+Plans (:mod:`ftd.coordinator.model.plan`): the actions one event's rules ask for are decided together and,
 when their order matters (a job to stop and a node action such as ``gpu_reset`` or ``drain_node``),
 run as one plan: each action is still one record with its own executor, but the engine runs a
 phased executor's phases apart and starts each phase only once what it depends on is over (the
@@ -63,13 +63,13 @@ from typing import Any
 
 import pluggy
 
-from ftd.coordinator import plan as plans
-from ftd.coordinator.ledger import NOTICE_NODE, Ledger, as_store
-from ftd.coordinator.ledger_seam import LedgerStore
-from ftd.coordinator.plan import Dependency, Plan, Progress
-from ftd.coordinator.plugins import call_each, evaluate
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.decide.plugins import call_each, evaluate
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, as_store
+from ftd.coordinator.ledger.store import LedgerStore
+from ftd.coordinator.model import plan as plans
+from ftd.coordinator.model.plan import Dependency, Plan, Progress
+from ftd.coordinator.model.state import ClusterState
 from ftd.events import Event, new_id
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState

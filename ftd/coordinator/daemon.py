@@ -15,7 +15,7 @@ never fatal): node events, retained node status (an ``offline`` from the Last Wi
 ``node_offline`` event), retained job presence, and trainer acks. A payload whose ``node`` differs
 from the node in its topic is rejected: the broker's ACL vouches for the topic, not the payload.
 
-One node cannot crash, stall or starve the coordinator (DESIGN §11, :mod:`ftd.coordinator.fairness`):
+One node cannot crash, stall or starve the coordinator (DESIGN §11, :mod:`ftd.coordinator.intake.fairness`):
 
 * Size first: a payload over :data:`~ftd.events.MAX_PAYLOAD_BYTES` (a batch: :data:`MAX_BATCH_BYTES`)
   is refused unread; decoding raises nothing but ``DecodeError`` (depth, types, encoding included).
@@ -56,11 +56,18 @@ from ftd import __version__
 from ftd.bus import topics
 from ftd.bus.base import Bus, BusUnavailable, LastWill, Message
 from ftd.config import Config
-from ftd.coordinator.acks import AckBook
 from ftd.coordinator.actions import BuiltinExecutors, ExecutorContext
+from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.scheduler import Scheduler
-from ftd.coordinator.engine import Engine
-from ftd.coordinator.fairness import (
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import (
+    collect_executors,
+    describe_plugins,
+    disabled_plugins,
+    make_plugin_manager,
+)
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.intake.fairness import (
     NODE_BURST,
     NODE_RATE,
     URGENT_RESERVE,
@@ -69,15 +76,13 @@ from ftd.coordinator.fairness import (
     RateLimiter,
     readable_ids,
 )
-from ftd.coordinator.ledger import Ledger, as_store
-from ftd.coordinator.ledger_seam import LedgerStore
-from ftd.coordinator.placement import NeedPlacement, Placement
-from ftd.coordinator.plugins import collect_executors, describe_plugins, disabled_plugins, make_plugin_manager
-from ftd.coordinator.policy import PolicyGate
-from ftd.coordinator.presence_memory import PresenceMemory
-from ftd.coordinator.reconcile import Reconciler
-from ftd.coordinator.return_service import ReturnToService
-from ftd.coordinator.state import ClusterState
+from ftd.coordinator.intake.placement import NeedPlacement, Placement
+from ftd.coordinator.intake.presence_memory import PresenceMemory
+from ftd.coordinator.ledger.sqlite import Ledger, as_store
+from ftd.coordinator.ledger.store import LedgerStore
+from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.reconcile import Reconciler
+from ftd.coordinator.upkeep.return_service import ReturnToService
 from ftd.events import (
     MAX_PAYLOAD_BYTES,
     NODE_RANK,
@@ -100,7 +105,7 @@ from ftd.logs import get_logger
 from ftd.sdnotify import notify, ping_watchdog
 
 if TYPE_CHECKING:
-    from ftd.coordinator.ha import HaStatus
+    from ftd.coordinator.ha.runner import HaStatus
 
 log = get_logger(__name__)
 
@@ -184,7 +189,7 @@ class Coordinator:
         self.acks = AckBook()
         self.ledger: LedgerStore = as_store(ledger or Ledger(cfg.ledger_path))
         self.loaded = False  # the engine's and the reconciler's memory read from the ledger (load())
-        self.ha: HaStatus | None = None  # who leads, when run by ftd.coordinator.ha (PostgreSQL ledger)
+        self.ha: HaStatus | None = None  # who leads, when run by ha.runner (PostgreSQL ledger)
         self.bad_messages = 0
         self.storage_errors = 0  # messages left unacknowledged because the ledger could not commit
         self.receipts_sent = 0
@@ -322,7 +327,7 @@ class Coordinator:
 
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         """Process bus messages until cancelled."""
-        from ftd.coordinator.api import start_api  # HTTP API + dashboard (None when disabled)
+        from ftd.coordinator.api.server import start_api  # HTTP API + dashboard (None when disabled)
 
         await self.load()
         self.api = await start_api(self)
@@ -474,7 +479,7 @@ class Coordinator:
 
         A message that speaks for a job whose placement is not known yet is handled again after the
         scheduler lookup (handlers raise :class:`NeedPlacement` before any side effect); one the
-        scheduler cannot vouch for now is held and retried (:mod:`ftd.coordinator.placement`)."""
+        scheduler cannot vouch for now is held and retried (:mod:`ftd.coordinator.intake.placement`)."""
         for attempt in (1, 2):
             try:
                 return await self._process(message)
