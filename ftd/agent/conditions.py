@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.events import Event, Kind, Severity
+from ftd.fileio import write_atomic
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
@@ -141,11 +142,10 @@ class ConditionBook:
         if self.path is None:
             return
         keep = [c.to_dict() for c in self._active.values() if c.kind not in _NOT_SAVED]
-        tmp = self.path.with_suffix(".tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"boot": self.boot, "conditions": keep}))
-            os.replace(tmp, self.path)
+            # No fsync: the book is forgotten after a reboot anyway (the boot id changes).
+            write_atomic(self.path, json.dumps({"boot": self.boot, "conditions": keep}), fsync=False)
         except OSError as exc:  # a full disk must not stop the agent: the book stays in memory
             log.warning("conditions_not_saved", path=str(self.path), error=str(exc)[:200])
 

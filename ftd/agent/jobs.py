@@ -37,6 +37,7 @@ import msgspec
 from ftd.client import protocol
 from ftd.client.protocol import PROTOCOL_VERSION
 from ftd.events import Event, JobAllocation, Kind, Severity, make_event
+from ftd.fileio import write_atomic
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
@@ -134,11 +135,10 @@ class SchedulerJobs:
     def _save(self) -> None:
         if self.path is None:
             return
-        tmp = self.path.with_suffix(".tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(msgspec.json.encode(self._jobs))
-            os.replace(tmp, self.path)
+            # No fsync: the list only has to outlive the agent; a power cut ends the jobs with it.
+            write_atomic(self.path, msgspec.json.encode(self._jobs), fsync=False)
         except OSError as exc:
             log.warning("scheduler_jobs_not_saved", path=str(self.path), error=str(exc)[:200])
 

@@ -88,6 +88,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ftd.bus.base import Bus, BusUnavailable
+from ftd.fileio import write_atomic
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
@@ -432,17 +433,9 @@ class _SpoolFile:
         self.size = len(MAGIC)
 
     def _rewrite(self, records: list[bytes]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        try:
-            with open(tmp, "wb") as handle:
-                handle.write(MAGIC + b"".join(records))
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        # Always flushed (file, then directory), whatever ``fsync`` says for appends: a rewrite is
+        # rare and replaces every entry at once, so a power cut must not find it half written.
+        write_atomic(self.path, MAGIC + b"".join(records), fsync=True)
 
     def compact(self, entries: list[_Entry]) -> None:
         self.restore(entries)

@@ -74,6 +74,7 @@ from ftd.agent.kmsg_parse import KernelEvent, KmsgParser, Template, is_candidate
 from ftd.agent.storm import StormControl, StormState, identity
 from ftd.catalog import load_xid_catalog
 from ftd.events import Event, Kind, Severity, make_event, new_id
+from ftd.fileio import write_atomic
 from ftd.logs import get_logger
 
 __all__ = ["KmsgWatcher", "kernel_event_to_event"]
@@ -497,28 +498,12 @@ class _StateFile:
 
     def _replace(self, data: bytes) -> None:
         self.close()
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            write_atomic(self.path, data, fsync=self.fsync, mode=0o644)
         except FileNotFoundError:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        if self.fsync:
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        elif len(data) <= _PAGE:
+            write_atomic(self.path, data, fsync=self.fsync, mode=0o644)
+        if not self.fsync and len(data) <= _PAGE:
             self._handle = io.FileIO(self.path, "r+")
             self._size = len(data)
 
