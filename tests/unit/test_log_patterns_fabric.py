@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftd.agent.watchers.logfile import load_patterns
+from ftd.catalog.log_patterns import load_patterns
 
 TABLE = load_patterns()
 
@@ -107,7 +107,7 @@ def test_names_are_distinct_and_prefixed() -> None:
 def test_hardware_names_are_documented_in_the_table() -> None:
     from importlib import resources
 
-    text = resources.files("ftd.agent").joinpath("log_patterns.toml").read_text(encoding="utf-8")
+    text = resources.files("ftd.catalog").joinpath("log_patterns.toml").read_text(encoding="utf-8")
     lists = [line for line in text.splitlines() if line.startswith("#   ib_")]
     documented = [{name.strip() for name in line.strip("# ").split(",")} for line in lists]
     assert documented == [HARDWARE, LOCAL_HARDWARE]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from ftd.agent.kmsg_parse import parse_lines
-from ftd.agent.watchers.logfile import load_patterns
+from ftd.catalog.log_patterns import load_patterns
 from ftd.cli import main
 from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name
 from ftd.events import Event, decode

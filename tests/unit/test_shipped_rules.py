@@ -35,7 +35,7 @@ import pluggy
 import pytest
 
 from ftd.agent.kmsg_parse import parse_lines
-from ftd.agent.watchers.logfile import load_patterns
+from ftd.catalog.log_patterns import load_patterns
 from ftd.cli import main
 from ftd.config import load_config
 from ftd.coordinator.decide.declarative import load_rules_file

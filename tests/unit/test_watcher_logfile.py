@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ftd.agent.watchers.logfile import LogWatcher, load_patterns, parse_patterns
+from ftd.agent.watchers.logfile import LogWatcher
+from ftd.catalog.log_patterns import load_patterns, parse_patterns
 from ftd.config import LogsConfig
 from ftd.events import Event, Kind, Severity
 

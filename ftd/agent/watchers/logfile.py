@@ -10,11 +10,12 @@
   and wakes the loop; wake-ups are coalesced (at most one drain per ``_MIN_WAKE_S``) so a chatty log
   costs little. Without watchdog, or when inotify is out of watches, the loop polls every
   ``rescan_s``; it always rescans the globs and checks staleness at that period anyway.
-* **Patterns**: data, in ``ftd/agent/log_patterns.toml`` (or ``patterns_file``): name, regex,
-  severity. A match emits ``log_pattern`` with ``file``, ``line`` (1-based, counted from the start
-  of the file when known; ``None`` for a large file joined at its end), ``offset``, ``pattern`` and
-  ``text`` (the line, truncated to 512 characters). Per (file, pattern) at most one event per
-  ``rate_limit_s``; the next event carries the number suppressed in between (``suppressed``).
+* **Patterns**: data, in ``ftd/catalog/log_patterns.toml`` (or ``patterns_file``), loaded by
+  :mod:`ftd.catalog.log_patterns`: name, regex, severity. A match emits ``log_pattern`` with
+  ``file``, ``line`` (1-based, counted from the start of the file when known; ``None`` for a large
+  file joined at its end), ``offset``, ``pattern`` and ``text`` (the line, truncated to 512
+  characters). Per (file, pattern) at most one event per ``rate_limit_s``; the next event carries
+  the number suppressed in between (``suppressed``).
 * **Stale**: a followed log that has not grown for ``stale_after_s`` is a hang suspect: one
   ``log_stale`` per episode (re-armed when it grows).
 * **Bad input**: lines are cut at ``max_line_bytes`` (the rest is skipped up to the next newline,
@@ -28,22 +29,18 @@ import asyncio
 import contextlib
 import glob
 import os
-import re
 import time
-import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from ftd.agent.follow import FileFollower, Rotation
 from ftd.agent.watchers.base import Emit
+from ftd.catalog.log_patterns import LogPattern, load_patterns
 from ftd.config import LogsConfig
 from ftd.events import Kind, Severity, make_event
 from ftd.logs import get_logger
 
-__all__ = ["LogPattern", "LogWatcher", "load_patterns", "parse_patterns"]
+__all__ = ["LogWatcher"]
 
 log = get_logger(__name__)
 
@@ -51,61 +48,6 @@ _CHUNK = 1 << 16
 _MIN_WAKE_S = 0.05
 _TEXT_MAX = 512
 _COUNT_LINES_MAX = 256 << 20  # files joined at their end: count their lines only below this size
-
-
-@dataclass(frozen=True, slots=True)
-class LogPattern:
-    name: str
-    regex: re.Pattern[str]
-    severity: Severity
-    kind: Kind = Kind.LOG_PATTERN
-
-
-def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
-    """Parse a pattern table; raise ``ValueError`` naming the entry for any bad field."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{source}: invalid TOML: {exc}") from None
-    entries = data.get("pattern")
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{source}: no [[pattern]] entries")
-    out: list[LogPattern] = []
-    seen: set[str] = set()
-    for i, entry in enumerate(entries):
-        where = f"{source}: pattern[{i}]"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where}: not a table")
-        unknown = set(entry) - {"name", "regex", "severity", "kind", "ignore_case"}
-        if unknown:
-            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-        name, regex = entry.get("name"), entry.get("regex")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{where}: name must be a non-empty string")
-        if name in seen:
-            raise ValueError(f"{where}: duplicate name {name!r}")
-        seen.add(name)
-        if not isinstance(regex, str) or not regex:
-            raise ValueError(f"{where} ({name}): regex must be a non-empty string")
-        try:
-            compiled = re.compile(regex, re.IGNORECASE if entry.get("ignore_case") else 0)
-        except re.error as exc:
-            raise ValueError(f"{where} ({name}): bad regex: {exc}") from None
-        try:
-            severity = Severity(entry.get("severity", "warning"))
-            kind = Kind(entry.get("kind", "log_pattern"))
-        except ValueError as exc:
-            raise ValueError(f"{where} ({name}): {exc}") from None
-        out.append(LogPattern(name, compiled, severity, kind))
-    return out
-
-
-def load_patterns(path: str | None = None) -> list[LogPattern]:
-    """The built-in table, or the file at ``path``."""
-    if path is not None:
-        return parse_patterns(Path(path).read_text(encoding="utf-8"), path)
-    text = resources.files("ftd.agent").joinpath("log_patterns.toml").read_text(encoding="utf-8")
-    return parse_patterns(text, "log_patterns.toml")
 
 
 class _Log:

@@ -1,0 +1,81 @@
+"""The log pattern table: which lines of a training log are events, as data (``log_patterns.toml``).
+
+What: :func:`parse_patterns` turns a pattern table (TOML ``[[pattern]]`` entries: ``name``, ``regex``,
+``severity``, optional ``kind`` and ``ignore_case``) into compiled :class:`LogPattern` rows, raising
+``ValueError`` that names the entry for any bad field; :func:`load_patterns` reads the built-in table
+shipped beside this module, or an operator's ``agent.logs.patterns_file``.
+
+Why in the catalog: like the Xid catalog, the table is knowledge kept as versioned data, read by more
+than one floor: the agent's log watcher (:mod:`ftd.agent.watchers.logfile`) matches lines with it, and
+``ftd check-config`` loads an operator's file with this same loader so a table that would stop the
+agent is reported before it starts. Keeping it here lets both import it without importing the agent.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ftd.events import Kind, Severity
+
+__all__ = ["LogPattern", "load_patterns", "parse_patterns"]
+
+
+@dataclass(frozen=True, slots=True)
+class LogPattern:
+    """One row of the table: lines matching ``regex`` become a ``kind`` event at ``severity``."""
+
+    name: str
+    regex: re.Pattern[str]
+    severity: Severity
+    kind: Kind = Kind.LOG_PATTERN
+
+
+def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
+    """Parse a pattern table; raise ``ValueError`` naming the entry for any bad field."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: invalid TOML: {exc}") from None
+    entries = data.get("pattern")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{source}: no [[pattern]] entries")
+    out: list[LogPattern] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = f"{source}: pattern[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: not a table")
+        unknown = set(entry) - {"name", "regex", "severity", "kind", "ignore_case"}
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+        name, regex = entry.get("name"), entry.get("regex")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}: name must be a non-empty string")
+        if name in seen:
+            raise ValueError(f"{where}: duplicate name {name!r}")
+        seen.add(name)
+        if not isinstance(regex, str) or not regex:
+            raise ValueError(f"{where} ({name}): regex must be a non-empty string")
+        try:
+            compiled = re.compile(regex, re.IGNORECASE if entry.get("ignore_case") else 0)
+        except re.error as exc:
+            raise ValueError(f"{where} ({name}): bad regex: {exc}") from None
+        try:
+            severity = Severity(entry.get("severity", "warning"))
+            kind = Kind(entry.get("kind", "log_pattern"))
+        except ValueError as exc:
+            raise ValueError(f"{where} ({name}): {exc}") from None
+        out.append(LogPattern(name, compiled, severity, kind))
+    return out
+
+
+def load_patterns(path: str | None = None) -> list[LogPattern]:
+    """The built-in table, or the file at ``path``."""
+    if path is not None:
+        return parse_patterns(Path(path).read_text(encoding="utf-8"), path)
+    text = resources.files("ftd.catalog").joinpath("log_patterns.toml").read_text(encoding="utf-8")
+    return parse_patterns(text, "log_patterns.toml")
