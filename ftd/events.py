@@ -59,7 +59,6 @@ class Kind(enum.StrEnum):
     AGENT_HEALTH = "agent_health"
     JOB_LEFTOVER = "job_leftover"  # a job's processes still alive after its end (Slurm Epilog)
     NODE_OFFLINE = "node_offline"
-    OPERATOR_REQUEST = "operator_request"
     BAD_INPUT = "bad_input"
     SECURITY = "security"
 

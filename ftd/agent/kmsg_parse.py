@@ -246,11 +246,6 @@ class KmsgParser:
         self._templates: dict[str, Template] = {}  # message text -> its parse
         self.cache_size = cache_size
 
-    @property
-    def uuids(self) -> dict[str, str]:
-        """PCI address -> GPU UUID, learned from ``NVRM: GPU at PCI:...`` lines."""
-        return dict(self._uuids)
-
     def feed(self, line: str, lineno: int) -> list[KernelEvent]:
         """Parse one input line (``lineno`` is 1-based). Never raises."""
         if not is_candidate(line):

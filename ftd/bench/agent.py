@@ -116,7 +116,7 @@ def _child(config_path: str) -> None:
     import signal
 
     from ftd.agent.app import Agent, status_messages
-    from ftd.agent.watchers.nvml_fake import FakeNvml
+    from ftd.agent.watchers.nvml.fake import FakeNvml
     from ftd.bus.factory import make_mqtt_bus
     from ftd.config import load_config
     from ftd.logs import configure

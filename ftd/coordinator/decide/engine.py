@@ -194,15 +194,10 @@ class Engine:
                 self._start(record)
             return record
 
-    async def submit_all(
-        self, requests: list[ActionRequest], event_id: str | None = None
-    ) -> list[ActionRecord]:
-        """Gate and record the actions asked for on one event, then start them as one plan (see the
-        module docstring); one request, or requests whose order does not matter, start at once."""
-        async with self._decisions:
-            return await self._submit_all(requests, event_id)
-
     async def _submit_all(self, requests: list[ActionRequest], event_id: str | None) -> list[ActionRecord]:
+        """Gate and record the actions asked for on one event, then start them as one plan (see the
+        module docstring); one request, or requests whose order does not matter, start at once. The
+        caller holds ``self._decisions``."""
         async with self.ledger.transaction():
             records = [await self._decide(request, admit=True) for request in requests]
             live = [r for r in records if r.state in (ActionState.PENDING, ActionState.AWAITING_APPROVAL)]
