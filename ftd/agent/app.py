@@ -32,7 +32,7 @@ directives with
 ``gpu_health`` event and an :class:`~ftd.events.Ack` on ``ftd/v1/nodes/{node}/acks``; those with
 ``action = "collect_diagnostics"`` go to :func:`~ftd.agent.diagnostics.collect_diagnostics` (py-spy
 dumps of the job's ranks on this node under ``{state_dir}/diagnostics/{action id}/``), answered
-the same way with the result's Ack; those with ``action = "preflight"`` run :mod:`ftd.preflight`
+the same way with the result's Ack; those with ``action = "preflight"`` run :mod:`ftd.agent.preflight`
 (the coordinator's return to service) and are answered with the verdict.
 
 Node hooks on the local socket (:mod:`ftd.agent.jobs`): the Slurm Prolog/Epilog report jobs starting
@@ -365,8 +365,8 @@ class Agent:
             await self._on_presence(job, self.local_api.jobs().get(job, []))
 
     async def _preflight_now(self) -> dict[str, Any]:
-        """Run the node's preflight checks now (``ftd.preflight``); a pass clears hardware conditions."""
-        from ftd.preflight.runner import run_preflight
+        """Run the node's preflight checks now (:mod:`ftd.agent.preflight`); a pass clears hardware faults."""
+        from ftd.agent.preflight.runner import run_preflight
 
         report = await asyncio.to_thread(run_preflight, self.cfg, self._nvml_backend)
         if report.ok:

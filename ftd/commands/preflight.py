@@ -1,6 +1,6 @@
 """``ftd preflight [--config PATH] [--skip CHECK] [--json]``: is this node fit for work?
 
-What: runs the node checks of :mod:`ftd.preflight` (GPU count and UUIDs against the inventory, NVML
+What: runs the node checks of :mod:`ftd.agent.preflight` (GPU count and UUIDs against the inventory, NVML
 health, ECC and row remapping, a device memory allocation and small compute with torch, ``dcgmi diag
 -r 1`` with DCGM, a single-node NCCL all-reduce, the site's own commands) and exits 0 when none
 failed, else 1 with one line ``preflight failed: CHECK: reason``. A check whose tool or GPU is
@@ -28,8 +28,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ftd.agent.preflight.runner import CHECKS, run_preflight
     from ftd.config import AgentConfig
-    from ftd.preflight.runner import CHECKS, run_preflight
 
     unknown = sorted(set(args.skip) - set(CHECKS))
     if unknown:

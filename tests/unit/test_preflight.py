@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from ftd.agent.preflight.checks import FAIL, PASS, SKIP
+from ftd.agent.preflight.runner import CHECKS, run_preflight
 from ftd.agent.watchers.nvml.fake import FakeNvml
 from ftd.cli import main
 from ftd.config import AgentConfig, NvmlConfig
 from ftd.config.schema import PreflightConfig
-from ftd.preflight.checks import FAIL, PASS, SKIP
-from ftd.preflight.runner import CHECKS, run_preflight
 
 
 def config(tmp_path: Path, expected: int | None = None, commands: list[str] | None = None) -> AgentConfig:

@@ -10,7 +10,7 @@ policy gate and the ledger:
    the node while it is reset (the rule's plan still saves and moves the running job first);
 2. once the reset is done (``gpu_reset`` succeeded, or escalated to a reboot that cleared it) and
    the drain finished: ``preflight`` on N (:class:`~ftd.coordinator.actions.preflight.Preflight`:
-   the agent runs :mod:`ftd.preflight` on a ``preflight`` node directive and answers the verdict);
+   the agent runs :mod:`ftd.agent.preflight` on a ``preflight`` node directive and answers the verdict);
 3. preflight passed -> ``resume_node`` N; failed (or no answer by the deadline) -> ``drain_node`` N
    for RMA, the history in the reason (``ftd: RMA: preflight failed after GPU reset: <why>; history:
    <the reset's reason>; ...``), with ``params.severity = critical`` so the drain cooldown of step 1

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftd.agent.preflight import checks
+from ftd.agent.preflight.checks import FAIL, CheckResult
 from ftd.agent.watchers.nvml.backend import NvmlBackend, NvmlError
 from ftd.config import AgentConfig
-from ftd.preflight import checks
-from ftd.preflight.checks import FAIL, CheckResult
 
 CHECKS = (
     "gpu_inventory",
