@@ -13,10 +13,12 @@ dotted path) for each one a daemon could not use:
   (``agent.logs.paths``) are not checked: they appear when training starts;
 - the coordinator (role ``"coordinator"``): the directory of ``coordinator.ledger_path``
   (writable or creatable) and the ledger file if it exists; every ``coordinator.rule_dirs`` entry
-  (a readable directory, each rule file in it imports) and ``coordinator.rules_file`` (loads, every
-  problem listed), through the coordinator's own loaders; the names in ``disabled_rules`` and
-  ``policy.dry_run_rules`` (a rule must exist, or a typo leaves it enabled or acting for real); with
-  ``scheduler = "slurm"`` the ``slurm.scontrol`` executable and ``slurm.slurm_conf``; with
+  (a readable directory, each rule file in it imports) and each ``coordinator.rules_file`` entry
+  (a readable pack, or a directory of ``*.toml`` packs; every pack loads, every problem listed with
+  its file; no rule name in two packs), through the coordinator's own loaders; the names in
+  ``disabled_rules`` and ``policy.dry_run_rules`` (a rule must exist, or a typo leaves it enabled
+  or acting for real); with ``scheduler = "slurm"`` the ``slurm.scontrol`` executable and
+  ``slurm.slurm_conf``; with
   ``"kubernetes"`` its ``token_file`` and a ``ca_file`` set in the file (the in-cluster default may
   be absent: system CAs are used then); ``api.token_file`` (API enabled) and ``notify.url_file``;
   with a PostgreSQL ledger, the HA standby's login (``coordinator.ha.standby_cert_file`` and
@@ -238,7 +240,14 @@ def _rules(config: Config, found: _Found) -> None:
     the rule names the config refers to."""
     from importlib.metadata import entry_points
 
-    from ftd.coordinator.decide.declarative import DeclarativeError, load_rules_file
+    from ftd.coordinator.decide.declarative import (
+        DeclarativeError,
+        DeclarativeRule,
+        duplicate_problems,
+        load_rules_file,
+        pack_files,
+        rules_file_entries,
+    )
     from ftd.coordinator.decide.plugins import (
         DEFAULT_RULES,
         PluginError,
@@ -269,19 +278,27 @@ def _rules(config: Config, found: _Found) -> None:
             except PluginError as exc:
                 found.problems.append(Problem(option, str(exc)))
                 loaded = False
-    if cfg.rules_file is not None:
-        option = "coordinator.rules_file"
-        if not found.check(option, cfg.rules_file, paths.file_problem):
+    declared_all: list[DeclarativeRule] = []
+    listed = isinstance(cfg.rules_file, list)  # a list's problems are reported at rules_file[i]
+    for i, entry in enumerate(rules_file_entries(cfg.rules_file)):
+        option = f"coordinator.rules_file[{i}]" if listed else "coordinator.rules_file"
+        test = paths.dir_problem if Path(entry).is_dir() else paths.file_problem
+        if not found.check(option, str(entry), test):
             loaded = False
-        else:
+            continue
+        for pack in pack_files(entry):
             try:
-                declared = load_rules_file(cfg.rules_file)
+                declared = load_rules_file(pack)
             except DeclarativeError as exc:
                 found.problems.extend(Problem(option, f"{exc.source}: {problem}") for problem in exc.problems)
                 loaded = False
             else:
+                declared_all.extend(declared)
                 plugins.update(name for rule in declared for name in (rule.plugin_name, rule.name))
                 rule_names.update(rule.name for rule in declared)
+    if loaded and (duplicates := duplicate_problems(declared_all)):
+        found.problems.extend(Problem("coordinator.rules_file", problem) for problem in duplicates)
+        loaded = False
     if not loaded:
         return  # names and hooks are checked once every file loads
     try:

@@ -261,7 +261,7 @@ class SpoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 class PreflightConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Node checks before (re)entering service (``ftd preflight``; ``ftd.preflight``)."""
+    """Node checks before (re)entering service (``ftd preflight``; ``ftd.agent.preflight``)."""
 
     gpu_compute: Annotated[
         bool, _doc("Allocate memory and run a small matmul on each GPU (needs torch and a GPU).")
@@ -720,7 +720,11 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         list[NonEmptyStr], _doc("Extra directories of rule modules (besides entry-point plugins).")
     ] = msgspec.field(default_factory=list)
     rules_file: Annotated[
-        NonEmptyStr | None, _doc("Declarative rules (TOML, [[rule]] tables); unset: none.")
+        NonEmptyStr | list[NonEmptyStr] | None,
+        _doc(
+            "Declarative rule packs (TOML, [[rule]] tables): one file, a list of files, or directories "
+            "whose *.toml packs are all loaded (sorted by name); rule names unique across packs; unset: none."
+        ),
     ] = None
     node_labels: Annotated[
         list[NodeLabelsConfig],

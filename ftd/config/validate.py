@@ -161,6 +161,11 @@ def _show(value: object, limit: int = 40) -> str:
     return f"{type(value).__name__} {text}"
 
 
+def _is_type_mismatch(problem: Problem, path: str) -> bool:
+    """Whether ``problem`` says the value at ``path`` itself has the wrong type."""
+    return problem.path == path and problem.message.startswith("expected ")
+
+
 def _check(value: object, t: mi.Type, path: str, problems: list[Problem]) -> None:
     t, extra = unwrap(t)
     hint = f" ({extra['hint']})" if "hint" in extra else ""
@@ -178,11 +183,19 @@ def _check(value: object, t: mi.Type, path: str, problems: list[Problem]) -> Non
         if len(members) == 1:
             _check(value, members[0], path, problems)
             return
+        trials: list[list[Problem]] = []
         for member in members:
             trial: list[Problem] = []
             _check(value, member, path, trial)
             if not trial:
                 return
+            trials.append(trial)
+        # One member has the value's shape (``rules_file = ["a", 1]`` is an array): its own problems
+        # (``rules_file[1]: expected str``) say more than "expected str or array of str".
+        shaped = [trial for trial in trials if not any(_is_type_mismatch(p, path) for p in trial)]
+        if len(shaped) == 1:
+            problems.extend(shaped[0])
+            return
         wrong_type()
         return
     if isinstance(t, mi.StructType):

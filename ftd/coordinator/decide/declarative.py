@@ -1,6 +1,6 @@
 """Declarative rules in TOML, for operators who do not write Python.
 
-A file of ``[[rule]]`` tables (``coordinator.rules_file``)::
+A file of ``[[rule]]`` tables, a *rule pack* (``coordinator.rules_file`` names one or more)::
 
     [[rule]]
     name = "dbe-twice"                      # required; plugin name "toml:dbe-twice"
@@ -37,6 +37,12 @@ Reason placeholders: ``{rule} {node} {kind} {severity} {count} {window_s}`` and 
 ``data`` key (``{code}``, ``{pci}``); an unknown placeholder is left as written.
 
 Every validation problem names the rule (index and name) and the field: :class:`DeclarativeError`.
+
+Packs: ``coordinator.rules_file`` is one path or a list of paths; a path that is a directory stands
+for every ``*.toml`` pack in it, sorted by name (names starting with ``_`` or ``.`` skipped), so the
+packs of ``rules/`` are used side by side instead of concatenated (:func:`pack_files`,
+:func:`load_rule_packs`). Rule names are unique across all the packs loaded together: a name declared
+twice is an error naming both files (:func:`duplicate_problems`).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import operator
 import re
 import tomllib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +182,10 @@ class DeclarativeRule:
         reason: str,
         target: str,
         exclude_node: bool,
+        source: str = "<rules>",
     ) -> None:
         self.name = name
+        self.source = source  # the pack (file) that declares it
         self.plugin_name = f"toml:{name}"
         self.matchers = matchers
         self.count = count
@@ -284,7 +292,7 @@ def parse_rules(data: Any, source: str = "<rules>") -> list[DeclarativeRule]:
     rules: list[DeclarativeRule] = []
     seen: set[str] = set()
     for index, entry in enumerate(entries):
-        rule = _parse_rule(index, entry, seen, problems)
+        rule = _parse_rule(index, entry, seen, problems, source)
         if rule is not None:
             rules.append(rule)
     if problems:
@@ -292,7 +300,9 @@ def parse_rules(data: Any, source: str = "<rules>") -> list[DeclarativeRule]:
     return rules
 
 
-def _parse_rule(index: int, entry: Any, seen: set[str], problems: list[str]) -> DeclarativeRule | None:
+def _parse_rule(
+    index: int, entry: Any, seen: set[str], problems: list[str], source: str
+) -> DeclarativeRule | None:
     if not isinstance(entry, dict):
         problems.append(f"rule[{index}]: must be a table")
         return None
@@ -372,6 +382,7 @@ def _parse_rule(index: int, entry: Any, seen: set[str], problems: list[str]) -> 
         reason=reason,
         target=str(target),
         exclude_node=bool(exclude_node),
+        source=source,
     )
 
 
@@ -387,3 +398,58 @@ def load_rules_file(path: str | Path) -> list[DeclarativeRule]:
     except tomllib.TOMLDecodeError as exc:
         raise DeclarativeError([f"invalid TOML: {exc}"], source) from exc
     return parse_rules(data, source)
+
+
+#: What ``coordinator.rules_file`` holds: one path (a pack or a directory of packs) or a list of them.
+RulesFileSpec = str | Path | Sequence[str | Path]
+
+
+def rules_file_entries(spec: RulesFileSpec | None) -> list[str | Path]:
+    """The paths ``coordinator.rules_file`` names, in order (a single path is a list of one)."""
+    if spec is None:
+        return []
+    if isinstance(spec, str | Path):
+        return [spec]
+    return list(spec)
+
+
+def pack_files(entry: str | Path) -> list[Path]:
+    """The packs one ``rules_file`` entry stands for: a directory's ``*.toml`` files sorted by name
+    (``_``/``.`` names skipped), otherwise the path itself (read later, so a missing file is reported
+    by :func:`load_rules_file` with its path)."""
+    path = Path(entry)
+    if path.is_dir():
+        return [p for p in sorted(path.glob("*.toml")) if not p.name.startswith(("_", "."))]
+    return [path]
+
+
+def duplicate_problems(rules: Sequence[DeclarativeRule]) -> list[str]:
+    """One line per rule name declared in two packs, naming both files."""
+    first: dict[str, DeclarativeRule] = {}
+    problems: list[str] = []
+    for rule in rules:
+        earlier = first.setdefault(rule.name, rule)
+        if earlier is not rule:
+            problems.append(
+                f"rule {rule.name!r} is declared in {earlier.source} and again in {rule.source}: "
+                "rule names must be unique across the packs of coordinator.rules_file"
+            )
+    return problems
+
+
+def load_rule_packs(spec: RulesFileSpec | None) -> list[DeclarativeRule]:
+    """Every rule of every pack ``spec`` names, in order; :class:`DeclarativeError` listing the
+    problems of every broken pack (each line names its file) and every duplicate rule name."""
+    rules: list[DeclarativeRule] = []
+    problems: list[str] = []
+    for entry in rules_file_entries(spec):
+        for pack in pack_files(entry):
+            try:
+                rules.extend(load_rules_file(pack))
+            except DeclarativeError as exc:
+                problems.extend(f"{exc.source}: {problem}" for problem in exc.problems)
+    if not problems:
+        problems = duplicate_problems(rules)
+    if problems:
+        raise DeclarativeError(problems, "coordinator.rules_file")
+    return rules

@@ -3,7 +3,9 @@
 Sources, in order (see :mod:`ftd.plugin.hookspecs`): the built-in rules (:data:`DEFAULT_RULES`), every
 module on the ``ftd`` entry-point group, every ``*.py`` file in ``rule_dirs`` (sorted by name; files
 starting with ``_`` or ``.`` are skipped, the name without ``.py`` is the plugin name), the declarative
-rules of ``rules_file`` (plugin name ``toml:<rule name>``), then ``extra`` objects (tests, embedding).
+rules of the ``rules_file`` packs (one TOML file, a list of them, or directories of ``*.toml`` packs;
+plugin name ``toml:<rule name>``; see :mod:`ftd.coordinator.decide.declarative`), then ``extra``
+objects (tests, embedding).
 A plugin listed in ``disabled`` is blocked by name (built-ins, entry-point names, file stems and
 ``toml:`` names alike). A rule file that does not import fails start-up with a :class:`PluginError`
 naming the file, the line and the reason; so does an unknown hook name (``check_pending``).
@@ -25,7 +27,7 @@ import sys
 import time
 import traceback
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -64,8 +66,8 @@ class PluginError(RuntimeError):
 
 
 #: Where a plugin comes from: a built-in rule (or ftd's own executors), a module on the ``ftd``
-#: entry-point group, a file of ``coordinator.rule_dirs``, a ``[[rule]]`` of ``coordinator.rules_file``,
-#: or an object handed in by the embedding code (tests, ``extra``).
+#: entry-point group, a file of ``coordinator.rule_dirs``, a ``[[rule]]`` of a ``coordinator.rules_file``
+#: pack, or an object handed in by the embedding code (tests, ``extra``).
 SOURCES = ("builtin", "entry_point", "rule_dir", "declarative", "extra")
 
 
@@ -73,7 +75,7 @@ SOURCES = ("builtin", "entry_point", "rule_dir", "declarative", "extra")
 class PluginInfo:
     name: str
     source: str  # one of SOURCES
-    origin: str  # module name, "distribution version (module)", file path or rules file
+    origin: str  # module name, "distribution version (module)", file path or rule pack
     hooks: tuple[str, ...]  # the ftd_* hooks it implements
 
     def as_dict(self) -> dict[str, Any]:
@@ -165,7 +167,7 @@ def make_plugin_manager(
     extra: Iterable[ModuleType | object] = (),
     entry_points: bool = True,
     rule_dirs: Iterable[str | Path] = (),
-    rules_file: str | Path | None = None,
+    rules_file: str | Path | Sequence[str | Path] | None = None,
     builtins: bool = True,
 ) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -194,16 +196,16 @@ def make_plugin_manager(
         pm.register(load_rule_file(path), name=path.stem)
         sources[path.stem] = ("rule_dir", str(path))
     if rules_file is not None:
-        from ftd.coordinator.decide.declarative import DeclarativeError, load_rules_file
+        from ftd.coordinator.decide.declarative import DeclarativeError, load_rule_packs
 
         try:
-            declared = load_rules_file(rules_file)
+            declared = load_rule_packs(rules_file)
         except DeclarativeError as exc:
             raise PluginError(str(exc)) from exc
         for rule in declared:
             if not pm.is_blocked(rule.plugin_name) and not pm.is_blocked(rule.name):
                 pm.register(rule, name=rule.plugin_name)
-                sources[rule.plugin_name] = ("declarative", str(rules_file))
+                sources[rule.plugin_name] = ("declarative", rule.source)
     for plugin in extra:
         given = getattr(plugin, "plugin_name", None)
         registered = pm.register(plugin, name=given if isinstance(given, str) else None)
