@@ -18,10 +18,14 @@ Semantics, whichever the implementation:
   manual acks ``ack`` does nothing.
 * ``will`` is published by the broker if the client vanishes without a clean ``stop``;
   ``birth`` is published (retained) on every (re)connect.
+
+Both implementations keep their connected state in :class:`ConnectionState`, so ``connected`` and
+``wait_connected`` are written once; :class:`ForwardingBus` only hands them on.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -72,6 +76,29 @@ class Bus(Protocol):
 
     def set_birth(self, birth: Message | None) -> None:
         """From the next (re)connect on, publish ``birth`` (retained) first; None for nothing."""
+
+
+class ConnectionState:
+    """Whether a bus is connected, and the wait for it: the base of each :class:`Bus` implementation.
+
+    The implementation sets ``self._connected`` when a connection is up and clears it when it is
+    lost or stopped; ``connected`` and ``wait_connected`` read it."""
+
+    def __init__(self) -> None:
+        self._connected = asyncio.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    async def wait_connected(self, timeout: float | None = None) -> bool:
+        """Wait until connected; False on timeout."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._connected.wait()
+        except TimeoutError:
+            return False
+        return True
 
 
 class ForwardingBus:

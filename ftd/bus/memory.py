@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from ftd.bus.base import BusUnavailable, LastWill, Message
+from ftd.bus.base import BusUnavailable, ConnectionState, LastWill, Message
 from ftd.bus.topics import matches
 
 
@@ -54,7 +54,7 @@ class MemoryBroker:
             client._reconnect()
 
 
-class MemoryBus:
+class MemoryBus(ConnectionState):
     def __init__(
         self,
         broker: MemoryBroker,
@@ -63,18 +63,14 @@ class MemoryBus:
         will: LastWill | None = None,
         birth: Message | None = None,
     ) -> None:
+        super().__init__()
         self._broker = broker
         self.client_id = client_id
         self._will = will
         self._birth = birth
         self._patterns: list[str] = []
         self._queue: asyncio.Queue[Message] = asyncio.Queue()
-        self._connected = asyncio.Event()
         self._started = False
-
-    @property
-    def connected(self) -> bool:
-        return self._connected.is_set()
 
     async def start(self) -> None:
         self._started = True
@@ -93,14 +89,6 @@ class MemoryBus:
 
     def _lost(self) -> None:
         self._connected.clear()
-
-    async def wait_connected(self, timeout: float | None = None) -> bool:
-        try:
-            async with asyncio.timeout(timeout):
-                await self._connected.wait()
-        except TimeoutError:
-            return False
-        return True
 
     async def stop(self) -> None:
         self._started = False

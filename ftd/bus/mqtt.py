@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator
 
 import aiomqtt
 
-from ftd.bus.base import BusUnavailable, LastWill, Message
+from ftd.bus.base import BusUnavailable, ConnectionState, LastWill, Message
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
@@ -39,7 +39,7 @@ _QOS = 1
 _SOCKET_OPTIONS = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 
 
-class MqttBus:
+class MqttBus(ConnectionState):
     def __init__(
         self,
         *,
@@ -58,6 +58,7 @@ class MqttBus:
         publish_timeout_s: float = 10.0,
         manual_ack: bool = False,
     ) -> None:
+        super().__init__()
         self.host, self.port, self.client_id = host, port, client_id
         self._username, self._password, self._tls = username, password, tls_context
         self._keepalive = keepalive_s
@@ -68,27 +69,14 @@ class MqttBus:
         self._patterns: list[str] = []
         self._queue: asyncio.Queue[Message] = asyncio.Queue()
         self._client: aiomqtt.Client | None = None
-        self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.connects = 0  # successful connections so far (reconnects = connects - 1)
         self._manual_ack = manual_ack
         self.stale_acks = 0  # acks not sent: the message came on an earlier connection
 
-    @property
-    def connected(self) -> bool:
-        return self._connected.is_set()
-
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"mqtt:{self.client_id}")
-
-    async def wait_connected(self, timeout: float | None = None) -> bool:
-        try:
-            async with asyncio.timeout(timeout):
-                await self._connected.wait()
-        except TimeoutError:
-            return False
-        return True
 
     async def stop(self) -> None:
         task, self._task = self._task, None
