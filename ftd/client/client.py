@@ -1,0 +1,261 @@
+"""The :class:`Client` a training loop holds: per-step calls, answers, waiting and lifecycle.
+
+What: the public class of :mod:`ftd.client` (see the package docstring for how a loop uses it).
+It adds to the shared :class:`~ftd.client.state.RankState` the calls made from training code:
+``heartbeat``/``should_save``/``should_stop`` (attribute reads and writes only: the hot path),
+``ack_saved``/``nack`` (queue the answer for the I/O thread), ``exit_status``, ``wait``, and
+``start``/``close``. The I/O thread is :class:`~ftd.client.connection.Connection`; signals, switch
+files and the memory guard are :class:`~ftd.client.triggers.LocalTriggers`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+
+from ftd.client import protocol
+from ftd.client.connection import Connection
+from ftd.client.directive import DirectiveInfo, save_at
+from ftd.client.environment import env_int
+from ftd.client.triggers import LocalTriggers
+
+TYPE_CHECKING = False  # not imported from typing: keeps `import ftd.client` light
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["STOP_EXIT_CODE", "Client"]
+
+_log = logging.getLogger("ftd.client")
+STOP_EXIT_CODE = 75
+"""EX_TEMPFAIL: how a rank stopped by the coordinator exits on Kubernetes, so its pod is recreated."""
+
+
+class Client(Connection, LocalTriggers):
+    """Connection of one training rank to its node's ftd agent. Every public method is fail-open.
+
+    ``job`` defaults to ``$FTD_JOB``, ``$SLURM_JOB_ID`` or ``$TORCHELASTIC_RUN_ID`` (else
+    ``"default"``); ``rank`` to ``$RANK`` or ``$SLURM_PROCID`` (else 0); ``local_rank`` to
+    ``$LOCAL_RANK`` or ``$SLURM_LOCALID``; ``socket_path`` to ``$FTD_SOCKET`` or
+    ``/run/ftd/agent.sock``. With ``connect=False`` nothing happens until :meth:`start`.
+    ``signals=True`` installs the SIGUSR1/SIGTERM handlers (:meth:`install_signal_handlers`);
+    ``stop_file``/``save_file`` default to ``$FTD_STOP_FILE``/``$FTD_SAVE_FILE`` (kill and save
+    switches, polled every ``switch_poll_s`` seconds); ``resume_file`` to ``$FTD_RESUME_FILE``
+    (where :attr:`resume_step` is kept for the job's next process: name one per job, e.g. next to
+    its checkpoints).
+    """
+
+    def __init__(
+        self,
+        job: str | None = None,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        socket_path: str | None = None,
+        connect: bool = True,
+        *,
+        heartbeat_interval: float = 0.2,
+        retry_interval: float = 1.0,
+        signals: bool = False,
+        stop_file: str | None = None,
+        save_file: str | None = None,
+        switch_poll_s: float = 0.2,
+        resume_file: str | None = None,
+    ) -> None:
+        super().__init__(
+            job,
+            rank,
+            local_rank,
+            socket_path,
+            heartbeat_interval=heartbeat_interval,
+            retry_interval=retry_interval,
+            stop_file=stop_file,
+            save_file=save_file,
+            switch_poll_s=switch_poll_s,
+            resume_file=resume_file,
+        )
+        if self._poll_at is not None:
+            self._poll_switches()  # a kill switch present at start stops the job before step one
+        if signals:
+            self.install_signal_handlers()
+        if connect:
+            self.start()
+
+    # --- per-step calls (hot path) -------------------------------------------------------------
+
+    def heartbeat(self, step: int | None = None) -> None:
+        """Record progress; the I/O thread forwards it (at most every ``heartbeat_interval``)."""
+        self._step = step
+        self._beat = True
+
+    def should_save(self) -> bool:
+        """True while a save is wanted and not yet answered: a ``save`` directive, SIGUSR1, the
+        save-switch file or the memory guard."""
+        if self._poll_at is not None and time.monotonic() >= self._poll_at:
+            self._poll_switches()
+        save_at = self._save_at
+        if save_at is not None and not self._local_saves:
+            step = self._step
+            if step is not None and step < save_at:
+                return False  # the coordinator asked for the first step >= save_at
+        return self._save
+
+    def should_stop(self) -> bool:
+        """True once a ``stop`` directive, SIGTERM, the kill-switch file or the memory guard asked
+        for it (and for the rest of the process)."""
+        if self._poll_at is not None and time.monotonic() >= self._poll_at:
+            self._poll_switches()
+        return self._stop
+
+    def exit_status(self) -> int:
+        """What this rank should exit with once it left its loop (``sys.exit(client.exit_status())``).
+
+        0, unless a ``stop`` *directive* moved the job and only a failed process is restarted where it
+        runs: on Kubernetes (``KUBERNETES_SERVICE_HOST`` set, and not a Slurm job: ``SLURM_JOB_ID``
+        unset) :data:`STOP_EXIT_CODE`, so the Job's controller recreates the pod instead of calling
+        the Job complete; ``$FTD_STOP_EXIT_CODE``
+        (an integer, 0 included) overrides it anywhere. A stop by SIGTERM, the kill switch or the
+        memory guard, or no stop at all, is 0."""
+        if not self._stops:
+            return 0
+        code = env_int("FTD_STOP_EXIT_CODE")
+        if code is not None:
+            return code
+        if os.environ.get("SLURM_JOB_ID"):  # Slurm (even slurmd in a pod): ftd requeues the job itself
+            return 0
+        return STOP_EXIT_CODE if os.environ.get("KUBERNETES_SERVICE_HOST") else 0
+
+    @property
+    def save_directive_pending(self) -> bool:
+        """True while a ``save`` *directive* (not a local trigger) is pending: the torch helper tells
+        its peers so a rank that saved for a peer's directive can answer its own when it arrives."""
+        return bool(self._saves)
+
+    # --- answers -------------------------------------------------------------------------------
+
+    def ack_saved(self, step: int, path: str | None = None) -> None:
+        """Acknowledge every pending ``save``: the checkpoint at ``step`` (in ``path``) is written."""
+        self._answer(ok=True, step=step, path=path, reason="")
+
+    def nack(self, reason: str) -> None:
+        """Answer every pending ``save`` with a failure (``reason`` says why) and clear it."""
+        self._answer(ok=False, step=self._step, path=None, reason=reason)
+
+    def _answer(
+        self,
+        *,
+        ok: bool,
+        step: int | None,
+        path: str | None,
+        reason: str,
+        only: list[str] | None = None,
+    ) -> None:
+        """Answer pending saves (every one, or the ids in ``only``: the deadline nack) and clear the
+        local triggers with them (removing the save-switch file)."""
+        try:
+            with self._lock:
+                if only is None:
+                    saves = list(self._saves)
+                    self._saves.clear()
+                    local = bool(self._local_saves)
+                    self._local_saves.clear()
+                else:
+                    saves = [did for did in only if self._saves.pop(did, None) is not None]
+                    local = False
+                self._save_at = save_at(self._saves)
+                self._save = bool(self._saves) or bool(self._local_saves)
+                if not self._save and not self._stop:
+                    self._signal.clear()
+            if local and self._save_file_seen and self.save_file:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.save_file)
+                self._save_file_seen = False
+            for did in saves:
+                self._outbox.append(
+                    protocol.encode(protocol.ack(did, ok=ok, step=step, path=path, reason=reason))
+                )
+            if saves:
+                self._wake()
+        except Exception:  # fail-open: never raise into training code
+            _log.debug("ftd client: answer failed", exc_info=True)
+
+    # --- waiting and introspection ---------------------------------------------------------------
+
+    def wait(self, timeout: float | None = None) -> str | None:
+        """Block until a save or a stop is pending; return ``"save"`` (first) or ``"stop"``, or
+        None after ``timeout`` seconds. For idle loops and benchmarks, not for the training step."""
+        try:
+            self._signal.wait(timeout)
+        except Exception:
+            return None
+        if self._save:
+            return "save"
+        if self._stop:
+            return "stop"
+        return None
+
+    @property
+    def pending_directive(self) -> DirectiveInfo | None:
+        """The latest pending ``save``, else the latest ``stop``, else None."""
+        with self._lock:
+            if self._saves:
+                return next(reversed(self._saves.values()))
+            if self._stops:
+                return next(reversed(self._stops.values()))
+        return None
+
+    @property
+    def connected(self) -> bool:
+        """True while registered with an agent."""
+        return self._connected
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background I/O thread (done by the constructor unless ``connect=False``)."""
+        if self._thread is not None or self._closed.is_set():
+            return
+        try:
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._thread = threading.Thread(
+                target=self._run, args=(self._wake_r, self._wake_w), name="ftd-client", daemon=True
+            )
+            self._thread.start()
+        except Exception:
+            _log.warning("ftd client: could not start its thread; running without an agent", exc_info=True)
+
+    def close(self, timeout: float = 0.5) -> None:
+        """Acknowledge pending stops (best effort, up to ``timeout`` s) and stop the I/O thread."""
+        if self._closed.is_set() or os.getpid() != self._pid:
+            return
+        try:
+            with self._lock:
+                stops = [did for did in self._stops if did not in self._stops_acked]
+                self._stops_acked.update(stops)
+            for did in stops:
+                self._outbox.append(
+                    protocol.encode(protocol.ack(did, ok=True, step=self._step, path=None, reason="exiting"))
+                )
+            self._closed.set()
+            self._wake()
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join(timeout)
+        except Exception:
+            _log.debug("ftd client: close failed", exc_info=True)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- background thread -----------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""The state one :class:`~ftd.client.Client` shares between the training loop and its I/O thread.
+
+What: :class:`RankState`, the base of the client's parts (:mod:`ftd.client.connection`, the I/O
+thread; :mod:`ftd.client.triggers`, signals, switch files and the memory guard; and
+:mod:`ftd.client.client`, the per-step calls and the answers): the identity of the rank, where its
+agent is, the save/stop flags and the pending directives. Why one base: every part reads and writes
+the same fields, and giving them one declaration (with the rules for touching them) keeps the
+threading contract in one place: the hot-path flags are plain attributes (atomic under the GIL, no
+lock on the per-step path); the directive dicts and flag/event transitions are under ``_lock``.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+
+from ftd.client import protocol
+from ftd.client.environment import DEFAULT_JOB, env, env_int
+from ftd.client.files import read_step
+from ftd.client.protocol import DEFAULT_SOCKET
+
+TYPE_CHECKING = False  # not imported from typing: keeps `import ftd.client` light
+if TYPE_CHECKING:
+    import socket
+    from typing import Any
+
+    from ftd.client.directive import DirectiveInfo
+
+__all__ = ["RankState"]
+
+
+class RankState:
+    """Fields of one rank's client; the arguments are :class:`~ftd.client.Client`'s (defaults from
+    the environment there)."""
+
+    def __init__(
+        self,
+        job: str | None,
+        rank: int | None,
+        local_rank: int | None,
+        socket_path: str | None,
+        *,
+        heartbeat_interval: float,
+        retry_interval: float,
+        stop_file: str | None,
+        save_file: str | None,
+        switch_poll_s: float,
+        resume_file: str | None,
+    ) -> None:
+        self.job: str = job or env("FTD_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID") or DEFAULT_JOB
+        env_rank = env_int("RANK", "SLURM_PROCID")
+        self.rank: int = rank if rank is not None else (env_rank if env_rank is not None else 0)
+        self.local_rank: int | None = (
+            local_rank if local_rank is not None else env_int("LOCAL_RANK", "SLURM_LOCALID")
+        )
+        self.socket_path: str = socket_path or env(protocol.SOCKET_ENV) or DEFAULT_SOCKET
+        self.heartbeat_interval = heartbeat_interval
+        self.retry_interval = retry_interval
+        #: ``time.perf_counter_ns()`` when the latest save/stop for this job arrived (None: none yet).
+        self.last_directive_ns: int | None = None
+
+        # Hot-path state: plain attributes, read/written without a lock (atomic under the GIL).
+        self._save = False
+        self._stop = False
+        self._step: int | None = None
+        # The step pending save directives asked for (params["save_at_step"]): save at the first
+        # step >= it. None: at once (no such param, or a directive without one is pending too).
+        self._save_at: int | None = None
+        self._beat = False
+        # Why a save is wanted besides directives ("signal", "save_file", "memory"): set from signal
+        # handlers too, so it is touched without the lock (a set.add is atomic under the GIL).
+        self._local_saves: set[str] = set()
+        self.stop_reason: str | None = None
+        #: The step to resume from, as the coordinator told it with a ``stop`` (the newest step every
+        #: rank of the job saved; differs from this rank's own save only when the ranks' saves
+        #: disagreed). None: not told. With a resume file it is also written there, and read back
+        #: by the next process of the job (a requeued job keeps its environment).
+        self.resume_file: str | None = resume_file or env("FTD_RESUME_FILE")
+        self.resume_step: int | None = read_step(self.resume_file) if self.resume_file else None
+        self.stop_file: str | None = stop_file or env("FTD_STOP_FILE")
+        self.save_file: str | None = save_file or env("FTD_SAVE_FILE")
+        self.switch_poll_s = switch_poll_s
+        # Next time.monotonic() at which to stat the switch files; None when there are none.
+        self._poll_at: float | None = 0.0 if (self.stop_file or self.save_file) else None
+        self._save_file_seen = False
+        self._previous_handlers: dict[int, Any] = {}
+        #: The latest readings of :meth:`memory_guard` (``{"host"|"cgroup"|"gpu": {used, limit, fraction}}``).
+        self.memory_report: dict[str, Any] = {}
+
+        self._lock = threading.Lock()  # guards the dicts below and the flag/event transitions
+        self._signal = threading.Event()  # set while a save or a stop is pending
+        self._closed = threading.Event()
+        self._saves: dict[str, DirectiveInfo] = {}
+        self._stops: dict[str, DirectiveInfo] = {}
+        self._stops_acked: set[str] = set()
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._outbox: collections.deque[bytes] = collections.deque(maxlen=1024)
+        # Wakes the I/O thread when an ack is queued; created by start(), closed by the I/O thread.
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self._connected = False
+        self._warned = False
+        self._told_stderr = False  # the one stderr line per Client (fail-open, never silent)
+        self._pid = os.getpid()
+        self._thread: threading.Thread | None = None

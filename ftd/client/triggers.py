@@ -1,0 +1,124 @@
+"""Local triggers: the sources of save/stop inside the training process itself.
+
+What: :class:`LocalTriggers`, the part of :class:`~ftd.client.Client` that maps signals (SIGUSR1
+-> save, SIGTERM -> stop), the kill and save switch files, the memory guard and explicit requests
+onto the same two flags a directive from the agent sets. Why apart: none of it talks to the agent,
+and the signal-handler path has its own rule (touch plain attributes only: the handler runs between
+two bytecodes of a thread that may hold the client's lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+
+from ftd.client import memory
+from ftd.client.state import RankState
+
+TYPE_CHECKING = False  # not imported from typing: keeps `import ftd.client` light
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["LocalTriggers"]
+
+_log = logging.getLogger("ftd.client")
+
+
+class LocalTriggers(RankState):
+    """Signals, switch files, memory guard and :meth:`request_save`/:meth:`request_stop`."""
+
+    def request_save(self, reason: str = "local") -> None:
+        """Ask for a save from inside the process (the same flag a ``save`` directive sets)."""
+        self._local_saves.add(reason)
+        self._save = True
+        self._signal.set()
+
+    def request_stop(self, reason: str = "local") -> None:
+        """Ask for a stop from inside the process (sticky, like a ``stop`` directive)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self._stop = True
+        self._signal.set()
+
+    def _flag_from_signal(self, stop: bool, reason: str) -> None:
+        # Runs inside a signal handler, i.e. between two bytecodes of the main thread, which may be
+        # holding self._lock or the Event's lock (in wait()): touch plain attributes only, and let a
+        # helper thread set the Event.
+        if stop:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+            self._stop = True
+        else:
+            self._local_saves.add(reason)
+            self._save = True
+        threading.Thread(target=self._signal.set, name="ftd-client-signal", daemon=True).start()
+
+    def _poll_switches(self) -> None:
+        try:
+            self._poll_at = time.monotonic() + self.switch_poll_s
+            if self.stop_file and not self._stop and os.path.exists(self.stop_file):
+                _log.info("ftd client: kill switch %s present: stopping", self.stop_file)
+                self.request_stop("stop_file")
+            if self.save_file and not self._save_file_seen and os.path.exists(self.save_file):
+                self._save_file_seen = True
+                _log.info("ftd client: save switch %s present: saving", self.save_file)
+                self.request_save("save_file")
+        except Exception:  # fail-open
+            _log.debug("ftd client: switch poll failed", exc_info=True)
+
+    def install_signal_handlers(self) -> bool:
+        """SIGUSR1 -> save, SIGTERM -> stop. Main thread only (Python's rule for signal handlers);
+        returns False (and changes nothing) elsewhere. A Python handler installed before is called
+        after ours; the default action and SIG_IGN are not."""
+        if threading.current_thread() is not threading.main_thread():
+            _log.warning("ftd client: signal handlers can only be installed from the main thread")
+            return False
+        try:
+            for signum in (signal.SIGUSR1, signal.SIGTERM):
+                if signum in self._previous_handlers:
+                    continue
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        except Exception:
+            _log.warning("ftd client: could not install signal handlers", exc_info=True)
+            return False
+        return True
+
+    def uninstall_signal_handlers(self) -> None:
+        """Put back the handlers :meth:`install_signal_handlers` replaced (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in list(self._previous_handlers.items()):
+            with contextlib.suppress(Exception):
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            del self._previous_handlers[signum]
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        with contextlib.suppress(Exception):  # fail-open, even here
+            self._flag_from_signal(signum == signal.SIGTERM, signal.Signals(signum).name)
+        previous = self._previous_handlers.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+
+    def memory_guard(self, max_rss_fraction: float = 0.9, gpu: bool = True) -> bool:
+        """Save and stop before an out-of-memory kill: True (and both flags set) when host memory or,
+        with ``gpu`` and torch already imported with CUDA available, the current device's reserved
+        memory is above ``max_rss_fraction`` of what is available. Call it every few steps (it reads
+        a few ``/proc`` and cgroup files: tens of microseconds). Details in :attr:`memory_report`.
+
+        Host: this process's RSS against ``MemTotal``; inside a cgroup with a memory limit, the
+        cgroup's working set (usage minus inactive file cache) against that limit, since every
+        process of the cgroup counts towards it."""
+        try:
+            self.memory_report, over = memory.readings(max_rss_fraction, gpu)
+            if over:
+                _log.warning("ftd client: memory guard: %s: saving and stopping", "; ".join(over))
+                self.request_save("memory")
+                self.request_stop("memory")
+                return True
+        except Exception:  # fail-open
+            _log.debug("ftd client: memory guard failed", exc_info=True)
+        return False
