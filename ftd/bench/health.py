@@ -81,7 +81,7 @@ def _time(argv: list[str], runs: int) -> list[float]:
 
 
 def bench_health(runs: int = 20) -> dict[str, Any]:
-    from ftd.commands.health import ask_conditions
+    from ftd.client.ask import ask_conditions
 
     tmp = tempfile.mkdtemp(prefix="ftd-bench-health-", dir="/tmp")
     path = os.path.join(tmp, "agent.sock")

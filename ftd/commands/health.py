@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ftd.client import protocol
-from ftd.commands.slurm_hooks import ask
+from ftd.client.ask import ask_conditions
 
 DEFAULT_TIMEOUT_S = 0.8
 REASON_PREFIX = "ftd: health: "
@@ -62,14 +62,6 @@ def sanitize(reason: str) -> str:
     text = " ".join(_UNSAFE_RE.sub(" ", reason.replace('"', "'")).split())
     text = REASON_PREFIX + text
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3].rstrip() + "..."
-
-
-def ask_conditions(path: str, timeout: float) -> dict[str, Any]:
-    """The agent's answer to ``conditions``; raises OSError/TimeoutError/ValueError."""
-    reply = ask(path, protocol.query(protocol.CONDITIONS), timeout)
-    if reply.get("op") != protocol.CONDITIONS or not isinstance(reply.get("conditions"), list):
-        raise ValueError(f"unexpected answer from the agent: {str(reply)[:200]}")
-    return reply
 
 
 def node_name(args: argparse.Namespace, reply: Mapping[str, Any] | None, env: Mapping[str, str]) -> str:

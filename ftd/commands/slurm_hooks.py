@@ -14,7 +14,8 @@ waits at most ``--timeout`` seconds (default 2) for the agent, then prints a war
 ends up in slurmd's log) and exits 0. ``--gate`` makes an unreachable agent fail the Prolog (exit 1:
 Slurm then drains the node and requeues the job) for sites that want no job to start unwatched.
 
-Imports the standard library and :mod:`ftd.client.protocol` only: it starts in a few tens of ms.
+Imports the standard library and :mod:`ftd.client.protocol` (with :mod:`ftd.client.ask`, which speaks
+it) only: it starts in a few tens of ms.
 """
 
 from __future__ import annotations
@@ -23,15 +24,14 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ftd.client import protocol
+from ftd.client.ask import ask
 
 DEFAULT_TIMEOUT_S = 2.0
 _TASKS_RE = re.compile(r"^([0-9]{1,9})")
@@ -253,31 +253,6 @@ def leftovers(
 
 
 # --- talking to the agent -------------------------------------------------------------------------
-
-
-def ask(socket_path: str, message: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-    """Send one hook message and read the one-line answer; raises OSError/TimeoutError/ValueError."""
-    deadline = time.monotonic() + timeout
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(socket_path)
-        sock.sendall(protocol.encode(message))
-        buf = b""
-        while b"\n" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no answer from the agent within {timeout:g} s")
-            sock.settimeout(left)
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("the agent closed the connection without an answer")
-            buf += chunk
-            if len(buf) > 4 * protocol.MAX_LINE:
-                raise ValueError("answer too long")
-    reply = protocol.decode(buf.split(b"\n", 1)[0])
-    if reply is None:
-        raise ValueError("the agent's answer is not a JSON object")
-    return reply
 
 
 def socket_path_of(args: argparse.Namespace) -> str:
