@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run without installing
-
-from ftd_plugin_template import rule
+from ftd_plugin_template import rule  # importable without installing: see conftest.py
 
 from ftd.testing import evaluate_rule, make_event, view_with
 
