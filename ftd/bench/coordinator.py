@@ -62,7 +62,8 @@ import asyncio, contextlib, json, signal, sys, time, sqlite3
 from ftd.config import parse_config
 from ftd.logs import configure
 from ftd.bus.factory import make_mqtt_bus
-from ftd.coordinator.daemon import Coordinator, coordinator_will
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.wiring import build, coordinator_will
 from ftd.coordinator.actions.scheduler import FakeScheduler
 
 config = parse_config(open(sys.argv[1]).read())
@@ -74,7 +75,7 @@ async def main():
     for i in range(nodes):
         sched.add_node(f"node-{i:05d}")
     bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
-    coord = Coordinator(config, bus=bus, scheduler=sched)
+    coord = build(config, bus=bus, scheduler=sched)
     marks = {"first": None, "last": None, "decided": [], "decision": []}
     def observe(what, payload):
         if what == "event":

@@ -136,8 +136,8 @@ def coordinator_main(config_path: str, effects_path: str) -> int:
     """One bench coordinator replica (run as ``python -m ftd.bench.failover coordinator CONFIG FILE``)."""
     from ftd.bus.factory import make_mqtt_bus
     from ftd.config import load_config
-    from ftd.coordinator.daemon import coordinator_will
     from ftd.coordinator.ha.runner import HaRunner
+    from ftd.coordinator.wiring import coordinator_will
     from ftd.logs import configure
 
     config = load_config(config_path)

@@ -68,7 +68,8 @@ import asyncio, contextlib, json, signal, sys, time
 from ftd.config import parse_config
 from ftd.logs import configure
 from ftd.bus.factory import make_mqtt_bus
-from ftd.coordinator.daemon import Coordinator, coordinator_will
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.wiring import build, coordinator_will
 
 config = parse_config(open(sys.argv[1]).read())
 configure("warning", json=True)
@@ -76,7 +77,7 @@ paced, flood, limits = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 
 async def main():
     bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
-    coord = Coordinator(config, bus=bus, scheduler=None, **limits)
+    coord = build(config, bus=bus, scheduler=None, **limits)
     latency = []
     accepted = {paced: 0, flood: 0}
     current = []

@@ -117,7 +117,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     async def main(ready: Ready) -> None:
         from ftd.bus.base import Bus
         from ftd.bus.factory import make_mqtt_bus
-        from ftd.coordinator.daemon import Coordinator, coordinator_will, make_scheduler
+        from ftd.coordinator.wiring import build, coordinator_will, make_scheduler
 
         broker = None
         try:
@@ -144,7 +144,7 @@ def _coordinator(args: argparse.Namespace) -> int:
             bus = make_mqtt_bus(
                 config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True
             )
-            coordinator = Coordinator(config, bus=bus, scheduler=make_scheduler(config))
+            coordinator = build(config, bus=bus, scheduler=make_scheduler(config))
             try:
                 await coordinator.run(ready)
             finally:

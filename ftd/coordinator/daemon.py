@@ -15,20 +15,14 @@ never fatal): node events, retained node status (an ``offline`` from the Last Wi
 ``node_offline`` event), retained job presence, and trainer acks. A payload whose ``node`` differs
 from the node in its topic is rejected: the broker's ACL vouches for the topic, not the payload.
 
-One node cannot crash, stall or starve the coordinator (DESIGN §11, :mod:`ftd.coordinator.intake.fairness`):
-
-* Size first: a payload over :data:`~ftd.events.MAX_PAYLOAD_BYTES` (a batch: :data:`MAX_BATCH_BYTES`)
-  is refused unread; decoding raises nothing but ``DecodeError`` (depth, types, encoding included).
-* Every refused message of a node -- oversized, undecodable, wrong types, speaking for another node,
-  a handler failure -- is counted in ``bad_messages`` and in that node's ``bad_input`` summary event
-  (never stored itself), and the events in it whose ids can be read are receipted as ``rejected``.
-* Rate: each node has a token bucket (``node_rate`` events/s, bursts of ``node_burst``, and an
-  ``urgent_reserve`` only errors and worse may use). Its events over the rate are *folded* -- counted
-  into its ``bad_input`` summary, receipted once that is committed -- so a flood costs a decode and
-  a count per event, and other nodes' events keep their latency (``ftd bench fairness``).
-* A batch is checked and handled in chunks of :data:`BATCH_CHUNK` events, the bus pump yielding to
-  the event loop between them (receipts, the API and running actions go on meanwhile); still all or
-  nothing: one bad event refuses the whole batch before any of it is handled.
+Intake (:mod:`ftd.coordinator.intake`): one node cannot crash, stall or starve the coordinator.
+Every event message, one event or a batch, goes through one admission pipeline -- size, decode,
+identity, placement, fairness (:class:`~ftd.coordinator.intake.admission.Admission`) -- which returns
+a verdict; the daemon hands the admitted events to the engine (a batch in chunks of
+:data:`~ftd.coordinator.intake.admission.BATCH_CHUNK`, one commit each, yielding to the event loop
+between them) and receipts them (:class:`~ftd.coordinator.intake.receipts.ReceiptOutbox`). Every
+refused message of a node is counted in ``bad_messages`` and in that node's ``bad_input`` summary;
+events over the node's rate are folded into it.
 
 Acknowledgements go out in groups (:meth:`Coordinator._flush`): at most :data:`ACK_EVERY` handled
 messages or :data:`ACK_DELAY_S` seconds wait, then the changed summaries are committed (one
@@ -47,56 +41,37 @@ import contextlib
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-import msgspec
+from typing import Any, Protocol
 
 from ftd import __version__
 from ftd.bus import topics
 from ftd.bus.base import Bus, BusUnavailable, LastWill, Message
 from ftd.config import Config
-from ftd.coordinator.actions import BuiltinExecutors, ExecutorContext
 from ftd.coordinator.actions.acks import AckBook
+from ftd.coordinator.actions.directive import SentDirectives
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.decide.engine import Engine
-from ftd.coordinator.decide.plugins import (
-    collect_executors,
-    describe_plugins,
-    disabled_plugins,
-    make_plugin_manager,
-)
-from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.intake.fairness import (
-    NODE_BURST,
-    NODE_RATE,
-    URGENT_RESERVE,
-    WINDOW_S,
-    InputBook,
-    RateLimiter,
-    readable_ids,
-)
+from ftd.coordinator.intake.admission import BATCH_CHUNK, Admission, Refused, Verdict
+from ftd.coordinator.intake.fairness import readable_ids
 from ftd.coordinator.intake.placement import NeedPlacement, Placement
 from ftd.coordinator.intake.presence_memory import PresenceMemory
-from ftd.coordinator.ledger.sqlite import Ledger, as_store
+from ftd.coordinator.intake.receipts import ReceiptOutbox
 from ftd.coordinator.ledger.store import LedgerStore
+from ftd.coordinator.model.leadership import HaStatus
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.coordinator.upkeep.return_service import ReturnToService
 from ftd.events import (
-    MAX_PAYLOAD_BYTES,
     NODE_RANK,
     Ack,
     CoordinatorStatus,
     DecodeError,
-    Directive,
     Event,
     JobPresence,
     Kind,
     NodeConditions,
     NodeState,
     NodeStatus,
-    Receipt,
     Severity,
     decode,
     encode,
@@ -104,33 +79,21 @@ from ftd.events import (
 from ftd.logs import get_logger
 from ftd.sdnotify import notify, ping_watchdog
 
-if TYPE_CHECKING:
-    from ftd.coordinator.ha.runner import HaStatus
-
 log = get_logger(__name__)
 
 
-MAX_BATCH_BYTES = 4 << 20  # a batched event message larger than this is rejected unread
-BATCH_CHUNK = 256  # events of a batch checked or handled between two yields to the event loop
 ACK_EVERY = 10  # handled messages whose acknowledgement waits, at most (Mosquitto allows 20 in flight)
 ACK_DELAY_S = 0.002  # ... and for this long at most
 
 
-@dataclass
-class _PendingReceipt:
-    """What a node's next receipt will say (gathered for ``RECEIPT_BATCH_S``, sent as one message)."""
+class Service(Protocol):
+    """Something the daemon starts after loading its memory and stops on close (the HTTP API)."""
 
-    ids: list[str] = field(default_factory=list)
-    rejected: dict[str, str] = field(default_factory=dict)
+    async def stop(self) -> None: ...
 
 
-class _Refused(Exception):
-    """A message the coordinator will not take: ``reason`` (a summary key), ``error`` (for the log and
-    the rejected receipts) and the ids of the events in it, when they could be read."""
-
-    def __init__(self, reason: str, error: str, ids: list[str] | None = None) -> None:
-        super().__init__(error)
-        self.reason, self.error, self.ids = reason, error, ids or []
+#: Starts a service for a coordinator (None: not configured); the composition root passes them.
+StartService = Callable[["Coordinator"], Awaitable[Service | None]]
 
 
 SUBSCRIPTIONS = (
@@ -150,123 +113,70 @@ def coordinator_will() -> LastWill:
     return LastWill(topics.COORDINATOR_STATUS, coordinator_status("offline"), retain=True)
 
 
-def make_scheduler(config: Config) -> Scheduler | None:
-    cfg = config.coordinator
-    if cfg.scheduler == "kubernetes":
-        from ftd.coordinator.actions.kubernetes import KubernetesScheduler
-
-        return KubernetesScheduler.from_config(cfg.kubernetes)
-    if cfg.scheduler == "none" or not cfg.slurm.enabled:
-        return None
-    from ftd.coordinator.actions.slurm import SlurmScheduler
-
-    return SlurmScheduler(
-        scontrol=cfg.slurm.scontrol, slurm_conf=cfg.slurm.slurm_conf, timeout_s=cfg.slurm.timeout_s
-    )
-
-
 class Coordinator:
+    """The daemon: pumps bus messages through intake, the engine and the receipts; runs the upkeep
+    loops. Built by :func:`ftd.coordinator.wiring.build`, which assembles every part it is given."""
+
     def __init__(
         self,
         config: Config,
         *,
         bus: Bus,
         scheduler: Scheduler | None,
-        ledger: LedgerStore | Ledger | None = None,
-        extra_plugins: tuple[object, ...] = (),
-        node_rate: float = NODE_RATE,
-        node_burst: float = NODE_BURST,
-        urgent_reserve: float = URGENT_RESERVE,
-        summary_window_s: float = WINDOW_S,
+        state: ClusterState,
+        acks: AckBook,
+        ledger: LedgerStore,
+        engine: Engine,
+        admission: Admission,
+        placement: Placement,
+        presence_memory: PresenceMemory,
+        directives: SentDirectives,
+        reconciler: Reconciler,
+        return_to_service: ReturnToService | None = None,
+        services: tuple[StartService, ...] = (),
     ) -> None:
-        """``node_rate`` / ``node_burst`` / ``urgent_reserve``: each node's token bucket, and
-        ``summary_window_s`` the span of one ``bad_input`` summary (see the module docstring)."""
-        cfg = config.coordinator
         self.config = config
         self.bus = bus
         self.scheduler = scheduler
-        self.state = ClusterState()
-        self.acks = AckBook()
-        self.ledger: LedgerStore = as_store(ledger or Ledger(cfg.ledger_path))
+        self.state = state
+        self.acks = acks
+        self.ledger = ledger
+        self.engine = engine
+        self.admission = admission
+        self.limiter = admission.limiter
+        self.inputs = admission.inputs
+        self.placement = placement
+        self.presence_memory = presence_memory  # which job runs where, known at start (ledger)
+        self.directives = directives
+        self.reconciler = reconciler
+        self.return_to_service = return_to_service
+        self.receipts = ReceiptOutbox(bus)
+        self.services = services
+        self.api: Service | None = None  # the HTTP API + dashboard, once started (None when disabled)
         self.loaded = False  # the engine's and the reconciler's memory read from the ledger (load())
         self.ha: HaStatus | None = None  # who leads, when run by ha.runner (PostgreSQL ledger)
-        self.bad_messages = 0
         self.storage_errors = 0  # messages left unacknowledged because the ledger could not commit
-        self.receipts_sent = 0
-        self._receipts: dict[str, _PendingReceipt] = {}  # node -> what to tell it next
-        self._receipts_ready = asyncio.Event()
-        self.limiter = RateLimiter(node_rate, node_burst, urgent_reserve)
-        limits = {"rate": node_rate, "burst": node_burst, "urgent_reserve": urgent_reserve}
-        self.inputs = InputBook(window_s=summary_window_s, limits=limits)
         self._acks: list[Message] = []  # handled, their acknowledgement not sent yet
-        # which job runs where, kept in the ledger: known at start before the broker re-sends it
-        self.presence_memory = PresenceMemory(self.ledger, self.state)
-        place = cfg.placement
-        self.placement = Placement(
-            scheduler,
-            enforce=place.enforce,
-            ttl_s=place.ttl_s,
-            refresh_s=place.refresh_s,
-            lookup_timeout_s=place.lookup_timeout_s,
-            retry_s=place.retry_s,
-        )
-        self._directive_nodes: dict[str, str] = {}  # node directive id -> the node it was sent to
-        if not self.placement.enforced:
-            why = "disabled in config" if scheduler is not None else "no scheduler"
-            log.warning("placement_not_enforced", reason=why, effect="any node may speak for any job")
         self._flush_due = asyncio.Event()
-        builtin = BuiltinExecutors(
-            ExecutorContext(
-                config=config,
-                state=self.state,
-                acks=self.acks,
-                publish=self._publish,
-                scheduler=scheduler,
-                job_moved=self.placement.forget,
-            )
-        )
-        plugins = make_plugin_manager(
-            disabled=cfg.disabled_rules,
-            extra=(builtin, *extra_plugins),
-            rule_dirs=cfg.rule_dirs,
-            rules_file=cfg.rules_file,
-        )
-        executors = collect_executors(plugins)
-        log.info(
-            "rules_loaded",
-            rules=[f"{p.name} ({p.source}: {', '.join(p.hooks)})" for p in describe_plugins(plugins)],
-            disabled=disabled_plugins(plugins),
-        )
-        gate = PolicyGate.from_config(cfg)
-        self.engine = Engine(
-            state=self.state, ledger=self.ledger, gate=gate, plugins=plugins, executors=executors
-        )
-        # ftd's drains from the ledger before any event is decided; kept in step with the scheduler
-        self.reconciler = Reconciler(
-            state=self.state,
-            ledger=self.ledger,
-            scheduler=scheduler,
-            engine=self.engine,
-            interval_s=cfg.reconcile_interval_s,
-            pending_alert_s=cfg.pending_alert_s,
-        )
-        self.engine.observe(self.reconciler.observe)
-        if cfg.return_to_service.rules:  # opt-in per rule: reset -> preflight -> resume or RMA
-            self.return_to_service = ReturnToService(
-                self.engine.submit, rules=cfg.return_to_service.rules, state=self.state
-            )
-            self.engine.observe(self.return_to_service.observe)
-            loaded = {p.name for p in describe_plugins(plugins)}
-            unknown = sorted(set(cfg.return_to_service.rules) - loaded)
-            if unknown:  # a typo would silently keep those resets out of return to service
-                log.warning("return_to_service_rules_not_loaded", rules=unknown, loaded=sorted(loaded))
         self._handlers: Mapping[str, Callable[[tuple[str, ...], Message], Awaitable[bool]]] = {
-            "events": self._on_event,
             "status": self._on_status,
             "jobs": self._on_presence,
             "acks": self._on_ack,
             "conditions": self._on_conditions,
         }
+
+    @property
+    def bad_messages(self) -> int:
+        """Messages refused (counted by intake): oversized, undecodable, foreign, failed handling."""
+        return self.admission.bad_messages
+
+    @bad_messages.setter
+    def bad_messages(self, value: int) -> None:
+        self.admission.bad_messages = value
+
+    @property
+    def receipts_sent(self) -> int:
+        return self.receipts.sent
 
     async def load(self) -> None:
         """Read what the ledger remembers -- the engine's gate, held approvals and history, ftd's
@@ -289,27 +199,6 @@ class Coordinator:
         if running is not None:
             await self.presence_memory.forget_stopped(running.get)
 
-    async def _publish(self, topic: str, payload: bytes) -> None:
-        self._note_node_directive(topic, payload)
-        await self.bus.publish(topic, payload)
-
-    MAX_DIRECTIVE_NODES = 10_000  # node directives remembered for checking who answers them
-
-    def _note_node_directive(self, topic: str, payload: bytes) -> None:
-        """Remember the node each node directive (gpu_reset, diagnostics) was sent to: its answer
-        (an ack of rank NODE_RANK) counts only from that node. Directive ids derive from action ids,
-        which a node sees in its own directives, so another node could guess them."""
-        levels = topic.split("/")
-        if len(levels) != 5 or levels[2] != "nodes" or levels[4] != "directives":
-            return
-        try:
-            directive = decode(payload, Directive)
-        except DecodeError:
-            return
-        self._directive_nodes[directive.id] = levels[3]
-        if len(self._directive_nodes) > self.MAX_DIRECTIVE_NODES:
-            del self._directive_nodes[next(iter(self._directive_nodes))]
-
     async def start(self) -> None:
         for pattern in SUBSCRIPTIONS:
             await self.bus.subscribe(pattern)
@@ -327,10 +216,9 @@ class Coordinator:
 
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         """Process bus messages until cancelled."""
-        from ftd.coordinator.api.server import start_api  # HTTP API + dashboard (None when disabled)
-
         await self.load()
-        self.api = await start_api(self)
+        for start_service in self.services:  # the HTTP API + dashboard (None when disabled)
+            self.api = await start_service(self)
         await self.start()
         await self.bus.wait_connected()
         await self.placement.warm()  # every running job's nodes in one call, before the retained presence
@@ -339,7 +227,7 @@ class Coordinator:
         # acks it queued for this persistent session while we were down -- before resuming actions that
         # depend on it: a resumed checkpoint_restart must know the job's ranks and see acks sent meanwhile.
         pump = asyncio.create_task(self._pump(), name="bus-messages")
-        receipts = asyncio.create_task(self._send_receipts(), name="receipts")
+        receipts = asyncio.create_task(self.receipts.run(), name="receipts")
         flusher = asyncio.create_task(self._flush_when_due(), name="acks")
         watchdog: asyncio.Task[None] | None = None
         reconcile: asyncio.Task[None] | None = None
@@ -413,46 +301,14 @@ class Coordinator:
         self.placement.security.committed()
         done = self.inputs.committed()
         for node, ids in done.folded.items():
-            self._receipt(node, ids)
+            self.receipts.add(node, ids)
         for node, reasons in done.rejected.items():
-            self._receipt(node, [], reasons)
+            self.receipts.add(node, [], reasons)
         return True
 
-    RECEIPT_BATCH_S = 0.02  # receipts gathered this long go out as one message per node
-
-    async def _send_receipts(self) -> None:
-        """Publish pending receipts, one message per node, after the events were committed."""
-        while True:
-            await self._receipts_ready.wait()
-            await asyncio.sleep(self.RECEIPT_BATCH_S)
-            self._receipts_ready.clear()
-            pending, self._receipts = self._receipts, {}
-            ts = time.time()
-            receipts = {n: Receipt(node=n, ts=ts, ids=r.ids, rejected=r.rejected) for n, r in pending.items()}
-            results = await asyncio.gather(
-                *(self.bus.publish(topics.node_receipts(node), encode(r)) for node, r in receipts.items()),
-                return_exceptions=True,
-            )
-            for (node, receipt), result in zip(receipts.items(), results, strict=True):
-                if isinstance(result, BaseException):
-                    self._receipt(node, receipt.ids, receipt.rejected)  # try again once reconnected
-                    await self.bus.wait_connected(timeout=1.0)
-                else:
-                    self.receipts_sent += 1
-
-    def _receipt(self, node: str, ids: list[str], rejected: Mapping[str, str] | None = None) -> None:
-        pending = self._receipts.get(node)
-        if pending is None:
-            pending = self._receipts[node] = _PendingReceipt()
-        pending.ids.extend(ids)
-        if rejected:
-            pending.rejected.update(rejected)
-        self._receipts_ready.set()
-
     async def close(self) -> None:
-        api = getattr(self, "api", None)
-        if api is not None:
-            await api.stop()
+        if self.api is not None:
+            await self.api.stop()
         await self.engine.close()
         await self.placement.close()
         await self._flush()  # what was folded or refused last is in the ledger, not only in memory
@@ -510,18 +366,15 @@ class Coordinator:
             node = topics.check_level(levels[1], "node")
             events = levels[2] == "events"
             batch = events and levels[3:] == (topics.EVENT_BATCH,)
-            limit = MAX_BATCH_BYTES if batch else MAX_PAYLOAD_BYTES
-            if len(message.payload) > limit:
-                ids = readable_ids(message.payload, batch=batch) if events else []
-                why = f"payload of {len(message.payload)} bytes is over the limit of {limit}"
-                raise _Refused("oversized", why, ids)
-            if batch:
-                return await self._on_batch(node, message)
+            Admission.check_size(message, events=events, batch=batch)
+            if events:
+                await self._decide(await self.admission.admit(node, message, batch=batch), batch=batch)
+                return True
             handler = self._handlers.get(levels[2])
             if handler is None:
                 raise DecodeError("unexpected topic")
             return await handler(levels, message)
-        except _Refused as refused:
+        except Refused as refused:
             return self._refuse(message, node, refused.reason, refused.error, refused.ids)
         except NeedPlacement:
             raise  # nothing done yet: handled again once the scheduler said where the job runs
@@ -536,112 +389,32 @@ class Coordinator:
             ids = readable_ids(message.payload, batch=batch) if events else []
             return self._refuse(message, node, "error", f"{type(exc).__name__}: {exc}", ids)
 
-    def _refuse(
-        self, message: Message, node: str | None, reason: str, error: str, ids: list[str] | None = None
-    ) -> bool:
-        """Count a refused message; into its node's summary (and rejected receipts) when it has one."""
-        self.bad_messages += 1
-        if self.bad_messages <= 20 or self.bad_messages % 1000 == 0:
-            log.warning(
-                "bad_bus_message_ignored",
-                topic=message.topic[:200],
-                reason=reason,
-                error=error[:300],
-                bytes=len(message.payload),
-                total=self.bad_messages,
-            )
-        if node is not None and self.inputs.reject(node, reason, error, len(message.payload), ids):
-            log.warning("bad_input_from_node", node=node, reason=reason, summary="bad_input event")
-        return True
-
-    def _fold(self, event: Event) -> None:
-        if self.inputs.fold(event):
-            log.warning(
-                "node_rate_limited",
-                node=event.node,
-                rate=self.limiter.rate,
-                burst=self.limiter.burst,
-                summary="events over the rate are folded into a bad_input event",
-            )
-
-    async def _on_event(self, levels: tuple[str, ...], message: Message) -> bool:
-        node = levels[1]
-        try:
-            event = decode(message.payload, Event)
-        except DecodeError as exc:
-            raise _Refused("invalid", str(exc), readable_ids(message.payload, batch=False)) from None
-        if event.node != node:
-            why = f"event for node {event.node!r} published under node {node!r}"
-            raise _Refused("foreign_node", why, [event.id])
-        if self._foreign_job_claims([event]):
-            return True
-        if not self.limiter.admit(node, event.severity):
-            self._fold(event)
-            return True
-        await self.engine.handle_event(event)
-        self._receipt(node, [event.id])
-        return True
-
-    async def _on_batch(self, node: str, message: Message) -> bool:
-        """``ftd/v1/nodes/{node}/events/batch``: a JSON list of Events, all of that node (the ACL
-        vouches for the topic). Checked as a whole before any is handled: one bad event refuses the
-        batch, so a batch is never half-applied. Both passes go in chunks of :data:`BATCH_CHUNK`."""
-        try:
-            raws = decode(message.payload, list[msgspec.Raw], max_bytes=MAX_BATCH_BYTES)
-            events: list[Event] = []
-            for start in range(0, len(raws), BATCH_CHUNK):
-                for raw in raws[start : start + BATCH_CHUNK]:
-                    event = decode(bytes(raw), Event)
-                    if event.node != node:
-                        why = f"event for node {event.node!r} in a batch under node {node!r}"
-                        raise _Refused("foreign_node", why, readable_ids(message.payload, batch=True))
-                    events.append(event)
-                await asyncio.sleep(0)
-        except DecodeError as exc:
-            ids = readable_ids(message.payload, batch=True)
-            raise _Refused("invalid", f"{exc} (in a batch)", ids) from None
-        forged = self._foreign_job_claims(events)
-        if forged:
-            events = [e for e in events if e.id not in forged]
-        admitted: list[Event] = []
-        for event in events:
-            if self.limiter.admit(node, event.severity):
-                admitted.append(event)
-            else:
-                self._fold(event)
+    async def _decide(self, verdict: Verdict, *, batch: bool) -> None:
+        """Hand the admitted events to the engine and receipt them once committed: a single event
+        alone, a batch in chunks of :data:`BATCH_CHUNK` with one commit each (the storm's hot path),
+        the loop getting a turn between chunks."""
+        node = verdict.node
+        if verdict.rejected:
+            self.receipts.add(node, [], verdict.rejected)
+        admitted = verdict.events
+        if not batch:
+            for event in admitted:
+                await self.engine.handle_event(event)
+                self.receipts.add(node, [event.id])
+            return
         for start in range(0, len(admitted), BATCH_CHUNK):
             if start:
                 await asyncio.sleep(0)
             chunk = admitted[start : start + BATCH_CHUNK]
-            await self.engine.handle_events(chunk)  # one commit per chunk: the storm's hot path
-            self._receipt(node, [e.id for e in chunk])
+            await self.engine.handle_events(chunk)
+            self.receipts.add(node, [e.id for e in chunk])
+
+    def _refuse(
+        self, message: Message, node: str | None, reason: str, error: str, ids: list[str] | None = None
+    ) -> bool:
+        """Count a refused message (intake's book); True: it may be acknowledged, refused for good."""
+        self.admission.refuse(message, node, reason, error, ids)
         return True
-
-    _HEARTBEAT_KINDS = frozenset({Kind.RANK_HEARTBEAT_LOST, Kind.RANK_STRAGGLER})
-
-    def _foreign_job_claims(self, events: list[Event]) -> set[str]:
-        """Ids of heartbeat events (rank lost, straggler) naming a job the scheduler does not run on
-        their node: each is a placement violation, receipted as rejected and never evaluated (it
-        would restart or flag another node's job). Raises NeedPlacement for jobs not known yet."""
-        claims = [
-            (e, str(e.data["job"]))
-            for e in events
-            if e.kind in self._HEARTBEAT_KINDS
-            and isinstance(e.data.get("job"), str | int)
-            and str(e.data["job"])
-        ]
-        if not claims:
-            return set()
-        node = claims[0][0].node
-        denied = set(self.placement.check(node, [job for _, job in claims]))
-        forged: set[str] = set()
-        for event, job in claims:
-            if job in denied:
-                forged.add(event.id)
-                self.placement.violation(node, job, str(event.kind), f"rank {event.data.get('rank')}")
-                why = f"placement_violation: job {job[:64]} does not run on {node}"
-                self._receipt(node, [], {event.id: why})
-        return forged
 
     async def _on_status(self, levels: tuple[str, ...], message: Message) -> bool:
         if not message.payload:
@@ -703,7 +476,7 @@ class Coordinator:
             detail = f"rank {ack.rank} directive {ack.directive_id[:100]}"
             self.placement.violation(ack.node, ack.job, "ack", detail)
             return True
-        target = self._directive_nodes.get(ack.directive_id) if ack.rank == NODE_RANK else None
+        target = self.directives.node_of(ack.directive_id) if ack.rank == NODE_RANK else None
         if target is not None and target != ack.node:
             detail = f"answer to directive {ack.directive_id[:100]} sent to {target}"
             self.placement.violation(ack.node, ack.job or "-", "node_ack", detail)

@@ -26,8 +26,9 @@ from ftd.bus.mqtt import MqttBus
 from ftd.client import Client
 from ftd.config import AgentConfig, ApiConfig, Config, CoordinatorConfig, NvmlConfig, PolicyConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.daemon import Coordinator, coordinator_will
+from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.wiring import build, coordinator_will
 
 Timeline = Callable[[str, str], None]  # (who, what)
 
@@ -173,7 +174,7 @@ class SimCluster:
         if self.broker_port is None:
             self.broker = await EmbeddedBroker().start()
             self.broker_port = self.broker.port
-        self.coordinator = Coordinator(
+        self.coordinator = build(
             self.config,
             bus=self._bus("ftd-coordinator", will=coordinator_will(), manual_ack=True),
             scheduler=self.scheduler,

@@ -23,8 +23,9 @@ from ftd.bus import topics
 from ftd.bus.factory import make_mqtt_bus
 from ftd.config import Config, config_from_data
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.daemon import Coordinator, coordinator_will
+from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.wiring import build, coordinator_will
 from ftd.events import JobPresence, Kind, NodeStatus, RankInfo, Severity, encode, make_event
 from ftd.plugin.actions import ActionRecord
 from tests.contract.conftest import SHIPPED_USERS
@@ -52,7 +53,7 @@ def _config(broker: tuple[Mosquitto, Path], ledger: Path) -> Config:
 
 def _coordinator(config: Config, scheduler: FakeScheduler, ledger: Path) -> Coordinator:
     bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
-    return Coordinator(config, bus=bus, scheduler=scheduler, ledger=Ledger(ledger))
+    return build(config, bus=bus, scheduler=scheduler, ledger=Ledger(ledger))
 
 
 async def _until(what: str, predicate: object, within: float = 15.0) -> None:

@@ -16,8 +16,8 @@ from ftd.config import parse_config
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.kubernetes import KubernetesScheduler, reason_slug
 from ftd.coordinator.actions.scheduler import Scheduler, SchedulerError
-from ftd.coordinator.daemon import make_scheduler
 from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.wiring import make_scheduler
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.fakes.kube_api import FakeKubeApi
 

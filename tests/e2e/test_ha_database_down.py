@@ -17,9 +17,9 @@ from ftd.bus.base import Bus
 from ftd.bus.factory import make_mqtt_bus
 from ftd.bus.mqtt import MqttBus
 from ftd.config import load_config
-from ftd.coordinator.daemon import coordinator_will
 from ftd.coordinator.ha.lease import LeaseLost
 from ftd.coordinator.ha.runner import HaRunner
+from ftd.coordinator.wiring import coordinator_will
 from ftd.events import Severity
 from tests.realparts import Mosquitto, start_postgres
 

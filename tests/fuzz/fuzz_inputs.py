@@ -28,6 +28,7 @@ with atheris.instrument_imports(include=["ftd"]):  # coverage of ftd's code, not
     from ftd.config import ApiConfig, Config, CoordinatorConfig
     from ftd.coordinator.daemon import Coordinator
     from ftd.coordinator.ledger.sqlite import Ledger
+    from ftd.coordinator.wiring import build
 
 _parser = KmsgParser()
 _SUFFIXES = ("events/xid", "events/batch", "status", "jobs/7", "acks", "events/ecc", "directives", "x")
@@ -51,7 +52,7 @@ def fuzz_bus(data: bytes) -> None:
                 ledger_path=":memory:", scheduler="none", api=ApiConfig(enabled=False)
             )
         )
-        _coordinator = Coordinator(
+        _coordinator = build(
             config, bus=MemoryBus(MemoryBroker()), scheduler=None, ledger=Ledger(":memory:")
         )
     provider = atheris.FuzzedDataProvider(data)

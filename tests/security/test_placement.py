@@ -31,8 +31,9 @@ import pytest
 from ftd.bus import topics
 from ftd.bus.mqtt import MqttBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig, SlurmConfig
-from ftd.coordinator.daemon import Coordinator, coordinator_will, make_scheduler
+from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
+from ftd.coordinator.wiring import build, coordinator_will, make_scheduler
 from ftd.events import (
     Ack,
     Directive,
@@ -93,7 +94,7 @@ async def env(broker: Mosquitto, slurm: SlurmCluster, tmp_path: Path) -> AsyncIt
         keepalive_s=2,
         reconnect_max_s=1.0,
     )
-    coordinator = Coordinator(config, bus=bus, scheduler=make_scheduler(config))
+    coordinator = build(config, bus=bus, scheduler=make_scheduler(config))
     ready = asyncio.Event()
     task = asyncio.create_task(coordinator.run(ready.set))
     await asyncio.wait_for(ready.wait(), 20)

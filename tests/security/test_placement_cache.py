@@ -25,6 +25,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler, SchedulerError
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.intake.placement import Placement
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.wiring import build
 from ftd.events import NODE_RANK, Ack, Directive, JobPresence, Kind, RankInfo, Severity, encode, make_event
 
 
@@ -43,7 +44,7 @@ class Flaky(FakeScheduler):
 
 def coordinator(scheduler: FakeScheduler, *, retry_s: float = 5.0) -> Coordinator:
     config = Config(coordinator=CoordinatorConfig(ledger_path=":memory:", api=ApiConfig(enabled=False)))
-    c = Coordinator(config, bus=MemoryBus(MemoryBroker()), scheduler=scheduler, ledger=Ledger(":memory:"))
+    c = build(config, bus=MemoryBus(MemoryBroker()), scheduler=scheduler, ledger=Ledger(":memory:"))
     c.placement = Placement(scheduler, retry_s=retry_s, failure_hold_s=0.05, lookup_timeout_s=1.0)
     return c
 

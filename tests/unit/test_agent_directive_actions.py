@@ -10,6 +10,7 @@ from ftd.config import Config
 from ftd.coordinator.actions import ExecutorContext, build_executors
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.diagnostics import CollectDiagnostics
+from ftd.coordinator.actions.directive import node_sender
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import NODE_RANK, Ack, Directive, JobPresence, RankInfo, decode
@@ -50,7 +51,7 @@ def _record(kind: str, target: str, id: str = "act-7", **params: Any) -> ActionR
 async def test_gpu_reset_success_and_idempotent_directive_id() -> None:
     acks = AckBook()
     agents = Agents(acks, {"node-1": (True, "reset: healthy after reset", None)})
-    ex = GpuReset(publish=agents.publish, acks=acks, deadline_s=2)
+    ex = GpuReset(send=node_sender(agents.publish), acks=acks, deadline_s=2)
     detail = await ex(_record("gpu_reset", "node-1", pci="0000:3b:00.0", uuid="GPU-abc", index=3))
     [(topic, d)] = agents.sent
     assert topic == topics.node_directives("node-1")
@@ -65,7 +66,7 @@ async def test_gpu_reset_success_and_idempotent_directive_id() -> None:
 async def test_gpu_reset_refused_and_silent() -> None:
     acks = AckBook()
     agents = Agents(acks, {"node-1": (False, "refused: processes hold the GPU", None)})
-    ex = GpuReset(publish=agents.publish, acks=acks, deadline_s=0.3)
+    ex = GpuReset(send=node_sender(agents.publish), acks=acks, deadline_s=0.3)
     detail = await ex(_record("gpu_reset", "node-1", index=0))
     assert detail["state"] == "failed" and detail["refused"] is True
     assert detail["agent_reason"] == "refused: processes hold the GPU"
@@ -96,7 +97,7 @@ async def test_collect_diagnostics_asks_every_node_of_the_job() -> None:
             ),
         },
     )
-    ex = CollectDiagnostics(publish=agents.publish, state=state, acks=acks, deadline_s=0.3)
+    ex = CollectDiagnostics(send=node_sender(agents.publish), state=state, acks=acks, deadline_s=0.3)
     detail = await ex(_record("collect_diagnostics", "job9"))
     sent = {topic: d for topic, d in agents.sent}
     assert set(sent) == {topics.node_directives(n) for n in ("node-1", "node-2", "node-3")}
@@ -125,7 +126,12 @@ def test_build_executors_registers_everything() -> None:
         return None
 
     ctx = ExecutorContext(
-        config=Config(), state=ClusterState(), acks=AckBook(), publish=publish, scheduler=FakeScheduler()
+        config=Config(),
+        state=ClusterState(),
+        acks=AckBook(),
+        publish=publish,
+        send_to_node=node_sender(publish),
+        scheduler=FakeScheduler(),
     )
     kinds = set(build_executors(ctx))
     assert kinds == {
@@ -140,7 +146,12 @@ def test_build_executors_registers_everything() -> None:
     }
     config = parse_config('[coordinator.notify]\nwebhook_url = "http://127.0.0.1:9/x"\n')
     ctx = ExecutorContext(
-        config=config, state=ClusterState(), acks=AckBook(), publish=publish, scheduler=None
+        config=config,
+        state=ClusterState(),
+        acks=AckBook(),
+        publish=publish,
+        send_to_node=node_sender(publish),
+        scheduler=None,
     )
     assert set(build_executors(ctx)) == {
         ActionKind.CHECKPOINT_RESTART,

@@ -22,6 +22,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api.server import ROUTES, Api, openapi_document, resolve_token
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.wiring import build
 from ftd.events import JobPresence, Kind, NodeStatus, RankInfo, Severity, make_event
 from ftd.plugin.actions import ActionState
 
@@ -42,7 +43,7 @@ def make_coordinator(
 ) -> Coordinator:
     policy = PolicyConfig(dry_run=dry_run, approval_required_kinds=list(approval))
     config = Config(coordinator=CoordinatorConfig(ledger_path=":memory:", scheduler="slurm", policy=policy))
-    return Coordinator(config, bus=MemoryBus(MemoryBroker()), scheduler=scheduler, ledger=Ledger(":memory:"))
+    return build(config, bus=MemoryBus(MemoryBroker()), scheduler=scheduler, ledger=Ledger(":memory:"))
 
 
 async def populate(coordinator: Coordinator) -> None:

@@ -14,8 +14,8 @@ from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api.server import Api
-from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.wiring import build
 from ftd.events import NodeStatus
 
 
@@ -25,7 +25,7 @@ async def test_nodes_and_metrics_show_unavailable_and_drained() -> None:
         scheduler.add_node(node)
     config = Config(coordinator=CoordinatorConfig(ledger_path=":memory:", scheduler="slurm"))
     bus = MemoryBus(MemoryBroker())
-    coordinator = Coordinator(config, bus=bus, scheduler=scheduler, ledger=Ledger(":memory:"))
+    coordinator = build(config, bus=bus, scheduler=scheduler, ledger=Ledger(":memory:"))
     coordinator.state.apply_status(NodeStatus(node="node-1", state="online", ts=1.0))
     scheduler.operator_drain("node-2", "maintenance")  # someone else's
     await scheduler.drain("node-3", "xid 79")  # ftd's, from before the ledger knew (adopted)

@@ -22,12 +22,13 @@ from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig, Config, CoordinatorConfig
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.wiring import build
 from ftd.events import MAX_PAYLOAD_BYTES, Event, Kind, Severity, encode, make_event
 
 
 def make_coordinator() -> Coordinator:
     config = Config(coordinator=CoordinatorConfig(ledger_path=":memory:", scheduler="none"))
-    return Coordinator(config, bus=MemoryBus(MemoryBroker()), scheduler=None, ledger=Ledger(":memory:"))
+    return build(config, bus=MemoryBus(MemoryBroker()), scheduler=None, ledger=Ledger(":memory:"))
 
 
 BAD = [
@@ -139,7 +140,7 @@ async def test_poison_is_contained_counted_summarised_and_receipted() -> None:
     assert summary.data["rejected"] == len(POISON)
     assert summary.data["rejected_reasons"] == dict(Counter(reason for _s, _p, reason, _i in POISON))
     assert summary.data["largest_bytes"] == max(len(p) for _s, p, _r, _i in POISON)
-    receipt = coordinator._receipts["node-1"]
+    receipt = coordinator.receipts.pending["node-1"]
     assert receipt.ids == []
     assert set(receipt.rejected) == {i for _s, _p, _r, i in POISON if i is not None}
     assert "over the limit" in receipt.rejected["huge"]
@@ -157,7 +158,7 @@ async def test_a_failing_handler_is_contained_and_its_event_receipted_rejected(m
     event = make_event("node-1", Kind.XID, data={"code": 43})
     assert await coordinator.handle_message(Message(topics.node_event("node-1", "xid"), encode(event)))
     assert coordinator.bad_messages == 1
-    assert coordinator._receipts["node-1"].rejected == {event.id: "RuntimeError: bug"}
+    assert coordinator.receipts.pending["node-1"].rejected == {event.id: "RuntimeError: bug"}
     [summary] = await summaries(coordinator, "node-1")
     assert summary.data["rejected_reasons"] == {"error": 1}
 
@@ -172,7 +173,7 @@ async def test_a_storage_error_leaves_the_message_for_redelivery(monkeypatch: An
     event = make_event("node-1", Kind.XID, data={"code": 43})
     assert not await coordinator.handle_message(Message(topics.node_event("node-1", "xid"), encode(event)))
     assert coordinator.storage_errors == 1 and coordinator.bad_messages == 0
-    assert "node-1" not in coordinator._receipts
+    assert "node-1" not in coordinator.receipts.pending
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from ftd.coordinator.actions.directive import node_sender
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import PluginError, make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
@@ -222,7 +223,12 @@ def test_checkpoint_is_served_by_the_checkpoint_restart_executor() -> None:
     async def publish(topic: str, payload: bytes) -> None: ...
 
     ctx = ExecutorContext(
-        config=Config(), state=ClusterState(), acks=AckBook(), publish=publish, scheduler=None
+        config=Config(),
+        state=ClusterState(),
+        acks=AckBook(),
+        publish=publish,
+        send_to_node=node_sender(publish),
+        scheduler=None,
     )
     executors = build_executors(ctx)
     assert executors[ActionKind.CHECKPOINT] is executors[ActionKind.CHECKPOINT_RESTART]

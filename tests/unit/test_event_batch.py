@@ -11,14 +11,16 @@ from ftd.bus import topics
 from ftd.bus.base import Message
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import parse_config
-from ftd.coordinator.daemon import MAX_BATCH_BYTES, Coordinator
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.intake.admission import MAX_BATCH_BYTES
+from ftd.coordinator.wiring import build
 from ftd.events import Kind, encode, make_event
 from tests.unit.helpers import loop_turns
 
 
 def _coordinator(tmp_path: Path, **limits: float) -> Coordinator:
     config = parse_config(f'[coordinator]\nledger_path = "{tmp_path}/l.sqlite"\nscheduler = "none"\n')
-    return Coordinator(config, bus=MemoryBus(MemoryBroker()), scheduler=None, **limits)
+    return build(config, bus=MemoryBus(MemoryBroker()), scheduler=None, **limits)
 
 
 def _batch(*events: object) -> bytes:
@@ -49,7 +51,7 @@ async def test_batch_with_a_foreign_or_bad_event_is_rejected_whole(tmp_path: Pat
     assert summary.kind == Kind.BAD_INPUT and summary.node == "node-1" and summary.count == 3
     assert summary.data["rejected_reasons"] == {"foreign_node": 1, "invalid": 2}
     # The events of the refused batch are receipted as rejected: an agent would resend them forever.
-    receipt = c._receipts["node-1"]
+    receipt = c.receipts.pending["node-1"]
     assert set(receipt.rejected) == {good.id, forged.id} and receipt.ids == []
     assert "in a batch under node 'node-1'" in receipt.rejected[good.id]
     await c.ledger.close()
@@ -65,7 +67,7 @@ async def test_oversized_batch_is_refused_unread_and_its_events_receipted_reject
     [summary] = await c.ledger.events()
     assert summary.data["rejected_reasons"] == {"oversized": 1}
     assert summary.data["largest_bytes"] == len(payload)
-    assert set(c._receipts["node-1"].rejected) == {e.id for e in events}
+    assert set(c.receipts.pending["node-1"].rejected) == {e.id for e in events}
     await c.ledger.close()
 
 
@@ -77,7 +79,7 @@ async def test_large_batch_is_handled_in_chunks_with_the_loop_running_between(tm
         handled = await c.handle(Message(topics.node_event_batch("node-1"), _batch(*events)))
     assert handled
     assert c.engine.counters["events"] == 900 and c.bad_messages == 0
-    assert c._receipts["node-1"].ids == [e.id for e in events]
+    assert c.receipts.pending["node-1"].ids == [e.id for e in events]
     # 900 events: 4 chunks checked, 4 handled; the loop got a turn between each (7 yields), the
     # ticker ran at least that often.
     assert turns.count >= 7
@@ -94,6 +96,6 @@ async def test_batch_over_the_node_rate_is_folded_and_all_of_it_receipted(tmp_pa
     }
     [summary] = [e for e in await c.ledger.events(limit=1000) if e.kind == Kind.BAD_INPUT]
     assert summary.data["folded"] == 600 and summary.data["folded_kinds"] == {"gpu_health": 600}
-    assert sorted(c._receipts["node-1"].ids) == sorted(e.id for e in events)
+    assert sorted(c.receipts.pending["node-1"].ids) == sorted(e.id for e in events)
     assert c.bad_messages == 0
     await c.ledger.close()

@@ -12,7 +12,6 @@ from ftd.bus import topics
 from ftd.bus.base import Message
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import parse_config
-from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.intake.fairness import (
     MAX_ID_SCAN_BYTES,
     InputBook,
@@ -20,6 +19,7 @@ from ftd.coordinator.intake.fairness import (
     TokenBucket,
     readable_ids,
 )
+from ftd.coordinator.wiring import build
 from ftd.events import Event, Kind, Receipt, Severity, decode, encode, make_event
 from tests.unit.helpers import until
 
@@ -160,7 +160,7 @@ async def test_flooding_node_is_folded_and_receipted_while_the_other_node_is_dec
     bus = AckingBus(broker)
     # A rate that refills nothing during the test, so the counts are exact: 200 ordinary events,
     # then 50 more of severity error or worse from the reserve.
-    coordinator = Coordinator(
+    coordinator = build(
         config, bus=bus, scheduler=None, node_rate=1e-6, node_burst=200, urgent_reserve=50
     )
     decided: list[str] = []

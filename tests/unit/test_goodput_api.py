@@ -15,8 +15,8 @@ from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.cli import main
 from ftd.config import ApiConfig, Config, CoordinatorConfig
 from ftd.coordinator.api.server import Api
-from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.wiring import build
 
 WEB = Path(__file__).resolve().parents[2] / "ftd" / "coordinator" / "api" / "web"
 
@@ -24,7 +24,7 @@ WEB = Path(__file__).resolve().parents[2] / "ftd" / "coordinator" / "api" / "web
 async def _get(ledger_path: Path) -> tuple[int, Any]:
     config = Config(coordinator=CoordinatorConfig(ledger_path=str(ledger_path), scheduler="slurm"))
     bus = MemoryBus(MemoryBroker())
-    coordinator = Coordinator(config, bus=bus, scheduler=None, ledger=Ledger(":memory:"))
+    coordinator = build(config, bus=bus, scheduler=None, ledger=Ledger(":memory:"))
     client: TestClient[Any, Any] = TestClient(TestServer(Api(coordinator, ApiConfig()).app))
     await client.start_server()
     try:

@@ -313,8 +313,8 @@ async def test_the_ha_probes_answer_on_the_leader_and_on_the_standby() -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
     from ftd.coordinator.api.server import ROUTES, host_allowed
-    from ftd.coordinator.ha.runner import HaStatus
     from ftd.coordinator.ha.standby_api import StandbyApi
+    from ftd.coordinator.model.leadership import HaStatus
 
     config = parse_config(_ha_config_text())
     (container,) = _ha_pod()["containers"]

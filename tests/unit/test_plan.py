@@ -10,6 +10,7 @@ from typing import Any
 
 from ftd.agent.gpu_reset import GpuResetter
 from ftd.coordinator.actions.acks import AckBook
+from ftd.coordinator.actions.directive import node_sender
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.decide.engine import Engine
@@ -216,7 +217,7 @@ async def escalate(smi: Smi, after_reboot: str) -> tuple[dict[str, Any], FakeSch
     scheduler.add_node("n1")
     agent = NodeAgent(acks, smi)
     ex = GpuReset(
-        publish=agent.publish,
+        send=node_sender(agent.publish),
         acks=acks,
         deadline_s=2,
         scheduler=scheduler,

@@ -28,6 +28,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.wiring import build
 from ftd.events import Kind, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.plugin.hookspecs import hookimpl
@@ -187,7 +188,7 @@ async def cluster(tmp_path: Path, *, fail_reset: bool = False, **coordinator: An
     config = Config(coordinator=CoordinatorConfig(**settings))
     broker = MemoryBroker()
     ledger = Ledger(settings["ledger_path"])
-    coord = Coordinator(
+    coord = build(
         config,
         bus=MemoryBus(broker, client_id="coordinator"),
         scheduler=scheduler,
@@ -327,7 +328,7 @@ async def test_a_restarted_coordinator_resumes_the_plan_where_it_stopped(tmp_pat
         )
     )
     ledger = Ledger(ledger_path)
-    coord = Coordinator(
+    coord = build(
         config,
         bus=MemoryBus(broker, client_id="coordinator"),
         scheduler=scheduler,

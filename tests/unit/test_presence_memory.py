@@ -10,10 +10,10 @@ from pathlib import Path
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.intake.presence_memory import PresenceMemory, membership
 from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
 from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.wiring import build
 from ftd.events import JobAllocation, JobPresence, RankInfo
 from tests.unit.helpers import until
 
@@ -94,7 +94,7 @@ async def test_without_a_bulk_call_each_remembered_job_is_looked_up_at_start(tmp
     scheduler = NoBulkCall()
     scheduler.add_job("7", ["node-1"])  # 7 now runs on node-1 only; 8 ended
     config = Config(coordinator=CoordinatorConfig(ledger_path=str(ledger.path), api=ApiConfig(enabled=False)))
-    coordinator = Coordinator(
+    coordinator = build(
         config, bus=MemoryBus(MemoryBroker(), client_id="coordinator"), scheduler=scheduler, ledger=ledger
     )
     run = asyncio.create_task(coordinator.run())

@@ -27,6 +27,7 @@ from ftd.coordinator.api.server import Api
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.wiring import build
 from ftd.plugin.hookspecs import hookimpl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +107,7 @@ def hooks_of(listing: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def make_coordinator(site: CoordinatorConfig) -> Coordinator:
-    return Coordinator(
+    return build(
         Config(coordinator=site),
         bus=MemoryBus(MemoryBroker()),
         scheduler=None,

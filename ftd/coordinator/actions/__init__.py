@@ -22,6 +22,7 @@ from ftd.config.schema import SlurmConfig
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
 from ftd.coordinator.actions.diagnostics import CollectDiagnostics
+from ftd.coordinator.actions.directive import NodeSend
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.notify import Notify
@@ -40,7 +41,8 @@ class ExecutorContext:
     config: Config
     state: ClusterState
     acks: AckBook
-    publish: Callable[[str, bytes], Awaitable[None]]
+    publish: Callable[[str, bytes], Awaitable[None]]  # job directives (one topic per node of the job)
+    send_to_node: NodeSend  # node directives: the node is passed along with the directive
     scheduler: Scheduler | None
     #: Told the job ftd just requeued (its nodes change): the coordinator's placement cache forgets
     #: the old list, so the ranks that start elsewhere are believed, not reported as forgeries.
@@ -65,7 +67,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         ActionKind.CHECKPOINT_RESTART: checkpoint_restart,
         ActionKind.CHECKPOINT: checkpoint_restart,  # save only: the executor skips stop and requeue
         ActionKind.GPU_RESET: GpuReset(
-            publish=ctx.publish,
+            send=ctx.send_to_node,
             acks=ctx.acks,
             deadline_s=cfg.gpu_reset_deadline_s,
             scheduler=ctx.scheduler,
@@ -75,13 +77,13 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
             reboot_deadline_s=cfg.gpu_reboot_deadline_s,
         ),
         ActionKind.COLLECT_DIAGNOSTICS: CollectDiagnostics(
-            publish=ctx.publish, state=ctx.state, acks=ctx.acks, deadline_s=cfg.diagnostics_deadline_s
+            send=ctx.send_to_node, state=ctx.state, acks=ctx.acks, deadline_s=cfg.diagnostics_deadline_s
         ),
     }
     executors[ActionKind.NOTIFY] = Notify(cfg.notify, ctx.state)  # without a webhook: the log
     # Return to service (ftd.coordinator.upkeep.return_service): the node's agent runs its preflight checks.
     executors[PREFLIGHT] = Preflight(
-        publish=ctx.publish, acks=ctx.acks, deadline_s=cfg.return_to_service.preflight_deadline_s
+        send=ctx.send_to_node, acks=ctx.acks, deadline_s=cfg.return_to_service.preflight_deadline_s
     )
     if ctx.scheduler is not None:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)

@@ -38,12 +38,12 @@ from typing import Any
 
 from ftd.bus import topics
 from ftd.coordinator.actions.acks import AckBook
-from ftd.coordinator.actions.directive import Publish, publish_with_retry
+from ftd.coordinator.actions.directive import Publish, directive_for, publish_with_retry
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.slurm_signal import ClientlessFallback
 from ftd.coordinator.model.plan import merge_state
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import Directive, DirectiveAction, RankInfo, encode
+from ftd.events import DirectiveAction, RankInfo, encode
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionState
 
@@ -102,16 +102,7 @@ class CheckpointRestart:
         params: dict[str, Any] | None = None,
     ) -> str:
         job = record.request.target
-        directive = Directive(
-            id=f"{record.id}-{action}",
-            ts=time.time(),
-            action=action,
-            job=job,
-            reason=record.request.reason,
-            deadline_s=deadline_s,
-            action_id=record.id,
-            params=params or {},
-        )
+        directive = directive_for(record, action, job=job, deadline_s=deadline_s, params=params)
         # Once to each node the job's ranks are on (placement-checked presence): no node reads another's.
         job_record = self._state.jobs.get(job)
         for topic in topics.job_directives_for(job_record.nodes if job_record else ()):

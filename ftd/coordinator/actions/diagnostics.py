@@ -17,19 +17,17 @@ derive from the action id, so a resumed action re-sends the same directives.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from ftd.coordinator.actions.acks import AckBook
-from ftd.coordinator.actions.directive import Publish, ask_node
+from ftd.coordinator.actions.directive import NodeSend, ask_node, directive_for
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import Directive
 from ftd.plugin.actions import ActionRecord, ActionState
 
 
 class CollectDiagnostics:
-    def __init__(self, *, publish: Publish, state: ClusterState, acks: AckBook, deadline_s: float) -> None:
-        self._publish = publish
+    def __init__(self, *, send: NodeSend, state: ClusterState, acks: AckBook, deadline_s: float) -> None:
+        self._send = send
         self._state = state
         self._acks = acks
         self.deadline_s = deadline_s
@@ -52,18 +50,16 @@ class CollectDiagnostics:
     async def _ask(
         self, record: ActionRecord, job: str | None, node: str, ranks: list[int]
     ) -> dict[str, Any]:
-        directive = Directive(
-            id=f"{record.id}-diag-{node}",
-            ts=time.time(),
-            action="collect_diagnostics",
+        directive = directive_for(
+            record,
+            "collect_diagnostics",
+            suffix=f"diag-{node}",
             job=job,
             node=node,
-            reason=record.request.reason,
             deadline_s=self.deadline_s,
-            action_id=record.id,
             params={"job": job, "ranks": ranks},
         )
-        ack = await ask_node(self._publish, self._acks, directive, self.deadline_s)
+        ack = await ask_node(self._send, self._acks, directive, self.deadline_s)
         if ack is None:
             return {"answered": False, "ok": False}
         answer: dict[str, Any] = {"answered": True, "ok": ack.ok, "path": ack.path, "summary": ack.reason}

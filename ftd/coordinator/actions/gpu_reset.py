@@ -40,11 +40,11 @@ import time
 from typing import Any
 
 from ftd.coordinator.actions.acks import AckBook
-from ftd.coordinator.actions.directive import Publish, ask_node
+from ftd.coordinator.actions.directive import NodeSend, ask_node, directive_for
 from ftd.coordinator.actions.scheduler import Scheduler, SchedulerError
 from ftd.coordinator.model.plan import merge_state
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import Ack, Directive
+from ftd.events import Ack
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionState
 
@@ -60,7 +60,7 @@ class GpuReset:
     def __init__(
         self,
         *,
-        publish: Publish,
+        send: NodeSend,
         acks: AckBook,
         deadline_s: float,
         scheduler: Scheduler | None = None,
@@ -73,7 +73,7 @@ class GpuReset:
         """``retry_s`` 0: a refusal is not asked again (the coordinator passes its configuration:
         ``gpu_reset_retry_s`` and friends); ``reboot_poll_s``: how often the verify phase looks for
         the rebooted node's agent."""
-        self._publish = publish
+        self._send = send
         self._acks = acks
         self.deadline_s = deadline_s
         self._scheduler = scheduler
@@ -110,17 +110,11 @@ class GpuReset:
 
     async def _ask(self, record: ActionRecord, suffix: str, params: dict[str, Any]) -> tuple[str, Ack | None]:
         node = record.request.target
-        directive = Directive(
-            id=f"{record.id}-gpu_reset{suffix}",
-            ts=time.time(),
-            action="gpu_reset",
-            node=node,
-            reason=record.request.reason,
-            deadline_s=self.deadline_s,
-            action_id=record.id,
+        directive = directive_for(
+            record, "gpu_reset", suffix=f"gpu_reset{suffix}", node=node, deadline_s=self.deadline_s,
             params=params,
         )
-        return directive.id, await ask_node(self._publish, self._acks, directive, self.deadline_s)
+        return directive.id, await ask_node(self._send, self._acks, directive, self.deadline_s)
 
     async def _reset(self, record: ActionRecord) -> dict[str, Any]:
         node = record.request.target

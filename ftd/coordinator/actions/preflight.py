@@ -1,4 +1,4 @@
-"""The ``preflight`` executor: ask a node's agent to run its preflight checks (``ftd.preflight``).
+"""The ``preflight`` executor: ask a node's agent to run its preflight checks (``ftd.agent.preflight``).
 
 Used by the return to service (:mod:`ftd.coordinator.upkeep.return_service`): a ``preflight`` node directive
 goes to ``ftd/v1/nodes/{node}/directives``; the agent runs the checks and answers with an Ack
@@ -10,12 +10,10 @@ id and the agent answers it from its record instead of running the checks twice.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ftd.coordinator.actions.acks import AckBook
-from ftd.coordinator.actions.directive import Publish, ask_node
-from ftd.events import Directive
+from ftd.coordinator.actions.directive import NodeSend, ask_node, directive_for
 from ftd.plugin.actions import ActionRecord, ActionState
 
 PREFLIGHT = "preflight"
@@ -25,23 +23,15 @@ class Preflight:
     """The ``preflight`` executor: ask the node's agent to run its preflight checks; succeeded when
     they pass, escalated when they fail (the reason in ``detail``), failed on no answer."""
 
-    def __init__(self, *, publish: Publish, acks: AckBook, deadline_s: float) -> None:
-        self._publish = publish
+    def __init__(self, *, send: NodeSend, acks: AckBook, deadline_s: float) -> None:
+        self._send = send
         self._acks = acks
         self.deadline_s = deadline_s
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         node = record.request.target
-        directive = Directive(
-            id=f"{record.id}-preflight",
-            ts=time.time(),
-            action="preflight",
-            node=node,
-            reason=record.request.reason,
-            deadline_s=self.deadline_s,
-            action_id=record.id,
-        )
-        ack = await ask_node(self._publish, self._acks, directive, self.deadline_s)
+        directive = directive_for(record, "preflight", node=node, deadline_s=self.deadline_s)
+        ack = await ask_node(self._send, self._acks, directive, self.deadline_s)
         if ack is None:
             return {
                 "state": str(ActionState.FAILED),

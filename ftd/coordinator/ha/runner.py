@@ -44,11 +44,8 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
-
-from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ftd.bus.base import Bus, Message
 from ftd.config import Config
@@ -58,56 +55,11 @@ from ftd.coordinator.ha.lease import FencedBus, FencedScheduler, Lease, guard_ex
 from ftd.coordinator.ha.standby_api import StandbyApi
 from ftd.coordinator.ledger.postgres import PgLedger
 from ftd.coordinator.ledger.store import LedgerUnavailable
+from ftd.coordinator.model.leadership import HaStatus
 from ftd.logs import get_logger
 from ftd.sdnotify import notify, ping_watchdog
 
 log = get_logger(__name__)
-
-
-@dataclass
-class HaStatus:
-    """Who leads, as this replica knows it (``/metrics``, ``GET /v1/ha``, ``ftd status``)."""
-
-    identity: str
-    role: str = "standby"  # standby | leader
-    epoch: int | None = None  # this replica's term while it leads
-    leader: str | None = None  # the lease holder as last read
-    leader_epoch: int = 0
-    lease_age_s: float | None = None  # since the holder's last renewal
-    lease_expires_in_s: float | None = None
-    terms: int = 0  # terms this replica has led
-    takeovers: list[float] = field(default_factory=list)  # wall time each term began
-    database_ok: bool = True
-
-    def metrics(self) -> Iterator[Metric]:
-        """Prometheus gauges: leader (1 on the replica that leads), epoch, lease age."""
-        leader = GaugeMetricFamily(
-            "ftd_ha_leader", "1 while this coordinator holds the lease, else 0.", labels=["identity"]
-        )
-        leader.add_metric([self.identity], 1.0 if self.role == "leader" else 0.0)
-        yield leader
-        yield GaugeMetricFamily(
-            "ftd_ha_epoch", "The lease epoch (fencing token) as last read.", value=self.leader_epoch
-        )
-        yield GaugeMetricFamily(
-            "ftd_ha_lease_age_seconds",
-            "Seconds since the leader last renewed the lease (as last read).",
-            value=self.lease_age_s if self.lease_age_s is not None else float("nan"),
-        )
-        yield GaugeMetricFamily("ftd_ha_terms", "Terms this coordinator has led.", value=self.terms)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "identity": self.identity,
-            "role": self.role,
-            "epoch": self.epoch,
-            "leader": self.leader,
-            "leader_epoch": self.leader_epoch,
-            "lease_age_s": self.lease_age_s,
-            "lease_expires_in_s": self.lease_expires_in_s,
-            "terms": self.terms,
-            "database_ok": self.database_ok,
-        }
 
 
 class RetainedView:
@@ -282,7 +234,7 @@ class HaRunner:
             await asyncio.sleep(self.poll_s)
 
     async def _lead(self) -> None:
-        from ftd.coordinator.daemon import Coordinator
+        from ftd.coordinator.wiring import build
 
         epoch = self.lease.check()
         status = self.status
@@ -297,7 +249,7 @@ class HaRunner:
         ledger.epoch = epoch
         bus = FencedBus(self.make_bus(), check)
         scheduler = FencedScheduler(self.scheduler, check) if self.scheduler is not None else None
-        coordinator = Coordinator(
+        coordinator = build(
             self.config, bus=bus, scheduler=scheduler, ledger=ledger, extra_plugins=self.extra_plugins
         )
         coordinator.engine.executors = guard_executors(coordinator.engine.executors, check)

@@ -44,7 +44,7 @@ from ftd.logs import get_logger
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from ftd.coordinator.ha.runner import HaStatus
+    from ftd.coordinator.model.leadership import HaStatus
 
 log = get_logger(__name__)
 
