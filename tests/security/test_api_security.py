@@ -20,7 +20,7 @@ import pytest
 
 from ftd.config import ApiConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.api.server import Api
+from ftd.coordinator.api import Api
 from ftd.coordinator.daemon import Coordinator
 from tests.realparts import free_port
 from tests.unit.live_api import TOKEN, live_api
@@ -59,7 +59,7 @@ def test_dns_rebinding_style_request_is_refused_on_a_live_api() -> None:
 
 
 def test_allowed_hosts_adds_names_and_star_disables_the_check() -> None:
-    from ftd.coordinator.api.server import host_allowed
+    from ftd.coordinator.api import host_allowed
 
     cfg = ApiConfig(host="10.0.0.5", allowed_hosts=["ftd.example.org"])
     assert host_allowed("ftd.example.org:8787", cfg) and host_allowed("FTD.example.org", cfg)
@@ -160,7 +160,7 @@ async def test_a_blocked_address_never_blocks_a_correct_token_from_another(serve
 
 
 def test_the_back_off_is_documented_in_openapi() -> None:
-    from ftd.coordinator.api.server import openapi_document
+    from ftd.coordinator.api import openapi_document
 
     for path, ops in openapi_document()["paths"].items():
         for method, op in ops.items():

@@ -11,7 +11,7 @@ from typing import Any
 
 from ftd.config import ApiConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.api.server import Api
+from ftd.coordinator.api import Api
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.realparts import free_port
 from tests.unit.test_api import TOKEN, make_coordinator, populate

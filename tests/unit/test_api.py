@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig, PolicyConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.api.server import ROUTES, Api, openapi_document, resolve_token
+from ftd.coordinator.api import ROUTES, Api, openapi_document, resolve_token
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.wiring import build

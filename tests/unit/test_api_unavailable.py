@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
-from ftd.coordinator.api.server import Api
+from ftd.coordinator.api import Api
 from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.wiring import build
 from ftd.events import NodeStatus

@@ -312,7 +312,7 @@ async def test_the_ha_probes_answer_on_the_leader_and_on_the_standby() -> None:
     # DNS-rebinding check.
     from aiohttp.test_utils import TestClient, TestServer
 
-    from ftd.coordinator.api.server import ROUTES, host_allowed
+    from ftd.coordinator.api import ROUTES, host_allowed
     from ftd.coordinator.ha.standby_api import StandbyApi
     from ftd.coordinator.model.leadership import HaStatus
 

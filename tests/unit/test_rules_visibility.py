@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig
-from ftd.coordinator.api.server import Api
+from ftd.coordinator.api import Api
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name
 from ftd.coordinator.ledger.sqlite import Ledger

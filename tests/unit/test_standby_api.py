@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from ftd.config import ApiConfig
-from ftd.coordinator.api.server import WEB_DIR
+from ftd.coordinator.api import WEB_DIR
 from ftd.coordinator.ha.standby_api import StandbyApi
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.leadership import HaStatus

@@ -35,30 +35,51 @@ Robustness: path, query and body are validated with msgspec; every problem is a 
 answered as JSON too. No input produces a 500 (a schemathesis run in the tests checks it).
 """
 
+
 from __future__ import annotations
 
 import hmac
 import math
-import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ftd import __version__
-from ftd.config import ApiConfig, read_secret_file
+from ftd.config import ApiConfig
+from ftd.coordinator.api.dashboard import dashboard_index, dashboard_static, last_run_path
+from ftd.coordinator.api.guard import MAX_TRACKED_ADDRESSES, host_check, resolve_token
+from ftd.coordinator.api.metrics import MetricsCollector
+from ftd.coordinator.api.parsing import ApiError, json_response, path_param, read_body, read_query
+from ftd.coordinator.api.routes import ROUTES, Handler, Route, openapi_document
+from ftd.coordinator.api.wire import (
+    MAX_BODY,
+    ActionId,
+    ActionsQuery,
+    ApproveRequest,
+    DrainRequest,
+    Error,
+    EventsQuery,
+    Health,
+    JobId,
+    JobOut,
+    NodeName,
+    NodeOut,
+    RejectRequest,
+    RestartRequest,
+    ResumeRequest,
+    RuleOut,
+    RulesOut,
+    action_out,
+)
 from ftd.coordinator.decide.plugins import describe_plugins, disabled_plugins
 from ftd.coordinator.ledger.store import LedgerUnavailable
-from ftd.events import Event, JobAllocation
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
@@ -66,514 +87,6 @@ if TYPE_CHECKING:
     from ftd.coordinator.daemon import Coordinator
 
 log = get_logger(__name__)
-T = TypeVar("T")
-
-WEB_DIR = Path(__file__).with_name("web")
-STATIC_FILES = {  # name -> content type; only these are served (no path is ever built from input)
-    "app.js": "text/javascript; charset=utf-8",
-    "style.css": "text/css; charset=utf-8",
-}
-MAX_BODY = 64 * 1024
-MAX_LIMIT = 1000
-
-# --------------------------------------------------------------------------------------------------
-# Input types (validated with msgspec; the OpenAPI schemas are generated from them)
-
-_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-NodeName = Annotated[str, msgspec.Meta(pattern=_NAME_RE, description="A node name.")]
-JobId = Annotated[str, msgspec.Meta(pattern=_NAME_RE, description="A job id.")]
-ActionId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, description="An action id.")]
-Operator = Annotated[
-    str,
-    msgspec.Meta(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$",
-        description="Who asks (recorded as the action's rule, api:<by>).",
-    ),
-]
-Reason = Annotated[
-    str,
-    msgspec.Meta(
-        min_length=1,
-        max_length=200,
-        pattern=r"^[^\x00-\x1f\x7f]+$",
-        description="Why (one line; shown in the scheduler's drain reason and the ledger).",
-    ),
-]
-Limit = Annotated[int, msgspec.Meta(ge=1, le=MAX_LIMIT, description="How many, newest first.")]
-
-
-class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    reason: Reason
-    by: Operator = "operator"
-
-
-class ResumeRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    reason: Reason = "manual resume"
-    by: Operator = "operator"
-
-
-class RestartRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    reason: Reason
-    exclude: Annotated[
-        list[NodeName], msgspec.Meta(max_length=64, description="Nodes the restarted job must avoid.")
-    ] = msgspec.field(default_factory=list)
-    by: Operator = "operator"
-
-
-class ApproveRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    by: Operator = "operator"
-
-
-class RejectRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    reason: Reason = "rejected by operator"
-    by: Operator = "operator"
-
-
-class EventsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    limit: Limit = 100
-    node: NodeName | None = None
-
-
-class ActionsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    limit: Limit = 100
-
-
-# --------------------------------------------------------------------------------------------------
-# Output types
-
-
-class Error(msgspec.Struct, frozen=True, kw_only=True):
-    error: str
-
-
-class Health(msgspec.Struct, frozen=True, kw_only=True):
-    status: Literal["ok"]
-    version: str
-    bus_connected: bool
-    uptime_s: float
-    actions_in_progress: int
-
-
-class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    online: bool
-    drained: bool  # drained by ftd
-    drain_reason: str
-    last_change: float
-    jobs: list[str]
-    # drained or down by someone else, as the scheduler says (upkeep.reconcile); not ftd's budget
-    unavailable: str | None = None
-    # the node's active critical conditions as its agent sees them (what `ftd health` reports there)
-    conditions: list[str] = msgspec.field(default_factory=list)
-
-
-class RuleOut(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    source: str  # builtin | entry_point | rule_dir | declarative | extra (ftd.coordinator.decide.plugins)
-    origin: str  # module, distribution, rule file or rules file
-    hooks: list[str]
-
-
-class RulesOut(msgspec.Struct, frozen=True, kw_only=True):
-    rules: list[RuleOut]
-    disabled: list[str]  # coordinator.disabled_rules: blocked, not loaded
-
-
-class JobOut(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    nodes: list[str]
-    ranks: list[int]
-    last_step: int | None
-    ranks_by_node: dict[str, list[int]]
-    # node -> what the scheduler's Prolog reported (user, GPUs, ...); a job without the client has
-    # only these (ftd.agent.jobs)
-    allocations: dict[str, JobAllocation] = msgspec.field(default_factory=dict)
-
-
-class ActionOut(msgspec.Struct, frozen=True, kw_only=True):
-    id: str
-    kind: str
-    target: str
-    state: ActionState
-    reason: str
-    rule: str
-    params: dict[str, Any]
-    event_id: str | None
-    detail: dict[str, Any]
-    created: float
-    updated: float
-
-
-def action_out(record: ActionRecord) -> ActionOut:
-    req = record.request
-    return ActionOut(
-        id=record.id,
-        kind=req.kind,
-        target=req.target,
-        state=record.state,
-        reason=req.reason,
-        rule=req.rule,
-        params=req.params,
-        event_id=req.event_id,
-        detail=record.detail,
-        created=record.created,
-        updated=record.updated,
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# Helpers
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
-
-
-_encoder = msgspec.json.Encoder()
-
-
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(
-        body=_encoder.encode(data), status=status, content_type="application/json", headers=headers
-    )
-
-
-def _validation_message(exc: msgspec.DecodeError, where: str) -> str:
-    text = str(exc)
-    if isinstance(exc, msgspec.DecodeError) and not isinstance(exc, msgspec.ValidationError):
-        return f"{where}: not valid JSON ({text})"
-    text = re.sub(r"\$\.?", "", text)  # "Expected `int`, got `str` - at `$.limit`" -> "... at `limit`"
-    return f"{where}: {text}"
-
-
-def _path_param(request: web.Request, name: str, type_: Any) -> Any:
-    value = request.match_info[name]
-    try:
-        return msgspec.convert(value, type_)
-    except msgspec.ValidationError:
-        raise ApiError(400, f"path parameter {name!r}: {value[:80]!r} is not a valid {name}") from None
-
-
-def _query(request: web.Request, type_: type[T]) -> T:
-    data: dict[str, str] = {}
-    for key in request.query:
-        values = request.query.getall(key)
-        if len(values) > 1:
-            raise ApiError(400, f"query parameter {key!r} given {len(values)} times")
-        data[key] = values[0]
-    try:
-        return msgspec.convert(data, type_, strict=False)
-    except msgspec.ValidationError as exc:
-        raise ApiError(400, _validation_message(exc, "query")) from None
-
-
-async def _body(request: web.Request, type_: type[T], *, required: bool) -> T:
-    raw = await request.read()
-    if not raw.strip():
-        if required:
-            raise ApiError(400, "request body: a JSON object is required")
-        raw = b"{}"
-    try:
-        return msgspec.json.decode(raw, type=type_)
-    except msgspec.DecodeError as exc:
-        raise ApiError(400, _validation_message(exc, "request body")) from None
-
-
-def resolve_token(cfg: ApiConfig) -> str | None:
-    """The API token from ``token_file`` (:func:`ftd.config.read_secret_file`: relative to
-    ``$CREDENTIALS_DIRECTORY`` when set); ``None`` when unset. Unreadable or empty: ``ConfigError``
-    (a ``ValueError``)."""
-    if cfg.token_file is None:
-        return None
-    return read_secret_file(cfg.token_file, "coordinator.api.token_file").strip()
-
-
-# --------------------------------------------------------------------------------------------------
-# Metrics
-
-
-class _Collector:
-    """Reads the coordinator's live counters at scrape time (no double bookkeeping)."""
-
-    def __init__(self, api: Api) -> None:
-        self._api = api
-
-    def collect(self) -> Iterator[Metric]:
-        c = self._api.coordinator
-        counters = c.engine.counters
-        for name, key, text in (
-            ("ftd_events_received", "events", "Events received and evaluated (duplicates excluded)."),
-            ("ftd_events_duplicate", "duplicates", "Events dropped as duplicates (id already in ledger)."),
-            ("ftd_rule_errors", "rule_errors", "Rule calls that raised."),
-        ):
-            yield CounterMetricFamily(name, text, value=counters.get(key, 0))
-        yield CounterMetricFamily(
-            "ftd_bad_messages", "Bus messages that failed to decode or validate.", value=c.bad_messages
-        )
-        actions = CounterMetricFamily(
-            "ftd_actions",
-            "Action state transitions seen by this process, by kind and state.",
-            labels=["kind", "state"],
-        )
-        for (kind, state), count in sorted(self._api.action_transitions.items()):
-            actions.add_metric([kind, state], count)
-        yield actions
-        nodes = c.state.nodes.values()
-        gauge = GaugeMetricFamily("ftd_nodes", "Nodes known to the coordinator, by state.", labels=["state"])
-        gauge.add_metric(["online"], sum(1 for n in nodes if n.online))
-        gauge.add_metric(["offline"], sum(1 for n in nodes if not n.online))
-        gauge.add_metric(["drained"], sum(1 for n in nodes if n.drained_by_ftd))
-        gauge.add_metric(["unavailable"], len(c.state.unavailable))  # drained/down by others
-        yield gauge
-        yield GaugeMetricFamily(
-            "ftd_jobs", "Jobs with ranks registered at an agent.", value=len(c.state.jobs)
-        )
-        if c.ha is not None:  # active/standby (ftd.coordinator.ha.runner): leader, epoch, lease age
-            yield from c.ha.metrics()
-
-
-# --------------------------------------------------------------------------------------------------
-# The application
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True)
-class Route:
-    method: str
-    path: str
-    handler: str  # name of the Api method
-    summary: str
-    mutating: bool = False
-    body: type | None = None
-    body_required: bool = False
-    query: type | None = None
-    params: tuple[tuple[str, Any], ...] = ()
-    ok: tuple[int, Any, str] = (200, None, "application/json")  # status, response type, content type
-    extra: tuple[int, ...] = ()  # other documented statuses
-
-
-_NODE = (("node", NodeName),)
-_JOB = (("job", JobId),)
-_ACTION = (("id", ActionId),)
-
-ROUTES: tuple[Route, ...] = (
-    Route("GET", "/healthz", "healthz", "Liveness: the coordinator process answers.", ok=(200, Health, "")),
-    Route("GET", "/metrics", "metrics", "Prometheus metrics.", ok=(200, str, "text/plain")),
-    Route("GET", "/openapi.json", "openapi", "This document.", ok=(200, dict[str, Any], "")),
-    Route("GET", "/", "index", "The live dashboard.", ok=(200, str, "text/html")),
-    Route(
-        "GET",
-        "/static/{name}",
-        "static",
-        "Dashboard assets.",
-        params=(("name", Annotated[str, msgspec.Meta(max_length=64)]),),
-        ok=(200, str, "text/javascript,text/css"),
-        extra=(404,),
-    ),
-    Route("GET", "/v1/nodes", "nodes", "Nodes, online/offline and drained.", ok=(200, list[NodeOut], "")),
-    Route(
-        "GET",
-        "/v1/ha",
-        "ha",
-        "Active/standby: this coordinator's role, the leader, the lease epoch and age (sqlite: single).",
-        ok=(200, dict[str, Any], ""),
-    ),
-    Route(
-        "GET",
-        "/v1/gpus",
-        "gpus",
-        "GPU records by UUID (empty if not tracked).",
-        ok=(200, list[dict[str, Any]], ""),
-    ),
-    Route(
-        "GET",
-        "/v1/jobs",
-        "jobs",
-        "Jobs: ranks registered at agents, and jobs the Slurm Prolog reported.",
-        ok=(200, list[JobOut], ""),
-    ),
-    Route(
-        "GET",
-        "/v1/rules",
-        "rules",
-        "The rule plugins loaded: name, source, origin and hooks; and the disabled ones.",
-        ok=(200, RulesOut, ""),
-    ),
-    Route(
-        "GET",
-        "/v1/sim/goodput",
-        "goodput",
-        "The last `ftd sim goodput --config` run for this coordinator (its JSON report).",
-        ok=(200, dict[str, Any], ""),
-        extra=(404,),
-    ),
-    Route(
-        "GET",
-        "/v1/events",
-        "events",
-        "Recent events from the ledger, newest first.",
-        query=EventsQuery,
-        ok=(200, list[Event], ""),
-        extra=(400,),
-    ),
-    Route(
-        "GET",
-        "/v1/actions",
-        "actions",
-        "Recent actions from the ledger, newest first.",
-        query=ActionsQuery,
-        ok=(200, list[ActionOut], ""),
-        extra=(400,),
-    ),
-    Route(
-        "GET",
-        "/v1/actions/{id}",
-        "action",
-        "One action.",
-        params=_ACTION,
-        ok=(200, ActionOut, ""),
-        extra=(400, 404),
-    ),
-    Route(
-        "POST",
-        "/v1/actions/{id}/approve",
-        "approve",
-        "Approve an action waiting for approval.",
-        mutating=True,
-        params=_ACTION,
-        body=ApproveRequest,
-        ok=(200, ActionOut, ""),
-        extra=(400, 404),
-    ),
-    Route(
-        "POST",
-        "/v1/actions/{id}/reject",
-        "reject",
-        "Reject an action waiting for approval.",
-        mutating=True,
-        params=_ACTION,
-        body=RejectRequest,
-        ok=(200, ActionOut, ""),
-        extra=(400, 404),
-    ),
-    Route(
-        "POST",
-        "/v1/nodes/{node}/drain",
-        "drain",
-        "Drain a node (through the policy gate).",
-        mutating=True,
-        params=_NODE,
-        body=DrainRequest,
-        body_required=True,
-        ok=(202, ActionOut, ""),
-        extra=(200, 400, 404),
-    ),
-    Route(
-        "POST",
-        "/v1/nodes/{node}/resume",
-        "resume",
-        "Resume a node ftd drained (through the gate).",
-        mutating=True,
-        params=_NODE,
-        body=ResumeRequest,
-        ok=(202, ActionOut, ""),
-        extra=(200, 400, 404),
-    ),
-    Route(
-        "POST",
-        "/v1/jobs/{job}/restart",
-        "restart",
-        "Checkpoint, stop and requeue a job (through the gate).",
-        mutating=True,
-        params=_JOB,
-        body=RestartRequest,
-        body_required=True,
-        ok=(202, ActionOut, ""),
-        extra=(200, 400, 404),
-    ),
-)
-
-_STATUS_TEXT = {
-    200: "OK",
-    202: "Accepted (the action started)",
-    400: "Invalid input",
-    401: "Missing or wrong token",
-    403: "Mutating calls are disabled (no token configured)",
-    404: "Unknown id",
-    421: "The Host header names no host this API serves (DNS rebinding protection)",
-    429: "Too many failed token checks from this address: retry after Retry-After seconds",
-}
-MAX_TRACKED_ADDRESSES = 10_000
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
-
-def _host_name(header: str) -> str:
-    """The name of a Host header: lowercased, port and trailing dot removed, IPv6 brackets dropped."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        name = header[1 : header.find("]")] if "]" in header else header[1:]
-    else:
-        name = header.rsplit(":", 1)[0] if header.count(":") == 1 else header
-    return name.rstrip(".")
-
-
-def host_allowed(header: str | None, cfg: ApiConfig) -> bool:
-    """Whether a request's ``Host`` header names this API (see the module docstring)."""
-    if "*" in cfg.allowed_hosts:
-        return True
-    if not header:
-        return False
-    allowed = {_host_name(h) for h in (cfg.host, *LOOPBACK_NAMES, *cfg.allowed_hosts)}
-    return _host_name(header) in allowed
-
-
-def host_check(cfg: ApiConfig, counters: dict[str, int]) -> Middleware:
-    """The DNS rebinding guard (see the module docstring) as an aiohttp middleware: a request whose
-    ``Host`` names no host of ``cfg`` is answered 421, counted in ``counters["wrong_host"]``. The full
-    API and the standby's (:mod:`ftd.coordinator.ha.standby_api`) both put it in front of every route."""
-
-    @web.middleware
-    async def check_host(request: web.Request, handler: Handler) -> web.StreamResponse:
-        host = request.headers.get("Host")
-        if host_allowed(host, cfg):
-            return await handler(request)
-        counters["wrong_host"] = counters.get("wrong_host", 0) + 1
-        if counters["wrong_host"] <= 10 or counters["wrong_host"] % 1000 == 0:
-            log.warning("api_wrong_host", host=(host or "")[:100], remote=request.remote)
-        message = (
-            f"this API does not serve host {(host or '')[:100]!r} (DNS rebinding protection): "
-            "reach it by an allowed name, or add this one to coordinator.api.allowed_hosts"
-        )
-        return json_response(Error(error=message), 421)
-
-    return check_host
-
-
-async def dashboard_index(request: web.Request) -> web.Response:
-    """``GET /``: the dashboard page (``web/index.html``), never cached stale."""
-    return web.Response(
-        body=(WEB_DIR / "index.html").read_bytes(),
-        content_type="text/html",
-        charset="utf-8",
-        headers={"Cache-Control": "no-cache"},
-    )
-
-
-async def dashboard_static(request: web.Request) -> web.Response:
-    """``GET /static/{name}``: one of :data:`STATIC_FILES` (no path is ever built from input), else 404."""
-    name = request.match_info["name"]
-    content_type = STATIC_FILES.get(name)
-    if content_type is None:
-        return json_response(Error(error=f"no such file: {name[:64]!r}"), 404)
-    return web.Response(
-        body=(WEB_DIR / name).read_bytes(),
-        headers={"Content-Type": content_type, "Cache-Control": "no-cache"},
-    )
 
 
 @dataclass
@@ -600,7 +113,7 @@ class Api:
         self.started = time.time()
         self.action_transitions: dict[tuple[str, str], int] = {}
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_Collector(self))
+        self.registry.register(MetricsCollector(coordinator, self.action_transitions))
         self.decision_latency = Histogram(
             "ftd_decision_latency_seconds",
             "Seconds from an event's receipt to the verdicts on the actions it caused.",
@@ -792,8 +305,6 @@ class Api:
         )
 
     async def goodput(self, request: web.Request) -> web.Response:
-        from ftd.sim.goodput import last_run_path
-
         path = last_run_path(self.coordinator.config.coordinator.ledger_path)
         try:
             report = msgspec.json.decode(path.read_bytes()) if path is not None else None
@@ -833,15 +344,15 @@ class Api:
         )
 
     async def events(self, request: web.Request) -> web.Response:
-        q = _query(request, EventsQuery)
+        q = read_query(request, EventsQuery)
         return json_response(await self.coordinator.ledger.events(limit=q.limit, node=q.node))
 
     async def actions(self, request: web.Request) -> web.Response:
-        q = _query(request, ActionsQuery)
+        q = read_query(request, ActionsQuery)
         return json_response([action_out(r) for r in await self.coordinator.ledger.actions(limit=q.limit)])
 
     async def _record(self, request: web.Request) -> ActionRecord:
-        action_id: str = _path_param(request, "id", ActionId)
+        action_id: str = path_param(request, "id", ActionId)
         record = await self.coordinator.ledger.action(action_id)
         if record is None:
             raise ApiError(404, f"no action with id {action_id[:80]!r}")
@@ -854,7 +365,7 @@ class Api:
 
     async def _decide(self, request: web.Request, verb: str, body_type: type[Any]) -> web.Response:
         record = await self._record(request)
-        body = await _body(request, body_type, required=False)
+        body = await read_body(request, body_type, required=False)
         engine = self.coordinator.engine
         try:
             if verb == "approve":
@@ -879,30 +390,30 @@ class Api:
         return json_response(action_out(record), 202 if started else 200)
 
     def _known_node(self, request: web.Request) -> str:
-        node: str = _path_param(request, "node", NodeName)
+        node: str = path_param(request, "node", NodeName)
         if node not in self.coordinator.state.nodes:
             raise ApiError(404, f"node {node!r} is not known to the coordinator (no agent has reported it)")
         return node
 
     async def drain(self, request: web.Request) -> web.Response:
         node = self._known_node(request)
-        body = await _body(request, DrainRequest, required=True)
+        body = await read_body(request, DrainRequest, required=True)
         return await self._submit(
             ActionRequest(kind=ActionKind.DRAIN_NODE, target=node, reason=body.reason, rule=f"api:{body.by}")
         )
 
     async def resume(self, request: web.Request) -> web.Response:
         node = self._known_node(request)
-        body = await _body(request, ResumeRequest, required=False)
+        body = await read_body(request, ResumeRequest, required=False)
         return await self._submit(
             ActionRequest(kind=ActionKind.RESUME_NODE, target=node, reason=body.reason, rule=f"api:{body.by}")
         )
 
     async def restart(self, request: web.Request) -> web.Response:
-        job: str = _path_param(request, "job", JobId)
+        job: str = path_param(request, "job", JobId)
         if job not in self.coordinator.state.jobs:
             raise ApiError(404, f"job {job!r} is not known to the coordinator (no rank has registered)")
-        body = await _body(request, RestartRequest, required=True)
+        body = await read_body(request, RestartRequest, required=True)
         return await self._submit(
             ActionRequest(
                 kind=ActionKind.CHECKPOINT_RESTART,
@@ -928,90 +439,3 @@ async def start_api(coordinator: Coordinator) -> Api | None:
         log.error("http_api_not_started", error=str(exc), host=cfg.host, port=cfg.port)
         return None
     return api
-
-
-# --------------------------------------------------------------------------------------------------
-# OpenAPI
-
-
-def _param_schema(t: Any, default: Any = msgspec.NODEFAULT) -> dict[str, Any]:
-    schema: dict[str, Any] = msgspec.json.schema(t)
-    schema.pop("$defs", None)
-    options = [s for s in schema.get("anyOf", ()) if s.get("type") != "null"]
-    if len(options) == 1:  # ``X | None``: a query parameter is absent or an X, never null
-        schema = options[0]
-    if default is not msgspec.NODEFAULT and default is not None:
-        schema["default"] = default
-    return schema
-
-
-def openapi_document() -> dict[str, Any]:
-    types: list[Any] = [Error]
-    for route in ROUTES:
-        if route.body is not None:
-            types.append(route.body)
-        if route.ok[1] is not None and route.ok[2] == "":
-            types.append(route.ok[1])
-    schemas, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
-    by_type = dict(zip(types, schemas, strict=True))
-    error = {"application/json": {"schema": by_type[Error]}}
-    paths: dict[str, dict[str, Any]] = {}
-    for route in ROUTES:
-        op: dict[str, Any] = {"operationId": route.handler, "summary": route.summary}
-        params: list[dict[str, Any]] = [
-            {"name": name, "in": "path", "required": True, "schema": _param_schema(t)}
-            for name, t in route.params
-        ]
-        if route.query is not None:
-            for field in msgspec.structs.fields(route.query):
-                params.append(
-                    {
-                        "name": field.encode_name,
-                        "in": "query",
-                        "required": False,
-                        "schema": _param_schema(field.type, field.default),
-                    }
-                )
-        if params:
-            op["parameters"] = params
-        if route.body is not None:
-            op["requestBody"] = {
-                "required": route.body_required,
-                "content": {"application/json": {"schema": by_type[route.body]}},
-            }
-        status, out, content_type = route.ok
-        if content_type == "":
-            ok_content = {"application/json": {"schema": by_type[out]}}
-        else:
-            ok_content = {ct: {"schema": {"type": "string"}} for ct in content_type.split(",")}
-        responses: dict[str, Any] = {
-            str(status): {"description": _STATUS_TEXT.get(status, "OK"), "content": ok_content}
-        }
-        extra = set(route.extra) | {421}
-        if route.mutating:
-            op["security"] = [{"bearer": []}]
-            extra |= {401, 403, 429}
-        for code in sorted(extra):
-            if code == 200 and route.ok[0] == 202:
-                responses["200"] = {
-                    "description": "Decided but not started (suppressed, dry-run, failed)",
-                    "content": ok_content,
-                }
-            else:
-                responses[str(code)] = {"description": _STATUS_TEXT[code], "content": error}
-        op["responses"] = responses
-        paths.setdefault(route.path, {})[route.method.lower()] = op
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "ftd coordinator",
-            "version": __version__,
-            "description": "Cluster state, the decision ledger and manual actions. Mutating calls need "
-            "Authorization: Bearer <token> (coordinator.api.token_file).",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-    }

@@ -37,7 +37,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ftd import __version__
 from ftd.config.schema import ApiConfig
-from ftd.coordinator.api.server import action_out, dashboard_index, dashboard_static, host_check
+from ftd.coordinator.api.dashboard import dashboard_index, dashboard_static
+from ftd.coordinator.api.guard import host_check
+from ftd.coordinator.api.wire import action_out
 from ftd.coordinator.ledger.store import LedgerStore, LedgerUnavailable
 from ftd.logs import get_logger
 

@@ -10,14 +10,7 @@ set-ups, with a source for every number, are data: ``ftd/sim/data/*.toml``.
 
 from __future__ import annotations
 
-from pathlib import Path
+# The dashboard reads the last run from this path (the coordinator knows nothing of the simulator).
+from ftd.coordinator.api.dashboard import LAST_RUN, last_run_path
 
-LAST_RUN = "goodput-last.json"
-
-
-def last_run_path(ledger_path: str) -> Path | None:
-    """Where ``ftd sim goodput --config`` leaves its last run for that coordinator's dashboard: beside
-    the coordinator's ledger (its state directory). None for an in-memory ledger."""
-    if ledger_path == ":memory:":
-        return None
-    return Path(ledger_path).parent / LAST_RUN
+__all__ = ["LAST_RUN", "last_run_path"]

@@ -1,0 +1,302 @@
+"""The API's routes and its OpenAPI 3.1 document, generated from one table.
+
+:data:`ROUTES` names each route's method, path, handler (a method of
+:class:`ftd.coordinator.api.server.Api`), whether it mutates (token required), and the wire types of
+its parameters, body and answer; :func:`openapi_document` is built from the same table and the same
+msgspec Structs, so the document cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from ftd import __version__
+from ftd.coordinator.api.wire import (
+    ActionId,
+    ActionOut,
+    ActionsQuery,
+    ApproveRequest,
+    DrainRequest,
+    Error,
+    EventsQuery,
+    Health,
+    JobId,
+    JobOut,
+    NodeName,
+    NodeOut,
+    RejectRequest,
+    RestartRequest,
+    ResumeRequest,
+    RulesOut,
+)
+from ftd.events import Event
+from ftd.logs import get_logger
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+# --------------------------------------------------------------------------------------------------
+# The application
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: str  # name of the Api method
+    summary: str
+    mutating: bool = False
+    body: type | None = None
+    body_required: bool = False
+    query: type | None = None
+    params: tuple[tuple[str, Any], ...] = ()
+    ok: tuple[int, Any, str] = (200, None, "application/json")  # status, response type, content type
+    extra: tuple[int, ...] = ()  # other documented statuses
+
+
+_NODE = (("node", NodeName),)
+_JOB = (("job", JobId),)
+_ACTION = (("id", ActionId),)
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/healthz", "healthz", "Liveness: the coordinator process answers.", ok=(200, Health, "")),
+    Route("GET", "/metrics", "metrics", "Prometheus metrics.", ok=(200, str, "text/plain")),
+    Route("GET", "/openapi.json", "openapi", "This document.", ok=(200, dict[str, Any], "")),
+    Route("GET", "/", "index", "The live dashboard.", ok=(200, str, "text/html")),
+    Route(
+        "GET",
+        "/static/{name}",
+        "static",
+        "Dashboard assets.",
+        params=(("name", Annotated[str, msgspec.Meta(max_length=64)]),),
+        ok=(200, str, "text/javascript,text/css"),
+        extra=(404,),
+    ),
+    Route("GET", "/v1/nodes", "nodes", "Nodes, online/offline and drained.", ok=(200, list[NodeOut], "")),
+    Route(
+        "GET",
+        "/v1/ha",
+        "ha",
+        "Active/standby: this coordinator's role, the leader, the lease epoch and age (sqlite: single).",
+        ok=(200, dict[str, Any], ""),
+    ),
+    Route(
+        "GET",
+        "/v1/gpus",
+        "gpus",
+        "GPU records by UUID (empty if not tracked).",
+        ok=(200, list[dict[str, Any]], ""),
+    ),
+    Route(
+        "GET",
+        "/v1/jobs",
+        "jobs",
+        "Jobs: ranks registered at agents, and jobs the Slurm Prolog reported.",
+        ok=(200, list[JobOut], ""),
+    ),
+    Route(
+        "GET",
+        "/v1/rules",
+        "rules",
+        "The rule plugins loaded: name, source, origin and hooks; and the disabled ones.",
+        ok=(200, RulesOut, ""),
+    ),
+    Route(
+        "GET",
+        "/v1/sim/goodput",
+        "goodput",
+        "The last `ftd sim goodput --config` run for this coordinator (its JSON report).",
+        ok=(200, dict[str, Any], ""),
+        extra=(404,),
+    ),
+    Route(
+        "GET",
+        "/v1/events",
+        "events",
+        "Recent events from the ledger, newest first.",
+        query=EventsQuery,
+        ok=(200, list[Event], ""),
+        extra=(400,),
+    ),
+    Route(
+        "GET",
+        "/v1/actions",
+        "actions",
+        "Recent actions from the ledger, newest first.",
+        query=ActionsQuery,
+        ok=(200, list[ActionOut], ""),
+        extra=(400,),
+    ),
+    Route(
+        "GET",
+        "/v1/actions/{id}",
+        "action",
+        "One action.",
+        params=_ACTION,
+        ok=(200, ActionOut, ""),
+        extra=(400, 404),
+    ),
+    Route(
+        "POST",
+        "/v1/actions/{id}/approve",
+        "approve",
+        "Approve an action waiting for approval.",
+        mutating=True,
+        params=_ACTION,
+        body=ApproveRequest,
+        ok=(200, ActionOut, ""),
+        extra=(400, 404),
+    ),
+    Route(
+        "POST",
+        "/v1/actions/{id}/reject",
+        "reject",
+        "Reject an action waiting for approval.",
+        mutating=True,
+        params=_ACTION,
+        body=RejectRequest,
+        ok=(200, ActionOut, ""),
+        extra=(400, 404),
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node}/drain",
+        "drain",
+        "Drain a node (through the policy gate).",
+        mutating=True,
+        params=_NODE,
+        body=DrainRequest,
+        body_required=True,
+        ok=(202, ActionOut, ""),
+        extra=(200, 400, 404),
+    ),
+    Route(
+        "POST",
+        "/v1/nodes/{node}/resume",
+        "resume",
+        "Resume a node ftd drained (through the gate).",
+        mutating=True,
+        params=_NODE,
+        body=ResumeRequest,
+        ok=(202, ActionOut, ""),
+        extra=(200, 400, 404),
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job}/restart",
+        "restart",
+        "Checkpoint, stop and requeue a job (through the gate).",
+        mutating=True,
+        params=_JOB,
+        body=RestartRequest,
+        body_required=True,
+        ok=(202, ActionOut, ""),
+        extra=(200, 400, 404),
+    ),
+)
+
+
+_STATUS_TEXT = {
+    200: "OK",
+    202: "Accepted (the action started)",
+    400: "Invalid input",
+    401: "Missing or wrong token",
+    403: "Mutating calls are disabled (no token configured)",
+    404: "Unknown id",
+    421: "The Host header names no host this API serves (DNS rebinding protection)",
+    429: "Too many failed token checks from this address: retry after Retry-After seconds",
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# OpenAPI
+
+
+def _param_schema(t: Any, default: Any = msgspec.NODEFAULT) -> dict[str, Any]:
+    schema: dict[str, Any] = msgspec.json.schema(t)
+    schema.pop("$defs", None)
+    options = [s for s in schema.get("anyOf", ()) if s.get("type") != "null"]
+    if len(options) == 1:  # ``X | None``: a query parameter is absent or an X, never null
+        schema = options[0]
+    if default is not msgspec.NODEFAULT and default is not None:
+        schema["default"] = default
+    return schema
+
+
+def openapi_document() -> dict[str, Any]:
+    types: list[Any] = [Error]
+    for route in ROUTES:
+        if route.body is not None:
+            types.append(route.body)
+        if route.ok[1] is not None and route.ok[2] == "":
+            types.append(route.ok[1])
+    schemas, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    by_type = dict(zip(types, schemas, strict=True))
+    error = {"application/json": {"schema": by_type[Error]}}
+    paths: dict[str, dict[str, Any]] = {}
+    for route in ROUTES:
+        op: dict[str, Any] = {"operationId": route.handler, "summary": route.summary}
+        params: list[dict[str, Any]] = [
+            {"name": name, "in": "path", "required": True, "schema": _param_schema(t)}
+            for name, t in route.params
+        ]
+        if route.query is not None:
+            for field in msgspec.structs.fields(route.query):
+                params.append(
+                    {
+                        "name": field.encode_name,
+                        "in": "query",
+                        "required": False,
+                        "schema": _param_schema(field.type, field.default),
+                    }
+                )
+        if params:
+            op["parameters"] = params
+        if route.body is not None:
+            op["requestBody"] = {
+                "required": route.body_required,
+                "content": {"application/json": {"schema": by_type[route.body]}},
+            }
+        status, out, content_type = route.ok
+        if content_type == "":
+            ok_content = {"application/json": {"schema": by_type[out]}}
+        else:
+            ok_content = {ct: {"schema": {"type": "string"}} for ct in content_type.split(",")}
+        responses: dict[str, Any] = {
+            str(status): {"description": _STATUS_TEXT.get(status, "OK"), "content": ok_content}
+        }
+        extra = set(route.extra) | {421}
+        if route.mutating:
+            op["security"] = [{"bearer": []}]
+            extra |= {401, 403, 429}
+        for code in sorted(extra):
+            if code == 200 and route.ok[0] == 202:
+                responses["200"] = {
+                    "description": "Decided but not started (suppressed, dry-run, failed)",
+                    "content": ok_content,
+                }
+            else:
+                responses[str(code)] = {"description": _STATUS_TEXT[code], "content": error}
+        op["responses"] = responses
+        paths.setdefault(route.path, {})[route.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ftd coordinator",
+            "version": __version__,
+            "description": "Cluster state, the decision ledger and manual actions. Mutating calls need "
+            "Authorization: Bearer <token> (coordinator.api.token_file).",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,169 @@
+"""The API's wire types: what requests may carry and what responses look like.
+
+msgspec Structs validate every path parameter, query and body (a problem is a 400 naming the field)
+and shape every answer; the OpenAPI document (:mod:`ftd.coordinator.api.routes`) is generated from the
+same types, so it cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+
+from ftd.events import JobAllocation
+from ftd.logs import get_logger
+from ftd.plugin.actions import ActionRecord, ActionState
+
+log = get_logger(__name__)
+T = TypeVar("T")
+
+MAX_BODY = 64 * 1024
+MAX_LIMIT = 1000
+
+# --------------------------------------------------------------------------------------------------
+# Input types (validated with msgspec; the OpenAPI schemas are generated from them)
+
+_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+NodeName = Annotated[str, msgspec.Meta(pattern=_NAME_RE, description="A node name.")]
+JobId = Annotated[str, msgspec.Meta(pattern=_NAME_RE, description="A job id.")]
+ActionId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, description="An action id.")]
+Operator = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$",
+        description="Who asks (recorded as the action's rule, api:<by>).",
+    ),
+]
+Reason = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="Why (one line; shown in the scheduler's drain reason and the ledger).",
+    ),
+]
+Limit = Annotated[int, msgspec.Meta(ge=1, le=MAX_LIMIT, description="How many, newest first.")]
+
+
+class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    reason: Reason
+    by: Operator = "operator"
+
+
+class ResumeRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    reason: Reason = "manual resume"
+    by: Operator = "operator"
+
+
+class RestartRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    reason: Reason
+    exclude: Annotated[
+        list[NodeName], msgspec.Meta(max_length=64, description="Nodes the restarted job must avoid.")
+    ] = msgspec.field(default_factory=list)
+    by: Operator = "operator"
+
+
+class ApproveRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    by: Operator = "operator"
+
+
+class RejectRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    reason: Reason = "rejected by operator"
+    by: Operator = "operator"
+
+
+class EventsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    limit: Limit = 100
+    node: NodeName | None = None
+
+
+class ActionsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    limit: Limit = 100
+
+
+# --------------------------------------------------------------------------------------------------
+# Output types
+
+
+class Error(msgspec.Struct, frozen=True, kw_only=True):
+    error: str
+
+
+class Health(msgspec.Struct, frozen=True, kw_only=True):
+    status: Literal["ok"]
+    version: str
+    bus_connected: bool
+    uptime_s: float
+    actions_in_progress: int
+
+
+class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    online: bool
+    drained: bool  # drained by ftd
+    drain_reason: str
+    last_change: float
+    jobs: list[str]
+    # drained or down by someone else, as the scheduler says (upkeep.reconcile); not ftd's budget
+    unavailable: str | None = None
+    # the node's active critical conditions as its agent sees them (what `ftd health` reports there)
+    conditions: list[str] = msgspec.field(default_factory=list)
+
+
+class RuleOut(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    source: str  # builtin | entry_point | rule_dir | declarative | extra (ftd.coordinator.decide.plugins)
+    origin: str  # module, distribution, rule file or rules file
+    hooks: list[str]
+
+
+class RulesOut(msgspec.Struct, frozen=True, kw_only=True):
+    rules: list[RuleOut]
+    disabled: list[str]  # coordinator.disabled_rules: blocked, not loaded
+
+
+class JobOut(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    nodes: list[str]
+    ranks: list[int]
+    last_step: int | None
+    ranks_by_node: dict[str, list[int]]
+    # node -> what the scheduler's Prolog reported (user, GPUs, ...); a job without the client has
+    # only these (ftd.agent.jobs)
+    allocations: dict[str, JobAllocation] = msgspec.field(default_factory=dict)
+
+
+class ActionOut(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    kind: str
+    target: str
+    state: ActionState
+    reason: str
+    rule: str
+    params: dict[str, Any]
+    event_id: str | None
+    detail: dict[str, Any]
+    created: float
+    updated: float
+
+
+def action_out(record: ActionRecord) -> ActionOut:
+    req = record.request
+    return ActionOut(
+        id=record.id,
+        kind=req.kind,
+        target=req.target,
+        state=record.state,
+        reason=req.reason,
+        rule=req.rule,
+        params=req.params,
+        event_id=req.event_id,
+        detail=record.detail,
+        created=record.created,
+        updated=record.updated,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
