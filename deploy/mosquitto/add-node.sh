@@ -5,7 +5,7 @@
 #
 # The username is the node name (the ACL's %u). Without -p a random password is generated and
 # printed once: give it to that node's agent (`[bus] username = NODE`, `password_file`, see
-# ftd/config.py). With -r the broker is sent SIGHUP to re-read the file; otherwise run
+# ftd/config/schema.py). With -r the broker is sent SIGHUP to re-read the file; otherwise run
 # `systemctl reload mosquitto`.
 # The coordinator's own logins ("coordinator", and "coordinator-standby" for HA standbys, see the
 # acl) are reserved: add them with mosquitto_passwd.

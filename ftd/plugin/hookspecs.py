@@ -49,7 +49,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     the event is folded into the cluster history (so ``view.node_history`` shows the past only).
     ``ftd rules test`` calls it the same way while replaying recorded events.
     Arguments: ``event`` (:class:`ftd.events.Event`, frozen) and ``view``, a read-only
-    :class:`~ftd.coordinator.model.state.ClusterView` (nodes, jobs and where they run, GPUs by UUID,
+    :class:`~ftd.plugin.view.ClusterView` (nodes, jobs and where they run, GPUs by UUID,
     fault history). Do not mutate either.
     Result: a list of :class:`~ftd.plugin.actions.ActionRequest` (or None / [] for nothing). The
     requests of all plugins are concatenated; ``rule`` defaults to the plugin's name and

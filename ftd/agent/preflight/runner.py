@@ -1,7 +1,7 @@
 """Run the preflight checks in order and give one verdict with a one-line reason.
 
 :func:`run_preflight` is what ``ftd preflight`` and the agent's ``preflight`` node directive call
-(the coordinator's return to service: :mod:`ftd.coordinator.actions.return_to_service`). The first
+(the coordinator's return to service: :mod:`ftd.coordinator.upkeep.return_service`). The first
 failing check decides the reason (``"gpu_inventory: 7 GPUs found, 8 expected"``); skipped checks
 are listed with why. NVML comes from the backend passed in (the agent's, a fake in tests) or, when
 none is, the real one; no NVML is a skip, never a failure.

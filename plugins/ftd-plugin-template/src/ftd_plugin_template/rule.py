@@ -1,6 +1,6 @@
 """Drain a node whose InfiniBand link went down three times within ten minutes.
 
-The contract (ftd/coordinator/hookspecs.py):
+The contract (ftd/plugin/hookspecs.py):
 
 - ``ftd_evaluate(event, view)`` is called once per new event. Return ``ActionRequest`` values (or
   None). Be pure and fast: no I/O, no sleeping, no clock — time is ``event.ts``. The coordinator's
