@@ -166,5 +166,3 @@ def build(
         return_to_service=return_to_service,
         services=(start_api,) if api else (),
     )
-
-

@@ -76,4 +76,3 @@ async def read_body(request: web.Request, type_: type[T], *, required: bool) -> 
         return msgspec.json.decode(raw, type=type_)
     except msgspec.DecodeError as exc:
         raise ApiError(400, validation_message(exc, "request body")) from None
-

@@ -35,7 +35,6 @@ Robustness: path, query and body are validated with msgspec; every problem is a 
 answered as JSON too. No input produces a 500 (a schemathesis run in the tests checks it).
 """
 
-
 from __future__ import annotations
 
 import hmac
@@ -51,6 +50,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+import ftd.coordinator.api.wire as wire
 from ftd import __version__
 from ftd.config import ApiConfig
 from ftd.coordinator.api.dashboard import dashboard_index, dashboard_static, last_run_path
@@ -58,26 +58,6 @@ from ftd.coordinator.api.guard import MAX_TRACKED_ADDRESSES, host_check, resolve
 from ftd.coordinator.api.metrics import MetricsCollector
 from ftd.coordinator.api.parsing import ApiError, json_response, path_param, read_body, read_query
 from ftd.coordinator.api.routes import ROUTES, Handler, Route, openapi_document
-from ftd.coordinator.api.wire import (
-    MAX_BODY,
-    ActionId,
-    ActionsQuery,
-    ApproveRequest,
-    DrainRequest,
-    Error,
-    EventsQuery,
-    Health,
-    JobId,
-    JobOut,
-    NodeName,
-    NodeOut,
-    RejectRequest,
-    RestartRequest,
-    ResumeRequest,
-    RuleOut,
-    RulesOut,
-    action_out,
-)
 from ftd.coordinator.decide.plugins import describe_plugins, disabled_plugins
 from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.logs import get_logger
@@ -144,7 +124,7 @@ class Api:
 
     def _build(self) -> web.Application:
         app = web.Application(
-            middlewares=[self._errors, host_check(self.cfg, self.counters)], client_max_size=MAX_BODY
+            middlewares=[self._errors, host_check(self.cfg, self.counters)], client_max_size=wire.MAX_BODY
         )
         for route in ROUTES:
             app.router.add_route(route.method, route.path, self._wrap(route))
@@ -166,18 +146,18 @@ class Api:
         try:
             return await handler(request)
         except ApiError as exc:
-            return json_response(Error(error=exc.message), exc.status, exc.headers)
+            return json_response(wire.Error(error=exc.message), exc.status, exc.headers)
         except web.HTTPException as exc:  # aiohttp's own: 404 no route, 405, 413, ...
             if exc.status < 400:
                 raise
             headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "www-authenticate")}
-            return json_response(Error(error=exc.reason or "error"), exc.status, headers)
+            return json_response(wire.Error(error=exc.reason or "error"), exc.status, headers)
         except LedgerUnavailable as exc:  # the HA ledger's database is down or slow: try again later
             log.warning("api_ledger_unavailable", path=request.path, error=str(exc))
-            return json_response(Error(error=f"ledger unavailable: {exc}"), 503, {"Retry-After": "1"})
+            return json_response(wire.Error(error=f"ledger unavailable: {exc}"), 503, {"Retry-After": "1"})
         except Exception:
             log.exception("api_handler_failed", path=request.path, method=request.method)
-            return json_response(Error(error="internal error (logged by the coordinator)"), 500)
+            return json_response(wire.Error(error="internal error (logged by the coordinator)"), 500)
 
     def _authorize(self, request: web.Request) -> None:
         address = request.remote or "unknown"
@@ -248,7 +228,7 @@ class Api:
     async def healthz(self, request: web.Request) -> web.Response:
         c = self.coordinator
         return json_response(
-            Health(
+            wire.Health(
                 status="ok",
                 version=__version__,
                 bus_connected=bool(c.bus.connected),
@@ -281,7 +261,7 @@ class Api:
         state = self.coordinator.state
         return json_response(
             [
-                NodeOut(
+                wire.NodeOut(
                     name=n.name,
                     online=n.online,
                     drained=n.drained_by_ftd,
@@ -298,8 +278,8 @@ class Api:
     async def rules(self, request: web.Request) -> web.Response:
         plugins = self.coordinator.engine.plugins
         return json_response(
-            RulesOut(
-                rules=[RuleOut(**info.as_dict()) for info in describe_plugins(plugins)],
+            wire.RulesOut(
+                rules=[wire.RuleOut(**info.as_dict()) for info in describe_plugins(plugins)],
                 disabled=disabled_plugins(plugins),
             )
         )
@@ -331,7 +311,7 @@ class Api:
     async def jobs(self, request: web.Request) -> web.Response:
         return json_response(
             [
-                JobOut(
+                wire.JobOut(
                     id=j.id,
                     nodes=j.nodes,
                     ranks=sorted(j.ranks),
@@ -344,22 +324,23 @@ class Api:
         )
 
     async def events(self, request: web.Request) -> web.Response:
-        q = read_query(request, EventsQuery)
+        q = read_query(request, wire.EventsQuery)
         return json_response(await self.coordinator.ledger.events(limit=q.limit, node=q.node))
 
     async def actions(self, request: web.Request) -> web.Response:
-        q = read_query(request, ActionsQuery)
-        return json_response([action_out(r) for r in await self.coordinator.ledger.actions(limit=q.limit)])
+        q = read_query(request, wire.ActionsQuery)
+        records = await self.coordinator.ledger.actions(limit=q.limit)
+        return json_response([wire.action_out(r) for r in records])
 
     async def _record(self, request: web.Request) -> ActionRecord:
-        action_id: str = path_param(request, "id", ActionId)
+        action_id: str = path_param(request, "id", wire.ActionId)
         record = await self.coordinator.ledger.action(action_id)
         if record is None:
             raise ApiError(404, f"no action with id {action_id[:80]!r}")
         return record
 
     async def action(self, request: web.Request) -> web.Response:
-        return json_response(action_out(await self._record(request)))
+        return json_response(wire.action_out(await self._record(request)))
 
     # --- mutating handlers ------------------------------------------------------------------------
 
@@ -376,44 +357,44 @@ class Api:
             raise ApiError(404, f"{record.id}: {exc.args[0] if exc.args else exc}") from None
         log.info("action_decision_via_api", verb=verb, action_id=record.id, by=body.by)
         updated = await self.coordinator.ledger.action(record.id) or record
-        return json_response(action_out(updated))
+        return json_response(wire.action_out(updated))
 
     async def approve(self, request: web.Request) -> web.Response:
-        return await self._decide(request, "approve", ApproveRequest)
+        return await self._decide(request, "approve", wire.ApproveRequest)
 
     async def reject(self, request: web.Request) -> web.Response:
-        return await self._decide(request, "reject", RejectRequest)
+        return await self._decide(request, "reject", wire.RejectRequest)
 
     async def _submit(self, request: ActionRequest) -> web.Response:
         record = await self.coordinator.engine.submit(request)
         started = record.state in (ActionState.PENDING, ActionState.RUNNING)
-        return json_response(action_out(record), 202 if started else 200)
+        return json_response(wire.action_out(record), 202 if started else 200)
 
     def _known_node(self, request: web.Request) -> str:
-        node: str = path_param(request, "node", NodeName)
+        node: str = path_param(request, "node", wire.NodeName)
         if node not in self.coordinator.state.nodes:
             raise ApiError(404, f"node {node!r} is not known to the coordinator (no agent has reported it)")
         return node
 
     async def drain(self, request: web.Request) -> web.Response:
         node = self._known_node(request)
-        body = await read_body(request, DrainRequest, required=True)
+        body = await read_body(request, wire.DrainRequest, required=True)
         return await self._submit(
             ActionRequest(kind=ActionKind.DRAIN_NODE, target=node, reason=body.reason, rule=f"api:{body.by}")
         )
 
     async def resume(self, request: web.Request) -> web.Response:
         node = self._known_node(request)
-        body = await read_body(request, ResumeRequest, required=False)
+        body = await read_body(request, wire.ResumeRequest, required=False)
         return await self._submit(
             ActionRequest(kind=ActionKind.RESUME_NODE, target=node, reason=body.reason, rule=f"api:{body.by}")
         )
 
     async def restart(self, request: web.Request) -> web.Response:
-        job: str = path_param(request, "job", JobId)
+        job: str = path_param(request, "job", wire.JobId)
         if job not in self.coordinator.state.jobs:
             raise ApiError(404, f"job {job!r} is not known to the coordinator (no rank has registered)")
-        body = await read_body(request, RestartRequest, required=True)
+        body = await read_body(request, wire.RestartRequest, required=True)
         return await self._submit(
             ActionRequest(
                 kind=ActionKind.CHECKPOINT_RESTART,
