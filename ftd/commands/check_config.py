@@ -2,14 +2,13 @@
 is (re)started on it.
 
 What: checks PATH exactly as ``ftd agent``/``ftd coordinator`` do when they start
-(:func:`ftd.config.check_config_file`): keys, types, bounds, rules between options, and the files,
-directories and rules the file names (CA bundle, secret files, kmsg source, state and socket
+(:func:`ftd.commands.config_check.check_config_file`): keys, types, bounds, rules between options, and
+the files, directories and rules the file names (CA bundle, secret files, kmsg source, state and socket
 directories, ledger, rule directories and rules file, scontrol, ...). Prints ``OK: PATH`` and the
-effective settings an operator most often gets wrong (node name, broker, scheduler), exit 0; or
-prints every problem to stderr, one per line as ``PATH: dotted.path: message``, then their count,
-exit 2. ``--explain`` lists every option, the keys of arrays of tables (``[[agent.fs.mounts]]``)
-included, with its type, default and description (no PATH needed; the text comes from
-:mod:`ftd.config.explain`).
+effective settings an operator most often gets wrong (node name, broker, scheduler), exit 0; or prints
+every problem to stderr, one per line as ``PATH: dotted.path: message``, then their count, exit 2.
+``--explain`` lists every option, the keys of arrays of tables (``[[agent.fs.mounts]]``) included, with
+its type, default and description (no PATH needed; the text comes from :mod:`ftd.config.explain`).
 
 Which daemon: ``--for agent`` / ``--for coordinator``; by default the daemons whose table the file
 has (both when it has neither). ``--no-files`` checks the file alone, for a config checked away
@@ -61,7 +60,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ftd.config import ConfigError, check_config_file
+    from ftd.commands.config_check import check_config_file
+    from ftd.config import ConfigError
 
     if args.explain:
         print(explain())

@@ -1,7 +1,7 @@
 """``ftd agent --config PATH`` and ``ftd coordinator --config PATH``: the two long-running daemons.
 
 Both check the config first exactly as ``ftd check-config --for DAEMON`` does
-(:func:`ftd.config.check_config_file`: the file, the rules between its options, and the files,
+(:func:`ftd.commands.config_check.check_config_file`: the file, the rules between its options, and the files,
 directories and rules it names), configure logging, then run until SIGTERM/SIGINT, on which they
 shut down cleanly (the agent publishes ``offline``).
 
@@ -43,7 +43,7 @@ def register(sub: Any) -> None:
 
 def _load(path: str, role: str) -> Config | None:
     """The checked config for ``role``, with logging configured; ``None`` once the problems are printed."""
-    from ftd.config import check_config_file
+    from ftd.commands.config_check import check_config_file
     from ftd.logs import configure
 
     try:

@@ -8,10 +8,7 @@ lives in:
 - :mod:`ftd.config.validate`: loading (:func:`load_config`, :func:`parse_config`), unknown keys
   rejected, every problem reported with its dotted path;
 - :mod:`ftd.config.relations`: rules between options (``warn_pct < critical_pct``, ...);
-- :mod:`ftd.config.references`: the files, directories and rules a config names, checked as the
-  daemons use them (:func:`check_references`), built on :mod:`ftd.config.paths`;
-- :mod:`ftd.config.check`: all of it in one run, as ``ftd check-config`` and the daemons' start-up
-  do (:func:`check_config_file`);
+- :mod:`ftd.config.paths`: whether one path a config names is usable as a daemon would use it;
 - :mod:`ftd.config.errors`: :class:`ConfigError` and its :class:`Problem` rows;
 - :mod:`ftd.config.credentials`: secret files a config points at (:func:`resolve_password`);
 - :mod:`ftd.config.explain`: ``ftd check-config --explain`` (:func:`describe_options`);
@@ -24,11 +21,9 @@ look for; the generic machinery that validates and explains it never names a fie
 
 from __future__ import annotations
 
-from ftd.config.check import Checked, check_config_file, roles_in
 from ftd.config.credentials import read_secret_file, resolve_password
 from ftd.config.errors import ConfigError, Problem
 from ftd.config.explain import Option, describe_options, explain_text
-from ftd.config.references import ROLES, check_references, deferred_credentials
 from ftd.config.relations import check_relations
 from ftd.config.schema import (
     AgentConfig,
@@ -63,11 +58,9 @@ from ftd.config.validate import (
 )
 
 __all__ = [
-    "ROLES",
     "AgentConfig",
     "ApiConfig",
     "BusConfig",
-    "Checked",
     "Config",
     "ConfigError",
     "CoordinatorConfig",
@@ -89,11 +82,8 @@ __all__ = [
     "SlurmConfig",
     "SpoolConfig",
     "StormConfig",
-    "check_config_file",
-    "check_references",
     "check_relations",
     "config_from_data",
-    "deferred_credentials",
     "describe_options",
     "explain_text",
     "load_config",
@@ -101,7 +91,6 @@ __all__ = [
     "parse_config",
     "read_secret_file",
     "resolve_password",
-    "roles_in",
     "valid_part",
     "validate_data",
 ]

@@ -9,11 +9,12 @@ it binds), :func:`command_problem` (an executable) and :func:`statvfs_problem` (
 Each returns a short sentence naming the path (``cannot read /etc/ftd/ca.pem: No such file or
 directory``) or ``None`` when the path is usable.
 
-Why separate from the config's keys (:mod:`ftd.config.references`): these are about the machine,
-not the schema, and each is tested on real files, FIFOs, devices and permissions. They look (stat,
-access, open-and-close) and never create, write or consume anything: ``ftd check-config`` must be
-safe to run next to a live daemon. Permission answers are those of the user running the check;
-they say so (``as user nobody``) because ``check-config`` may not run as the service's user.
+Why separate from the config's keys: these are about the machine, not the schema (the checker that
+applies them to a config's options is :mod:`ftd.commands.config_check.references`), and each is tested on
+real files, FIFOs, devices and permissions. They look (stat, access, open-and-close) and never create,
+write or consume anything: ``ftd check-config`` must be safe to run next to a live daemon. Permission
+answers are those of the user running the check; they say so (``as user nobody``) because
+``check-config`` may not run as the service's user.
 """
 
 from __future__ import annotations

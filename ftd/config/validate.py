@@ -17,7 +17,7 @@ choices/hints) and collects every problem; only clean data is then built with
 Rules between options that types cannot express (password vs password_file, ``warn_pct <
 critical_pct``, ...) live in :mod:`ftd.config.relations`. :func:`valid_part` builds what can be
 built from a file with problems, so the files it names can still be checked in the same run
-(:mod:`ftd.config.check`).
+(:mod:`ftd.commands.config_check`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ import pytest
 from ftd.bus import topics
 from ftd.bus.factory import make_mqtt_bus
 from ftd.bus.mqtt import MqttBus
-from ftd.config import AgentConfig, BusConfig, Config, check_references
+from ftd.commands.config_check import check_references
+from ftd.config import AgentConfig, BusConfig, Config
 from tests.contract.test_mosquitto_acl import (
     DEPLOY,
     OBSERVER_ACL,

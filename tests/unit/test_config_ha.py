@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ftd.config import check_references, check_relations, config_from_data
+from ftd.commands.config_check import check_references
+from ftd.config import check_relations, config_from_data
 from ftd.config.credentials import standby_bus
 from ftd.config.schema import Config
 

@@ -23,14 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from ftd.config import (
-    ConfigError,
-    Problem,
-    check_config_file,
-    check_references,
-    parse_config,
-    validate_data,
-)
+from ftd.commands.config_check import check_config_file, check_references
+from ftd.config import ConfigError, Problem, parse_config, validate_data
 from ftd.config import paths as p
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ftd.config import ConfigError, check_config_file
+from ftd.commands.config_check import check_config_file
+from ftd.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ftd.config import ConfigError, check_config_file, parse_config
+from ftd.commands.config_check import check_config_file
+from ftd.config import ConfigError, parse_config
 from ftd.coordinator.decide.declarative import DeclarativeError, load_rule_packs, pack_files
 from ftd.coordinator.decide.plugins import PluginError, describe_plugins, make_plugin_manager
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ftd.config import check_config_file
+from ftd.commands.config_check import check_config_file
 from ftd.config.errors import ConfigError
 from tests.realparts import require_binary, start_postgres
 

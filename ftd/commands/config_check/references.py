@@ -31,21 +31,23 @@ it (``in_service=False``: ``ftd check-config``) such a name cannot be checked;
 :func:`deferred_credentials` lists them so the caller can say so.
 
 Why here: ``ftd check-config`` and both daemons' start-up run these same checks
-(:mod:`ftd.config.check`), so a file that passes the check does not stop a daemon, and a daemon
-that will not start says why the way ``check-config`` does, every problem at once. The rule
-loaders live in the coordinator and are imported inside :func:`check_references`, so importing
-:mod:`ftd.config` stays light. Loading rule files runs their module code (once per file here, again
-in the plugin manager that checks names and hooks, then in the coordinator); rule modules are pure
-by contract.
+(:mod:`.check`), so a file that passes the check does not stop a daemon, and a daemon that will not
+start says why the way ``check-config`` does, every problem at once. Why above :mod:`ftd.config`:
+the checks consult the daemons' own loaders (the log pattern table of :mod:`ftd.catalog`, the
+coordinator's rule loaders in :mod:`.rules`), and the config package is a ground floor that every
+daemon imports, so it must not import them back. The path tests themselves
+(:mod:`ftd.config.paths`) and the secret reader stay with the config.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
+from ftd.catalog.log_patterns import load_patterns
+from ftd.commands.config_check.found import Found
+from ftd.commands.config_check.rules import check_rules
 from ftd.config import paths
 from ftd.config.credentials import STANDBY_OPTIONS, read_secret_file, standby_bus
 from ftd.config.errors import ConfigError, Problem
@@ -55,29 +57,6 @@ __all__ = ["ROLES", "check_references", "deferred_credentials"]
 
 #: The daemons a config serves; each checks the bus and its own section.
 ROLES = ("agent", "coordinator")
-
-
-class _Found:
-    """Collects problems; skips checks that depend on an option whose value was invalid (left out)."""
-
-    def __init__(self, unknown: Collection[str]) -> None:
-        self.problems: list[Problem] = []
-        self._unknown = tuple(unknown)
-
-    def known(self, *options: str) -> bool:
-        return not any(
-            option == u or option.startswith((u + ".", u + "[")) for option in options for u in self._unknown
-        )
-
-    def check(self, option: str, value: str, test: Callable[[str], str | None], *needs: str) -> bool:
-        """``test(value)``, reported at ``option``; ``True`` only when it ran and passed (skipped when
-        ``option`` or one it ``needs`` was left out)."""
-        if not self.known(option, *needs):
-            return False
-        problem = test(value)
-        if problem is not None:
-            self.problems.append(Problem(option, problem))
-        return problem is None
 
 
 def check_references(
@@ -91,7 +70,7 @@ def check_references(
     module docstring). ``in_service=False`` skips the relative secret names only the service can
     resolve (:func:`deferred_credentials`). ``unknown``: options whose value was invalid and left
     out (:func:`~ftd.config.validate.valid_part`); checks that depend on them are skipped."""
-    found = _Found(unknown)
+    found = Found(unknown)
     wanted = set(roles)
     bus = config.bus
     if bus.tls and bus.ca_file is not None:
@@ -105,7 +84,7 @@ def check_references(
             at = {field: f"coordinator.ha.{option}" for option, field in STANDBY_OPTIONS.items()}
             _client_certificate(standby, found, None, lambda key: at.get(key, f"bus.{key}"))
         _coordinator(config, found)
-        _rules(config, found)
+        check_rules(config, found)
     deferred = set() if in_service else set(deferred_credentials(config, wanted))
     for option, name in _secrets(config, wanted):
         if option not in deferred and found.known(option):
@@ -118,7 +97,7 @@ def check_references(
 
 
 def _client_certificate(
-    bus: BusConfig, found: _Found, node: str | None, option: Callable[[str], str] = "bus.{}".format
+    bus: BusConfig, found: Found, node: str | None, option: Callable[[str], str] = "bus.{}".format
 ) -> None:
     """``bus.cert_file`` / ``bus.key_file`` (mutual TLS): both or neither, with ``tls``, each a
     readable file, and the pair loads as the daemon loads it (a key that does not match is named).
@@ -193,7 +172,7 @@ def _secrets(config: Config, roles: Collection[str]) -> Iterator[tuple[str, str]
             yield "coordinator.ha.standby_password_file", ha.standby_password_file
 
 
-def _agent(config: Config, found: _Found) -> None:
+def _agent(config: Config, found: Found) -> None:
     agent = config.agent
     found.check("agent.kmsg_path", agent.kmsg_path, paths.kernel_log_problem)
     found.check("agent.state_dir", agent.state_dir, paths.writable_dir_problem)
@@ -206,8 +185,6 @@ def _agent(config: Config, found: _Found) -> None:
 
 
 def _patterns_problem(path: str) -> str | None:
-    from ftd.agent.watchers.logfile import load_patterns  # the agent's own loader
-
     try:
         load_patterns(path)
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -215,7 +192,7 @@ def _patterns_problem(path: str) -> str | None:
     return None
 
 
-def _coordinator(config: Config, found: _Found) -> None:
+def _coordinator(config: Config, found: Found) -> None:
     cfg = config.coordinator
     found.check("coordinator.ledger_path", cfg.ledger_path, paths.database_problem)
     if cfg.scheduler == "slurm" and cfg.slurm.enabled:
@@ -232,96 +209,3 @@ def _coordinator(config: Config, found: _Found) -> None:
             kube.ca_file != KubernetesConfig().ca_file or Path(kube.ca_file).exists()
         ):
             found.check("coordinator.kubernetes.ca_file", kube.ca_file, paths.ca_bundle_problem)
-
-
-def _rules(config: Config, found: _Found) -> None:
-    """``rule_dirs`` and ``rules_file`` through the coordinator's loaders, one problem per broken file;
-    then, if all load, the plugin manager the coordinator builds (duplicate names, unknown hooks) and
-    the rule names the config refers to."""
-    from importlib.metadata import entry_points
-
-    from ftd.coordinator.decide.declarative import (
-        DeclarativeError,
-        DeclarativeRule,
-        duplicate_problems,
-        load_rules_file,
-        pack_files,
-        rules_file_entries,
-    )
-    from ftd.coordinator.decide.plugins import (
-        DEFAULT_RULES,
-        PluginError,
-        default_rule_name,
-        load_rule_file,
-        make_plugin_manager,
-        rule_files,
-    )
-    from ftd.plugin.hookspecs import PROJECT
-
-    cfg = config.coordinator
-    disabled = set(cfg.disabled_rules)
-    plugins = {default_rule_name(m) for m in DEFAULT_RULES} | {ep.name for ep in entry_points(group=PROJECT)}
-    rule_names = set(plugins)  # what an action request's ``rule`` can be (policy.dry_run_rules)
-    loaded = found.known("coordinator.rule_dirs", "coordinator.rules_file", "coordinator.disabled_rules")
-    for i, directory in enumerate(cfg.rule_dirs):
-        option = f"coordinator.rule_dirs[{i}]"
-        if not found.check(option, directory, paths.dir_problem):
-            loaded = False
-            continue
-        for path in rule_files([directory]):
-            plugins.add(path.stem)
-            rule_names.add(path.stem)
-            if path.stem in disabled:
-                continue  # never loaded: a broken disabled file does not stop the coordinator
-            try:
-                load_rule_file(path)
-            except PluginError as exc:
-                found.problems.append(Problem(option, str(exc)))
-                loaded = False
-    declared_all: list[DeclarativeRule] = []
-    listed = isinstance(cfg.rules_file, list)  # a list's problems are reported at rules_file[i]
-    for i, entry in enumerate(rules_file_entries(cfg.rules_file)):
-        option = f"coordinator.rules_file[{i}]" if listed else "coordinator.rules_file"
-        test = paths.dir_problem if Path(entry).is_dir() else paths.file_problem
-        if not found.check(option, str(entry), test):
-            loaded = False
-            continue
-        for pack in pack_files(entry):
-            try:
-                declared = load_rules_file(pack)
-            except DeclarativeError as exc:
-                found.problems.extend(Problem(option, f"{exc.source}: {problem}") for problem in exc.problems)
-                loaded = False
-            else:
-                declared_all.extend(declared)
-                plugins.update(name for rule in declared for name in (rule.plugin_name, rule.name))
-                rule_names.update(rule.name for rule in declared)
-    if loaded and (duplicates := duplicate_problems(declared_all)):
-        found.problems.extend(Problem("coordinator.rules_file", problem) for problem in duplicates)
-        loaded = False
-    if not loaded:
-        return  # names and hooks are checked once every file loads
-    try:
-        make_plugin_manager(
-            disabled=cfg.disabled_rules,
-            rule_dirs=cfg.rule_dirs,
-            rules_file=cfg.rules_file,
-            entry_points=False,
-        )
-    except PluginError as exc:
-        where = "coordinator.rule_dirs" if cfg.rule_dirs else "coordinator.rules_file"
-        found.problems.append(Problem(where, str(exc)))
-    for option, names, known in (
-        ("coordinator.disabled_rules", cfg.disabled_rules, plugins),
-        ("coordinator.policy.dry_run_rules", cfg.policy.dry_run_rules, rule_names),
-    ):
-        if found.known(option):
-            found.problems.extend(_unknown_names(option, names, known))
-
-
-def _unknown_names(option: str, names: Iterable[str], known: Collection[str]) -> Iterator[Problem]:
-    for i, name in enumerate(names):
-        if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(sorted(known))}"
-            yield Problem(f"{option}[{i}]", f"no rule named {name!r}{hint}")

@@ -2,7 +2,7 @@
 
 What: :func:`check_config_file` reads the file, validates it (types, bounds, unknown keys,
 :mod:`relations <ftd.config.relations>` between options) and checks the files, directories and
-rules it names (:mod:`ftd.config.references`) for the daemons it serves; it returns the
+rules it names (:mod:`.references`) for the daemons it serves; it returns the
 :class:`Checked` config or raises one :class:`~ftd.config.errors.ConfigError` with every problem.
 
 Why one function: the daemons refuse to start on exactly what ``check-config`` reports, so a file
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftd.commands.config_check.references import ROLES, check_references, deferred_credentials
 from ftd.config.errors import ConfigError
-from ftd.config.references import ROLES, check_references, deferred_credentials
 from ftd.config.schema import Config
 from ftd.config.validate import config_from_data, load_config_data, valid_part, validate_data
 
