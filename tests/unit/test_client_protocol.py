@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ftd.agent import local_api
+from ftd.agent.local_api import wire
 from ftd.client import protocol
 from ftd.events import Directive
 
@@ -20,10 +20,10 @@ def test_client_messages_on_the_wire() -> None:
 
 
 def test_agent_messages_on_the_wire() -> None:
-    assert local_api._OK_REGISTER == b'{"v":1,"op":"ok","re":"register"}\n'
-    assert local_api._error_line(None, "bad") == b'{"v":1,"op":"error","re":null,"error":"bad"}\n'
+    assert wire.OK_REGISTER == b'{"v":1,"op":"ok","re":"register"}\n'
+    assert wire.error_line(None, "bad") == b'{"v":1,"op":"error","re":null,"error":"bad"}\n'
     directive = Directive(id="d1", ts=1.5, action="save", job="j1")
-    line = local_api._line(protocol.directive(msgspec.to_builtins(directive)))
+    line = wire.line(protocol.directive(msgspec.to_builtins(directive)))
     assert line.startswith(b'{"v":1,"op":"directive","schema":') and line.endswith(b"}\n")
     assert protocol.decode(line) == {"v": 1, "op": "directive", **msgspec.to_builtins(directive)}
 

@@ -6,6 +6,11 @@ client is stdlib only and must be cheap and fail-open). So each node agent relay
 :class:`ftd.events.Ack`, and watches their heartbeats (job presence for the coordinator, silence
 for hang detection).
 
+What: :class:`LocalApi`, the server: it accepts connections, identifies the peer, decodes each line
+(:mod:`ftd.agent.local_api.wire`), registers ranks (the rules are
+:mod:`ftd.agent.local_api.registration`), relays acks and presence through callbacks, keeps pending
+directives, and answers the node hooks.
+
 Protocol
 --------
 The protocol (version 1: one JSON object per line, ``register``/``heartbeat``/``ack`` in,
@@ -21,25 +26,15 @@ else is affected. Replies are encoded with msgspec. An ``ack`` is relayed to ``o
 Pending directives
 ------------------
 :meth:`LocalApi.deliver` pushes a directive to every connected rank of its job (all jobs when
-``job`` is None) and keeps it *pending*: a rank that registers later (a reconnect after an agent or
-client restart) receives it too, unless that rank already answered it. A pending directive is
-dropped when its deadline passes (``deadline_s`` counted from when *this agent* received it: node
-and coordinator clocks may disagree), after ``pending_ttl_s`` when it has no deadline, or once
-every rank it reached has answered it (so a job requeued later onto this node does not receive a
-stale ``stop``). A directive id seen before is never delivered again.
+``job`` is None) and keeps it pending for ranks that register later; when a pending directive is
+dropped, and why a directive id is never delivered twice, is :mod:`ftd.agent.local_api.pending`.
 
-Who may register (issue #11)
-----------------------------
-The socket is created with ``socket_mode`` (0660) and, when ``socket_group`` is set, that group: the
-users who run training jobs reach it through the group, nobody else. On every connection the
-kernel's word about the peer (``SO_PEERCRED``) is read and the job its process belongs to is found
-(:func:`ftd.agent.peer.identify`: Slurm job cgroup, slurmstepd ancestry, Kubernetes pod, root or the
-agent's own uid, else the process environment, the reason logged). A ``register`` for any other job
-is refused with an ``error`` naming both, counted (``registrations_refused``) and logged
-(``registration_refused``); so is a claimed ``pid`` that is not the peer's own (a forged pid would
-point the diagnostics' py-spy at someone else's process). Heartbeats and acks on a connection are
-for the job registered on it only: an ack for a directive this agent delivered to another job is
-refused (``acks_refused``).
+Registration and rights
+-----------------------
+A ``register`` the rules refuse is answered with an ``error`` naming the reason, counted
+(``registrations_refused``) and logged (``registration_refused``, rate-limited per uid and job).
+Heartbeats and acks on a connection are for the job registered on it only: an ack for a directive
+this agent delivered to another job is refused (``acks_refused``).
 
 Node hooks (issue #12)
 ----------------------
@@ -57,19 +52,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import grp
 import os
 import stat
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
 from ftd.agent.jobs import PRIVILEGED, ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
-from ftd.agent.peer import JobIdentity, PeerCred, ProcFs, identify, peer_cred
+from ftd.agent.local_api import registration, wire
+from ftd.agent.local_api.pending import PendingDirectives
+from ftd.agent.local_api.state import Conn
+from ftd.agent.peer import ProcFs, identify, peer_cred
 from ftd.client import protocol
 from ftd.client.protocol import MAX_LINE, PROTOCOL_VERSION
 from ftd.events import Ack, Directive, RankInfo
@@ -77,106 +73,19 @@ from ftd.logs import get_logger
 
 log = get_logger(__name__)
 
+__all__ = ["AckCallback", "HookCallback", "LocalApi", "PresenceCallback"]
+
 MAX_WRITE_BUFFER = 1024 * 1024
 """A client that lets more than this pile up unread is disconnected (it reconnects and re-registers)."""
 MAX_CONNECTIONS = 4096
-MAX_PENDING = 256
-MAX_SEEN_IDS = 8192
 PRESENCE_MIN_INTERVAL_S = 1.0
 
-JobName = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=protocol.JOB_MAX, pattern=protocol.JOB_PATTERN)
-]
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-
-
-class _Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.REGISTER):
-    v: int = PROTOCOL_VERSION
-    job: JobName
-    rank: NonNegInt
-    local_rank: NonNegInt | None = None
-    pid: NonNegInt | None = None
-
-
-class _Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.HEARTBEAT):
-    v: int = PROTOCOL_VERSION
-    step: int | None = None
-
-
-class _AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.ACK):
-    v: int = PROTOCOL_VERSION
-    directive_id: Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.DIRECTIVE_ID_MAX)]
-    ok: bool = True
-    step: int | None = None
-    path: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] | None = None
-    reason: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] = ""
-
-
-_ClientMsg = _Register | _Heartbeat | _AckMsg | HookMsg
-_OPS: dict[type[Any], str] = {
-    _Register: protocol.REGISTER,
-    _Heartbeat: protocol.HEARTBEAT,
-    _AckMsg: protocol.ACK,
-    JobStartMsg: protocol.JOB_START,
-    JobEndMsg: protocol.JOB_END,
-    ConditionsMsg: protocol.CONDITIONS,
-    PreflightMsg: protocol.PREFLIGHT,
-}
-_decoder = msgspec.json.Decoder(_ClientMsg)
-_encoder = msgspec.json.Encoder()
 
 PresenceCallback = Callable[[str, list[RankInfo]], Awaitable[None]]
 AckCallback = Callable[[Ack], Awaitable[None]]
 HookCallback = Callable[[HookMsg], Awaitable[Mapping[str, Any]]]
 """Answers a node hook's message (Prolog, Epilog, ``ftd health``): the reply to send (see
 :mod:`ftd.agent.jobs`)."""
-
-
-def _line(msg: Mapping[str, Any]) -> bytes:
-    """One message as one line, in msgspec's JSON (the bytes this end has always sent)."""
-    return _encoder.encode(msg) + b"\n"
-
-
-def _error_line(re: str | None, error: str) -> bytes:
-    return _line(protocol.error(re, error))
-
-
-_OK_REGISTER = _line(protocol.ok(protocol.REGISTER))
-
-
-@dataclass(eq=False)
-class _Conn:
-    """One connected client (a rank once it has registered)."""
-
-    writer: asyncio.StreamWriter
-    connected_at: float
-    job: str | None = None
-    rank: int = -1
-    local_rank: int | None = None
-    pid: int | None = None
-    step: int | None = None
-    last_beat: float | None = None  # wall clock, reported in RankInfo
-    last_beat_mono: float = 0.0  # registration time until the first heartbeat
-    errors: int = 0
-    cred: PeerCred | None = None  # SO_PEERCRED at connect (None where the OS has none)
-    identity: JobIdentity | None = None
-
-    def info(self) -> RankInfo:
-        return RankInfo(
-            rank=self.rank, local_rank=self.local_rank, pid=self.pid, step=self.step, last_beat=self.last_beat
-        )
-
-
-@dataclass(eq=False)
-class _Pending:
-    directive: Directive
-    line: bytes
-    expires: float  # monotonic
-    reached: set[tuple[str, int]] = field(default_factory=set)
-    answered: set[tuple[str, int]] = field(default_factory=set)
-
-    def for_job(self, job: str) -> bool:
-        return self.directive.job is None or self.directive.job == job
 
 
 class LocalApi:
@@ -206,13 +115,11 @@ class LocalApi:
         self._proc = proc or ProcFs()
         self._trusted_uids = frozenset({0, os.geteuid()})
         self._refusals_logged: OrderedDict[tuple[int, str], int] = OrderedDict()
-        self._pending_ttl_s = pending_ttl_s
         self._server: asyncio.AbstractServer | None = None
-        self._conns: set[_Conn] = set()
+        self._conns: set[Conn] = set()
         self._handlers: set[asyncio.Task[None]] = set()
-        self._jobs: dict[str, set[_Conn]] = {}
-        self._pending: OrderedDict[str, _Pending] = OrderedDict()
-        self._seen: OrderedDict[str, str | None] = OrderedDict()  # directive id -> its job
+        self._jobs: dict[str, set[Conn]] = {}
+        self._pending = PendingDirectives(pending_ttl_s)
         self._dirty: set[str] = set()
         self._progress = asyncio.Event()  # set when a step moved (a job became dirty)
         self._last_presence: dict[str, float] = {}
@@ -251,7 +158,7 @@ class LocalApi:
         try:
             os.chmod(self.socket_path, self._socket_mode)
             if self._socket_group is not None:
-                os.chown(self.socket_path, -1, socket_gid(self._socket_group))
+                os.chown(self.socket_path, -1, registration.socket_gid(self._socket_group))
         except (OSError, ValueError):
             self._server.close()
             self._server = None
@@ -339,8 +246,7 @@ class LocalApi:
 
     def pending(self) -> list[Directive]:
         """Directives still pending (not expired, not answered by every rank they reached)."""
-        self._prune(time.monotonic())
-        return [p.directive for p in self._pending.values()]
+        return self._pending.directives(time.monotonic())
 
     def _ranks(self, job: str) -> list[RankInfo]:
         return sorted((c.info() for c in self._jobs.get(job, ())), key=lambda r: (r.rank, r.pid or 0))
@@ -353,23 +259,13 @@ class LocalApi:
         Returns how many ranks it reached now. The directive stays pending for ranks that register
         later (see the module docstring). A directive whose id was seen before is ignored (returns 0).
         """
-        if directive.id in self._seen:
+        if self._pending.seen(directive.id):
             self.counters["duplicate_directives"] += 1
             log.debug("local_api_duplicate_directive", directive_id=directive.id)
             return 0
-        self._seen[directive.id] = directive.job
-        while len(self._seen) > MAX_SEEN_IDS:
-            self._seen.popitem(last=False)
         self.counters["directives"] += 1
-        now = time.monotonic()
-        self._prune(now)
-        ttl = directive.deadline_s if directive.deadline_s is not None else self._pending_ttl_s
         body = protocol.directive(msgspec.to_builtins(directive))
-        pending = _Pending(directive=directive, line=_line(body), expires=now + ttl)
-        self._pending[directive.id] = pending
-        while len(self._pending) > MAX_PENDING:
-            dropped_id, _ = self._pending.popitem(last=False)
-            log.warning("local_api_pending_overflow", dropped=dropped_id)
+        pending = self._pending.add(directive, wire.line(body), time.monotonic())
         jobs = [directive.job] if directive.job is not None else list(self._jobs)
         reached = 0
         for job in jobs:
@@ -386,20 +282,16 @@ class LocalApi:
         )
         return reached
 
-    def _prune(self, now: float) -> None:
-        for did in [d for d, p in self._pending.items() if p.expires <= now]:
-            del self._pending[did]
-
     # --- connections -------------------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
-        conn = _Conn(writer=writer, connected_at=time.monotonic())
+        conn = Conn(writer=writer, connected_at=time.monotonic())
         try:
             if len(self._conns) >= MAX_CONNECTIONS:
-                writer.write(_error_line(None, "too many connections"))
+                writer.write(wire.error_line(None, "too many connections"))
                 return
             self._conns.add(conn)
             self.counters["connections"] += 1
@@ -418,7 +310,7 @@ class LocalApi:
             if task is not None:
                 self._handlers.discard(task)
 
-    async def _identify(self, conn: _Conn) -> None:
+    async def _identify(self, conn: Conn) -> None:
         """Read the peer's credentials and find its job (``/proc`` reads, off the event loop)."""
         sock = conn.writer.get_extra_info("socket")
         conn.cred = peer_cred(sock) if sock is not None else None
@@ -428,24 +320,7 @@ class LocalApi:
                 identify, cred.pid, cred.uid, trusted_uids=self._trusted_uids, proc=self._proc
             )
 
-    def _refusal(self, conn: _Conn, msg: _Register) -> str | None:
-        """Why ``msg`` may not register on this connection (None: it may)."""
-        cred, ident = conn.cred, conn.identity
-        if cred is None or ident is None:
-            return None  # no SO_PEERCRED on this platform: nothing to check against
-        if not ident.allows(msg.job):
-            have = "job " + ", ".join(sorted(ident.jobs)) if ident.jobs else "no job ftd can name"
-            return (
-                f"registration refused: this process (pid {cred.pid}, uid {cred.uid}) belongs to {have} "
-                f"({ident.detail}), not job {msg.job}"
-            )
-        if ident.any_job or msg.pid is None or msg.pid == cred.pid:
-            return None
-        if msg.pid in self._proc.ns_pids(cred.pid):  # the same process seen from inside a container
-            return None
-        return f"registration refused: pid {msg.pid} is not this connection's process (pid {cred.pid})"
-
-    def _refuse(self, conn: _Conn, msg: _Register, why: str) -> None:
+    def _refuse(self, conn: Conn, msg: wire.Register, why: str) -> None:
         self.counters["registrations_refused"] += 1
         cred, ident = conn.cred, conn.identity
         assert cred is not None and ident is not None
@@ -468,9 +343,9 @@ class LocalApi:
                 reason=why,
                 count=count,
             )
-        self._send(conn, _error_line(protocol.REGISTER, why[:500]))
+        self._send(conn, wire.error_line(protocol.REGISTER, why[:500]))
 
-    async def _serve(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
+    async def _serve(self, conn: Conn, reader: asyncio.StreamReader) -> None:
         buf = b""
         discarding = False  # inside an over-long line: drop bytes until its newline
         while True:
@@ -500,31 +375,31 @@ class LocalApi:
                 return
             await conn.writer.drain()
 
-    def _on_line(self, conn: _Conn, line: bytes) -> None:
+    def _on_line(self, conn: Conn, line: bytes) -> None:
         try:
-            msg = _decoder.decode(line)
+            msg = wire.decoder.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._bad(conn, _peek_op(line), str(exc))
+            self._bad(conn, wire.peek_op(line), str(exc))
             return
         if msg.v != PROTOCOL_VERSION:
-            self._bad(conn, _OPS[type(msg)], f"unsupported protocol version {msg.v}")
+            self._bad(conn, wire.OPS[type(msg)], f"unsupported protocol version {msg.v}")
             return
-        if isinstance(msg, _Register):
+        if isinstance(msg, wire.Register):
             self._register(conn, msg)
         elif isinstance(msg, JobStartMsg | JobEndMsg | ConditionsMsg | PreflightMsg):
             self._hook(conn, msg)
         elif conn.job is None:
-            self._bad(conn, _OPS[type(msg)], "not registered")
-        elif isinstance(msg, _Heartbeat):
+            self._bad(conn, wire.OPS[type(msg)], "not registered")
+        elif isinstance(msg, wire.Heartbeat):
             self._heartbeat(conn, msg)
         else:
             self._ack(conn, msg)
 
-    def _register(self, conn: _Conn, msg: _Register) -> None:
+    def _register(self, conn: Conn, msg: wire.Register) -> None:
         if conn.job is not None:
             self._bad(conn, protocol.REGISTER, f"already registered as job {conn.job} rank {conn.rank}")
             return
-        refusal = self._refusal(conn, msg)
+        refusal = registration.refusal(conn, msg, self._proc)
         if refusal is not None:
             self._refuse(conn, msg, refusal)
             return
@@ -537,13 +412,10 @@ class LocalApi:
             log.warning("local_api_duplicate_rank", job=msg.job, rank=msg.rank, pid=msg.pid)
         members.add(conn)
         self.counters["registrations"] += 1
-        self._send(conn, _OK_REGISTER)
-        now = time.monotonic()
-        self._prune(now)
-        key = (msg.job, msg.rank)
-        for pending in self._pending.values():
-            if pending.for_job(msg.job) and key not in pending.answered and self._send(conn, pending.line):
-                pending.reached.add(key)
+        self._send(conn, wire.OK_REGISTER)
+        for pending in self._pending.owed_to(msg.job, msg.rank, time.monotonic()):
+            if self._send(conn, pending.line):
+                pending.reached.add((msg.job, msg.rank))
         ident = conn.identity
         log.info(
             "local_api_rank_registered",
@@ -556,18 +428,20 @@ class LocalApi:
         )
         self._presence_now(msg.job)
 
-    def _hook(self, conn: _Conn, msg: HookMsg) -> None:
+    def _hook(self, conn: Conn, msg: HookMsg) -> None:
         """A node hook's request (no registration): privileged ones only from root or our uid."""
-        op = _OPS[type(msg)]
+        op = wire.OPS[type(msg)]
         ident = conn.identity
         if isinstance(msg, PRIVILEGED) and ident is not None and not ident.any_job:
             self.counters["hooks_refused"] = self.counters.get("hooks_refused", 0) + 1
             cred = conn.cred
             log.warning("hook_refused", op=op, uid=cred.uid if cred else None, pid=cred.pid if cred else None)
-            self._send(conn, _error_line(op, f"{op} refused: only root or the agent's own user may send it"))
+            self._send(
+                conn, wire.error_line(op, f"{op} refused: only root or the agent's own user may send it")
+            )
             return
         if self._on_hook is None:
-            self._send(conn, _error_line(op, f"{op} is not served by this agent"))
+            self._send(conn, wire.error_line(op, f"{op} is not served by this agent"))
             return
         hook = self._on_hook
 
@@ -576,15 +450,15 @@ class LocalApi:
                 reply = await hook(msg)
             except Exception as exc:
                 log.exception("hook_failed", op=op)
-                self._send(conn, _error_line(op, f"{op} failed: {type(exc).__name__}: {exc}"[:500]))
+                self._send(conn, wire.error_line(op, f"{op} failed: {type(exc).__name__}: {exc}"[:500]))
                 return
-            self._send(conn, _line(reply))
+            self._send(conn, wire.line(reply))
 
         task = asyncio.create_task(answer(), name=f"ftd-localapi-hook-{op}")
         self._hook_tasks.add(task)
         task.add_done_callback(self._hook_tasks.discard)
 
-    def _unregister(self, conn: _Conn) -> None:
+    def _unregister(self, conn: Conn) -> None:
         job = conn.job
         if job is None:
             return
@@ -597,7 +471,7 @@ class LocalApi:
         if not self._stopping:
             self._presence_now(job)
 
-    def _heartbeat(self, conn: _Conn, msg: _Heartbeat) -> None:
+    def _heartbeat(self, conn: Conn, msg: wire.Heartbeat) -> None:
         self.counters["heartbeats"] += 1
         conn.last_beat = time.time()
         conn.last_beat_mono = time.monotonic()
@@ -607,9 +481,9 @@ class LocalApi:
             self._dirty.add(conn.job)
             self._progress.set()
 
-    def _ack(self, conn: _Conn, msg: _AckMsg) -> None:
+    def _ack(self, conn: Conn, msg: wire.AckMsg) -> None:
         assert conn.job is not None
-        target = self._seen.get(msg.directive_id, conn.job)  # unknown here: the coordinator checks
+        target = self._pending.job_of(msg.directive_id, conn.job)  # unknown here: the coordinator checks
         if target is not None and target != conn.job:
             self.counters["acks_refused"] += 1
             log.warning(
@@ -622,16 +496,13 @@ class LocalApi:
             )
             self._send(
                 conn,
-                _error_line(protocol.ACK, f"directive {msg.directive_id} is not for job {conn.job}"[:500]),
+                wire.error_line(
+                    protocol.ACK, f"directive {msg.directive_id} is not for job {conn.job}"[:500]
+                ),
             )
             return
         self.counters["acks"] += 1
-        key = (conn.job, conn.rank)
-        pending = self._pending.get(msg.directive_id)
-        if pending is not None:
-            pending.answered.add(key)
-            if pending.reached and pending.reached <= pending.answered:
-                del self._pending[msg.directive_id]
+        self._pending.answered(msg.directive_id, conn.job, conn.rank)
         ack = Ack(
             directive_id=msg.directive_id,
             job=conn.job,
@@ -653,7 +524,7 @@ class LocalApi:
         )
         self._calls.put_nowait(lambda: self._on_ack(ack))
 
-    def _send(self, conn: _Conn, line: bytes) -> bool:
+    def _send(self, conn: Conn, line: bytes) -> bool:
         transport = conn.writer.transport
         if transport.is_closing():
             return False
@@ -665,14 +536,14 @@ class LocalApi:
         conn.writer.write(line)
         return True
 
-    def _bad(self, conn: _Conn, re: str | None, error: str) -> None:
+    def _bad(self, conn: Conn, re: str | None, error: str) -> None:
         self.counters["bad_messages"] += 1
         conn.errors += 1
         if conn.errors <= 10 or conn.errors % 1000 == 0:
             log.warning(
                 "local_api_bad_message", job=conn.job, rank=conn.rank, error=error[:200], count=conn.errors
             )
-        self._send(conn, _error_line(re, error[:500]))
+        self._send(conn, wire.error_line(re, error[:500]))
 
     # --- callbacks ---------------------------------------------------------------------------
 
@@ -712,31 +583,3 @@ class LocalApi:
                 log.exception("local_api_callback_failed")
             finally:
                 self._calls.task_done()
-
-
-def socket_gid(group: str | int) -> int:
-    """The gid of ``agent.socket_group``: a number, or a group name; unknown names raise ValueError."""
-    if isinstance(group, int):
-        return group
-    if group.isdigit():
-        return int(group)
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise ValueError(f"agent.socket_group: no group named {group!r} on this host") from None
-
-
-def _peek_op(line: bytes) -> str | None:
-    """Best-effort ``op`` of a message that failed to decode, for the error reply."""
-    try:
-        obj = msgspec.json.decode(line)
-    except msgspec.DecodeError:
-        return None
-    if isinstance(obj, dict):
-        op = obj.get("op")
-        if isinstance(op, str):
-            return op[:64]
-    return None
-
-
-__all__ = ["MAX_LINE", "PROTOCOL_VERSION", "LocalApi", "socket_gid"]

@@ -1,0 +1,39 @@
+"""What the local API keeps per connection: :class:`Conn`.
+
+What: one connected client, its peer credentials and, once registered, its job, rank, pid, step and
+last heartbeat. Why apart: a plain record shared by the server's handlers and the registration
+check (:mod:`ftd.agent.local_api.registration`), with no behaviour beyond its :class:`RankInfo` view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ftd.agent.peer import JobIdentity, PeerCred
+from ftd.events import RankInfo
+
+__all__ = ["Conn"]
+
+
+@dataclass(eq=False)
+class Conn:
+    """One connected client (a rank once it has registered)."""
+
+    writer: asyncio.StreamWriter
+    connected_at: float
+    job: str | None = None
+    rank: int = -1
+    local_rank: int | None = None
+    pid: int | None = None
+    step: int | None = None
+    last_beat: float | None = None  # wall clock, reported in RankInfo
+    last_beat_mono: float = 0.0  # registration time until the first heartbeat
+    errors: int = 0
+    cred: PeerCred | None = None  # SO_PEERCRED at connect (None where the OS has none)
+    identity: JobIdentity | None = None
+
+    def info(self) -> RankInfo:
+        return RankInfo(
+            rank=self.rank, local_rank=self.local_rank, pid=self.pid, step=self.step, last_beat=self.last_beat
+        )

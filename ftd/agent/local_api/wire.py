@@ -1,0 +1,100 @@
+"""This end of the trainer protocol: the messages a client sends, decoded and typed; replies encoded.
+
+What: msgspec structs for ``register``, ``heartbeat`` and ``ack`` (the node hooks' messages are
+:mod:`ftd.agent.jobs`'), one decoder for all of them, and the encoders of the lines this end sends.
+The protocol itself (version 1: one JSON object per line, names and limits) is
+:mod:`ftd.client.protocol`, owned by the stdlib-only trainer client and imported here, never the
+other way round. Why typed: a message with a wrong field type or an unknown ``op`` fails in the
+decoder, so the server answers it with an ``error`` instead of tripping over it later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import msgspec
+
+from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
+from ftd.client import protocol
+from ftd.client.protocol import PROTOCOL_VERSION
+
+__all__ = [
+    "OK_REGISTER",
+    "OPS",
+    "AckMsg",
+    "ClientMsg",
+    "Heartbeat",
+    "Register",
+    "decoder",
+    "error_line",
+    "line",
+    "peek_op",
+]
+
+JobName = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=protocol.JOB_MAX, pattern=protocol.JOB_PATTERN)
+]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.REGISTER):
+    v: int = PROTOCOL_VERSION
+    job: JobName
+    rank: NonNegInt
+    local_rank: NonNegInt | None = None
+    pid: NonNegInt | None = None
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.HEARTBEAT):
+    v: int = PROTOCOL_VERSION
+    step: int | None = None
+
+
+class AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.ACK):
+    v: int = PROTOCOL_VERSION
+    directive_id: Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.DIRECTIVE_ID_MAX)]
+    ok: bool = True
+    step: int | None = None
+    path: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] | None = None
+    reason: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] = ""
+
+
+ClientMsg = Register | Heartbeat | AckMsg | HookMsg
+OPS: dict[type[Any], str] = {
+    Register: protocol.REGISTER,
+    Heartbeat: protocol.HEARTBEAT,
+    AckMsg: protocol.ACK,
+    JobStartMsg: protocol.JOB_START,
+    JobEndMsg: protocol.JOB_END,
+    ConditionsMsg: protocol.CONDITIONS,
+    PreflightMsg: protocol.PREFLIGHT,
+}
+decoder = msgspec.json.Decoder(ClientMsg)
+_encoder = msgspec.json.Encoder()
+
+
+def line(msg: Mapping[str, Any]) -> bytes:
+    """One message as one line, in msgspec's JSON (the bytes this end has always sent)."""
+    return _encoder.encode(msg) + b"\n"
+
+
+def error_line(re: str | None, error: str) -> bytes:
+    """The ``error`` reply to a message whose ``op`` was ``re`` (None: unknown), as one line."""
+    return line(protocol.error(re, error))
+
+
+OK_REGISTER = line(protocol.ok(protocol.REGISTER))
+
+
+def peek_op(raw: bytes) -> str | None:
+    """Best-effort ``op`` of a message that failed to decode, for the error reply."""
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(obj, dict):
+        op = obj.get("op")
+        if isinstance(op, str):
+            return op[:64]
+    return None
