@@ -54,7 +54,7 @@ def check_config_file(
 ) -> Checked:
     """Validate the file at ``path`` and, with ``files``, what it names for ``roles``. Raises
     :class:`ConfigError` listing every problem. ``in_service=False`` (``ftd check-config``) leaves
-    relative secret names to the service (:func:`~ftd.config.references.deferred_credentials`)."""
+    relative secret names to the service (:func:`~.references.deferred_credentials`)."""
     source = str(path)
     data = load_config_data(path)
     problems = validate_data(data)
