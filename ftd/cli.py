@@ -1,4 +1,4 @@
-"""The ``ftd`` command: a thin dispatcher over :mod:`ftd.commands` (DESIGN §9, a stable contract)."""
+"""The ``ftd`` command: a thin dispatcher over :mod:`ftd.commands` (stable: docs/architecture.md §9)."""
 
 from __future__ import annotations
 

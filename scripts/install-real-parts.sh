@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the real parts the tests start themselves (DESIGN §12): Mosquitto, munge, Slurm 22.05.
+# Install the real parts the tests start themselves (docs/architecture.md §12): Mosquitto, munge, Slurm 22.05.
 #
 # Idempotent: does nothing when every binary is already there, and (re)creates only what is missing.
 # The tests run their own mosquitto/slurmctld/slurmd on free loopback ports with private configs, so

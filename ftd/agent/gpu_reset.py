@@ -1,6 +1,6 @@
 """GPU reset on a coordinator directive (``action = "gpu_reset"`` on ``ftd/v1/nodes/{node}/directives``).
 
-Safety first (DESIGN §11: "GPU reset never runs while a process holds the GPU"):
+Safety first (docs/architecture.md §11.3: "GPU reset never runs while a process holds the GPU"):
 
 1. resolve the target GPU from ``directive.params`` (``pci``, ``uuid`` or ``index``) against
    ``nvidia-smi --query-gpu=index,pci.bus_id,uuid``; an unknown GPU fails;

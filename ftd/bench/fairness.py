@@ -1,6 +1,6 @@
 """``ftd bench fairness``: one node floods 10,000 events/s; how long do another node's events wait?
 
-DESIGN §10 target: during the flood, the other node's event -> decision p99 <= 100 ms.
+docs/architecture.md §10 target: during the flood, the other node's event -> decision p99 <= 100 ms.
 
 Setup, all real: a private Mosquitto on loopback with the queue limits of ``deploy/mosquitto``
 (``max_queued_messages 100000``, the default ``max_inflight_messages`` of 20), the coordinator

@@ -1,4 +1,4 @@
-"""``ftd bench kmsg``: kernel-log parser throughput (DESIGN §10: >= 300k lines/s on one core).
+"""``ftd bench kmsg``: kernel-log parser throughput (docs/architecture.md §10: >= 300k lines/s on one core).
 
 The input is a generated, realistic mix: 99% ordinary kernel noise in every prefix shape the parser
 accepts (dmesg, raw /dev/kmsg, syslog, journal, ISO) and 1% lines that are events (Xid, SXid,

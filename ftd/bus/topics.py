@@ -1,6 +1,6 @@
 """Topic names (v1) and MQTT wildcard matching.
 
-Every topic ftd uses is built here so a typo cannot invent a new one. Layout (DESIGN §4)::
+Every topic ftd uses is built here so a typo cannot invent a new one. Layout (docs/architecture.md §4)::
 
     ftd/v1/nodes/{node}/status              retained NodeStatus; Last Will says offline
     ftd/v1/nodes/{node}/events/{kind}       Event

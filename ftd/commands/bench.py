@@ -1,6 +1,6 @@
 """``ftd bench NAME [--json]``: run one benchmark; with ``--json`` the last line is one JSON object.
 
-Benchmarks measure; they never assert. Targets (DESIGN §10) are printed beside the figures.
+Benchmarks measure; they never assert. Targets (docs/architecture.md §10) are printed beside the figures.
 """
 
 from __future__ import annotations

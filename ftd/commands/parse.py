@@ -2,9 +2,9 @@
 
 What: reads FILE (or stdin for ``-`` or no argument) as bytes, decodes each line as UTF-8 with
 replacement (kernel logs do contain junk), and prints one compact JSON object per recognised kernel
-event with the DESIGN §9 keys ``line kind code pci pid process action severity`` (always present,
-``null`` when unknown), then ``message`` and ``uuid``, plus ``seq``/``ts``/``extra`` when known.
-Exit 0; a missing or unreadable FILE is reported on stderr with exit 2.
+event with the docs/architecture.md §9 keys ``line kind code pci pid process action severity`` (always
+present, ``null`` when unknown), then ``message`` and ``uuid``, plus ``seq``/``ts``/``extra`` when known. Exit
+0; a missing or unreadable FILE is reported on stderr with exit 2.
 
 Why: operators and scripts use it to check what the agent would have reported for a dmesg/journal
 dump from a broken node, and the benchmarks rely on its stable output.

@@ -1,14 +1,14 @@
 """The coordinator daemon: subscribes to the bus, keeps cluster state, runs the engine.
 
-Delivery (DESIGN §11): the coordinator's bus acknowledges a message to the broker only after it was
-handled, i.e. after the events in it were committed to the ledger (``manual_ack``); a coordinator
-killed before that gets the message again from its persistent session. For every event it has
-committed (or had already: duplicates too) it then publishes a :class:`~ftd.events.Receipt` to
-``ftd/v1/nodes/{node}/receipts``; the agent keeps an event in its spool until that receipt arrives,
-so neither a broker that loses its queue nor a coordinator that dies loses an event. Events it will
-never accept (a payload naming another node) are receipted as ``rejected`` with the reason.
-A storage error while committing leaves the message unacknowledged (redelivered later) and is
-counted; any other failure handling a message is counted as a bad message and never fatal.
+Delivery (docs/architecture.md §11.1): the coordinator's bus acknowledges a message to the broker only after
+it was handled, i.e. after the events in it were committed to the ledger (``manual_ack``); a coordinator
+killed before that gets the message again from its persistent session. For every event it has committed (or
+had already: duplicates too) it then publishes a :class:`~ftd.events.Receipt` to
+``ftd/v1/nodes/{node}/receipts``; the agent keeps an event in its spool until that receipt arrives, so neither
+a broker that loses its queue nor a coordinator that dies loses an event. Events it will never accept (a
+payload naming another node) are receipted as ``rejected`` with the reason. A storage error while committing
+leaves the message unacknowledged (redelivered later) and is counted; any other failure handling a message is
+counted as a bad message and never fatal.
 
 Inputs (all decoded strictly; a payload that fails is counted in ``bad_messages`` and logged,
 never fatal): node events, retained node status (an ``offline`` from the Last Will becomes a

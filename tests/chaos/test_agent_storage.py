@@ -1,4 +1,5 @@
-"""Storage faults under a real ``ftd agent``: a full ``state_dir`` and a corrupt spool (DESIGN §11).
+"""Storage faults under a real ``ftd agent``: a full ``state_dir`` and a corrupt spool (docs/architecture.md
+§11.2).
 
 Real parts only: a private Mosquitto, the agent as a subprocess with a config file, its ``state_dir``
 on a small tmpfs mounted for the test (a real filesystem that really fills up: the kernel answers

@@ -1,4 +1,5 @@
-"""A corrupt ledger under a real ``ftd coordinator`` (DESIGN §11: storage faults are reported, never fatal).
+"""A corrupt ledger under a real ``ftd coordinator`` (docs/architecture.md §11.2: storage faults are reported,
+never fatal).
 
 Operators reported: a corrupt ledger file made the coordinator die with a raw ``sqlite3.DatabaseError``
 traceback, exit 1, and systemd restarted it into the same failure. Now the coordinator moves the

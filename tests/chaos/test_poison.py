@@ -1,9 +1,9 @@
 """Poison from one node's credentials against a real ``ftd coordinator`` on a real Mosquitto.
 
-Operators reported (DESIGN §11: no payload can crash, stall or starve the coordinator): JSON nested
-1000 deep killed the coordinator with a RecursionError, and sent *retained* on the node's status
-topic crash-looped it on every restart; a node flooding 10k events/s delayed another node's
-decisions by 38 s; an 8 MB batch froze it for 4.5 s; 10 MB events were stored verbatim.
+Operators reported (docs/architecture.md §11.2: no payload can crash, stall or starve the coordinator): JSON
+nested 1000 deep killed the coordinator with a RecursionError, and sent *retained* on the node's status topic
+crash-looped it on every restart; a node flooding 10k events/s delayed another node's decisions by 38 s; an 8
+MB batch froze it for 4.5 s; 10 MB events were stored verbatim.
 
 Each test publishes only under one node's own ``ftd/v1/nodes/{node}/`` subtree (what its
 credentials may write), then checks with exact counts: the coordinator process is alive and was

@@ -1,10 +1,10 @@
 """The shipped Mosquitto security config (deploy/mosquitto) against a real Mosquitto 2.0 broker.
 
-DESIGN §11: node credentials cannot publish as another node or send directives. Mosquitto drops an
-unauthorized publish silently under MQTT 3.1.1, so every "cannot" below is asserted by non-delivery,
-with a permitted publish from the same client sent *after* the forbidden ones as a positive control:
-QoS 1 messages from one publisher arrive in order, so once the control arrives the forbidden ones
-would have arrived too.
+docs/architecture.md §11.4: node credentials cannot publish as another node or send directives. Mosquitto
+drops an unauthorized publish silently under MQTT 3.1.1, so every "cannot" below is asserted by non-delivery,
+with a permitted publish from the same client sent *after* the forbidden ones as a positive control: QoS 1
+messages from one publisher arrive in order, so once the control arrives the forbidden ones would have arrived
+too.
 """
 
 from __future__ import annotations

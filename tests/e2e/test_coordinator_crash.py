@@ -1,5 +1,5 @@
-"""Coordinator killed (SIGKILL) in the middle of a checkpoint_restart, then restarted (DESIGN §11:
-"Coordinator killed mid-action: no action lost or done twice").
+"""Coordinator killed (SIGKILL) in the middle of a checkpoint_restart, then restarted (docs/architecture.md
+§11.1: "Coordinator killed mid-action: no action lost or done twice").
 
 Real Mosquitto and Slurm, ``ftd agent`` and ``ftd coordinator`` as subprocesses (the spine test's
 stack), and a trainer whose checkpoint takes seconds. The coordinator dies after the ``save``

@@ -1,5 +1,5 @@
-"""Hang detection end to end (DESIGN §7: "hangs are caught in seconds, not after a 30-minute NCCL
-timeout, with stack traces of every rank").
+"""Hang detection end to end (docs/architecture.md §7: "hangs are caught in seconds, not after a 30-minute
+NCCL timeout, with stack traces of every rank").
 
 Real Mosquitto, real Slurm, ``ftd agent`` and ``ftd coordinator`` subprocesses (tests/e2e/stack.py)
 with a 2 s heartbeat timeout; examples/train_ddp.py as a ``--requeue`` batch job, 2 gloo ranks under

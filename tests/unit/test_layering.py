@@ -1,4 +1,4 @@
-"""Layering rules (DESIGN §3), checked on the source: who may import what."""
+"""Layering rules (docs/architecture.md §3), checked on the source: who may import what."""
 
 from __future__ import annotations
 

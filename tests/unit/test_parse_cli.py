@@ -1,4 +1,4 @@
-"""``ftd parse kmsg``: JSON lines with the DESIGN §9 keys, stdin, bad bytes, missing file."""
+"""``ftd parse kmsg``: JSON lines with the docs/architecture.md §9 keys, stdin, bad bytes, missing file."""
 
 from __future__ import annotations
 

@@ -4,15 +4,15 @@ Bounded and ordered. A single publisher task sends the oldest entry and waits fo
 the bus is down it waits for the reconnect and retries, so a broker outage delays events but loses
 none until the bound is hit.
 
-**End-to-end receipts** (DESIGN §11): an entry with a ``receipt_id`` (every event) is *not* done on
-the broker's PUBACK: a broker that is killed loses what it held in memory, and a coordinator whose
+**End-to-end receipts** (docs/architecture.md §11.1): an entry with a ``receipt_id`` (every event) is *not*
+done on the broker's PUBACK: a broker that is killed loses what it held in memory, and a coordinator whose
 session did not exist yet never gets it. It waits, still spooled, until the coordinator's
-:class:`~ftd.events.Receipt` names it (:meth:`Outbox.receipted`: the event is in the ledger), and is
-sent again when the coordinator (re)announces itself online (:meth:`Outbox.resend_unreceipted`) or
-when no receipt came within ``receipt_timeout_s``. The coordinator drops the duplicates by id and
-receipts them again. Entries without a receipt id (acks, job presence) are done on PUBACK. At the
-bound the oldest *low-severity* entry is dropped first (info, then warning, ...), and every drop is
-counted (the agent reports the count as an ``agent_health`` event).
+:class:`~ftd.events.Receipt` names it (:meth:`Outbox.receipted`: the event is in the ledger), and is sent
+again when the coordinator (re)announces itself online (:meth:`Outbox.resend_unreceipted`) or when no receipt
+came within ``receipt_timeout_s``. The coordinator drops the duplicates by id and receipts them again. Entries
+without a receipt id (acks, job presence) are done on PUBACK. At the bound the oldest *low-severity* entry is
+dropped first (info, then warning, ...), and every drop is counted (the agent reports the count as an
+``agent_health`` event).
 
 **Durable spool** (``path`` given): every *durable* entry is appended to an on-disk log *before*
 :meth:`Outbox.put` returns, and a tombstone is appended once it is done (receipted, or acknowledged
@@ -28,19 +28,19 @@ rewritten with only the live entries. The live size is bounded by ``max_bytes`` 
 :mod:`ftd.agent.spool.records`; a damaged file is put aside at start and its intact entries
 salvaged (:attr:`Outbox.damage`; the agent publishes a ``spool_corrupt`` ``agent_health`` event).
 
-Storage faults (DESIGN §11: reported, never fatal): a failed write (``ENOSPC``, ``EDQUOT``, ``EIO``;
-a short write is continued and, when the rest cannot be written, is one) is cut back to the last good
+Storage faults (docs/architecture.md §11.2: reported, never fatal): a failed write (``ENOSPC``, ``EDQUOT``,
+``EIO``; a short write is continued and, when the rest cannot be written, is one) is cut back to the last good
 offset with ``ftruncate``, so no torn record is ever left to look like corruption, and the outbox goes
-*memory-only*: entries are still queued, published and receipted, but not written, and nothing is
-lost while the agent runs (:attr:`Outbox.spool_error`, :attr:`Outbox.spool_outages`; the agent
-reports ``spool_unavailable`` once per outage). Every ``spool_retry_s`` (on the next put, or when the
-agent calls :meth:`Outbox.check_spool`) it tries to go back: if ``statvfs`` shows room for them,
-the entries held are rewritten to a fresh file (temp file, ``rename``) and appending resumes
-(:attr:`Outbox.spool_recoveries`). An agent killed during an outage loses what it held only in memory
-(nothing else is possible on a full disk); what reached the file before the outage is replayed, and
-entries finished during the outage may come back once as duplicates. Failing to open or rewrite the
-file at start is the same outage, with the replayed entries held in memory; only an unreadable file
-or an uncreatable ``state_dir`` raises :class:`OSError` from the constructor.
+*memory-only*: entries are still queued, published and receipted, but not written, and nothing is lost while
+the agent runs (:attr:`Outbox.spool_error`, :attr:`Outbox.spool_outages`; the agent reports
+``spool_unavailable`` once per outage). Every ``spool_retry_s`` (on the next put, or when the agent calls
+:meth:`Outbox.check_spool`) it tries to go back: if ``statvfs`` shows room for them, the entries held are
+rewritten to a fresh file (temp file, ``rename``) and appending resumes (:attr:`Outbox.spool_recoveries`). An
+agent killed during an outage loses what it held only in memory (nothing else is possible on a full disk);
+what reached the file before the outage is replayed, and entries finished during the outage may come back once
+as duplicates. Failing to open or rewrite the file at start is the same outage, with the replayed entries held
+in memory; only an unreadable file or an uncreatable ``state_dir`` raises :class:`OSError` from the
+constructor.
 
 Non-durable entries (``Outgoing.durable=False``: retained job presence and node status, whose replay
 after a restart would resurrect stale state) are held in memory only.

@@ -5,7 +5,7 @@ agent resolves and cross-checks them). A ``gpu_reset`` :class:`~ftd.events.Direc
 ``ftd/v1/nodes/{node}/directives`` with ``deadline_s``; the agent answers on its acks topic with an
 :class:`~ftd.events.Ack` for the directive id, ``rank = -1`` (:data:`NODE_RANK`: a node-level answer,
 not a trainer's), ``ok`` and a ``reason`` such as ``"refused: GPU in use by pid(s) 4242"`` or
-``"reset_ok: ..."``. The agent refuses while any process holds the GPU (DESIGN §11).
+``"reset_ok: ..."``. The agent refuses while any process holds the GPU (docs/architecture.md §11.3).
 
 Two phases (:class:`~ftd.coordinator.model.plan.PhasedExecutor`; inside a plan the job's save and stop
 come before the first, and the job's requeue waits for the first):

@@ -1,11 +1,10 @@
 """The scheduler seam: what the coordinator's actions need from a batch scheduler, and a fake.
 
-The drain/resume and checkpoint-restart actions (DESIGN §6) talk to the scheduler only through the
-:class:`Scheduler` protocol, so the same action code drives Slurm
-(:mod:`ftd.coordinator.actions.slurm`), Kubernetes (:mod:`ftd.coordinator.actions.kubernetes`), or
-:class:`FakeScheduler` in unit tests and the demo. One contract suite
-(``tests/contract/test_scheduler_contract.py``) runs against the fake and the real Slurm, so the fake
-cannot drift from what Slurm really does.
+The drain/resume and checkpoint-restart actions (docs/architecture.md §6) talk to the scheduler only through
+the :class:`Scheduler` protocol, so the same action code drives Slurm (:mod:`ftd.coordinator.actions.slurm`),
+Kubernetes (:mod:`ftd.coordinator.actions.kubernetes`), or :class:`FakeScheduler` in unit tests and the demo.
+One contract suite (``tests/contract/test_scheduler_contract.py``) runs against the fake and the real Slurm,
+so the fake cannot drift from what Slurm really does.
 
 Semantics every implementation keeps (the coordinator retries after a crash, so all are idempotent):
 

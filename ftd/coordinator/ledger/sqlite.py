@@ -5,16 +5,16 @@ It is the coordinator's memory across restarts: an event id already in the ledge
 *before* it runs and updated *after*, so a restarted coordinator resumes unfinished actions and never
 repeats finished ones. ``export_events`` writes JSON lines for what-if replays.
 
-A corrupt ledger (DESIGN §11: storage faults are reported, never fatal): opening checks the file
-with ``PRAGMA quick_check`` (it reads every page: about a second per GB here). A file SQLite calls
-corrupt (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``) is moved aside -- renamed
-``{name}.corrupt-{UTC timestamp}``, its ``-wal``/``-shm`` files with it, kept for a post-mortem --
-with one ``ledger_corrupt`` error line in the log, and a new ledger is started whose first event
-says what happened (``agent_health`` from :data:`NOTICE_NODE`, severity critical). The history and
-the unfinished actions of the old file are not carried over: they are what could not be read. Other
-errors (a locked file, a directory that cannot be written) are raised as they are: moving a sound
-file aside for them would lose it. Corruption met later, while running, is a storage error of the
-commit in hand (counted and retried by the coordinator), not a reason to drop the ledger under it.
+A corrupt ledger (docs/architecture.md §11.2: storage faults are reported, never fatal): opening checks the
+file with ``PRAGMA quick_check`` (it reads every page: about a second per GB here). A file SQLite calls
+corrupt (``SQLITE_CORRUPT``, ``SQLITE_NOTADB``) is moved aside -- renamed ``{name}.corrupt-{UTC timestamp}``,
+its ``-wal``/``-shm`` files with it, kept for a post-mortem -- with one ``ledger_corrupt`` error line in the
+log, and a new ledger is started whose first event says what happened (``agent_health`` from
+:data:`NOTICE_NODE`, severity critical). The history and the unfinished actions of the old file are not
+carried over: they are what could not be read. Other errors (a locked file, a directory that cannot be
+written) are raised as they are: moving a sound file aside for them would lose it. Corruption met later, while
+running, is a storage error of the commit in hand (counted and retried by the coordinator), not a reason to
+drop the ledger under it.
 
 Plans (:meth:`Ledger.save_plan`, table ``plans``): the order and dependencies of one event's actions
 (:mod:`ftd.coordinator.model.plan`); each step's state is its action's row. A plan not ``finished`` is

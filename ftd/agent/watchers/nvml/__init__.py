@@ -1,4 +1,4 @@
-"""GPU health through NVML, as a package of small modules (DESIGN §5 "NVML").
+"""GPU health through NVML, as a package of small modules (docs/architecture.md §5 "NVML").
 
 * :mod:`.backend`: the seam, the synchronous questions the watcher asks (:class:`NvmlBackend`), their
   answer types and errors.

@@ -1,4 +1,4 @@
-"""The NVML backend through pynvml (nvidia-ml-py): the only module that imports ``pynvml`` (DESIGN §3).
+"""The NVML backend through pynvml (nvidia-ml-py), the only module importing it (docs/architecture.md §3.4).
 
 :class:`RealNvml` answers :class:`~ftd.agent.watchers.nvml.backend.NvmlBackend` questions through
 pynvml, imported lazily in :meth:`RealNvml.init` so that the agent runs (with the GPU watcher
