@@ -79,7 +79,7 @@ pod that fails with 75 is replaced (give the Job ``podFailurePolicy: onExitCodes
 the restart is not counted in ``backoffLimit``; ``deploy/kubernetes/training-job-example.yaml``).
 
 The wire protocol (newline-delimited JSON over a unix socket, version 1) is
-:mod:`ftd.client.protocol`; the agent's end is ``ftd/agent/local_api.py``.
+:mod:`ftd.client.protocol`; the agent's end is ``ftd/agent/local_api/``.
 
 Layout (one job per module; this package face only re-exports): :mod:`ftd.client.client` (the
 :class:`Client` the loop calls), :mod:`ftd.client.connection` (its I/O thread),
