@@ -2,6 +2,11 @@
 
 The protocol is one datagram to the unix socket named by ``$NOTIFY_SOCKET`` (a leading ``@`` means
 the abstract namespace). Outside systemd the variable is unset and every call is a no-op.
+
+The send never waits: the daemons call :func:`notify` on their event loop, and a datagram socket whose
+reader has fallen behind (its queue full) would otherwise block the whole loop -- the API, the bus,
+the lease -- until the reader catches up. Such a message is dropped (``False``); the next watchdog
+ping is sent a moment later anyway.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ def notify(message: str) -> bool:
         address = "\0" + address[1:]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)  # a full queue: drop this message rather than stall the loop
             sock.sendto(message.encode(), address)
     except OSError:
         return False

@@ -34,14 +34,16 @@ FLAGS = [
 ]
 
 
-def chromium(*args: str) -> subprocess.CompletedProcess[str]:
+def chromium(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium on the given arguments; ``timeout_s`` bounds the whole run (page load, the
+    virtual-time budget, the dump)."""
     binary = require_binary("chromium", package="chromium")
     with tempfile.TemporaryDirectory(prefix="ftd-chromium-") as profile:
         return subprocess.run(
             [binary, *FLAGS, f"--user-data-dir={profile}", *args],
             capture_output=True,
             text=True,
-            timeout=90,
+            timeout=timeout_s,
             check=False,
         )
 

@@ -6,6 +6,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,25 @@ def test_notify_sends_ready_and_watchdog_datagrams(tmp_path: Path, monkeypatch: 
         assert notify("WATCHDOG=1")
         assert server.recv(4096) == b"READY=1"
         assert server.recv(4096) == b"WATCHDOG=1"
+
+
+def test_notify_never_waits_for_a_reader_that_fell_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notify socket nobody reads fills up (net.unix.max_dgram_qlen datagrams, 10 by default); a
+    blocking send then waits for the reader, on the daemon's event loop. It drops the message instead."""
+    path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as server:
+        server.bind(path)
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        sent: list[bool] = []
+        sender = threading.Thread(target=lambda: sent.extend(notify("WATCHDOG=1") for _ in range(600)))
+        sender.start()
+        sender.join(timeout=10)
+        stuck = sender.is_alive()
+    sender.join()  # closing the socket releases a sender stuck on the old code
+    assert not stuck, "notify() blocked on a full notify socket"
+    assert sent[0] and not sent[-1]  # the first ones queued, the overflow dropped
 
 
 def test_notify_abstract_socket_and_no_socket(monkeypatch: pytest.MonkeyPatch) -> None:
