@@ -24,9 +24,11 @@ real-parts:
 test: $(STAMP) real-parts
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Static checks: lint, types, and the import contracts (pyproject.toml [tool.importlinter]).
 check: $(STAMP)
 	$(VENV)/bin/ruff check ftd tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP) real-parts
 	$(FTD) bench e2e --json
