@@ -85,6 +85,18 @@ def test_a_rule_name_in_two_packs_is_an_error_naming_both_files(tmp_path: Path) 
     assert str(a) in problem.message and str(b) in problem.message
 
 
+def test_a_pack_loaded_twice_is_one_clear_error(tmp_path: Path) -> None:
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    a = pack(packs / "a.toml", "one", "two")
+    with pytest.raises(DeclarativeError) as caught:
+        load_rule_packs([packs, a])  # the directory, then one of its files again
+    assert caught.value.problems == [
+        f"the pack {a} is loaded twice (named twice in coordinator.rules_file, or as a file and through "
+        "its directory)"
+    ]
+
+
 def test_a_missing_pack_is_a_config_error_at_its_entry_naming_the_file(tmp_path: Path) -> None:
     a = pack(tmp_path / "a.toml", "one")
     missing = tmp_path / "missing.toml"

@@ -424,12 +424,21 @@ def pack_files(entry: str | Path) -> list[Path]:
 
 
 def duplicate_problems(rules: Sequence[DeclarativeRule]) -> list[str]:
-    """One line per rule name declared in two packs, naming both files."""
+    """One line per rule name declared in two packs, naming both files; one per pack loaded twice."""
     first: dict[str, DeclarativeRule] = {}
     problems: list[str] = []
     for rule in rules:
         earlier = first.setdefault(rule.name, rule)
-        if earlier is not rule:
+        if earlier is rule:
+            continue
+        if earlier.source == rule.source:  # one pack loaded twice: say so once, not once per rule
+            twice = (
+                f"the pack {rule.source} is loaded twice (named twice in coordinator.rules_file, "
+                "or as a file and through its directory)"
+            )
+            if twice not in problems:
+                problems.append(twice)
+        else:
             problems.append(
                 f"rule {rule.name!r} is declared in {earlier.source} and again in {rule.source}: "
                 "rule names must be unique across the packs of coordinator.rules_file"
