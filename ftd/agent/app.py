@@ -11,13 +11,9 @@ publishing and tombstones it after the PUBACK, so neither a broker outage nor an
 an event (the coordinator drops re-published duplicates by id).
 
 Watchers are pluggable: any object with ``name`` and ``async run()`` (:mod:`ftd.agent.watchers.base`),
-constructed as ``Watcher(cfg_section, node, emit)``. Each runs under a supervisor: a watcher whose
-``run()`` raises is reported as ``agent_health`` and restarted with exponential backoff (0.5 s
-doubling to 30 s; reset after a minute of good running); one exposing ``last_progress`` (monotonic
-time of its last loop pass) that has not progressed for ``stall_s`` is reported, cancelled and
-restarted the same way (judged only once it completed a pass in the current run, so an idle,
-disabled watcher is never "stalled"; a probe that hangs on its very first pass is the watcher's own
-business, e.g. the NVML watcher's probe deadline). A watcher whose ``run()`` returns is done.
+constructed as ``Watcher(cfg_section, node, emit)``. Each runs under
+:class:`~ftd.agent.supervision.WatcherSupervisor`: a watcher that crashes or stops progressing is
+reported as ``agent_health`` and restarted with backoff; one whose ``run()`` returns is done.
 The whole agent ends (and systemd restarts it) only if a core task dies: the outbox publisher, the
 directive pump or the storm flusher.
 
@@ -27,13 +23,9 @@ systemd's ``WatchdogSec`` restarts us).
 
 Inbound: job directives (``ftd/v1/nodes/{node}/directives/jobs``: the coordinator sends a job's
 directives only to the nodes that run it) are relayed to the trainers of jobs this node hosts; node
-directives with
-``action = "gpu_reset"`` go to :class:`~ftd.agent.gpu_reset.GpuResetter`, whose answer is both a
-``gpu_health`` event and an :class:`~ftd.events.Ack` on ``ftd/v1/nodes/{node}/acks``; those with
-``action = "collect_diagnostics"`` go to :func:`~ftd.agent.diagnostics.collect_diagnostics` (py-spy
-dumps of the job's ranks on this node under ``{state_dir}/diagnostics/{action id}/``), answered
-the same way with the result's Ack; those with ``action = "preflight"`` run :mod:`ftd.agent.preflight`
-(the coordinator's return to service) and are answered with the verdict.
+directives (``gpu_reset``, ``collect_diagnostics``, ``preflight``) run as side tasks in
+:mod:`ftd.agent.node_actions`, each answered with an :class:`~ftd.events.Ack` on
+``ftd/v1/nodes/{node}/acks``.
 
 Node hooks on the local socket (:mod:`ftd.agent.jobs`): the Slurm Prolog/Epilog report jobs starting
 and ending here, published as the ``allocation`` of the job's retained presence (jobs without the
@@ -47,13 +39,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 from ftd import __version__
 from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
-from ftd.agent.diagnostics import collect_diagnostics
 from ftd.agent.gpu_reset import GpuResetter, Runner
 from ftd.agent.jobs import (
     ENDED_JOBS_DIR,
@@ -65,9 +56,11 @@ from ftd.agent.jobs import (
     leftover_event,
 )
 from ftd.agent.local_api import LocalApi
+from ftd.agent.node_actions import NodeActions
 from ftd.agent.node_conditions import NodeConditionWriter
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.agent.storm import StormControl
+from ftd.agent.supervision import Named, WatcherSupervisor
 from ftd.agent.watchers.base import Watcher
 from ftd.agent.watchers.fs import FsWatcher
 from ftd.agent.watchers.heartbeat import HeartbeatWatcher
@@ -81,7 +74,6 @@ from ftd.bus.base import Bus, LastWill, Message
 from ftd.client import protocol
 from ftd.config import AgentConfig
 from ftd.events import (
-    NODE_RANK,
     Ack,
     CoordinatorStatus,
     DecodeError,
@@ -103,10 +95,6 @@ from ftd.sdnotify import notify, watchdog_interval_s
 
 log = get_logger(__name__)
 
-_BACKOFF_MIN_S = 0.5
-_BACKOFF_MAX_S = 30.0
-_GOOD_RUN_S = 60.0  # a watcher that ran this long before failing starts its backoff afresh
-
 
 def status_messages(node: str) -> tuple[LastWill, Message]:
     """The Last Will (offline) and birth (online) messages for ``node``'s MQTT session."""
@@ -114,22 +102,6 @@ def status_messages(node: str) -> tuple[LastWill, Message]:
     offline = encode(NodeStatus(node=node, state="offline", agent_version=__version__))
     online = encode(NodeStatus(node=node, state="online", ts=time.time(), agent_version=__version__))
     return LastWill(topic, offline, retain=True), Message(topic, online, retain=True)
-
-
-class _Named:
-    """Gives a watcher without a ``name`` attribute (the kmsg watcher) one."""
-
-    def __init__(self, name: str, inner: Any) -> None:
-        self.name = name
-        self.inner = inner
-
-    async def run(self) -> None:
-        await self.inner.run()
-
-    @property
-    def last_progress(self) -> float | None:
-        value = getattr(self.inner, "last_progress", None)
-        return value if isinstance(value, float) else None
 
 
 class Agent:
@@ -148,7 +120,7 @@ class Agent:
         self.cfg = cfg
         self.node = node or cfg.resolved_node()
         self.bus = bus
-        self.stall_s = stall_s
+        self.supervisor = WatcherSupervisor(stall_s, self.health_event)
         self.health_interval_s = health_interval_s
         state_dir = Path(cfg.state_dir)
         self._startup_problems: list[dict[str, Any]] = []
@@ -183,21 +155,26 @@ class Agent:
             fsync=cfg.spool.fsync,
         )
         self.heartbeat = HeartbeatWatcher(cfg.heartbeat, self.node, self.emit, local_api=self.local_api)
-        self.watchers: list[Watcher] = [_Named("kmsg", self.kmsg), self.heartbeat]
+        self.watchers: list[Watcher] = [Named("kmsg", self.kmsg), self.heartbeat]
         self.watchers.extend(self._configured_watchers(nvml_backend))
         self.watchers.extend(watchers or ())
         if self.node_conditions is not None:
             self.watchers.append(self.node_conditions)
         self.gpu_resetter = GpuResetter(self.node, runner=gpu_runner)
         self._nvml_backend = nvml_backend  # preflight asks the same NVML the watcher does
-        self._preflight_answers: dict[str, tuple[bool, str]] = {}  # directive id -> (ok, reason)
+        self.node_actions = NodeActions(
+            self.node,
+            outbox=self.outbox,
+            emit=self.emit,
+            gpu_resetter=self.gpu_resetter,
+            jobs=self.local_api.jobs,
+            preflight_now=self._preflight_now,
+            diagnostics_dir=state_dir / "diagnostics",
+        )
         self.bad_messages = 0
         self.events_emitted = 0
-        self.watcher_restarts: dict[str, int] = {}
+        self.watcher_restarts = self.supervisor.restarts  # by watcher name
         self._reported_drops = 0
-        self._watcher_tasks: dict[str, asyncio.Task[None]] = {}
-        self._watcher_started: dict[str, float] = {}
-        self._stall_cancelled: set[str] = set()
         self._tasks: list[asyncio.Task[Any]] = []
         self._core: list[asyncio.Task[Any]] = []
         self._side: set[asyncio.Task[Any]] = set()
@@ -440,135 +417,20 @@ class Agent:
                 )
 
     def _node_directive(self, directive: Directive) -> None:
-        if directive.action == "gpu_reset":
-            task = asyncio.create_task(self._gpu_reset(directive), name=f"gpu_reset:{directive.id}")
-            self._side.add(task)
-            task.add_done_callback(self._side.discard)
-        elif directive.action == "collect_diagnostics":
-            task = asyncio.create_task(
-                self._collect_diagnostics(directive), name=f"collect_diagnostics:{directive.id}"
-            )
-            self._side.add(task)
-            task.add_done_callback(self._side.discard)
-        elif directive.action == "preflight":
-            task = asyncio.create_task(self._preflight(directive), name=f"preflight:{directive.id}")
-            self._side.add(task)
-            task.add_done_callback(self._side.discard)
-        else:
+        """A directive for the node itself: its handler (:mod:`ftd.agent.node_actions`) runs aside."""
+        handler = self.node_actions.handler(directive.action)
+        if handler is None:
             log.warning("node_directive_not_supported", action=directive.action, directive_id=directive.id)
+            return
+        self._spawn(handler(directive), name=f"{directive.action}:{directive.id}")
 
-    async def _gpu_reset(self, directive: Directive) -> None:
-        result = await self.gpu_resetter.reset(directive)
-        event, ack = self.gpu_resetter.report(directive, result)
-        await self.emit(event)
-        self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
-
-    async def _preflight(self, directive: Directive) -> None:
-        """The coordinator's return to service asks: run the preflight checks, answer with the verdict
-        (an Ack, rank NODE_RANK) and record it (a ``gpu_health`` event, ``signal = "preflight"``)."""
-        answer = self._preflight_answers.get(directive.id)
-        if answer is None:  # a re-delivered directive gets the first verdict, not a second run
-            report = await self._preflight_now()
-            answer = self._preflight_answers[directive.id] = (bool(report["ok"]), str(report["reason"]))
-            while len(self._preflight_answers) > 256:
-                self._preflight_answers.pop(next(iter(self._preflight_answers)))
-            await self.emit(
-                make_event(
-                    self.node,
-                    Kind.GPU_HEALTH,
-                    severity=Severity.INFO if answer[0] else Severity.ERROR,
-                    source="preflight",
-                    data={
-                        "signal": "preflight",
-                        "result": "passed" if answer[0] else "failed",
-                        "reason": answer[1],
-                        "directive_id": directive.id,
-                        "action_id": directive.action_id,
-                    },
-                )
-            )
-        ok, reason = answer
-        log.info("preflight_answered", directive_id=directive.id, ok=ok, reason=reason)
-        ack = Ack(
-            directive_id=directive.id,
-            job=directive.job or "",
-            rank=NODE_RANK,
-            node=self.node,
-            ok=ok,
-            reason=reason,
-            ts=time.time(),
-        )
-        self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
-
-    async def _collect_diagnostics(self, directive: Directive) -> None:
-        jobs = self.local_api.jobs()
-        job = directive.job or directive.params.get("job")
-        # The job's ranks; every rank registered on this node when the directive names no job.
-        ranks = jobs.get(str(job), []) if job else [r for job_ranks in jobs.values() for r in job_ranks]
-        result = await collect_diagnostics(directive, ranks, Path(self.cfg.state_dir) / "diagnostics")
-        log.info(
-            "diagnostics_collected",
-            directive_id=directive.id,
-            ok=result.ok,
-            path=result.path,
-            summary=result.summary,
-        )
-        ack = result.to_ack(directive, self.node)
-        self.outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
+    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
+        """Run ``coro`` as a side task: kept until done, cancelled by :meth:`close`."""
+        task = asyncio.create_task(coro, name=name)
+        self._side.add(task)
+        task.add_done_callback(self._side.discard)
 
     # --- supervision ---------------------------------------------------------------------------
-
-    async def _supervise(self, watcher: Watcher) -> None:
-        name = watcher.name
-        failures = 0
-        me = asyncio.current_task()
-        while True:
-            started = time.monotonic()
-            self._watcher_started[name] = started
-            inner = asyncio.create_task(watcher.run(), name=f"watcher:{name}")
-            self._watcher_tasks[name] = inner
-            try:
-                await inner
-                log.info("watcher_finished", watcher=name)
-                return
-            except asyncio.CancelledError:
-                if (me is not None and me.cancelling()) or name not in self._stall_cancelled:
-                    inner.cancel()
-                    raise
-                self._stall_cancelled.discard(name)
-                reason = f"stalled: no progress for {self.stall_s:g} s"
-            except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"[:500]
-            if time.monotonic() - started > _GOOD_RUN_S:
-                failures = 0
-            failures += 1
-            backoff = min(_BACKOFF_MAX_S, _BACKOFF_MIN_S * 2 ** (failures - 1))
-            self.watcher_restarts[name] = self.watcher_restarts.get(name, 0) + 1
-            log.error("watcher_failed_restarting", watcher=name, reason=reason, backoff_s=backoff)
-            await self.health_event(
-                Severity.ERROR,
-                problem="watcher_restart",
-                watcher=name,
-                reason=reason,
-                restarts=self.watcher_restarts[name],
-                backoff_s=backoff,
-            )
-            await asyncio.sleep(backoff)
-
-    def _check_stalls(self, now: float) -> None:
-        for watcher in self.watchers:
-            progress = getattr(watcher, "last_progress", None)
-            task = self._watcher_tasks.get(watcher.name)
-            if not isinstance(progress, float) or task is None or task.done():
-                continue
-            started = self._watcher_started.get(watcher.name, 0.0)
-            if progress < started:
-                continue  # no pass completed in this run yet (or an idle, disabled watcher): not judged
-            since = progress
-            if now - since > self.stall_s and watcher.name not in self._stall_cancelled:
-                log.error("watcher_stalled", watcher=watcher.name, idle_s=round(now - since, 1))
-                self._stall_cancelled.add(watcher.name)
-                task.cancel()
 
     def healthy(self) -> bool:
         return bool(self._core) and all(not task.done() for task in self._core)
@@ -583,7 +445,7 @@ class Agent:
             await asyncio.sleep(self.health_interval_s)
             lag = loop.time() - before - self.health_interval_s
             now = time.monotonic()
-            self._check_stalls(now)
+            self.supervisor.check_stalls(self.watchers, now)
             self.outbox.check_spool()  # in a spool outage: back to durable spooling once it can be
             await self._ended_while_away()
             self._sync_conditions()  # leftover processes that exited close their condition
@@ -629,7 +491,10 @@ class Agent:
             *self._core,
             asyncio.create_task(self._health_loop(), name="health"),
             asyncio.create_task(self._resend_overdue(), name="resend-overdue"),
-            *(asyncio.create_task(self._supervise(w), name=f"supervise:{w.name}") for w in self.watchers),
+            *(
+                asyncio.create_task(self.supervisor.supervise(w), name=f"supervise:{w.name}")
+                for w in self.watchers
+            ),
         ]
         for problem in self._startup_problems:
             await self.health_event(Severity.ERROR, **problem)

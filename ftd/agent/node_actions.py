@@ -1,0 +1,129 @@
+"""Node directives: what the agent does when the coordinator addresses the node itself.
+
+What: :class:`NodeActions`, the handlers of the directives on ``ftd/v1/nodes/{node}/directives``,
+by ``action``: ``gpu_reset`` goes to :class:`~ftd.agent.gpu_reset.GpuResetter`, whose answer is
+both a ``gpu_health`` event and an :class:`~ftd.events.Ack` on ``ftd/v1/nodes/{node}/acks``;
+``collect_diagnostics`` runs :func:`~ftd.agent.diagnostics.collect_diagnostics` (py-spy dumps of the
+job's ranks on this node under ``{state_dir}/diagnostics/{action id}/``), answered with the result's
+Ack; ``preflight`` runs the node's preflight checks (the coordinator's return to service) and is
+answered with the verdict, recorded as a ``gpu_health`` event (``signal = "preflight"``); a
+re-delivered preflight directive gets the first verdict again, not a second run.
+
+Why apart: each handler is a slow side task with its own answer; the agent only decodes the
+directive, looks up :meth:`NodeActions.handler` and runs it as a side task.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from ftd.agent.diagnostics import collect_diagnostics
+from ftd.agent.gpu_reset import GpuResetter
+from ftd.agent.spool import Outbox, Outgoing
+from ftd.bus import topics
+from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, RankInfo, Severity, encode, make_event
+from ftd.logs import get_logger
+
+log = get_logger(__name__)
+
+__all__ = ["NodeActions"]
+
+Handler = Callable[[Directive], Coroutine[Any, Any, None]]
+
+
+class NodeActions:
+    """The node directive handlers of one agent (its outbox, its ranks, its preflight)."""
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        outbox: Outbox,
+        emit: Callable[[Event], Awaitable[None]],
+        gpu_resetter: GpuResetter,
+        jobs: Callable[[], dict[str, list[RankInfo]]],
+        preflight_now: Callable[[], Awaitable[dict[str, Any]]],
+        diagnostics_dir: Path,
+    ) -> None:
+        self.node = node
+        self._outbox = outbox
+        self._emit = emit
+        self.gpu_resetter = gpu_resetter
+        self._jobs = jobs
+        self._preflight_now = preflight_now
+        self._diagnostics_dir = diagnostics_dir
+        self._preflight_answers: dict[str, tuple[bool, str]] = {}  # directive id -> (ok, reason)
+        self._handlers: dict[str, Handler] = {
+            "gpu_reset": self.gpu_reset,
+            "collect_diagnostics": self.collect_diagnostics,
+            "preflight": self.preflight,
+        }
+
+    def handler(self, action: str) -> Handler | None:
+        """The handler of a node directive's ``action`` (None: not supported)."""
+        return self._handlers.get(action)
+
+    def _answer(self, ack: Ack) -> None:
+        self._outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
+
+    async def gpu_reset(self, directive: Directive) -> None:
+        result = await self.gpu_resetter.reset(directive)
+        event, ack = self.gpu_resetter.report(directive, result)
+        await self._emit(event)
+        self._answer(ack)
+
+    async def preflight(self, directive: Directive) -> None:
+        """The coordinator's return to service asks: run the preflight checks, answer with the verdict
+        (an Ack, rank NODE_RANK) and record it (a ``gpu_health`` event, ``signal = "preflight"``)."""
+        answer = self._preflight_answers.get(directive.id)
+        if answer is None:  # a re-delivered directive gets the first verdict, not a second run
+            report = await self._preflight_now()
+            answer = self._preflight_answers[directive.id] = (bool(report["ok"]), str(report["reason"]))
+            while len(self._preflight_answers) > 256:
+                self._preflight_answers.pop(next(iter(self._preflight_answers)))
+            await self._emit(
+                make_event(
+                    self.node,
+                    Kind.GPU_HEALTH,
+                    severity=Severity.INFO if answer[0] else Severity.ERROR,
+                    source="preflight",
+                    data={
+                        "signal": "preflight",
+                        "result": "passed" if answer[0] else "failed",
+                        "reason": answer[1],
+                        "directive_id": directive.id,
+                        "action_id": directive.action_id,
+                    },
+                )
+            )
+        ok, reason = answer
+        log.info("preflight_answered", directive_id=directive.id, ok=ok, reason=reason)
+        self._answer(
+            Ack(
+                directive_id=directive.id,
+                job=directive.job or "",
+                rank=NODE_RANK,
+                node=self.node,
+                ok=ok,
+                reason=reason,
+                ts=time.time(),
+            )
+        )
+
+    async def collect_diagnostics(self, directive: Directive) -> None:
+        jobs = self._jobs()
+        job = directive.job or directive.params.get("job")
+        # The job's ranks; every rank registered on this node when the directive names no job.
+        ranks = jobs.get(str(job), []) if job else [r for job_ranks in jobs.values() for r in job_ranks]
+        result = await collect_diagnostics(directive, ranks, self._diagnostics_dir)
+        log.info(
+            "diagnostics_collected",
+            directive_id=directive.id,
+            ok=result.ok,
+            path=result.path,
+            summary=result.summary,
+        )
+        self._answer(result.to_ack(directive, self.node))
