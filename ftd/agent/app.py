@@ -65,6 +65,7 @@ from ftd.agent.watchers.base import Watcher
 from ftd.agent.watchers.fs import FsWatcher
 from ftd.agent.watchers.heartbeat import HeartbeatWatcher
 from ftd.agent.watchers.kmsg import KmsgWatcher
+from ftd.agent.watchers.kmsg_checkpoint import KmsgCheckpoint
 from ftd.agent.watchers.logfile import LogWatcher
 from ftd.agent.watchers.memory import MemoryWatcher
 from ftd.agent.watchers.nvml.backend import NvmlBackend
@@ -125,8 +126,13 @@ class Agent:
         state_dir = Path(cfg.state_dir)
         self._startup_problems: list[dict[str, Any]] = []
         self.outbox = self._open_outbox(state_dir)
+        # The kmsg position file is also storm control's checkpoint: one object, handed to both.
+        kmsg_checkpoint = KmsgCheckpoint(state_dir / "kmsg.position", fsync=cfg.spool.fsync)
         self.storm = StormControl(
-            self._publish_event, window_s=cfg.storm.window_s, follow_window_s=cfg.storm.follow_window_s
+            self._publish_event,
+            window_s=cfg.storm.window_s,
+            follow_window_s=cfg.storm.follow_window_s,
+            checkpoint=kmsg_checkpoint,
         )
         self.local_api = LocalApi(
             cfg.socket_path,
@@ -149,10 +155,9 @@ class Agent:
             cfg.kmsg_path,
             self.node,
             self.emit,
-            state_path=state_dir / "kmsg.position",
+            checkpoint=kmsg_checkpoint,
             from_start=cfg.kmsg_from_start,
-            storm=self.storm,  # its position file is storm control's checkpoint; repeats fold directly
-            fsync=cfg.spool.fsync,
+            storm=self.storm,  # it offers its events (and repeats, without the event) to storm control
         )
         self.heartbeat = HeartbeatWatcher(cfg.heartbeat, self.node, self.emit, local_api=self.local_api)
         self.watchers: list[Watcher] = [Named("kmsg", self.kmsg), self.heartbeat]

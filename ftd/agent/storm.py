@@ -29,24 +29,34 @@ Identity keys (node is implicit: one agent, one node):
 * everything else: kind + every data field except the volatile ones (line number, sequence number,
   timestamps), i.e. only truly identical events collapse.
 
-**Repeats without a full event** (:meth:`fold`): a watcher that recognises a repeat cheaply (the
-kmsg watcher: the same message text as an Xid line parsed before) hands over the identity key and a
-recipe for the full event instead of the event. It is counted exactly like :meth:`process` would
-count it; the recipe is run only for the one repeat a summary (or a checkpoint) needs: the last.
-This is what lets a 500,000-line storm be read at several hundred thousand lines a second.
+**One way in, one way out.** Everything enters through :meth:`offer`, which never awaits and never
+publishes: it counts the item into its identity's window (:attr:`Verdict.FOLDED`) or stages it to be
+sent (:attr:`Verdict.STAGED`: a first occurrence, or any event while storm control is off).
+:meth:`commit` sends what is staged: the checkpoint first, then the events downstream. The agent's
+watchers go through :meth:`process` (``offer``, then ``commit`` when something was staged); the
+kmsg watcher calls the two itself, so that its noise lines and repeats are handled without an
+``await``. Windows that end are staged by :meth:`tick` (the agent's periodic task, :meth:`run`).
+
+**Repeats without a full event** (:class:`Repeat`): a watcher that recognises a repeat cheaply (the
+kmsg watcher: the same message text as an Xid line parsed before) offers the identity key and a
+recipe for the full event instead of the event. It is counted exactly like the event would be; the
+recipe is run only for the one repeat a summary (or a checkpoint) needs: the last. While its
+identity has no open window the verdict is :attr:`Verdict.UNSEEN` and the watcher offers the full
+event. This is what lets a 500,000-line storm be read at several hundred thousand lines a second.
 
 **Durability: a checkpoint written ahead of every publish.** Pending counts live in memory until
 their window ends; a ``kill -9`` must neither lose them nor count them twice. The source that can be
-read again (the kernel log) owns a checkpoint file that holds, atomically, its read position *and*
-:meth:`snapshot` (every window with pending repeats, its last repeat, and the events about to be
-published); it registers its writer with :meth:`attach`. Storm control calls that writer before it
-hands anything downstream (:meth:`commit`): so whatever reached the spool is covered by a checkpoint
-whose position is past the lines it came from, and every line past the checkpoint's position has
-left nothing but in-memory counts, which a restarted agent rebuilds by reading those lines again.
-After a kill the agent :meth:`restore` s the windows and re-publishes the checkpoint's
-"about to be published" events: if the kill came after they reached the spool, they go out twice
-with the same ids, and the coordinator drops the duplicates (the outbox must take an id it already
-holds). Counts stay exact after any kill.
+read again (the kernel log) keeps its read position in a :class:`Checkpoint` that it shares with
+storm control (the agent hands the same one to both); the checkpoint stores, atomically, that
+position *and* :meth:`snapshot` (every window with pending repeats, its last repeat, and the events
+about to be published). Storm control saves it before it hands anything downstream
+(:meth:`commit`): so whatever reached the spool is covered by a checkpoint whose position is past
+the lines it came from, and every line past the checkpoint's position has left nothing but
+in-memory counts, which a restarted agent rebuilds by reading those lines again. The reader moves
+the position; it is never called back. At construction storm control :meth:`restore` s the windows
+the checkpoint holds, and :meth:`run` re-publishes its "about to be published" events: if the kill
+came after they reached the spool, they go out twice with the same ids, and the coordinator drops
+the duplicates (the outbox must take an id it already holds). Counts stay exact after any kill.
 
 Why this and not "never save the read position past a line whose count is only in memory, re-read
 from there": with two storms interleaved, a summary of one identity that was published after the
@@ -56,13 +66,13 @@ ids derived from the line do not help a summary, which covers many lines. Why no
 per repeat: one ``write`` per repeat costs more than the rest of a repeat's handling. The checkpoint
 is written twice per published batch (a first occurrence, summaries: once listing them, once more
 when they are out, so a restart does not publish them again) and once per batch of lines read; it
-lists only windows with pending repeats (a few hundred bytes in a storm) and the kmsg watcher
-overwrites it in place (about a microsecond).
+lists only windows with pending repeats (a few hundred bytes in a storm) and the kmsg checkpoint
+overwrites its file in place (about a microsecond).
 
 Limits: repeats from a source that cannot be read again (NVML, logs, heartbeats) that were counted
 after the last checkpoint are lost to a ``kill -9`` (checkpoints follow every batch of kernel-log
-lines and every tick with something pending, so that is at most about a second's worth); with no
-kmsg checkpoint attached (a FIFO source, tests) nothing is persisted. Follow-on links are not
+lines and every tick with something pending, so that is at most about a second's worth); without
+a checkpoint (tests) nothing is persisted. Follow-on links are not
 checkpointed: a follow-on that arrives after a restart is not linked to a cause seen before it. The
 number of tracked identities is bounded (``max_keys``); past it the oldest window is flushed early.
 With ``window_s = 0`` storm control is off: every event goes out as it comes, without a checkpoint
@@ -72,10 +82,12 @@ With ``window_s = 0`` storm control is off: every event goes out as it comes, wi
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -84,7 +96,7 @@ from ftd.catalog import load_xid_catalog
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
 
-__all__ = ["SavedWindow", "StormControl", "StormState", "identity"]
+__all__ = ["Checkpoint", "Repeat", "SavedWindow", "StormControl", "StormState", "Verdict", "identity"]
 
 log = get_logger(__name__)
 
@@ -117,7 +129,29 @@ def identity(event: Event) -> Hashable:
     return (kind, event.source, _freeze({k: v for k, v in data.items() if k not in _VOLATILE}))
 
 
-# A repeat counted by fold(): how to build its full event, and the cause it was linked to.
+class Verdict(enum.Enum):
+    """What :meth:`StormControl.offer` did with an item."""
+
+    FOLDED = "folded"  # counted into its identity's open window: nothing to send now
+    STAGED = "staged"  # to be sent: the next commit() sends it (after the checkpoint that lists it)
+    UNSEEN = "unseen"  # a Repeat whose identity has no open window: offer the full event instead
+
+
+_FOLDED, _STAGED, _UNSEEN = Verdict.FOLDED, Verdict.STAGED, Verdict.UNSEEN
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """A repeat offered without its event: its :func:`identity` key, its severity, and ``build``,
+    which makes the event from the ``arg`` given to :meth:`StormControl.offer` with it (the event the
+    full path would have offered). A watcher keeps one per message it has parsed before."""
+
+    key: Hashable
+    severity: Severity
+    build: Callable[[Any], Event]
+
+
+# A repeat counted without its event: how to build it, and the cause it was linked to.
 _Recipe = tuple[Callable[[Any], Event], Any, tuple[str, int] | None]
 
 
@@ -170,8 +204,22 @@ class StormState(msgspec.Struct, frozen=True, kw_only=True):
     unsent: list[Event] = msgspec.field(default_factory=list)
 
 
+class Checkpoint(Protocol):
+    """Where storm control's state is kept with its source's read position (module docstring); the
+    kmsg watcher's :class:`~ftd.agent.watchers.kmsg_checkpoint.KmsgCheckpoint`."""
+
+    def saved(self) -> StormState | None:
+        """Storm control's state as the last life left it (None: nothing, or unreadable)."""
+
+    def save(self, storm: StormState) -> None:
+        """Store ``storm`` together with the source's current position, atomically."""
+
+
 class StormControl:
-    """Sits in front of ``downstream`` (normally the agent's outbox); see the module docstring."""
+    """Sits in front of ``downstream`` (normally the agent's outbox); see the module docstring.
+
+    With a ``checkpoint``, the state it holds is restored here, and it is saved ahead of every
+    publish."""
 
     def __init__(
         self,
@@ -181,6 +229,7 @@ class StormControl:
         follow_window_s: float = 30.0,
         max_keys: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        checkpoint: Checkpoint | None = None,
     ) -> None:
         self._downstream = downstream
         self.window_s = window_s
@@ -190,21 +239,18 @@ class StormControl:
         self._windows: dict[Hashable, _Window] = {}
         self._pending: dict[Hashable, _Window] = {}  # the windows with pending > 0
         self._unsent: dict[str, Event] = {}  # to publish, once a checkpoint lists them
+        self._direct: deque[Event] = deque()  # to publish without a checkpoint (storm control off)
         self._causes: dict[str, list[_Cause]] = {}  # GPU address -> recent Xids, oldest first
         self._follows: dict[int, tuple[int, ...]] = {}  # Xid code -> the codes it follows (catalog)
-        self._persist: Callable[[], None] | None = None
+        self.checkpoint = checkpoint
         self._dirty = False  # state changed since the last checkpoint
         self.stats = StormStats()
         self.enabled = window_s > 0
+        saved = checkpoint.saved() if checkpoint is not None else None
+        if saved is not None:
+            self.restore(saved)
 
     # --- durability -------------------------------------------------------------------------------
-
-    def attach(self, persist: Callable[[], None]) -> None:
-        """Register the checkpoint writer: a function that atomically stores its source's position
-        together with :meth:`snapshot`. Called before anything goes downstream (module docstring)."""
-        if self._persist is not None:
-            raise RuntimeError("storm control already has a checkpoint writer")
-        self._persist = persist
 
     def snapshot(self) -> StormState:
         """What a checkpoint must hold: windows with pending repeats, and events not yet published."""
@@ -247,60 +293,44 @@ class StormControl:
             log.info("storm_state_restored", pending=self.stats.restored, unsent=len(state.unsent))
 
     async def commit(self, *, force: bool = False) -> None:
-        """Write the checkpoint (if anything changed, or ``force``), then publish what it lists."""
-        if self._persist is not None and (force or self._dirty or self._unsent):
-            self._persist()
+        """Send what is staged: write the checkpoint (if anything changed, or ``force``), then publish
+        what it lists, then write it again. Events staged while storm control is off go out first,
+        without a checkpoint."""
+        direct = self._direct
+        while direct:
+            await self._publish(direct.popleft())
+        checkpoint = self.checkpoint
+        if checkpoint is not None and (force or self._dirty or self._unsent):
+            checkpoint.save(self.snapshot())
             self._dirty = False
         if self._unsent:
             for event_id, event in list(self._unsent.items()):
                 await self._publish(event)
                 self._unsent.pop(event_id, None)
-            if self._persist is not None:
-                self._persist()  # a restart need not publish them again
+            if checkpoint is not None:
+                checkpoint.save(self.snapshot())  # a restart need not publish them again
 
     # --- the event path ---------------------------------------------------------------------------
 
-    async def process(self, event: Event) -> None:
-        """Publish ``event`` now (a first occurrence) or fold it into its identity's window."""
-        self.stats.seen += 1
-        now = self._clock()
-        if not self.enabled:
-            if event.kind is Kind.XID:
-                event = self._link(event, now, event.id)
-            await self._publish(event)
-            return
-        key = identity(event)
-        window = self._windows.get(key)
-        if window is not None and now - window.started >= self.window_s:
-            self._close_window(key, window, now)
-            window = self._windows.get(key)
-        if event.kind is Kind.XID:
-            event = self._link(event, now, event.id if window is None else window.first_id)
-        if window is None:
-            if len(self._windows) >= self.max_keys:
-                self._flush_key(next(iter(self._windows)), retire=True)
-            self._windows[key] = _Window(first_id=event.id, started=now, first_ts=event.ts)
-            self._unsent[event.id] = event
-            await self.commit()
-            return
-        self._count(key, window, event.count, event.severity)
-        window.last, window.recipe = event, None
+    def offer(self, item: Event | Repeat, arg: Any = None) -> Verdict:
+        """Take one event, or one :class:`Repeat` (built, if ever, from ``arg``); never awaits.
 
-    __call__ = process
-
-    def fold(self, key: Hashable, severity: Severity, build: Callable[[Any], Event], arg: Any) -> bool:
-        """Count one repeat of the event whose :func:`identity` is ``key``, without the event.
-
-        Only while that identity's window is open (else False: send the full event to
-        :meth:`process`). ``build(arg)`` must return the event :meth:`process` would have been given;
-        it is called at most once, and only if this repeat is still the last when a summary or a
-        checkpoint needs it. Never awaits: nothing is published."""
+        An event is staged (a first occurrence: send it with :meth:`commit`) or folded into its
+        identity's window. A repeat is folded only while that window is open; else the verdict is
+        :attr:`Verdict.UNSEEN` and nothing was counted: offer the full event.
+        ``item.build(arg)`` is called at most once, and only if this repeat is still the last when a
+        summary or a checkpoint needs it."""
+        if type(item) is not Repeat:
+            assert isinstance(item, Event)
+            return self._admit(item)
+        # A repeat without its event (the storm fast path): counted here, as _admit() would count it.
+        key = item.key
         window = self._windows.get(key)
         if window is None:
-            return False
+            return _UNSEEN
         now = self._clock()
         if now - window.started >= self.window_s:
-            return False
+            return _UNSEEN
         cause = None
         if type(key) is tuple and key[0] is Kind.XID:  # (kind, code, gpu): see identity()
             _, code, gpu = key
@@ -321,14 +351,48 @@ class StormControl:
         if not window.pending:
             self._pending[key] = window
         window.pending += 1
+        severity = item.severity
         if severity is not window.severity and severity.rank > window.severity.rank:
             window.severity = severity
-        window.last, window.recipe = None, (build, arg, cause)
+        window.last, window.recipe = None, (item.build, arg, cause)
         stats = self.stats
         stats.seen += 1
         stats.folded += 1
         self._dirty = True
-        return True
+        return _FOLDED
+
+    async def process(self, event: Event) -> None:
+        """Offer ``event`` and send it at once if it was staged: the path of the agent's watchers."""
+        if self.offer(event) is _STAGED:
+            await self.commit()
+
+    __call__ = process
+
+    def _admit(self, event: Event) -> Verdict:
+        """Stage ``event`` (a first occurrence) or fold it into its identity's window."""
+        self.stats.seen += 1
+        now = self._clock()
+        if not self.enabled:
+            if event.kind is Kind.XID:
+                event = self._link(event, now, event.id)
+            self._direct.append(event)
+            return _STAGED
+        key = identity(event)
+        window = self._windows.get(key)
+        if window is not None and now - window.started >= self.window_s:
+            self._close_window(key, window, now)
+            window = self._windows.get(key)
+        if event.kind is Kind.XID:
+            event = self._link(event, now, event.id if window is None else window.first_id)
+        if window is None:
+            if len(self._windows) >= self.max_keys:
+                self._flush_key(next(iter(self._windows)), retire=True)
+            self._windows[key] = _Window(first_id=event.id, started=now, first_ts=event.ts)
+            self._unsent[event.id] = event
+            return _STAGED
+        self._count(key, window, event.count, event.severity)
+        window.last, window.recipe = event, None
+        return _FOLDED
 
     async def tick(self) -> None:
         """Close every window that has ended (publishing its summary). Called periodically."""

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from ftd.agent.follow import FileFollower
 from ftd.agent.kmsg_parse import KernelEvent, KmsgParser, Template
-from ftd.agent.storm import StormControl
+from ftd.agent.storm import StormControl, StormState
 from ftd.agent.watchers.kmsg import KmsgWatcher
+from ftd.agent.watchers.kmsg_checkpoint import KmsgCheckpoint
 from ftd.events import Event, Kind
 from tests.realparts import REQUIRE_REAL
 
@@ -38,7 +39,9 @@ class Harness:
 
     def __init__(self, path: Path | str, state: Path | None, *, from_start: bool = False) -> None:
         self.events: list[Event] = []
-        self.watcher = KmsgWatcher(str(path), "node-a", self._emit, state_path=state, from_start=from_start)
+        self.watcher = KmsgWatcher(
+            str(path), "node-a", self._emit, checkpoint=KmsgCheckpoint(state), from_start=from_start
+        )
         self.task: asyncio.Task[None] | None = None
 
     async def _emit(self, event: Event) -> None:
@@ -276,22 +279,23 @@ class Life:
         self.steps = 0
         self.kill_at = kill_at
         self.spool = spool
-        self.storm = StormControl(self._publish, window_s=1.0, clock=self.now)
         life = self
 
-        class Watcher(KmsgWatcher):
-            def _write_state(self) -> None:
+        class Checkpoint(KmsgCheckpoint):
+            def save(self, storm: StormState | None = None) -> None:
                 life.step()
-                super()._write_state()
+                super().save(storm)
 
-        self.watcher = Watcher(
-            str(path), "node-a", self.storm.process, state_path=state, from_start=True,
+        checkpoint = Checkpoint(state)
+        self.storm = StormControl(self._publish, window_s=1.0, clock=self.now, checkpoint=checkpoint)
+        self.watcher = KmsgWatcher(
+            str(path), "node-a", self.storm.process, checkpoint=checkpoint, from_start=True,
             poll_interval=0.001, parser=TwoPerLine(cache_size=1024 if cache else 0), storm=self.storm,
         )  # fmt: skip
 
     def now(self) -> float:
         """Storm control's clock: 10 ms a line read (windows of 1 s end every 100 lines)."""
-        watcher = self.__dict__.get("watcher")  # None while the watcher restores storm control
+        watcher = self.__dict__.get("watcher")  # None while storm control restores its checkpoint
         return watcher.lines * 0.01 if watcher is not None else 0.0
 
     def step(self) -> None:
@@ -405,7 +409,7 @@ async def test_a_restart_skips_the_events_of_a_line_already_handled(tmp_path: Pa
     async def emit(event: Event) -> None:
         events.append(event)
 
-    watcher = KmsgWatcher(str(path), "node-a", emit, state_path=state, parser=TwoPerLine())
+    watcher = KmsgWatcher(str(path), "node-a", emit, checkpoint=KmsgCheckpoint(state), parser=TwoPerLine())
     task = asyncio.create_task(watcher.run())
     try:
         deadline = time.monotonic() + 5
@@ -478,8 +482,8 @@ async def test_dev_kmsg_storm_counts_survive_a_kill(tmp_path: Path) -> None:
     def ours() -> list[Event]:
         return [e for e in spool if e.data.get("pci") == pci]
 
-    storm = StormControl(publish)
-    first = KmsgWatcher("/dev/kmsg", "node-a", storm.process, state_path=state, storm=storm)
+    storm = StormControl(publish, checkpoint=(checkpoint := KmsgCheckpoint(state)))
+    first = KmsgWatcher("/dev/kmsg", "node-a", storm.process, checkpoint=checkpoint, storm=storm)
     task = asyncio.create_task(first.run())
     await asyncio.sleep(0.1)
     for _ in range(3):
@@ -496,8 +500,8 @@ async def test_dev_kmsg_storm_counts_survive_a_kill(tmp_path: Path) -> None:
 
     for _ in range(2):
         _write_kmsg(line)  # while the agent is down
-    storm = StormControl(publish)
-    second = KmsgWatcher("/dev/kmsg", "node-a", storm.process, state_path=state, storm=storm)
+    storm = StormControl(publish, checkpoint=(checkpoint := KmsgCheckpoint(state)))
+    second = KmsgWatcher("/dev/kmsg", "node-a", storm.process, checkpoint=checkpoint, storm=storm)
     task = asyncio.create_task(second.run())
     try:
         deadline = time.monotonic() + 5

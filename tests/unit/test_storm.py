@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ftd.agent.storm import StormControl, StormState, identity
+from collections.abc import Callable
+
+from ftd.agent.storm import Repeat, StormControl, StormState, Verdict, identity
 from ftd.events import Event, Kind, Severity, make_event
 
 
@@ -18,6 +20,14 @@ def xid(code: int, pci: str = "0000:3b:00.0", pid: int = 1, node: str = "n1") ->
     return make_event(
         node, Kind.XID, severity="error", source="kmsg", data={"code": code, "pci": pci, "pid": pid}
     )
+
+
+def fold(storm: StormControl, like: Event, event: Event) -> bool:
+    """Offer ``event`` as a repeat of ``like`` without the event (the kmsg watcher's fast path)."""
+    repeat = Repeat(identity(like), like.severity, lambda e: e)
+    verdict = storm.offer(repeat, event)
+    assert verdict is not Verdict.STAGED  # a repeat is counted or declined, never staged
+    return verdict is Verdict.FOLDED
 
 
 def make(window: float = 10.0, follow: float = 30.0) -> tuple[StormControl, list[Event], Clock]:
@@ -168,7 +178,7 @@ async def run_sequence(
         if clock.now - ticked >= TICK_S:
             ticked = clock.now
             await storm.tick()
-        if fast and storm.fold(identity(event), event.severity, lambda e: e, event):
+        if fast and fold(storm, event, event):
             continue
         await storm.process(event)
     await storm.close()
@@ -178,7 +188,7 @@ def comparable(event: Event) -> tuple[str, int, Severity, dict[str, object]]:
     return (event.id, event.count, event.severity, event.data)
 
 
-async def test_fold_counts_and_links_exactly_like_process() -> None:
+async def test_a_repeat_without_its_event_counts_and_links_exactly_like_the_event() -> None:
     outputs = []
     for fast in (False, True):
         storm, out, clock = make(window=1.0, follow=30.0)
@@ -193,14 +203,14 @@ async def test_fold_counts_and_links_exactly_like_process() -> None:
     assert follow_ons and all(data["caused_by_code"] == 149 for data in follow_ons)  # summaries too
 
 
-async def test_fold_declines_without_an_open_window() -> None:
+async def test_a_repeat_without_its_event_is_declined_without_an_open_window() -> None:
     storm, out, clock = make(window=1.0)
     event = xid(45)
-    assert not storm.fold(identity(event), event.severity, lambda e: e, event)  # never seen
+    assert not fold(storm, event, event)  # never seen
     await storm.process(event)
-    assert storm.fold(identity(event), event.severity, lambda e: e, xid(45, pid=2))
+    assert fold(storm, event, xid(45, pid=2))
     clock.now += 1.0
-    assert not storm.fold(identity(event), event.severity, lambda e: e, xid(45, pid=3))  # window over
+    assert not fold(storm, event, xid(45, pid=3))  # window over
     await storm.close()
     assert [e.count for e in out] == [1, 1] and out[1].data["pid"] == 2
 
@@ -220,21 +230,36 @@ class Killed(Exception):
     """Stands for SIGKILL: raised at the chosen step, the instance is then abandoned."""
 
 
+class Checkpoint:
+    """Stands for the kmsg checkpoint: the reader's position, stored on "disk" with storm control's
+    state whenever storm control saves it (each save is a kill point)."""
+
+    def __init__(self, disk: dict[str, object], step: Callable[[], None]) -> None:
+        self.disk = disk
+        self.step = step
+        self.position = int(disk.get("position", 0))  # type: ignore[call-overload]
+
+    def saved(self) -> StormState | None:
+        saved = self.disk.get("storm")
+        return saved if isinstance(saved, StormState) else None
+
+    def save(self, storm: StormState) -> None:
+        self.step()
+        self.disk.update(position=self.position, storm=storm)
+
+
 class Node:
-    """One agent life: storm control in front of a "spool" (what reached it survives a kill), with a
-    checkpoint writer that stores (read position, snapshot) the way the kmsg watcher does."""
+    """One agent life: storm control in front of a "spool" (what reached it survives a kill), with
+    its checkpoint on "disk"."""
 
     def __init__(self, clock: Clock, disk: dict[str, object], spool: list[Event], kill_at: int) -> None:
         self.steps = 0
         self.kill_at = kill_at
-        self.disk = disk
         self.spool = spool
-        self.position = int(disk.get("position", 0))  # type: ignore[call-overload]
-        self.storm = StormControl(self._spool, window_s=1.0, follow_window_s=30.0, clock=clock)
-        saved = disk.get("storm")
-        if isinstance(saved, StormState):
-            self.storm.restore(saved)
-        self.storm.attach(self._checkpoint)
+        self.checkpoint = Checkpoint(disk, self.step)
+        self.storm = StormControl(
+            self._spool, window_s=1.0, follow_window_s=30.0, clock=clock, checkpoint=self.checkpoint
+        )
 
     def step(self) -> None:
         self.steps += 1
@@ -244,10 +269,6 @@ class Node:
     async def _spool(self, event: Event) -> None:
         self.step()
         self.spool.append(event)
-
-    def _checkpoint(self) -> None:
-        self.step()
-        self.disk.update(position=self.position, storm=self.storm.snapshot())
 
 
 async def live(clock: Clock, steps: list[tuple[float, Event]], kill_at: int) -> tuple[list[Event], int]:
@@ -261,7 +282,7 @@ async def live(clock: Clock, steps: list[tuple[float, Event]], kill_at: int) -> 
     ticked = clock.now
     while True:
         try:
-            for index in range(life.position, len(steps)):
+            for index in range(life.checkpoint.position, len(steps)):
                 dt, event = steps[index]
                 clock.now += dt if index >= read else 0.0
                 read = max(read, index)
@@ -269,8 +290,8 @@ async def live(clock: Clock, steps: list[tuple[float, Event]], kill_at: int) -> 
                     ticked = clock.now
                     await life.storm.tick()
                 life.step()  # a kill between lines
-                life.position = index + 1  # counted as read before it goes in (as the watcher does)
-                if not life.storm.fold(identity(event), event.severity, lambda e: e, event):
+                life.checkpoint.position = index + 1  # read before it goes in (as the watcher does)
+                if not fold(life.storm, event, event):
                     await life.storm.process(event)
             await life.storm.close()
             return spool, first.steps

@@ -16,31 +16,35 @@ Sources, chosen by what ``path`` is:
   ``add_reader`` spin) and read through ``add_reader``; no position is saved (a FIFO has none; with
   storm control, its checkpoint still is).
 
-Position across restarts (``state_path``, written atomically with write-then-rename): for the device,
-the boot id and the last sequence number handled; for a file, its inode and the byte offset of the
-first line not fully handled (``done``, when present, counts the events of that line already handled:
-a line checkpointed between two of its events). Without saved state, ``from_start=False`` starts at
+Position across restarts (``checkpoint``, a :class:`~ftd.agent.watchers.kmsg_checkpoint.KmsgCheckpoint`
+that keeps it in a file; without one it lives in memory only): for the device, the boot id and the
+last sequence number handled; for a file, its inode and the byte offset of the first line not fully
+handled (``done``, when present, counts the events of that line already handled: a line checkpointed
+between two of its events). Without saved state, ``from_start=False`` starts at
 the end (the device's ``SEEK_END``, the file's current size); ``from_start=True`` reads everything
 there is. After a reboot (boot id changed) saved device state is ignored and the whole ring buffer is
 read; after a rotation while the agent was down the new file is read from its start.
 
 When the position is written, and what else the file holds:
 
-* **with storm control** (``storm=``, the agent's case) the file is also storm control's checkpoint:
-  it holds :meth:`StormControl.snapshot <ftd.agent.storm.StormControl.snapshot>` (pending repeat
-  counts, events about to be published) under ``"storm"``, restored on start, and storm control
-  writes it before it publishes anything (see :mod:`ftd.agent.storm` for why). Before an event is
-  handed to storm control the in-memory position already counts it as handled, so a checkpoint taken
-  while publishing it does not make it read again. Besides, the file is written after every read
+* **with storm control** (``storm=``, the agent's case; it must have been made with the same
+  checkpoint) the file is also storm control's checkpoint: it holds
+  :meth:`StormControl.snapshot <ftd.agent.storm.StormControl.snapshot>` (pending repeat counts,
+  events about to be published) under ``"storm"``, restored when storm control is made, and storm
+  control writes it before it publishes anything (see :mod:`ftd.agent.storm` for why). The watcher
+  offers every event to storm control (:meth:`StormControl.offer <ftd.agent.storm.StormControl.offer>`;
+  ``emit`` is not used) and has it send a staged one at once. Before an event is offered the
+  position already counts it as handled, so a checkpoint taken while publishing it does not make it
+  read again. Besides, the file is written after every read
   batch that moved the position, and every 8,192 lines within a long one. A ``kill -9`` therefore
   leaves a position past which nothing was published: the lines after it are read again, and
   their repeats counted again, into the restored pending counts.
-* **without** (tests, tools) it is written after every read batch and every 8,192 lines; lines read
-  again after a kill give events with the same ids.
+* **without** (tests, tools) events go to ``emit`` and the watcher writes the file itself after every
+  read batch and every 8,192 lines; lines read again after a kill give events with the same ids.
 
-The file survives a kill (the page cache keeps it); with ``fsync`` (the agent passes the spool's
-``fsync``: both or neither) every write is also flushed to disk, so a power cut cannot leave an older
-checkpoint behind a newer spool.
+The file survives a kill (the page cache keeps it); with the checkpoint's ``fsync`` (the agent passes
+the spool's ``fsync``: both or neither) every write is also flushed to disk, so a power cut cannot
+leave an older checkpoint behind a newer spool.
 
 Event ids are derived from the source position (boot id + sequence, or inode + offset, and the
 event's index in its line), so an event read twice carries the same id and the coordinator drops
@@ -48,9 +52,10 @@ the duplicate. A FIFO's events get fresh ids (it has no position).
 
 Repeats (the Xid storm fast path): a candidate line whose message text the parser has seen before
 (:meth:`KmsgParser.cached <ftd.agent.kmsg_parse.KmsgParser.cached>`: only the prefix is parsed)
-and whose event storm control still has an open window for is counted by
-:meth:`StormControl.fold <ftd.agent.storm.StormControl.fold>` without building the event; storm
-control builds it (the same event the full path builds) only if that repeat ends up in a summary.
+and whose event storm control still has an open window for is offered as a
+:class:`~ftd.agent.storm.Repeat` (kept on the parser's template) and counted without building the
+event; storm control builds it (the same event the full path builds) only if that repeat ends up in
+a summary or a checkpoint.
 Noise lines and repeats are handled without an ``await``; the loop yields to the event loop every
 512 lines.
 """
@@ -59,22 +64,19 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import io
 import os
 import stat
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from ftd.agent.follow import FileFollower, Rotation
 from ftd.agent.kmsg_parse import KernelEvent, KmsgParser, Template, is_candidate
-from ftd.agent.storm import StormControl, StormState, identity
+from ftd.agent.storm import Repeat, StormControl, Verdict, identity
+from ftd.agent.watchers.kmsg_checkpoint import KmsgCheckpoint
 from ftd.catalog import load_xid_catalog
-from ftd.events import Event, Kind, Severity, make_event, new_id
-from ftd.fileio import write_atomic
+from ftd.events import Event, Kind, make_event, new_id
 from ftd.logs import get_logger
 
 __all__ = ["KmsgWatcher", "kernel_event_to_event"]
@@ -86,6 +88,7 @@ _CHUNK = 1 << 20
 _YIELD_EVERY = 512  # lines between forced yields to the event loop
 _COMMIT_EVERY = 16 * _YIELD_EVERY  # lines between position writes within one long read batch
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_FOLDED, _STAGED = Verdict.FOLDED, Verdict.STAGED
 
 Emit = Callable[[Event], Awaitable[None]]
 
@@ -129,19 +132,18 @@ class KmsgWatcher:
         path: str,
         node: str,
         emit: Emit,
-        state_path: Path | None = None,
+        checkpoint: KmsgCheckpoint | None = None,
         from_start: bool = False,
         *,
         poll_interval: float = 0.025,
         parser: KmsgParser | None = None,
         storm: StormControl | None = None,
-        fsync: bool = False,
     ) -> None:
+        if storm is not None and checkpoint is not storm.checkpoint:
+            raise ValueError("the kmsg watcher and its storm control must share one checkpoint")
         self.path = path
-        self.fsync = fsync  # flush the position file to disk on every write (as the spool's ``fsync``)
         self.node = node
-        self._emit = emit
-        self.state_path = state_path
+        self._emit = emit  # without storm control; with it, events are offered to it
         self.from_start = from_start
         self.poll_interval = poll_interval
         self.parser = parser or KmsgParser()
@@ -149,17 +151,9 @@ class KmsgWatcher:
         self.events = 0
         self.overruns = 0  # /dev/kmsg records lost to EPIPE
         self._storm = storm
-        # The position (module docstring), kept in memory and written by _write_state().
-        self._kind: str | None = None  # "file" | "device" once known
-        self._source: int | str | None = None  # the file's inode, the device's boot id
-        self._mark: int | None = None  # file: offset of the first line not fully handled; device: last seq
-        self._done = 0  # events of the line after the mark already handled
+        # The position (module docstring): kind, source, mark and done, as the checkpoint loaded it.
+        self.checkpoint = checkpoint if checkpoint is not None else KmsgCheckpoint(None)
         self._skip = 0  # events to skip in the first line read after a (re)start: the saved ``done``
-        self._write_failed = False
-        self._file: _StateFile | None = None
-        self._load_state()
-        if storm is not None and state_path is not None:
-            storm.attach(self._write_state)
 
     # --- public -----------------------------------------------------------------------------------
 
@@ -175,68 +169,13 @@ class KmsgWatcher:
 
     # --- state ------------------------------------------------------------------------------------
 
-    def _load_state(self) -> None:
-        """Take the saved position, and hand storm control its saved state (once, at construction)."""
-        if self.state_path is None:
-            return
-        try:
-            state = msgspec.json.decode(self.state_path.read_bytes())
-        except FileNotFoundError:
-            return
-        except (OSError, msgspec.DecodeError) as exc:
-            log.warning("kmsg_state_unreadable", path=str(self.state_path), error=str(exc))
-            return
-        if not isinstance(state, dict):
-            return
-        done = state.get("done", 0)
-        self._done = done if isinstance(done, int) and done > 0 else 0
-        if state.get("kind") == "file":
-            self._kind, self._source = "file", state.get("inode")
-            offset = state.get("offset")
-            self._mark = offset if isinstance(offset, int) else None
-        elif state.get("kind") == "device":
-            self._kind, self._source = "device", state.get("boot_id")
-            seq = state.get("seq")
-            self._mark = seq if isinstance(seq, int) else None
-        saved = state.get("storm")
-        if self._storm is not None and saved is not None:
-            try:
-                self._storm.restore(msgspec.convert(saved, StormState))
-            except (msgspec.ValidationError, ValueError) as exc:  # counts lost, but the agent runs
-                log.error("kmsg_storm_state_unreadable", path=str(self.state_path), error=str(exc)[:300])
-
-    def _write_state(self) -> None:
-        """Write the position (and storm control's snapshot) atomically: write a temp file, rename."""
-        if self.state_path is None or (self._kind is None and self._storm is None):
-            return
-        state: dict[str, Any] = {}
-        if self._mark is not None:
-            if self._kind == "file":
-                state = {"kind": "file", "inode": self._source, "offset": self._mark}
-            elif self._kind == "device":
-                state = {"kind": "device", "boot_id": self._source, "seq": self._mark}
-            if state and self._done:
-                state["done"] = self._done
-        if self._storm is not None:
-            state["storm"] = self._storm.snapshot()
-        if self._file is None:
-            self._file = _StateFile(self.state_path, fsync=self.fsync)
-        try:
-            self._file.write(msgspec.json.encode(state))
-        except OSError as exc:
-            self._file.close()  # start over with a fresh file next time
-            if not self._write_failed:  # once per failure spell: a full disk must not flood the log
-                log.warning("kmsg_state_write_failed", path=str(self.state_path), error=str(exc))
-            self._write_failed = True
-        else:
-            self._write_failed = False
-
     async def _commit(self) -> None:
-        """Save the position (through storm control when attached: it publishes what it staged)."""
+        """Save the position (through storm control when there is one: it saves its state with it and
+        publishes what it staged)."""
         if self._storm is not None:
             await self._storm.commit(force=True)
         else:
-            self._write_state()
+            self.checkpoint.save()
 
     # --- common -----------------------------------------------------------------------------------
 
@@ -256,19 +195,19 @@ class KmsgWatcher:
         template = self.parser.cached(line, self.lines)
         if template is None:
             return False
-        memo = template.memo
-        if memo is None:
-            memo = template.memo = self._memo(template)
-        key, severity = memo
-        if not storm.fold(key, severity, self._repeat, (template, line, self.lines, base, pos, time.time())):
+        repeat = template.memo
+        if repeat is None:
+            repeat = template.memo = self._memo(template)
+        if storm.offer(repeat, (template, line, self.lines, base, pos, time.time())) is not _FOLDED:
             return False
         self.events += 1
         return True
 
-    def _memo(self, template: Template) -> tuple[Hashable, Severity]:
-        """What :meth:`_quick` needs of a template: its storm-control key and severity."""
+    def _memo(self, template: Template) -> Repeat:
+        """What :meth:`_quick` offers for a repeat of ``template``: its storm-control key, severity, and
+        how to build the event."""
         event = kernel_event_to_event(self.node, template.event, event_id="-")
-        return identity(event), event.severity
+        return Repeat(identity(event), event.severity, self._repeat)
 
     def _repeat(self, arg: tuple[Template, str, int, str | None, int | None, float]) -> Event:
         """The event of a repeat :meth:`_quick` folded: the one :meth:`_handle_line` would emit."""
@@ -280,41 +219,47 @@ class KmsgWatcher:
         return f"{new_id(self.node)}-{index}" if base is None else f"{base}-{pos}-{index}"
 
     async def _handle_line(self, line: str, base: str | None, pos: int | None) -> None:
-        """Parse one line fully and emit its events (the line is counted in ``self.lines``)."""
+        """Parse one line fully and emit its events (the line is counted in ``self.lines``): to storm
+        control when there is one (sent at once when staged), else to ``emit``."""
         kevs = self.parser.feed(line, self.lines)
-        start, skip = self._mark, self._skip
+        at, storm = self.checkpoint, self._storm
+        start, skip = at.mark, self._skip
         self._skip = 0
         last = len(kevs) - 1
         for index in range(skip, len(kevs)):
             # Counted as handled before it goes out: storm control checkpoints ahead of publishing it.
             if index == last:
                 if pos is not None:
-                    self._mark = pos
-                self._done = 0
+                    at.mark = pos
+                at.done = 0
             else:
-                self._done = index + 1
+                at.done = index + 1
             event = kernel_event_to_event(self.node, kevs[index], event_id=self._event_id(base, pos, index))
             try:
-                await self._emit(event)
+                if storm is None:
+                    await self._emit(event)
+                elif storm.offer(event) is _STAGED:
+                    await storm.commit()
             except Exception:
-                self._mark, self._done = start, index  # not handled: read it again
+                at.mark, at.done = start, index  # not handled: read it again
                 raise
             self.events += 1
         if pos is not None:
-            self._mark = pos
-        self._done = 0
+            at.mark = pos
+        at.done = 0
 
     # --- /dev/kmsg --------------------------------------------------------------------------------
 
     async def _run_device(self) -> None:
         boot = _boot_id()
-        last_seq = self._mark if self._kind == "device" and self._source == boot else None
+        at = self.checkpoint
+        last_seq = at.mark if at.kind == "device" and at.source == boot else None
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            if last_seq is None and not self.from_start and self._kind != "device":
+            if last_seq is None and not self.from_start and at.kind != "device":
                 os.lseek(fd, 0, os.SEEK_END)  # (after a reboot, saved state means: read it all)
-            self._skip = self._done if last_seq is not None else 0
-            self._kind, self._source, self._mark, self._done = "device", boot, last_seq, self._skip
+            self._skip = at.done if last_seq is not None else 0
+            at.kind, at.source, at.mark, at.done = "device", boot, last_seq, self._skip
             await self._device_loop(fd, boot)
         finally:
             os.close(fd)
@@ -335,7 +280,7 @@ class KmsgWatcher:
     async def _drain_device(self, fd: int, base: str) -> None:
         """Read every record available now."""
         handled = False
-        quick = self._quick
+        quick, at = self._quick, self.checkpoint
         while True:
             try:
                 record = os.read(fd, _RECORD_BUF)
@@ -350,7 +295,7 @@ class KmsgWatcher:
             if not record:
                 break
             seq = _record_seq(record)
-            last_seq = self._mark
+            last_seq = at.mark
             if seq is not None and last_seq is not None:
                 if seq <= last_seq:
                     continue  # handled before a restart
@@ -362,7 +307,7 @@ class KmsgWatcher:
             first = record.split(b"\n", 1)[0].decode("utf-8", errors="replace")
             if quick(first, base, seq):
                 if seq is not None:
-                    self._mark = seq
+                    at.mark = seq
             else:
                 await self._handle_line(first, base, seq)
             handled = True
@@ -409,20 +354,21 @@ class KmsgWatcher:
     async def _run_file(self) -> None:
         follower = FileFollower(self.path, chunk=_CHUNK)
         follower.open()
-        mark = self._mark
+        at = self.checkpoint
+        mark = at.mark
         if (
-            self._kind == "file"
-            and self._source == follower.inode
+            at.kind == "file"
+            and at.source == follower.inode
             and mark is not None
             and 0 <= mark <= follower.size()
         ):
             follower.seek(mark)
-            self._skip = self._done
+            self._skip = at.done
         else:
             # Rotated (or truncated) while we were down: the new file is all unread.
-            follower.seek(0 if self._kind == "file" or self.from_start else follower.size())
+            follower.seek(0 if at.kind == "file" or self.from_start else follower.size())
             self._skip = 0
-        self._kind, self._source, self._mark, self._done = "file", follower.inode, follower.offset, self._skip
+        at.kind, at.source, at.mark, at.done = "file", follower.inode, follower.offset, self._skip
         try:
             while True:
                 progressed = await self._drain_file(follower)
@@ -436,17 +382,18 @@ class KmsgWatcher:
         rotation = follower.check_rotation()
         if rotation is Rotation.SWITCHED:
             log.info("kmsg_file_rotated", path=self.path)
-            self._source, self._mark, self._done, self._skip = follower.inode, 0, 0, 0
+            at = self.checkpoint
+            at.source, at.mark, at.done, self._skip = follower.inode, 0, 0, 0
         return rotation in (Rotation.DRAIN, Rotation.SWITCHED)
 
     async def _drain_file(self, follower: FileFollower) -> bool:
         """Handle every complete line available now; True if anything was read."""
         progressed = False
-        quick = self._quick
+        quick, at = self._quick, self.checkpoint
         while True:
             if follower.check_truncation():
                 log.info("kmsg_file_truncated", path=self.path)
-                self._mark, self._done, self._skip = 0, 0, 0
+                at.mark, at.done, self._skip = 0, 0, 0
             lines = follower.read()
             if not lines:
                 if progressed:
@@ -460,57 +407,9 @@ class KmsgWatcher:
                     await self._pause()
                 line = raw.decode("utf-8", errors="replace")
                 if quick(line, base, end):
-                    self._mark = end
+                    at.mark = end
                 else:
                     await self._handle_line(line, base, end)
-
-
-_PAGE = 4096
-
-
-class _StateFile:
-    """The position file, written often (storm control checkpoints ahead of every publish).
-
-    Replacing it (write a temp file, rename) costs ~100 us on ext4; so once it exists it is
-    overwritten in place with one ``pwrite`` at offset 0 (under 1 us), padded with spaces to the
-    file's length (JSON allows trailing whitespace), which a kill cannot tear: content of at most a
-    page, written by one call, is copied whole or not at all (the kernel looks for a fatal signal
-    before each page it copies). A reader running at the same moment may see a mix (it reads again).
-    Larger content, and every write when ``fsync`` is set (durable across a power cut: file and
-    directory flushed, as the spool does), replace the file instead."""
-
-    def __init__(self, path: Path, *, fsync: bool) -> None:
-        self.path = path
-        self.fsync = fsync
-        self._handle: io.FileIO | None = None  # open for overwriting (closed with the object)
-        self._size = 0
-
-    def write(self, data: bytes) -> None:
-        if self.fsync or len(data) > _PAGE or self._handle is None:
-            self._replace(data)
-            return
-        if len(data) < self._size:
-            data = data.ljust(self._size)
-        if os.pwrite(self._handle.fileno(), data, 0) != len(data):
-            self._replace(data.rstrip())
-            return
-        self._size = len(data)
-
-    def _replace(self, data: bytes) -> None:
-        self.close()
-        try:
-            write_atomic(self.path, data, fsync=self.fsync, mode=0o644)
-        except FileNotFoundError:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, data, fsync=self.fsync, mode=0o644)
-        if not self.fsync and len(data) <= _PAGE:
-            self._handle = io.FileIO(self.path, "r+")
-            self._size = len(data)
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
 
 
 def _record_seq(record: bytes) -> int | None:
