@@ -85,13 +85,12 @@ import asyncio
 import enum
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
 
-from ftd.agent.watchers.base import Emit
 from ftd.catalog import load_xid_catalog
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
@@ -99,6 +98,9 @@ from ftd.logs import get_logger
 __all__ = ["Checkpoint", "Repeat", "SavedWindow", "StormControl", "StormState", "Verdict", "identity"]
 
 log = get_logger(__name__)
+
+#: Where storm control hands what it lets through (the agent's emit; watchers sit above storm control).
+Publish = Callable[[Event], Awaitable[None]]
 
 _VOLATILE = frozenset({"line", "seq", "kernel_ts", "ts", "silent_s", "catalog_version"})
 _MAX_CAUSES = 64  # per GPU
@@ -223,7 +225,7 @@ class StormControl:
 
     def __init__(
         self,
-        downstream: Emit,
+        downstream: Publish,
         *,
         window_s: float = 10.0,
         follow_window_s: float = 30.0,
