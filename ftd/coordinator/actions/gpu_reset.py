@@ -111,7 +111,11 @@ class GpuReset:
     async def _ask(self, record: ActionRecord, suffix: str, params: dict[str, Any]) -> tuple[str, Ack | None]:
         node = record.request.target
         directive = directive_for(
-            record, "gpu_reset", suffix=f"gpu_reset{suffix}", node=node, deadline_s=self.deadline_s,
+            record,
+            "gpu_reset",
+            suffix=f"gpu_reset{suffix}",
+            node=node,
+            deadline_s=self.deadline_s,
             params=params,
         )
         return directive.id, await ask_node(self._send, self._acks, directive, self.deadline_s)
