@@ -13,10 +13,13 @@ if [ ! -x "$FTD_BIN" ]; then
     [ "${FTD_PROLOG_GATE:-0}" = 1 ] && exit 1
     exit 0
 fi
-# FTD_PROLOG_PREFLIGHT=1: run `ftd preflight` first; a failing node fails the Prolog (Slurm drains it
-# and requeues the job). Its checks take time: keep the slow ones off in [agent.preflight].
+# FTD_PROLOG_PREFLIGHT=1: run `ftd preflight` first; a failing node (exit 1) and a node it could not
+# check at all (exit 3: every check skipped, e.g. NVML failing) fail the Prolog (Slurm drains it and
+# requeues the job), unless FTD_PREFLIGHT_ALLOW_UNCHECKED=1. Its checks take time: keep the slow ones
+# off in [agent.preflight].
 if [ "${FTD_PROLOG_PREFLIGHT:-0}" = 1 ]; then
-    "$FTD_BIN" preflight --config "${FTD_AGENT_CONFIG:-/etc/ftd/agent.toml}" >&2 || exit 1
+    "$FTD_BIN" preflight --config "${FTD_AGENT_CONFIG:-/etc/ftd/agent.toml}" \
+        $([ "${FTD_PREFLIGHT_ALLOW_UNCHECKED:-0}" = 1 ] && echo --allow-unchecked) >&2 || exit 1
 fi
 # `timeout` bounds even a hung interpreter start (the command itself waits at most $T for the agent).
 timeout -k 1 $((T + 3)) "$FTD_BIN" slurm prolog --timeout "$T" $([ "${FTD_PROLOG_GATE:-0}" = 1 ] && echo --gate)

@@ -4,7 +4,10 @@ What: runs the node checks of :mod:`ftd.agent.preflight` (GPU count and UUIDs ag
 health, ECC and row remapping, a device memory allocation and small compute with torch, ``dcgmi diag
 -r 1`` with DCGM, a single-node NCCL all-reduce, the site's own commands) and exits 0 when none
 failed, else 1 with one line ``preflight failed: CHECK: reason``. A check whose tool or GPU is
-absent is skipped with the reason (``-v`` lists every check). Usable as a Slurm Prolog gate (a
+absent is skipped with the reason (``-v`` lists every check). Fail closed: when no check could run at
+all (NVML failing, nothing else installed or configured) it exits 3 with ``preflight could not check
+this node: ...``, which a gate treats as a failure, unless the site opts out explicitly
+(``--allow-unchecked`` or ``agent.preflight.allow_unchecked``). Usable as a Slurm Prolog gate (a
 failing Prolog drains the node) and run by the agent for the coordinator's return to service.
 
 ``--config`` reads the agent's configuration (``agent.nvml.expected_gpus``, ``agent.state_dir`` for
@@ -19,10 +22,19 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("preflight", help="node checks before (re)entering service; exit 1 with a reason")
+    p = sub.add_parser(
+        "preflight",
+        help="node checks before (re)entering service; exit 1 with a reason, 3 when nothing could be checked",
+    )
     p.add_argument("--config", default=None, help="agent config file (expected GPUs, state_dir, checks)")
     p.add_argument("--skip", action="append", default=[], metavar="CHECK", help="a check not to run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--allow-unchecked",
+        action="store_true",
+        default=None,
+        help="pass (exit 0) even when no check could run (default: exit 3; agent.preflight.allow_unchecked)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print every check's result")
     p.set_defaults(handler=run)
 
@@ -45,12 +57,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
     else:
         cfg = AgentConfig()
-    report = run_preflight(cfg, skip=set(args.skip))
+    report = run_preflight(cfg, skip=set(args.skip), allow_unchecked=args.allow_unchecked)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
         if args.verbose:
             for check in report.checks:
                 print(f"{check.name:15} {check.status:5} {check.reason}".rstrip())
-        print(f"preflight {'passed' if report.ok else 'failed'}: {report.reason}")
-    return 0 if report.ok else 1
+        verdict = "passed" if report.ok else "could not check this node" if report.unchecked else "failed"
+        print(f"preflight {verdict}: {report.reason}")
+    return report.exit_code

@@ -276,6 +276,13 @@ class PreflightConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         list[NonEmptyStr], _doc("The site's own checks: shell command lines that must each exit 0.")
     ] = msgspec.field(default_factory=list)
     command_timeout_s: Annotated[PositiveSeconds, _doc("Deadline for each of the commands.")] = 60.0
+    allow_unchecked: Annotated[
+        bool,
+        _doc(
+            "Pass a preflight that could run no check at all (every one skipped); off: it fails "
+            "(ftd preflight exits 3) so a broken driver never returns a node to service."
+        ),
+    ] = False
 
 
 class AgentKubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

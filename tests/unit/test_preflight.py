@@ -80,9 +80,12 @@ def test_a_gpu_swapped_since_the_first_pass_is_named(tmp_path: Path) -> None:
 
 def test_without_nvml_every_gpu_check_skips_and_site_commands_decide(tmp_path: Path) -> None:
     cfg = AgentConfig(state_dir=str(tmp_path), nvml=NvmlConfig(enabled=False))
-    report = run_preflight(cfg)
-    assert report.ok and statuses(report)["gpu_inventory"] == SKIP
+    report = run_preflight(cfg)  # nothing could be checked: not a pass (fails closed, issue #20)
+    assert not report.ok and report.unchecked and statuses(report)["gpu_inventory"] == SKIP
     assert next(c for c in report.checks if c.name == "gpu_inventory").reason == "no NVML on this node"
+    passing = config(tmp_path, commands=["true"])
+    report = run_preflight(AgentConfig(**{**_fields(passing), "nvml": NvmlConfig(enabled=False)}))
+    assert report.ok and not report.unchecked and statuses(report)["commands"] == PASS
     failing = config(tmp_path, commands=["true", "echo checking; echo 'ib0 down' >&2; exit 3"])
     report = run_preflight(AgentConfig(**{**_fields(failing), "nvml": NvmlConfig(enabled=False)}))
     assert report.reason == "commands: command 2 exit 3: ib0 down"
@@ -103,9 +106,16 @@ def test_the_command_exits_non_zero_with_one_line(tmp_path: Path, capsys: pytest
     assert (
         capsys.readouterr().out == "preflight failed: commands: command 1 exit 1: disk /scratch read-only\n"
     )
-    assert main(["preflight", "--config", str(conf), "--skip", "commands", "--json"]) == 0
+    # nothing left to check: exit 3 unless the site allows it explicitly
+    assert main(["preflight", "--config", str(conf), "--skip", "commands"]) == 3
+    assert capsys.readouterr().out.startswith("preflight could not check this node: no check could run")
+    assert (
+        main(["preflight", "--config", str(conf), "--skip", "commands", "--json", "--allow-unchecked"]) == 0
+    )
     data = json.loads(capsys.readouterr().out)
-    assert data["ok"] is True and [c["name"] for c in data["checks"]] == [
-        n for n in CHECKS if n != "commands"
-    ]
+    assert (
+        data["ok"] is True
+        and data["unchecked"] is True
+        and [c["name"] for c in data["checks"]] == [n for n in CHECKS if n != "commands"]
+    )
     assert main(["preflight", "--skip", "nope"]) == 2

@@ -4,7 +4,13 @@
 (the coordinator's return to service: :mod:`ftd.coordinator.upkeep.return_service`). The first
 failing check decides the reason (``"gpu_inventory: 7 GPUs found, 8 expected"``); skipped checks
 are listed with why. NVML comes from the backend passed in (the agent's, a fake in tests) or, when
-none is, the real one; no NVML is a skip, never a failure.
+none is, the real one; no NVML is a skip, never a failure on its own.
+
+Fail closed: a preflight that could run no check at all (NVML failing, no torch, no DCGM, no site
+command: every check skipped) did not show the node is fit, so it is not ``ok`` (``unchecked``;
+``ftd preflight`` exits :data:`EXIT_UNCHECKED`). A gate that passed it would return a node with a
+broken driver to service. A site whose nodes really have nothing to check opts out explicitly
+(``agent.preflight.allow_unchecked``, ``ftd preflight --allow-unchecked``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from ftd.agent.preflight.checks import FAIL, CheckResult
 from ftd.agent.watchers.nvml.backend import NvmlBackend, NvmlError
 from ftd.config import AgentConfig
 
+EXIT_FAILED = 1  # a check failed
+EXIT_UNCHECKED = 3  # no check could run (every one skipped): not a pass unless allowed
 CHECKS = (
     "gpu_inventory",
     "nvml_health",
@@ -36,9 +44,22 @@ class Report:
     ok: bool
     reason: str
     checks: list[CheckResult] = field(default_factory=list)
+    unchecked: bool = False  # no check could run (every one skipped)
+
+    @property
+    def exit_code(self) -> int:
+        """``ftd preflight``'s exit status: 0 passed, 1 a check failed, 3 nothing could be checked."""
+        if self.ok:
+            return 0
+        return EXIT_UNCHECKED if self.unchecked else EXIT_FAILED
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "reason": self.reason, "checks": [c.to_dict() for c in self.checks]}
+        return {
+            "ok": self.ok,
+            "reason": self.reason,
+            "unchecked": self.unchecked,
+            "checks": [c.to_dict() for c in self.checks],
+        }
 
 
 def _open_backend(cfg: AgentConfig, backend: NvmlBackend | None) -> tuple[NvmlBackend | None, bool]:
@@ -63,9 +84,14 @@ def _open_backend(cfg: AgentConfig, backend: NvmlBackend | None) -> tuple[NvmlBa
 
 
 def run_preflight(
-    cfg: AgentConfig, backend: NvmlBackend | None = None, *, skip: Collection[str] = ()
+    cfg: AgentConfig,
+    backend: NvmlBackend | None = None,
+    *,
+    skip: Collection[str] = (),
+    allow_unchecked: bool | None = None,
 ) -> Report:
-    """Every check not in ``skip``, in :data:`CHECKS` order; ``ok`` when none failed."""
+    """Every check not in ``skip``, in :data:`CHECKS` order; ``ok`` when none failed and at least one
+    ran (or ``allow_unchecked``, default ``agent.preflight.allow_unchecked``)."""
     pf = cfg.preflight
     nvml, opened = _open_backend(cfg, backend)
     inventory = Path(cfg.state_dir) / "gpu-inventory.json"
@@ -111,7 +137,18 @@ def run_preflight(
         with contextlib.suppress(OSError):
             checks.record_inventory(inventory, gpus)
     ran = sum(1 for r in results if r.status != "skip")
-    return Report(True, f"{ran} check(s) passed, {len(results) - ran} skipped", results)
+    passed = f"{ran} check(s) passed, {len(results) - ran} skipped"
+    if ran == 0:
+        allowed = pf.allow_unchecked if allow_unchecked is None else allow_unchecked
+        if allowed:
+            return Report(True, f"{passed} (unchecked: allowed)", results, unchecked=True)
+        why = "; ".join(f"{r.name}: {r.reason}" for r in results) or "every check was skipped"
+        reason = (
+            f"no check could run, so this node's fitness is unknown ({why}); "
+            "allow it with agent.preflight.allow_unchecked or --allow-unchecked"
+        )
+        return Report(False, reason, results, unchecked=True)
+    return Report(True, passed, results)
 
 
-__all__ = ["CHECKS", "Report", "run_preflight"]
+__all__ = ["CHECKS", "EXIT_FAILED", "EXIT_UNCHECKED", "Report", "run_preflight"]
