@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.ftd-installed
 CONSTRAINTS := constraints/test.txt
 PYTEST_ARGS ?=
 
-.PHONY: demo test check bench real-parts clean
+.PHONY: demo test unit check bench real-parts clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,8 +21,14 @@ demo: $(STAMP)
 real-parts:
 	bash scripts/install-real-parts.sh
 
+# Everything, property tests at their full example counts (the ci Hypothesis profile, tests/properties.py).
 test: $(STAMP) real-parts
-	$(PY) -m pytest $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest $(PYTEST_ARGS)
+
+# The inner loop: tests/unit only, no real parts installed, property tests with fewer examples (the dev
+# profile, unless CI or HYPOTHESIS_PROFILE says otherwise). E.g. PYTEST_ARGS='-m "not property"', '--lf'.
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
 
 # Static checks: lint, types, and the import contracts (pyproject.toml [tool.importlinter]).
 check: $(STAMP)

@@ -1,4 +1,5 @@
-"""Shared fixtures: real parts started per test (or per module) on free ports."""
+"""Shared fixtures: real parts started per test (or per module) on free ports; the Hypothesis
+profile (:mod:`tests.properties`) and the ``property`` marker every Hypothesis test carries."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ from pathlib import Path
 import pytest
 import structlog
 
+from tests import properties
 from tests.realparts import Mosquitto, SlurmCluster
+
+properties.load()  # before any test module is imported: their @settings read the profile
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every Hypothesis test is a ``property`` test (``-m "not property"`` leaves them out)."""
+    for item in items:
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.property)
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,8 @@ import pytest
 HARNESS = Path(__file__).with_name("fuzz_inputs.py")
 REPO = HARNESS.parents[2]
 
+pytestmark = [pytest.mark.property]
+
 
 @pytest.mark.parametrize("target", ["kmsg", "bus"])
 def test_fuzz_target_survives(target: str, tmp_path: Path) -> None:

@@ -8,13 +8,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.properties import examples
 from tests.unit.live_api import TOKEN, live_api
 
-MAX_EXAMPLES = 50
+pytestmark = [pytest.mark.property]  # Hypothesis runs inside the test, so the hook cannot tell
+
+MAX_EXAMPLES = examples(50)  # per operation
 KNOWN = {"node": "node-1", "job": "42", "id": "act-known", "name": "app.js"}
 
 
@@ -25,6 +27,8 @@ def base_url() -> Iterator[str]:
 
 
 def test_no_input_gives_a_500_and_every_response_conforms(base_url: str) -> None:
+    import schemathesis  # here, not at the top: a heavy import collection should not pay for
+
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 15

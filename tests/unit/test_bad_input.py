@@ -24,6 +24,7 @@ from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.wiring import build
 from ftd.events import MAX_PAYLOAD_BYTES, Event, Kind, Severity, encode, make_event
+from tests.properties import examples
 
 
 def make_coordinator() -> Coordinator:
@@ -176,7 +177,7 @@ async def test_a_storage_error_leaves_the_message_for_redelivery(monkeypatch: An
     assert "node-1" not in coordinator.receipts.pending
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(["events/xid", "events/batch", "status", "jobs/1", "acks", "events/ecc", "directives"]),
     st.binary(max_size=300) | st.text(max_size=300).map(str.encode),

@@ -30,6 +30,7 @@ from ftd.config import (
     validate_data,
 )
 from ftd.config.introspect import leaf_fields
+from tests.properties import examples
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "config"
 
@@ -373,7 +374,7 @@ values = st.recursive(
 documents = st.dictionaries(keys, values, max_size=6)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(documents)
 def test_random_data_raises_only_config_error(data: dict[Any, Any]) -> None:
     problems = validate_data(data)
@@ -385,7 +386,7 @@ def test_random_data_raises_only_config_error(data: dict[Any, Any]) -> None:
         assert exc.problems and str(exc)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(alphabet=st.sampled_from("[]=\"'.,#\n\\ abcport1e9bus=agent-_"), max_size=60))
 def test_random_text_raises_only_config_error(text: str) -> None:
     try:
@@ -489,7 +490,7 @@ def without_related_keys(data: dict[str, Any]) -> None:
         policy["rate_limits"] = [limit for limit in policy["rate_limits"] if first[limit["kind"]] is limit]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(strategy_for(mi.type_info(Config)))
 def test_valid_data_is_accepted_and_kept(data: dict[str, Any]) -> None:
     without_related_keys(data)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ftd.agent.watchers.fs import FsWatcher, fill_rate
 from ftd.config import FsConfig, FsMount
 from ftd.events import Event, Severity
+from tests.properties import examples
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,7 +171,7 @@ def steady(n: int, dt: float, rate: float, start: float = 0.0) -> list[tuple[flo
     return [(i * dt, start + rate * i * dt) for i in range(n)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     n=st.integers(5, 60),
     dt=st.floats(1.0, 120.0),
@@ -190,7 +191,7 @@ def test_property_one_burst_never_shortens_the_steady_forecast(
     assert got <= rate * (1 + 1e-6) + 1e-6 * burst / (n * dt)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     n=st.integers(2, 60),
     dt=st.floats(0.5, 300.0),
@@ -202,7 +203,7 @@ def test_property_linear_fill_gives_its_rate(n: int, dt: float, rate: float, sta
     assert got == pytest.approx(rate, rel=1e-6, abs=1e-6 * (1 + start) / (n * dt))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     n=st.integers(1, 40),
     rate_gb_s=st.floats(0.01, 2.0),

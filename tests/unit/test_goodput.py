@@ -23,6 +23,7 @@ from ftd.events import Kind, Severity
 from ftd.sim.goodput.faults import Fault, MixError, load_mix, parse_mix, poisson_trace
 from ftd.sim.goodput.model import CAUSES, Params, Result, from_scenario
 from ftd.sim.goodput.runner import run_policy, trace_for, young_daly_s
+from tests.properties import examples
 
 # A small mix for the properties: every mode, node faults with and without the node going down, a
 # warning, a fault the job can save after, a silent one. No recurrence (same_node_p = 0 below).
@@ -116,7 +117,7 @@ def accounted(result: Result) -> float:
 # --- the model's properties -------------------------------------------------------------------
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(faults_st, st.sampled_from(["no_ftd", "ftd"]))
 def test_ettr_is_a_fraction_and_time_adds_up(raw: list[Any], policy: str) -> None:
     result = run(policy, SMALL, SMALL_PARAMS, as_trace(raw))
@@ -125,7 +126,7 @@ def test_ettr_is_a_fraction_and_time_adds_up(raw: list[Any], policy: str) -> Non
     assert all(v >= 0 for v in result.lost.values())
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(faults_st, faults_st, st.sampled_from(["no_ftd", "ftd"]))
 def test_more_faults_never_raise_ettr(raw: list[Any], extra: list[Any], policy: str) -> None:
     base = as_trace(raw)
@@ -133,7 +134,7 @@ def test_more_faults_never_raise_ettr(raw: list[Any], extra: list[Any], policy: 
     assert run(policy, SMALL, SMALL_PARAMS, more).ettr <= run(policy, SMALL, SMALL_PARAMS, base).ettr + 1e-12
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     st.floats(min_value=30.0, max_value=7200.0),
     st.floats(min_value=0.0, max_value=300.0),

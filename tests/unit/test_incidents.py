@@ -24,6 +24,7 @@ from ftd.events import Event, JobPresence, Kind, RankInfo
 from ftd.plugin import ActionRequest
 from ftd.rules import _incidents, app_faults, repeat_offender, xid_catalog
 from ftd.testing import evaluate_rule, make_event, view_with
+from tests.properties import examples
 
 GPUS = [("0000:1b:00.0", "GPU-aaaa"), ("0000:3b:00.0", "GPU-bbbb"), ("0000:5b:00.0", "GPU-cccc")]
 
@@ -249,7 +250,7 @@ def test_the_limits_come_from_the_config() -> None:
             setattr(_incidents.APP_POLICY, name, value)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(min_value=0, max_value=12), st.floats(min_value=0, max_value=1e4), st.floats(0, 1e5))
 def test_backoff_is_monotonic_and_bounded(n: int, base: float, ceiling: float) -> None:
     policy = _incidents.AppFaultPolicy(backoff_s=base, backoff_max_s=ceiling)
@@ -259,7 +260,7 @@ def test_backoff_is_monotonic_and_bounded(n: int, base: float, ceiling: float) -
     assert all(0.0 <= d <= max(ceiling, 0.0) or d == 0.0 for d in delays)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(st.floats(min_value=0, max_value=10_000), min_size=1, max_size=30))
 def test_incident_starts_cover_every_record_within_one_window(stamps: list[float]) -> None:
     from ftd.plugin import FaultRecord

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ftd.agent.kmsg_parse import KernelEvent, KmsgParser, parse_lines, strip_prefix
 from ftd.events import Kind
+from tests.properties import examples
 
 
 def parse(*lines: str) -> list[KernelEvent]:
@@ -305,7 +306,7 @@ def test_flush_forgets_a_partial_banner() -> None:
 # --- robustness ---------------------------------------------------------------------------------
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(st.lists(st.text(max_size=300), max_size=8))
 def test_random_text_never_raises(lines: list[str]) -> None:
     parser = KmsgParser()
@@ -321,7 +322,7 @@ KEYWORDS = [
 ]  # fmt: skip
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(
     st.lists(
         st.one_of(st.sampled_from(KEYWORDS), st.text(max_size=12), st.from_regex(r"[0-9a-f:.]{1,12}")),
@@ -347,7 +348,7 @@ def test_binary_junk_and_huge_lines() -> None:
     assert parse("Xid (" * 200_000) == []
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.lists(st.one_of(st.sampled_from(KEYWORDS), st.text(max_size=12)), max_size=14))
 def test_no_exception_even_without_the_safety_net(parts: list[str]) -> None:
     # feed() swallows parser bugs so the agent survives them; this calls the inner parser directly so
@@ -412,7 +413,7 @@ PREFIX_PARTS = [
 ]  # fmt: skip
 
 
-@settings(max_examples=600)
+@settings(max_examples=examples(600))
 @given(
     st.lists(
         st.one_of(st.sampled_from(PREFIX_PARTS), st.text("0123456789:;,.[] TCkernl", max_size=6)), max_size=6
@@ -461,7 +462,7 @@ def test_the_repeat_cache_gives_exactly_what_a_full_parse_gives() -> None:
     assert cached._templates  # it was used
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(st.lists(st.sampled_from(mixed_log()[:300]), max_size=60), st.integers(0, 3))
 def test_the_repeat_cache_is_exact_on_any_sequence(lines: list[str], cache_size: int) -> None:
     assert list(parse_lines(lines, KmsgParser(cache_size=cache_size))) == list(
@@ -615,7 +616,7 @@ NVLINK5_WORDS = [
 ]  # fmt: skip
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     st.integers(144, 150),
     st.lists(st.one_of(st.sampled_from(NVLINK5_WORDS), st.text(max_size=6)), max_size=14),
@@ -631,7 +632,7 @@ def test_nvlink5_decode_never_loses_the_xid(code: int, parts: list[str]) -> None
     assert sub_code is None or 0 <= sub_code <= 63
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.lists(st.one_of(st.sampled_from(["Fatal,", "Non-fatal,", "Link", "44", "Severity", "(First)"]),
                           st.text(max_size=8)), max_size=10))  # fmt: skip
 def test_sxid_header_never_lost(parts: list[str]) -> None:

@@ -25,6 +25,7 @@ from ftd.agent.storm import StormControl, StormState
 from ftd.agent.watchers.kmsg import KmsgWatcher
 from ftd.agent.watchers.kmsg_checkpoint import KmsgCheckpoint
 from ftd.events import Event, Kind
+from tests.properties import examples
 from tests.realparts import REQUIRE_REAL
 
 pytestmark = pytest.mark.timeout(60)
@@ -428,7 +429,7 @@ async def test_a_restart_skips_the_events_of_a_line_already_handled(tmp_path: Pa
 # --- the follower's line splitting (the kmsg file path reads a storm through it) -----------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=30),
     st.booleans(),

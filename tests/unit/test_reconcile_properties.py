@@ -21,6 +21,7 @@ from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.ledger.store import Drain
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.reconcile import Reconciler
+from tests.properties import examples
 
 NODES = ("node-1", "node-2", "node-3", "node-4")
 
@@ -41,7 +42,7 @@ def apply(sched: FakeScheduler, states: dict[str, tuple[bool, bool, str | None]]
         n.reason = reason if (drained or down) else None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.fixed_dictionaries({node: recorded for node in NODES}),
     st.lists(cluster_state, min_size=1, max_size=4),

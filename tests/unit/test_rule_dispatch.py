@@ -16,6 +16,7 @@ from ftd.coordinator.decide.plugins import DEFAULT_RULES, evaluate, make_plugin_
 from ftd.events import Kind
 from ftd.plugin import ActionKind, ActionRequest, hookimpl
 from ftd.testing import make_event, view_with
+from tests.properties import examples
 from tests.unit.test_signal_rules import _KEYS, _VALUES
 
 MODULES = [importlib.import_module(name) for name in DEFAULT_RULES]
@@ -29,7 +30,7 @@ def test_most_builtin_rules_declare_their_kinds() -> None:
         assert module.EVENT_KINDS and set(module.EVENT_KINDS) <= set(ALL_KINDS), module.__name__
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     history=st.lists(
         st.tuples(

@@ -15,6 +15,7 @@ from ftd.events import Kind
 from ftd.plugin import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.rules import ecc_remap, fs_fill, gpu_health, memory, nccl_ib, sxid, thermal, xid_catalog
 from ftd.testing import evaluate_rule, make_event, view_with
+from tests.properties import examples
 
 PCI, UUID = "0000:3b:00.0", "GPU-1111"
 GPU = {"pci": PCI, "uuid": UUID, "gpu": 2}
@@ -431,7 +432,7 @@ _VALUES = st.one_of(
 _PM = make_plugin_manager(entry_points=False)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="pip install 'ftd[torch]'")
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
-from ftd.client.torch import TorchCoordinator, agree  # noqa: E402
+@pytest.fixture(autouse=True)
+def _needs_torch() -> None:
+    """Skips without torch. torch (and ftd.client.torch, which imports it) is imported by the tests
+    that run, not when the module is collected: it takes seconds, and ``-k`` selections pay it too."""
+    pytest.importorskip("torch", reason="pip install 'ftd[torch]'")
 
 
 class FakeClient:
@@ -49,6 +50,10 @@ class FakeClient:
 
 
 def _worker(rank: int, store_path: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from ftd.client.torch import TorchCoordinator
+
     store = dist.FileStore(store_path, 2)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     client = FakeClient()
@@ -77,6 +82,8 @@ def _worker(rank: int, store_path: str, out: str) -> None:
 
 
 def test_ranks_agree_on_the_step_and_a_late_directive_is_answered_with_the_peer_save(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
     mp.start_processes(_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, start_method="spawn")
     r0, r1 = (json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1))
     for log in (r0, r1):
@@ -93,6 +100,8 @@ def test_ranks_agree_on_the_step_and_a_late_directive_is_answered_with_the_peer_
 
 
 def test_without_a_process_group_the_local_flags_are_returned() -> None:
+    from ftd.client.torch import agree
+
     client = FakeClient()
     assert agree(client) == (False, False)  # type: ignore[arg-type]
     client.directive, client.stop = True, True

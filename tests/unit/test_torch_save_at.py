@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch", reason="pip install 'ftd[torch]'")
-
-from ftd.client.torch import TorchCoordinator
-
 
 class WaitingClient:
     """A client with a save directive pending for ``save_at``: should_save only from that step."""
@@ -36,6 +32,9 @@ class WaitingClient:
 
 
 def test_the_agreed_save_waits_for_the_step_the_coordinator_chose() -> None:
+    pytest.importorskip("torch", reason="pip install 'ftd[torch]'")  # here: collection skips the import
+    from ftd.client.torch import TorchCoordinator
+
     client = WaitingClient(save_at=5)
     coord = TorchCoordinator(client)  # type: ignore[arg-type]
     saved = []

@@ -1,0 +1,59 @@
+"""Hypothesis profiles: a quick one for the inner loop, the full one for CI.
+
+The property tests dominate the unit suite's time, and most of it buys little while editing: a
+property broken by a change usually fails on its first few examples. So there are two profiles,
+registered here and loaded by ``tests/conftest.py`` before any test module is imported:
+
+* ``ci`` -- every test's full example count (the numbers written in the tests), and a failure's
+  reproduction blob printed so it can be replayed anywhere with ``@reproduce_failure``. Chosen when
+  ``CI`` is set or ``FTD_REQUIRE_REAL=1`` (what ``.ci/run`` exports).
+* ``dev`` -- the default elsewhere: a tenth of each count (at least one example). Every property
+  still runs and can still fail; it explores less.
+
+``HYPOTHESIS_PROFILE=<name>`` overrides the choice (``HYPOTHESIS_PROFILE=ci make unit`` runs the full
+counts locally), as does pytest's ``--hypothesis-profile``.
+
+A test that names its own count writes ``@settings(max_examples=examples(300))``: 300 under ``ci``,
+scaled down under ``dev``. A test that names none gets the profile's ``max_examples``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from hypothesis import settings
+
+#: Hypothesis' own default ``max_examples``: the ``ci`` profile keeps it, so a count written in a
+#: test (and a test that writes none) means under ``ci`` exactly what it meant before the profiles.
+FULL = 100
+#: The ``dev`` profile's ``max_examples``: every count scaled by ``DEV / FULL``.
+DEV = 10
+
+settings.register_profile("ci", max_examples=FULL, print_blob=True)
+settings.register_profile("dev", max_examples=DEV)
+
+
+def profile_name(environ: Mapping[str, str] = os.environ) -> str:
+    """``HYPOTHESIS_PROFILE`` when set; else ``ci`` under CI (``CI`` set, or ``FTD_REQUIRE_REAL=1``);
+    else ``dev``."""
+    explicit = environ.get("HYPOTHESIS_PROFILE", "").strip()
+    if explicit:
+        return explicit
+    ci = environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    if ci or environ.get("FTD_REQUIRE_REAL") == "1":
+        return "ci"
+    return "dev"
+
+
+def load() -> str:
+    """Load the profile :func:`profile_name` picks; its name."""
+    name = profile_name()
+    settings.load_profile(name)
+    return name
+
+
+def examples(full: int) -> int:
+    """``full`` examples (the count CI runs) scaled to the loaded profile: ``full`` under ``ci``, a
+    tenth under ``dev``; never fewer than one."""
+    return max(1, round(full * settings().max_examples / FULL))
