@@ -517,6 +517,14 @@ class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     cooldown_s: Annotated[
         float, _doc("Minimum seconds between two disruptive actions on the same node.", ge=0)
     ] = 600.0
+    failed_retry_s: Annotated[
+        float,
+        _doc(
+            "After a failed action, seconds before the same action may be tried again (its retry, "
+            "an operator's own); a failed action never starts the full cooldown_s.",
+            ge=0,
+        ),
+    ] = 30.0
     dry_run_rules: Annotated[
         list[NonEmptyStr], _doc("Rules whose actions are only logged (trial a new rule).")
     ] = msgspec.field(default_factory=list)

@@ -170,3 +170,8 @@ class ClusterView(Protocol):
     def node_events(self, node: str) -> Sequence[FaultRecord]:
         """Every recent event of ``node`` (any severity, oldest first, bounded), for incident context."""
         ...
+
+    def job_restarts(self, job: str) -> Sequence[float]:
+        """When ftd restarted ``job`` (its requeue through the scheduler returned), oldest first: a
+        fault of the job after one of these is a new occurrence of its problem, not the same incident."""
+        ...

@@ -5,7 +5,7 @@ CUDA OOM is one line per rank, an NCCL hang one watchdog line per rank and node,
 a summary (``repeat_of``) and the parser marks follow-ons (``caused_by``,
 ``extra.caused_by_previous``). Records are linked into one incident when they are linked by that
 cause chain, or share a signature and come within :data:`INCIDENT_WINDOW_S` of the incident's first
-record (for application faults: on any node of the same job).
+record (for application faults: on any node of the same job, and only until ftd restarts the job).
 
 Two questions are answered here, from the read-only view's history (pure functions):
 
@@ -16,7 +16,10 @@ Two questions are answered here, from the read-only view's history (pure functio
   memory pressure, thermal, storm summaries, follow-ons, hang suspects.
 * **What does the job-level policy for application faults say?** (:func:`app_fault_actions`)
   Restart in place with crash-loop backoff (``params["delay_s"]``); after ``restart_limit``
-  incidents of the same signature within ``window_s``, notify and stop restarting. Never drain.
+  incidents of the same signature within ``window_s``, notify ("crash loop: xid 13 on job J, 3
+  restarts in 3600 s ...") and stop restarting. Never drain. A restart of the job by ftd
+  (``view.job_restarts``) ends an incident early: the same fault after it is the next occurrence,
+  even inside :data:`INCIDENT_WINDOW_S`.
   The limits are :data:`APP_POLICY`, set from ``policy.app_fault_*`` by the rules' start-up hook.
 """
 
@@ -157,18 +160,35 @@ def hardware_signature(record: FaultRecord) -> tuple[str, str, int | None]:
     return (record.gpu_id or "node", record.kind, record.code)
 
 
-def incident_starts(records: Iterable[FaultRecord], window: float = INCIDENT_WINDOW_S) -> list[float]:
-    """The start times of the incidents ``records`` form (each opens ``window`` seconds)."""
+def _restarted_between(restarts: Sequence[float], start: float, ts: float) -> bool:
+    return any(start < r <= ts for r in restarts)
+
+
+def incident_starts(
+    records: Iterable[FaultRecord], window: float = INCIDENT_WINDOW_S, restarts: Sequence[float] = ()
+) -> list[float]:
+    """The start times of the incidents ``records`` form: each opens ``window`` seconds, and a
+    restart of the job (``restarts``: when ftd restarted it) closes it early, since a fault after a
+    restart is a new occurrence of the job's problem, not the same one seen again."""
     starts: list[float] = []
     for record in sorted(records, key=lambda r: r.ts):
-        if not starts or record.ts - starts[-1] > window:
+        if (
+            not starts
+            or record.ts - starts[-1] > window
+            or _restarted_between(restarts, starts[-1], record.ts)
+        ):
             starts.append(record.ts)
     return starts
 
 
-def in_open_incident(starts: Sequence[float], ts: float, window: float = INCIDENT_WINDOW_S) -> bool:
-    """Whether a record at ``ts`` belongs to the last incident (so it was decided on already)."""
-    return bool(starts) and 0 <= ts - starts[-1] <= window
+def in_open_incident(
+    starts: Sequence[float], ts: float, window: float = INCIDENT_WINDOW_S, restarts: Sequence[float] = ()
+) -> bool:
+    """Whether a record at ``ts`` belongs to the last incident (so it was decided on already): inside
+    its window, and the job was not restarted since it began."""
+    return (
+        bool(starts) and 0 <= ts - starts[-1] <= window and not _restarted_between(restarts, starts[-1], ts)
+    )
 
 
 # --- the job-level application-fault policy --------------------------------------------------------
@@ -181,7 +201,10 @@ def app_fault_actions(
 
     ``what`` names the fault in the reason ("xid 13 ROBUST_CHANNEL_GR_EXCEPTION"). An event that
     belongs to an incident already decided on (another GPU, rank or node of the same job within
-    :data:`INCIDENT_WINDOW_S`) asks for nothing more."""
+    :data:`INCIDENT_WINDOW_S`, with no restart of the job since) asks for nothing more; one after
+    ftd restarted the job is the next occurrence, counted towards ``restart_limit``. The restart's
+    ``params["attempt"]`` tells the policy gate that the crash-loop backoff (``delay_s``), not the
+    generic cooldown, paces it."""
     fault = fault_of(event)
     signature = app_signature(fault)
     if signature is None:
@@ -202,8 +225,9 @@ def app_fault_actions(
             and r.event_id != event.id
             and not r.linked
         ]
-        starts = incident_starts(past)
-        if in_open_incident(starts, event.ts):
+        restarts = view.job_restarts(job)
+        starts = incident_starts(past, restarts=restarts)
+        if in_open_incident(starts, event.ts, restarts=restarts):
             continue  # the same incident, seen on another GPU / rank / node: decided already
         before = len(starts)
         params: dict[str, Any] = {
@@ -214,8 +238,9 @@ def app_fault_actions(
         }
         if before >= policy.restart_limit:
             reason = (
-                f"crash loop: {what} in job {job} {before + 1} times within {policy.window_s:g}s "
-                f"({before} restarts, limit {policy.restart_limit}): not restarting again"
+                f"crash loop: {signature} on job {job}, {before} restarts in {policy.window_s:g} s "
+                f"and it failed again on {event.node} ({what}; limit {policy.restart_limit}): "
+                "not restarting again, a human should look"
             )
             out.append(notify(event, reason, {**params, "job": job, "restarts": before}))
             continue

@@ -205,11 +205,14 @@ class CheckpointRestart:
             log.info("requeue_delayed", job=job, delay_s=delay)  # crash-loop backoff asked by the rule
             await asyncio.sleep(float(delay))
         await self._scheduler.requeue(job, exclude=exclude)
+        requeued_at = time.time()
         self._job_moved(job)  # before any rank of the restarted job can register elsewhere
+        # A fault of the job from now on is a new occurrence, not the incident that caused this.
+        self._state.note_restart(job, requeued_at)
         requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude}
         if delay:
             requeued["delayed_s"] = delay
-        return {"requeued": requeued, "requeued_at": time.time()}
+        return {"requeued": requeued, "requeued_at": requeued_at}
 
     async def _wait_job_gone(self, job: str) -> bool:
         loop = asyncio.get_running_loop()

@@ -126,6 +126,10 @@ class Engine:
         gate.restore(r for r in recent if r.state != ActionState.AWAITING_APPROVAL)
         self.awaiting.update((r.id, r) for r in recent if r.state == ActionState.AWAITING_APPROVAL)
         gate.restore(self.awaiting.values())
+        for record in recent:  # ftd's restarts of jobs: an incident of a job ends at its restart
+            requeued_at = record.detail.get("requeued_at")
+            if record.request.targets_job and isinstance(requeued_at, int | float):
+                self.state.note_restart(record.request.target, float(requeued_at))
         for event in reversed(await ledger.events(limit=self.HISTORY_EVENTS)):
             if event.node != NOTICE_NODE:  # the coordinator's notes about itself: not a node's past
                 self.state.apply_event(event)

@@ -9,7 +9,14 @@ Checks, in order, each recorded with its reason when it says no:
    whose ``params["severity"]`` ranks above the severity of the action that started the cooldown
    passes: a save asked on a warning must not hold back the stop on a critical crossing; so does a
    job action for a job that the finished action moved off the node (``params.exclude``) and that
-   runs there again (the cluster view says so): it came back onto the fault, a new incident;
+   runs there again (the cluster view says so): it came back onto the fault, a new incident.
+   A *failed* action cools down only ``failed_retry_s`` (default 30 s): what failed did not happen,
+   so nothing is there to protect; its retry, or an operator's own action, must not wait 10 minutes.
+   Two requests are not held back by the cooldown at all, and the verdict's reason says so: a
+   crash-loop restart (a job action with ``params["attempt"]``, asked by the application-fault
+   policy, which paces its restarts with its own backoff, ``params["delay_s"]``, and its own limit),
+   and an operator's forced action (``params["force"]`` with ``params["force_reason"]``, from the
+   API only: ``rule`` ``api:<by>``), the reason recorded in the ledger;
 3. **rate limit** — at most ``max`` actions of a kind started within ``window_s`` (per
    :class:`RateLimit`; a storm of Xids on many nodes must not restart every job at once);
 4. **blast radius** (``drain_node`` only) — the nodes drained by ftd (from the cluster state) plus
@@ -101,6 +108,25 @@ def severity_rank(request: ActionRequest) -> int:
     return _SEVERITY_RANKS.get(severity, _NO_SEVERITY) if isinstance(severity, str) else _NO_SEVERITY
 
 
+def forced_reason(request: ActionRequest) -> str:
+    """The audit reason of an operator's forced action (``params["force"]`` true and a
+    ``params["force_reason"]``, asked through the API: ``rule`` ``api:<by>``); "" otherwise. Only the
+    API sets these: a rule's ``force`` is ignored, so no rule can step past the cooldown."""
+    reason = request.params.get("force_reason")
+    if request.params.get("force") is True and request.rule.startswith("api:") and isinstance(reason, str):
+        return reason.strip()
+    return ""
+
+
+def crash_loop_attempt(request: ActionRequest) -> int:
+    """The attempt number of a crash-loop restart (a job action with an int ``params["attempt"]``,
+    the application-fault policy's), which its own backoff paces; 0 for any other request."""
+    attempt = request.params.get("attempt")
+    if not request.targets_job or isinstance(attempt, bool) or not isinstance(attempt, int):
+        return 0
+    return max(attempt, 0)
+
+
 class GateView(Protocol):
     """What the gate reads from the cluster (ClusterState provides it)."""
 
@@ -127,9 +153,11 @@ class PolicyGate:
         domain_budgets: Iterable[DomainBudget] = (),
         node_labels: Mapping[str, Mapping[str, str]] | None = None,
         approval_required_kinds: Iterable[str] = (),
+        failed_retry_s: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cooldown_s = cooldown_s
+        self.failed_retry_s = failed_retry_s
         self.dry_run = dry_run
         self.dry_run_rules = frozenset(dry_run_rules)
         self.rate_limits = {limit.kind: limit for limit in rate_limits}
@@ -143,6 +171,7 @@ class PolicyGate:
         self._active: dict[str, str] = {}  # key -> action id (pending, running, awaiting approval)
         self._active_requests: dict[str, ActionRequest] = {}  # key -> its request
         self._finished_at: dict[str, float] = {}  # key -> when the last one finished
+        self._finished_failed: dict[str, bool] = {}  # key -> whether that last one failed
         self._finished_severity: dict[str, int] = {}  # key -> the severity rank of that last one
         self._finished_exclude: dict[str, frozenset[str]] = {}  # key -> nodes that last one moved off
         self._starts: dict[str, deque[float]] = {}  # kind -> start times inside its rate window
@@ -161,6 +190,7 @@ class PolicyGate:
             domain_budgets=[DomainBudget(b.label, b.max_drained) for b in policy.domain_budgets],
             node_labels=labels_from_config(cfg),
             approval_required_kinds=policy.approval_required_kinds,
+            failed_retry_s=policy.failed_retry_s,
             clock=clock,
         )
 
@@ -175,6 +205,7 @@ class PolicyGate:
                 if record.updated >= self._finished_at.get(cooled, 0.0):
                     self._finished_severity[cooled] = severity_rank(record.request)
                     self._finished_exclude[cooled] = excluded_nodes(record.request)
+                    self._finished_failed[cooled] = record.state == ActionState.FAILED
                 self._finished_at[cooled] = max(self._finished_at.get(cooled, 0.0), record.updated)
 
     # --- the decision ---------------------------------------------------------------------------
@@ -195,13 +226,22 @@ class PolicyGate:
             finished = None  # a higher severity is never held back by the cooldown of a lower one
         if finished is not None and view is not None and self._came_back(request, view, cooled):
             finished = None  # the job was moved off this node and runs there again: a new incident
+        note = ""
         if finished is not None:
-            remaining = self.cooldown_s - (now - finished)
+            failed = self._finished_failed.get(cooled, False)
+            length = min(self.failed_retry_s, self.cooldown_s) if failed else self.cooldown_s
+            remaining = length - (now - finished)
             if remaining > 0:
-                return Verdict(
-                    ActionState.SUPPRESSED,
-                    f"cooldown: {cooled} finished {self.cooldown_s - remaining:.0f}s ago",
-                )
+                ago = f"{cooled} {'failed' if failed else 'finished'} {now - finished:.0f}s ago"
+                if forced_reason(request):
+                    note = f"force: cooldown ({ago}) overridden by {request.rule}: {forced_reason(request)}"
+                elif crash_loop_attempt(request):
+                    note = (
+                        f"cooldown ({ago}) not applied: crash-loop restart {crash_loop_attempt(request)}, "
+                        "paced by its own backoff"
+                    )
+                else:
+                    return Verdict(ActionState.SUPPRESSED, f"cooldown: {ago}")
         limit = self.rate_limits.get(request.kind)
         if limit is not None:
             starts = self._window(request.kind, now)
@@ -223,7 +263,7 @@ class PolicyGate:
             return Verdict(
                 ActionState.AWAITING_APPROVAL, f"approval: {request.kind} actions need a human's approval"
             )
-        return Verdict(ActionState.PENDING)
+        return Verdict(ActionState.PENDING, note)
 
     def _came_back(self, request: ActionRequest, view: GateView, cooled: str) -> bool:
         """A job action for a node the finished action moved the job off (``params.exclude``), while
@@ -307,7 +347,9 @@ class PolicyGate:
             self._active_requests.pop(key, None)
 
     def finished(self, record: ActionRecord) -> None:
+        """An action ended: its cooldown starts (``failed_retry_s`` only, when it failed)."""
         self.release(record)
+        self._finished_failed[record.request.cooldown_key] = record.state == ActionState.FAILED
         self._finished_at[record.request.cooldown_key] = self.clock()
         self._finished_severity[record.request.cooldown_key] = severity_rank(record.request)
         self._finished_exclude[record.request.cooldown_key] = excluded_nodes(record.request)

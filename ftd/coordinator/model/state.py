@@ -43,6 +43,8 @@ class ClusterState:
         self.recent: dict[str, deque[FaultRecord]] = {}  # node -> every event, oldest first (incidents)
         # node -> reasons of its active critical conditions, as its agent publishes them (ftd health)
         self.conditions: dict[str, list[str]] = {}
+        # job -> when ftd restarted it (requeued it through the scheduler), oldest first (bounded)
+        self.restarts: dict[str, deque[float]] = {}
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -107,6 +109,15 @@ class ClusterState:
         else:
             self.unavailable[node] = why
 
+    def note_restart(self, job: str, ts: float) -> None:
+        """ftd restarted ``job`` at ``ts`` (its requeue returned): a fault of the job after this is
+        a new occurrence of its problem, not part of the incident that caused the restart."""
+        times = self.restarts.setdefault(job, deque(maxlen=HISTORY_LIMIT))
+        if ts not in times:
+            times.append(ts)
+            if len(times) > 1 and times[-2] > ts:  # restored out of order (the ledger, at start-up)
+                self.restarts[job] = deque(sorted(times), maxlen=HISTORY_LIMIT)
+
     def drained_nodes(self) -> dict[str, str]:
         """The nodes ftd drained, with their reasons."""
         return {n.name: n.drain_reason for n in self.nodes.values() if n.drained_by_ftd}
@@ -163,3 +174,6 @@ class ClusterState:
 
     def node_events(self, node: str) -> Sequence[FaultRecord]:
         return tuple(self.recent.get(node, ()))
+
+    def job_restarts(self, job: str) -> Sequence[float]:
+        return tuple(self.restarts.get(job, ()))
