@@ -56,6 +56,8 @@ from ftd.agent.jobs import (
     leftover_event,
 )
 from ftd.agent.local_api import LocalApi
+from ftd.agent.local_api.inject import InjectMsg, injected_event
+from ftd.agent.local_api.inject import reply as inject_reply
 from ftd.agent.node_actions import NodeActions
 from ftd.agent.node_conditions import NodeConditionWriter
 from ftd.agent.spool import Outbox, Outgoing
@@ -306,9 +308,15 @@ class Agent:
                 if isinstance(watcher, FsWatcher):
                     await watcher.job_arrived(job)
 
-    async def _on_hook(self, msg: HookMsg) -> dict[str, Any]:
+    async def _on_hook(self, msg: HookMsg | InjectMsg) -> dict[str, Any]:
         """A node hook over the local socket: Prolog/Epilog job start and end, ``ftd health``'s
-        question, ``ftd preflight`` through the agent (:mod:`ftd.agent.jobs`)."""
+        question, ``ftd preflight`` through the agent (:mod:`ftd.agent.jobs`), ``ftd inject``'s drill
+        event, published like any event this agent sees (:mod:`ftd.agent.local_api.inject`)."""
+        if isinstance(msg, InjectMsg):
+            event = injected_event(self.node, msg)
+            log.info("event_injected", kind=str(event.kind), severity=str(event.severity), id=event.id)
+            await self.emit(event)
+            return inject_reply(event)
         if isinstance(msg, JobStartMsg):
             self.scheduler_jobs.start(msg)
             await self._on_presence(msg.job, self.local_api.jobs().get(msg.job, []))

@@ -1,19 +1,25 @@
-"""``ftd inject``: publish a synthetic event as a node, for drills and for testing rules end to end.
+"""``ftd inject``: have this node's agent report a synthetic event, for drills and for testing rules
+end to end.
 
-    ftd inject --config /etc/ftd/agent.toml xid --data '{"code": 79, "pci": "0000:3b:00.0"}'
+    sudo ftd inject --config /etc/ftd/agent.toml xid --data '{"code": 13, "pci": "0000:3b:00.0"}'
 
-The event goes through the real bus with the node's own credentials (the agent config's ``[bus]``
-and ``agent.node``), so the broker's ACL applies exactly as to the agent: a node can only inject as
-itself. It is marked ``source = "inject"`` so the ledger and the API show it for what it is; the
-coordinator's rules treat it like any other event — that is the point of a drill (use
-``coordinator.policy.dry_run`` or a dry-run rule to rehearse without acting).
+The event is handed to the node's running agent over its local socket (``agent.socket_path`` of the
+config, or ``--socket`` / ``$FTD_SOCKET``; the ``inject`` op, :mod:`ftd.agent.local_api.inject`) and
+published by the agent itself, through storm control, its spool and its own bus session: exactly
+the path a real kernel-log Xid takes. It never logs in to the broker as the node: with the shipped
+broker config (``use_username_as_clientid``) that would take the agent's session over, fire its
+Last Will and turn the drill into a node death. Only root or the agent's own user may inject. The
+event is marked ``source = "inject"`` so the ledger and the API show it for what it is; the
+coordinator's rules treat it like any other event -- that is the point of a drill (use
+``coordinator.policy.dry_run`` or a dry-run rule to rehearse without acting). No agent running:
+exit 2 with a sentence saying so.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -23,7 +29,7 @@ from ftd.events import Kind, Severity
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "inject",
-        help="publish a synthetic event as this node",
+        help="have this node's agent report a synthetic event (a drill)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -35,13 +41,19 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--config", required=True, metavar="PATH", help="the node's agent config (TOML)")
     parser.add_argument(
+        "--socket",
+        default=None,
+        metavar="PATH",
+        help="the agent's socket (default: $FTD_SOCKET, else the config's agent.socket_path)",
+    )
+    parser.add_argument(
         "--severity",
         choices=[s.value for s in Severity],
         default=None,
         help="default: error for xid/sxid/gpu_fallen_off_bus, else warning",
     )
     parser.add_argument("--data", default="{}", metavar="JSON", help="the event's data object")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the broker")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the agent's answer")
     parser.set_defaults(handler=_run)
 
 
@@ -51,6 +63,7 @@ def _fail(message: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ftd.client import protocol
     from ftd.config import ConfigError, load_config
 
     try:
@@ -66,30 +79,33 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     loud = {Kind.XID, Kind.SXID, Kind.GPU_FALLEN_OFF_BUS}
     severity = args.severity or (Severity.ERROR if Kind(args.kind) in loud else Severity.WARNING)
+    path = args.socket or os.environ.get(protocol.SOCKET_ENV) or config.agent.socket_path
     try:
-        event_id = asyncio.run(inject(config, Kind(args.kind), Severity(severity), data, args.timeout))
-    except (TimeoutError, ConnectionError) as exc:
-        return _fail(f"could not publish to {config.bus.host}:{config.bus.port}: {exc}")
+        event_id = inject(path, Kind(args.kind), Severity(severity), data, args.timeout)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        return _fail(f"no agent answers at {path} (is ftd-agent running on this node?): {exc}")
+    except PermissionError as exc:
+        return _fail(f"may not use the agent's socket {path} (run as root or the agent's user): {exc}")
+    except (OSError, TimeoutError, ValueError) as exc:
+        return _fail(f"the agent at {path} did not take the event: {exc}")
     print(event_id)
     return 0
 
 
-async def inject(config: Any, kind: Kind, severity: Severity, data: dict[str, Any], timeout: float) -> str:
-    """Publish one event as ``config.agent``'s node; returns its id once the broker has it (PUBACK)."""
-    from ftd.bus import topics
-    from ftd.bus.factory import make_mqtt_bus
-    from ftd.events import encode, make_event
+def inject(socket_path: str, kind: Kind, severity: Severity, data: dict[str, Any], timeout: float) -> str:
+    """Hand one event to the agent at ``socket_path``; returns its id once the agent has it (spooled
+    and on its way). Raises OSError/TimeoutError, or ValueError with the agent's refusal."""
+    from ftd.client.ask import ask
+    from ftd.client.protocol import PROTOCOL_VERSION
 
-    node = config.agent.resolved_node()
-    event = make_event(node, kind, severity=severity, source="inject", data=data)
-    # A one-shot client: a clean session, so the broker keeps nothing for it afterwards.
-    bus = make_mqtt_bus(config.bus, client_id=f"ftd-inject-{node}-{event.id[-8:]}", clean_session=True)
-    await bus.start()
-    try:
-        if not await bus.wait_connected(timeout):
-            raise TimeoutError(f"not connected after {timeout}s")
-        async with asyncio.timeout(timeout):
-            await bus.publish(topics.node_event(node, kind), encode(event))
-    finally:
-        await bus.stop()
-    return event.id
+    message = {
+        "v": PROTOCOL_VERSION,
+        "op": "inject",
+        "kind": kind.value,
+        "severity": severity.value,
+        "data": data,
+    }
+    reply = ask(socket_path, message, timeout)
+    if reply.get("op") != "inject" or not isinstance(reply.get("id"), str):
+        raise ValueError(str(reply.get("error") or reply)[:500])
+    return str(reply["id"])

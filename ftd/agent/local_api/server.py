@@ -40,9 +40,10 @@ Node hooks (issue #12)
 ----------------------
 Besides the ranks, the node's own hooks use the socket, without registering: the Slurm Prolog and
 Epilog (``job_start`` / ``job_end``), ``ftd health`` (``conditions``) and ``ftd preflight``
-through the agent (``preflight``); see :mod:`ftd.client.protocol` and :mod:`ftd.agent.jobs`. Each
+through the agent (``preflight``), and ``ftd inject``'s drills (``inject``,
+:mod:`ftd.agent.local_api.inject`); see :mod:`ftd.client.protocol` and :mod:`ftd.agent.jobs`. Each
 is decoded like any message and answered by the ``on_hook`` callback (off the connection handler);
-``job_start``, ``job_end`` and ``preflight`` only from root or the agent's own uid (the peer
+``job_start``, ``job_end``, ``preflight`` and ``inject`` only from root or the agent's own uid (the peer
 identity ``trusted_uid``), else refused with an ``error`` and counted (``hooks_refused``).
 
 Thread-safety: everything here runs on the agent's event loop; call it from that loop only.
@@ -61,8 +62,9 @@ from typing import Any
 
 import msgspec
 
-from ftd.agent.jobs import PRIVILEGED, ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
+from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
 from ftd.agent.local_api import registration, wire
+from ftd.agent.local_api.inject import PRIVILEGED_OPS, InjectMsg
 from ftd.agent.local_api.pending import PendingDirectives
 from ftd.agent.local_api.state import Conn
 from ftd.agent.peer import ProcFs, identify, peer_cred
@@ -83,7 +85,7 @@ PRESENCE_MIN_INTERVAL_S = 1.0
 
 PresenceCallback = Callable[[str, list[RankInfo]], Awaitable[None]]
 AckCallback = Callable[[Ack], Awaitable[None]]
-HookCallback = Callable[[HookMsg], Awaitable[Mapping[str, Any]]]
+HookCallback = Callable[[HookMsg | InjectMsg], Awaitable[Mapping[str, Any]]]
 """Answers a node hook's message (Prolog, Epilog, ``ftd health``): the reply to send (see
 :mod:`ftd.agent.jobs`)."""
 
@@ -386,7 +388,7 @@ class LocalApi:
             return
         if isinstance(msg, wire.Register):
             self._register(conn, msg)
-        elif isinstance(msg, JobStartMsg | JobEndMsg | ConditionsMsg | PreflightMsg):
+        elif isinstance(msg, JobStartMsg | JobEndMsg | ConditionsMsg | PreflightMsg | InjectMsg):
             self._hook(conn, msg)
         elif conn.job is None:
             self._bad(conn, wire.OPS[type(msg)], "not registered")
@@ -428,11 +430,11 @@ class LocalApi:
         )
         self._presence_now(msg.job)
 
-    def _hook(self, conn: Conn, msg: HookMsg) -> None:
+    def _hook(self, conn: Conn, msg: HookMsg | InjectMsg) -> None:
         """A node hook's request (no registration): privileged ones only from root or our uid."""
         op = wire.OPS[type(msg)]
         ident = conn.identity
-        if isinstance(msg, PRIVILEGED) and ident is not None and not ident.any_job:
+        if isinstance(msg, PRIVILEGED_OPS) and ident is not None and not ident.any_job:
             self.counters["hooks_refused"] = self.counters.get("hooks_refused", 0) + 1
             cred = conn.cred
             log.warning("hook_refused", op=op, uid=cred.uid if cred else None, pid=cred.pid if cred else None)

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import msgspec
 
 from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
+from ftd.agent.local_api.inject import INJECT, InjectMsg
 from ftd.client import protocol
 from ftd.client.protocol import PROTOCOL_VERSION
 
@@ -60,7 +61,7 @@ class AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=prot
     reason: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] = ""
 
 
-ClientMsg = Register | Heartbeat | AckMsg | HookMsg
+ClientMsg = Register | Heartbeat | AckMsg | HookMsg | InjectMsg
 OPS: dict[type[Any], str] = {
     Register: protocol.REGISTER,
     Heartbeat: protocol.HEARTBEAT,
@@ -69,6 +70,7 @@ OPS: dict[type[Any], str] = {
     JobEndMsg: protocol.JOB_END,
     ConditionsMsg: protocol.CONDITIONS,
     PreflightMsg: protocol.PREFLIGHT,
+    InjectMsg: INJECT,
 }
 decoder = msgspec.json.Decoder(ClientMsg)
 _encoder = msgspec.json.Encoder()
