@@ -100,7 +100,30 @@ async def test_action_without_executor_fails_visibly(tmp_path: Path) -> None:
         state=ClusterState(), ledger=Ledger(":memory:"), gate=PolicyGate(), plugins=pm, executors={}
     )
     [record] = await engine.handle_event(make_event("node-1", Kind.ECC))
-    assert record.state == ActionState.FAILED and "no executor" in record.detail["error"]
+    # No notify executor either (executors={}): it fails, with a sentence and no repr (issue #20).
+    error = record.detail["error"]
+    assert record.state == ActionState.FAILED and error.startswith("cannot drain node-1: no scheduler"), error
+    assert "<ActionKind" not in error and error.endswith(".")
+
+
+async def test_a_drain_without_a_scheduler_becomes_a_notification(tmp_path: Path) -> None:
+    pm = make_plugin_manager(extra=(DrainOnEcc(),), entry_points=False, disabled=["xid_catalog"])
+    sent = Recorder()
+    engine = Engine(
+        state=ClusterState(),
+        ledger=Ledger(":memory:"),
+        gate=PolicyGate(),
+        plugins=pm,
+        executors={ActionKind.NOTIFY: sent},
+    )
+    [record] = await engine.handle_event(make_event("node-1", Kind.ECC))
+    assert record.request.kind == ActionKind.NOTIFY and record.request.params["instead_of"] == "drain_node"
+    assert record.request.reason.startswith("node-1 should be drained (")
+    assert (
+        'coordinator.scheduler = "none" (detect and notify only): drain it by hand' in record.request.reason
+    )
+    await engine.wait_idle(5)
+    assert record.state == ActionState.SUCCEEDED
 
 
 async def test_restart_neither_repeats_finished_nor_loses_unfinished_actions(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ same msgspec Structs that validate requests and shape responses, so it cannot dr
   an action awaiting approval can be decided, anything else is 404),
   ``POST /v1/nodes/{node}/drain`` and ``/resume``, ``POST /v1/jobs/{job}/restart``: manual actions
   go through :meth:`Engine.submit` with ``rule="api:<by>"``, so the policy gate (dedupe, cooldown,
-  dry-run) and the ledger apply to them exactly as to a rule's proposal;
+  dry-run) and the ledger apply to them exactly as to a rule's proposal; ``force`` with a
+  ``force_reason`` (both kept in the action's params in the ledger) steps past the cooldown only,
+  and a failed earlier action never holds an operator's own back;
 - ``GET /`` and ``GET /static/{name}``: the live dashboard (plain files in ``web/``, no build, no CDN).
 
 Security: every mutating call needs ``Authorization: Bearer <token>``, the token read from
@@ -370,6 +372,13 @@ class Api:
         started = record.state in (ActionState.PENDING, ActionState.RUNNING)
         return json_response(wire.action_out(record), 202 if started else 200)
 
+    @staticmethod
+    def _force(body: wire.ManualRequest) -> dict[str, Any]:
+        try:
+            return body.force_params()
+        except ValueError as exc:
+            raise ApiError(400, f"request body: {exc}") from None
+
     def _known_node(self, request: web.Request) -> str:
         node: str = path_param(request, "node", wire.NodeName)
         if node not in self.coordinator.state.nodes:
@@ -380,14 +389,26 @@ class Api:
         node = self._known_node(request)
         body = await read_body(request, wire.DrainRequest, required=True)
         return await self._submit(
-            ActionRequest(kind=ActionKind.DRAIN_NODE, target=node, reason=body.reason, rule=f"api:{body.by}")
+            ActionRequest(
+                kind=ActionKind.DRAIN_NODE,
+                target=node,
+                reason=body.reason,
+                params=self._force(body),
+                rule=f"api:{body.by}",
+            )
         )
 
     async def resume(self, request: web.Request) -> web.Response:
         node = self._known_node(request)
         body = await read_body(request, wire.ResumeRequest, required=False)
         return await self._submit(
-            ActionRequest(kind=ActionKind.RESUME_NODE, target=node, reason=body.reason, rule=f"api:{body.by}")
+            ActionRequest(
+                kind=ActionKind.RESUME_NODE,
+                target=node,
+                reason=body.reason,
+                params=self._force(body),
+                rule=f"api:{body.by}",
+            )
         )
 
     async def restart(self, request: web.Request) -> web.Response:
@@ -400,7 +421,7 @@ class Api:
                 kind=ActionKind.CHECKPOINT_RESTART,
                 target=job,
                 reason=body.reason,
-                params={"exclude": sorted(set(body.exclude))},
+                params={"exclude": sorted(set(body.exclude)), **self._force(body)},
                 rule=f"api:{body.by}",
             )
         )

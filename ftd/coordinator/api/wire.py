@@ -47,22 +47,53 @@ Reason = Annotated[
 Limit = Annotated[int, msgspec.Meta(ge=1, le=MAX_LIMIT, description="How many, newest first.")]
 
 
-class DrainRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+Force = Annotated[
+    bool,
+    msgspec.Meta(
+        description="Step past ftd's cooldown for this target (dedupe and drain budgets still apply); "
+        "needs force_reason."
+    ),
+]
+ForceReason = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[^\x00-\x1f\x7f]*[^\x00-\x1f\x7f\s][^\x00-\x1f\x7f]*$",
+        description="Why the cooldown is overridden (one line; recorded in the ledger with the action).",
+    ),
+]
+
+
+class ManualRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What every manual action accepts: who asks, and ``force`` with its audit reason."""
+
+    by: Operator = "operator"
+    force: Force = False
+    force_reason: ForceReason | None = None
+
+    def force_params(self) -> dict[str, Any]:
+        """``params`` that carry the force into the ledger; ValueError (a 400) without a reason."""
+        if not self.force:
+            return {}
+        if self.force_reason is None:
+            raise ValueError("force needs force_reason: say why the cooldown is overridden (it is recorded)")
+        return {"force": True, "force_reason": self.force_reason}
+
+
+class DrainRequest(ManualRequest, frozen=True, kw_only=True, forbid_unknown_fields=True):
     reason: Reason
-    by: Operator = "operator"
 
 
-class ResumeRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ResumeRequest(ManualRequest, frozen=True, kw_only=True, forbid_unknown_fields=True):
     reason: Reason = "manual resume"
-    by: Operator = "operator"
 
 
-class RestartRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class RestartRequest(ManualRequest, frozen=True, kw_only=True, forbid_unknown_fields=True):
     reason: Reason
     exclude: Annotated[
         list[NodeName], msgspec.Meta(max_length=64, description="Nodes the restarted job must avoid.")
     ] = msgspec.field(default_factory=list)
-    by: Operator = "operator"
 
 
 class ApproveRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

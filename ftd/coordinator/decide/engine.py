@@ -47,6 +47,10 @@ job's save and stop before the node's reset or drain, those before the job's req
 recorded in the ledger and rebuilt by :meth:`Engine.resume_unfinished`. :meth:`Engine.submit` (manual
 actions) still starts one action on its own, at once.
 
+An action of a kind no executor carries out (a drain with ``coordinator.scheduler = "none"``) is
+turned into a notification saying what should be done by hand, or, asked by an operator, fails with
+a sentence (:mod:`ftd.coordinator.decide.fallback`).
+
 ``checkpoint`` (save without stopping) runs on the ``checkpoint_restart`` executor when no executor
 is registered for it: that executor skips stop and requeue for this kind (``params["stop"]``).
 Plugins learn how executed actions ended through ``ftd_action_completed`` (each implementation
@@ -63,6 +67,7 @@ from typing import Any
 
 import pluggy
 
+from ftd.coordinator.decide import fallback
 from ftd.coordinator.decide.plugins import call_each, evaluate
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, as_store
@@ -254,6 +259,11 @@ class Engine:
         """Gate and record one action (not started: :meth:`_start`, or with ``admit`` counted as
         started for the gate already, so the next request of the same event is deduped against it,
         and launched by the caller)."""
+        if request.kind not in self.executors:
+            notification = fallback.instead(request, self.executors)
+            if notification is not None:  # e.g. a drain with coordinator.scheduler = "none"
+                log.info("action_without_executor_notified", kind=request.kind, target=request.target)
+                request = notification
         verdict = self.gate.decide(request, self.state)
         record = ActionRecord(id=new_id("act"), request=request, state=verdict.state)
         if verdict.reason:
@@ -262,7 +272,7 @@ class Engine:
             request.kind not in self.executors
         ):
             record.state = ActionState.FAILED
-            record.detail["error"] = f"no executor registered for {request.kind!r}"
+            record.detail["error"] = fallback.no_executor_error(request)
         await self.ledger.save_action(record)
         log.info(
             "action_decided",
@@ -481,7 +491,7 @@ class Engine:
         for record in resumed:
             if record.request.kind not in self.executors:
                 record.state = ActionState.FAILED
-                record.detail["error"] = f"no executor registered for {record.request.kind!r}"
+                record.detail["error"] = fallback.no_executor_error(record.request)
                 await self.ledger.save_action(record)
                 continue
             log.info(

@@ -10,8 +10,9 @@ Checks, in order, each recorded with its reason when it says no:
    passes: a save asked on a warning must not hold back the stop on a critical crossing; so does a
    job action for a job that the finished action moved off the node (``params.exclude``) and that
    runs there again (the cluster view says so): it came back onto the fault, a new incident.
-   A *failed* action cools down only ``failed_retry_s`` (default 30 s): what failed did not happen,
-   so nothing is there to protect; its retry, or an operator's own action, must not wait 10 minutes.
+   A *failed* action cools down only ``failed_retry_s`` (default 30 s), and never holds back an
+   operator's own action (``rule`` ``api:<by>``): what failed did not happen, so nothing is there
+   to protect; its retry must not wait 10 minutes.
    Two requests are not held back by the cooldown at all, and the verdict's reason says so: a
    crash-loop restart (a job action with ``params["attempt"]``, asked by the application-fault
    policy, which paces its restarts with its own backoff, ``params["delay_s"]``, and its own limit),
@@ -227,8 +228,10 @@ class PolicyGate:
         if finished is not None and view is not None and self._came_back(request, view, cooled):
             finished = None  # the job was moved off this node and runs there again: a new incident
         note = ""
+        failed = finished is not None and self._finished_failed.get(cooled, False)
+        if finished is not None and failed and request.rule.startswith("api:"):
+            finished = None  # what failed did not happen: an operator's own action goes ahead
         if finished is not None:
-            failed = self._finished_failed.get(cooled, False)
             length = min(self.failed_retry_s, self.cooldown_s) if failed else self.cooldown_s
             remaining = length - (now - finished)
             if remaining > 0:
