@@ -135,6 +135,9 @@ class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     pid: int | None = None
     step: int | None = None
     last_beat: float | None = None
+    # The run of the job the rank's process belongs to, as its client said at registration (a Slurm
+    # restart count, a pod's uid: ftd.client.protocol.run_id); None: not known (an older client).
+    run: str | None = None
 
 
 class JobAllocation(msgspec.Struct, frozen=True, kw_only=True):
@@ -175,11 +178,14 @@ class NodeConditions(msgspec.Struct, frozen=True, kw_only=True):
     conditions: list[str] = msgspec.field(default_factory=list)
 
 
-NodeState = Literal["online", "offline"]
+NodeState = Literal["online", "offline", "stopped"]
+"""``online``: the agent's birth message; ``offline``: its Last Will (the agent, the node or its network
+died); ``stopped``: the agent stopped cleanly and said so (a restart, an upgrade)."""
 
 
 class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """Retained node status; the MQTT Last Will publishes ``offline`` when the agent dies."""
+    """Retained node status; the MQTT Last Will publishes ``offline`` when the agent dies, a clean stop
+    publishes ``stopped`` (the coordinator gives each its own grace to come back)."""
 
     schema: int = SCHEMA_VERSION
     node: str

@@ -319,6 +319,7 @@ class Agent:
             return inject_reply(event)
         if isinstance(msg, JobStartMsg):
             self.scheduler_jobs.start(msg)
+            self.local_api.job_started(msg.job)  # directives pending for an earlier run are stale
             await self._on_presence(msg.job, self.local_api.jobs().get(msg.job, []))
             return dict(protocol.ok(protocol.JOB_START))
         if isinstance(msg, JobEndMsg):

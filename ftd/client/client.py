@@ -10,12 +10,14 @@ files and the memory guard are :class:`~ftd.client.triggers.LocalTriggers`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import socket
 import threading
 import time
+import weakref
 
 from ftd.client import protocol
 from ftd.client.connection import Connection
@@ -46,6 +48,16 @@ class Client(Connection, LocalTriggers):
     switches, polled every ``switch_poll_s`` seconds); ``resume_file`` to ``$FTD_RESUME_FILE``
     (where :attr:`resume_step` is kept for the job's next process: name one per job, e.g. next to
     its checkpoints).
+
+    ``run`` names the run of the job this process belongs to (default:
+    :func:`ftd.client.protocol.run_id`: ``$FTD_RUN``, the Slurm restart count, the pod's uid): a
+    save or stop for another run (the one before an in-place restart) never reaches it.
+    ``startup_timeout_s`` (default ``$FTD_STARTUP_TIMEOUT_S``, else the agent's
+    ``agent.heartbeat.startup_timeout_s``) is how long the rank may take from here to its first
+    ``heartbeat()`` (imports, data loading, compilation) before the agent reports it lost.
+
+    A stop is acknowledged by :meth:`close`, which also runs at interpreter exit (and at the end of
+    ``with Client() as client:``), so a loop that just breaks on ``should_stop()`` is complete.
     """
 
     def __init__(
@@ -63,6 +75,8 @@ class Client(Connection, LocalTriggers):
         save_file: str | None = None,
         switch_poll_s: float = 0.2,
         resume_file: str | None = None,
+        run: str | None = None,
+        startup_timeout_s: float | None = None,
     ) -> None:
         super().__init__(
             job,
@@ -75,6 +89,8 @@ class Client(Connection, LocalTriggers):
             save_file=save_file,
             switch_poll_s=switch_poll_s,
             resume_file=resume_file,
+            run=run,
+            startup_timeout_s=startup_timeout_s,
         )
         if self._poll_at is not None:
             self._poll_switches()  # a kill switch present at start stops the job before step one
@@ -225,6 +241,7 @@ class Client(Connection, LocalTriggers):
                 target=self._run, args=(self._wake_r, self._wake_w), name="ftd-client", daemon=True
             )
             self._thread.start()
+            atexit.register(_close_at_exit, weakref.ref(self))
         except Exception:
             _log.warning("ftd client: could not start its thread; running without an agent", exc_info=True)
 
@@ -258,4 +275,9 @@ class Client(Connection, LocalTriggers):
     ) -> None:
         self.close()
 
-    # --- background thread -----------------------------------------------------------------------
+
+def _close_at_exit(ref: weakref.ref[Client]) -> None:
+    """At interpreter exit: :meth:`Client.close` (acknowledges a stop the loop broke on)."""
+    client = ref()
+    if client is not None:
+        client.close()

@@ -127,7 +127,13 @@ class Connection(RankState):
         """One connection: register, then pump reads, heartbeats and acks until it breaks.
 
         Returns the time registration succeeded (None if it never did)."""
-        sock.sendall(protocol.encode(protocol.register(self.job, self.rank, self.local_rank, os.getpid())))
+        sock.sendall(
+            protocol.encode(
+                protocol.register(
+                    self.job, self.rank, self.local_rank, os.getpid(), self.run, self.startup_timeout_s
+                )
+            )
+        )
         started = time.monotonic()
         registered: float | None = None
         buf = b""
@@ -213,6 +219,11 @@ class Connection(RankState):
             return
         deadline = msg.get("deadline_s")
         params = msg.get("params")
+        run = params.get(protocol.RUN_PARAM) if isinstance(params, dict) else None
+        if isinstance(run, str) and self.run is not None and run != self.run:
+            # Meant for another run of this job (the one before a restart in place): never ours.
+            _log.info("ftd client: ignoring %s %s for run %s (this is run %s)", action, did, run, self.run)
+            return
         info = DirectiveInfo(
             id=did,
             action=action,

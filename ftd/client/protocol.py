@@ -18,9 +18,16 @@ it, meaning 1) and ``"op"``.
 
 Client -> agent:
 
-- ``{"v":1,"op":"register","job":"1234","rank":3,"local_rank":3,"pid":4242}``. Must come first.
+- ``{"v":1,"op":"register","job":"1234","rank":3,"local_rank":3,"pid":4242,"run":"slurm-restart-0",
+  "startup_timeout_s":null}``. Must come first.
   ``job`` is 1..256 characters without ``/ + #``, whitespace or NUL (it becomes part of MQTT
-  topics); ``rank`` >= 0. Answer: ``{"v":1,"op":"ok","re":"register"}`` then every directive
+  topics); ``rank`` >= 0. ``run`` (optional, 1..:data:`RUN_MAX` characters; null or absent: not
+  known) names the run of the job this process belongs to: a job restarted in place (Slurm requeue,
+  a recreated pod) keeps its id but gets a new run, and a directive meant for one run never reaches
+  another (see :func:`run_id`). ``startup_timeout_s`` (optional, > 0, at most
+  :data:`STARTUP_TIMEOUT_MAX_S`) is how long this rank may take to its first heartbeat before the
+  agent calls it lost (null: the agent's ``agent.heartbeat.startup_timeout_s``). Answer:
+  ``{"v":1,"op":"ok","re":"register"}`` then every directive
   still pending for that job, or ``{"v":1,"op":"error","re":"register","error":...}``.
 - ``{"v":1,"op":"heartbeat","step":1200}`` (``step`` may be null). No answer. The client sends
   one only when the training loop has called ``heartbeat()`` since the last one, so a hung loop
@@ -49,7 +56,9 @@ Agent -> client, pushed at any time:
   deadline_s, action_id, params>}``.
   Params the client honours: a ``save`` with ``params["save_at_step"]`` (an int) asks for the
   checkpoint at the first step >= it; a ``stop`` with ``params["resume_step"]`` says which step the
-  restarted job should resume from (``Client.resume_step``).
+  restarted job should resume from (``Client.resume_step``); ``params["run"]`` (a string) names the
+  run of the job the directive is for: a client of another run ignores it (the agent does not send
+  it to one either).
 - ``{"v":1,"op":"error","re":<op or null>,"error":"..."}`` for a bad message: not JSON, not an
   object, unknown op, wrong field types, an op before ``register``, a line over :data:`MAX_LINE`.
   The connection stays open.
@@ -72,6 +81,8 @@ if TYPE_CHECKING:
         rank: int
         local_rank: int | None
         pid: int | None
+        run: str | None
+        startup_timeout_s: float | None
 
     class HeartbeatMsg(TypedDict):
         v: int
@@ -116,7 +127,10 @@ __all__ = [
     "PREFLIGHT",
     "PROTOCOL_VERSION",
     "REGISTER",
+    "RUN_MAX",
+    "RUN_PARAM",
     "SOCKET_ENV",
+    "STARTUP_TIMEOUT_MAX_S",
     "TEXT_MAX",
     "ack",
     "decode",
@@ -129,6 +143,7 @@ __all__ = [
     "ok",
     "query",
     "register",
+    "run_id",
 ]
 
 PROTOCOL_VERSION = 1
@@ -144,6 +159,12 @@ JOB_PATTERN = r"^[^/+#\s\x00]+$"
 DIRECTIVE_ID_MAX = 512
 TEXT_MAX = 4096
 """Longest ``path`` and ``reason`` of an ack."""
+RUN_MAX = 128
+"""Longest ``run`` of a register."""
+RUN_PARAM = "run"
+"""The directive param naming the run of the job a directive is for."""
+STARTUP_TIMEOUT_MAX_S = 86400.0
+"""Longest start-up timeout a rank may ask for (a day)."""
 
 # Operation names ("op"). Client -> agent:
 REGISTER = "register"
@@ -163,7 +184,14 @@ DIRECTIVE = "directive"
 # --- messages (the field order is the wire order) ---------------------------------------------------
 
 
-def register(job: str, rank: int, local_rank: int | None, pid: int | None) -> RegisterMsg:
+def register(
+    job: str,
+    rank: int,
+    local_rank: int | None,
+    pid: int | None,
+    run: str | None = None,
+    startup_timeout_s: float | None = None,
+) -> RegisterMsg:
     return {
         "v": PROTOCOL_VERSION,
         "op": REGISTER,
@@ -171,7 +199,29 @@ def register(job: str, rank: int, local_rank: int | None, pid: int | None) -> Re
         "rank": rank,
         "local_rank": local_rank,
         "pid": pid,
+        "run": run,
+        "startup_timeout_s": startup_timeout_s,
     }
+
+
+def run_id(env: Any) -> str | None:
+    """The run of its job a process belongs to, from its environment ``env`` (a mapping).
+
+    ``FTD_RUN`` when set (any launcher can name its runs); in a Slurm job ``slurm-restart-N`` with
+    N = ``SLURM_RESTART_COUNT`` (0 when unset: the first run; a requeued job keeps its id and counts
+    up); in a Kubernetes pod ``pod-<uid>`` from ``FTD_POD_UID`` (the downward API's
+    ``metadata.uid``: a recreated pod is a new run); else None (not known: the agent falls back to
+    the runs of the ranks connected when a directive arrived)."""
+    explicit = env.get("FTD_RUN")
+    if explicit:
+        return str(explicit)[:RUN_MAX]
+    if env.get("SLURM_JOB_ID"):
+        count = str(env.get("SLURM_RESTART_COUNT") or "0").strip()
+        return f"slurm-restart-{count if count.isdigit() else '0'}"
+    pod = env.get("FTD_POD_UID")
+    if pod:
+        return f"pod-{pod}"[:RUN_MAX]
+    return None
 
 
 def heartbeat(step: int | None) -> HeartbeatMsg:

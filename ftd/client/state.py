@@ -30,6 +30,29 @@ if TYPE_CHECKING:
 __all__ = ["RankState"]
 
 
+def _startup_timeout(given: float | None) -> float | None:
+    """``given``, else ``$FTD_STARTUP_TIMEOUT_S``; within (0, a day], else None (the agent's default)."""
+    value: float | None = given
+    if value is None:
+        raw = env("FTD_STARTUP_TIMEOUT_S")
+        if raw is None:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            value = None
+    if value is None or not 0 < value <= protocol.STARTUP_TIMEOUT_MAX_S:
+        import logging
+
+        logging.getLogger("ftd.client").warning(
+            "ftd client: ignoring start-up timeout %r (want seconds in (0, %d]); the agent's default applies",
+            given if given is not None else env("FTD_STARTUP_TIMEOUT_S"),
+            int(protocol.STARTUP_TIMEOUT_MAX_S),
+        )
+        return None
+    return value
+
+
 class RankState:
     """Fields of one rank's client; the arguments are :class:`~ftd.client.Client`'s (defaults from
     the environment there)."""
@@ -47,6 +70,8 @@ class RankState:
         save_file: str | None,
         switch_poll_s: float,
         resume_file: str | None,
+        run: str | None = None,
+        startup_timeout_s: float | None = None,
     ) -> None:
         self.job: str = job or env("FTD_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID") or DEFAULT_JOB
         env_rank = env_int("RANK", "SLURM_PROCID")
@@ -55,6 +80,11 @@ class RankState:
             local_rank if local_rank is not None else env_int("LOCAL_RANK", "SLURM_LOCALID")
         )
         self.socket_path: str = socket_path or env(protocol.SOCKET_ENV) or DEFAULT_SOCKET
+        #: The run of the job this process belongs to (:func:`ftd.client.protocol.run_id`): a
+        #: directive for another run of the same job is ignored.
+        self.run: str | None = run or protocol.run_id(os.environ)
+        #: How long this rank may take to its first heartbeat (None: the agent's default).
+        self.startup_timeout_s: float | None = _startup_timeout(startup_timeout_s)
         self.heartbeat_interval = heartbeat_interval
         self.retry_interval = retry_interval
         #: ``time.perf_counter_ns()`` when the latest save/stop for this job arrived (None: none yet).

@@ -221,8 +221,20 @@ class HeartbeatConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """Trainer ranks' heartbeats to the local API: silence and stragglers."""
 
     timeout_s: Annotated[
-        PositiveSeconds, _doc("A rank silent this long is reported (rank_heartbeat_lost), once per silence.")
+        PositiveSeconds,
+        _doc(
+            "A rank silent this long after a heartbeat is reported (rank_heartbeat_lost), once per "
+            "silence."
+        ),
     ] = 60.0
+    startup_timeout_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "A rank that registered but never sent a heartbeat yet (importing its framework, loading "
+            "data, compiling) is reported only after this long; a job can ask for its own "
+            "(Client(startup_timeout_s=...) or $FTD_STARTUP_TIMEOUT_S)."
+        ),
+    ] = 600.0
     check_interval_s: Annotated[
         float, _doc("How often the ranks are checked (report latency past the deadline).", gt=0, le=10)
     ] = 0.25
@@ -716,6 +728,24 @@ class ReturnToServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_un
     ] = 900.0
 
 
+class OfflineGraceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How long a node that left may take to come back before its jobs are moved (node_death)
+    (``ftd.coordinator.intake.offline_grace``); any message from the node ends the wait."""
+
+    last_will_s: Annotated[
+        float,
+        _doc(
+            "Grace after the broker's Last Will (the agent died, or the node, or its network); 0: act at once.",
+            ge=0,
+            le=3600,
+        ),
+    ] = 10.0
+    clean_stop_s: Annotated[
+        float,
+        _doc("Grace after an agent's clean stop (a restart, an upgrade); 0: act at once.", ge=0, le=86400),
+    ] = 120.0
+
+
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The cluster coordinator (``ftd coordinator``)."""
 
@@ -761,6 +791,10 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     diagnostics_deadline_s: Annotated[
         PositiveSeconds, _doc("How long agents get to answer a collect_diagnostics directive.")
     ] = 60.0
+    offline_grace: Annotated[
+        OfflineGraceConfig,
+        _doc("How long a node that left (agent stopped or Last Will) may take to come back before acting."),
+    ] = msgspec.field(default_factory=OfflineGraceConfig)
     reconcile_interval_s: Annotated[
         PositiveSeconds,
         _doc(

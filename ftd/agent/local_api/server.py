@@ -21,13 +21,25 @@ an op before ``register``, a line over ``MAX_LINE``) is answered with an ``error
 (``counters["bad_messages"]``) and logged (rate-limited); the connection stays open and nothing
 else is affected. Replies are encoded with msgspec. An ``ack`` is relayed to ``on_ack`` as an
 :class:`~ftd.events.Ack` with ``node`` and ``ts`` set; heartbeats feed
-:meth:`LocalApi.ranks_silent_for` (a hung training loop goes silent here).
+:meth:`LocalApi.silent_ranks` (a hung training loop goes silent here). Silence counts from a rank's
+last heartbeat; before its first one, from its registration against the longer start-up timeout
+(the agent's ``agent.heartbeat.startup_timeout_s``, or the rank's own ``startup_timeout_s`` from its
+``register``): a rank still importing its framework is not a hung one.
+
+A line that does not decode, however it is malformed (not UTF-8, not JSON, nested 60,000 deep, over
+``MAX_LINE``), gets the ``error`` answer and the connection stays open: the decoding is
+:func:`ftd.agent.local_api.wire.decode_line`, which never raises.
 
 Pending directives
 ------------------
 :meth:`LocalApi.deliver` pushes a directive to every connected rank of its job (all jobs when
 ``job`` is None) and keeps it pending for ranks that register later; when a pending directive is
 dropped, and why a directive id is never delivered twice, is :mod:`ftd.agent.local_api.pending`.
+A directive belongs to one run of its job: it is bound to the run the coordinator named, else to the
+runs of the job's ranks connected when it arrived, and never sent to a rank of another run; it is
+dropped when a rank of a new run registers and when the Prolog reports the job starting again, and a
+stop also when the job's ranks it reached have all left (:meth:`LocalApi.job_started`). Each drop is logged
+(``local_api_pending_dropped``, with the reason).
 
 Registration and rights
 -----------------------
@@ -81,6 +93,7 @@ MAX_WRITE_BUFFER = 1024 * 1024
 """A client that lets more than this pile up unread is disconnected (it reconnects and re-registers)."""
 MAX_CONNECTIONS = 4096
 PRESENCE_MIN_INTERVAL_S = 1.0
+_STOP = frozenset({"stop"})
 
 
 PresenceCallback = Callable[[str, list[RankInfo]], Awaitable[None]]
@@ -236,14 +249,24 @@ class LocalApi:
         """Registered ranks by job, each list sorted by rank."""
         return {job: self._ranks(job) for job in sorted(self._jobs)}
 
-    def ranks_silent_for(self, seconds: float) -> list[tuple[str, RankInfo]]:
-        """Registered ranks with no heartbeat for ``seconds`` (counted from registration if none yet)."""
-        limit = time.monotonic() - seconds
-        silent = [
-            (conn.job, conn.info())
-            for conn in self._conns
-            if conn.job is not None and conn.last_beat_mono <= limit
-        ]
+    def ranks_silent_for(self, seconds: float, startup_s: float | None = None) -> list[tuple[str, RankInfo]]:
+        """Registered ranks silent too long: :meth:`silent_ranks` without the timeouts."""
+        return [(job, info) for job, info, _ in self.silent_ranks(seconds, startup_s)]
+
+    def silent_ranks(
+        self, timeout_s: float, startup_timeout_s: float | None = None
+    ) -> list[tuple[str, RankInfo, float]]:
+        """Registered ranks with no heartbeat for ``timeout_s`` since their last one, or, before
+        their first, none for their start-up timeout since registration (the rank's own, else
+        ``startup_timeout_s``, else ``timeout_s``). Each with the timeout that applied."""
+        now = time.monotonic()
+        silent = []
+        for conn in self._conns:
+            if conn.job is None:
+                continue
+            limit = timeout_s if conn.beaten else (conn.startup_timeout_s or startup_timeout_s or timeout_s)
+            if conn.last_beat_mono <= now - limit:
+                silent.append((conn.job, conn.info(), limit))
         return sorted(silent, key=lambda item: (item[0], item[1].rank))
 
     def pending(self) -> list[Directive]:
@@ -267,11 +290,14 @@ class LocalApi:
             return 0
         self.counters["directives"] += 1
         body = protocol.directive(msgspec.to_builtins(directive))
-        pending = self._pending.add(directive, wire.line(body), time.monotonic())
+        runs = self._runs_of(directive)
+        pending = self._pending.add(directive, wire.line(body), time.monotonic(), runs)
         jobs = [directive.job] if directive.job is not None else list(self._jobs)
         reached = 0
         for job in jobs:
             for conn in list(self._jobs.get(job, ())):
+                if not pending.for_run(conn.run):
+                    continue
                 if self._send(conn, pending.line):
                     pending.reached.add((job, conn.rank))
                     reached += 1
@@ -280,9 +306,38 @@ class LocalApi:
             directive_id=directive.id,
             action=directive.action,
             job=directive.job,
+            runs=sorted(runs) if runs is not None else None,
             reached=reached,
         )
         return reached
+
+    def _runs_of(self, directive: Directive) -> frozenset[str] | None:
+        """The runs of its job a directive is for: the one the coordinator named, else those of the
+        job's ranks connected now (when every one of them named its run), else None (not known)."""
+        named = directive.params.get(protocol.RUN_PARAM)
+        if isinstance(named, str) and named:
+            return frozenset({named})
+        if directive.job is None:
+            return None
+        runs = {conn.run for conn in self._jobs.get(directive.job, ())}
+        if not runs or None in runs:
+            return None
+        return frozenset(r for r in runs if r is not None)
+
+    def job_started(self, job: str) -> None:
+        """The scheduler says ``job`` starts (again) on this node (the Prolog's ``job_start``):
+        whatever was pending for an earlier run of it is stale."""
+        self._log_dropped(job, self._pending.drop(job), "the job started again on this node")
+
+    def _log_dropped(self, job: str, dropped: list[Directive], why: str) -> None:
+        for directive in dropped:
+            log.info(
+                "local_api_pending_dropped",
+                directive_id=directive.id,
+                action=directive.action,
+                job=job,
+                why=why,
+            )
 
     # --- connections -------------------------------------------------------------------------
 
@@ -378,10 +433,9 @@ class LocalApi:
             await conn.writer.drain()
 
     def _on_line(self, conn: Conn, line: bytes) -> None:
-        try:
-            msg = wire.decoder.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._bad(conn, wire.peek_op(line), str(exc))
+        msg = wire.decode_line(line)
+        if isinstance(msg, wire.BadLine):
+            self._bad(conn, msg.op, msg.error)
             return
         if msg.v != PROTOCOL_VERSION:
             self._bad(conn, wire.OPS[type(msg)], f"unsupported protocol version {msg.v}")
@@ -406,6 +460,7 @@ class LocalApi:
             self._refuse(conn, msg, refusal)
             return
         conn.job, conn.rank, conn.local_rank, conn.pid = msg.job, msg.rank, msg.local_rank, msg.pid
+        conn.run, conn.startup_timeout_s = msg.run, msg.startup_timeout_s
         if conn.cred is not None and conn.identity is not None and not conn.identity.any_job:
             conn.pid = conn.cred.pid  # the kernel's word, as this agent (and py-spy) sees the process
         conn.last_beat_mono = time.monotonic()
@@ -415,7 +470,13 @@ class LocalApi:
         members.add(conn)
         self.counters["registrations"] += 1
         self._send(conn, wire.OK_REGISTER)
-        for pending in self._pending.owed_to(msg.job, msg.rank, time.monotonic()):
+        if msg.run is not None:
+            self._log_dropped(
+                msg.job,
+                self._pending.drop(msg.job, other_than_run=msg.run),
+                f"run {msg.run} of the job registered: meant for an earlier run",
+            )
+        for pending in self._pending.owed_to(msg.job, msg.rank, time.monotonic(), msg.run):
             if self._send(conn, pending.line):
                 pending.reached.add((msg.job, msg.rank))
         ident = conn.identity
@@ -424,6 +485,7 @@ class LocalApi:
             job=msg.job,
             rank=msg.rank,
             pid=conn.pid,
+            run=msg.run,
             uid=conn.cred.uid if conn.cred else None,
             identity=ident.source if ident else None,
             why=ident.detail if ident else "no peer credentials on this platform",
@@ -469,12 +531,19 @@ class LocalApi:
             members.discard(conn)
             if not members:
                 del self._jobs[job]
+                if not self._stopping:  # the ranks left (not the agent): a stop that reached them is done
+                    self._log_dropped(
+                        job,
+                        self._pending.drop(job, reached_only=True, actions=_STOP),
+                        "every rank it reached has left",
+                    )
         log.info("local_api_rank_left", job=job, rank=conn.rank, pid=conn.pid)
         if not self._stopping:
             self._presence_now(job)
 
     def _heartbeat(self, conn: Conn, msg: wire.Heartbeat) -> None:
         self.counters["heartbeats"] += 1
+        conn.beaten = True
         conn.last_beat = time.time()
         conn.last_beat_mono = time.monotonic()
         if msg.step != conn.step:

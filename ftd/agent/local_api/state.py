@@ -29,11 +29,19 @@ class Conn:
     step: int | None = None
     last_beat: float | None = None  # wall clock, reported in RankInfo
     last_beat_mono: float = 0.0  # registration time until the first heartbeat
+    beaten: bool = False  # a heartbeat came: silence counts from the last one, not from registration
+    startup_timeout_s: float | None = None  # the rank's own start-up timeout (None: the agent's)
+    run: str | None = None  # the run of the job its process belongs to (None: not said)
     errors: int = 0
     cred: PeerCred | None = None  # SO_PEERCRED at connect (None where the OS has none)
     identity: JobIdentity | None = None
 
     def info(self) -> RankInfo:
         return RankInfo(
-            rank=self.rank, local_rank=self.local_rank, pid=self.pid, step=self.step, last_beat=self.last_beat
+            rank=self.rank,
+            local_rank=self.local_rank,
+            pid=self.pid,
+            step=self.step,
+            last_beat=self.last_beat,
+            run=self.run,
         )

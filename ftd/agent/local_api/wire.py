@@ -24,9 +24,11 @@ __all__ = [
     "OK_REGISTER",
     "OPS",
     "AckMsg",
+    "BadLine",
     "ClientMsg",
     "Heartbeat",
     "Register",
+    "decode_line",
     "decoder",
     "error_line",
     "line",
@@ -45,6 +47,8 @@ class Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=pr
     rank: NonNegInt
     local_rank: NonNegInt | None = None
     pid: NonNegInt | None = None
+    run: Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.RUN_MAX)] | None = None
+    startup_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=protocol.STARTUP_TIMEOUT_MAX_S)] | None = None
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.HEARTBEAT):
@@ -89,14 +93,41 @@ def error_line(re: str | None, error: str) -> bytes:
 OK_REGISTER = line(protocol.ok(protocol.REGISTER))
 
 
-def peek_op(raw: bytes) -> str | None:
-    """Best-effort ``op`` of a message that failed to decode, for the error reply."""
+class BadLine(msgspec.Struct, frozen=True):
+    """A line that is not a message this end understands: the ``op`` it seemed to be (None: none
+    could be read) and why, for the ``error`` reply."""
+
+    op: str | None
+    error: str
+
+
+class _OpOnly(msgspec.Struct):
+    """Only the ``op`` of a line (every other field skipped without being built)."""
+
+    op: str | None = None
+
+
+_op_decoder = msgspec.json.Decoder(_OpOnly)
+
+
+def decode_line(raw: bytes) -> ClientMsg | BadLine:
+    """One line from a client: its message, or a :class:`BadLine` saying why not. Never raises,
+    whatever the bytes (not UTF-8, not JSON, not an object, an unknown op, wrong field types,
+    nesting deep enough to exhaust the recursion limit of a generic decoder)."""
     try:
-        obj = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+        msg: ClientMsg = decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return BadLine(peek_op(raw), str(exc)[:500])
+    except RecursionError:
+        return BadLine(peek_op(raw), "message nested too deeply")
+    return msg
+
+
+def peek_op(raw: bytes) -> str | None:
+    """Best-effort ``op`` of a message that failed to decode, for the error reply (None when the
+    line is not a JSON object with a string ``op``). Never raises."""
+    try:
+        op = _op_decoder.decode(raw).op
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
-    if isinstance(obj, dict):
-        op = obj.get("op")
-        if isinstance(op, str):
-            return op[:64]
-    return None
+    return op[:64] if op is not None else None

@@ -2,10 +2,13 @@
 
 Every ``check_interval_s`` (0.25 s) the watcher asks the local API (:class:`ftd.agent.local_api.LocalApi`)
 
-* which ranks have been silent for ``timeout_s`` (``ranks_silent_for``; a rank that never beat counts
-  from its registration). Each newly silent rank yields one ``rank_heartbeat_lost`` event (data: job,
-  rank, pid, step = the last step it reported, silent_s), so the event goes out at most one check
-  interval after the deadline. It is not repeated while the silence lasts; a heartbeat (or the rank
+* which ranks have been silent too long (``silent_ranks``): ``timeout_s`` since their last heartbeat,
+  or, before their first, ``startup_timeout_s`` (or the rank's own, from its ``register``) since
+  registration: silence counts from a rank's first heartbeat, so a rank still importing torch is
+  not a hung one, and a hang after start-up is caught within ``timeout_s`` as before. Each newly
+  silent rank yields one ``rank_heartbeat_lost`` event (data: job, rank, pid, step = the last step
+  it reported, silent_s, timeout_s = the timeout that applied, never_beat, phase = ``startup`` or
+  ``training``), so the event goes out at most one check interval after the deadline. It is not repeated while the silence lasts; a heartbeat (or the rank
   leaving) ends the episode and re-arms it;
 * for every job with at least two ranks on this node that report a step, which ranks are
   ``straggler_steps`` or more behind the fastest one *and* at least ``straggler_fraction`` of its
@@ -37,7 +40,9 @@ class RankSource(Protocol):
 
     def jobs(self) -> dict[str, list[RankInfo]]: ...
 
-    def ranks_silent_for(self, seconds: float) -> list[tuple[str, RankInfo]]: ...
+    def silent_ranks(
+        self, timeout_s: float, startup_timeout_s: float | None = None
+    ) -> list[tuple[str, RankInfo, float]]: ...
 
 
 _IDLE_CHECK_S = 1.0
@@ -74,12 +79,12 @@ class HeartbeatWatcher:
     async def _check_silence(self) -> None:
         silent_now: set[_RankKey] = set()
         now = time.time()
-        for job, info in self._api.ranks_silent_for(self.cfg.timeout_s):
+        for job, info, limit in self._api.silent_ranks(self.cfg.timeout_s, self.cfg.startup_timeout_s):
             key = (job, info.rank, info.pid)
             silent_now.add(key)
             if key in self._silent:
                 continue
-            silent_s = now - info.last_beat if info.last_beat is not None else self.cfg.timeout_s
+            silent_s = now - info.last_beat if info.last_beat is not None else limit
             await self._emit(
                 make_event(
                     self.node,
@@ -92,8 +97,9 @@ class HeartbeatWatcher:
                         "pid": info.pid,
                         "step": info.step,
                         "silent_s": round(silent_s, 3),
-                        "timeout_s": self.cfg.timeout_s,
+                        "timeout_s": limit,
                         "never_beat": info.last_beat is None,
+                        "phase": "startup" if info.last_beat is None else "training",
                     },
                 )
             )
