@@ -21,6 +21,9 @@ action's detail:
 2. **requeue** -- after ``params.delay_s`` seconds when a rule asks for a crash-loop backoff, through
    the scheduler, excluding ``params.exclude`` (the faulty nodes); ``detail["requeued_at"]`` is its
    time; the step to resume from is ``detail["resume_step"]`` (told to the ranks with the stop).
+   A node the job is pinned to (Slurm's ``ReqNodeList``, ``sbatch -w``) is never excluded: that
+   would leave the job pending forever (BadConstraints). The action is then *escalated* with
+   ``detail["exclude_refused"]`` (the nodes and a sentence saying what to do).
 
 With ``params["stop"] = False`` (the default for action kind ``checkpoint``) only the save runs: the
 job saves and keeps training (a filesystem filling up: save while there is still room).
@@ -39,7 +42,7 @@ from typing import Any
 from ftd.bus import topics
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.directive import Publish, directive_for, publish_with_retry
-from ftd.coordinator.actions.scheduler import Scheduler
+from ftd.coordinator.actions.scheduler import Scheduler, SchedulerError
 from ftd.coordinator.actions.slurm_signal import ClientlessFallback
 from ftd.coordinator.model.plan import merge_state
 from ftd.coordinator.model.state import ClusterState
@@ -102,13 +105,9 @@ class CheckpointRestart:
         params: dict[str, Any] | None = None,
     ) -> str:
         job = record.request.target
-        job_record = self._state.jobs.get(job)
-        # The run of the job it is for, when its ranks named one (issue #20): never another run's.
-        runs = {r.run for rs in job_record.ranks_by_node.values() for r in rs} if job_record else set()
-        if len(runs) == 1 and None not in runs:
-            params = {**(params or {}), "run": runs.pop()}
         directive = directive_for(record, action, job=job, deadline_s=deadline_s, params=params)
         # Once to each node the job's ranks are on (placement-checked presence): no node reads another's.
+        job_record = self._state.jobs.get(job)
         for topic in topics.job_directives_for(job_record.nodes if job_record else ()):
             await publish_with_retry(self._publish, topic, encode(directive), deadline_s)
         return directive.id
@@ -204,6 +203,9 @@ class CheckpointRestart:
         exclude = list(record.request.params.get("exclude") or [])
         if self._scheduler is None:
             return {"requeued": None}
+        refused = await self._pinned(job, exclude)
+        if refused:
+            exclude = [n for n in exclude if n not in refused["nodes"]]
         delay = record.request.params.get("delay_s")
         if isinstance(delay, int | float) and not isinstance(delay, bool) and delay > 0:
             log.info("requeue_delayed", job=job, delay_s=delay)  # crash-loop backoff asked by the rule
@@ -216,7 +218,33 @@ class CheckpointRestart:
         requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude}
         if delay:
             requeued["delayed_s"] = delay
-        return {"requeued": requeued, "requeued_at": requeued_at}
+        out: dict[str, Any] = {"requeued": requeued, "requeued_at": requeued_at}
+        if refused:
+            out.update(exclude_refused=refused, state=str(ActionState.ESCALATED))
+        return out
+
+    async def _pinned(self, job: str, exclude: list[str]) -> dict[str, Any] | None:
+        """The nodes of ``exclude`` the job is pinned to (``sbatch -w``): excluding them would leave
+        it pending forever (Slurm: BadConstraints), so they are not excluded and the action says so;
+        None when there are none (or the scheduler cannot tell: the requeue goes on as asked)."""
+        if not exclude or self._scheduler is None:
+            return None
+        try:
+            required = (await self._scheduler.job_info(job)).required
+        except SchedulerError as exc:
+            log.warning("job_info_unavailable", job=job, error=str(exc))
+            return None
+        pinned = sorted(set(exclude) & set(required))
+        if not pinned:
+            return None
+        why = (
+            f"job {job} is pinned to {', '.join(required)} (sbatch -w / --nodelist): excluding "
+            f"{', '.join(pinned)} would leave it pending forever (BadConstraints), so it was requeued "
+            f"without that exclusion and waits for {', '.join(pinned)} to return to service; resubmit it "
+            "without the pin to let it run elsewhere"
+        )
+        log.warning("requeue_exclusion_refused", job=job, pinned=pinned, why=why)
+        return {"nodes": pinned, "why": why}
 
     async def _wait_job_gone(self, job: str) -> bool:
         loop = asyncio.get_running_loop()

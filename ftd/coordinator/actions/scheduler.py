@@ -102,6 +102,7 @@ class JobInfo:
     excluded: tuple[str, ...]  # nodes it may not run on
     restarts: int  # times it was requeued
     reason: str | None = None  # why it is pending, if the scheduler says
+    required: tuple[str, ...] = ()  # nodes it was pinned to (Slurm's ReqNodeList: sbatch -w)
 
 
 @runtime_checkable

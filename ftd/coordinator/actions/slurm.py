@@ -269,6 +269,7 @@ class SlurmScheduler:
             excluded=expand_hostlist(rec.get("ExcNodeList", "")),
             restarts=restarts,
             reason=None if reason in _NULLS else reason,
+            required=expand_hostlist(rec.get("ReqNodeList", "")),
         )
 
     async def job_nodes(self, job: str) -> tuple[str, ...]:
