@@ -15,6 +15,8 @@ offline: the schemas ship in the package), and the manifests say what ftd needs 
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import tomllib
 from pathlib import Path
@@ -45,13 +47,20 @@ CALLS = {
 }
 
 
-def docs() -> list[tuple[Path, dict[str, Any]]]:
+@functools.cache
+def _parsed() -> list[tuple[Path, dict[str, Any]]]:
     out = []
     for path in FILES:
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
                 out.append((path, doc))
     return out
+
+
+def docs() -> list[tuple[Path, dict[str, Any]]]:
+    """Every object of deploy/kubernetes. The YAML is parsed once (it took most of this module's time,
+    parsed again by every lookup); each call gets its own copy, which a test may change."""
+    return copy.deepcopy(_parsed())
 
 
 def by_kind(kind: str, name: str, file: str | None = None) -> dict[str, Any]:

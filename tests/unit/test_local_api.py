@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ftd.agent.local_api import MAX_LINE, LocalApi
+from ftd.agent.local_api import server as local_api_server
 from ftd.events import Directive
 from tests.unit.helpers import Recorder, until
 
@@ -263,25 +264,31 @@ async def test_second_register_on_one_connection_is_refused(api: LocalApi) -> No
     await peer.close()
 
 
-async def test_step_progress_reports_presence_at_most_once_per_second(api: LocalApi, rec: Recorder) -> None:
+async def test_step_progress_reports_presence_at_most_once_per_second(
+    api: LocalApi, rec: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The throttle's interval (1 s) at half scale, every duration below with it: the same ratios
+    # (2.5 intervals of progress, 1.3 of quiet) in half the time.
+    interval = 0.5
+    monkeypatch.setattr(local_api_server, "PRESENCE_MIN_INTERVAL_S", interval)
     peer = await Peer.open(api)
     await peer.register("j1", 0)
     await until(lambda: len(rec.presence) == 1)
     start = time.monotonic()
     step = 0
-    while time.monotonic() - start < 2.5:
+    while time.monotonic() - start < 2.5 * interval:
         step += 1
         await peer.send({"v": 1, "op": "heartbeat", "step": step})
         await asyncio.sleep(0.02)
-    await asyncio.sleep(1.3)
+    await asyncio.sleep(1.3 * interval)
     updates = rec.presence[1:]
-    assert 1 <= len(updates) <= 4  # ~2.5 s of progress, throttled to 1/s
+    assert 1 <= len(updates) <= 4  # ~2.5 intervals of progress, throttled to one report per interval
     assert updates[-1][1][0].step == step
     assert updates[-1][1][0].last_beat is not None
     # no progress, no reports
     count = len(rec.presence)
     await peer.send({"v": 1, "op": "heartbeat", "step": step})
-    await asyncio.sleep(1.3)
+    await asyncio.sleep(1.3 * interval)
     assert len(rec.presence) == count
     await peer.close()
 
