@@ -17,6 +17,7 @@ It is static (nothing is imported), so it also covers modules that need torch or
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -58,7 +59,11 @@ NOT_MODULES = {
 
 
 def prose_files() -> Iterator[Path]:
-    for path in sorted(REPO.rglob("*")):
+    found: list[Path] = []
+    for root, dirs, files in os.walk(REPO):  # not REPO.rglob: it would list all of .venv and .git
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        found.extend(Path(root, name) for name in files)
+    for path in sorted(found):
         if not path.is_file() or SKIP_DIRS & set(path.relative_to(REPO).parts) or path == SELF:
             continue
         rel = path.relative_to(REPO)
