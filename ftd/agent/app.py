@@ -553,11 +553,13 @@ class Agent:
         with contextlib.suppress(Exception):
             await self.storm.close()  # pending repeat counts go out as summaries
         await self.local_api.stop()
-        offline = encode(
-            NodeStatus(node=self.node, state="offline", ts=time.time(), agent_version=__version__)
+        # A clean stop says so (not the Last Will's "offline"): the coordinator then waits the longer
+        # grace (coordinator.offline_grace.clean_stop_s) for the restart before moving any job.
+        stopped = encode(
+            NodeStatus(node=self.node, state="stopped", ts=time.time(), agent_version=__version__)
         )
         self.outbox.put(
-            Outgoing(topics.node_status(self.node), offline, retain=True, priority=3, durable=False)
+            Outgoing(topics.node_status(self.node), stopped, retain=True, priority=3, durable=False)
         )
         if outbox_task is not None and not outbox_task.done():
             await self.outbox.flush(flush_s)

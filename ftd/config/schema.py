@@ -735,7 +735,7 @@ class OfflineGraceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     last_will_s: Annotated[
         float,
         _doc(
-            "Grace after the broker's Last Will (the agent died, or the node, or its network); 0: act at once.",
+            "Grace after the broker's Last Will (the agent, the node or its network died); 0: act at once.",
             ge=0,
             le=3600,
         ),

@@ -11,8 +11,10 @@ leaves the message unacknowledged (redelivered later) and is counted; any other 
 counted as a bad message and never fatal.
 
 Inputs (all decoded strictly; a payload that fails is counted in ``bad_messages`` and logged,
-never fatal): node events, retained node status (an ``offline`` from the Last Will becomes a
-``node_offline`` event), retained job presence, and trainer acks. A payload whose ``node`` differs
+never fatal): node events, retained node status (an ``offline`` from the Last Will or a clean
+``stopped`` becomes a ``node_offline`` event only if the node is not back within its grace:
+:mod:`ftd.coordinator.intake.offline_grace`; any message from the node ends the wait), retained job
+presence, and trainer acks. A payload whose ``node`` differs
 from the node in its topic is rejected: the broker's ACL vouches for the topic, not the payload.
 
 Intake (:mod:`ftd.coordinator.intake`): one node cannot crash, stall or starve the coordinator.
@@ -53,6 +55,7 @@ from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.intake.admission import BATCH_CHUNK, Admission, Refused, Verdict
 from ftd.coordinator.intake.fairness import readable_ids
+from ftd.coordinator.intake.offline_grace import OfflineGrace, Pending
 from ftd.coordinator.intake.placement import NeedPlacement, Placement
 from ftd.coordinator.intake.presence_memory import PresenceMemory
 from ftd.coordinator.intake.receipts import ReceiptOutbox
@@ -151,6 +154,8 @@ class Coordinator:
         self.reconciler = reconciler
         self.return_to_service = return_to_service
         self.receipts = ReceiptOutbox(bus)
+        self.offline_grace = OfflineGrace(config.coordinator.offline_grace)
+        self._status_seen: set[str] = set()  # nodes whose status this coordinator has read
         self.services = services
         self.api: Service | None = None  # the HTTP API + dashboard, once started (None when disabled)
         self.loaded = False  # the engine's and the reconciler's memory read from the ledger (load())
@@ -229,6 +234,7 @@ class Coordinator:
         pump = asyncio.create_task(self._pump(), name="bus-messages")
         receipts = asyncio.create_task(self.receipts.run(), name="receipts")
         flusher = asyncio.create_task(self._flush_when_due(), name="acks")
+        grace = asyncio.create_task(self._offline_when_due(), name="offline-grace")
         watchdog: asyncio.Task[None] | None = None
         reconcile: asyncio.Task[None] | None = None
         try:
@@ -247,6 +253,7 @@ class Coordinator:
             pump.cancel()
             receipts.cancel()
             flusher.cancel()
+            grace.cancel()
             if watchdog is not None:
                 watchdog.cancel()
             if reconcile is not None:
@@ -366,6 +373,8 @@ class Coordinator:
             node = topics.check_level(levels[1], "node")
             events = levels[2] == "events"
             batch = events and levels[3:] == (topics.EVENT_BATCH,)
+            if levels[2] != "status" and not message.retain:  # retained: said before, maybe long ago
+                self._node_alive(node, levels[2])
             Admission.check_size(message, events=events, batch=batch)
             if events:
                 await self._decide(await self.admission.admit(node, message, batch=batch), batch=batch)
@@ -422,21 +431,71 @@ class Coordinator:
         status = decode(message.payload, NodeStatus)
         if status.node != levels[1]:
             raise DecodeError(f"status for node {status.node!r} published under node {levels[1]!r}")
+        first = status.node not in self._status_seen
+        self._status_seen.add(status.node)
         changed = self.state.apply_status(status)
         log.info("node_status", node=status.node, state=status.state, retained=message.retain)
-        if changed and status.state == "offline":
-            await self.engine.handle_event(
-                Event(
-                    id=f"{status.node}-offline-{int((status.ts or time.time()) * 1000)}",
-                    ts=status.ts or time.time(),
-                    node=status.node,
-                    kind=Kind.NODE_OFFLINE,
-                    severity=Severity.ERROR,
-                    source="coordinator",
-                    data={"jobs": self.state.jobs_on_node(status.node)},
-                )
+        if status.state == "online":
+            self._node_alive(status.node, "online")
+        elif changed or first:
+            # gone: a node_offline only if it is not back within its grace (intake/offline_grace.py)
+            pending = self.offline_grace.left(status.node, status.state, status.ts)
+            log.info(
+                "offline_grace_started",
+                node=status.node,
+                why=pending.why,
+                grace_s=pending.grace_s,
+                jobs=self.state.jobs_on_node(status.node),
+                after_restart=first and message.retain,
             )
+            if pending.grace_s <= 0:
+                await self._offline_when_due(once=True)
         return True
+
+    def _node_alive(self, node: str, evidence: str) -> None:
+        """Evidence that ``node`` lives (its ``online`` status, or any live message from it: events,
+        acks, job presence; a retained message is not, it may be the dead node's last word): a
+        pending offline is cancelled, and logged with what ended it."""
+        pending = self.offline_grace.alive(node)
+        if pending is not None:
+            log.info(
+                "offline_grace_cancelled",
+                node=node,
+                why=pending.why,
+                evidence=evidence,
+                away_s=round(time.monotonic() - pending.since, 3),
+                grace_s=pending.grace_s,
+            )
+
+    async def _offline_when_due(self, *, once: bool = False) -> None:
+        """Turn each node still gone when its grace ends into a ``node_offline`` event (the rules'
+        ``node_death``); checked every half second (or once)."""
+        while True:
+            for pending in self.offline_grace.due():
+                await self._node_offline(pending)
+            if once:
+                return
+            await asyncio.sleep(0.5)
+
+    async def _node_offline(self, pending: Pending) -> None:
+        record = self.state.nodes.get(pending.node)
+        if record is not None and record.online:
+            return  # back in the meantime (its online status was handled first)
+        jobs = self.state.jobs_on_node(pending.node)
+        away = round(time.monotonic() - pending.since, 3)
+        log.warning("node_offline", node=pending.node, why=pending.why, away_s=away, jobs=jobs)
+        ts = pending.status_ts or time.time() - away
+        await self.engine.handle_event(
+            Event(
+                id=f"{pending.node}-offline-{int(ts * 1000)}",
+                ts=ts,
+                node=pending.node,
+                kind=Kind.NODE_OFFLINE,
+                severity=Severity.ERROR,
+                source="coordinator",
+                data={"jobs": jobs, "why": pending.why, "grace_s": pending.grace_s, "away_s": away},
+            )
+        )
 
     async def _on_presence(self, levels: tuple[str, ...], message: Message) -> bool:
         node, job = levels[1], levels[3]

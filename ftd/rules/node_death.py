@@ -1,4 +1,6 @@
-"""Node death: a node's agent went offline (MQTT Last Will) while a job ran there.
+"""Node death: a node's agent went offline (MQTT Last Will, or a clean stop) while a job ran there,
+and did not come back within its grace (``coordinator.offline_grace``: the coordinator emits
+``node_offline`` only then, :mod:`ftd.coordinator.intake.offline_grace`; an agent restart is not a death).
 
 =====================================  =============================================================
 event                                  actions
