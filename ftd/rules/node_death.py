@@ -21,6 +21,7 @@ from ftd.plugin.helpers import jobs_of, restart_jobs
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.NODE_OFFLINE})
 
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind != Kind.NODE_OFFLINE:
