@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ class Daemon:
     config_text: str
     workdir: Path
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # added to the environment (e.g. systemd's CREDENTIALS_DIRECTORY)
 
     @property
     def log_path(self) -> Path:
@@ -34,6 +36,7 @@ class Daemon:
             stdout=log,
             stderr=log,
             cwd=REPO,
+            env={**os.environ, **self.env} if self.env else None,
         )
         return self
 

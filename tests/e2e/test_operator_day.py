@@ -1,0 +1,361 @@
+"""Issue #20's "Done when": an operator's ordinary day on real parts, end to end.
+
+The installation (:mod:`tests.e2e.operator_stack`): Mosquitto with the shipped config, ACL and mutual
+TLS (certificates from ``scripts/make-certs.sh``); a one-host Slurm with three nodes that really run
+jobs (node-3 is the spare, ``Weight=1`` so a job with no node list lands there); one ``ftd agent`` per
+node and ``ftd coordinator`` from ``examples/config/*.toml`` with only the documented edits (broker,
+certificates, node, paths, the API port; ``[agent.heartbeat] timeout_s`` short, an option
+``check-config --explain`` lists), each passing ``ftd check-config``. The trainer is the README's
+loop, verbatim (:mod:`tests.e2e.readme_trainer` reads it out of README.md when it runs), as a torch
+DDP job on gloo, one rank per node.
+
+The day, in order:
+
+1. **The drill** (docs/operators.md §3, its commands as written): a test job runs on the spare node;
+   (1) ``dry_run = true``, restart the coordinator, ``ftd inject ... xid --severity critical --data
+   '{"code": 79, ...}'`` on the spare: ``ftd status`` shows checkpoint_restart and drain_node as
+   dry_run and nothing happens to any job; (2) ``dry_run = false``, restart, inject again: the test
+   job saves (acked, a checkpoint file on disk), stops, is requeued elsewhere and trains again from
+   that step, ``sinfo -R`` shows ftd's reason; (3) ``scontrol update ... state=resume``.
+2. **Xid 13** (an application fault) in node-1's kernel log while the main job (node-1, node-2)
+   trains: every rank saves and acks, the job restarts in place (same job id, ``Restarts=1``) and
+   trains again from that step; **the same Xid again 30 s later**: a new occurrence, restarted
+   again (``Restarts=2``, after the crash-loop backoff) and training from the new checkpoint.
+3. **Agent restarts** on every node of the running job at once (``systemctl restart``: SIGTERM, then
+   start): nothing happens to the job.
+4. **A slow start-up**: a job whose first step after ``Client()`` takes longer than the agent's
+   heartbeat timeout is not reported hung or restarted.
+
+Afterwards: the main job is RUNNING and training from its last saved step; no stale directive reached
+a new run (each run received exactly its own save and stop, and no directive id reached two runs); no
+healthy node was excluded (``ExcNodeList`` empty, no node drained); no save was lost (every save a
+rank received was answered with a checkpoint on disk, every checkpoint_restart succeeded).
+
+Every expectation is checked and recorded; the test fails at the end with the list of those that did
+not hold, each with what was seen (a later phase still runs when an earlier one failed, so one run
+reports every finding).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.daemons import REPO
+from tests.e2e.operator_stack import OperatorStack, operator_stack, wait_for
+from tests.e2e.readme_trainer import readme_loop
+
+pytest.importorskip("torch", reason="the README trainer runs as a torch DDP job (pip install 'ftd[torch]')")
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+HEARTBEAT_TIMEOUT_S = 4.0
+XID13 = (
+    "[ {ts}] NVRM: Xid (PCI:0000:3b:00): 13, pid=31337, name=python, Graphics SM Warp Exception "
+    "on (GPC 0, TPC 0, SM 0): Out Of Range Address"
+)
+OPERATORS = REPO / "docs" / "operators.md"
+
+
+class Findings:
+    """Expectations checked along the day; the failed ones, with what was seen, end the test."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+        self.passed: list[str] = []
+
+    def check(self, ok: bool, what: str, seen: object = "") -> bool:
+        (self.passed if ok else self.failed).append(what if ok else f"{what}: {seen}")
+        print(("PASS " if ok else "FAIL ") + what + ("" if ok else f" -- {seen}"), flush=True)
+        return ok
+
+
+def drill_commands() -> list[list[str]]:
+    """operators.md §3's ``ftd inject`` command, as written (continuation lines joined)."""
+    section = OPERATORS.read_text().split("## 3. The first drill", 1)[1].split("\n## 4.", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, flags=re.S)
+    assert block, "docs/operators.md §3 has no sh block"
+    text = block.group(1).replace("\\\n", " ")
+    return [
+        shlex.split(line.split("  #", 1)[0]) for line in text.splitlines() if line.startswith("ftd inject")
+    ]
+
+
+def not_excluded(info: dict[str, str]) -> bool:
+    return info.get("ExcNodeList", "") in ("", "(null)")
+
+
+def first_node(info: dict[str, str]) -> str:
+    nodes = info.get("NodeList", "")
+    m = re.match(r"(node-)\[?(\d+)", nodes)
+    assert m, nodes
+    return f"{m.group(1)}{m.group(2)}"
+
+
+def runs(stack: OperatorStack, job: str) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for record in stack.records(job):
+        out.setdefault(record["run"], []).append(record)
+    return out
+
+
+def training_in_run(stack: OperatorStack, job: str, run: int, beyond: int, ranks: int) -> bool:
+    """Every rank of ``run`` trained a step past ``beyond``."""
+    steps = [r for r in stack.records(job, "step") if r["run"] == run and r["step"] > beyond]
+    return len({r["rank"] for r in steps}) == ranks
+
+
+def restarts(stack: OperatorStack, job: str) -> int:
+    return int(stack.job(job).get("Restarts", "0"))
+
+
+def directive_ids(stack: OperatorStack, job: str) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for r in stack.records(job, "directive"):
+        out.setdefault(r["run"], set()).add(r["id"])
+    return out
+
+
+@pytest.fixture
+def day(tmp_path: Path) -> Iterator[OperatorStack]:
+    with operator_stack(
+        tmp_path,
+        nodes=3,
+        cpus={"node-1": 2, "node-2": 2, "node-3": 1},
+        weights={"node-3": 1},
+        heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+        save_deadline_s=30,
+        stop_deadline_s=30,
+    ) as stack:
+        yield stack
+
+
+def test_the_readme_loop_is_in_the_readme() -> None:
+    loop = readme_loop()
+    assert "client = Client()" in loop and "client.ack_saved(step, save_checkpoint(step))" in loop
+    assert len(drill_commands()) == 1, "operators.md §3 names one ftd inject command"
+
+
+@pytest.mark.timeout(1200)  # about 3 minutes when every expectation holds; each failed wait adds its bound
+def test_an_operators_day(day: OperatorStack) -> None:
+    f = Findings()
+    t0 = time.monotonic()
+
+    # -- start of day: a test job on the spare node, then the main job -------------------------
+    drill_job = day.submit("drill", 1)
+    assert wait_for(lambda: day.last_step(drill_job) >= 10, 120), (
+        f"drill job never trained: {day.job(drill_job)}"
+    )
+    assert day.job(drill_job).get("NodeList") == "node-3", day.job(drill_job)
+    main = day.submit("main", 2)
+    assert wait_for(lambda: day.last_step(main) >= 20, 120), f"main job never trained: {day.job(main)}"
+    main_nodes = day.job(main).get("NodeList")
+    assert main_nodes == "node-[1-2]", day.job(main)
+
+    # -- 1. the drill, operators.md §3 --------------------------------------------------------
+    [inject] = drill_commands()
+    spare = str(day.config(day.agents["node-3"]))
+    inject = [spare if arg == "/etc/ftd/agent.toml" else arg for arg in inject][1:]  # the documented edit
+    day.restart_coordinator(dry_run=True)
+    shadow = day.ftd(*inject)
+    f.check(shadow.returncode == 0, "drill 1: ftd inject exits 0", shadow.stderr)
+    wait_for(lambda: {"checkpoint_restart", "drain_node"} <= {a["kind"] for a in day.actions()}, 30)
+    status = day.ftd("status", "--config", str(day.config(day.coordinator))).stdout
+    shown = [line for line in status.splitlines() if " dry_run " in line]
+    f.check(
+        any("checkpoint_restart" in line for line in shown) and any("drain_node" in line for line in shown),
+        "drill 1: ftd status shows checkpoint_restart and drain_node as dry_run",
+        status,
+    )
+    time.sleep(10)  # anything the shadow drill set off would act within this
+    acted = [a for a in day.actions() if a["state"] != "dry_run"]
+    f.check(not acted, "drill 1 (dry run): no action acted", acted)
+    f.check(restarts(day, drill_job) == 0 and restarts(day, main) == 0, "drill 1: no job restarted")
+
+    day.restart_coordinator(dry_run=False)
+    saves_before = len(day.records(drill_job, "saved"))
+    real = day.ftd(*inject)
+    f.check(real.returncode == 0, "drill 2: ftd inject exits 0", real.stderr)
+    f.check(
+        wait_for(lambda: len(day.records(drill_job, "saved")) > saves_before, 60),
+        "drill 2: the test job saved (ack with a checkpoint)",
+        day.records(drill_job, "directive"),
+    )
+    drill_saved = [r for r in day.records(drill_job, "saved") if r["run"] == 0]
+    f.check(
+        wait_for(lambda: restarts(day, drill_job) >= 1, 90),
+        "drill 2: the test job was requeued",
+        day.job(drill_job),
+    )
+    f.check(
+        wait_for(lambda: "DRAIN" in day.slurm.node("node-3").get("State", ""), 30),
+        "drill 2: node-3 drained",
+        day.slurm.node("node-3").get("State"),
+    )
+    reasons = day.slurm.run("sinfo", "-R", "-h", "-o", "%N|%E").stdout
+    f.check("node-3|ftd: xid 79 gpu 0000:3b:00.0" in reasons, "drill 2: sinfo -R shows ftd's reason", reasons)
+    drill_step = max((r["step"] for r in drill_saved), default=None)
+    f.check(
+        wait_for(lambda: training_in_run(day, drill_job, 1, drill_step or 0, 1), 90),
+        "drill 2: the test job trains again elsewhere",
+        day.job(drill_job),
+    )
+    resumed = [r["step"] for r in day.records(drill_job, "resumed") if r["run"] == 1]
+    f.check(
+        drill_step is not None and resumed == [drill_step],
+        "drill 2: it resumed from the drill's save",
+        resumed,
+    )
+    f.check(day.job(drill_job).get("NodeList") != "node-3", "drill 2: requeued elsewhere", day.job(drill_job))
+    f.check(restarts(day, main) == 0, "drill 2: the main job was not touched", day.job(main))
+    day.slurm.run("scontrol", "update", "nodename=node-3", "state=resume")
+    f.check(
+        wait_for(lambda: "DRAIN" not in day.slurm.node("node-3").get("State", ""), 30),
+        "drill 3: node-3 resumed",
+    )
+    day.slurm.run("scancel", drill_job)
+    wait_for(lambda: day.job(drill_job).get("JobState") == "CANCELLED", 30)
+    print(f"drill done at +{time.monotonic() - t0:.0f}s", flush=True)
+
+    # -- 2. Xid 13, and the same Xid again 30 s later -----------------------------------------
+    node = first_node(day.job(main))
+    day.kernel(node, XID13.format(ts="6110.203311"))
+    xid1 = time.monotonic()
+    f.check(
+        wait_for(lambda: {r["rank"] for r in day.records(main, "saved") if r["run"] == 0} == {0, 1}, 60),
+        "xid 13: every rank of run 0 saved",
+        day.records(main, "directive"),
+    )
+    save1 = max((r["step"] for r in day.records(main, "saved") if r["run"] == 0), default=None)
+    f.check(
+        wait_for(lambda: training_in_run(day, main, 1, save1 or 0, 2), 120),
+        "xid 13: restarted in place and run 1 trains",
+        (day.job(main), [r for r in day.records(main) if r["what"] in ("exit", "directive", "resumed")]),
+    )
+    f.check(
+        restarts(day, main) == 1 and day.job(main).get("JobState") == "RUNNING",
+        "xid 13: Restarts=1, RUNNING",
+        day.job(main),
+    )
+    wait_for(lambda: time.monotonic() - xid1 >= 30, 60)
+    day.kernel(node, XID13.format(ts="6140.551204"))
+    f.check(
+        wait_for(lambda: {r["rank"] for r in day.records(main, "saved") if r["run"] == 1} == {0, 1}, 120),
+        "xid 13 again: every rank of run 1 saved",
+        day.records(main, "directive"),
+    )
+    save2 = max((r["step"] for r in day.records(main, "saved") if r["run"] == 1), default=None)
+    f.check(
+        wait_for(lambda: training_in_run(day, main, 2, save2 or 0, 2), 120),
+        "xid 13 again: restarted in place and run 2 trains",
+        (day.job(main), day.actions()[-3:]),
+    )
+    print(f"xid 13 done at +{time.monotonic() - t0:.0f}s", flush=True)
+
+    # -- 3. systemctl restart ftd-agent on every node of the running job ----------------------
+    before = (restarts(day, main), len(day.actions()))
+    day.restart_agents(["node-1", "node-2"])
+    restarted_at = day.last_step(main)
+    f.check(
+        wait_for(lambda: day.last_step(main) > restarted_at + 100, 90),
+        "agent restarts: the job keeps training",
+        day.job(main),
+    )
+    time.sleep(5)
+    new_actions = day.actions()[before[1] :]
+    f.check(not new_actions, "agent restarts: no action taken", new_actions)
+    f.check(restarts(day, main) == before[0], "agent restarts: the job was not restarted", day.job(main))
+    print(f"agent restarts done at +{time.monotonic() - t0:.0f}s", flush=True)
+
+    # -- 4. a torch job whose start-up outlasts the heartbeat timeout -------------------------
+    slow = day.submit("slow-start", 1, env={"FTD_DAY_STARTUP_S": str(HEARTBEAT_TIMEOUT_S * 3)})
+    f.check(
+        wait_for(lambda: day.last_step(slow) >= 30, 150),
+        "slow start-up: the job trains",
+        (day.job(slow), day.records(slow)[-3:]),
+    )
+    lost = [
+        e for e in day.events("rank_heartbeat_lost") if e.get("job") == slow or e["data"].get("job") == slow
+    ]
+    f.check(not lost, "slow start-up: no rank reported lost", lost)
+    f.check(restarts(day, slow) == 0, "slow start-up: not restarted", day.job(slow))
+    print(f"slow start-up done at +{time.monotonic() - t0:.0f}s", flush=True)
+
+    # -- afterwards ---------------------------------------------------------------------------
+    info = day.job(main)
+    by_run = runs(day, main)
+    last_run = max(by_run)
+    f.check(info.get("JobState") == "RUNNING", "end: the main job is RUNNING", info)
+    saved_steps = sorted({r["step"] for r in day.records(main, "saved") if r["run"] < last_run})
+    last_resumed = {r["step"] for r in day.records(main, "resumed") if r["run"] == last_run}
+    f.check(
+        bool(saved_steps) and last_resumed == {saved_steps[-1]},
+        "end: training from the last saved step",
+        (saved_steps, last_resumed, last_run),
+    )
+    f.check(
+        training_in_run(day, main, last_run, max(last_resumed, default=0) + 50, 2),
+        "end: the last run trained 50 steps past its resume",
+    )
+    ids = directive_ids(day, main)
+    stale = {
+        rid for r, these in ids.items() for rid in these if any(rid in o for q, o in ids.items() if q != r)
+    }
+    f.check(not stale, "end: no directive reached two runs", stale)
+    per_run = {
+        run: sorted((r["rank"], r["action"]) for r in day.records(main, "directive") if r["run"] == run)
+        for run in by_run
+    }
+    one_restart = [(0, "save"), (0, "stop"), (1, "save"), (1, "stop")]
+    f.check(
+        per_run == {0: one_restart, 1: one_restart, 2: []},
+        "end: each run received exactly its own save and stop (runs 0 and 1), none in run 2",
+        per_run,
+    )
+    for job in (main, slow):
+        f.check(
+            not_excluded(day.job(job)), f"end: job {job} excludes no node", day.job(job).get("ExcNodeList")
+        )
+    for name in ("node-1", "node-2", "node-3"):
+        state = day.slurm.node(name).get("State", "")
+        f.check("DRAIN" not in state, f"end: {name} not drained", state)
+    unanswered = []
+    for job in (main, drill_job, slow):
+        for d in day.records(job, "directive"):
+            if d["action"] != "save":
+                continue
+            acked = [
+                s
+                for s in day.records(job, "saved")
+                if s["pid"] == d["pid"] and s["t"] >= d["t"] and Path(s["path"]).exists()
+            ]
+            if not acked:
+                unanswered.append(d)
+    f.check(
+        not unanswered,
+        "end: every save directive a rank received was answered with a checkpoint on disk",
+        unanswered,
+    )
+    restarts_done = [
+        a for a in day.actions() if a["kind"] == "checkpoint_restart" and a["state"] != "dry_run"
+    ]
+    f.check(
+        len(restarts_done) == 3 and all(a["state"] == "succeeded" for a in restarts_done),
+        "end: three checkpoint_restarts (drill, xid 13 twice), all succeeded",
+        [
+            (a["target"], a["state"], a["detail"].get("reason") or a["request"].get("reason"))
+            for a in restarts_done
+        ],
+    )
+    coordinator_log = day.coordinator.log()
+    f.check("save_incomplete" not in coordinator_log, "end: no save_incomplete in the coordinator's log")
+    print(
+        f"day done at +{time.monotonic() - t0:.0f}s; {len(f.passed)} held, {len(f.failed)} failed", flush=True
+    )
+    assert not f.failed, "\n".join(["expectations that did not hold:", *f.failed])
