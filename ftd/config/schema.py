@@ -806,6 +806,21 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         PositiveSeconds,
         _doc("A job ftd requeued that is still pending this long after raises an alert (notify)."),
     ] = 600.0
+    unacted_retry_s: Annotated[
+        float,
+        _doc(
+            "A node still in service with an active critical condition whose drain failed, was held "
+            "back by the gate or was never asked for gets the drain proposed again (through the gate) "
+            "no sooner than this after the last attempt; doubles with each retry up to "
+            "unacted_retry_max_s; 0: never retried.",
+            ge=0,
+            le=86400,
+        ),
+    ] = 300.0
+    unacted_retry_max_s: Annotated[
+        PositiveSeconds,
+        _doc("The longest wait between two retries of an unacted condition's drain (unacted_retry_s)."),
+    ] = 3600.0
     gpu_reset_retry_s: Annotated[
         float,
         _doc(

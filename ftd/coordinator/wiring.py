@@ -139,6 +139,8 @@ def build(
         engine=engine,
         interval_s=cfg.reconcile_interval_s,
         pending_alert_s=cfg.pending_alert_s,
+        unacted_retry_s=cfg.unacted_retry_s,
+        unacted_retry_max_s=cfg.unacted_retry_max_s,
     )
     engine.observe(reconciler.observe)
     return_to_service = None

@@ -55,6 +55,7 @@ from ftd.coordinator.actions.scheduler import NodeInfo, Scheduler, SchedulerErro
 from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, as_store
 from ftd.coordinator.ledger.store import Drain, LedgerStore
 from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.unacted import UnactedConditions
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
@@ -98,6 +99,8 @@ class Reconciler:
         engine: Engine,
         interval_s: float = 60.0,
         pending_alert_s: float = 600.0,
+        unacted_retry_s: float = 300.0,
+        unacted_retry_max_s: float = 3600.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.state = state
@@ -113,6 +116,9 @@ class Reconciler:
         self._changes = 0  # drain records changed here so far (a sequence, not a clock)
         self._touched: dict[str, int] = {}  # node -> the change number of its record's last change
         self._in_flight: dict[str, str] = {}  # node -> id of a drain/resume action not finished
+        self.unacted = UnactedConditions(
+            backoff_s=unacted_retry_s, max_backoff_s=unacted_retry_max_s, clock=clock
+        )
 
     # --- start-up -------------------------------------------------------------------------------
 
@@ -124,8 +130,10 @@ class Reconciler:
             else:
                 self.state.mark_unavailable(drain.node, _why(drain.state, drain.reason))
         since = self.clock() - REQUEUE_LOOKBACK_S
-        for record in await self.ledger.recent(since):
+        recent = await self.ledger.recent(since)
+        for record in recent:
             self._note_requeue(record)
+        self.unacted.restore(sorted(recent, key=lambda r: r.created))
         drains = self.state.drained_nodes()
         if drains or self.state.unavailable:
             log.info(
@@ -142,6 +150,7 @@ class Reconciler:
             return
         record = payload
         kind, node = record.request.kind, record.request.target
+        self.unacted.observe(record)
         if kind in _DRAIN_KINDS:
             if record.state in (ActionState.PENDING, ActionState.RUNNING):
                 self._in_flight[node] = record.id
@@ -200,6 +209,7 @@ class Reconciler:
             if problem:
                 changes.setdefault(problem, []).append(name)
         await self._check_pending(changes)
+        await self._retry_unacted(changes)
         self.rounds += 1
         if changes:
             log.info("reconciled", **{k: v for k, v in changes.items()})
@@ -246,6 +256,26 @@ class Reconciler:
             await self._event(name, "ftd_drain_released", Severity.INFO, drain, info, why=f"now {why}")
         log.warning("external_drain_seen", node=name, problem=problem, state=info.state, reason=reason)
         return await self._event(name, problem, Severity.WARNING, drain, info)
+
+    async def _retry_unacted(self, changes: dict[str, list[str]]) -> None:
+        """Ask again for the drain of nodes whose active critical conditions were never acted on."""
+        for request in self.unacted.due(self.state, busy=lambda node: node in self._in_flight):
+            node = request.target
+            record = await self.engine.submit(request)
+            changes.setdefault("unacted_retried", []).append(node)
+            log.warning(
+                "unacted_condition_retried",
+                node=node,
+                conditions=request.params.get("conditions"),
+                last_state=request.params.get("last_state"),
+                why=request.params.get("why"),
+                retry_of=request.params.get("retry_of"),
+                attempt=self.unacted.retries[node].attempts,
+                next_retry_s=self.unacted.wait_s(self.unacted.retries[node].attempts),
+                action_id=record.id,
+                state=str(record.state),
+                policy=record.detail.get("policy"),
+            )
 
     async def _event(
         self,
