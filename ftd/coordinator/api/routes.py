@@ -230,6 +230,18 @@ def _param_schema(t: Any, default: Any = msgspec.NODEFAULT) -> dict[str, Any]:
     return schema
 
 
+def _force_needs_its_reason(schema: dict[str, Any]) -> None:
+    """A manual request's ``force`` needs ``force_reason`` (the handler answers 400 without it): say
+    so in the schema too (JSON Schema ``if``/``then``), so that what the document allows is accepted."""
+    properties = schema.get("properties", {})
+    if "force" in properties and "force_reason" in properties:
+        schema["if"] = {"properties": {"force": {"const": True}}, "required": ["force"]}
+        schema["then"] = {
+            "properties": {"force_reason": {"type": "string"}},
+            "required": ["force_reason"],
+        }
+
+
 def openapi_document() -> dict[str, Any]:
     types: list[Any] = [Error]
     for route in ROUTES:
@@ -238,6 +250,8 @@ def openapi_document() -> dict[str, Any]:
         if route.ok[1] is not None and route.ok[2] == "":
             types.append(route.ok[1])
     schemas, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    for component in components.values():
+        _force_needs_its_reason(component)
     by_type = dict(zip(types, schemas, strict=True))
     error = {"application/json": {"schema": by_type[Error]}}
     paths: dict[str, dict[str, Any]] = {}
