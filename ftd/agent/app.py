@@ -75,6 +75,7 @@ from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.bus import topics
 from ftd.bus.base import Bus, LastWill, Message
 from ftd.client import protocol
+from ftd.client.protocol import RUN_PARAM
 from ftd.config import AgentConfig
 from ftd.events import (
     Ack,
@@ -419,8 +420,12 @@ class Agent:
             if message.topic == node_topic:
                 self._node_directive(directive)
             elif message.topic == jobs_topic and directive.job is not None:
-                if directive.job not in self.local_api.jobs():
-                    continue  # a job this node does not host
+                if directive.job not in self.local_api.jobs() and not directive.params.get(RUN_PARAM):
+                    # No rank of the job here and no run named: a job this node does not host. One that
+                    # names its run stays pending for that run's ranks (they register again after an
+                    # agent restart: the broker kept the directive for this session meanwhile).
+                    log.info("directive_unknown_job_ignored", job=directive.job, directive_id=directive.id)
+                    continue
                 reached = await self.local_api.deliver(directive)
                 log.info(
                     "directive_relayed",

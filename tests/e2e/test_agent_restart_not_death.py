@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import pytest
 
 from tests.e2e.daemons import REPO
 from tests.e2e.shipped_stack import ShippedStack, make_shipped_stack, wait_until
-from tests.realparts import SlurmCluster
+from tests.realparts import SlurmCluster, free_port
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -153,3 +154,44 @@ def test_a_pending_offline_survives_a_coordinator_restart(stack: ShippedStack) -
         assert len(offline) == 1 and offline[0]["data"]["jobs"] == [job], offline
     finally:
         stack.slurm.run("scancel", job, check=False)
+
+
+def test_a_save_asked_while_the_agent_restarts_reaches_the_ranks_once_it_is_back(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """A directive sent while the node's agent is restarting is not lost: the agent's session is
+    persistent (QoS 1, a stable client id), the broker queues the job's save for it, and the ranks,
+    registered again, save, ack and restart from that step. The save is asked through the API (an
+    operator's restart of the job) while the agent is stopped."""
+    token = tmp_path / "api.token"
+    token.write_text("drill-token\n")
+    port = free_port()
+    api = f'\n[coordinator.api]\nport = {port}\ntoken_file = "{token}"\n'
+    with make_shipped_stack(slurm, tmp_path, coordinator_extra=GRACE + api) as stack:
+        job, log = start_job(stack)
+        try:
+            assert stack.agent.stop(signal.SIGTERM) == 0
+            stopped = lambda: coordinator_records(stack, "node_status")[-1].get("state") == "stopped"  # noqa: E731
+            wait_until(stopped, 30, "the stop")
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/jobs/{job}/restart",
+                data=json.dumps({"by": "ops", "reason": "restart while the agent restarts"}).encode(),
+                headers={"Authorization": "Bearer drill-token", "Content-Type": "application/json"},
+                method="POST",
+            )
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                assert answer.status == 202, answer.read()
+            time.sleep(2)  # the save is out on the bus, the agent still away
+            assert records(log, "saved") == []
+            stack.agent.start()
+            wait_until(lambda: records(log, "saved", run=0), 90, "the first run to save")
+            wait_until(lambda: records(log, "started", run=1), 90, "the restarted run")
+            [saved] = records(log, "saved", run=0)
+            [started] = records(log, "started", run=1)
+            assert started["start"] == saved["step"] + 1, (saved, started)
+            assert coordinator_records(stack, "save_incomplete_stopping_anyway") == []
+            assert stack.ledger_events("node_offline") == []
+            info = stack.slurm.job(job)
+            assert info.get("Restarts") == "1" and info.get("ExcNodeList", "") in ("", "(null)"), info
+        finally:
+            stack.slurm.run("scancel", job, check=False)
