@@ -8,8 +8,8 @@ Every ``check_interval_s`` (0.25 s) the watcher asks the local API (:class:`ftd.
   not a hung one, and a hang after start-up is caught within ``timeout_s`` as before. Each newly
   silent rank yields one ``rank_heartbeat_lost`` event (data: job, rank, pid, step = the last step
   it reported, silent_s, timeout_s = the timeout that applied, never_beat, phase = ``startup`` or
-  ``training``), so the event goes out at most one check interval after the deadline. It is not repeated while the silence lasts; a heartbeat (or the rank
-  leaving) ends the episode and re-arms it;
+  ``training``), so the event goes out at most one check interval after the deadline. It is not
+  repeated while the silence lasts; a heartbeat (or the rank leaving) ends the episode and re-arms it;
 * for every job with at least two ranks on this node that report a step, which ranks are
   ``straggler_steps`` or more behind the fastest one *and* at least ``straggler_fraction`` of its
   step behind. Each yields one ``rank_straggler`` event (data: job, rank, pid, step, max_step,
