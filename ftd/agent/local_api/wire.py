@@ -118,6 +118,8 @@ def decode_line(raw: bytes) -> ClientMsg | BadLine:
         msg: ClientMsg = decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return BadLine(peek_op(raw), str(exc)[:500])
+    except UnicodeDecodeError:  # a string that is not UTF-8, met while building a field
+        return BadLine(peek_op(raw), "the line is not UTF-8")
     except RecursionError:
         return BadLine(peek_op(raw), "message nested too deeply")
     return msg
@@ -128,6 +130,6 @@ def peek_op(raw: bytes) -> str | None:
     line is not a JSON object with a string ``op``). Never raises."""
     try:
         op = _op_decoder.decode(raw).op
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
         return None
     return op[:64] if op is not None else None
