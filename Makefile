@@ -31,7 +31,7 @@ test: $(STAMP) real-parts
 # ftd and rewrites the tests' asserts again (collection 7 s instead of 2), and so does every ftd
 # subprocess a test starts.
 unit: $(STAMP)
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest tests/unit -q -n auto $(PYTEST_ARGS)
 
 # Static checks: lint, types, and the import contracts (pyproject.toml [tool.importlinter]).
 check: $(STAMP)
