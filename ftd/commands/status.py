@@ -134,7 +134,7 @@ def render(data: dict[str, Any], url: str) -> str:
                     a["id"],
                     a["kind"],
                     a["target"],
-                    a["state"],
+                    _action_state(a),
                     a["rule"] or "-",
                     a["reason"],
                 ]
@@ -143,6 +143,14 @@ def render(data: dict[str, Any], url: str) -> str:
         ),
     ]
     return "\n".join(out)
+
+
+def _action_state(action: dict[str, Any]) -> str:
+    """The action's state, with what a running one is waiting for (a restart following its job)."""
+    waiting = (action.get("detail") or {}).get("waiting")
+    if action["state"] == "running" and isinstance(waiting, str) and waiting:
+        return f"running: {waiting}"
+    return str(action["state"])
 
 
 def _ha(url: str, timeout: float) -> Any:

@@ -119,8 +119,9 @@ class NvmlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     xid_events: Annotated[bool, _doc("Receive Xid errors through NVML's event API.")] = True
     ecc_correctable_rate_per_hour: Annotated[
         float,
-        _doc("Correctable (SBE) ECC errors per hour above which an ecc event (correctable_rate) is sent.",
-             gt=0),
+        _doc(
+            "Correctable (SBE) ECC errors per hour above which an ecc event (correctable_rate) is sent.", gt=0
+        ),
     ] = 1000.0
     ecc_correctable_window_s: Annotated[
         PositiveSeconds, _doc("The correctable-ECC rate is measured over the samples of this window.")
@@ -223,8 +224,7 @@ class HeartbeatConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     timeout_s: Annotated[
         PositiveSeconds,
         _doc(
-            "A rank silent this long after a heartbeat is reported (rank_heartbeat_lost), once per "
-            "silence."
+            "A rank silent this long after a heartbeat is reported (rank_heartbeat_lost), once per silence."
         ),
     ] = 60.0
     startup_timeout_s: Annotated[
@@ -427,9 +427,7 @@ class ClientlessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
         _doc("How long the job may take to checkpoint and requeue itself or exit before it is requeued."),
     ] = 120.0
     poll_s: Annotated[PositiveSeconds, _doc("How often the job's state is read while waiting.")] = 1.0
-    scancel: Annotated[NonEmptyStr, _doc("scancel executable (name on $PATH or absolute path).")] = (
-        "scancel"
-    )
+    scancel: Annotated[NonEmptyStr, _doc("scancel executable (name on $PATH or absolute path).")] = "scancel"
 
 
 class SlurmConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -625,9 +623,9 @@ class PlacementConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     enforce: Annotated[
         bool, _doc("Check every job claim against the scheduler (no effect with scheduler = none).")
     ] = True
-    ttl_s: Annotated[
-        PositiveSeconds, _doc("How long a job's node list from the scheduler is trusted.")
-    ] = 30.0
+    ttl_s: Annotated[PositiveSeconds, _doc("How long a job's node list from the scheduler is trusted.")] = (
+        30.0
+    )
     refresh_s: Annotated[
         PositiveSeconds,
         _doc("A node not in a job's cached list is looked up again at most this often per job."),
@@ -805,6 +803,16 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     pending_alert_s: Annotated[
         PositiveSeconds,
         _doc("A job ftd requeued that is still pending this long after raises an alert (notify)."),
+    ] = 600.0
+    resume_deadline_s: Annotated[
+        float,
+        _doc(
+            "After ftd requeues a job in place (same nodes: an application fault, a hang), how long it "
+            "watches for the job to run again with its ranks registered; past it (or the job ended) the "
+            "restart is escalated and notified with what was seen; 0: not followed.",
+            ge=0,
+            le=86400,
+        ),
     ] = 600.0
     unacted_retry_s: Annotated[
         float,

@@ -89,6 +89,8 @@ exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
     stack.append_kernel_line(XID13.format(t=6110.2, pid=31337))
     wait_until(lambda: len(actions(stack, "checkpoint_restart")) == 1, 30, "the first restart decided")
     wait_until(lambda: running_again(stack, job, log, 1), 90, "the job to run again after restart 1")
+    # The restart ends once ftd saw the new run train (its rank registered), not when scontrol returned.
+    wait_until(lambda: actions(stack, "checkpoint_restart")[0]["state"] != "running", 30, "restart 1 to end")
     [one] = actions(stack, "checkpoint_restart")
     assert one["state"] == "succeeded", one
     assert one["request"]["params"]["attempt"] == 1 and one["request"]["params"]["delay_s"] == 0.0

@@ -60,6 +60,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         save_deadline_s=cfg.save_deadline_s,
         stop_deadline_s=cfg.stop_deadline_s,
         save_step_margin=cfg.save_step_margin,
+        resume_deadline_s=cfg.resume_deadline_s,
     )
     if ctx.scheduler is not None and ctx.scheduler.name == "slurm" and cfg.slurm.clientless.enabled:
         checkpoint_restart.clientless = clientless_fallback(cfg.slurm)

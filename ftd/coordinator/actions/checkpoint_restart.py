@@ -1,8 +1,8 @@
 """checkpoint_restart: save every rank at the same step, stop them, requeue without the bad nodes.
 
-Two phases (:class:`~ftd.coordinator.model.plan.PhasedExecutor`: inside a plan the engine runs a node's
-reset or drain between them; outside one, calling the executor runs both), each recorded in the
-action's detail:
+Three phases (:class:`~ftd.coordinator.model.plan.PhasedExecutor`: inside a plan the engine runs a
+node's reset or drain between the first two; outside one, calling the executor runs them all), each
+recorded in the action's detail:
 
 1. **stop** -- *save*: a ``save`` directive on ``ftd/v1/nodes/{node}/directives/jobs`` of every node
    the job's ranks are on; each of those agents relays it to its ranks; wait for every known rank to
@@ -24,6 +24,19 @@ action's detail:
    A node the job is pinned to (Slurm's ``ReqNodeList``, ``sbatch -w``) is never excluded: that
    would leave the job pending forever (BadConstraints). The action is then *escalated* with
    ``detail["exclude_refused"]`` (the nodes and a sentence saying what to do).
+3. **resume** -- a job requeued *in place* (no node excluded: an application fault, a hang) is
+   followed until it trains again, not only until ``scontrol`` returned: until
+   ``coordinator.resume_deadline_s`` after the requeue (a wall-clock deadline kept in the detail, so
+   a coordinator restart resumes the watch, never extends it) the scheduler is asked for the job and
+   the cluster state for its ranks. Running again with a rank of the new run registered (a run its
+   client names differently from the stopped one's; any rank for a job that had none: running is
+   enough) is ``detail["resumed_at"]`` (with ``resumed_step``, the first step the new run reported,
+   when it did). Meanwhile ``detail["waiting"]`` says "waiting for the job to train again" (shown by
+   ``ftd status`` and the API). A job that ends (FAILED, COMPLETED, CANCELLED, ...) before that, or the
+   deadline passing, makes the action *escalated* with ``detail["not_resumed"]``: one sentence saying
+   what was seen (still PENDING and why, running with no rank registered, ended FAILED), which the
+   coordinator also notifies (:mod:`ftd.coordinator.upkeep.reconcile`). A job moved elsewhere (nodes
+   excluded) is watched by ``coordinator.pending_alert_s`` instead.
 
 With ``params["stop"] = False`` (the default for action kind ``checkpoint``) only the save runs: the
 job saves and keeps training (a filesystem filling up: save while there is still room).
@@ -42,7 +55,7 @@ from typing import Any
 from ftd.bus import topics
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.directive import Publish, directive_for, publish_with_retry
-from ftd.coordinator.actions.scheduler import Scheduler, SchedulerError
+from ftd.coordinator.actions.scheduler import JobInfo, Scheduler, SchedulerError
 from ftd.coordinator.actions.slurm_signal import ClientlessFallback
 from ftd.coordinator.model.plan import merge_state
 from ftd.coordinator.model.state import ClusterState
@@ -53,6 +66,12 @@ from ftd.plugin.actions import ActionKind, ActionRecord, ActionState
 log = get_logger(__name__)
 
 DEFAULT_SAVE_STEP_MARGIN = 5
+DEFAULT_RESUME_DEADLINE_S = 600.0
+WAITING = "waiting for the job to train again"
+#: Scheduler job states after which a requeued job will not run again by itself.
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
 
 
 def save_at_step(ranks: list[RankInfo], margin: int) -> int | None:
@@ -84,6 +103,8 @@ class CheckpointRestart:
         stop_deadline_s: float,
         save_step_margin: int = DEFAULT_SAVE_STEP_MARGIN,
         job_moved: Callable[[str], None] = lambda job: None,
+        resume_deadline_s: float = DEFAULT_RESUME_DEADLINE_S,
+        resume_poll_s: float = 1.0,
     ) -> None:
         self._publish = publish
         self._state = state
@@ -93,6 +114,8 @@ class CheckpointRestart:
         self.save_deadline_s = save_deadline_s
         self.stop_deadline_s = stop_deadline_s
         self.save_step_margin = save_step_margin
+        self.resume_deadline_s = resume_deadline_s  # 0: an in-place requeue is not followed
+        self.resume_poll_s = resume_poll_s
         # A job with no rank registered (no ftd.client): the scheduler's own signal convention
         # (:mod:`ftd.coordinator.actions.slurm_signal`); None: nothing to save, requeue only.
         self.clientless: ClientlessFallback | None = None
@@ -112,7 +135,7 @@ class CheckpointRestart:
             await publish_with_retry(self._publish, topic, encode(directive), deadline_s)
         return directive.id
 
-    phases = ("stop", "requeue")
+    phases = ("stop", "requeue", "resume")
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         """Every phase in a row (outside a plan)."""
@@ -132,6 +155,8 @@ class CheckpointRestart:
             return await self._save_and_stop(record)
         if phase == "requeue":
             return await self._requeue(record)
+        if phase == "resume":
+            return await self._resume(record)
         raise ValueError(f"checkpoint_restart has no phase {phase!r}")
 
     async def _save_and_stop(self, record: ActionRecord) -> dict[str, Any]:
@@ -150,6 +175,7 @@ class CheckpointRestart:
             return detail
 
         infos = [r for rs in job_record.ranks_by_node.values() for r in rs] if job_record else []
+        detail["runs"] = sorted({r.run for r in infos if r.run is not None})  # the run being stopped
         target = save_at_step(infos, self.save_step_margin)
         params = {"save_at_step": target} if target is not None else {}
         detail["save_at_step"] = target
@@ -221,7 +247,67 @@ class CheckpointRestart:
         out: dict[str, Any] = {"requeued": requeued, "requeued_at": requeued_at}
         if refused:
             out.update(exclude_refused=refused, state=str(ActionState.ESCALATED))
+        out["in_place"] = not record.request.params.get("exclude")  # asked to stay on its nodes
+        if self._follows(out):
+            out["waiting"] = WAITING  # saved with phases_done: what the resume phase is doing
         return out
+
+    def _follows(self, detail: dict[str, Any]) -> bool:
+        """Whether the resume phase follows this requeue: asked in place (no node to exclude; a pinned
+        job whose exclusion was refused is escalated already and watched by pending_alert_s)."""
+        requeued = detail.get("requeued")
+        return (
+            self.resume_deadline_s > 0
+            and self._scheduler is not None
+            and isinstance(requeued, dict)
+            and detail.get("in_place") is True
+        )
+
+    async def _resume(self, record: ActionRecord) -> dict[str, Any]:
+        """Until the job requeued in place trains again, or escalated with what was seen instead."""
+        detail = record.detail
+        if not self._follows(detail) or self._scheduler is None:
+            return {}
+        job = record.request.target
+        requeued_at = float(detail.get("requeued_at") or time.time())
+        deadline = requeued_at + self.resume_deadline_s  # wall clock: the same after a restart
+        expect_ranks = bool(detail.get("ranks"))
+        old_runs = {str(r) for r in detail.get("runs") or []}
+        log.info("restart_followed", job=job, deadline_s=self.resume_deadline_s, expect_ranks=expect_ranks)
+        while True:
+            seen: JobInfo | None = None
+            error: str | None = None
+            try:
+                seen = await self._scheduler.job_info(job)
+            except SchedulerError as exc:
+                error = str(exc)
+            ranks = self._new_ranks(job, old_runs)
+            now = time.time()
+            if seen is not None and seen.state == "RUNNING" and (ranks or not expect_ranks):
+                detail.pop("waiting", None)
+                out: dict[str, Any] = {"resumed_at": now, "resumed_on": list(seen.nodes)}
+                steps = [r.step for r in ranks if r.step is not None]
+                if steps:
+                    out["resumed_step"] = min(steps)
+                log.info("job_trains_again", job=job, after_s=round(now - requeued_at, 1), **out)
+                return out
+            if (seen is not None and seen.state in ENDED) or now >= deadline:
+                detail.pop("waiting", None)
+                sentence = not_resumed(
+                    job, seen, error, expect_ranks=expect_ranks, waited_s=now - requeued_at
+                )
+                log.warning("restart_not_resumed", job=job, why=sentence)
+                seen_out = (
+                    {"state": seen.state, "reason": seen.reason, "nodes": list(seen.nodes)} if seen else None
+                )
+                return {"not_resumed": sentence, "resume_seen": seen_out, "state": str(ActionState.ESCALATED)}
+            await asyncio.sleep(self.resume_poll_s)
+
+    def _new_ranks(self, job: str, old_runs: set[str]) -> list[RankInfo]:
+        """The job's registered ranks that belong to a run other than the one ftd stopped."""
+        record = self._state.jobs.get(job)
+        ranks = [r for rs in record.ranks_by_node.values() for r in rs] if record else []
+        return [r for r in ranks if not old_runs or (r.run is not None and r.run not in old_runs)]
 
     async def _pinned(self, job: str, exclude: list[str]) -> dict[str, Any] | None:
         """The nodes of ``exclude`` the job is pinned to (``sbatch -w``): excluding them would leave
@@ -255,3 +341,21 @@ class CheckpointRestart:
                 return False
             await asyncio.sleep(0.05)
         return True
+
+
+def not_resumed(
+    job: str, seen: JobInfo | None, error: str | None, *, expect_ranks: bool, waited_s: float
+) -> str:
+    """One sentence saying why a job ftd requeued in place is not training again."""
+    head = f"job {job} did not train again after ftd restarted it in place:"
+    waited = f"{waited_s:.0f} s after the requeue"
+    if seen is None:
+        return f"{head} the scheduler could not say where it is {waited} ({error or 'no answer'})"
+    why = f" ({seen.reason})" if seen.reason and seen.reason not in ("None", "(null)") else ""
+    where = f" on {', '.join(seen.nodes)}" if seen.nodes else ""
+    if seen.state in ENDED:
+        ranks = ", and no rank registered" if expect_ranks else ""
+        return f"{head} it ended {seen.state}{why}{where} {waited}{ranks}"
+    if seen.state == "RUNNING":
+        return f"{head} it is RUNNING{where} but no rank registered {waited}"
+    return f"{head} it is still {seen.state}{why} {waited}"

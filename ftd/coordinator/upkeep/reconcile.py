@@ -33,6 +33,14 @@ scheduler (Slurm, Kubernetes) it acts on.
   requeue raises one alert: a ``job_pending`` note in the ledger (node
   :data:`~ftd.coordinator.ledger.sqlite.NOTICE_NODE`), a warning in the log, and a ``notify`` action to the
   webhook when one is configured. Requeued jobs are found again in the ledger after a restart.
+* **Restarts that did not resume**: a ``checkpoint_restart`` escalated because the job requeued in
+  place did not train again (``detail.not_resumed``, :mod:`ftd.coordinator.actions.checkpoint_restart`)
+  is notified once, with that sentence (a ``notify`` action, rule ``resume_watch``).
+* **Unacted conditions** (:mod:`ftd.coordinator.upkeep.unacted`): a node in service whose agent
+  reports an active critical condition, and whose drain failed, was suppressed or was never asked
+  for, gets the drain proposed again through the engine (gate, budgets, approval apply), at most
+  once a round and with a back-off (``coordinator.unacted_retry_s``); logged as
+  ``unacted_condition_retried``.
 
 The events are :attr:`~ftd.events.Kind.AGENT_HEALTH` with ``source = "scheduler"`` and
 ``data.problem`` one of :data:`PROBLEMS`, severity warning (external drains and downs, adoption)
@@ -116,6 +124,8 @@ class Reconciler:
         self._changes = 0  # drain records changed here so far (a sequence, not a clock)
         self._touched: dict[str, int] = {}  # node -> the change number of its record's last change
         self._in_flight: dict[str, str] = {}  # node -> id of a drain/resume action not finished
+        self._notified: set[str] = set()  # restarts whose "did not resume" was notified
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.unacted = UnactedConditions(
             backoff_s=unacted_retry_s, max_backoff_s=unacted_retry_max_s, clock=clock
         )
@@ -170,10 +180,39 @@ class Reconciler:
                 await self.ledger.drop_drain(node)
             return
         self._note_requeue(record)
+        self._notify_not_resumed(record)
+
+    def _notify_not_resumed(self, record: ActionRecord) -> None:
+        """A restart escalated because the job did not train again: one notification with the sentence.
+        Scheduled as a task (an observer must not call back into the engine: it runs in a decision)."""
+        sentence = record.detail.get("not_resumed")
+        if (
+            record.request.kind != ActionKind.CHECKPOINT_RESTART
+            or record.state != ActionState.ESCALATED
+            or not isinstance(sentence, str)
+            or record.id in self._notified
+            or ActionKind.NOTIFY not in self.engine.executors
+        ):
+            return
+        self._notified.add(record.id)
+        job = record.request.target
+        request = ActionRequest(
+            kind=ActionKind.NOTIFY,
+            target=job,
+            reason=sentence,
+            params={"job": job, "action_id": record.id, "seen": record.detail.get("resume_seen")},
+            rule="resume_watch",
+            event_id=record.request.event_id,
+        )
+        task = asyncio.create_task(self.engine.submit(request), name=f"notify-not-resumed:{record.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _note_requeue(self, record: ActionRecord) -> None:
-        if record.request.kind != ActionKind.CHECKPOINT_RESTART or record.state not in _FINISHED:
+        if record.request.kind != ActionKind.CHECKPOINT_RESTART:
             return
+        if record.state not in _FINISHED and not record.detail.get("requeued"):
+            return  # a restart still following its job (resume phase) was requeued already: watched
         if record.detail.get("requeued"):
             job = record.request.target
             self.requeued[job] = max(self.requeued.get(job, 0.0), record.updated or self.clock())
