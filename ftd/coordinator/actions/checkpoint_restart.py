@@ -128,9 +128,13 @@ class CheckpointRestart:
         params: dict[str, Any] | None = None,
     ) -> str:
         job = record.request.target
+        job_record = self._state.jobs.get(job)
+        # The run of the job it is for, when its ranks named one (issue #20): never another run's.
+        runs = {r.run for rs in job_record.ranks_by_node.values() for r in rs} if job_record else set()
+        if len(runs) == 1 and None not in runs:
+            params = {**(params or {}), "run": runs.pop()}
         directive = directive_for(record, action, job=job, deadline_s=deadline_s, params=params)
         # Once to each node the job's ranks are on (placement-checked presence): no node reads another's.
-        job_record = self._state.jobs.get(job)
         for topic in topics.job_directives_for(job_record.nodes if job_record else ()):
             await publish_with_retry(self._publish, topic, encode(directive), deadline_s)
         return directive.id
