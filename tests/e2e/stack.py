@@ -52,7 +52,7 @@ export FTD_TEST_LOG={log}
 export PYTHONPATH={REPO}
 exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
 """
-        job = self.slurm.sbatch(script, "--requeue", "-w", "node-1", "--job-name=ftd-e2e")
+        job = self.slurm.sbatch(script, "--requeue", "--job-name=ftd-e2e")
         return job, log
 
     def wait_registered(self, job: str, timeout: float = 20.0) -> None:

@@ -86,7 +86,7 @@ export PYTHONPATH={REPO}
 echo $$ > {holders}/trainer.pid
 exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
 """
-    job = stack.slurm.sbatch(script, "--requeue", "-w", "node-1", "--job-name=ftd-plan")
+    job = stack.slurm.sbatch(script, "--requeue", "--job-name=ftd-plan")
     return job, log
 
 

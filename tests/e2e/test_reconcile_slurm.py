@@ -65,7 +65,7 @@ export FTD_TEST_LOG={log}
 export PYTHONPATH={REPO}
 exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
 """
-        return self.slurm.sbatch(script, "--requeue", "-w", "node-1", "--job-name=ftd-reconcile")
+        return self.slurm.sbatch(script, "--requeue", "--job-name=ftd-reconcile")
 
     def wait_registered(self, job: str, timeout: float = 20.0) -> None:
         """Until the job's presence (with a rank) is retained on the bus, where the coordinator reads it."""

@@ -70,7 +70,7 @@ def submit(stack: Stack, name: str, steps: int, max_seconds: float = 90) -> tupl
             "exec " + " ".join(train_argv(ckpt, metrics, steps, max_seconds)),
         ]
     )
-    job = stack.slurm.sbatch(script + "\n", "--requeue", "-w", "node-1", f"--job-name=ftd-{name}")
+    job = stack.slurm.sbatch(script + "\n", "--requeue", f"--job-name=ftd-{name}")
     return job, ckpt, metrics
 
 
