@@ -264,3 +264,27 @@ def test_job_restart_cools_down_per_faulty_node_but_dedupes_per_job() -> None:
     restored = PolicyGate(cooldown_s=600, clock=clock)
     restored.restore([later])
     assert not restored.decide(restart("node-2")).allowed and restored.decide(restart("node-3")).allowed
+
+
+def test_a_move_off_the_node_is_not_held_back_by_an_in_place_restarts_cooldown() -> None:
+    """An Xid 13 restarted the job in place on node-3; an Xid 79 there a second later must move the
+    job off node-3 (else the node is drained under a job left on a GPU that fell off the bus). The
+    same move again, or another in-place restart, still cools down."""
+    clock = Clock()
+    gate = PolicyGate(cooldown_s=600, clock=clock)
+
+    def restart(exclude: list[str] | None = None) -> ActionRequest:
+        params: dict[str, object] = {"node": "node-3"}
+        if exclude is not None:
+            params["exclude"] = exclude
+        return ActionRequest(kind="checkpoint_restart", target="1", reason="x", rule="r", params=params)
+
+    gate.finished(run(gate, restart(), 1))  # the in-place restart
+    clock.now += 1
+    assert gate.decide(restart()).reason.startswith("cooldown: checkpoint_restart:1@node-3")
+    move = gate.decide(restart(["node-3"]))
+    assert move.allowed and "moves the job off node-3" in move.reason, move
+    gate.finished(run(gate, restart(["node-3"]), 2))
+    clock.now += 1
+    assert gate.decide(restart(["node-3"])).reason.startswith("cooldown: checkpoint_restart:1@node-3")
+    assert gate.decide(restart()).reason.startswith("cooldown")

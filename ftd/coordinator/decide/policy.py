@@ -13,10 +13,12 @@ Checks, in order, each recorded with its reason when it says no:
    A *failed* action cools down only ``failed_retry_s`` (default 30 s), and never holds back an
    operator's own action (``rule`` ``api:<by>``): what failed did not happen, so nothing is there
    to protect; its retry must not wait 10 minutes.
-   Two requests are not held back by the cooldown at all, and the verdict's reason says so: a
-   crash-loop restart (a job action with ``params["attempt"]``, asked by the application-fault
-   policy, which paces its restarts with its own backoff, ``params["delay_s"]``, and its own limit),
-   and an operator's forced action (``params["force"]`` with ``params["force_reason"]``, from the
+   Three requests are not held back by the cooldown at all, and the verdict's reason says so: a
+   job action that moves its job off a node (``params.exclude``) the finished action left it on
+   (an Xid 79 right after an Xid 13's restart in place: the stronger remedy), a crash-loop restart
+   (a job action with ``params["attempt"]``, asked by the application-fault policy, which paces its
+   restarts with its own backoff, ``params["delay_s"]``, and its own limit), and an operator's
+   forced action (``params["force"]`` with ``params["force_reason"]``, from the
    API only: ``rule`` ``api:<by>``), the reason recorded in the ledger;
 3. **rate limit** — at most ``max`` actions of a kind started within ``window_s`` (per
    :class:`RateLimit`; a storm of Xids on many nodes must not restart every job at once);
@@ -238,6 +240,11 @@ class PolicyGate:
                 ago = f"{cooled} {'failed' if failed else 'finished'} {now - finished:.0f}s ago"
                 if forced_reason(request):
                     note = f"force: cooldown ({ago}) overridden by {request.rule}: {forced_reason(request)}"
+                elif moves_off := self._moves_off(request, cooled):
+                    note = (
+                        f"cooldown ({ago}) not applied: this moves the job off {', '.join(moves_off)}, "
+                        "where the last action left it"
+                    )
                 elif crash_loop_attempt(request):
                     note = (
                         f"cooldown ({ago}) not applied: crash-loop restart {crash_loop_attempt(request)}, "
@@ -267,6 +274,15 @@ class PolicyGate:
                 ActionState.AWAITING_APPROVAL, f"approval: {request.kind} actions need a human's approval"
             )
         return Verdict(ActionState.PENDING, note)
+
+    def _moves_off(self, request: ActionRequest, cooled: str) -> list[str]:
+        """The nodes a job action moves its job off (``params.exclude``) that the action whose
+        cooldown it meets left the job on: a stronger remedy (an Xid 79 after an Xid 13's restart
+        in place), never held back by the weaker one's cooldown -- else the node would be drained
+        under a job left running on a GPU that fell off the bus."""
+        if not request.targets_job:
+            return []
+        return sorted(excluded_nodes(request) - self._finished_exclude.get(cooled, frozenset()))
 
     def _came_back(self, request: ActionRequest, view: GateView, cooled: str) -> bool:
         """A job action for a node the finished action moved the job off (``params.exclude``), while
