@@ -87,8 +87,10 @@ def test_application_faults_and_pressure_never_drain_while_xid_79_does(node1: St
     stack.append_kernel_line(XID13.format(n=7, bus="1b"))  # the same application fault again
     stack.append_kernel_line(XID31)
     injected = [
+        # Two ranks' OOM lines (inject goes through the agent's storm control, as a real line does: the
+        # same line twice within its window would be folded into one event and a count).
         inject(stack, "log_pattern", "error", {"pattern": "cuda_oom", "text": OOM, "job": job, "rank": 0}),
-        inject(stack, "log_pattern", "error", {"pattern": "cuda_oom", "text": OOM, "job": job, "rank": 0}),
+        inject(stack, "log_pattern", "error", {"pattern": "cuda_oom", "text": OOM, "job": job, "rank": 1}),
         inject(
             stack,
             "fs_fill",
