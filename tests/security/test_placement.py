@@ -78,6 +78,9 @@ async def env(broker: Mosquitto, slurm: SlurmCluster, tmp_path: Path) -> AsyncIt
             ledger_path=str(ledger),
             save_deadline_s=4,
             stop_deadline_s=4,
+            # The restart is judged on its save and stop here; following the job until it trains again
+            # (the resume phase: tests/e2e/test_restart_followed_slurm.py) would wait for ranks no one runs.
+            resume_deadline_s=0,
             scheduler="slurm",
             slurm=SlurmConfig(slurm_conf=str(slurm.conf_path)),
             api=ApiConfig(enabled=False),
