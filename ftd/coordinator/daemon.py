@@ -148,7 +148,7 @@ class Coordinator:
         self.admission = admission
         self.limiter = admission.limiter
         self.inputs = admission.inputs
-        self.placement = placement
+        admission.placement = placement  # one placement check for intake and the daemon (see the property)
         self.presence_memory = presence_memory  # which job runs where, known at start (ledger)
         self.directives = directives
         self.reconciler = reconciler
@@ -169,6 +169,15 @@ class Coordinator:
             "acks": self._on_ack,
             "conditions": self._on_conditions,
         }
+
+    @property
+    def placement(self) -> Placement:
+        """The placement check, shared with intake: replacing it here replaces it there too."""
+        return self.admission.placement
+
+    @placement.setter
+    def placement(self, placement: Placement) -> None:
+        self.admission.placement = placement
 
     @property
     def bad_messages(self) -> int:

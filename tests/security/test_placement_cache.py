@@ -164,8 +164,8 @@ async def test_forged_heartbeat_inside_a_batch_is_dropped_and_the_rest_handled()
     assert xid.id in stored and lost.id not in stored
     assert c.placement.violations == 1
     assert not [a for a in await c.ledger.actions() if a.request.target == "80"]
-    assert c._receipts["node-2"].rejected.keys() == {lost.id}
-    assert c._receipts["node-2"].ids == [xid.id]
+    assert c.receipts.pending["node-2"].rejected.keys() == {lost.id}
+    assert c.receipts.pending["node-2"].ids == [xid.id]
 
 
 async def test_warm_up_caches_every_running_job_in_one_call() -> None:
@@ -190,7 +190,7 @@ async def test_a_node_level_answer_counts_only_from_the_node_the_directive_was_s
     c = coordinator(Flaky())
     await c.bus.start()
     reset = Directive(id="act-1-gpu_reset", ts=time.time(), action="gpu_reset", node="node-2")
-    await c._publish(topics.node_directives("node-2"), encode(reset))
+    await c.directives.send("node-2", reset)
     forged = Ack(directive_id=reset.id, job="", rank=NODE_RANK, node="node-1", reason="reset: ok")
     assert await c.handle(Message(topics.node_acks("node-1"), encode(forged)))
     assert c.acks.outcome(reset.id, [NODE_RANK]).missing == frozenset({NODE_RANK})
