@@ -301,7 +301,8 @@ def _config(path: Path, identity: str, broker_port: int, dsn: str) -> None:
     path.write_text(
         f'[bus]\nhost = "127.0.0.1"\nport = {broker_port}\nkeepalive_s = 2\nreconnect_max_s = 0.5\n\n'
         '[coordinator]\nscheduler = "none"\nsave_deadline_s = 30.0\nstop_deadline_s = 30.0\n'
-        "reconcile_interval_s = 3600.0\n\n"
+        # the simulated ranks never start again: no resume watch (it would wait for them)
+        "reconcile_interval_s = 3600.0\nresume_deadline_s = 0\n\n"
         "[coordinator.api]\nenabled = false\n\n"
         "[coordinator.placement]\nenforce = false\n\n"
         f'[coordinator.ha]\nledger = "postgresql"\ndsn = "{dsn}"\nlease_ttl_s = {TTL_S}\n'

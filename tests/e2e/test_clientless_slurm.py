@@ -63,7 +63,7 @@ def run_xid79_on(
         port,
     ):
         hooked.configure(stack.socket)
-        job = hooked.slurm.sbatch(script, "--requeue", "-w", "node-1", "--job-name=no-client")
+        job = hooked.slurm.sbatch(script, "--requeue", "--job-name=no-client")
         wait_until(lambda: job_of(port, job) is not None, 30, f"job {job} known to the coordinator")
         assert job_of(port, job)["ranks"] == []  # type: ignore[index]
         wait_until(lambda: (tmp_path / "started").exists(), 30, "the job's script running")

@@ -40,7 +40,7 @@ export FTD_TEST_SAVE_DELAY_S={SAVE_DELAY_S}
 export PYTHONPATH={REPO}
 exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
 """
-    job = stack.slurm.sbatch(script, "--requeue", "-w", "node-1", "--job-name=ftd-crash")
+    job = stack.slurm.sbatch(script, "--requeue", "--job-name=ftd-crash")
     return job, log
 
 
