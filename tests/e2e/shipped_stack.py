@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.contract.test_mosquitto_acl import (
     DEPLOY,
@@ -119,6 +120,10 @@ class ShippedStack:
                 json.loads(body) for (body,) in db.execute("SELECT body FROM events WHERE kind = ?", (kind,))
             ]
 
+    def coordinator_records(self, event: str) -> list[dict[str, Any]]:
+        """The coordinator's JSON log lines of ``event``, oldest first."""
+        return _log_records(self.coordinator.log(), event)
+
     def agent_log_records(self, event: str) -> list[dict[str, object]]:
         out = []
         for line in self.agent.log().splitlines():
@@ -194,3 +199,26 @@ def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.2)
+
+
+def _log_records(text: str, event: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if isinstance(rec, dict) and rec.get("event") == event:
+                out.append(rec)
+    return out
+
+
+def records(log: Path, what: str, run: int | None = None) -> list[dict[str, Any]]:
+    """What a README-loop job (tests/e2e/readme_loop.py) wrote of ``what``, of one run or all."""
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if rec.get("what") == what and (run is None or rec.get("run") == run):
+                out.append(rec)
+    return out

@@ -20,12 +20,11 @@ import signal
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e.daemons import REPO
-from tests.e2e.shipped_stack import ShippedStack, make_shipped_stack, wait_until
+from tests.e2e.shipped_stack import ShippedStack, make_shipped_stack, records, wait_until
 from tests.realparts import SlurmCluster, free_port
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -33,30 +32,6 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 GRACE = "\n[coordinator.offline_grace]\nlast_will_s = 4\nclean_stop_s = 60\n"
 
 
-def records(log: Path, what: str, run: int | None = None) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    out = []
-    for line in log.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("what") == what and (run is None or rec.get("run") == run):
-            out.append(rec)
-    return out
-
-
-def coordinator_records(stack: ShippedStack, event: str) -> list[dict[str, Any]]:
-    out = []
-    for line in stack.coordinator.log().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("event") == event:
-            out.append(rec)
-    return out
 
 
 @pytest.fixture
@@ -83,12 +58,12 @@ def test_a_clean_agent_restart_is_not_a_node_death(stack: ShippedStack) -> None:
     try:
         assert stack.agent.stop(signal.SIGTERM) == 0  # systemctl restart: stop ...
         wait_until(
-            lambda: coordinator_records(stack, "node_status")[-1].get("state") != "online", 30, "the stop"
+            lambda: stack.coordinator_records("node_status")[-1].get("state") != "online", 30, "the stop"
         )
-        assert coordinator_records(stack, "node_status")[-1]["state"] == "stopped"
+        assert stack.coordinator_records("node_status")[-1]["state"] == "stopped"
         stack.agent.start()  # ... and start
         wait_until(
-            lambda: coordinator_records(stack, "node_status")[-1].get("state") == "online", 60, "the return"
+            lambda: stack.coordinator_records("node_status")[-1].get("state") == "online", 60, "the return"
         )
         wait_until(
             lambda: len(stack.agent_log_records("local_api_rank_registered")) >= 2, 60, "re-registration"
@@ -98,11 +73,11 @@ def test_a_clean_agent_restart_is_not_a_node_death(stack: ShippedStack) -> None:
         time.sleep(6)  # past last_will_s: nothing is pending that could still fire
 
         assert [
-            r for r in coordinator_records(stack, "action_decided") if r.get("rule") == "node_death"
+            r for r in stack.coordinator_records("action_decided") if r.get("rule") == "node_death"
         ] == []
         assert stack.ledger_events("node_offline") == []
         assert records(log, "left_loop") == [] and records(log, "started", run=1) == []
-        assert coordinator_records(stack, "offline_grace_cancelled"), "the grace's end is logged"
+        assert stack.coordinator_records("offline_grace_cancelled"), "the grace's end is logged"
         info = stack.slurm.job(job)
         assert info.get("JobState") == "RUNNING" and info.get("Restarts") == "0", info
         assert info.get("ExcNodeList", "") in ("", "(null)"), info
@@ -115,7 +90,7 @@ def test_a_dead_agent_past_the_grace_is_still_a_node_death(stack: ShippedStack) 
     try:
         stack.agent.stop(signal.SIGKILL)  # no clean stop: the broker sends the Last Will
         wait_until(
-            lambda: coordinator_records(stack, "node_status")[-1].get("state") == "offline", 60, "the will"
+            lambda: stack.coordinator_records("node_status")[-1].get("state") == "offline", 60, "the will"
         )
         wait_until(lambda: stack.ledger_events("node_offline"), 60, "node_offline after the grace")
         offline = stack.ledger_events("node_offline")
@@ -123,7 +98,7 @@ def test_a_dead_agent_past_the_grace_is_still_a_node_death(stack: ShippedStack) 
         assert offline[0]["data"]["grace_s"] == 4 and offline[0]["data"]["why"] == "last_will", offline
         wait_until(
             lambda: [
-                r for r in coordinator_records(stack, "action_decided") if r.get("rule") == "node_death"
+                r for r in stack.coordinator_records("action_decided") if r.get("rule") == "node_death"
             ],
             30,
             "node_death to act",
@@ -140,13 +115,13 @@ def test_a_pending_offline_survives_a_coordinator_restart(stack: ShippedStack) -
     job, _ = start_job(stack)
     try:
         stack.agent.stop(signal.SIGKILL)  # the Last Will: grace 4 s
-        wait_until(lambda: coordinator_records(stack, "offline_grace_started"), 60, "the grace to start")
+        wait_until(lambda: stack.coordinator_records("offline_grace_started"), 60, "the grace to start")
         stack.coordinator.stop(signal.SIGTERM)  # ... and the coordinator restarts within it
         stack.coordinator.start()
         wait_until(
-            lambda: len(coordinator_records(stack, "offline_grace_started")) >= 2, 60, "the grace again"
+            lambda: len(stack.coordinator_records("offline_grace_started")) >= 2, 60, "the grace again"
         )
-        again = coordinator_records(stack, "offline_grace_started")[-1]
+        again = stack.coordinator_records("offline_grace_started")[-1]
         assert again["after_restart"] is True and again["why"] == "last_will", again
         wait_until(lambda: stack.ledger_events("node_offline"), 60, "node_offline after the restarted grace")
         time.sleep(3)
@@ -171,7 +146,7 @@ def test_a_save_asked_while_the_agent_restarts_reaches_the_ranks_once_it_is_back
         job, log = start_job(stack)
         try:
             assert stack.agent.stop(signal.SIGTERM) == 0
-            stopped = lambda: coordinator_records(stack, "node_status")[-1].get("state") == "stopped"  # noqa: E731
+            stopped = lambda: stack.coordinator_records("node_status")[-1].get("state") == "stopped"  # noqa: E731
             wait_until(stopped, 30, "the stop")
             request = urllib.request.Request(
                 f"http://127.0.0.1:{port}/v1/jobs/{job}/restart",
@@ -189,7 +164,7 @@ def test_a_save_asked_while_the_agent_restarts_reaches_the_ranks_once_it_is_back
             [saved] = records(log, "saved", run=0)
             [started] = records(log, "started", run=1)
             assert started["start"] == saved["step"] + 1, (saved, started)
-            assert coordinator_records(stack, "save_incomplete_stopping_anyway") == []
+            assert stack.coordinator_records("save_incomplete_stopping_anyway") == []
             assert stack.ledger_events("node_offline") == []
             info = stack.slurm.job(job)
             assert info.get("Restarts") == "1" and info.get("ExcNodeList", "") in ("", "(null)"), info

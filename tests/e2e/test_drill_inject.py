@@ -14,7 +14,6 @@ leaves, the job saves, acks, is restarted in place and trains again from the sav
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,24 +23,11 @@ from typing import Any
 import pytest
 
 from tests.e2e.daemons import REPO
-from tests.e2e.shipped_stack import ShippedStack, make_shipped_stack, wait_until
+from tests.e2e.shipped_stack import ShippedStack, make_shipped_stack, records, wait_until
 from tests.realparts import SlurmCluster
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
-
-def records(log: Path, what: str, run: int | None = None) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    out = []
-    for line in log.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("what") == what and (run is None or rec.get("run") == run):
-            out.append(rec)
-    return out
 
 
 @pytest.fixture
@@ -51,15 +37,7 @@ def stack(slurm: SlurmCluster, tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def decisions(stack: ShippedStack) -> list[dict[str, Any]]:
-    out = []
-    for line in stack.coordinator.log().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("event") == "action_decided":
-            out.append(rec)
-    return out
+    return stack.coordinator_records("action_decided")
 
 
 def inject(stack: ShippedStack, *args: str) -> subprocess.CompletedProcess[str]:

@@ -211,10 +211,18 @@ def test_an_operators_day(day: OperatorStack) -> None:
     f.check(
         drill_step is not None and resumed == [drill_step], "drill 2: resumed from the drill's save", resumed
     )
-    status = day.ftd(*status_cmd).stdout
+    # The restart reads "running: waiting for the job to train again" until the coordinator has seen
+    # a rank of the new run register (operators.md §3), then "succeeded": look as an operator would.
+    shown = {"status": ""}
+
+    def restart_succeeded() -> bool:
+        shown["status"] = status = day.ftd(*status_cmd).stdout
+        return any("checkpoint_restart" in line and " succeeded " in line for line in status.splitlines())
+
+    status_ok = wait_for(restart_succeeded, 60, poll=1.0)
+    status = shown["status"]
     f.check(
-        any("checkpoint_restart" in line and " succeeded " in line for line in status.splitlines())
-        and re.search(r"^node-3\s+online\s+no\s", status, flags=re.M) is not None,
+        status_ok and re.search(r"^node-3\s+online\s+no\s", status, flags=re.M) is not None,
         "drill 2: ftd status: checkpoint_restart succeeded, node-3 online and not drained",
         status,
     )

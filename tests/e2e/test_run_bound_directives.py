@@ -12,14 +12,12 @@ COMPLETED).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e.daemons import REPO
-from tests.e2e.shipped_stack import ShippedStack, make_shipped_stack, wait_until
+from tests.e2e.shipped_stack import ShippedStack, make_shipped_stack, records, wait_until
 from tests.realparts import SlurmCluster
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -29,19 +27,6 @@ XID13 = (
     "on (GPC 0, TPC 0, SM 0): Out Of Range Address"
 )
 
-
-def records(log: Path, what: str, run: int | None = None) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    out = []
-    for line in log.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("what") == what and (run is None or rec.get("run") == run):
-            out.append(rec)
-    return out
 
 
 @pytest.fixture
