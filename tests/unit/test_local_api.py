@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ftd.agent.local_api import MAX_LINE, LocalApi
-from ftd.agent.local_api import server as local_api_server
+from ftd.agent.local_api import presence as local_api_presence
 from ftd.events import Directive
 from tests.unit.helpers import Recorder, until
 
@@ -270,7 +270,7 @@ async def test_step_progress_reports_presence_at_most_once_per_second(
     # The throttle's interval (1 s) at half scale, every duration below with it: the same ratios
     # (2.5 intervals of progress, 1.3 of quiet) in half the time.
     interval = 0.5
-    monkeypatch.setattr(local_api_server, "PRESENCE_MIN_INTERVAL_S", interval)
+    monkeypatch.setattr(local_api_presence, "PRESENCE_MIN_INTERVAL_S", interval)
     peer = await Peer.open(api)
     await peer.register("j1", 0)
     await until(lambda: len(rec.presence) == 1)

@@ -21,6 +21,17 @@ again on this node.
 
 Why apart: the expiry and answered-by-all rules are their own small state machine; the server only
 sends the lines and reports who was reached and who answered.
+
+How the server delivers them
+----------------------------
+:meth:`LocalApi.deliver` pushes a directive to every connected rank of its job (all jobs when
+``job`` is None) and keeps it pending for ranks that register later; when a pending directive is
+dropped, and why a directive id is never delivered twice, is :mod:`ftd.agent.local_api.pending`.
+A directive belongs to one run of its job: it is bound to the run the coordinator named, else to the
+runs of the job's ranks connected when it arrived, and never sent to a rank of another run; it is
+dropped when a rank of a new run registers and when the Prolog reports the job starting again, and a
+stop also when the job's ranks it reached have all left (:meth:`LocalApi.job_started`). Each drop is logged
+(``local_api_pending_dropped``, with the reason).
 """
 
 from __future__ import annotations

@@ -11,35 +11,13 @@ What: :class:`LocalApi`, the server: it accepts connections, identifies the peer
 :mod:`ftd.agent.local_api.registration`), relays acks and presence through callbacks, keeps pending
 directives, and answers the node hooks.
 
-Protocol
---------
-The protocol (version 1: one JSON object per line, ``register``/``heartbeat``/``ack`` in,
-``ok``/``error``/``directive`` out) is :mod:`ftd.client.protocol`, owned by the stdlib-only client
-and imported here. This end decodes what a client sends into typed msgspec structs built from that
-module's names and limits: a bad message (not JSON, not an object, unknown op, wrong field types,
-an op before ``register``, a line over ``MAX_LINE``) is answered with an ``error``, counted
-(``counters["bad_messages"]``) and logged (rate-limited); the connection stays open and nothing
-else is affected. Replies are encoded with msgspec. An ``ack`` is relayed to ``on_ack`` as an
-:class:`~ftd.events.Ack` with ``node`` and ``ts`` set; heartbeats feed
-:meth:`LocalApi.silent_ranks` (a hung training loop goes silent here). Silence counts from a rank's
-last heartbeat; before its first one, from its registration against the longer start-up timeout
-(the agent's ``agent.heartbeat.startup_timeout_s``, or the rank's own ``startup_timeout_s`` from its
-``register``): a rank still importing its framework is not a hung one.
-
-A line that does not decode, however it is malformed (not UTF-8, not JSON, nested 60,000 deep, over
-``MAX_LINE``), gets the ``error`` answer and the connection stays open: the decoding is
-:func:`ftd.agent.local_api.wire.decode_line`, which never raises.
-
-Pending directives
-------------------
-:meth:`LocalApi.deliver` pushes a directive to every connected rank of its job (all jobs when
-``job`` is None) and keeps it pending for ranks that register later; when a pending directive is
-dropped, and why a directive id is never delivered twice, is :mod:`ftd.agent.local_api.pending`.
-A directive belongs to one run of its job: it is bound to the run the coordinator named, else to the
-runs of the job's ranks connected when it arrived, and never sent to a rank of another run; it is
-dropped when a rank of a new run registers and when the Prolog reports the job starting again, and a
-stop also when the job's ranks it reached have all left (:meth:`LocalApi.job_started`). Each drop is logged
-(``local_api_pending_dropped``, with the reason).
+Protocol and directives
+-----------------------
+One JSON object per line (:mod:`ftd.client.protocol`), decoded by :mod:`ftd.agent.local_api.wire`
+(never raises: a bad line gets an ``error``, the connection stays open). Acks go to ``on_ack``,
+heartbeats feed :meth:`LocalApi.silent_ranks`, job presence goes out through
+:mod:`ftd.agent.local_api.presence`. :meth:`LocalApi.deliver` pushes a directive to the ranks of
+its job and run, pending for ranks that register later (:mod:`ftd.agent.local_api.pending`).
 
 Registration and rights
 -----------------------
@@ -76,8 +54,10 @@ import msgspec
 
 from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
 from ftd.agent.local_api import registration, wire
+from ftd.agent.local_api.callbacks import CallbackQueue
 from ftd.agent.local_api.inject import PRIVILEGED_OPS, InjectMsg
 from ftd.agent.local_api.pending import PendingDirectives
+from ftd.agent.local_api.presence import PresenceReports
 from ftd.agent.local_api.state import Conn
 from ftd.agent.peer import ProcFs, identify, peer_cred
 from ftd.client import protocol
@@ -92,7 +72,6 @@ __all__ = ["AckCallback", "HookCallback", "LocalApi", "PresenceCallback"]
 MAX_WRITE_BUFFER = 1024 * 1024
 """A client that lets more than this pile up unread is disconnected (it reconnects and re-registers)."""
 MAX_CONNECTIONS = 4096
-PRESENCE_MIN_INTERVAL_S = 1.0
 _STOP = frozenset({"stop"})
 
 
@@ -135,10 +114,11 @@ class LocalApi:
         self._handlers: set[asyncio.Task[None]] = set()
         self._jobs: dict[str, set[Conn]] = {}
         self._pending = PendingDirectives(pending_ttl_s)
-        self._dirty: set[str] = set()
-        self._progress = asyncio.Event()  # set when a step moved (a job became dirty)
-        self._last_presence: dict[str, float] = {}
-        self._calls: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
+        self._presence = PresenceReports(
+            self._ranks,
+            lambda job: job in self._jobs,
+            lambda job, ranks: self._calls.put(lambda: self._on_presence(job, ranks)),
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._hook_tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -155,6 +135,7 @@ class LocalApi:
             "slow_clients_dropped": 0,
             "callback_errors": 0,
         }
+        self._calls = CallbackQueue(self.counters)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -181,8 +162,8 @@ class LocalApi:
                 os.unlink(self.socket_path)
             raise
         self._tasks = [
-            asyncio.create_task(self._call_worker(), name="ftd-localapi-callbacks"),
-            asyncio.create_task(self._presence_ticker(), name="ftd-localapi-presence"),
+            asyncio.create_task(self._calls.run(), name="ftd-localapi-callbacks"),
+            asyncio.create_task(self._presence.run(), name="ftd-localapi-presence"),
         ]
         log.info(
             "local_api_listening",
@@ -215,7 +196,7 @@ class LocalApi:
         # Let the callbacks already queued (acks, the presence of ranks that just left) go out.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(2.0):
-                await self._calls.join()
+                await self._calls.drain()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -490,7 +471,7 @@ class LocalApi:
             identity=ident.source if ident else None,
             why=ident.detail if ident else "no peer credentials on this platform",
         )
-        self._presence_now(msg.job)
+        self._presence.now(msg.job)
 
     def _hook(self, conn: Conn, msg: HookMsg | InjectMsg) -> None:
         """A node hook's request (no registration): privileged ones only from root or our uid."""
@@ -539,7 +520,7 @@ class LocalApi:
                     )
         log.info("local_api_rank_left", job=job, rank=conn.rank, pid=conn.pid)
         if not self._stopping:
-            self._presence_now(job)
+            self._presence.now(job)
 
     def _heartbeat(self, conn: Conn, msg: wire.Heartbeat) -> None:
         self.counters["heartbeats"] += 1
@@ -549,8 +530,7 @@ class LocalApi:
         if msg.step != conn.step:
             conn.step = msg.step
             assert conn.job is not None
-            self._dirty.add(conn.job)
-            self._progress.set()
+            self._presence.moved(conn.job)
 
     def _ack(self, conn: Conn, msg: wire.AckMsg) -> None:
         assert conn.job is not None
@@ -593,7 +573,7 @@ class LocalApi:
             ok=ack.ok,
             step=ack.step,
         )
-        self._calls.put_nowait(lambda: self._on_ack(ack))
+        self._calls.put(lambda: self._on_ack(ack))
 
     def _send(self, conn: Conn, line: bytes) -> bool:
         transport = conn.writer.transport
@@ -617,40 +597,3 @@ class LocalApi:
         self._send(conn, wire.error_line(re, error[:500]))
 
     # --- callbacks ---------------------------------------------------------------------------
-
-    def _presence_now(self, job: str) -> None:
-        ranks = self._ranks(job)
-        self._dirty.discard(job)
-        self._last_presence[job] = time.monotonic()
-        if not ranks:
-            self._last_presence.pop(job, None)
-        self._calls.put_nowait(lambda: self._on_presence(job, ranks))
-
-    async def _presence_ticker(self) -> None:
-        """Report step progress: at most once per second per job, only when a step moved. Sleeps
-        until a step moves (no wake-ups at all on an idle node)."""
-        while True:
-            await self._progress.wait()
-            await asyncio.sleep(0.2)
-            self._progress.clear()
-            now = time.monotonic()
-            for job in list(self._dirty):
-                if job not in self._jobs:
-                    self._dirty.discard(job)
-                elif now - self._last_presence.get(job, 0.0) >= PRESENCE_MIN_INTERVAL_S:
-                    self._presence_now(job)
-            if self._dirty:
-                self._progress.set()  # a job still waits for its once-per-second slot
-
-    async def _call_worker(self) -> None:
-        """Run callbacks one at a time, in order, off the connection handlers (a slow bus never
-        stalls a trainer's connection; a failing callback is logged, never fatal)."""
-        while True:
-            call = await self._calls.get()
-            try:
-                await call()
-            except Exception:
-                self.counters["callback_errors"] += 1
-                log.exception("local_api_callback_failed")
-            finally:
-                self._calls.task_done()

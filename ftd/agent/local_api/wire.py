@@ -6,6 +6,25 @@ The protocol itself (version 1: one JSON object per line, names and limits) is
 :mod:`ftd.client.protocol`, owned by the stdlib-only trainer client and imported here, never the
 other way round. Why typed: a message with a wrong field type or an unknown ``op`` fails in the
 decoder, so the server answers it with an ``error`` instead of tripping over it later.
+
+How the server uses it
+----------------------
+The protocol (version 1: one JSON object per line, ``register``/``heartbeat``/``ack`` in,
+``ok``/``error``/``directive`` out) is :mod:`ftd.client.protocol`, owned by the stdlib-only client
+and imported here. This end decodes what a client sends into typed msgspec structs built from that
+module's names and limits: a bad message (not JSON, not an object, unknown op, wrong field types,
+an op before ``register``, a line over ``MAX_LINE``) is answered with an ``error``, counted
+(``counters["bad_messages"]``) and logged (rate-limited); the connection stays open and nothing
+else is affected. Replies are encoded with msgspec. An ``ack`` is relayed to ``on_ack`` as an
+:class:`~ftd.events.Ack` with ``node`` and ``ts`` set; heartbeats feed
+:meth:`LocalApi.silent_ranks` (a hung training loop goes silent here). Silence counts from a rank's
+last heartbeat; before its first one, from its registration against the longer start-up timeout
+(the agent's ``agent.heartbeat.startup_timeout_s``, or the rank's own ``startup_timeout_s`` from its
+``register``): a rank still importing its framework is not a hung one.
+
+A line that does not decode, however it is malformed (not UTF-8, not JSON, nested 60,000 deep, over
+``MAX_LINE``), gets the ``error`` answer and the connection stays open: the decoding is
+:func:`ftd.agent.local_api.wire.decode_line`, which never raises.
 """
 
 from __future__ import annotations
