@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -22,19 +19,17 @@ import pytest
 from ftd.agent.jobs import HookMsg, JobStartMsg
 from ftd.agent.local_api import LocalApi
 from ftd.client import protocol
-from tests.security.unprivileged import GROUP, User, run_as, trainer_users
-from tests.unit.helpers import Recorder
+from tests.security.unprivileged import (
+    SEND_LINE,
+    User,
+    run_as,
+    send_as_root,
+    served_local_api,
+    socket_dir,
+    trainer_users,
+)
 
 pytestmark = pytest.mark.real
-
-SEND = r"""
-import os, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(os.environ["FTD_SOCKET"])
-s.sendall(os.environ["MSG"].encode() + b"\n")
-s.settimeout(5)
-print(s.makefile("rb").readline().decode().strip(), flush=True)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +39,7 @@ def users() -> tuple[User, User, int]:
 
 @pytest.fixture
 def rundir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="ftd-hook-", dir="/tmp")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    yield from socket_dir("ftd-hook-")
 
 
 class Hooks:
@@ -63,30 +55,9 @@ class Hooks:
 
 @pytest.fixture
 async def served(rundir: str) -> AsyncIterator[tuple[LocalApi, Hooks]]:
-    hooks, rec = Hooks(), Recorder()
-    api = LocalApi(
-        os.path.join(rundir, "agent.sock"),
-        "node-1",
-        rec.on_presence,
-        rec.on_ack,
-        socket_group=GROUP,
-        on_hook=hooks,
-    )
-    await api.start()
-    try:
+    hooks = Hooks()
+    async with served_local_api(rundir, hooks) as api:
         yield api, hooks
-    finally:
-        await api.stop()
-
-
-async def _send_as_root(path: str, msg: dict[str, Any]) -> dict[str, Any]:
-    reader, writer = await asyncio.open_unix_connection(path)
-    writer.write(protocol.encode(msg))
-    await writer.drain()
-    line = await asyncio.wait_for(reader.readline(), 5)
-    writer.close()
-    reply: dict[str, Any] = json.loads(line)
-    return reply
 
 
 async def test_only_root_reports_jobs_and_anyone_in_the_group_asks_conditions(
@@ -96,18 +67,20 @@ async def test_only_root_reports_jobs_and_anyone_in_the_group_asks_conditions(
     trainer, _, _ = users
     start = json.dumps(protocol.job_start("4242", user="mallory"))
     for msg in (start, json.dumps(protocol.job_end("4242")), json.dumps(protocol.query(protocol.PREFLIGHT))):
-        done = await asyncio.to_thread(run_as, trainer, SEND, {"FTD_SOCKET": api.socket_path, "MSG": msg})
+        done = await asyncio.to_thread(
+            run_as, trainer, SEND_LINE, {"FTD_SOCKET": api.socket_path, "MSG": msg}
+        )
         reply = json.loads(done.stdout.strip() or "{}")
         assert reply["op"] == "error" and "only root or the agent's own user" in reply["error"], done
     assert hooks.seen == [] and api.counters["hooks_refused"] == 3
 
     query = json.dumps(protocol.query(protocol.CONDITIONS))
-    done = await asyncio.to_thread(run_as, trainer, SEND, {"FTD_SOCKET": api.socket_path, "MSG": query})
+    done = await asyncio.to_thread(run_as, trainer, SEND_LINE, {"FTD_SOCKET": api.socket_path, "MSG": query})
     assert json.loads(done.stdout)["op"] == protocol.CONDITIONS, done
     assert len(hooks.seen) == 1
 
     # Root (this test process: slurmd's Prolog runs as root) may report a job.
-    reply = await _send_as_root(api.socket_path, protocol.job_start("4242", user="alice", gpus=["0", "1"]))
+    reply = await send_as_root(api.socket_path, protocol.job_start("4242", user="alice", gpus=["0", "1"]))
     assert reply == {"v": 1, "op": "ok", "re": "job_start"}
     started = hooks.seen[-1]
     assert isinstance(started, JobStartMsg) and (started.job, started.user, started.gpus) == (
@@ -119,10 +92,10 @@ async def test_only_root_reports_jobs_and_anyone_in_the_group_asks_conditions(
 
 async def test_a_bad_hook_message_is_an_error_not_a_crash(served: tuple[LocalApi, Hooks]) -> None:
     api, hooks = served
-    reply = await _send_as_root(api.socket_path, {"v": 1, "op": "job_start", "job": "a/b"})
+    reply = await send_as_root(api.socket_path, {"v": 1, "op": "job_start", "job": "a/b"})
     assert reply["op"] == "error" and reply["re"] == "job_start"
     bad_end = {"v": 1, "op": "job_end", "job": "1", "leftover": [{"pid": -1}]}
-    reply = await _send_as_root(api.socket_path, bad_end)
+    reply = await send_as_root(api.socket_path, bad_end)
     assert reply["op"] == "error"
     assert hooks.seen == [] and api.counters["bad_messages"] == 2
 
@@ -164,6 +137,6 @@ async def test_random_hook_messages_are_answered_and_harmless(served: tuple[Loca
             assert reply["op"] in ("ok", "error", "conditions"), reply
     finally:
         writer.close()
-    good = await _send_as_root(api.socket_path, protocol.job_start("1", user="alice"))
+    good = await send_as_root(api.socket_path, protocol.job_start("1", user="alice"))
     assert good == {"v": 1, "op": "ok", "re": "job_start"}  # still serving
     assert all(isinstance(m, HookMsg.__args__) for m in hooks.seen)  # type: ignore[attr-defined]

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
@@ -22,21 +19,19 @@ import pytest
 
 from ftd.agent.local_api import LocalApi
 from ftd.agent.local_api.inject import InjectMsg, injected_event, reply
-from ftd.client import protocol
 from ftd.events import Kind, Severity
-from tests.security.unprivileged import GROUP, User, run_as, trainer_users
-from tests.unit.helpers import Recorder
+from tests.security.unprivileged import (
+    SEND_LINE,
+    User,
+    run_as,
+    send_as_root,
+    served_local_api,
+    socket_dir,
+    trainer_users,
+)
 
 pytestmark = pytest.mark.real
 
-SEND = r"""
-import os, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(os.environ["FTD_SOCKET"])
-s.sendall(os.environ["MSG"].encode() + b"\n")
-s.settimeout(5)
-print(s.makefile("rb").readline().decode().strip(), flush=True)
-"""
 
 XID13 = {"v": 1, "op": "inject", "kind": "xid", "severity": "error", "data": {"code": 13}}
 
@@ -48,10 +43,7 @@ def users() -> tuple[User, User, int]:
 
 @pytest.fixture
 def rundir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="ftd-inject-", dir="/tmp")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    yield from socket_dir("ftd-inject-")
 
 
 class Agent:
@@ -69,30 +61,9 @@ class Agent:
 
 @pytest.fixture
 async def served(rundir: str) -> AsyncIterator[tuple[LocalApi, Agent]]:
-    agent, rec = Agent(), Recorder()
-    api = LocalApi(
-        os.path.join(rundir, "agent.sock"),
-        "node-1",
-        rec.on_presence,
-        rec.on_ack,
-        socket_group=GROUP,
-        on_hook=agent,
-    )
-    await api.start()
-    try:
+    agent = Agent()
+    async with served_local_api(rundir, agent) as api:
         yield api, agent
-    finally:
-        await api.stop()
-
-
-async def _send_as_root(path: str, msg: dict[str, Any]) -> dict[str, Any]:
-    reader, writer = await asyncio.open_unix_connection(path)
-    writer.write(protocol.encode(msg))
-    await writer.drain()
-    line = await asyncio.wait_for(reader.readline(), 5)
-    writer.close()
-    answer: dict[str, Any] = json.loads(line)
-    return answer
 
 
 async def test_only_root_or_the_agents_user_may_inject(
@@ -101,14 +72,14 @@ async def test_only_root_or_the_agents_user_may_inject(
     api, agent = served
     trainer, _, _ = users
     done = await asyncio.to_thread(
-        run_as, trainer, SEND, {"FTD_SOCKET": api.socket_path, "MSG": json.dumps(XID13)}
+        run_as, trainer, SEND_LINE, {"FTD_SOCKET": api.socket_path, "MSG": json.dumps(XID13)}
     )
     answer = json.loads(done.stdout.strip() or "{}")
     assert answer["op"] == "error" and answer["re"] == "inject", done
     assert "only root or the agent's own user" in answer["error"]
     assert agent.events == [] and api.counters["hooks_refused"] == 1
 
-    answer = await _send_as_root(api.socket_path, XID13)
+    answer = await send_as_root(api.socket_path, XID13)
     assert answer["op"] == "inject" and answer["node"] == "node-1" and answer["kind"] == "xid", answer
     assert len(agent.events) == 1
     event = agent.events[0]
@@ -123,8 +94,8 @@ async def test_only_root_or_the_agents_user_may_inject(
 
 async def test_a_malformed_inject_is_an_error_answer(served: tuple[LocalApi, Agent]) -> None:
     api, agent = served
-    answer = await _send_as_root(api.socket_path, {**XID13, "kind": "no-such-kind"})
+    answer = await send_as_root(api.socket_path, {**XID13, "kind": "no-such-kind"})
     assert answer["op"] == "error" and answer["re"] == "inject", answer
-    answer = await _send_as_root(api.socket_path, {**XID13, "data": [1, 2]})
+    answer = await send_as_root(api.socket_path, {**XID13, "data": [1, 2]})
     assert answer["op"] == "error" and answer["re"] == "inject", answer
     assert agent.events == [] and api.counters["bad_messages"] == 2

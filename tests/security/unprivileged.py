@@ -11,17 +11,26 @@ Without root or the tools the test is skipped, or fails under ``FTD_REQUIRE_REAL
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import grp
+import json
 import os
 import pwd
 import shutil
 import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ftd.agent.local_api import LocalApi
+from ftd.client import protocol
 from tests.realparts import REQUIRE_REAL, require_binary
+from tests.unit.helpers import Recorder
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP = "ftd-trainers"
@@ -94,3 +103,54 @@ def popen_as(user: User, script: str, env: dict[str, str]) -> subprocess.Popen[s
     return subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/"
     )
+
+
+#: A script that sends one line (``$MSG``) to the agent's socket (``$FTD_SOCKET``) and prints the answer:
+#: what an unprivileged process on the node can do with the socket (run it with :func:`run_as`).
+SEND_LINE = r"""
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["FTD_SOCKET"])
+s.sendall(os.environ["MSG"].encode() + b"\n")
+s.settimeout(5)
+print(s.makefile("rb").readline().decode().strip(), flush=True)
+"""
+
+
+def socket_dir(prefix: str) -> Iterator[str]:
+    """A short directory other users can reach (unix socket paths are short), removed after."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def served_local_api(rundir: str, on_hook: Any) -> AsyncIterator[LocalApi]:
+    """A real :class:`LocalApi` on ``rundir/agent.sock``, socket group :data:`GROUP`; hooks to ``on_hook``."""
+    rec = Recorder()
+    api = LocalApi(
+        os.path.join(rundir, "agent.sock"),
+        "node-1",
+        rec.on_presence,
+        rec.on_ack,
+        socket_group=GROUP,
+        on_hook=on_hook,
+    )
+    await api.start()
+    try:
+        yield api
+    finally:
+        await api.stop()
+
+
+async def send_as_root(path: str, msg: dict[str, Any]) -> dict[str, Any]:
+    """Send ``msg`` to the socket as this (root) process; the answer."""
+    reader, writer = await asyncio.open_unix_connection(path)
+    writer.write(protocol.encode(msg))
+    await writer.drain()
+    async with asyncio.timeout(5):
+        line = await reader.readline()
+    writer.close()
+    answer: dict[str, Any] = json.loads(line)
+    return answer
