@@ -385,46 +385,41 @@ class Api:
             raise ApiError(404, f"node {node!r} is not known to the coordinator (no agent has reported it)")
         return node
 
-    async def drain(self, request: web.Request) -> web.Response:
-        node = self._known_node(request)
-        body = await read_body(request, wire.DrainRequest, required=True)
+    async def _manual(
+        self,
+        kind: ActionKind,
+        target: str,
+        body: wire.DrainRequest | wire.ResumeRequest | wire.RestartRequest,
+        params: dict[str, Any] | None = None,
+    ) -> web.Response:
+        """An operator's action: through the engine like a rule's, its rule ``api:<by>``, forced if asked."""
         return await self._submit(
             ActionRequest(
-                kind=ActionKind.DRAIN_NODE,
-                target=node,
+                kind=kind,
+                target=target,
                 reason=body.reason,
-                params=self._force(body),
+                params={**(params or {}), **self._force(body)},
                 rule=f"api:{body.by}",
             )
         )
 
+    async def drain(self, request: web.Request) -> web.Response:
+        node = self._known_node(request)
+        body = await read_body(request, wire.DrainRequest, required=True)
+        return await self._manual(ActionKind.DRAIN_NODE, node, body)
+
     async def resume(self, request: web.Request) -> web.Response:
         node = self._known_node(request)
         body = await read_body(request, wire.ResumeRequest, required=False)
-        return await self._submit(
-            ActionRequest(
-                kind=ActionKind.RESUME_NODE,
-                target=node,
-                reason=body.reason,
-                params=self._force(body),
-                rule=f"api:{body.by}",
-            )
-        )
+        return await self._manual(ActionKind.RESUME_NODE, node, body)
 
     async def restart(self, request: web.Request) -> web.Response:
         job: str = path_param(request, "job", wire.JobId)
         if job not in self.coordinator.state.jobs:
             raise ApiError(404, f"job {job!r} is not known to the coordinator (no rank has registered)")
         body = await read_body(request, wire.RestartRequest, required=True)
-        return await self._submit(
-            ActionRequest(
-                kind=ActionKind.CHECKPOINT_RESTART,
-                target=job,
-                reason=body.reason,
-                params={"exclude": sorted(set(body.exclude)), **self._force(body)},
-                rule=f"api:{body.by}",
-            )
-        )
+        exclude = {"exclude": sorted(set(body.exclude))}
+        return await self._manual(ActionKind.CHECKPOINT_RESTART, job, body, exclude)
 
 
 async def start_api(coordinator: Coordinator) -> Api | None:
