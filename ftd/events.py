@@ -51,6 +51,18 @@ class Kind(enum.StrEnum):
     HUNG_TASK = "hung_task"
     IB_LINK = "ib_link"
     LOG_PATTERN = "log_pattern"
+    # Host signals the kernel log and sysfs show (#23): data fields documented in docs/signals.md.
+    STORAGE = "storage"  # NVMe timeout/reset/no path, md disk failure, block/buffer I/O, superblock
+    FS_READONLY = "fs_readonly"  # a filesystem remounted read-only (ext4, XFS, btrfs)
+    NETFS = "netfs"  # NFS / Lustre client: server not responding, recovered, evicted, lock reclaim
+    NIC = "nic"  # mlx5 / EFA device errors (command timeout, ACCESS_REG, health poll, slot power)
+    GPUDIRECT = "gpudirect"  # nvidia-peermem errors
+    NVLINK = "nvlink"  # NVLink link-mask / post-RX-detect failures
+    MACHINE_CHECK = "machine_check"  # MCE hardware errors
+    SOFT_LOCKUP = "soft_lockup"  # watchdog soft lockup (hung tasks stay hung_task)
+    KERNEL_OOPS = "kernel_oops"  # kernel BUG / oops / NULL dereference / panic
+    SEGFAULT = "segfault"  # a process segfault (library: libnccl.so, libcuda.so, ...)
+    RESOURCE_LIMIT = "resource_limit"  # nf_conntrack table full, VFS file-max reached
     LOG_STALE = "log_stale"
     FS_FILL = "fs_fill"
     MEM_PRESSURE = "mem_pressure"
