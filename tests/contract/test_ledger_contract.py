@@ -106,6 +106,13 @@ async def test_actions_saved_updated_and_listed(ledger: tuple[LedgerStore, Clock
         ("act-2", ActionState.RUNNING),
     ]
     assert [r.id for r in await store.recent(1002.0)] == ["act-2", "act-3"]
+    await store.save_action(record(4, ActionState.FAILED, kind="notify"))
+    assert await store.action_counts() == {
+        ("drain_node", "pending"): 1,
+        ("drain_node", "running"): 1,
+        ("drain_node", "succeeded"): 1,
+        ("notify", "failed"): 1,
+    }
 
 
 async def test_plans_and_their_steps(ledger: tuple[LedgerStore, Clock]) -> None:

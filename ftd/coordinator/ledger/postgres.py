@@ -376,6 +376,10 @@ class PgLedger:
     async def recent(self, since: float) -> list[ActionRecord]:
         return await self._rows("WHERE updated >= %s ORDER BY created", (since,))
 
+    async def action_counts(self) -> dict[tuple[str, str], int]:
+        rows = await self._read("SELECT kind, state, COUNT(*) FROM actions GROUP BY kind, state", ())
+        return {(str(kind), str(state)): int(n) for kind, state, n in rows}
+
     # --- plans -------------------------------------------------------------------------------
 
     async def save_plan(self, plan: Plan) -> None:

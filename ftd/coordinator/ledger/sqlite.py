@@ -260,6 +260,10 @@ class Ledger:
     def recent(self, since: float) -> list[ActionRecord]:
         return list(self._rows("WHERE updated >= ? ORDER BY created", (since,)))
 
+    def action_counts(self) -> dict[tuple[str, str], int]:
+        rows = self._db.execute("SELECT kind, state, COUNT(*) FROM actions GROUP BY kind, state")
+        return {(str(kind), str(state)): int(n) for kind, state, n in rows}
+
     # --- plans (ftd.coordinator.model.plan: one event's actions in order) ----------------------------
 
     def save_plan(self, plan: Plan) -> None:
@@ -413,6 +417,10 @@ class SqliteStore:
     async def recent(self, since: float) -> list[ActionRecord]:
         await self._turn()
         return self.ledger.recent(since)
+
+    async def action_counts(self) -> dict[tuple[str, str], int]:
+        await self._turn()
+        return self.ledger.action_counts()
 
     async def save_plan(self, plan: Plan) -> None:
         await self._turn()

@@ -43,6 +43,8 @@ class ClusterState:
         self.recent: dict[str, deque[FaultRecord]] = {}  # node -> every event, oldest first (incidents)
         # node -> reasons of its active critical conditions, as its agent publishes them (ftd health)
         self.conditions: dict[str, list[str]] = {}
+        # node -> the event kind of each of those conditions, same order ("unknown": an older agent)
+        self.condition_kinds: dict[str, list[str]] = {}
         # job -> when ftd restarted it (requeued it through the scheduler), oldest first (bounded)
         self.restarts: dict[str, deque[float]] = {}
 
@@ -87,12 +89,16 @@ class ClusterState:
             record.allocations.pop(node, None)
         self._node(node)
 
-    def apply_conditions(self, node: str, reasons: list[str]) -> None:
-        """The node's active critical conditions (its agent's ``conditions/ftd``); [] clears them."""
+    def apply_conditions(self, node: str, reasons: list[str], kinds: Sequence[str] = ()) -> None:
+        """The node's active critical conditions (its agent's ``conditions/ftd``) and the event kind of
+        each (``kinds``, same order; "unknown" where the agent did not say); [] clears them."""
         if reasons:
             self.conditions[node] = list(reasons)
+            known = list(kinds[: len(reasons)])
+            self.condition_kinds[node] = known + ["unknown"] * (len(reasons) - len(known))
         else:
             self.conditions.pop(node, None)
+            self.condition_kinds.pop(node, None)
 
     def mark_drained(self, node: str, reason: str, drained: bool = True) -> None:
         """ftd drained ``node`` (or, ``drained=False``, it is back in service): counted in ftd's
