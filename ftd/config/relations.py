@@ -133,6 +133,15 @@ def _credentials(data: Mapping[Any, Any]) -> Iterator[Problem | None]:
     notify = _table(data, "coordinator", "notify")
     if None not in (notify.get("webhook_url"), notify.get("url_file")):
         yield Problem("coordinator.notify.url_file", "mutually exclusive with webhook_url; keep one of them")
+    destinations = notify.get("destinations")
+    for i, dest in enumerate(destinations if isinstance(destinations, list) else []):
+        if not isinstance(dest, dict):
+            continue
+        where = f"coordinator.notify.destinations[{i}]"
+        if None not in (dest.get("webhook_url"), dest.get("url_file")):
+            yield Problem(f"{where}.url_file", "mutually exclusive with webhook_url; keep one of them")
+        elif dest.get("webhook_url") is None and dest.get("url_file") is None:
+            yield Problem(where, "needs webhook_url or url_file: where should notifications go?")
     bus = _table(data, "bus")
     yield from _login(bus, lambda key: f"bus.{key}")
     if bus.get("ca_file") is not None and bus.get("tls") is not True:

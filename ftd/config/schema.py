@@ -261,6 +261,15 @@ class StormConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     ] = 30.0
 
 
+class AgentMetricsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The agent's own Prometheus metrics (``ftd.agent.metrics``): spool, kernel log, watchers, events."""
+
+    host: Annotated[
+        NonEmptyStr, _doc("Address to serve /metrics on (keep it on loopback or a management network).")
+    ] = "127.0.0.1"
+    port: Annotated[int, _doc("TCP port for /metrics; 0: not served.", ge=0, le=65535)] = 0
+
+
 class SpoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The on-disk outbox spool under agent.state_dir (events survive broker outages and agent restarts)."""
 
@@ -375,6 +384,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     )
     storm: Annotated[StormConfig, _doc("Storm control.")] = msgspec.field(default_factory=StormConfig)
     spool: Annotated[SpoolConfig, _doc("Durable outbox spool.")] = msgspec.field(default_factory=SpoolConfig)
+    metrics: Annotated[AgentMetricsConfig, _doc("The agent's Prometheus metrics.")] = msgspec.field(
+        default_factory=AgentMetricsConfig
+    )
     preflight: Annotated[PreflightConfig, _doc("Preflight checks (ftd preflight, return to service).")] = (
         msgspec.field(default_factory=PreflightConfig)
     )
@@ -479,8 +491,48 @@ class KubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     timeout_s: Annotated[PositiveSeconds, _doc("Deadline for one API request.")] = 30.0
 
 
+NOTIFY_FORMATS = ("generic", "slack", "alertmanager")
+SEVERITIES = ("info", "warning", "error", "critical")
+
+
+class NotifyDestinationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One place notifications go: a webhook, its payload format and the least severity it wants."""
+
+    name: Annotated[NonEmptyStr | None, _doc("Name shown in the action's detail and logs.")] = None
+    webhook_url: Annotated[
+        NonEmptyStr | None,
+        _doc("Webhook URL (often holds a token: prefer url_file). Exclusive with url_file."),
+    ] = None
+    url_file: Annotated[
+        NonEmptyStr | None,
+        _doc(
+            "File holding the webhook URL (trailing newline ignored), read per call; relative paths "
+            "resolve against $CREDENTIALS_DIRECTORY (systemd LoadCredential)."
+        ),
+    ] = None
+    format: Annotated[
+        str,
+        _doc(
+            "Payload: generic (ftd's JSON), slack (text + blocks: Slack, Mattermost) or alertmanager "
+            "(the JSON Alertmanager posts to webhook receivers).",
+            extra={"choices": NOTIFY_FORMATS},
+        ),
+    ] = "generic"
+    min_severity: Annotated[
+        str,
+        _doc(
+            "Least severity sent here (a notify's params.severity, else warning).",
+            extra={"choices": SEVERITIES},
+        ),
+    ] = "info"
+
+
 class NotifyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The ``notify`` action: a JSON webhook (Slack-, PagerDuty- or ChatOps-style receiver)."""
+    """The ``notify`` action: webhooks (generic JSON, Slack-compatible, Alertmanager payloads).
+
+    ``webhook_url``/``url_file`` (with ``format``, ``min_severity``) is one destination; each
+    ``[[coordinator.notify.destinations]]`` table is another. None at all: notifications are only
+    logged, and the action ends ``logged``."""
 
     webhook_url: Annotated[
         NonEmptyStr | None,
@@ -493,8 +545,37 @@ class NotifyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             "resolve against $CREDENTIALS_DIRECTORY (systemd LoadCredential)."
         ),
     ] = None
+    format: Annotated[
+        str,
+        _doc(
+            "Payload of webhook_url/url_file: generic, slack or alertmanager.",
+            extra={"choices": NOTIFY_FORMATS},
+        ),
+    ] = "generic"
+    min_severity: Annotated[
+        str,
+        _doc("Least severity sent to webhook_url/url_file.", extra={"choices": SEVERITIES}),
+    ] = "info"
+    destinations: Annotated[
+        list[NotifyDestinationConfig],
+        _doc("More webhooks, each with its own url or url_file, format and min_severity."),
+    ] = msgspec.field(default_factory=list)
     timeout_s: Annotated[PositiveSeconds, _doc("Deadline for one webhook POST.")] = 10.0
     retries: Annotated[int, _doc("Retries after a failed POST (exponential backoff).", ge=0, le=20)] = 3
+
+    def all_destinations(self) -> list[NotifyDestinationConfig]:
+        """The top-level webhook (when set) first, then ``destinations``."""
+        out = list(self.destinations)
+        if self.webhook_url or self.url_file:
+            top = NotifyDestinationConfig(
+                name="default",
+                webhook_url=self.webhook_url,
+                url_file=self.url_file,
+                format=self.format,
+                min_severity=self.min_severity,
+            )
+            out.insert(0, top)
+        return out
 
 
 class RateLimitConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

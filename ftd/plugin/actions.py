@@ -68,6 +68,9 @@ class ActionState(enum.StrEnum):
     SUPPRESSED = "suppressed"  # stopped by the policy gate; ``detail`` says why
     DRY_RUN = "dry_run"  # would have run; dry-run mode recorded it instead
     AWAITING_APPROVAL = "awaiting_approval"  # held for a human: Engine.approve / Engine.reject
+    # finished, but only written to the coordinator's log: a notify with no destination to send to
+    # (terminal like succeeded; never retried)
+    LOGGED = "logged"
 
     @property
     def finished(self) -> bool:

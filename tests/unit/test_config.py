@@ -440,7 +440,7 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
 # test_config_references.py), by the table holding them ("[]": every table of an array).
 CROSS_FIELD_KEYS = {
     "bus": {"username", "password", "password_file", "ca_file", "reconnect_min_s", "reconnect_max_s"},
-    "coordinator.notify": {"url_file"},
+    "coordinator.notify": {"url_file", "destinations"},
     "coordinator.ha": {
         "ledger",
         "dsn",

@@ -144,10 +144,11 @@ async def test_timeout_and_connection_errors_are_retried_and_redacted(receiver: 
 
 async def test_without_a_webhook_the_log_is_the_channel() -> None:
     """No webhook configured: one ``notification`` warning line with the action's facts, and the
-    action succeeds (every notify used to end "failed" with "no executor" on such a site)."""
+    action ends ``logged`` (not failed, as it once did with "no executor"; not succeeded either:
+    nobody was told)."""
     with structlog.testing.capture_logs() as logs:
         result = await Notify(NotifyConfig())(_record())
-    assert result == {"channel": "log"}
+    assert result == {"channel": "log", "why": "no notify destination configured", "state": "logged"}
     lines = [entry for entry in logs if entry["event"] == "notification"]
     assert len(lines) == 1 and lines[0]["log_level"] == "warning"
     record = _record()

@@ -167,6 +167,9 @@ def _secrets(config: Config, roles: Collection[str]) -> Iterator[tuple[str, str]
             yield "coordinator.api.token_file", coordinator.api.token_file
         if coordinator.notify.url_file is not None:
             yield "coordinator.notify.url_file", coordinator.notify.url_file
+        for i, dest in enumerate(coordinator.notify.destinations):
+            if dest.url_file is not None:
+                yield f"coordinator.notify.destinations[{i}].url_file", dest.url_file
         ha = coordinator.ha
         if ha.ledger == "postgresql" and ha.standby_password_file is not None:
             yield "coordinator.ha.standby_password_file", ha.standby_password_file

@@ -1,14 +1,20 @@
-"""notify: POST one JSON document about an action to a webhook (aiohttp client).
+"""notify: POST a notification about an action to each configured webhook (aiohttp client).
 
-The body (``Content-Type: application/json``)::
+Destinations: ``coordinator.notify.webhook_url`` or ``url_file`` (with ``format`` and
+``min_severity``) and every ``[[coordinator.notify.destinations]]`` table. Each gets the body in its
+own ``format`` (:mod:`ftd.coordinator.actions.notify_formats`: ``generic`` ftd JSON, ``slack``
+text + blocks, ``alertmanager`` webhook payload), and only notifications at or above its
+``min_severity`` (a notify's ``params.severity``, else its event's, else warning).
+
+The generic body (``Content-Type: application/json``)::
 
     {"source": "ftd", "action_id": ..., "action": "drain_node" | "notify" | ..., "target": ...,
      "node": ... | null, "job": ... | null, "reason": ..., "rule": ..., "event_id": ... | null,
-     "event": {...} | null, "params": {...}, "ts": ..., "text": "ftd: <action> <target>: <reason>"}
+     "event": {...} | null, "params": {...}, "ts": ..., "severity": ...,
+     "text": "ftd: <action> <target>: <reason>"}
 
 ``action`` is ``params["action"]`` when a rule notifies *about* another action, else ``"notify"``;
-``event`` is ``params["event"]`` (a rule's summary of the triggering event), else null. ``text`` makes
-the body readable by Slack/Mattermost-style incoming webhooks as it is.
+``event`` is ``params["event"]`` (a rule's summary of the triggering event), else null.
 
 Delivery: each attempt has ``timeout_s``; a connection error, a timeout, a 429 or a 5xx is retried
 up to ``retries`` times with exponential backoff (0.5 s doubling, capped at 10 s, full jitter; a
@@ -16,9 +22,13 @@ up to ``retries`` times with exponential backoff (0.5 s doubling, capped at 10 s
 rejected request does not help). Every attempt carries ``Idempotency-Key: <action id>`` so a
 receiver can drop the repeat a resumed action (coordinator restarted mid-send) may cause.
 
-Without a webhook (neither ``webhook_url`` nor ``url_file``) the notification is one ``notification``
-warning line in the coordinator's log (JSON in the journal: action, target, node, job, rule, reason)
-and the action succeeds with ``{"channel": "log"}``.
+Outcome: every chosen destination delivered: *succeeded* (detail ``delivered``: destination,
+format, status, attempts; with one destination its keys are also at the top). Some delivered, some
+not: *escalated* (``undelivered`` says which and why). None delivered: *failed*. Nowhere to send
+(no destination configured, or every destination's ``min_severity`` above this one's): one
+``notification`` warning line in the coordinator's log (JSON in the journal: action, target, node,
+job, rule, reason) and the action ends **logged** (``{"channel": "log"}``), never *succeeded*: the
+ledger, API and ``ftd status`` show that nobody was told. ``logged`` is final, like succeeded.
 
 Secrets: the URL usually embeds a token (Slack's path, ``?token=``). It is never logged nor put in the
 action's detail: logs and errors name only ``scheme://host``, and any text that could echo the URL
@@ -30,17 +40,17 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from ftd.config import ConfigError, NotifyConfig, read_secret_file
+from ftd.config import ConfigError, NotifyConfig, NotifyDestinationConfig, read_secret_file
+from ftd.coordinator.actions import notify_formats as formats
 from ftd.coordinator.model.state import ClusterState
 from ftd.logs import get_logger
-from ftd.plugin.actions import ActionRecord
+from ftd.plugin.actions import ActionRecord, ActionState
 
 log = get_logger(__name__)
 
@@ -78,12 +88,18 @@ class Notify:
         self._state = state
         self._sleep = sleep
 
-    def _url(self) -> str:
-        if self.config.webhook_url:
-            return self.config.webhook_url
-        if self.config.url_file:  # read at each send, so a rotated URL needs no restart
+    def _url(self, dest: NotifyDestinationConfig | None = None) -> str:
+        """The destination's URL (the top-level webhook when ``dest`` is None)."""
+        if dest is None:
+            dests = self.config.all_destinations()
+            if not dests:
+                raise NotifyError("no webhook configured (coordinator.notify.webhook_url or url_file)")
+            dest = dests[0]
+        if dest.webhook_url:
+            return dest.webhook_url
+        if dest.url_file:  # read at each send, so a rotated URL needs no restart
             try:
-                url = read_secret_file(self.config.url_file, "coordinator.notify.url_file").strip()
+                url = read_secret_file(dest.url_file, "coordinator.notify.url_file").strip()
             except ConfigError as exc:
                 raise NotifyError(str(exc)) from None
             if url:
@@ -92,46 +108,62 @@ class Notify:
         raise NotifyError("no webhook configured (coordinator.notify.webhook_url or url_file)")
 
     def payload(self, record: ActionRecord) -> dict[str, Any]:
-        req = record.request
-        params = dict(req.params)
-        target = req.target
-        is_job = self._state is not None and target in self._state.jobs
-        action = str(params.get("action") or req.kind)
-        return {
-            "source": "ftd",
-            "action_id": record.id,
-            "action": action,
-            "target": target,
-            "node": params.get("node") or (None if is_job else target),
-            "job": params.get("job") or (target if is_job else None),
-            "reason": req.reason,
-            "rule": req.rule,
-            "event_id": req.event_id,
-            "event": params.get("event"),
-            "params": params,
-            "ts": time.time(),
-            "text": f"ftd: {action} {target}: {req.reason}",
-        }
+        """The generic body (the facts every format is made from)."""
+        is_job = self._state is not None and record.request.target in self._state.jobs
+        return formats.summary(record, is_job=is_job)
+
+    def _log_only(self, record: ActionRecord, body: dict[str, Any], why: str) -> dict[str, Any]:
+        # Nowhere to send: the journal is the channel (one warning line an alerting rule can match),
+        # and the action ends "logged", so nobody mistakes it for a message someone received.
+        log.warning(
+            "notification",
+            action_id=record.id,
+            action=body["action"],
+            target=body["target"],
+            node=body["node"],
+            job=body["job"],
+            rule=body["rule"],
+            reason=body["reason"],
+            severity=body["severity"],
+            channel="log",
+            why=why,
+        )
+        return {"channel": "log", "why": why, "state": str(ActionState.LOGGED)}
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
-        if not (self.config.webhook_url or self.config.url_file):
-            # No webhook: the journal is the channel (one warning line an alerting rule can match);
-            # the action succeeds, so a site without a webhook does not see every notify "failed".
-            body = self.payload(record)
-            log.warning(
-                "notification",
-                action_id=record.id,
-                action=body["action"],
-                target=body["target"],
-                node=body["node"],
-                job=body["job"],
-                rule=body["rule"],
-                reason=body["reason"],
-            )
-            return {"channel": "log"}
-        url = self._url()
-        origin = safe_origin(url)
         body = self.payload(record)
+        dests = self.config.all_destinations()
+        if not dests:
+            return self._log_only(record, body, "no notify destination configured")
+        rank = formats.SEVERITY_RANK
+        chosen = [d for d in dests if rank[body["severity"]] >= rank.get(d.min_severity, 0)]
+        if not chosen:
+            return self._log_only(record, body, f"every destination wants more than {body['severity']}")
+        delivered: list[dict[str, Any]] = []
+        undelivered: list[dict[str, str]] = []
+        for index, dest in enumerate(chosen):
+            name = dest.name or f"destinations[{index}]"
+            try:
+                delivered.append(await self._deliver(record, dest, name, body))
+            except NotifyError as exc:
+                log.warning("notification_undelivered", action_id=record.id, destination=name, error=str(exc))
+                undelivered.append({"destination": name, "error": str(exc)})
+        if not delivered:
+            raise NotifyError("; ".join(f"{u['destination']}: {u['error']}" for u in undelivered))
+        detail: dict[str, Any] = {"delivered": delivered}
+        if len(chosen) == 1:
+            detail.update(delivered[0])
+        if undelivered:
+            detail["undelivered"] = undelivered
+            detail["state"] = str(ActionState.ESCALATED)
+        return detail
+
+    async def _deliver(
+        self, record: ActionRecord, dest: NotifyDestinationConfig, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        url = self._url(dest)
+        origin = safe_origin(url)
+        payload = formats.render(body, dest.format, receiver=name)
         timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
         headers = {"Idempotency-Key": record.id, "User-Agent": "ftd-coordinator"}
         attempts = self.config.retries + 1
@@ -140,13 +172,21 @@ class Notify:
             for attempt in range(1, attempts + 1):
                 retry_after: float | None = None
                 try:
-                    async with session.post(url, json=body, headers=headers, allow_redirects=False) as resp:
+                    async with session.post(
+                        url, json=payload, headers=headers, allow_redirects=False
+                    ) as resp:
                         await resp.read()
                         if resp.status < 300:
                             log.info(
                                 "webhook_delivered", action_id=record.id, webhook=origin, status=resp.status
                             )
-                            return {"webhook": origin, "status": resp.status, "attempts": attempt}
+                            return {
+                                "destination": name,
+                                "format": dest.format,
+                                "webhook": origin,
+                                "status": resp.status,
+                                "attempts": attempt,
+                            }
                         last_error = f"HTTP {resp.status}"
                         if resp.status != 429 and resp.status < 500:
                             raise NotifyError(f"webhook {origin} refused the notification: {last_error}")

@@ -203,7 +203,12 @@ class PolicyGate:
             if record.state in (ActionState.PENDING, ActionState.RUNNING, ActionState.AWAITING_APPROVAL):
                 self._active[key] = record.id
                 self._active_requests[key] = record.request
-            elif record.state in (ActionState.SUCCEEDED, ActionState.ESCALATED, ActionState.FAILED):
+            elif record.state in (
+                ActionState.SUCCEEDED,
+                ActionState.ESCALATED,
+                ActionState.FAILED,
+                ActionState.LOGGED,
+            ):
                 cooled = record.request.cooldown_key
                 if record.updated >= self._finished_at.get(cooled, 0.0):
                     self._finished_severity[cooled] = severity_rank(record.request)
