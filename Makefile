@@ -3,20 +3,41 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 FTD    := $(VENV)/bin/ftd
 STAMP  := $(VENV)/.ftd-installed
+DEMO_STAMP := $(VENV)/.ftd-demo-installed
 # The exact versions the suite is tested with (the extras themselves take ranges).
 CONSTRAINTS := constraints/test.txt
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit check bench real-parts clean
+.PHONY: demo dist test unit check bench real-parts clean
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+# The distribution is ftd-daemon; a venv made before the rename (or holding PyPI's unrelated `ftd`)
+# loses that `ftd` first, so its package directory cannot shadow this one.
+define VENV_BASE
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[dev,torch,k8s,lightning,hf]'
-	touch $(STAMP)
+	$(PY) -m pip uninstall --quiet --yes ftd 2>/dev/null || true
+endef
 
-demo: $(STAMP)
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	$(VENV_BASE)
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[dev,torch,k8s,lightning,hf]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo needs the daemons only: no torch, lightning or transformers (the full stamp covers it too).
+$(DEMO_STAMP): pyproject.toml $(CONSTRAINTS)
+	$(VENV_BASE)
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[daemon]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(FTD) demo
+
+# The wheels and sdists of ftd-daemon and of the client alone (ftd-daemon-client, packaging/client)
+# into dist/, built with the venv's own hatchling (no build environment fetched).
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	$(PY) -m build --no-isolation --outdir dist packaging/client
 
 real-parts:
 	bash scripts/install-real-parts.sh
@@ -38,10 +59,11 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check ftd tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/vermin --quiet --no-tips --violations --target=3.9- ftd/client
 
 bench: $(STAMP) real-parts
 	$(FTD) bench e2e --json
 	$(FTD) bench kmsg --json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache

@@ -426,7 +426,7 @@ def require_postgres() -> None:
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        msg = "psycopg not installed (pip install 'ftd[ha]')"
+        msg = "psycopg not installed (pip install 'ftd-daemon[ha]')"
         if REQUIRE_REAL:
             pytest.fail(f"FTD_REQUIRE_REAL=1 and {msg}", pytrace=False)
         pytest.skip(msg)

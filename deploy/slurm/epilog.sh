@@ -6,7 +6,7 @@
 # Budget: FTD_HOOK_TIMEOUT seconds (default 2) for the agent, 2 s for nvidia-smi. Always exits 0:
 # a failing Epilog would drain the node for ftd's sake; ftd health drains it with a readable reason.
 [ -r "${FTD_SLURM_DEFAULTS:-/etc/default/ftd-slurm}" ] && . "${FTD_SLURM_DEFAULTS:-/etc/default/ftd-slurm}"
-FTD_BIN=${FTD_BIN:-/usr/local/bin/ftd}
+FTD_BIN=${FTD_BIN:-/opt/ftd/bin/ftd}
 T=${FTD_HOOK_TIMEOUT:-2}
 if [ ! -x "$FTD_BIN" ]; then
     echo "ftd epilog: WARNING: $FTD_BIN not found; end of job ${SLURM_JOB_ID:-?} not reported" >&2

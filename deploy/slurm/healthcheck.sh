@@ -6,7 +6,7 @@
 # Budget: FTD_HEALTH_TIMEOUT seconds in all (default 0.8). An unreachable agent is a warning, exit 0.
 # FTD_HEALTH_RESUME=1 resumes a node this check drained once no condition is active.
 [ -r "${FTD_SLURM_DEFAULTS:-/etc/default/ftd-slurm}" ] && . "${FTD_SLURM_DEFAULTS:-/etc/default/ftd-slurm}"
-FTD_BIN=${FTD_BIN:-/usr/local/bin/ftd}
+FTD_BIN=${FTD_BIN:-/opt/ftd/bin/ftd}
 if [ ! -x "$FTD_BIN" ]; then
     echo "WARNING:  ftd:  $FTD_BIN not found" >&2
     exit 0

@@ -6,7 +6,7 @@
 # cannot be told fails the Prolog: Slurm drains the node and requeues the job).
 # Settings: /etc/default/ftd-slurm (FTD_BIN, FTD_SOCKET, FTD_HOOK_TIMEOUT, FTD_PROLOG_GATE).
 [ -r "${FTD_SLURM_DEFAULTS:-/etc/default/ftd-slurm}" ] && . "${FTD_SLURM_DEFAULTS:-/etc/default/ftd-slurm}"
-FTD_BIN=${FTD_BIN:-/usr/local/bin/ftd}
+FTD_BIN=${FTD_BIN:-/opt/ftd/bin/ftd}
 T=${FTD_HOOK_TIMEOUT:-2}
 if [ ! -x "$FTD_BIN" ]; then
     echo "ftd prolog: WARNING: $FTD_BIN not found; job ${SLURM_JOB_ID:-?} not reported" >&2

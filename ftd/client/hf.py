@@ -11,7 +11,7 @@ when torch.distributed is initialised), then set ``control.should_save`` (the Tr
 ``control.should_training_stop``. ``on_save`` acks with that checkpoint directory (every save the
 Trainer makes answers a pending ftd save).
 
-Install with ``pip install 'ftd[hf]'``. The hooks follow the documented ``TrainerCallback``
+Install with ``pip install 'ftd-daemon[hf]'``. The hooks follow the documented ``TrainerCallback``
 interface; the class only subclasses ``TrainerCallback`` at run time, so type checking does not
 need transformers installed.
 """

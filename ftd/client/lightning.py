@@ -12,7 +12,7 @@ After every training batch (``on_train_batch_end``) it heart-beats, agrees with 
   strategy decides who writes) and ack with that path;
 - stop: ``trainer.should_stop = True`` (Lightning ends the fit loop cleanly).
 
-Install with ``pip install 'ftd[lightning]'`` (``lightning`` or the older ``pytorch_lightning``).
+Install with ``pip install 'ftd-daemon[lightning]'`` (``lightning`` or the older ``pytorch_lightning``).
 The hooks follow Lightning's documented ``Callback`` interface; the class only subclasses
 Lightning's ``Callback`` at run time, so type checking does not need Lightning installed.
 """

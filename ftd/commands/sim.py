@@ -192,7 +192,7 @@ def run_goodput(args: argparse.Namespace) -> int:
         try:
             report["plot"] = str(plot(report, args.plot))
         except ModuleNotFoundError:
-            return _fail("--plot needs matplotlib (pip install 'ftd[sim]')")
+            return _fail("--plot needs matplotlib (pip install 'ftd-daemon[sim]')")
         except OSError as exc:
             return _fail(f"cannot write {args.plot}: {exc.strerror or exc}")
     _save_state(report, state_path(args.state, config.coordinator.ledger_path if args.config else None))

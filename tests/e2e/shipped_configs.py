@@ -1,6 +1,6 @@
 """The shipped example configs with an operator's edits, and nothing else.
 
-What: :func:`set_key` / :func:`drop_key` edit one ``key = value`` line inside one ``[table]`` of a TOML
+What: :func:`set_key` edits one ``key = value`` line inside one ``[table]`` of a TOML
 text (comments and every other line kept; a key that is not there is an error, so an example that
 drops a key the guide says to edit fails the test), :func:`add_table` appends a table the example
 does not spell out (an option ``ftd check-config --explain`` lists), and :func:`agent_config` /
@@ -48,12 +48,6 @@ def set_key(text: str, table: str, key: str, value: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def drop_key(text: str, table: str, key: str) -> str:
-    lines = text.splitlines()
-    del lines[_key_line(lines, table, key)]
-    return "\n".join(lines) + "\n"
-
-
 def add_table(text: str, table: str, body: str) -> str:
     return f"{text.rstrip()}\n\n[{table}]\n{body.strip()}\n"
 
@@ -68,11 +62,9 @@ def _bus(text: str, port: int, ca: Path, cert: Path, key: Path) -> str:
     text = set_key(text, "bus", "port", str(port))
     text = set_key(text, "bus", "ca_file", q(ca))
     text = set_key(text, "bus", "cert_file", q(cert))
-    text = set_key(text, "bus", "key_file", q(key))
-    # The certificate is the identity on the TLS listener; the password lines are for brokers
-    # without client certificates (the example's own comment), so an mTLS install drops them.
-    text = drop_key(text, "bus", "username")
-    return drop_key(text, "bus", "password_file")
+    # The certificate is the identity on the TLS listener: the example's password lines stay
+    # commented out (they are for brokers without client certificates), nothing to drop.
+    return set_key(text, "bus", "key_file", q(key))
 
 
 def agent_config(

@@ -54,7 +54,7 @@ from tests.e2e.daemons import REPO
 from tests.e2e.operator_stack import OperatorStack, operator_stack, wait_for
 from tests.e2e.readme_trainer import readme_loop
 
-pytest.importorskip("torch", reason="the README trainer runs as a torch DDP job (pip install 'ftd[torch]')")
+pytest.importorskip("torch", reason="the README trainer is a torch DDP job (pip install 'ftd-daemon[torch]')")
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

@@ -30,7 +30,7 @@ import pytest
 from tests.e2e.daemons import REPO
 from tests.e2e.test_spine import Stack, stack, wait_until
 
-pytest.importorskip("torch", reason="the DDP example needs torch (pip install 'ftd[torch]')")
+pytest.importorskip("torch", reason="the DDP example needs torch (pip install 'ftd-daemon[torch]')")
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 __all__ = ["stack"]  # the fixture, imported for pytest

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.property]
 
 @pytest.mark.parametrize("target", ["kmsg", "bus"])
 def test_fuzz_target_survives(target: str, tmp_path: Path) -> None:
-    pytest.importorskip("atheris", reason="atheris is a dev dependency (pip install 'ftd[dev]')")
+    pytest.importorskip("atheris", reason="atheris is a dev dependency (pip install 'ftd-daemon[dev]')")
     extra = []
     if target == "kmsg":  # real kernel-log tokens and lines to start from (copied: libFuzzer adds to it)
         corpus = tmp_path / "corpus"

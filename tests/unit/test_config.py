@@ -52,7 +52,9 @@ def test_empty_file_is_all_defaults() -> None:
 def test_examples_load(name: str) -> None:
     config = load_config(EXAMPLES / name)
     assert config.bus.tls and config.bus.port == 8883
-    assert config.bus.password_file == "mqtt-password" and config.bus.password is None
+    # mutual TLS: the certificate is the identity; the password lines are commented out
+    assert config.bus.cert_file and config.bus.key_file
+    assert config.bus.password_file is None and config.bus.password is None
 
 
 def test_example_values() -> None:
@@ -60,7 +62,7 @@ def test_example_values() -> None:
     assert agent.agent.node == "gpu-a017" and agent.agent.resolved_node() == "gpu-a017"
     assert agent.agent.kmsg_path == "/dev/kmsg"
     coordinator = load_config(str(EXAMPLES / "coordinator.toml"))
-    assert coordinator.bus.username == "coordinator"
+    assert coordinator.bus.cert_file == "/etc/ftd/tls/coordinator.crt" and coordinator.bus.username is None
     assert coordinator.coordinator.scheduler == "slurm"
     assert coordinator.coordinator.slurm.slurm_conf == "/etc/slurm/slurm.conf"
     assert coordinator.coordinator.policy.cooldown_s == 600.0
@@ -522,7 +524,7 @@ def test_check_config_ok(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", "--no-files", path]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"OK: {path}\n")
-    assert "gpu-a017" in out and "mqtts://gpu-a017@mqtt.cluster.internal:8883" in out and "slurm" in out
+    assert "gpu-a017" in out and "mqtts://mqtt.cluster.internal:8883" in out and "slurm" in out
     assert "files:     not checked (--no-files)" in out
 
 

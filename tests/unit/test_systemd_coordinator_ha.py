@@ -46,7 +46,7 @@ def verify(tmp_path: Path, drop_in: str) -> str:
     ftd = Path(sys.executable).with_name("ftd")
     text = UNIT.read_text()
     if ftd.exists():  # verify checks that the executable exists: point it at this venv's ftd
-        text = text.replace("ExecStart=/usr/bin/env ftd ", f"ExecStart={ftd} ")
+        text = text.replace("ExecStart=/opt/ftd/bin/ftd ", f"ExecStart={ftd} ")
     (tmp_path / UNIT.name).write_text(text)
     (tmp_path / DROP_IN.parent.name).mkdir()
     (tmp_path / DROP_IN.parent.name / DROP_IN.name).write_text(drop_in)
@@ -87,10 +87,7 @@ def test_the_password_file_is_a_credential_named_by_pgpassfile() -> None:
     assert not any(e.startswith("PGPASSWORD") for e in drop_in["Environment"])
     assert "EnvironmentFile" not in drop_in
     # the unit's own credentials are kept (a drop-in adds LoadCredential=, it does not replace them)
-    assert {c.split(":")[0] for c in settings(UNIT.read_text())["LoadCredential"]} == {
-        "broker-password",
-        "api-token",
-    }
+    assert {c.split(":")[0] for c in settings(UNIT.read_text())["LoadCredential"]} == {"api-token"}
     assert name not in ("broker-password", "api-token")
 
 

@@ -32,7 +32,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     ftd = Path(sys.executable).with_name("ftd")
     text = UNIT.read_text()
     if ftd.exists():  # verify checks that the executable exists: point it at this venv's ftd
-        text = text.replace("ExecStart=/usr/bin/env ftd ", f"ExecStart={ftd} ")
+        text = text.replace("ExecStart=/opt/ftd/bin/ftd ", f"ExecStart={ftd} ")
     copy = tmp_path / "ftd-agent.service"
     copy.write_text(text)
     result = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60)
@@ -48,7 +48,6 @@ def test_unit_has_the_required_service_settings_and_hardening() -> None:
         "WatchdogSec": "30",
         "Restart": "always",
         "RestartSec": "2",
-        "LoadCredential": "broker-password:/etc/ftd/broker-password",
         "StateDirectory": "ftd",
         "RuntimeDirectory": "ftd",
         "ProtectSystem": "strict",
@@ -65,6 +64,8 @@ def test_unit_has_the_required_service_settings_and_hardening() -> None:
         assert conf.get(key) == [value], (key, conf.get(key))
     assert conf["ProtectHome"][0] in ("yes", "read-only")
     assert "ftd agent --config /etc/ftd/agent.toml" in conf["ExecStart"][0]
+    # mutual TLS needs no credential; a LoadCredential= whose file is missing would stop the unit
+    assert "LoadCredential" not in conf
     assert "/dev/kmsg r" in conf["DeviceAllow"]  # the kernel log stays readable
     assert any("nvidia" in allow for allow in conf["DeviceAllow"])  # GPU reset and NVML
     assert "CAP_SYSLOG" in conf["CapabilityBoundingSet"][0]
@@ -180,7 +181,7 @@ def test_py_spy_needs_no_system_call_beyond_the_unit_filter(tmp_path: Path) -> N
     strace = shutil.which("strace")  # a measuring tool, not a part ftd runs with: skip without it
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if strace is None or not Path(spy).exists():
-        pytest.skip("needs strace (Debian package strace) and py-spy (pip install 'ftd[daemon]')")
+        pytest.skip("needs strace (Debian package strace) and py-spy (pip install 'ftd-daemon[daemon]')")
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         summary = tmp_path / "strace.txt"

@@ -17,7 +17,7 @@ import pytest
 def _needs_torch() -> None:
     """Skips without torch. torch (and ftd.client.torch, which imports it) is imported by the tests
     that run, not when the module is collected: it takes seconds, and ``-k`` selections pay it too."""
-    pytest.importorskip("torch", reason="pip install 'ftd[torch]'")
+    pytest.importorskip("torch", reason="pip install 'ftd-daemon[torch]'")
 
 
 class FakeClient:
@@ -112,7 +112,7 @@ def test_without_a_process_group_the_local_flags_are_returned() -> None:
 
 
 def test_lightning_callback_saves_through_the_trainer_and_stops_it(tmp_path: Path) -> None:
-    pytest.importorskip("lightning", reason="pip install 'ftd[lightning]'")
+    pytest.importorskip("lightning", reason="pip install 'ftd-daemon[lightning]'")
     from ftd.client.lightning import FtdCallback
 
     client = FakeClient()
@@ -133,7 +133,7 @@ def test_lightning_callback_saves_through_the_trainer_and_stops_it(tmp_path: Pat
 
 
 def test_hf_callback_sets_trainer_control_and_acks_on_save(tmp_path: Path) -> None:
-    pytest.importorskip("transformers", reason="pip install 'ftd[hf]'")
+    pytest.importorskip("transformers", reason="pip install 'ftd-daemon[hf]'")
     from transformers import TrainerControl, TrainerState
 
     from ftd.client.hf import FtdTrainerCallback

@@ -32,7 +32,8 @@ class WaitingClient:
 
 
 def test_the_agreed_save_waits_for_the_step_the_coordinator_chose() -> None:
-    pytest.importorskip("torch", reason="pip install 'ftd[torch]'")  # here: collection skips the import
+    # here, not at module level: collection skips the import
+    pytest.importorskip("torch", reason="pip install 'ftd-daemon[torch]'")
     from ftd.client.torch import TorchCoordinator
 
     client = WaitingClient(save_at=5)

@@ -157,7 +157,8 @@ class KubernetesScheduler:
             try:
                 from kubernetes_asyncio import client as k8s
             except ImportError as exc:  # pragma: no cover - depends on the install
-                raise SchedulerError("kubernetes_asyncio is not installed: pip install 'ftd[k8s]'") from exc
+                missing = "kubernetes_asyncio is not installed: pip install 'ftd-daemon[k8s]'"
+                raise SchedulerError(missing) from exc
             conf = k8s.Configuration(host=self.host)
             conf.ssl_ca_cert = self.ca_file
             conf.api_key_prefix["BearerToken"] = "Bearer"
