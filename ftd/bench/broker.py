@@ -11,8 +11,9 @@ from pathlib import Path
 
 
 class PrivateMosquitto:
-    def __init__(self, extra_conf: tuple[str, ...] = ()) -> None:
+    def __init__(self, extra_conf: tuple[str, ...] = (), *, anonymous: bool = True) -> None:
         self._extra_conf = extra_conf
+        self._anonymous = anonymous
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(binary).exists():
             raise RuntimeError(
@@ -29,7 +30,7 @@ class PrivateMosquitto:
         conf = Path(self._dir.name) / "mosquitto.conf"
         lines = [
             f"listener {self.port} 127.0.0.1",
-            "allow_anonymous true",
+            f"allow_anonymous {'true' if self._anonymous else 'false'}",
             "log_dest none",
             "set_tcp_nodelay true",
         ]
@@ -42,8 +43,16 @@ class PrivateMosquitto:
                 return self
             except OSError:
                 if time.monotonic() > deadline:
+                    self._proc.kill()
+                    self._proc.wait(5)
                     raise RuntimeError("mosquitto did not start") from None
                 time.sleep(0.02)
+
+    @property
+    def pid(self) -> int:
+        """The broker's process id (for its RSS and CPU time)."""
+        assert self._proc is not None, "not started"
+        return self._proc.pid
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None:

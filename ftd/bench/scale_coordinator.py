@@ -1,0 +1,137 @@
+"""The coordinator process ``ftd bench scale`` drives, and the bench's side of reading it.
+
+The process is the production coordinator (:func:`ftd.coordinator.wiring.build`, rules as shipped,
+MQTT with the ``coordinator`` password and the shipped ACL) with a :class:`FakeScheduler` that knows
+the bench's nodes and jobs (so placement checks pass as on a real cluster). It prints ``READY``, then
+``PROGRESS {json}`` every 0.2 s (nodes known and online, node_offline events decided and the wall
+time of the last decision), and on SIGTERM one ``STATS {json}``: the probe node's event -> decision
+latencies, and the actions in the ledger (kind, target, state).
+
+It runs as ``python -c`` (not ``ftd coordinator``) only to observe the engine: the event -> decision
+time is taken inside the process, with the wall clock the publisher stamped the event with.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ftd.bench.coordinator import CoordinatorProcess
+
+_SCRIPT = r"""
+import asyncio, contextlib, json, signal, sys, time
+from ftd.config import parse_config
+from ftd.logs import configure
+from ftd.bus.factory import make_mqtt_bus
+from ftd.coordinator.wiring import build, coordinator_will
+from ftd.coordinator.actions.scheduler import FakeScheduler
+
+config = parse_config(open(sys.argv[1]).read())
+layout = json.loads(open(sys.argv[2]).read())
+configure("warning", json=True)
+
+async def main():
+    sched = FakeScheduler()
+    for node in layout["nodes"]:
+        sched.add_node(node)
+    for job, nodes in layout["jobs"].items():
+        sched.add_job(job, nodes)
+    bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
+    coord = build(config, bus=bus, scheduler=sched)
+    probe = layout["probe"]
+    marks = {"offline": 0, "offline_last": 0.0, "latency": []}
+    current = []
+    def observe(what, payload):
+        if what == "event":
+            current[:] = [payload]
+        elif what == "decision" and current:
+            event = current.pop()
+            if event.kind == "node_offline":
+                marks["offline"] += 1
+                marks["offline_last"] = time.time()
+            elif event.node == probe:
+                marks["latency"].append(time.time() - event.ts)
+    coord.engine.observe(observe)
+    ready = asyncio.Event()
+    task = asyncio.create_task(coord.run(ready.set))
+    await ready.wait()
+    print("READY", flush=True)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    while not stop.is_set():
+        nodes = coord.state.nodes
+        progress = {
+            "known": len(nodes),
+            "online": sum(1 for n in nodes.values() if n.online),
+            "offline_decided": marks["offline"],
+            "offline_last": marks["offline_last"],
+            "probe_decided": len(marks["latency"]),
+        }
+        print("PROGRESS", json.dumps(progress), flush=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await stop.wait()
+    db = coord.ledger.ledger._db
+    actions = [list(row) for row in db.execute("SELECT kind, target, state FROM actions")]
+    offline_rows = db.execute("SELECT count(*) FROM events WHERE kind = 'node_offline'").fetchone()[0]
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    await coord.close()
+    stats = {
+        "counters": coord.summary(),
+        "latency": marks["latency"],
+        "actions": actions,
+        "offline_recorded": offline_rows,
+    }
+    print("STATS", json.dumps(stats), flush=True)
+
+asyncio.run(main())
+"""
+
+
+class ScaleCoordinator(CoordinatorProcess):
+    """The coordinator subprocess; a thread reads its stdout (READY, PROGRESS {...}, STATS {...})."""
+
+    def __init__(self, config_path: Path, layout: dict[str, Any], work: Path) -> None:
+        layout_path = work / "layout.json"
+        layout_path.write_text(json.dumps(layout))
+        self.log_path = work / "coordinator.log"
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SCRIPT, str(config_path), str(layout_path)],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+        )
+        self.ready = threading.Event()
+        self.progress: dict[str, Any] = {
+            "known": 0,
+            "online": 0,
+            "offline_decided": 0,
+            "offline_last": 0.0,
+            "probe_decided": 0,
+        }
+        self.stats: dict[str, Any] | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode().strip()
+            if line == "READY":
+                self.ready.set()
+            elif line.startswith("PROGRESS "):
+                self.progress = json.loads(line[9:])
+            elif line.startswith("STATS "):
+                self.stats = json.loads(line[6:])
+        self._done.set()
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-2000:]
