@@ -102,6 +102,11 @@ class WatcherSupervisor:
             )
             await asyncio.sleep(backoff)
 
+    def running(self, name: str) -> bool:
+        """Whether the watcher ``name`` has a task running now (not crashed, not backing off)."""
+        task = self._tasks.get(name)
+        return task is not None and not task.done()
+
     def check_stalls(self, watchers: Iterable[Watcher], now: float) -> None:
         """Cancel (for :meth:`supervise` to restart) every watcher with no progress for ``stall_s``."""
         for watcher in watchers:

@@ -211,6 +211,11 @@ class Outbox:
         """Entries not done yet: queued, or published and waiting for their receipt."""
         return len(self._queue) + len(self._awaiting)
 
+    def oldest_age(self, now: float) -> float:
+        """Seconds the oldest entry not done yet has been held (monotonic ``now``); 0 when empty."""
+        held = [e.held_since for e in (*self._queue, *self._awaiting.values())]
+        return max(0.0, now - min(held)) if held else 0.0
+
     @property
     def awaiting_receipt(self) -> int:
         return len(self._awaiting)

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import re
 import struct
+import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "MAGIC",
@@ -73,6 +74,7 @@ class Entry:
     seq: int  # 0: not durable (never on disk); else its records' sequence number
     receipt_id: str | None = None
     sent_at: float = 0.0  # monotonic time of the last PUBACK; 0 while queued
+    held_since: float = field(default_factory=time.monotonic)  # put, or read back from the spool
 
     @property
     def size(self) -> int:

@@ -1,0 +1,143 @@
+"""The agent's own Prometheus metrics, served on a local port (``agent.metrics``; off by default).
+
+What: a collector that reads the agent's live state at scrape time (nothing is counted twice):
+
+=========================================  =========================================================
+``ftd_agent_bus_connected``                1 while the agent's MQTT connection is up
+``ftd_agent_spool_entries``                events and messages held: queued, or sent and waiting for
+                                           the coordinator's receipt
+``ftd_agent_spool_oldest_age_seconds``     how long the oldest of them has been held
+``ftd_agent_spool_dropped_total``          entries dropped because the outbox was full
+``ftd_agent_spool_available``              0 while the spool file cannot be written (memory only)
+``ftd_agent_kmsg_lines_total``             kernel log lines/records read
+``ftd_agent_kmsg_lag_seconds``             how late the newest /dev/kmsg record was when read
+``ftd_agent_kmsg_overruns_total``          /dev/kmsg records lost before they were read
+``ftd_agent_watcher_up{watcher}``          1 while the watcher's task runs
+``ftd_agent_watcher_restarts_total{watcher}``  restarts after a crash or a stall
+``ftd_agent_events_total{kind}``           events published, by kind (after storm control)
+=========================================  =========================================================
+
+Why a port of its own: the agent has no HTTP API (its local API is a Unix socket for trainers);
+Prometheus scrapes each node's agent like a node exporter. Served by aiohttp inside the agent's
+event loop, so a scrape reads the state between two steps of the loop, never mid-change.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ftd.agent.spool import Outbox
+from ftd.agent.supervision import WatcherSupervisor
+from ftd.agent.watchers.base import Watcher
+from ftd.agent.watchers.kmsg import KmsgWatcher
+from ftd.bus.base import Bus
+from ftd.config.schema import AgentMetricsConfig
+from ftd.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class Agent(Protocol):
+    """What the collector reads of :class:`ftd.agent.app.Agent` (which imports this module)."""
+
+    bus: Bus
+    outbox: Outbox
+    kmsg: KmsgWatcher
+    watchers: list[Watcher]
+    supervisor: WatcherSupervisor
+    events_by_kind: dict[str, int]
+
+
+class AgentCollector:
+    """Reads the agent's outbox, kernel-log watcher, watchers and event counts at scrape time."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        a = self._agent
+        outbox = a.outbox
+        yield GaugeMetricFamily(
+            "ftd_agent_bus_connected",
+            "1 while the agent is connected to the MQTT broker.",
+            value=1 if a.bus.connected else 0,
+        )
+        yield GaugeMetricFamily(
+            "ftd_agent_spool_entries",
+            "Messages held: queued, or sent and waiting for the coordinator's receipt.",
+            value=len(outbox),
+        )
+        yield GaugeMetricFamily(
+            "ftd_agent_spool_oldest_age_seconds",
+            "Seconds the oldest held message has been waiting (0: none).",
+            value=outbox.oldest_age(time.monotonic()),
+        )
+        yield CounterMetricFamily(
+            "ftd_agent_spool_dropped", "Messages dropped because the outbox was full.", value=outbox.dropped
+        )
+        yield GaugeMetricFamily(
+            "ftd_agent_spool_available",
+            "0 while the spool file cannot be written (the agent holds messages in memory only).",
+            value=0 if outbox.spool_error else 1,
+        )
+        kmsg = a.kmsg
+        yield CounterMetricFamily("ftd_agent_kmsg_lines", "Kernel log lines/records read.", value=kmsg.lines)
+        yield GaugeMetricFamily(
+            "ftd_agent_kmsg_lag_seconds",
+            "How late the newest /dev/kmsg record was when the agent read it.",
+            value=kmsg.lag_s,
+        )
+        yield CounterMetricFamily(
+            "ftd_agent_kmsg_overruns",
+            "/dev/kmsg records overwritten before they were read.",
+            value=kmsg.overruns,
+        )
+        up = GaugeMetricFamily("ftd_agent_watcher_up", "1 while the watcher runs.", labels=["watcher"])
+        restarts = CounterMetricFamily(
+            "ftd_agent_watcher_restarts", "Watcher restarts after a crash or a stall.", labels=["watcher"]
+        )
+        for watcher in a.watchers:
+            up.add_metric([watcher.name], 1 if a.supervisor.running(watcher.name) else 0)
+            restarts.add_metric([watcher.name], a.supervisor.restarts.get(watcher.name, 0))
+        yield up
+        yield restarts
+        events = CounterMetricFamily(
+            "ftd_agent_events", "Events published, by kind (after storm control).", labels=["kind"]
+        )
+        for kind, n in sorted(a.events_by_kind.items()):
+            events.add_metric([kind], n)
+        yield events
+
+
+class MetricsServer:
+    """``GET /metrics`` on ``agent.metrics.host:port`` (aiohttp, in the agent's loop)."""
+
+    def __init__(self, agent: Agent, cfg: AgentMetricsConfig) -> None:
+        self.cfg = cfg
+        self.registry = CollectorRegistry()  # no describe at registration: the agent is not built yet
+        self.registry.register(AgentCollector(agent))
+        self._runner: web.AppRunner | None = None
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        log.info("agent_metrics_listening", url=f"http://{self.cfg.host}:{self.cfg.port}/metrics")
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

@@ -1,0 +1,92 @@
+"""The agent's own metrics, scraped over HTTP from a running agent: exact values from what it did."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import aiohttp
+
+from ftd.agent.app import Agent
+from ftd.agent.watchers.kmsg import _record_lag
+from ftd.bus.memory import MemoryBroker, MemoryBus
+from ftd.config import AgentConfig
+from ftd.config.schema import AgentMetricsConfig
+from tests.realparts import free_port
+
+XID = "[ 100.000000] NVRM: Xid (PCI:0000:05:00): 79, pid=123, GPU has fallen off the bus.\n"
+
+
+class Crashy:
+    name = "crashy"
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def run(self) -> None:
+        self.runs += 1
+        raise RuntimeError("boom")
+
+
+def samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+async def test_agent_serves_its_metrics(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("[ 1.0] unrelated line\n" + XID + "[ 2.0] another unrelated line\n")
+    port = free_port()
+    cfg = AgentConfig(
+        node="n1",
+        kmsg_path=str(kmsg),
+        kmsg_from_start=True,
+        state_dir=str(tmp_path / "s"),
+        socket_path=str(tmp_path / "a.sock"),
+        metrics=AgentMetricsConfig(port=port),
+    )
+    crashy = Crashy()
+    agent = Agent(cfg, bus=MemoryBus(MemoryBroker(), client_id="agent"), node="n1", watchers=[crashy])
+    task = asyncio.create_task(agent.run())
+    try:
+        got: dict[str, float] = {}
+        async with aiohttp.ClientSession() as http, asyncio.timeout(15):
+            while True:  # until the three lines are read and the crashing watcher was restarted once
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+                        assert resp.status == 200
+                        got = samples(await resp.text())
+                if got.get("ftd_agent_kmsg_lines_total") == 3 and got.get(
+                    'ftd_agent_watcher_restarts_total{watcher="crashy"}', 0
+                ) >= 1:
+                    break
+                await asyncio.sleep(0.05)
+        assert got["ftd_agent_bus_connected"] == 1
+        assert got['ftd_agent_events_total{kind="xid"}'] == 1
+        assert got['ftd_agent_watcher_up{watcher="kmsg"}'] == 1
+        # No coordinator receipts anything here: the Xid event (at least) is still held.
+        assert got["ftd_agent_spool_entries"] >= 1 and got["ftd_agent_spool_oldest_age_seconds"] > 0
+        assert got["ftd_agent_spool_dropped_total"] == 0
+        assert got["ftd_agent_kmsg_lag_seconds"] == 0  # a file, not /dev/kmsg
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    # Closed with the agent: the port is free again.
+    async with aiohttp.ClientSession() as http:
+        try:
+            await http.get(f"http://127.0.0.1:{port}/metrics")
+            raise AssertionError("the metrics port is still served after the agent closed")
+        except aiohttp.ClientConnectionError:
+            pass
+
+
+def test_record_lag_reads_the_kernel_timestamp() -> None:
+    assert _record_lag(b"6,3973,227996636,-;NVRM: Xid ...", 230.0) == 230.0 - 227.996636
+    assert _record_lag(b"6,3973,227996636,-;x", 100.0) == 0.0  # never negative
+    assert _record_lag(b"garbage without fields", 100.0) == 0.0
