@@ -7,11 +7,13 @@ within 10 s, 0 lost.
 Setup, all real but the scheduler: a private Mosquitto on loopback with the shipped ACL
 (``deploy/mosquitto/acl``), ``allow_anonymous false``, ``use_username_as_clientid`` and the shipped
 queue limits; one password per node (PBKDF2-SHA512 entries written as ``mosquitto_passwd`` writes them,
-:mod:`ftd.bench.mosquitto_auth`). Passwords, not the TLS listener's client certificates: measured here,
-``scripts/make-certs.sh`` takes ~50 ms of openssl per node (8 minutes for 10,000), and 10,000 TLS
-sessions in one Python process cost ~50-70 KiB each of SSL buffers on top of the socket: the load
-generator, not the broker or the coordinator, would be what is measured. What the coordinator sees
-is the same either way (the username is the node name, as the certificate's CN would be).
+:mod:`ftd.bench.mosquitto_auth`). Passwords, not the TLS listener's client certificates, because
+TLS would make the load generator, not ftd, what is measured. Measured on the 2-core development VM:
+``scripts/make-certs.sh`` takes 65 ms of openssl per node (11 minutes for 10,000 certificates); 1,000
+mutual-TLS connections from one Python process, each with its node's own certificate (its own
+``SSLContext``), took 11 s to open and 328 KiB of client memory each (3.2 GB for 10,000), against
+0.2 s and 4 KiB each for plain TCP with a password. What the coordinator sees is the same either way
+(the username is the node name, as the certificate's CN would be).
 
 * the coordinator (:mod:`ftd.bench.scale_coordinator`): production wiring, a fake scheduler that knows
   every node and the bench's jobs, ``offline_grace.last_will_s = grace_s`` (0 by default: the storm's
