@@ -47,6 +47,8 @@ def read_secret_file(name: str, key: str) -> str:
         hint = ""
         if not Path(name).is_absolute() and not creds:
             hint = " ($CREDENTIALS_DIRECTORY is not set, so the path is relative to the working directory)"
+        elif not Path(name).is_absolute() and isinstance(exc, FileNotFoundError):
+            hint = f" (the unit loads no credential {name!r}: add LoadCredential={name}:/etc/ftd/{name})"
         raise ConfigError([Problem(key, f"cannot read {path}: {reason}{hint}")]) from exc
     if secret.endswith("\n"):
         secret = secret[:-1].removesuffix("\r")

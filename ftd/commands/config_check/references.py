@@ -4,11 +4,12 @@ What: :func:`check_references` returns a :class:`~ftd.config.errors.Problem` (at
 dotted path) for each one a daemon could not use:
 
 - both daemons: ``bus.ca_file`` (loads as a CA bundle, when ``bus.tls``), ``bus.cert_file`` and
-  ``bus.key_file`` (both or neither, with ``bus.tls``; readable; the pair loads), ``bus.password_file``
-  (readable, not empty);
+  ``bus.key_file`` (both or neither, with ``bus.tls``; readable; the pair loads; the certificate is
+  valid now, not expired), ``bus.password_file`` (readable, not empty);
 - the agent (role ``"agent"``): ``agent.kmsg_path`` (a readable character device, FIFO or file),
   ``agent.state_dir`` and the directory of ``agent.socket_path`` (writable, or creatable: the agent
-  makes them), ``agent.socket_path`` itself (a socket if anything), ``agent.logs.patterns_file``
+  makes them), ``agent.socket_path`` itself (a socket if anything), ``agent.socket_group`` (a group
+  name that exists here), ``agent.logs.patterns_file``
   (loads as a pattern table), every ``agent.fs.mounts[].path`` (``statvfs`` works). Followed logs
   (``agent.logs.paths``) are not checked: they appear when training starts;
 - the coordinator (role ``"coordinator"``): the directory of ``coordinator.ledger_path``
@@ -27,8 +28,9 @@ dotted path) for each one a daemon could not use:
 Secret files (``password_file``, ``token_file``, ``url_file``) are read with
 :func:`~ftd.config.credentials.read_secret_file`, the daemons' own reader. A relative secret name is
 resolved against ``$CREDENTIALS_DIRECTORY``, which systemd sets only inside the service: outside
-it (``in_service=False``: ``ftd check-config``) such a name cannot be checked;
-:func:`deferred_credentials` lists them so the caller can say so.
+it (``in_service=False``: ``ftd check-config``) such a name cannot be read; :func:`deferred_credentials`
+lists them so the caller can say so, and the installed unit must load each as a credential from a
+readable file (:mod:`.units`).
 
 Why here: ``ftd check-config`` and both daemons' start-up run these same checks
 (:mod:`.check`), so a file that passes the check does not stop a daemon, and a daemon that will not
@@ -48,6 +50,7 @@ from pathlib import Path
 from ftd.catalog.log_patterns import load_patterns
 from ftd.commands.config_check.found import Found
 from ftd.commands.config_check.rules import check_rules
+from ftd.commands.config_check.units import unit_credential_problems
 from ftd.config import paths
 from ftd.config.credentials import STANDBY_OPTIONS, read_secret_file, standby_bus
 from ftd.config.errors import ConfigError, Problem
@@ -92,6 +95,9 @@ def check_references(
                 read_secret_file(name, option)
             except ConfigError as exc:
                 found.problems.extend(exc.problems)
+    if deferred:  # outside the service: the installed unit must provide them as credentials
+        named = [(option, name) for option, name in _secrets(config, wanted) if option in deferred]
+        found.problems.extend(unit_credential_problems(named, sorted(wanted)))
     order = {section: i for i, section in enumerate(("bus", *ROLES))}  # the tables' order in a file
     return sorted(found.problems, key=lambda p: order.get(p.path.split(".")[0], len(order)))
 
@@ -129,10 +135,34 @@ def _client_certificate(
             reason = f"does not load with {key_option} {bus.key_file}: {exc}"
             found.problems.append(Problem(cert_option, reason))
             return
+        if (invalid := _validity_problem(bus.cert_file)) is not None:
+            found.problems.append(Problem(cert_option, invalid))
         cn = _common_name(bus.cert_file)
         if node is not None and cn is not None and cn != node and found.known("agent.node"):
             reason = f"its CN is {cn!r} but this agent's node is {node!r}: the broker would know it as {cn!r}"
             found.problems.append(Problem(cert_option, reason))
+
+
+def _validity_problem(path: str, now: float | None = None) -> str | None:
+    """Why the PEM certificate at ``path`` is not valid at ``now`` (expired, or not yet valid): the
+    broker refuses the TLS handshake then, and the daemon never connects. None when valid or when
+    its dates cannot be read that way (the load above already reported a certificate that does not
+    parse)."""
+    import ssl
+    import time
+
+    try:
+        decoded = ssl._ssl._test_decode_cert(path)  # type: ignore[attr-defined]
+        not_before = ssl.cert_time_to_seconds(decoded["notBefore"])
+        not_after = ssl.cert_time_to_seconds(decoded["notAfter"])
+    except Exception:
+        return None
+    at = time.time() if now is None else now
+    if at > not_after:
+        return f"{path} expired on {decoded['notAfter']}: the broker refuses it (renew it)"
+    if at < not_before:
+        return f"{path} is not valid before {decoded['notBefore']} (check this host's clock)"
+    return None
 
 
 def _common_name(path: str) -> str | None:
@@ -180,11 +210,24 @@ def _agent(config: Config, found: Found) -> None:
     found.check("agent.kmsg_path", agent.kmsg_path, paths.kernel_log_problem)
     found.check("agent.state_dir", agent.state_dir, paths.writable_dir_problem)
     found.check("agent.socket_path", agent.socket_path, paths.socket_problem)
+    if isinstance(agent.socket_group, str) and not agent.socket_group.isdigit():
+        found.check("agent.socket_group", agent.socket_group, _group_problem)
     patterns = agent.logs.patterns_file
     if patterns is not None and found.check("agent.logs.patterns_file", patterns, paths.file_problem):
         found.check("agent.logs.patterns_file", patterns, _patterns_problem)
     for i, mount in enumerate(agent.fs.mounts):
         found.check(f"agent.fs.mounts[{i}].path", mount.path, paths.statvfs_problem)
+
+
+def _group_problem(group: str) -> str | None:
+    """The agent chowns its socket to this group at start and stops when the name is unknown."""
+    import grp
+
+    try:
+        grp.getgrnam(group)
+    except KeyError:
+        return f"no group named {group!r} on this host (create it: groupadd --system {group})"
+    return None
 
 
 def _patterns_problem(path: str) -> str | None:
