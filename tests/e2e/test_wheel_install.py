@@ -68,7 +68,7 @@ def test_the_ftd_daemon_wheel_installs_and_runs_the_demo(tmp_path: Path) -> None
     sdist, wheel = build(REPO, tmp_path)
     assert wheel.name == f"ftd_daemon-{__version__}-py3-none-any.whl" and sdist.name.startswith("ftd_daemon-")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert PACKAGE_DATA <= names, PACKAGE_DATA - names
+    assert names >= PACKAGE_DATA, PACKAGE_DATA - names
     metadata = zipfile.ZipFile(wheel).read(f"ftd_daemon-{__version__}.dist-info/METADATA").decode()
     assert "Name: ftd-daemon\n" in metadata and "Requires-Python: >=3.11" in metadata
     assert (
@@ -93,7 +93,7 @@ def test_the_ftd_daemon_wheel_installs_and_runs_the_demo(tmp_path: Path) -> None
 def test_the_client_wheel_is_the_client_alone(tmp_path: Path) -> None:
     from ftd import __version__
 
-    sdist, wheel = build(REPO / "packaging" / "client", tmp_path)
+    _, wheel = build(REPO / "packaging" / "client", tmp_path)
     assert wheel.name == f"ftd_daemon_client-{__version__}-py3-none-any.whl"
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {n for n in names if not n.startswith("ftd_daemon_client-")}
