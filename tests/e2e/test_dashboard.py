@@ -1,5 +1,7 @@
 """The dashboard in a real headless Chromium: the page renders the cluster from the JSON API.
 
+(At 10,000 nodes: tests/e2e/test_dashboard_scale.py.)
+
 ``--dump-dom`` after a virtual-time budget gives the DOM as the page's JavaScript left it, so the
 assertions see what an operator sees (a node name, its drained state, an event, an action), not the
 static HTML. A screenshot is kept under ``test-artifacts/`` for humans to look at.
@@ -61,9 +63,12 @@ def test_dashboard_renders_nodes_events_and_actions() -> None:
 
     (ARTIFACTS / "dashboard.html").write_text(html)
     assert "loading…" not in html  # every table was filled by the script
-    assert "node-1" in html and "node-2" in html
-    assert "drained" in html and "ftd: xid 79 gpu 0000:3b:00.0" in html  # node-2, drained by ftd
-    assert "2 known · 1 online · 1 drained" in html
+    problems = html[html.index('id="problems"') : html.index("</table>", html.index('id="problems"'))]
+    assert '<td class="node">node-2</td>' in problems  # offline and drained by ftd: a problem
+    assert "ftd: xid 79 gpu 0000:3b:00.0" in problems  # why it is drained
+    assert "node-1" not in problems  # healthy: counted, not listed
+    assert "2 nodes · 1 need a look · 1 healthy · 1 offline" in html
+    assert "1 healthy nodes are counted here, not listed" in html
     assert "xid" in html and ('"code":79' in html or "&quot;code&quot;:79" in html)  # the Xid event
     assert "drain_node" in html and "succeeded" in html  # the action
     assert "bus connected" in html

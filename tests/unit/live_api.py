@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from ftd.config import ApiConfig
+from ftd.config.schema import NodeLabelsConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api import Api
+from ftd.coordinator.daemon import Coordinator
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.realparts import free_port
 from tests.unit.test_api import TOKEN, make_coordinator, populate
@@ -20,9 +22,13 @@ __all__ = ["TOKEN", "live_api"]
 
 
 @contextlib.contextmanager
-def live_api() -> Iterator[str]:
+def live_api(
+    seed: Callable[[Coordinator], Awaitable[None]] | None = None,
+    node_labels: list[NodeLabelsConfig] | None = None,
+) -> Iterator[str]:
     """Yield the base URL of a running API over a populated coordinator (nodes, a job, events,
-    one finished action ``act-known``) with a FakeScheduler and the token :data:`TOKEN`."""
+    one finished action ``act-known``) with a FakeScheduler and the token :data:`TOKEN`; ``seed``
+    adds to its state and ledger (a cluster at scale), ``node_labels`` is coordinator.node_labels."""
     loop = asyncio.new_event_loop()
     port = free_port()
     scheduler = FakeScheduler()
@@ -32,7 +38,7 @@ def live_api() -> Iterator[str]:
     holder: dict[str, Any] = {}
 
     async def serve() -> None:
-        coordinator = make_coordinator(scheduler)
+        coordinator = make_coordinator(scheduler, node_labels=node_labels)
         await populate(coordinator)
         await coordinator.ledger.save_action(
             ActionRecord(
@@ -45,6 +51,8 @@ def live_api() -> Iterator[str]:
             )
         )
         coordinator.state.mark_drained("node-2", "ftd: xid 79 gpu 0000:3b:00.0")
+        if seed is not None:
+            await seed(coordinator)
         await coordinator.bus.start()
         api = Api(coordinator, ApiConfig(port=port), token=TOKEN)
         await api.start()

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig, PolicyConfig
+from ftd.config.schema import NodeLabelsConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api import ROUTES, Api, openapi_document, resolve_token
 from ftd.coordinator.daemon import Coordinator
@@ -39,10 +40,17 @@ class Env:
 
 
 def make_coordinator(
-    scheduler: FakeScheduler | None = None, *, dry_run: bool = False, approval: tuple[str, ...] = ()
+    scheduler: FakeScheduler | None = None,
+    *,
+    dry_run: bool = False,
+    approval: tuple[str, ...] = (),
+    node_labels: list[NodeLabelsConfig] | None = None,
 ) -> Coordinator:
     policy = PolicyConfig(dry_run=dry_run, approval_required_kinds=list(approval))
-    config = Config(coordinator=CoordinatorConfig(ledger_path=":memory:", scheduler="slurm", policy=policy))
+    coordinator = CoordinatorConfig(
+        ledger_path=":memory:", scheduler="slurm", policy=policy, node_labels=node_labels or []
+    )
+    config = Config(coordinator=coordinator)
     return build(config, bus=MemoryBus(MemoryBroker()), scheduler=scheduler, ledger=Ledger(":memory:"))
 
 
@@ -183,6 +191,8 @@ async def test_nodes_jobs_gpus(env: Env) -> None:
             "last_step": 7,
             "ranks_by_node": {"node-1": [0, 1]},
             "allocations": {},
+            "state": "training",
+            "action": None,
         }
     ]
     assert await (await env.client.get("/v1/gpus")).json() == []

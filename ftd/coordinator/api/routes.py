@@ -29,10 +29,14 @@ from ftd.coordinator.api.wire import (
     JobOut,
     NodeName,
     NodeOut,
+    NodesQuery,
+    PlanId,
+    PlanOut,
     RejectRequest,
     RestartRequest,
     ResumeRequest,
     RulesOut,
+    SummaryOut,
 )
 from ftd.events import Event
 from ftd.logs import get_logger
@@ -79,7 +83,34 @@ ROUTES: tuple[Route, ...] = (
         ok=(200, str, "text/javascript,text/css"),
         extra=(404,),
     ),
-    Route("GET", "/v1/nodes", "nodes", "Nodes, online/offline and drained.", ok=(200, list[NodeOut], "")),
+    Route(
+        "GET",
+        "/v1/nodes",
+        "nodes",
+        "Nodes: online/offline, drained, conditions, state and severity, the action in flight or the "
+        "last one; filtered (problems, state, q), sorted (name, severity, last_change) and paged "
+        "(limit, offset) on the server. X-Total-Count: how many matched before paging.",
+        query=NodesQuery,
+        ok=(200, list[NodeOut], ""),
+        extra=(400,),
+    ),
+    Route(
+        "GET",
+        "/v1/summary",
+        "summary",
+        "Counts for the first screen: nodes by state and by label value (rack, nvlink_domain), "
+        "problems, jobs by state, and the actions in flight or awaiting approval.",
+        ok=(200, SummaryOut, ""),
+    ),
+    Route(
+        "GET",
+        "/v1/plans/{id}",
+        "plan",
+        "One plan: the actions one event's rules asked for, in order, each with its state.",
+        params=(("id", PlanId),),
+        ok=(200, PlanOut, ""),
+        extra=(400, 404),
+    ),
     Route(
         "GET",
         "/v1/ha",

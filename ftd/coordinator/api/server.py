@@ -60,8 +60,11 @@ from ftd.coordinator.api.guard import MAX_TRACKED_ADDRESSES, host_check, resolve
 from ftd.coordinator.api.metrics import MetricsCollector
 from ftd.coordinator.api.parsing import ApiError, json_response, path_param, read_body, read_query
 from ftd.coordinator.api.routes import ROUTES, Handler, Route, openapi_document
+from ftd.coordinator.api.views import NodeIndex, jobs_out, summary
 from ftd.coordinator.decide.plugins import describe_plugins, disabled_plugins
+from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.ledger.store import LedgerUnavailable
+from ftd.coordinator.model.deadlines import stuck_after_s
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
@@ -69,6 +72,8 @@ if TYPE_CHECKING:
     from ftd.coordinator.daemon import Coordinator
 
 log = get_logger(__name__)
+
+RECENT_ACTIONS = 500  # the newest actions read to show each node's last one (in-flight ones always)
 
 
 @dataclass
@@ -93,6 +98,7 @@ class Api:
         self._failures: OrderedDict[str, _Failures] = OrderedDict()
         self.counters: dict[str, int] = {"wrong_host": 0, "auth_failures": 0, "auth_throttled": 0}
         self.started = time.time()
+        self.labels = labels_from_config(coordinator.config.coordinator)  # node -> rack, nvlink_domain
         self.action_transitions: dict[tuple[str, str], int] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(MetricsCollector(coordinator, self.action_transitions))
@@ -259,23 +265,37 @@ class Api:
             return json_response({"role": "single", "ledger": "sqlite", "leader": None, "epoch": None})
         return json_response({"ledger": "postgresql", **ha.as_dict()})
 
+    async def _in_flight(self) -> list[ActionRecord]:
+        """Actions pending, running (the ledger) or held for approval (the engine), oldest first."""
+        held = list(self.coordinator.engine.awaiting.values())
+        return sorted([*await self.coordinator.ledger.unfinished(), *held], key=lambda r: r.created)
+
+    async def _node_index(self) -> tuple[NodeIndex, list[ActionRecord]]:
+        in_flight = await self._in_flight()
+        recent = await self.coordinator.ledger.actions(limit=RECENT_ACTIONS)
+        return NodeIndex(self.coordinator.state, self.labels, in_flight, recent), in_flight
+
     async def nodes(self, request: web.Request) -> web.Response:
-        state = self.coordinator.state
-        return json_response(
-            [
-                wire.NodeOut(
-                    name=n.name,
-                    online=n.online,
-                    drained=n.drained_by_ftd,
-                    drain_reason=n.drain_reason,
-                    last_change=n.last_change,
-                    jobs=state.jobs_on_node(n.name),
-                    unavailable=state.unavailable.get(n.name),
-                    conditions=state.conditions.get(n.name, []),
-                )
-                for n in sorted(state.nodes.values(), key=lambda n: n.name)
-            ]
-        )
+        query = read_query(request, wire.NodesQuery)
+        index, _ = await self._node_index()
+        total, page = index.select(query)
+        return json_response(page, headers={"X-Total-Count": str(total)})
+
+    async def summary(self, request: web.Request) -> web.Response:
+        index, in_flight = await self._node_index()
+        cfg = self.coordinator.config.coordinator
+        return json_response(summary(index, in_flight, lambda kind: stuck_after_s(kind, cfg)))
+
+    async def plan(self, request: web.Request) -> web.Response:
+        plan_id: str = path_param(request, "id", wire.PlanId)
+        plan = await self.coordinator.ledger.plan(plan_id)
+        if plan is None:
+            raise ApiError(404, f"no plan with id {plan_id[:80]!r}")
+        steps = [
+            wire.PlanStepOut(action=a, kind=k, target=t, state=st)
+            for a, k, t, st in await self.coordinator.ledger.plan_states(plan_id)
+        ]
+        return json_response(wire.PlanOut(id=plan.id, event_id=plan.event_id, state=plan.state, steps=steps))
 
     async def rules(self, request: web.Request) -> web.Response:
         plugins = self.coordinator.engine.plugins
@@ -311,19 +331,7 @@ class Api:
         return json_response(out)
 
     async def jobs(self, request: web.Request) -> web.Response:
-        return json_response(
-            [
-                wire.JobOut(
-                    id=j.id,
-                    nodes=j.nodes,
-                    ranks=sorted(j.ranks),
-                    last_step=j.last_step,
-                    ranks_by_node={n: sorted(r.rank for r in ranks) for n, ranks in j.ranks_by_node.items()},
-                    allocations=dict(sorted(j.allocations.items())),
-                )
-                for j in sorted(self.coordinator.state.jobs.values(), key=lambda j: j.id)
-            ]
-        )
+        return json_response(jobs_out(self.coordinator.state, await self._in_flight()))
 
     async def events(self, request: web.Request) -> web.Response:
         q = read_query(request, wire.EventsQuery)

@@ -28,6 +28,7 @@ _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 NodeName = Annotated[str, msgspec.Meta(pattern=_NAME_RE, description="A node name.")]
 JobId = Annotated[str, msgspec.Meta(pattern=_NAME_RE, description="A job id.")]
 ActionId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, description="An action id.")]
+PlanId = Annotated[str, msgspec.Meta(min_length=1, max_length=200, description="A plan id.")]
 Operator = Annotated[
     str,
     msgspec.Meta(
@@ -114,6 +115,39 @@ class ActionsQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     limit: Limit = 100
 
 
+NodeSort = Literal["name", "severity", "last_change"]
+NodeStateName = Literal["offline", "drained", "unavailable", "condition", "acting", "healthy"]
+
+
+class NodesQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``/v1/nodes`` filtered, sorted and paged on the server (the dashboard at 10,000 nodes)."""
+
+    problems: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Only nodes that need a look: offline, drained, unavailable, "
+            "with an active condition or an action in flight."
+        ),
+    ] = False
+    state: Annotated[NodeStateName, msgspec.Meta(description="Only nodes in this state.")] | None = None
+    q: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=128,
+                description="Case-insensitive substring of the name, a label, "
+                "a job, a condition, the drain reason or the action's reason.",
+            ),
+        ]
+        | None
+    ) = None
+    sort: Annotated[
+        NodeSort, msgspec.Meta(description="severity: most urgent first, then the newest change.")
+    ] = "name"
+    limit: Annotated[int, msgspec.Meta(ge=1, le=100_000, description="At most this many.")] | None = None
+    offset: Annotated[int, msgspec.Meta(ge=0, le=100_000, description="Skip this many first.")] = 0
+
+
 # --------------------------------------------------------------------------------------------------
 # Output types
 
@@ -141,6 +175,52 @@ class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
     unavailable: str | None = None
     # the node's active critical conditions as its agent sees them (what `ftd health` reports there)
     conditions: list[str] = msgspec.field(default_factory=list)
+    state: str = "healthy"  # exclusive: offline | drained | unavailable | condition | acting | healthy
+    severity: str = "ok"  # critical | warning | info | ok (ftd.coordinator.api.views)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)  # coordinator.node_labels (rack, ...)
+    # the action in flight on the node, else the newest the ledger recently holds for it
+    action: NodeAction | None = None
+
+
+class NodeAction(msgspec.Struct, frozen=True, kw_only=True):
+    """The action shown beside a node: what ftd does or did there, and why."""
+
+    id: str
+    kind: str
+    target: str
+    state: ActionState
+    reason: str
+    rule: str
+    updated: float
+    why: str = ""  # the policy's verdict, the error or the escalation, when there is one
+
+
+class SummaryOut(msgspec.Struct, frozen=True, kw_only=True):
+    """Counts for the first screen: nodes by exclusive state, by label value and state, problems,
+    jobs by state, actions in flight and held for approval."""
+
+    nodes: int
+    problems: int
+    by_state: dict[str, int]
+    by_label: dict[str, dict[str, dict[str, int]]]  # label -> value -> state -> count
+    jobs: dict[str, int]  # job state -> count
+    in_flight: list[ActionOut]  # running, pending or awaiting approval, newest first
+    # action id (of in_flight) -> wall-clock time past which it counts as stuck (model.deadlines)
+    deadlines: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class PlanStepOut(msgspec.Struct, frozen=True, kw_only=True):
+    action: str
+    kind: str
+    target: str
+    state: str | None  # the step's action's state (None: its row is missing)
+
+
+class PlanOut(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    event_id: str | None
+    state: str
+    steps: list[PlanStepOut]
 
 
 class RuleOut(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,6 +244,9 @@ class JobOut(msgspec.Struct, frozen=True, kw_only=True):
     # node -> what the scheduler's Prolog reported (user, GPUs, ...); a job without the client has
     # only these (ftd.agent.jobs)
     allocations: dict[str, JobAllocation] = msgspec.field(default_factory=dict)
+    # training | saving | restarting | pending after requeue | awaiting approval | allocated (no ranks)
+    state: str = "training"
+    action: str | None = None  # the id of the action in flight for the job, if any
 
 
 class ActionOut(msgspec.Struct, frozen=True, kw_only=True):

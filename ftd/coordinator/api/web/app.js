@@ -1,8 +1,20 @@
-// ftd dashboard: polls the coordinator's JSON API every 2 s and renders plain tables.
+// ftd dashboard, problems first: polls the coordinator's JSON API every 2 s and renders plain tables.
 // No framework, no build step, no external resources: everything is served by the coordinator.
+// The server filters, sorts and pages the nodes (/v1/nodes?problems=1&sort=severity&limit=...) and
+// counts them (/v1/summary), so 10,000 nodes cost the page a few dozen rows and a few counts.
 "use strict";
 
 const REFRESH_MS = 2000;
+const PAGE = 100; // problem rows per page
+const TOKEN_KEY = "ftd.api.token"; // sessionStorage: gone when the tab closes
+const BY = "dashboard"; // recorded as who approved or rejected (api:dashboard)
+const PHASES = {
+  checkpoint_restart: ["stop", "requeue", "resume"],
+  checkpoint: ["stop"],
+  gpu_reset: ["reset", "verify"],
+  drain_node: ["drain", "evict"],
+};
+const FLYING = ["pending", "running", "awaiting_approval"];
 
 function el(tag, text, cls) {
   const node = document.createElement(tag);
@@ -40,10 +52,21 @@ function fill(id, rows, columns, empty) {
   body.replaceWith(fresh);
 }
 
+function token() {
+  try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch (err) { return ""; }
+}
+
 async function getJSON(path) {
   const response = await fetch(path, { cache: "no-store" });
   if (!response.ok) throw new Error(path + ": HTTP " + response.status);
   return response.json();
+}
+
+// GET that also returns a header (X-Total-Count of /v1/nodes).
+async function getPage(path) {
+  const response = await fetch(path, { cache: "no-store" });
+  if (!response.ok) throw new Error(path + ": HTTP " + response.status);
+  return { rows: await response.json(), total: Number(response.headers.get("X-Total-Count") || 0) };
 }
 
 // Who leads, from GET /v1/ha (served by the leader, a standby and a single coordinator alike):
@@ -74,7 +97,38 @@ function servedByLeader(view) {
   return "served by the leader" + (view.leader ? " (" + view.leader + ")" : "") + ": open its dashboard";
 }
 
+// Where an action stands, for the action view. Pure, so node can test it.
+function actionPhase(action) {
+  const done = (action.detail && action.detail.phases_done) || [];
+  const phases = PHASES[action.kind] || [];
+  if (!FLYING.includes(action.state)) return "finished (" + action.state + ")";
+  if (action.state === "awaiting_approval") return "awaiting approval";
+  const next = phases.find((p) => !done.includes(p));
+  const where = next ? next + " (" + (phases.indexOf(next) + 1) + " of " + phases.length + ")" : "last phase";
+  return action.state + ": " + where + (action.detail && action.detail.waiting ? " · " + action.detail.waiting : "");
+}
+
+// "2 of 4" ranks acked the save, or "" when the action saves nothing.
+function ranksAcked(detail) {
+  if (!detail || !Array.isArray(detail.ranks) || detail.ranks.length === 0) return "";
+  const acked = detail.saved ? Object.keys(detail.saved).length : 0;
+  const missing = detail.save_missing && detail.save_missing.length ? " · missing " + detail.save_missing.join(", ") : "";
+  return acked + " of " + detail.ranks.length + missing;
+}
+
+// Why an action is where it is: the gate's verdict, an error, an escalation. Pure.
+function actionWhy(action) {
+  const d = action.detail || {};
+  for (const key of ["policy", "error", "not_resumed", "waiting"]) if (typeof d[key] === "string" && d[key]) return d[key];
+  if (d.exclude_refused && d.exclude_refused.why) return d.exclude_refused.why;
+  if (d.escalation) return "escalated: " + d.escalation;
+  return "";
+}
+
 let lastView = haView(null);
+let lastSummary = null;
+let offset = 0;
+let openAction = null;
 
 function showHa(view) {
   const badge = document.getElementById("ha");
@@ -84,6 +138,126 @@ function showHa(view) {
   const banner = document.getElementById("banner");
   banner.hidden = view.banner === null;
   banner.textContent = view.banner || "";
+}
+
+function say(text, bad) {
+  const box = document.getElementById("message");
+  box.hidden = !text;
+  box.textContent = text || "";
+  box.className = "message" + (bad ? " bad" : "");
+}
+
+function nodesQuery() {
+  const filter = document.getElementById("state-filter").value;
+  const q = document.getElementById("search").value.trim();
+  const params = new URLSearchParams({ sort: "severity", limit: String(PAGE), offset: String(offset) });
+  if (filter === "") params.set("problems", "1");
+  else if (filter !== "all") params.set("state", filter);
+  if (q) params.set("q", q.slice(0, 128));
+  return "/v1/nodes?" + params.toString();
+}
+
+function actionCell(action) {
+  const td = el("td");
+  if (!action) return td;
+  const link = el("a", action.kind + " ", "action-link");
+  link.href = "#action=" + encodeURIComponent(action.id);
+  td.appendChild(link);
+  td.appendChild(el("span", action.state, "pill " + action.state));
+  return td;
+}
+
+function renderProblems(page) {
+  fill("problems", page.rows.map((n) => [
+    pill(n.severity, "sev-" + n.severity),
+    el("td", n.name, "node"),
+    pill(n.state, "state-" + n.state),
+    el("td", (n.conditions || []).join("; "), n.conditions && n.conditions.length ? "cond" : ""),
+    actionCell(n.action),
+    [n.action && n.action.why, n.action && n.action.reason, n.drain_reason, n.unavailable].filter(Boolean).join(" · "),
+    n.jobs.join(", "),
+    time(n.last_change),
+  ]), 8, "no node needs a look");
+  const last = Math.min(offset + page.rows.length, page.total);
+  document.getElementById("page").textContent = page.total ? `${offset + 1}–${last} of ${page.total}` : "0 of 0";
+  document.getElementById("prev").disabled = offset === 0;
+  document.getElementById("next").disabled = last >= page.total;
+}
+
+function renderSummary(s) {
+  const st = s.by_state;
+  const parts = ["offline", "drained", "unavailable", "condition", "acting"].filter((k) => st[k]).map((k) => `${st[k]} ${k}`);
+  document.getElementById("summary").textContent =
+    `${s.nodes} nodes · ${s.problems} need a look · ${st.healthy} healthy` + (parts.length ? " · " + parts.join(" · ") : "");
+  document.getElementById("healthy").textContent = `${st.healthy} healthy nodes are counted here, not listed`;
+  const rows = [];
+  for (const [label, values] of Object.entries(s.by_label || {})) {
+    for (const [value, counts] of Object.entries(values)) {
+      const total = Object.values(counts).reduce((a, b) => a + b, 0);
+      rows.push([label, value, counts.healthy || 0, total - (counts.healthy || 0), total]);
+    }
+  }
+  rows.sort((a, b) => b[3] - a[3] || String(a[1]).localeCompare(String(b[1])));
+  if (rows.length === 0) rows.push(["all nodes", "(no node labels)", st.healthy, s.nodes - st.healthy, s.nodes]);
+  const shown = rows.slice(0, 40);
+  if (rows.length > shown.length) shown.push(["…", `${rows.length - shown.length} more`, "", "", ""]);
+  fill("folded", shown, 5, "no nodes have reported yet");
+  const waiting = s.in_flight.filter((a) => a.state === "awaiting_approval").length;
+  document.getElementById("inflight-summary").textContent =
+    `${s.in_flight.length} in flight` + (waiting ? ` · ${waiting} awaiting approval` : "");
+  fill("inflight", s.in_flight.map((a) => [
+    time(a.created), actionCell(a), a.target, pill(a.state), actionWhy(a) || a.reason, decideCell(a),
+  ]), 6, "nothing in flight");
+}
+
+function decideCell(action) {
+  const td = el("td");
+  if (action.state !== "awaiting_approval") return td;
+  const approve = el("button", "approve", "approve");
+  approve.onclick = () => decide(action.id, "approve");
+  const reject = el("button", "reject", "reject");
+  reject.onclick = () => decide(action.id, "reject");
+  td.append(approve, " ", reject);
+  return td;
+}
+
+async function decide(id, verb) {
+  const secret = token();
+  if (!secret) { say("approving needs the API token: type it in the header (kept for this tab only)", true); return; }
+  const body = { by: BY };
+  if (verb === "reject") {
+    const reason = window.prompt("Why reject " + id + "?", "rejected by operator");
+    if (reason === null) return;
+    body.reason = reason.replace(/[\x00-\x1f\x7f]/g, " ").slice(0, 200) || "rejected by operator";
+  }
+  const response = await fetch("/v1/actions/" + encodeURIComponent(id) + "/" + verb, {
+    method: "POST",
+    headers: { "Authorization": "Bearer " + secret, "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  let answer = {};
+  try { answer = await response.json(); } catch (err) { /* not JSON */ }
+  if (response.ok) say(`${verb}d ${id}: now ${answer.state}`, false);
+  else say(`${verb} ${id}: HTTP ${response.status}: ${answer.error || ""}`, true);
+  refresh();
+  if (openAction === id) showAction(id);
+}
+
+function renderJobs(jobs) {
+  const busy = jobs.filter((j) => j.state !== "training");
+  const training = jobs.filter((j) => j.state === "training");
+  const rows = [...busy, ...training].slice(0, 200);
+  const counts = {};
+  for (const j of jobs) counts[j.state] = (counts[j.state] || 0) + 1;
+  document.getElementById("jobs-summary").textContent =
+    Object.entries(counts).map(([k, v]) => `${v} ${k}`).join(" · ") + (jobs.length > rows.length ? ` (first ${rows.length} shown)` : "");
+  fill("jobs", rows.map((j) => [
+    j.id, pill(j.state, "job-" + j.state.replace(/ /g, "-")), j.nodes.join(", "), j.ranks.length, j.last_step === null ? "" : j.last_step,
+  ]), 5, "no jobs registered");
+}
+
+async function refreshProblems() {
+  renderProblems(await getPage(nodesQuery()));
 }
 
 async function refresh() {
@@ -100,44 +274,81 @@ async function refresh() {
     if (view.standby) {
       health.textContent = "standby · v" + h.version;
       health.className = "pill warning";
-      document.getElementById("node-summary").textContent = "";
-      fill("nodes", [], 5, servedByLeader(view));
-      fill("jobs", [], 4, servedByLeader(view));
+      document.getElementById("summary").textContent = "";
+      fill("problems", [], 8, servedByLeader(view));
+      fill("folded", [], 5, servedByLeader(view));
+      fill("inflight", [], 6, servedByLeader(view));
+      fill("jobs", [], 5, servedByLeader(view));
     } else {
-      const [nodes, jobs] = await Promise.all([getJSON("/v1/nodes"), getJSON("/v1/jobs")]);
+      const [summary, page, jobs] = await Promise.all([getJSON("/v1/summary"), getPage(nodesQuery()), getJSON("/v1/jobs")]);
+      lastSummary = summary;
       health.textContent = (h.bus_connected ? "bus connected" : "bus DISCONNECTED") + " · v" + h.version;
       health.className = "pill " + (h.bus_connected ? "ok" : "bad");
-      const online = nodes.filter((n) => n.online).length;
-      const drained = nodes.filter((n) => n.drained).length;
-      document.getElementById("node-summary").textContent =
-        `${nodes.length} known · ${online} online · ${drained} drained`;
-      fill("nodes", nodes.map((n) => [
-        n.name,
-        pill(n.online ? "online" : "offline"),
-        n.drained ? pill("drained") : el("td", "no"),
-        n.drain_reason,
-        n.jobs.join(", "),
-      ]), 5, "no nodes have reported yet");
-      fill("jobs", jobs.map((j) => [
-        j.id, j.nodes.join(", "), j.ranks.length, j.last_step === null ? "" : j.last_step,
-      ]), 4, "no jobs registered");
+      renderSummary(summary);
+      renderProblems(page);
+      renderJobs(jobs);
+      document.body.dataset.rendered = "yes"; // the first screen is filled (the browser test reads it)
     }
     fill("actions", actions.map((a) => [
-      time(a.created), a.kind, a.target, pill(a.state), a.rule, a.reason,
+      time(a.created), actionCell(a), a.target, pill(a.state), a.rule, a.reason,
     ]), 6, "no actions yet");
     fill("events", events.map((e) => {
       const data = el("td", JSON.stringify(e.data), "data");
       return [time(e.ts), e.node, e.kind, pill(e.severity), data];
     }), 5, "no events yet");
     document.getElementById("updated").textContent = "updated " + time(Date.now() / 1000);
-    if (roleChanged) refreshGoodput(); // this replica took over or stepped down
+    if (roleChanged && location.hash === "#goodput") refreshGoodput(); // this replica took over or stepped down
   } catch (err) {
     health.textContent = "API unreachable: " + err.message;
     health.className = "pill bad";
   }
 }
 
-// The last `ftd sim goodput --config` run (GET /v1/sim/goodput; 404 until one is saved).
+// The action view: phase, ranks acked, deadline, why, the plan's steps, approve/reject.
+async function showAction(id) {
+  openAction = id;
+  const box = document.getElementById("action-view");
+  box.hidden = false;
+  document.getElementById("action-id").textContent = id;
+  let action;
+  try {
+    action = await getJSON("/v1/actions/" + encodeURIComponent(id));
+  } catch (err) {
+    document.getElementById("action-facts").replaceChildren(el("dd", err.message));
+    return;
+  }
+  const deadline = lastSummary && lastSummary.deadlines ? lastSummary.deadlines[id] : undefined;
+  const facts = [
+    ["action", action.kind + " on " + action.target],
+    ["state", action.state],
+    ["phase", actionPhase(action)],
+    ["ranks acked", ranksAcked(action.detail) || "—"],
+    ["deadline", deadline && FLYING.includes(action.state) ? time(deadline) + (deadline * 1000 < Date.now() ? " (passed: stuck)" : "") : "—"],
+    ["why", actionWhy(action) || "—"],
+    ["reason", action.reason],
+    ["rule", action.rule],
+    ["created", time(action.created) + " · updated " + time(action.updated)],
+  ];
+  const dl = document.getElementById("action-facts");
+  dl.replaceChildren(...facts.flatMap(([k, v]) => [el("dt", k), el("dd", v)]));
+  if (action.state === "awaiting_approval") {
+    const dd = el("dd");
+    dd.appendChild(decideCell(action));
+    dl.append(el("dt", "decide"), dd);
+  }
+  document.getElementById("action-detail").textContent = JSON.stringify(action.detail, null, 2);
+  const planId = action.detail && action.detail.plan;
+  document.getElementById("plan-id").textContent = planId || "";
+  if (!planId) { fill("plan", [], 4, "not part of a plan"); return; }
+  try {
+    const plan = await getJSON("/v1/plans/" + encodeURIComponent(planId));
+    fill("plan", plan.steps.map((s, i) => [i + 1, s.kind, s.target, pill(s.state || "missing")]), 4, "no steps");
+  } catch (err) {
+    fill("plan", [], 4, err.message);
+  }
+}
+
+// The last `ftd sim goodput --config` run (GET /v1/sim/goodput; 404 until one is saved): its own tab.
 async function refreshGoodput() {
   const summary = document.getElementById("goodput-summary");
   let report;
@@ -166,10 +377,56 @@ async function refreshGoodput() {
   ]), 6, "the run has no policies");
 }
 
+function route() {
+  const goodput = location.hash === "#goodput";
+  document.getElementById("oncall").hidden = goodput;
+  document.getElementById("goodput-view").hidden = !goodput;
+  document.getElementById("tab-oncall").classList.toggle("current", !goodput);
+  document.getElementById("tab-goodput").classList.toggle("current", goodput);
+  if (goodput) refreshGoodput();
+  if (location.hash.startsWith("#action=")) showAction(decodeURIComponent(location.hash.slice(8)));
+}
+
+function showToken() {
+  const has = token() !== "";
+  document.getElementById("token").hidden = has;
+  document.getElementById("token-save").hidden = has;
+  document.getElementById("token-forget").hidden = !has;
+}
+
+function wire() {
+  let timer = null;
+  document.getElementById("search").addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => { offset = 0; refreshProblems(); }, 250);
+  });
+  document.getElementById("state-filter").addEventListener("change", () => { offset = 0; refreshProblems(); });
+  document.getElementById("prev").onclick = () => { offset = Math.max(0, offset - PAGE); refreshProblems(); };
+  document.getElementById("next").onclick = () => { offset += PAGE; refreshProblems(); };
+  document.getElementById("action-close").onclick = () => {
+    openAction = null;
+    document.getElementById("action-view").hidden = true;
+    if (location.hash.startsWith("#action=")) history.replaceState(null, "", "#");
+  };
+  document.getElementById("token-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const input = document.getElementById("token");
+    try { sessionStorage.setItem(TOKEN_KEY, input.value.trim()); } catch (err) { say("this browser keeps no session storage", true); }
+    input.value = "";
+    showToken();
+  });
+  document.getElementById("token-forget").onclick = () => { sessionStorage.removeItem(TOKEN_KEY); showToken(); };
+  window.addEventListener("hashchange", route);
+  showToken();
+  route();
+}
+
 if (typeof module !== "undefined" && module.exports) {
-  module.exports = { haView, servedByLeader }; // loaded by node (the unit tests), not a browser
+  // loaded by node (the unit tests), not a browser
+  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy };
 } else {
-  refresh().then(refreshGoodput);
+  wire();
+  refresh();
   setInterval(refresh, REFRESH_MS);
-  setInterval(refreshGoodput, 30 * REFRESH_MS);
+  setInterval(() => { if (location.hash === "#goodput") refreshGoodput(); }, 30 * REFRESH_MS);
 }

@@ -1,0 +1,296 @@
+"""What the on-call sees first: each node's state and severity, problems before healthy nodes, counts.
+
+Pure functions over the coordinator's :class:`~ftd.coordinator.model.state.ClusterState` and the
+actions it knows, so ``/v1/nodes?problems=1&sort=severity`` and ``/v1/summary`` cost the browser
+little at 10,000 nodes: the server filters, sorts and pages; the page renders a few dozen rows and
+folds the healthy nodes into counts.
+
+A node's *state* is exclusive (a node is counted once): ``offline`` (its agent is gone), ``drained``
+(by ftd), ``unavailable`` (drained or down by someone else, as the scheduler says), ``condition`` (an
+active critical condition its agent reports), ``acting`` (an action of ftd is in flight on it or
+awaits approval) or ``healthy``. Its *severity* orders the problems panel: ``critical`` (offline, or
+an active condition), ``warning`` (drained by ftd, an action in flight), ``info`` (unavailable by
+someone else), ``ok``. A *problem* is any node that is not ``ok``.
+
+The action shown beside a node is the one in flight on it (a running or held action, from the
+engine's memory) or else the newest the ledger holds among its recent actions: a node action
+targets the node; a job action (checkpoint_restart) belongs to the nodes it excludes and the nodes
+its job ran on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal
+
+from ftd.coordinator.api.wire import JobOut, NodeAction, NodeOut, NodesQuery, SummaryOut, action_out
+from ftd.coordinator.model.state import ClusterState
+from ftd.plugin.actions import ActionRecord, ActionState
+
+NodeState = Literal["offline", "drained", "unavailable", "condition", "acting", "healthy"]
+NodeSeverity = Literal["critical", "warning", "info", "ok"]
+JobState = Literal[
+    "training", "saving", "restarting", "pending after requeue", "awaiting approval", "allocated"
+]
+
+NODE_STATES: tuple[NodeState, ...] = ("offline", "drained", "unavailable", "condition", "acting", "healthy")
+SEVERITY_RANK: dict[str, int] = {"critical": 3, "warning": 2, "info": 1, "ok": 0}
+IN_FLIGHT = frozenset({ActionState.PENDING, ActionState.RUNNING, ActionState.AWAITING_APPROVAL})
+
+
+def node_state(state: ClusterState, name: str, acting: bool) -> NodeState:
+    """The node's one state (see the module docstring), the most urgent that applies."""
+    node = state.nodes[name]
+    if not node.online:
+        return "offline"
+    if node.drained_by_ftd:
+        return "drained"
+    if name in state.unavailable:
+        return "unavailable"
+    if state.conditions.get(name):
+        return "condition"
+    return "acting" if acting else "healthy"
+
+
+def node_severity(state: ClusterState, name: str, acting: bool) -> NodeSeverity:
+    """How urgent the node is for the on-call (see the module docstring)."""
+    node = state.nodes[name]
+    if state.conditions.get(name) or (not node.online and not node.drained_by_ftd):
+        return "critical"
+    if node.drained_by_ftd or acting or not node.online:
+        return "warning"
+    if name in state.unavailable:
+        return "info"
+    return "ok"
+
+
+def action_nodes(record: ActionRecord) -> set[str]:
+    """The nodes an action is about: its target for a node action; for a job action, the nodes it
+    excludes and the nodes its job ran on (``detail["nodes"]``)."""
+    request = record.request
+    nodes: set[str] = set()
+    exclude = request.params.get("exclude")
+    ran_on = record.detail.get("nodes")
+    for group in (exclude, ran_on):
+        if isinstance(group, list):
+            nodes.update(n for n in group if isinstance(n, str))
+    if not nodes or request.kind not in ("checkpoint_restart", "checkpoint"):
+        nodes.add(request.target)
+    return nodes
+
+
+def actions_by_node(
+    in_flight: Iterable[ActionRecord], recent: Sequence[ActionRecord]
+) -> dict[str, ActionRecord]:
+    """Node -> the action to show beside it: one in flight (newest first) before the newest of
+    ``recent`` (newest first, as the ledger lists them)."""
+    out: dict[str, ActionRecord] = {}
+    flying = sorted(in_flight, key=lambda r: r.created, reverse=True)
+    for record in (*flying, *recent):
+        for node in action_nodes(record):
+            out.setdefault(node, record)
+    return out
+
+
+def acting_nodes(by_node: Mapping[str, ActionRecord]) -> set[str]:
+    return {node for node, record in by_node.items() if record.state in IN_FLIGHT}
+
+
+def matches(query: str, name: str, texts: Iterable[str]) -> bool:
+    """Case-insensitive substring search over the node's name and what is said about it."""
+    q = query.lower()
+    return q in name.lower() or any(q in t.lower() for t in texts)
+
+
+def job_state(has_ranks: bool, action: ActionRecord | None) -> JobState:
+    """What a job is doing, from its ranks and the checkpoint_restart in flight for it, if any."""
+    if action is not None and action.state in IN_FLIGHT:
+        if action.state == ActionState.AWAITING_APPROVAL:
+            return "awaiting approval"
+        done = action.detail.get("phases_done") or []
+        if "requeue" in done or action.detail.get("waiting"):
+            return "pending after requeue"
+        if "stop" in done or action.detail.get("stopped") is not None:
+            return "restarting"
+        return "saving"
+    return "training" if has_ranks else "allocated"
+
+
+def action_why(record: ActionRecord) -> str:
+    """One line on why an action stands where it does: the gate's verdict, the error, what an
+    escalated restart saw; empty when it simply went as planned."""
+    detail = record.detail
+    for key in ("policy", "error", "not_resumed", "waiting"):
+        value = detail.get(key)
+        if isinstance(value, str) and value:
+            return value
+    refused = detail.get("exclude_refused")
+    if isinstance(refused, dict) and isinstance(refused.get("why"), str):
+        return str(refused["why"])
+    if detail.get("save_missing"):
+        return f"no save from rank(s) {detail['save_missing']}"
+    return ""
+
+
+def node_action(record: ActionRecord) -> NodeAction:
+    req = record.request
+    return NodeAction(
+        id=record.id,
+        kind=req.kind,
+        target=req.target,
+        state=record.state,
+        reason=req.reason,
+        rule=req.rule,
+        updated=record.updated,
+        why=action_why(record),
+    )
+
+
+class NodeIndex:
+    """One request's look at the cluster: each node's state and severity, its jobs and its action."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        labels: Mapping[str, Mapping[str, str]],
+        in_flight: Iterable[ActionRecord],
+        recent: Sequence[ActionRecord],
+    ) -> None:
+        self.state = state
+        self.labels = labels
+        self.by_node = actions_by_node(in_flight, recent)
+        self.acting = acting_nodes(self.by_node)
+        self.jobs: dict[str, list[str]] = {}
+        for job in state.jobs.values():
+            for node in {*job.ranks_by_node, *job.allocations}:
+                self.jobs.setdefault(node, []).append(job.id)
+
+    def node_state(self, name: str) -> NodeState:
+        return node_state(self.state, name, name in self.acting)
+
+    def severity(self, name: str) -> NodeSeverity:
+        return node_severity(self.state, name, name in self.acting)
+
+    def texts(self, name: str) -> list[str]:
+        node = self.state.nodes[name]
+        out = [*self.labels.get(name, {}).values(), *self.jobs.get(name, ())]
+        out += self.state.conditions.get(name, ())
+        out += [node.drain_reason, self.state.unavailable.get(name, "")]
+        action = self.by_node.get(name)
+        if action is not None:
+            out += [action.request.kind, action.request.reason, str(action.state)]
+        return out
+
+    def select(self, query: NodesQuery) -> tuple[int, list[NodeOut]]:
+        """The nodes the query asks for, sorted and paged: (how many matched, the page)."""
+        names: Iterable[str] = self.state.nodes
+        if query.problems:
+            names = [n for n in names if self.severity(n) != "ok"]
+        if query.state is not None:
+            names = [n for n in names if self.node_state(n) == query.state]
+        if query.q:
+            q = query.q
+            names = [n for n in names if matches(q, n, self.texts(n))]
+        nodes = self.state.nodes
+        if query.sort == "severity":
+            rank = SEVERITY_RANK
+            ordered = sorted(names, key=lambda n: (-rank[self.severity(n)], -nodes[n].last_change, n))
+        elif query.sort == "last_change":
+            ordered = sorted(names, key=lambda n: (-nodes[n].last_change, n))
+        else:
+            ordered = sorted(names)
+        end = None if query.limit is None else query.offset + query.limit
+        return len(ordered), [self.node_out(n) for n in ordered[query.offset : end]]
+
+    def node_out(self, name: str) -> NodeOut:
+        node = self.state.nodes[name]
+        action = self.by_node.get(name)
+        return NodeOut(
+            name=name,
+            online=node.online,
+            drained=node.drained_by_ftd,
+            drain_reason=node.drain_reason,
+            last_change=node.last_change,
+            jobs=sorted(self.jobs.get(name, ())),
+            unavailable=self.state.unavailable.get(name),
+            conditions=self.state.conditions.get(name, []),
+            state=self.node_state(name),
+            severity=self.severity(name),
+            labels=dict(self.labels.get(name, {})),
+            action=node_action(action) if action is not None else None,
+        )
+
+
+def job_actions(in_flight: Iterable[ActionRecord]) -> dict[str, ActionRecord]:
+    """Job -> its job action in flight (checkpoint_restart, checkpoint), the newest if several."""
+    out: dict[str, ActionRecord] = {}
+    for record in sorted(in_flight, key=lambda r: r.created):
+        if record.request.kind in ("checkpoint_restart", "checkpoint"):
+            out[record.request.target] = record
+    return out
+
+
+def jobs_out(state: ClusterState, in_flight: Iterable[ActionRecord]) -> list[JobOut]:
+    acting = job_actions(in_flight)
+    out: list[JobOut] = []
+    for j in sorted(state.jobs.values(), key=lambda j: j.id):
+        action = acting.get(j.id)
+        out.append(
+            JobOut(
+                id=j.id,
+                nodes=j.nodes,
+                ranks=sorted(j.ranks),
+                last_step=j.last_step,
+                ranks_by_node={n: sorted(r.rank for r in ranks) for n, ranks in j.ranks_by_node.items()},
+                allocations=dict(sorted(j.allocations.items())),
+                state=job_state(bool(j.ranks_by_node), action),
+                action=action.id if action is not None and action.state in IN_FLIGHT else None,
+            )
+        )
+    # a job ftd requeued has no ranks until it trains again: still shown while its action follows it
+    for job, action in sorted(acting.items()):
+        if job not in state.jobs and action.state in IN_FLIGHT:
+            out.append(
+                JobOut(
+                    id=job,
+                    nodes=[],
+                    ranks=[],
+                    last_step=None,
+                    ranks_by_node={},
+                    state=job_state(False, action),
+                    action=action.id,
+                )
+            )
+    return out
+
+
+def summary(
+    index: NodeIndex, in_flight: Sequence[ActionRecord], stuck_after_s: Callable[[str], float]
+) -> SummaryOut:
+    """The first screen's counts; ``stuck_after_s(kind)``: how long an action of that kind may run."""
+    by_state: dict[str, int] = dict.fromkeys(NODE_STATES, 0)
+    by_label: dict[str, dict[str, dict[str, int]]] = {}
+    problems = 0
+    for name in index.state.nodes:
+        node_state_ = index.node_state(name)
+        by_state[node_state_] += 1
+        problems += index.severity(name) != "ok"
+        for label, value in index.labels.get(name, {}).items():
+            counts = by_label.setdefault(label, {}).setdefault(value, {})
+            counts[node_state_] = counts.get(node_state_, 0) + 1
+    jobs: dict[str, int] = {}
+    for job in jobs_out(index.state, in_flight):
+        jobs[job.state] = jobs.get(job.state, 0) + 1
+    flying = sorted(in_flight, key=lambda r: r.created, reverse=True)[:MAX_IN_FLIGHT]
+    return SummaryOut(
+        nodes=len(index.state.nodes),
+        problems=problems,
+        by_state=by_state,
+        by_label=by_label,
+        jobs=jobs,
+        in_flight=[action_out(r) for r in flying],
+        deadlines={r.id: r.created + stuck_after_s(r.request.kind) for r in flying if r.created},
+    )
+
+
+MAX_IN_FLIGHT = 200  # the summary's in-flight list (the count is in the metrics)
