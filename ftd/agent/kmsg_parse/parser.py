@@ -41,7 +41,6 @@ Duplicate suppression inside one incident (documented choices):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -54,6 +53,7 @@ from ftd.agent.kmsg_parse.patterns import (
     BANNER_START_RE,
     CHANNEL_RE,
     DEVICE_RE,
+    HEX_WORD_RE,
     HUNG_RE,
     IB_IFACE_RE,
     IFACE_RE,
@@ -61,7 +61,9 @@ from ftd.agent.kmsg_parse.patterns import (
     OOM_KILL_RE,
     OOM_KILLED_RE,
     PREVIOUS_RE,
+    SXID_DATA_RE,
     SXID_DETAIL_RE,
+    SXID_LINK_RE,
     SXID_RE,
     SXID_WORD_RE,
     UUID_LINE_RE,
@@ -71,6 +73,8 @@ from ftd.agent.kmsg_parse.patterns import (
     pid_name,
     recovery_action,
     to_int,
+    xid_address,
+    xid_details,
 )
 from ftd.agent.kmsg_parse.prefix import BRACKET_PREFIX_RE, DICT_RE, PREFIX_RE, Prefix, strip_prefix
 from ftd.catalog import XidCatalog, load_xid_catalog
@@ -200,7 +204,7 @@ class KmsgParser:
             line = line[:_MAX_LINE]
         prefix = strip_prefix(line)
         msg = prefix.message
-        if "SXid" in msg:
+        if "SXid" in msg:  # before "Xid": an SXid line contains both
             sxid = self._sxid(msg, lineno, prefix)
             if sxid is not None:
                 return sxid
@@ -247,13 +251,14 @@ class KmsgParser:
         match = XID_RE.search(msg)
         if match is None:
             return None
-        pci = normalize_pci(match.group(1))
         code = int(match.group(2))
         rest = match.group(3)
         info = self._catalog.get(code)
         extra: dict[str, Any] = {"name": info.name}
+        pci = xid_address(match.group(1), extra)
         if not info.known:
             extra["unknown_code"] = True
+        xid_details(code, rest, extra)
         action, severity = info.action, info.severity
         pid, process = pid_name(rest)
         channel = CHANNEL_RE.search(rest)
@@ -287,12 +292,24 @@ class KmsgParser:
         extra: dict[str, Any] = {}
         if match.group(1):
             extra["switch"] = match.group(1)
-        if rest.startswith("Data {") or rest.startswith("Data{"):
-            return []  # raw registers: part of the header's incident, never an event alone
+        if SXID_DATA_RE.match(rest):
+            # Raw registers: part of the header's incident. Alone (the header and the severity line
+            # lost from the ring buffer), the SXid is still reported, its fatality unknown.
+            if self._fold(key, lineno, _SXID_WINDOW):
+                return []
+            self._remember(key, lineno)
+            extra.update(fatal=None, header_missing=True, registers=HEX_WORD_RE.findall(rest[:400]))
+            return [
+                self._event(
+                    lineno, prefix, Kind.SXID, code=code, pci=pci, action=None, severity="warning",
+                    extra=extra,
+                )
+            ]  # fmt: skip
         detail = SXID_DETAIL_RE.match(rest)
         if detail is not None:
             if self._fold(key, lineno, _SXID_WINDOW):
                 return []
+            self._remember(key, lineno)  # its data line folds into it
             fatal = detail.group(1) == "1"  # NVSWITCH_ERROR_SEVERITY_FATAL
             extra.update(
                 fatal=fatal,
@@ -314,7 +331,7 @@ class KmsgParser:
         if word is not None:
             extra["sxid_severity"] = "fatal" if fatal else "non-fatal"
             extra["detail"] = rest[word.end() :].strip()
-        link = re.search(r"\bLink (\d+)", rest)
+        link = SXID_LINK_RE.search(rest)
         if link is not None:
             extra["link"] = int(link.group(1))
         if rest.rstrip().endswith("(First)"):
