@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the real parts the tests start themselves (docs/architecture.md §12): Mosquitto, munge, Slurm 22.05.
+# Install the real parts the tests start themselves (docs/architecture.md §12): Mosquitto, munge, Slurm 22.05,
+# PostgreSQL, Prometheus.
 #
 # Idempotent: does nothing when every binary is already there, and (re)creates only what is missing.
 # The tests run their own mosquitto/slurmctld/slurmd on free loopback ports with private configs, so
@@ -21,6 +22,8 @@ for bin in mosquitto mosquitto_passwd munged slurmctld slurmd scontrol sbatch; d
 done
 # PostgreSQL (the HA ledger's tests and `ftd bench failover`): the server tools are not on PATH.
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=("postgresql")
+# Prometheus (promtool for the alert rules' tests; a real server for the alerting end-to-end test).
+have promtool && have prometheus || missing+=("prometheus")
 
 if ((${#missing[@]})); then
   echo "install-real-parts: missing ${missing[*]}; installing packages"
@@ -36,9 +39,9 @@ if ((${#missing[@]})); then
   trap cleanup EXIT
   $SUDO apt-get update
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-    mosquitto mosquitto-clients munge slurmctld slurmd slurm-client postgresql
+    mosquitto mosquitto-clients munge slurmctld slurmd slurm-client postgresql prometheus
 else
-  echo "install-real-parts: mosquitto, munge, slurm and postgresql are installed"
+  echo "install-real-parts: mosquitto, munge, slurm, postgresql and prometheus are installed"
 fi
 
 # munge needs a shared key; the package usually creates one, a minimal image may not.

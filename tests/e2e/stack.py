@@ -105,8 +105,10 @@ def make_stack(
     stop_deadline_s: float = 20,
     agent_extra: str = "",
     coordinator_extra: str = "",
+    coordinator_keys: str = "",
 ) -> Iterator[Stack]:
-    """Start the agent and the coordinator; stop them (and print their logs' tails) on exit."""
+    """Start the agent and the coordinator; stop them (and print their logs' tails) on exit.
+    ``*_extra``: more tables at the end of each config; ``coordinator_keys``: more keys of [coordinator]."""
     run_dir = Path(tempfile.mkdtemp(prefix="ftd-e2e-", dir="/tmp"))  # unix socket paths must be short
     kmsg = tmp_path / "kmsg"
     kmsg.touch()
@@ -146,6 +148,7 @@ ledger_path = "{ledger}"
 save_deadline_s = {save_deadline_s}
 stop_deadline_s = {stop_deadline_s}
 scheduler = "slurm"
+{coordinator_keys}
 
 [coordinator.slurm]
 slurm_conf = "{slurm.conf_path}"

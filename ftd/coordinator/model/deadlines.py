@@ -24,6 +24,8 @@ DEFAULT_S = 600.0
 
 def stuck_after_s(kind: str, cfg: CoordinatorConfig) -> float:
     """Seconds an action of ``kind`` may run before it is stuck (see the module docstring)."""
+    if cfg.stuck_after_s is not None:  # the operator's own bound, for every kind
+        return cfg.stuck_after_s
     if kind in (ActionKind.CHECKPOINT_RESTART, ActionKind.CHECKPOINT):
         resume = cfg.resume_deadline_s if kind == ActionKind.CHECKPOINT_RESTART else 0.0
         return cfg.save_deadline_s + cfg.stop_deadline_s + resume + MARGIN_S
