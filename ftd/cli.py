@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "ftd.commands.bench",
     "ftd.commands.status",
     "ftd.commands.events",
+    "ftd.commands.actions",
     "ftd.commands.rules",
     "ftd.commands.health",  # Slurm HealthCheckProgram
     "ftd.commands.preflight",

@@ -9,6 +9,9 @@ line per condition and exits 1; with ``--slurm`` it also drains the node through
 already drained or down, so the node stays out of service even while the coordinator is down
 (defence in depth; a coordinator that comes back adopts the drain: its reason carries ``ftd:``).
 
+Socket: ``--socket``, else ``agent.socket_path`` from ``--config`` (the node's agent config, as for
+``ftd inject``), else ``$FTD_SOCKET``, else ``/run/ftd/agent.sock``.
+
 Node name: ``--node``, else the agent's own node name (it is the name the scheduler knows), else
 ``SLURMD_NODENAME``, else the short host name.
 
@@ -46,6 +49,9 @@ def register(sub: Any) -> None:
     p.add_argument("--slurm", action="store_true", help="drain this node through scontrol when unhealthy")
     p.add_argument(
         "--socket", default=None, help="agent socket (default: $FTD_SOCKET or /run/ftd/agent.sock)"
+    )
+    p.add_argument(
+        "--config", default=None, metavar="PATH", help="the node's agent config (TOML): its agent.socket_path"
     )
     p.add_argument("--node", default=None, help="node name for Slurm (default: the agent's node name)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="total time budget, seconds")
@@ -92,11 +98,26 @@ def node_state(args: argparse.Namespace, node: str, deadline: float) -> tuple[st
     return (state.group(1) if state else "", reason.group(1) if reason else "")
 
 
+def _configured_socket(path: str | None) -> str | None:
+    """``agent.socket_path`` of the agent config at ``path`` (only read when one is given: the plain
+    health check stays on the standard library)."""
+    if path is None:
+        return None
+    from ftd.config import load_config
+
+    return load_config(path).agent.socket_path
+
+
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     started = time.monotonic()
     deadline = started + args.timeout
-    path = str(args.socket or env.get(protocol.SOCKET_ENV) or protocol.DEFAULT_SOCKET)
+    try:
+        configured = _configured_socket(args.config)
+    except ValueError as exc:  # ConfigError: a bad --config is the operator's mistake, said at once
+        print(f"ftd health: {exc}", file=sys.stderr)
+        return 2
+    path = str(args.socket or configured or env.get(protocol.SOCKET_ENV) or protocol.DEFAULT_SOCKET)
     try:
         reply: dict[str, Any] | None = ask_conditions(path, max(0.05, args.timeout * 0.5))
         problem = None

@@ -49,6 +49,12 @@ def register(sub: Any) -> None:
             "--socket", default=None, help="agent socket (default: $FTD_SOCKET or /run/ftd/agent.sock)"
         )
         h.add_argument(
+            "--config",
+            default=None,
+            metavar="PATH",
+            help="the node's agent config (TOML): its agent.socket_path",
+        )
+        h.add_argument(
             "--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds to wait for the agent"
         )
         if name == "prolog":
@@ -256,7 +262,16 @@ def leftovers(
 
 
 def socket_path_of(args: argparse.Namespace) -> str:
-    return str(args.socket or os.environ.get(protocol.SOCKET_ENV) or protocol.DEFAULT_SOCKET)
+    """``--socket``, else ``agent.socket_path`` from ``--config``, else $FTD_SOCKET, else the default."""
+    configured = None
+    if getattr(args, "config", None):
+        from ftd.config import load_config
+
+        try:
+            configured = load_config(args.config).agent.socket_path
+        except ValueError as exc:  # ConfigError: said, and the hook goes on with the default socket
+            warn(f"--config {args.config}: {exc}")
+    return str(args.socket or configured or os.environ.get(protocol.SOCKET_ENV) or protocol.DEFAULT_SOCKET)
 
 
 def tell(socket_path: str, message: Mapping[str, Any], timeout: float) -> str | None:

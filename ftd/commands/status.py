@@ -1,12 +1,22 @@
-"""``ftd status [--url URL | --config PATH] [--json]``: the cluster as the coordinator sees it.
+"""``ftd status [--url URL | --config PATH] [--problems] [--node NAME] [--json]``: the cluster as the
+coordinator sees it.
 
 What: reads the coordinator's HTTP API (``/healthz``, ``/v1/nodes``, ``/v1/jobs``, ``/v1/actions``,
-``/v1/ha``), prints who leads (active/standby: the leader, its lease epoch and the lease's age) and
-three tables: nodes (online/offline, drained by ftd and why, jobs), jobs (nodes, ranks,
-last step) and recent actions. ``--json`` prints one JSON object ``{"health", "nodes", "jobs",
-"actions", "ha"}`` instead. The URL is ``--url``, else ``http://{coordinator.api.host}:{port}`` from
-``--config``, else ``http://127.0.0.1:8787``. Exit 0; 1 if the API cannot be reached or answers an
-error (the message says which URL and why).
+``/v1/ha``, ``/v1/summary`` for the actions' deadlines), prints who leads (active/standby: the
+leader, its lease epoch and the lease's age) and three tables: nodes (online/offline, drained by ftd
+and why, jobs, conditions), jobs (nodes, ranks, last step) and recent actions (a running one with its
+phase, the ranks' acks and its deadline: :mod:`ftd.commands.action_view`). ``--problems`` shows only
+nodes offline, drained (by ftd or the scheduler) or with an active condition (the API's
+``/v1/nodes?problems=true``, filtered again here for an older coordinator), the jobs on them, and
+the actions in flight, failed or escalated. ``--node NAME`` shows that node, its jobs, the actions on
+it or its jobs and its latest events. ``--json`` prints one JSON object ``{"health", "nodes",
+"jobs", "actions", "ha"}`` (plus ``"events"`` with ``--node``) instead.
+
+Which coordinator: ``--url``, else ``coordinator.api`` from ``--config``, ``$FTD_CONFIG`` or
+``/etc/ftd/coordinator.toml`` (:mod:`ftd.commands.api_client`); with none of them the command says
+what to pass instead of reading whatever listens on a local port. Exit 0; 1 if the API cannot be
+reached or answers an error (the message says which URL and why); 2 if nothing names a coordinator
+or ``--node`` names a node it does not know.
 
 Why stdlib ``urllib``: the command must work from any login node with only the base install.
 """
@@ -17,11 +27,12 @@ import argparse
 import json
 import sys
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:8787"
+from ftd.commands import action_view as view
+from ftd.commands.api_client import ApiFailure, ApiTarget, add_target_options, resolve
+
+PROBLEM_ACTION_STATES = (*view.IN_FLIGHT, *view.TROUBLE)
 
 
 def register(sub: Any) -> None:
@@ -30,34 +41,18 @@ def register(sub: Any) -> None:
         help="show nodes, jobs and recent actions",
         description="Show the cluster as the coordinator sees it.",
     )
-    parser.add_argument(
-        "--url", help=f"coordinator API base URL (default: from --config, else {DEFAULT_URL})"
-    )
-    parser.add_argument("--config", metavar="PATH", help="TOML config to take coordinator.api.host/port from")
+    add_target_options(parser)
     parser.add_argument(
         "--actions", type=int, default=10, metavar="N", help="recent actions to show (default 10)"
     )
+    parser.add_argument(
+        "--problems",
+        action="store_true",
+        help="only nodes offline, drained or with an active condition, and actions in flight or failed",
+    )
+    parser.add_argument("--node", metavar="NAME", help="only this node, its jobs, actions and latest events")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    parser.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout in seconds (default 5)")
     parser.set_defaults(handler=run)
-
-
-def base_url(args: argparse.Namespace) -> str:
-    if args.url:
-        return str(args.url).rstrip("/")
-    if args.config:
-        from ftd.config import load_config
-
-        api = load_config(args.config).coordinator.api
-        host = "127.0.0.1" if api.host in ("0.0.0.0", "::") else api.host
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{api.port}"
-    return DEFAULT_URL
-
-
-def fetch(url: str, timeout: float) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.load(response)
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -84,16 +79,18 @@ def _user(job: dict[str, Any]) -> str:
     return ",".join(users) or "-"
 
 
-def render(data: dict[str, Any], url: str) -> str:
+def render(data: dict[str, Any], url: str, title: str = "") -> str:
     health, nodes, jobs, actions = data["health"], data["nodes"], data["jobs"], data["actions"]
     online = sum(1 for n in nodes if n["online"])
     drained = sum(1 for n in nodes if n["drained"])
+    by_id = data.get("every_job") or {str(j["id"]): j for j in jobs}  # the ranks a save expects
+    deadlines = data.get("deadlines") or {}
     out = [
         f"coordinator {url}  version {health.get('version', '?')}  "
         f"bus {'connected' if health.get('bus_connected') else 'DISCONNECTED'}",
         _ha_line(data.get("ha")),
         "",
-        f"NODES ({len(nodes)}: {online} online, {drained} drained by ftd)",
+        f"NODES{title} ({len(nodes)}: {online} online, {drained} drained by ftd)",
         table(
             ["node", "state", "drained", "reason", "jobs", "conditions"],
             [
@@ -125,7 +122,7 @@ def render(data: dict[str, Any], url: str) -> str:
             ],
         ),
         "",
-        f"RECENT ACTIONS ({len(actions)})",
+        f"{'ACTIONS IN FLIGHT OR FAILED' if title else 'RECENT ACTIONS'} ({len(actions)})",
         table(
             ["when", "id", "kind", "target", "state", "rule", "reason"],
             [
@@ -134,7 +131,7 @@ def render(data: dict[str, Any], url: str) -> str:
                     a["id"],
                     a["kind"],
                     a["target"],
-                    _action_state(a),
+                    view.running_text(a, by_id, deadlines),
                     a["rule"] or "-",
                     a["reason"],
                 ]
@@ -145,22 +142,19 @@ def render(data: dict[str, Any], url: str) -> str:
     return "\n".join(out)
 
 
-def _action_state(action: dict[str, Any]) -> str:
-    """The action's state, with what a running one is waiting for (a restart following its job)."""
-    waiting = (action.get("detail") or {}).get("waiting")
-    if action["state"] == "running" and isinstance(waiting, str) and waiting:
-        return f"running: {waiting}"
-    return str(action["state"])
-
-
-def _ha(url: str, timeout: float) -> Any:
-    """``/v1/ha`` (who leads, the lease epoch and age); None from a coordinator without it (404)."""
+def _optional(api: ApiTarget, path: str) -> Any:
+    """``path``'s answer, or None from a coordinator that does not serve it (older, or a standby)."""
     try:
-        return fetch(f"{url}/v1/ha", timeout)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
+        return api.get(path)
+    except ApiFailure:
+        return None
+
+
+def is_problem(node: dict[str, Any]) -> bool:
+    """Offline, drained (by ftd or the scheduler) or with an active condition."""
+    return (
+        not node["online"] or node["drained"] or bool(node.get("unavailable")) or bool(node.get("conditions"))
+    )
 
 
 def _ha_line(ha: dict[str, Any] | None) -> str:
@@ -174,32 +168,65 @@ def _ha_line(ha: dict[str, Any] | None) -> str:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from ftd.config import ConfigError
-
-    try:
-        url = base_url(args)
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
+def collect(api: ApiTarget, args: argparse.Namespace) -> dict[str, Any]:
+    """What the tables show, filtered as ``--problems`` / ``--node`` ask (ApiFailure on errors)."""
     limit = max(1, min(int(args.actions), 1000))
-    try:
-        data = {
-            "health": fetch(f"{url}/healthz", args.timeout),
-            "nodes": fetch(f"{url}/v1/nodes", args.timeout),
-            "jobs": fetch(f"{url}/v1/jobs", args.timeout),
-            "actions": fetch(f"{url}/v1/actions?limit={limit}", args.timeout),
-            "ha": _ha(url, args.timeout),
-        }
-    except urllib.error.HTTPError as exc:
-        print(f"ftd status: {exc.url}: HTTP {exc.code} {exc.reason}", file=sys.stderr)
-        return 1
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        print(f"ftd status: cannot reach the coordinator API at {url}: {reason}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(data, sort_keys=True))
+    nodes = api.get("/v1/nodes?problems=true" if args.problems else "/v1/nodes")
+    jobs = api.get("/v1/jobs")
+    data: dict[str, Any] = {"health": api.get("/healthz"), "ha": _optional(api, "/v1/ha")}
+    data["every_job"] = {str(j["id"]): j for j in jobs}
+    summary = _optional(api, "/v1/summary")
+    deadlines = summary.get("deadlines") if isinstance(summary, dict) else None
+    data["deadlines"] = deadlines if isinstance(deadlines, dict) else {}
+    if args.problems:
+        nodes = [n for n in nodes if is_problem(n)]
+        names = {n["name"] for n in nodes}
+        jobs = [j for j in jobs if names & set(j["nodes"])]
+        recent = api.get(f"/v1/actions?limit={max(limit, 200)}")
+        actions = [a for a in recent if a["state"] in PROBLEM_ACTION_STATES][:limit]
+    elif args.node:
+        nodes = [n for n in nodes if n["name"] == args.node]
+        if not nodes:
+            raise LookupError(f"node {args.node!r} is not known to the coordinator at {api.url}")
+        jobs = [j for j in jobs if args.node in j["nodes"]]
+        targets = {args.node} | {str(j["id"]) for j in jobs}
+        recent = api.get(f"/v1/actions?limit={max(limit, 200)}")
+        actions = [
+            a for a in recent if a["target"] in targets or (a.get("params") or {}).get("node") == args.node
+        ]
+        actions = actions[:limit]
+        data["events"] = api.get(f"/v1/events?node={args.node}&limit={limit}")
     else:
-        print(render(data, url))
+        actions = api.get(f"/v1/actions?limit={limit}")
+    data.update(nodes=nodes, jobs=jobs, actions=actions)
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    api = resolve(args, "status")
+    if isinstance(api, int):
+        return api
+    try:
+        data = collect(api, args)
+    except ApiFailure as exc:
+        print(f"ftd status: {exc}", file=sys.stderr)
+        return 1
+    except LookupError as exc:
+        print(f"ftd status: {exc.args[0]}", file=sys.stderr)
+        return 2
+    if args.json:
+        data.pop("deadlines", None)
+        data.pop("every_job", None)
+        print(json.dumps(data, sort_keys=True))
+        return 0
+    title = " WITH PROBLEMS" if args.problems else (f" {args.node}" if args.node else "")
+    print(render(data, api.url, title))
+    if args.node:
+        print(f"\nLATEST EVENTS ON {args.node} ({len(data['events'])})")
+        print(
+            table(
+                ["when", "id", "kind", "severity", "source"],
+                [[_when(e["ts"]), e["id"], e["kind"], e["severity"], e["source"]] for e in data["events"]],
+            )
+        )
     return 0

@@ -116,3 +116,15 @@ def test_a_silent_agent_costs_the_deadline_only(agent: Agent, tmp_path: Path, ca
     assert result["healthy"] is None and result["error"].endswith("timed out")
     assert not calls.exists()  # conditions unknown: Slurm is not touched
     assert os.path.exists(agent.path)
+
+
+def test_config_names_the_agent_socket(agent: Agent, tmp_path: Path, capsys: Any) -> None:
+    """``--config`` like ftd inject and the other commands: the agent config's socket_path."""
+    agent.conditions = [XID]
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[agent]\nnode = "node-7"\nsocket_path = "{agent.path}"\n')
+    assert main(["health", "--config", str(config)]) == 1
+    assert capsys.readouterr().out == "ERROR:  ftd:  Health check failed:  xid 79 on 0000:3b:00.0\n"
+    config.write_text("[agent]\nsocket_path = 7\n")
+    assert main(["health", "--config", str(config)]) == 2
+    assert "agent.socket_path" in capsys.readouterr().err

@@ -398,6 +398,8 @@ class Engine:
             for index, phase in enumerate(phases):
                 if after.get(index):
                     await self._wait_for(record, after[index])
+                if phase is not None and phase not in done:
+                    record.detail["phase"] = phase  # the phase under way (ftd actions list)
                 if record.state != ActionState.RUNNING:
                     record.state = ActionState.RUNNING
                     await self.ledger.save_action(record)
@@ -419,6 +421,7 @@ class Engine:
                     if outcome is not None:
                         record.detail["phase_state"] = outcome
                     if index < len(phases) - 1:
+                        record.detail["phase"] = phases[index + 1]
                         await self.ledger.save_action(record)  # a resumed action skips what is done
                         await self._notify("action", record)
                 progress.reached(index)

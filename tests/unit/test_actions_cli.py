@@ -1,0 +1,231 @@
+"""``ftd actions list|show|approve|reject``, ``ftd status --problems|--node``, ``ftd events list|tail``
+and finding the coordinator, each against a real coordinator API (the in-process coordinator with its
+aiohttp server on a free local port; the CLI runs in a thread, over HTTP, as an operator's would)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ftd.cli import main
+from ftd.commands import api_client
+from ftd.config import ApiConfig
+from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.coordinator.api import Api
+from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.model.plan import Plan, Step
+from ftd.events import Kind, NodeStatus, make_event
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
+from tests.realparts import free_port
+from tests.unit.test_api import TOKEN, make_coordinator, populate
+
+
+@dataclass
+class Served:
+    coordinator: Coordinator
+    url: str
+    config: Path  # coordinator.api port and token_file of this API
+
+
+def _record(id: str, kind: str, target: str, state: ActionState, **detail: object) -> ActionRecord:
+    request = ActionRequest(kind=kind, target=target, reason=f"why {id}", rule="xid_catalog", event_id="e1")
+    return ActionRecord(id=id, request=request, state=state, detail=dict(detail), created=time.time())
+
+
+@pytest.fixture
+async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
+    monkeypatch.delenv(api_client.CONFIG_ENV, raising=False)
+    monkeypatch.setattr(api_client, "DEFAULT_CONFIGS", (str(tmp_path / "absent.toml"),))
+    scheduler = FakeScheduler()
+    for node in ("node-1", "node-2", "node-3", "node-4"):
+        scheduler.add_node(node)
+    scheduler.add_job("42", ["node-1"])
+    coordinator = make_coordinator(scheduler, approval=("drain_node", "gpu_reset"))
+    await populate(coordinator)  # node-1 online with job 42 (ranks 0, 1), node-2 offline; events e1, e2
+    state = coordinator.state
+    for node in ("node-3", "node-4"):
+        state.apply_status(NodeStatus(node=node, state="online", ts=1000.0))
+    state.apply_conditions("node-3", ["xid 79: GPU fell off the bus"])
+    ledger = coordinator.ledger
+    await ledger.save_action(
+        _record("act-run", "checkpoint_restart", "42", ActionState.RUNNING, phase="stop", plan="plan-1")
+    )
+    await ledger.save_action(_record("act-reset", "gpu_reset", "node-1", ActionState.PENDING, plan="plan-1"))
+    await ledger.save_action(
+        _record(
+            "act-fail", "drain_node", "node-4", ActionState.FAILED, error="SchedulerError: scontrol exit 1"
+        )
+    )
+    await ledger.save_action(_record("act-log", "notify", "node-3", ActionState.LOGGED, channel="log"))
+    await ledger.save_action(_record("act-ok", "drain_node", "node-2", ActionState.SUCCEEDED))
+    steps = [
+        Step(action="act-run", kind="checkpoint_restart", target="42", role="job"),
+        Step(action="act-reset", kind="gpu_reset", target="node-1", role="node"),
+    ]
+    await ledger.save_plan(Plan(id="plan-1", event_id="e1", steps=steps))
+    await coordinator.bus.start()
+    port = free_port()
+    api = Api(coordinator, ApiConfig(port=port), token=TOKEN)
+    await api.start()
+    token = tmp_path / "api-token"
+    token.write_text(TOKEN + "\n")
+    config = tmp_path / "coordinator.toml"
+    config.write_text(f'[coordinator.api]\nport = {port}\ntoken_file = "{token}"\n')
+    try:
+        yield Served(coordinator, f"http://127.0.0.1:{port}", config)
+    finally:
+        await api.stop()
+        await coordinator.engine.close()
+        await coordinator.bus.stop()
+
+
+async def ftd(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``ftd ARGV`` in a thread (it blocks on HTTP while this loop serves the API)."""
+    capsys.readouterr()
+    code = await asyncio.to_thread(main, list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _row(text: str, first: str) -> list[str]:
+    return next(line for line in text.splitlines() if line.startswith(first + " ")).split()
+
+
+async def test_status_problems_shows_only_what_needs_a_look(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    served.coordinator.state.mark_drained("node-2", "ftd: xid 79")
+    code, out, _ = await ftd(capsys, "status", "--config", str(served.config), "--problems")
+    assert code == 0
+    assert "NODES WITH PROBLEMS (2: 1 online, 1 drained by ftd)" in out  # node-3: online, a condition
+    nodes = [line.split()[0] for line in out.split("\nJOBS (")[0].splitlines() if line.startswith("node-")]
+    assert nodes == ["node-2", "node-3"]
+    actions_part = out.split("ACTIONS IN FLIGHT OR FAILED")[1]
+    shown = {line.split()[2] for line in actions_part.splitlines()[2:] if line.strip()}
+    assert shown == {"act-run", "act-reset", "act-fail"}  # not the succeeded nor the logged one
+    assert "running (phase stop, acks ?/2" in actions_part  # and the deadline, where the API says it
+    code, out, _ = await ftd(capsys, "status", "--config", str(served.config), "--problems", "--json")
+    data = json.loads(out)
+    assert [n["name"] for n in data["nodes"]] == ["node-2", "node-3"]
+    assert data["jobs"] == []  # job 42 runs on node-1, which is fine
+
+
+async def test_status_node_shows_one_node(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = await ftd(capsys, "status", "--url", served.url, "--node", "node-1")
+    assert code == 0
+    assert _row(out, "node-1")[:3] == ["node-1", "online", "no"]
+    assert "node-2" not in out.split("\nJOBS (")[0]
+    assert _row(out, "42")[:3] == ["42", "node-1", "2"]
+    events = out.split("LATEST EVENTS ON node-1 (1)")[1]
+    assert " e1 " in events and "xid" in events
+    assert "act-run" in out and "act-reset" in out and "act-fail" not in out
+    code, _, err = await ftd(capsys, "status", "--url", served.url, "--node", "node-9")
+    assert code == 2 and "node 'node-9' is not known" in err
+
+
+async def test_actions_list_and_show(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = await ftd(capsys, "actions", "list", "--config", str(served.config))
+    assert code == 0
+    header = next(line for line in out.splitlines() if line.startswith("ID "))
+    assert header.split() == ["ID", "KIND", "TARGET", "PHASE", "STATE", "ACKS", "DEADLINE", "WHY"]
+    assert _row(out, "act-run")[:6] == ["act-run", "checkpoint_restart", "42", "stop", "running", "?/2"]
+    fail = _row(out, "act-fail")
+    assert fail[:5] == ["act-fail", "drain_node", "node-4", "-", "failed"]
+    assert "SchedulerError: scontrol exit 1" in " ".join(fail)
+    assert _row(out, "act-log")[4] == "logged"
+    code, out, _ = await ftd(
+        capsys, "actions", "list", "--url", served.url, "--state", "failed,logged", "--json"
+    )
+    assert sorted(a["id"] for a in json.loads(out)) == ["act-fail", "act-log"]
+
+    code, out, _ = await ftd(capsys, "actions", "show", "--config", str(served.config), "act-run")
+    assert code == 0
+    assert out.startswith("action act-run: checkpoint_restart 42  state running")
+    assert "requested by xid_catalog: why act-run" in out and "phase stop under way" in out
+    plan = out.split("PLAN plan-1 (running, event e1)")[1]
+    steps = [line.split() for line in plan.splitlines() if line.strip().startswith("act-")]
+    assert steps == [
+        ["act-run", "<-", "this", "checkpoint_restart", "42", "running"],
+        ["act-reset", "gpu_reset", "node-1", "pending"],
+    ]
+    code, _, err = await ftd(capsys, "actions", "show", "--url", served.url, "act-nope")
+    assert code == 1 and "HTTP 404" in err and "no action with id 'act-nope'" in err
+
+
+async def test_approve_and_reject_with_the_configured_token(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = served.coordinator.engine
+    held = [
+        await engine.submit(ActionRequest(kind=kind, target=node, reason="bad GPU", rule="api:test"))
+        for kind, node in (("drain_node", "node-3"), ("gpu_reset", "node-4"))
+    ]
+    assert [r.state for r in held] == [ActionState.AWAITING_APPROVAL] * 2
+    code, _, err = await ftd(capsys, "actions", "approve", "--url", served.url, held[0].id)
+    assert code == 1 and "no API token" in err  # --url alone: no token to send
+    code, out, _ = await ftd(
+        capsys, "actions", "approve", "--config", str(served.config), held[0].id, "--by", "ana"
+    )
+    assert code == 0 and out.startswith(f"approved {held[0].id}: drain_node node-3 is now ")
+    code, out, _ = await ftd(
+        capsys, "actions", "reject", "--config", str(served.config), held[1].id, "--reason", "spare is busy"
+    )
+    assert code == 0 and out.strip() == f"rejected {held[1].id}: gpu_reset node-4 is now suppressed"
+    await engine.wait_idle(5)
+    approved = await served.coordinator.ledger.action(held[0].id)
+    assert approved is not None and approved.state == ActionState.SUCCEEDED
+    code, _, err = await ftd(capsys, "actions", "approve", "--config", str(served.config), held[1].id)
+    assert code == 1 and "HTTP 404" in err  # no longer awaiting approval
+
+
+async def test_events_list_and_tail(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = await ftd(capsys, "events", "list", "--url", served.url)
+    assert code == 0 and [line.split()[-1] for line in out.splitlines()] == ["[e1]", "[e2]"]  # oldest first
+    code, out, _ = await ftd(capsys, "events", "list", "--url", served.url, "--kind", "ecc", "--json")
+    assert [json.loads(line)["id"] for line in out.splitlines()] == ["e2"]
+
+    ledger = served.coordinator.ledger
+    loop = asyncio.get_running_loop()
+    started = threading.Event()
+
+    def tail() -> int:
+        started.set()
+        return main(["events", "tail", "--config", str(served.config), "--interval", "0.2", "--count", "2"])
+
+    capsys.readouterr()
+    task = loop.run_in_executor(None, tail)
+    await asyncio.to_thread(started.wait, 5)
+    await asyncio.sleep(0.5)  # tail printed the backlog and polls
+    await ledger.record_event(make_event("node-3", Kind.XID, data={"code": 48}, ts=time.time(), id="e3"))
+    await ledger.record_event(make_event("node-4", Kind.ECC, data={"dbe": 2}, ts=time.time() + 1, id="e4"))
+    assert await asyncio.wait_for(task, 30) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[-1] for line in lines] == ["[e1]", "[e2]", "[e3]", "[e4]"]
+    assert "xid 48" in lines[2]
+
+
+async def test_which_coordinator(
+    served: Served, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No --url, no --config: $FTD_CONFIG, then the default path; else a message saying what to pass
+    (never a silent read of 127.0.0.1:8787)."""
+    code, out, err = await ftd(capsys, "status")
+    assert code == 2 and out == ""
+    assert "pass --config /etc/ftd/coordinator.toml" in err and "--url" in err and "$FTD_CONFIG" in err
+    for command in (["actions", "list"], ["events", "list"], ["events", "tail"]):
+        code, _, err = await ftd(capsys, *command)
+        assert code == 2 and "which coordinator?" in err, command
+    monkeypatch.setenv(api_client.CONFIG_ENV, str(served.config))
+    code, out, _ = await ftd(capsys, "status")
+    assert code == 0 and f"coordinator {served.url} " in out
+    monkeypatch.delenv(api_client.CONFIG_ENV)
+    monkeypatch.setattr(api_client, "DEFAULT_CONFIGS", (str(tmp_path / "absent.toml"), str(served.config)))
+    code, out, _ = await ftd(capsys, "actions", "list")
+    assert code == 0 and f"from {served.url}" in out
