@@ -50,8 +50,11 @@ def make_certs(directory: Path, *args: str) -> None:
 
 
 @contextlib.contextmanager
-def tls_broker(pki: Path, clients: list[str]) -> Iterator[TlsBroker]:
-    """The shipped broker with mutual TLS; ``clients`` each get a certificate (CN = the name)."""
+def tls_broker(
+    pki: Path, clients: list[str], *, users: dict[str, str] | None = None, acl_extra: str = ""
+) -> Iterator[TlsBroker]:
+    """The shipped broker with mutual TLS; ``clients`` each get a certificate (CN = the name).
+    ``users``: password logins for the plain loopback listener; ``acl_extra``: lines added to the ACL."""
     require_binary("openssl", package="openssl")
     make_certs(pki, "ca")
     make_certs(pki, "server", "localhost", "127.0.0.1")
@@ -60,8 +63,8 @@ def tls_broker(pki: Path, clients: list[str]) -> Iterator[TlsBroker]:
     try:
         # The plain loopback listener still authenticates (allow_anonymous false): a password file
         # must exist; nobody in the operator-day test uses it.
-        make_passwd(workdir, {"nobody": "unused"})
-        shutil.copy(DEPLOY / "acl", workdir / "acl")
+        make_passwd(workdir, users or {"nobody": "unused"})
+        (workdir / "acl").write_text((DEPLOY / "acl").read_text() + acl_extra)
         _chown_for_broker(workdir / "acl")
         certs = workdir / "certs"
         certs.mkdir()
