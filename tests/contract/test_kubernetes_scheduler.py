@@ -202,6 +202,29 @@ async def test_requeue_deletes_job_pods_and_excludes_nodes(
     assert any(r.query == {"fieldSelector": "spec.unschedulable=true"} for r in api.calls("GET"))
 
 
+@pytest.mark.parametrize(
+    "label",
+    ["training.kubeflow.org/job-name", "jobset.sigs.k8s.io/jobset-name", "batch.kubernetes.io/job-name"],
+)
+async def test_training_operator_jobs_are_found_by_their_controllers_label(
+    api: FakeKubeApi, sched: KubernetesScheduler, label: str
+) -> None:
+    """A PyTorchJob, a JobSet or a batch Job needs no ftd label: its pods carry the job's name."""
+    api.add_pod("train", "llama-master-0", "node-3", labels={label: "llama"})
+    api.add_pod("train", "llama-worker-0", "node-4", labels={label: "llama"})
+    api.add_pod("train", "other-0", "node-1", labels={label: "other"})
+    info = await sched.job_info("llama")
+    assert info.state == "RUNNING" and info.nodes == ("node-3", "node-4")
+    assert await sched.job_nodes("llama") == ("node-3", "node-4")
+    await sched.requeue("llama")
+    assert sorted(r.path for r in api.calls("DELETE")) == [
+        "/api/v1/namespaces/train/pods/llama-master-0",
+        "/api/v1/namespaces/train/pods/llama-worker-0",
+    ]
+    # ftd's own label is asked first: a job labelled both ways is one job, found once.
+    assert api.calls("GET")[0].query["labelSelector"] == "ftd.dev/job=llama"
+
+
 async def test_unknown_nodes_and_jobs_raise(api: FakeKubeApi, sched: KubernetesScheduler) -> None:
     for call in (sched.drain("node-99", "x"), sched.resume("node-99"), sched.node_info("node-99")):
         with pytest.raises(SchedulerError) as err:

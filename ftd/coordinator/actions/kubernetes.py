@@ -28,10 +28,12 @@ Semantics, mapped onto the scheduler contract:
   that is not drained is a no-op; a node cordoned by someone else (no ``drained-by=ftd``) raises, so
   ftd never undoes an operator's cordon.
 * **requeue(job, exclude)** — the choice made here: a job is the set of pods labelled
-  ``{job_label}={job}`` in ``namespace``; requeue *deletes those pods* (``DELETE .../pods/{pod}`` with
-  ``propagationPolicy: Background``) and lets their controller recreate them: a ``batch/v1`` Job (with
-  ``backoffLimit``), a JobSet, or a Kubeflow PyTorchJob with ``restartPolicy: OnFailure/ExitCode``
-  recreate deleted pods; bare pods are simply gone. Kubernetes has no per-job "excluded nodes" for an
+  ``{job_label}={job}`` in ``namespace`` or, when none is, labelled with that name by a JobSet, a
+  Kubeflow PyTorchJob or a batch/v1 Job (:data:`TRAINING_JOB_LABELS`); requeue *deletes those pods*
+  (``DELETE .../pods/{pod}`` with ``propagationPolicy: Background``) and lets their controller
+  recreate them: a ``batch/v1`` Job (with ``backoffLimit``), a JobSet, or a Kubeflow PyTorchJob with
+  ``restartPolicy: OnFailure/ExitCode`` recreate deleted pods; bare pods are simply gone. Kubernetes
+  has no per-job "excluded nodes" for an
   existing Job (the pod template is immutable), so exclusion is node-wide: each excluded node is
   cordoned and tainted (reason ``excluded from job J``, no eviction) before the pods are deleted, unless
   ftd already drained it; ``resume_node`` undoes it. Excluded nodes are validated first (an unknown one
@@ -76,6 +78,16 @@ _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _LABEL_VALUE_RE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 
+#: Labels the common training controllers put on their pods, whose value is the job's name: a JobSet
+#: (jobset.x-k8s.io), a Kubeflow PyTorchJob (training-operator) and a plain batch/v1 Job. A job id is
+#: looked up under ``job_label`` first, then under these, so such a job needs no label of ftd's own.
+TRAINING_JOB_LABELS = (
+    "jobset.sigs.k8s.io/jobset-name",
+    "training.kubeflow.org/job-name",
+    "batch.kubernetes.io/job-name",
+)
+
+
 def reason_slug(reason: str) -> str:
     """Taint value from a reason: ``"ftd: Xid 79 on GPU 3"`` -> ``"xid-79-on-gpu-3"`` (label rules)."""
     text = reason.strip()
@@ -116,6 +128,8 @@ class KubernetesScheduler:
         self.namespace = namespace
         self.taint_key = taint_key
         self.job_label = job_label
+        # The labels a job's pods are found by, in order: ftd's own, then the training operators'.
+        self.job_labels = (job_label, *(label for label in TRAINING_JOB_LABELS if label != job_label))
         self.evict = evict
         self.timeout_s = timeout_s
         self.last_drain: dict[str, Any] = {}
@@ -374,16 +388,24 @@ class KubernetesScheduler:
             raise SchedulerError(f"invalid job id {job!r} for a Kubernetes label value")
         return f"{self.job_label}={job}"
 
+    async def _pods_of(self, job: str) -> list[Any]:
+        """The pods of ``job``: those labelled ``job_label=job``, else those a training controller
+        labelled with that name (:data:`TRAINING_JOB_LABELS`, in order); [] when none."""
+        self._selector(job)  # validates the id
+        for label in self.job_labels:
+            selector = f"{label}={job}"
+            pods = await self._call(
+                f"list pods of job {job}", "list_namespaced_pod", self.namespace, label_selector=selector
+            )
+            if pods.items:
+                return list(pods.items)
+        return []
+
     async def _job_pods(self, job: str) -> list[Any]:
-        pods = await self._call(
-            f"list pods of job {job}",
-            "list_namespaced_pod",
-            self.namespace,
-            label_selector=self._selector(job),
-        )
-        items = list(pods.items)
+        items = await self._pods_of(job)
         if not items:
-            raise SchedulerError(f"job {job!r} not found: no pod labelled {self._selector(job)}")
+            labels = ", ".join(f"{label}={job}" for label in self.job_labels)
+            raise SchedulerError(f"job {job!r} not found: no pod labelled {labels}")
         return items
 
     async def job_info(self, job: str) -> JobInfo:
@@ -419,17 +441,12 @@ class KubernetesScheduler:
         with a node, or Running); empty for an unknown job or an id that is not a label value."""
         if not _LABEL_VALUE_RE.match(job) or not job:
             return ()
-        pods = await self._call(
-            f"list pods of job {job}",
-            "list_namespaced_pod",
-            self.namespace,
-            label_selector=self._selector(job),
-        )
+        pods = await self._pods_of(job)
         return tuple(
             sorted(
                 {
                     p.spec.node_name
-                    for p in pods.items
+                    for p in pods
                     if p.spec is not None
                     and p.spec.node_name
                     and p.metadata.deletion_timestamp is None
