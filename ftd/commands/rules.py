@@ -28,8 +28,23 @@ dedupe holds its key, afterwards the cooldown starts. An allowed ``drain_node`` 
 drained at once (it counts against the blast-radius budgets from then on); ``resume_node`` undoes
 that. Held actions are never approved.
 
-The cluster view is rebuilt from the events themselves, so it is approximate: every node that sends
-an event is known and online, ``node_offline`` takes it offline until its next event; a rank is
+The cluster: drain budgets (``max_drained_fraction``, domain budgets) are computed over the real
+cluster, as the live coordinator does, when the replay knows it: ``--from URL`` reads the nodes and
+their labels from a running coordinator's ``/v1/nodes``, ``--from-api`` from the one ``--config``'s
+``coordinator.api`` names; else the nodes of ``--config``'s ``coordinator.node_labels`` (the
+inventory of failure domains). Those nodes start online and in service; nodes seen only in the events
+are added. With neither, the cluster is only the nodes seen in the events, and the report says so
+(a 4-node replay of a 500-node ledger would budget drains over 4 nodes).
+
+Input: the ledger's export (``ftd events export``), or ``ftd parse kmsg`` output directly: a line
+without the envelope's ``id``/``node``/``source`` but with the parser's ``line`` and ``kind`` is
+wrapped as the agent would wrap it (``source`` kmsg, node ``--node``, default node-1; ``ts`` the
+kernel timestamp when the log had one). Any other line missing ``id``, ``node``, ``ts``,
+``severity`` or ``source`` gets them filled (``line-N``, ``--node``, the previous line's time,
+warning, replay); the report counts such lines.
+
+The rest of the cluster view is rebuilt from the events themselves, so it is approximate: every node
+that sends an event is online, ``node_offline`` takes it offline until its next event; a rank is
 placed on a node when an event carries ``data.job`` and ``data.rank``; ``node_offline``'s
 ``data.jobs`` places those jobs there. Retained job presence is not in the ledger's event stream, so
 give placements with ``--job JOB=NODE[,NODE...]`` when rules need to know where jobs run (restarts).
@@ -48,7 +63,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
@@ -77,6 +92,18 @@ def register(subparsers: Any) -> None:
         help="coordinator config (rules, policy); default: built-in defaults",
     )
     test.add_argument("--json", action="store_true", help="print one JSON object")
+    test.add_argument(
+        "--from",
+        dest="from_url",
+        metavar="URL",
+        help="take the cluster (nodes, labels) from a running coordinator's API (its /v1/nodes)",
+    )
+    test.add_argument(
+        "--from-api",
+        action="store_true",
+        help="take the cluster from the coordinator --config's coordinator.api names",
+    )
+    test.add_argument("--node", default="node-1", help="node of input lines that name none (ftd parse kmsg)")
     test.add_argument(
         "--job",
         action="append",
@@ -186,6 +213,9 @@ class Report:
     bad_lines: list[tuple[int, str]] = field(default_factory=list)
     rule_errors: list[dict[str, str]] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
+    filled: int = 0  # lines completed with defaults (ftd parse kmsg output, or no id/node/ts)
+    cluster: str = ""  # where the cluster's nodes came from
+    nodes: int = 0  # the cluster's size at the start (0: only the nodes seen in the events)
 
     def summary(self) -> list[dict[str, Any]]:
         counts: dict[tuple[str, str], Counter[str]] = {}
@@ -211,13 +241,18 @@ class Replay:
         action_s: float = 60.0,
         entry_points: bool = True,
         extra: tuple[object, ...] = (),
+        nodes: Iterable[str] = (),
     ) -> None:
         from ftd.coordinator.decide.replay import Sandbox
+        from ftd.events import NodeStatus
 
         self.sandbox = Sandbox(cfg, action_s=action_s, entry_points=entry_points, extra=extra)
         self.state = self.sandbox.state
         self.engine = self.sandbox.engine
         self.report = Report()
+        for name in nodes:  # the real cluster: budgets are fractions of it, not of the nodes seen
+            self.state.apply_status(NodeStatus(node=name, state="online", ts=0.0))
+        self.report.nodes = len(self.state.nodes)
         self._current: Event | None = None
         self._outcomes: dict[str, Outcome] = {}
         self.engine.observe(self._observe)
@@ -321,21 +356,66 @@ class Progress:
             self.stream.flush()
 
 
-def read_events(stream: IO[bytes], report: Report, progress: Progress) -> Iterator[Event]:
+def read_events(
+    stream: IO[bytes], report: Report, progress: Progress, *, node: str = "node-1"
+) -> Iterator[Event]:
     from ftd.events import DecodeError, Event, decode
 
     done = 0
+    last_ts = 0.0
     for lineno, raw in enumerate(stream, 1):
         done += len(raw)
         line = raw.strip()
         if not line:
             continue
         try:
-            yield decode(line, Event)
+            event = decode(line, Event)
         except DecodeError as exc:
-            report.bad_lines.append((lineno, str(exc)[:200]))
+            try:
+                event = completed(line, lineno, node, last_ts)
+            except ValueError:
+                report.bad_lines.append((lineno, str(exc)[:200]))
+                progress.update(done, report.events)
+                continue
+            report.filled += 1
+        last_ts = max(last_ts, event.ts)
+        yield event
         progress.update(done, report.events)
     progress.update(done, report.events, force=True)
+
+
+def completed(line: bytes, lineno: int, node: str, last_ts: float) -> Event:
+    """An event from a line that is not a whole envelope: ``ftd parse kmsg`` output (wrapped as the
+    agent wraps it) or an event missing ``id``/``node``/``ts``/``severity``/``source`` (filled).
+    ValueError when the line is neither."""
+    import msgspec
+
+    from ftd.events import Event
+
+    try:
+        data = msgspec.json.decode(line)
+    except msgspec.DecodeError as exc:
+        raise ValueError(str(exc)) from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    try:
+        if "line" in data and "kind" in data and not {"node", "source", "id"} & data.keys():
+            from ftd.agent.kmsg_parse import KernelEvent
+            from ftd.agent.watchers.kmsg import kernel_event_to_event
+
+            kev = msgspec.convert(data, KernelEvent)
+            ts = kev.ts if kev.ts is not None else last_ts
+            return kernel_event_to_event(node, kev, event_id=f"kmsg-{lineno}", ts=ts)
+        filled = {
+            "id": f"line-{lineno}",
+            "node": node,
+            "ts": last_ts,
+            "severity": "warning",
+            "source": "replay",
+        }
+        return msgspec.convert({**filled, **data}, Event)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _iso(ts: float) -> str:
@@ -361,6 +441,11 @@ def render_text(report: Report, out: IO[str]) -> None:
             out.write("  ".join("-" * w for w in widths) + "\n")
     if not rows:
         out.write("(no actions)\n")
+    if report.filled:
+        out.write(
+            f"\n{report.filled} line(s) completed with defaults (ftd parse kmsg output or no id/node/ts)"
+        )
+    out.write(f"\ncluster: {report.cluster}")
     out.write(
         f"\n{report.events} events replayed, {len(report.outcomes)} actions requested, "
         f"{report.duplicates} duplicate(s), {len(report.bad_lines)} bad line(s), "
@@ -380,6 +465,8 @@ def report_json(report: Report) -> dict[str, Any]:
         "rule_errors": report.rule_errors,
         "actions": [asdict(o) for o in report.outcomes],
         "summary": report.summary(),
+        "filled": report.filled,
+        "cluster": {"source": report.cluster, "nodes": report.nodes},
     }
 
 
@@ -394,6 +481,45 @@ def _parse_jobs(specs: list[str]) -> dict[str, list[str]]:
     return jobs
 
 
+def cluster_of(args: argparse.Namespace, cfg: CoordinatorConfig) -> tuple[CoordinatorConfig, list[str], str]:
+    """(config with the cluster's labels, the cluster's nodes, where they came from): a running
+    coordinator (``--from URL``, ``--from-api``), else ``coordinator.node_labels``, else nothing."""
+    import msgspec
+
+    from ftd.commands.api_client import ApiTarget, target
+    from ftd.config import NodeLabelsConfig
+    from ftd.config.schema import NODE_LABELS as LABELS
+
+    if args.from_url or args.from_api:
+        if args.from_url:
+            api = ApiTarget(str(args.from_url).rstrip("/"), "--from", None, 10.0)
+        else:
+            if not args.config:
+                raise ValueError("--from-api reads coordinator.api from --config: pass --config too")
+            api = target(argparse.Namespace(url=None, config=args.config, timeout=10.0))
+        answer = api.get("/v1/nodes")
+        names = sorted({str(n["name"]) for n in answer})
+        # the live coordinator's labels, then the config's own (a later entry wins, as in the gate)
+        labelled = [
+            NodeLabelsConfig(nodes=[str(n["name"])], **{k: v for k, v in n["labels"].items() if k in LABELS})
+            for n in answer
+            if isinstance(n.get("labels"), dict) and n["labels"]
+        ]
+        cfg = msgspec.structs.replace(cfg, node_labels=[*labelled, *cfg.node_labels])
+        return cfg, names, f"{len(names)} nodes from the coordinator at {api.url}"
+    names = sorted({node for entry in cfg.node_labels for node in entry.nodes})
+    if names:
+        return cfg, names, f"{len(names)} nodes from coordinator.node_labels"
+    return (
+        cfg,
+        [],
+        (
+            "only the nodes seen in the events (approximate drain budgets: pass --from URL, --from-api "
+            "or a config with coordinator.node_labels)"
+        ),
+    )
+
+
 async def _replay_all(replay: Replay, events: Iterator[Event]) -> None:
     try:
         for event in events:
@@ -403,18 +529,21 @@ async def _replay_all(replay: Replay, events: Iterator[Event]) -> None:
 
 
 def run_test(args: argparse.Namespace) -> int:
+    from ftd.commands.api_client import ApiFailure
     from ftd.config import Config, ConfigError, load_config
     from ftd.coordinator.decide.plugins import PluginError
 
     try:
         config = load_config(args.config) if args.config else Config()
         jobs = _parse_jobs(args.job)
+        cfg, nodes, source = cluster_of(args, config.coordinator)
         replay = Replay(
-            config.coordinator, jobs=jobs, action_s=args.action_s, entry_points=not args.no_entry_points
+            cfg, jobs=jobs, action_s=args.action_s, entry_points=not args.no_entry_points, nodes=nodes
         )
-    except (ConfigError, PluginError, ValueError) as exc:
+    except (ConfigError, PluginError, ValueError, ApiFailure) as exc:
         print(f"ftd rules test: {exc}", file=sys.stderr)
         return 2
+    replay.report.cluster = source
     try:
         if args.events == "-":
             stream: IO[bytes] = sys.stdin.buffer
@@ -427,7 +556,7 @@ def run_test(args: argparse.Namespace) -> int:
         return 2
     progress = Progress(total)
     try:
-        asyncio.run(_replay_all(replay, read_events(stream, replay.report, progress)))
+        asyncio.run(_replay_all(replay, read_events(stream, replay.report, progress, node=args.node)))
     finally:
         progress.close()
         if stream is not sys.stdin.buffer:

@@ -107,3 +107,91 @@ def test_replay_takes_the_crash_loop_limits_from_the_config(
         assert replay("--config", str(config)) == [("checkpoint_restart", "x0"), ("notify", "x1")]
     finally:
         _incidents.APP_POLICY.__dict__.update(saved.__dict__)
+
+
+# --- the cluster the budgets count (issue #21 item 5) -------------------------------------------------
+
+FALLEN_OFF = "NVRM: Xid (PCI:0000:{bus}:00): 79, pid=0, GPU has fallen off the bus.\n"
+
+
+def _two_drains(path: Path) -> None:
+    """Xid 79 on node-1 and, ten minutes later, on node-2: two drains a big cluster allows."""
+    with path.open("w") as out:
+        for i, node in enumerate(["node-1", "node-2"]):
+            event = make_event(
+                node, "xid", severity="critical", data={"code": 79}, ts=1000 + 600 * i, id=f"x{i}"
+            )
+            out.write(msgspec.json.encode(event).decode() + "\n")
+
+
+def _drains(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> tuple[list[tuple[str, str]], dict[str, object]]:
+    capsys.readouterr()
+    assert main(["rules", "test", "--json", "--no-entry-points", *argv]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return [(a["target"], a["verdict"]) for a in doc["actions"] if a["kind"] == "drain_node"], doc
+
+
+def test_budgets_count_the_cluster_from_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = tmp_path / "events.jsonl"
+    _two_drains(events)
+    drains, doc = _drains(["--events", str(events)], capsys)
+    assert drains == [("node-1", "allowed"), ("node-2", "suppressed")]  # 2 of the 2 nodes seen
+    assert doc["cluster"]["nodes"] == 0 and "only the nodes seen" in doc["cluster"]["source"]
+    config = tmp_path / "c.toml"
+    nodes = ", ".join(f'"node-{i}"' for i in range(1, 21))
+    config.write_text(f'[[coordinator.node_labels]]\nnodes = [{nodes}]\nrack = "r1"\n')
+    drains, doc = _drains(["--events", str(events), "--config", str(config)], capsys)
+    assert drains == [("node-1", "allowed"), ("node-2", "allowed")]  # budget 2 of 20 (fraction 0.1)
+    assert doc["cluster"] == {"source": "20 nodes from coordinator.node_labels", "nodes": 20}
+
+
+def test_budgets_and_labels_from_a_running_coordinator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ftd.config.schema import NodeLabelsConfig
+    from ftd.events import NodeStatus
+    from tests.unit.live_api import live_api
+
+    async def twenty(coordinator: object) -> None:
+        for i in range(3, 21):
+            coordinator.state.apply_status(NodeStatus(node=f"node-{i}", state="online", ts=1.0))  # type: ignore[attr-defined]
+
+    events = tmp_path / "events.jsonl"
+    _two_drains(events)
+    rack = [NodeLabelsConfig(nodes=["node-1", "node-2"], rack="r1")]
+    with live_api(seed=twenty, node_labels=rack) as url:
+        drains, doc = _drains(["--events", str(events), "--from", url], capsys)
+        assert drains == [("node-1", "allowed"), ("node-2", "allowed")]
+        assert doc["cluster"] == {"source": f"20 nodes from the coordinator at {url}", "nodes": 20}
+        # the coordinator's rack labels (node-1, node-2: r1) with a per-rack budget of 1: held
+        config = tmp_path / "c.toml"
+        port = url.rsplit(":", 1)[1]
+        config.write_text(
+            f"[coordinator.api]\nport = {port}\n"
+            '[[coordinator.node_labels]]\nnodes = ["node-99"]\nrack = "r9"\n'
+            '[[coordinator.policy.domain_budgets]]\nlabel = "rack"\nmax_drained = 1\n'
+        )
+        drains, doc = _drains(["--events", str(events), "--config", str(config), "--from-api"], capsys)
+        assert drains == [("node-1", "allowed"), ("node-2", "suppressed")]
+        assert "rack r1 already has 1 node(s) drained" in doc["actions"][-1]["policy"]
+
+
+def test_parse_kmsg_output_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "dmesg.txt"
+    log.write_text("[  100.5] " + FALLEN_OFF.format(bus="3b") + "[  200.0] " + FALLEN_OFF.format(bus="5e"))
+    parsed = tmp_path / "parsed.jsonl"
+    assert main(["parse", "kmsg", str(log)]) == 0
+    parsed.write_text(capsys.readouterr().out + '{"kind": "ecc", "data": {"dbe": 1}}\n')
+    drains, doc = _drains(["--events", str(parsed), "--node", "gpu-7"], capsys)
+    assert doc["bad_lines"] == [] and doc["filled"] == 3 and doc["events"] == 3
+    assert drains == [("gpu-7", "allowed"), ("gpu-7", "suppressed")]  # the second: same node, held
+    first = next(a for a in doc["actions"] if a["kind"] == "drain_node")
+    assert first["event_id"] == "kmsg-1" and first["ts"] == 100.5 and "0000:3b:00.0" in first["reason"]
+    capsys.readouterr()
+    assert main(["rules", "test", "--no-entry-points", "--events", str(parsed), "--node", "gpu-7"]) == 0
+    out = capsys.readouterr().out
+    assert "3 line(s) completed with defaults" in out and "missing required field" not in out
