@@ -255,6 +255,11 @@ json = true
             # The node dies: the rack broker fires its Last Will, the core has it retained.
             agent.stop(signal.SIGKILL)
             await wait_for(lambda: observer.status == "offline", 30, "node-1's Last Will on the core")
+            # ... retained there: a subscriber that comes later (a restarted coordinator) reads it.
+            await observer.stop()
+            observer = Observer(core)
+            await observer.start()
+            await wait_for(lambda: observer.status == "offline", 10, "node-1's retained status on the core")
             latencies.sort()
             print(
                 f"bridge tier: Xid line -> save at the trainer over rack + core broker: "
