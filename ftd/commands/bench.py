@@ -27,6 +27,11 @@ BENCHES: dict[str, tuple[str, str, str]] = {
     "fairness": ("ftd.bench.fairness", "bench_fairness", "other node's event->decision p99 <= 100 ms"),
     "sim": ("ftd.bench.sim", "bench_sim", "one simulated 54-day run at 16,384 GPUs < 60 s on one core"),
     "health": ("ftd.bench.health", "bench_health", "Slurm HealthCheckProgram well under 1 s, agent down too"),
+    "dashboard": (
+        "ftd.bench.dashboard",
+        "bench_dashboard",
+        "/v1/nodes problems query <= 50 ms at 10,000 nodes",
+    ),
     "scale": (
         "ftd.bench.scale",
         "bench_scale",
@@ -40,8 +45,13 @@ def register(sub: Any) -> None:
     parser = sub.add_parser("bench", help="run a benchmark", description=__doc__)
     parser.add_argument("name", choices=sorted(BENCHES))
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    parser.add_argument("--samples", type=int, default=None, help="samples (e2e, scale)")
-    parser.add_argument("--nodes", type=int, default=None, help="node sessions to hold (scale; 10,000)")
+    parser.add_argument("--samples", type=int, default=None, help="samples (e2e, scale, dashboard)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="node sessions to hold (scale), nodes known (dashboard); 10,000",
+    )
     parser.add_argument("--wills", type=int, default=None, help="sessions cut at once (scale; 1,000)")
     parser.set_defaults(handler=_run)
 
@@ -49,7 +59,11 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     module_name, function, target = BENCHES[args.name]
     function_ = getattr(importlib.import_module(module_name), function)
-    options = {"e2e": ("samples",), "scale": ("samples", "nodes", "wills")}.get(args.name, ())
+    options = {
+        "e2e": ("samples",),
+        "scale": ("samples", "nodes", "wills"),
+        "dashboard": ("samples", "nodes"),
+    }.get(args.name, ())
     kwargs = {name: getattr(args, name) for name in options if getattr(args, name) is not None}
     result = function_(**kwargs)
     if args.json:

@@ -71,13 +71,17 @@ async def populate(coordinator: Coordinator) -> None:
 
 
 async def _env(
-    token: str | None, *, dry_run: bool = False, approval: tuple[str, ...] = ()
+    token: str | None,
+    *,
+    dry_run: bool = False,
+    approval: tuple[str, ...] = (),
+    node_labels: list[NodeLabelsConfig] | None = None,
 ) -> AsyncIterator[Env]:
     scheduler = FakeScheduler()
     scheduler.add_node("node-1")
     scheduler.add_node("node-2")
     scheduler.add_job("42", ["node-1"])
-    coordinator = make_coordinator(scheduler, dry_run=dry_run, approval=approval)
+    coordinator = make_coordinator(scheduler, dry_run=dry_run, approval=approval, node_labels=node_labels)
     await populate(coordinator)
     await coordinator.bus.start()  # directives (checkpoint_restart) are published on it
     api = Api(coordinator, ApiConfig(), token=token)

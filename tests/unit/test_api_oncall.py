@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
+from ftd.config.schema import NodeLabelsConfig
 from ftd.coordinator.api.dashboard import WEB_DIR
 from ftd.coordinator.model.plan import Plan, Step
 from ftd.events import NodeStatus
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
-from tests.unit.test_api import AUTH, TOKEN, Env, _env
+from tests.unit.test_api import AUTH, TOKEN, Env, _env, wait_finished
 
 
 def _record(id_: str, kind: str, target: str, state: ActionState, **params: Any) -> ActionRecord:
@@ -41,17 +42,17 @@ async def cluster(env: Env) -> None:
     state.mark_unavailable("n-una", "admin: cable swap")
     state.apply_conditions("n-cnd", ["xid 48: double-bit ECC"])
     await env.coordinator.ledger.save_action(_record("reset-1", "gpu_reset", "n-cnd", ActionState.RUNNING))
-    env.api.labels = {
-        "node-1": {"rack": "r1"},
-        "n-ok": {"rack": "r1"},
-        "n-cnd": {"rack": "r1"},
-        "n-drn": {"rack": "r2"},
-    }
+
+
+RACKS = [  # coordinator.node_labels; n-gone is labelled but never reported: counted nowhere
+    NodeLabelsConfig(nodes=["node-1", "n-ok", "n-cnd", "n-gone"], rack="r1"),
+    NodeLabelsConfig(nodes=["n-drn"], rack="r2"),
+]
 
 
 @pytest.fixture
 async def env() -> AsyncIterator[Env]:
-    async for e in _env(TOKEN):
+    async for e in _env(TOKEN, node_labels=RACKS):
         await cluster(e)
         yield e
 
@@ -160,6 +161,17 @@ async def test_a_plan_lists_its_steps_with_their_states(env: Env) -> None:
         ("gone", None),
     ]
     assert (await env.client.get("/v1/plans/nope")).status == 404
+
+
+async def test_an_action_the_engine_decides_shows_beside_its_node_at_once(env: Env) -> None:
+    assert (await (await env.client.get("/v1/nodes?q=node-1")).json())[0]["action"] is None  # read, kept
+    resp = await env.client.post("/v1/nodes/node-1/drain", json={"reason": "flaky nvlink"}, headers=AUTH)
+    assert resp.status == 200  # decided, not started: n-drn already uses the drain budget
+    await wait_finished(env.coordinator)
+    node_1 = (await (await env.client.get("/v1/nodes?q=node-1")).json())[0]
+    assert (node_1["action"]["kind"], node_1["action"]["state"]) == ("drain_node", "suppressed")
+    assert node_1["action"]["why"].startswith("blast radius: draining node-1")  # the gate's verdict
+    assert node_1["state"] == "healthy" and node_1["severity"] == "ok"  # still in service
 
 
 @pytest.fixture

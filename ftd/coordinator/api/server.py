@@ -60,7 +60,7 @@ from ftd.coordinator.api.guard import MAX_TRACKED_ADDRESSES, host_check, resolve
 from ftd.coordinator.api.metrics import MetricsCollector
 from ftd.coordinator.api.parsing import ApiError, json_response, path_param, read_body, read_query
 from ftd.coordinator.api.routes import ROUTES, Handler, Route, openapi_document
-from ftd.coordinator.api.views import NodeIndex, jobs_out, summary
+from ftd.coordinator.api.views import LabelTotals, NodeIndex, RecentActions, jobs_out, summary
 from ftd.coordinator.decide.plugins import describe_plugins, disabled_plugins
 from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.ledger.store import LedgerUnavailable
@@ -99,6 +99,9 @@ class Api:
         self.counters: dict[str, int] = {"wrong_host": 0, "auth_failures": 0, "auth_throttled": 0}
         self.started = time.time()
         self.labels = labels_from_config(coordinator.config.coordinator)  # node -> rack, nvlink_domain
+        self.label_totals = LabelTotals(self.labels)
+        self.recent_actions = RecentActions(coordinator.ledger, RECENT_ACTIONS)
+        coordinator.engine.observe(self.recent_actions.observe)
         self.action_transitions: dict[tuple[str, str], int] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(MetricsCollector(coordinator, self.action_transitions))
@@ -272,7 +275,7 @@ class Api:
 
     async def _node_index(self) -> tuple[NodeIndex, list[ActionRecord]]:
         in_flight = await self._in_flight()
-        recent = await self.coordinator.ledger.actions(limit=RECENT_ACTIONS)
+        recent = await self.recent_actions.get()
         return NodeIndex(self.coordinator.state, self.labels, in_flight, recent), in_flight
 
     async def nodes(self, request: web.Request) -> web.Response:
@@ -284,7 +287,8 @@ class Api:
     async def summary(self, request: web.Request) -> web.Response:
         index, in_flight = await self._node_index()
         cfg = self.coordinator.config.coordinator
-        return json_response(summary(index, in_flight, lambda kind: stuck_after_s(kind, cfg)))
+        totals = self.label_totals.totals(self.coordinator.state)
+        return json_response(summary(index, in_flight, lambda kind: stuck_after_s(kind, cfg), totals))
 
     async def plan(self, request: web.Request) -> web.Response:
         plan_id: str = path_param(request, "id", wire.PlanId)
