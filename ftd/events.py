@@ -150,6 +150,10 @@ class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     # The run of the job the rank's process belongs to, as its client said at registration (a Slurm
     # restart count, a pod's uid: ftd.client.protocol.run_id); None: not known (an older client).
     run: str | None = None
+    # Where the rank saves its checkpoints, and where it can save when that filesystem cannot take a
+    # save, as its client registered them (issue #23); None: not declared (an older client).
+    checkpoint_dir: str | None = None
+    fallback_checkpoint_dir: str | None = None
 
 
 class JobAllocation(msgspec.Struct, frozen=True, kw_only=True):

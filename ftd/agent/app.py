@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd import __version__
+from ftd.agent import save_path
 from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
 from ftd.agent.gpu_reset import GpuResetter, Runner
 from ftd.agent.jobs import (
@@ -165,6 +166,11 @@ class Agent:
         self.heartbeat = HeartbeatWatcher(cfg.heartbeat, self.node, self.emit, local_api=self.local_api)
         self.watchers: list[Watcher] = [Named("kmsg", self.kmsg), self.heartbeat]
         self.watchers.extend(self._configured_watchers(nvml_backend))
+        # The checkpoint directories the ranks registered: read-only, full, unresponsive (issue #23).
+        self.save_path = save_path.SavePathWatcher(
+            self.node, self.emit, self.local_api.jobs, interval_s=min(30.0, stall_s / 4)
+        )
+        self.watchers.append(self.save_path)
         self.watchers.extend(watchers or ())
         if self.node_conditions is not None:
             self.watchers.append(self.node_conditions)
@@ -256,8 +262,11 @@ class Agent:
     # --- outbound ------------------------------------------------------------------------------
 
     async def emit(self, event: Event) -> None:
-        """Hand an event to storm control (called by watchers); first occurrences go out at once."""
+        """Hand an event to storm control (called by watchers); first occurrences go out at once.
+        A filesystem's event first gets its mount and the jobs saving there (issue #23)."""
         self.events_emitted += 1
+        if event.kind in save_path.FS_KINDS:
+            event = save_path.relate(event, self.local_api.jobs(), save_path.read_mounts())
         await self.storm.process(event)
 
     async def _publish_event(self, event: Event) -> None:

@@ -1,7 +1,8 @@
 """The log pattern table: which lines of a training log are events, as data (``log_patterns.toml``).
 
 What: :func:`parse_patterns` turns a pattern table (TOML ``[[pattern]]`` entries: ``name``, ``regex``,
-``severity``, optional ``kind`` and ``ignore_case``) into compiled :class:`LogPattern` rows, raising
+``severity``, optional ``kind``, ``ignore_case`` and ``disposition``) into compiled :class:`LogPattern`
+rows, raising
 ``ValueError`` that names the entry for any bad field; :func:`load_patterns` reads the built-in table
 shipped beside this module, or an operator's ``agent.logs.patterns_file``.
 
@@ -9,10 +10,18 @@ Why in the catalog: like the Xid catalog, the table is knowledge kept as version
 than one floor: the agent's log watcher (:mod:`ftd.agent.watchers.logfile`) matches lines with it, and
 ``ftd check-config`` loads an operator's file with this same loader so a table that would stop the
 agent is reported before it starts. Keeping it here lets both import it without importing the agent.
+
+``disposition`` (``restart`` | ``stop``; absent: the rules decide by the name) says what a failure with
+that signature calls for: ``stop`` when the same program on the same input would fail the same way
+again (a configuration or argument error, a missing file, a checkpoint that does not fit the model,
+NaN/Inf loss, the scheduler's time limit), ``restart`` when a restart may well succeed (an NCCL
+timeout, a CUDA launch failure). The coordinator's ``app_faults`` rule reads it through
+:func:`dispositions` (an event's own ``data.disposition`` wins, for operators' tables).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from dataclasses import dataclass
@@ -21,7 +30,10 @@ from pathlib import Path
 
 from ftd.events import Kind, Severity
 
-__all__ = ["LogPattern", "load_patterns", "parse_patterns"]
+__all__ = ["DISPOSITIONS", "LogPattern", "dispositions", "load_patterns", "parse_patterns"]
+
+#: What a pattern's ``disposition`` may say.
+DISPOSITIONS = ("restart", "stop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +44,7 @@ class LogPattern:
     regex: re.Pattern[str]
     severity: Severity
     kind: Kind = Kind.LOG_PATTERN
+    disposition: str | None = None
 
 
 def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
@@ -49,7 +62,7 @@ def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
         where = f"{source}: pattern[{i}]"
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: not a table")
-        unknown = set(entry) - {"name", "regex", "severity", "kind", "ignore_case"}
+        unknown = set(entry) - {"name", "regex", "severity", "kind", "ignore_case", "disposition"}
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
         name, regex = entry.get("name"), entry.get("regex")
@@ -69,7 +82,10 @@ def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
             kind = Kind(entry.get("kind", "log_pattern"))
         except ValueError as exc:
             raise ValueError(f"{where} ({name}): {exc}") from None
-        out.append(LogPattern(name, compiled, severity, kind))
+        disposition = entry.get("disposition")
+        if disposition is not None and disposition not in DISPOSITIONS:
+            raise ValueError(f"{where} ({name}): disposition must be one of {', '.join(DISPOSITIONS)}")
+        out.append(LogPattern(name, compiled, severity, kind, disposition))
     return out
 
 
@@ -79,3 +95,9 @@ def load_patterns(path: str | None = None) -> list[LogPattern]:
         return parse_patterns(Path(path).read_text(encoding="utf-8"), path)
     text = resources.files("ftd.catalog").joinpath("log_patterns.toml").read_text(encoding="utf-8")
     return parse_patterns(text, "log_patterns.toml")
+
+
+@functools.cache
+def dispositions() -> dict[str, str]:
+    """The built-in table's ``disposition`` by pattern name (patterns without one left out)."""
+    return {p.name: p.disposition for p in load_patterns() if p.disposition is not None}

@@ -55,6 +55,10 @@ class Client(Connection, LocalTriggers):
     ``startup_timeout_s`` (default ``$FTD_STARTUP_TIMEOUT_S``, else the agent's
     ``agent.heartbeat.startup_timeout_s``) is how long the rank may take from here to its first
     ``heartbeat()`` (imports, data loading, compilation) before the agent reports it lost.
+    ``checkpoint_dir`` and ``fallback_checkpoint_dir`` (defaults ``$FTD_CHECKPOINT_DIR``,
+    ``$FTD_FALLBACK_CHECKPOINT_DIR``; optional) say where this rank saves and where it can save when
+    that filesystem is read-only, full or unresponsive: ftd then asks for the save there
+    (:attr:`save_path`) or stops the job without one, never a save that would hang or fail.
 
     A stop is acknowledged by :meth:`close`, which also runs at interpreter exit (and at the end of
     ``with Client() as client:``), so a loop that just breaks on ``should_stop()`` is complete.
@@ -77,6 +81,8 @@ class Client(Connection, LocalTriggers):
         resume_file: str | None = None,
         run: str | None = None,
         startup_timeout_s: float | None = None,
+        checkpoint_dir: str | None = None,
+        fallback_checkpoint_dir: str | None = None,
     ) -> None:
         super().__init__(
             job,
@@ -91,6 +97,8 @@ class Client(Connection, LocalTriggers):
             resume_file=resume_file,
             run=run,
             startup_timeout_s=startup_timeout_s,
+            checkpoint_dir=checkpoint_dir,
+            fallback_checkpoint_dir=fallback_checkpoint_dir,
         )
         if self._poll_at is not None:
             self._poll_switches()  # a kill switch present at start stops the job before step one

@@ -130,7 +130,14 @@ class Connection(RankState):
         sock.sendall(
             protocol.encode(
                 protocol.register(
-                    self.job, self.rank, self.local_rank, os.getpid(), self.run, self.startup_timeout_s
+                    self.job,
+                    self.rank,
+                    self.local_rank,
+                    os.getpid(),
+                    self.run,
+                    self.startup_timeout_s,
+                    self.checkpoint_dir,
+                    self.fallback_checkpoint_dir,
                 )
             )
         )

@@ -26,7 +26,12 @@ Client -> agent:
   a recreated pod) keeps its id but gets a new run, and a directive meant for one run never reaches
   another (see :func:`run_id`). ``startup_timeout_s`` (optional, > 0, at most
   :data:`STARTUP_TIMEOUT_MAX_S`) is how long this rank may take to its first heartbeat before the
-  agent calls it lost (null: the agent's ``agent.heartbeat.startup_timeout_s``). Answer:
+  agent calls it lost (null: the agent's ``agent.heartbeat.startup_timeout_s``).
+  ``checkpoint_dir`` and ``fallback_checkpoint_dir`` (optional absolute paths, at most
+  :data:`PATH_MAX` characters; null or absent: not declared) say where the rank saves and where it
+  can save when that filesystem is read-only, full or unresponsive: ftd never asks a save onto a
+  filesystem that cannot take it (it asks for the fallback, ``params["save_path"]``, or stops the
+  job without a save). Answer:
   ``{"v":1,"op":"ok","re":"register"}`` then every directive
   still pending for that job, or ``{"v":1,"op":"error","re":"register","error":...}``.
 - ``{"v":1,"op":"heartbeat","step":1200}`` (``step`` may be null). No answer. The client sends
@@ -55,10 +60,11 @@ Agent -> client, pushed at any time:
 - ``{"v":1,"op":"directive", <every Directive field: schema, id, ts, action, job, node, reason,
   deadline_s, action_id, params>}``.
   Params the client honours: a ``save`` with ``params["save_at_step"]`` (an int) asks for the
-  checkpoint at the first step >= it; a ``stop`` with ``params["resume_step"]`` says which step the
-  restarted job should resume from (``Client.resume_step``); ``params["run"]`` (a string) names the
-  run of the job the directive is for: a client of another run ignores it (the agent does not send
-  it to one either).
+  checkpoint at the first step >= it, and with ``params["save_path"]`` (a string) in that directory
+  instead of the usual one (``Client.save_path``); a ``stop`` with ``params["resume_step"]`` says
+  which step the restarted job should resume from (``Client.resume_step``); ``params["run"]`` (a
+  string) names the run of the job the directive is for: a client of another run ignores it (the
+  agent does not send it to one either).
 - ``{"v":1,"op":"error","re":<op or null>,"error":"..."}`` for a bad message: not JSON, not an
   object, unknown op, wrong field types, an op before ``register``, a line over :data:`MAX_LINE`.
   The connection stays open.
@@ -74,7 +80,11 @@ TYPE_CHECKING = False  # not imported from typing: keeps `import ftd.client` lig
 if TYPE_CHECKING:
     from typing import Any, TypedDict
 
-    class RegisterMsg(TypedDict):
+    class _RegisterDirs(TypedDict, total=False):
+        checkpoint_dir: str  # sent only when declared
+        fallback_checkpoint_dir: str
+
+    class RegisterMsg(_RegisterDirs):
         v: int
         op: str
         job: str
@@ -124,11 +134,14 @@ __all__ = [
     "JOB_START",
     "MAX_LINE",
     "OK",
+    "PATH_MAX",
+    "PATH_PATTERN",
     "PREFLIGHT",
     "PROTOCOL_VERSION",
     "REGISTER",
     "RUN_MAX",
     "RUN_PARAM",
+    "SAVE_PATH_PARAM",
     "SOCKET_ENV",
     "STARTUP_TIMEOUT_MAX_S",
     "TEXT_MAX",
@@ -165,6 +178,12 @@ RUN_PARAM = "run"
 """The directive param naming the run of the job a directive is for."""
 STARTUP_TIMEOUT_MAX_S = 86400.0
 """Longest start-up timeout a rank may ask for (a day)."""
+PATH_MAX = 4096
+"""Longest ``checkpoint_dir`` / ``fallback_checkpoint_dir`` of a register."""
+PATH_PATTERN = "^/[^\\x00]*$"
+"""A checkpoint directory is an absolute path without NUL."""
+SAVE_PATH_PARAM = "save_path"
+"""The save directive param naming the directory to save to instead of the declared one."""
 
 # Operation names ("op"). Client -> agent:
 REGISTER = "register"
@@ -191,8 +210,10 @@ def register(
     pid: int | None,
     run: str | None = None,
     startup_timeout_s: float | None = None,
+    checkpoint_dir: str | None = None,
+    fallback_checkpoint_dir: str | None = None,
 ) -> RegisterMsg:
-    return {
+    msg: RegisterMsg = {
         "v": PROTOCOL_VERSION,
         "op": REGISTER,
         "job": job,
@@ -202,6 +223,12 @@ def register(
         "run": run,
         "startup_timeout_s": startup_timeout_s,
     }
+    # Sent only when declared: a client that declares none sends the bytes it always sent.
+    if checkpoint_dir is not None:
+        msg["checkpoint_dir"] = checkpoint_dir
+    if fallback_checkpoint_dir is not None:
+        msg["fallback_checkpoint_dir"] = fallback_checkpoint_dir
+    return msg
 
 
 def run_id(env: Any) -> str | None:

@@ -53,6 +53,20 @@ def _startup_timeout(given: float | None) -> float | None:
     return value
 
 
+def _directory(path: str | None) -> str | None:
+    """A declared checkpoint directory as the agent expects it: absolute, no NUL, not too long
+    (None, with a warning, for one that cannot be: the registration goes on without it)."""
+    if not path:
+        return None
+    full = os.path.abspath(os.path.expanduser(path))
+    if "\x00" in full or len(full) > protocol.PATH_MAX:
+        import logging
+
+        logging.getLogger("ftd.client").warning("ftd client: ignoring checkpoint directory %r", path[:80])
+        return None
+    return full
+
+
 class RankState:
     """Fields of one rank's client; the arguments are :class:`~ftd.client.Client`'s (defaults from
     the environment there)."""
@@ -72,6 +86,8 @@ class RankState:
         resume_file: str | None,
         run: str | None = None,
         startup_timeout_s: float | None = None,
+        checkpoint_dir: str | None = None,
+        fallback_checkpoint_dir: str | None = None,
     ) -> None:
         self.job: str = job or env("FTD_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID") or DEFAULT_JOB
         env_rank = env_int("RANK", "SLURM_PROCID")
@@ -85,6 +101,14 @@ class RankState:
         self.run: str | None = run or protocol.run_id(os.environ)
         #: How long this rank may take to its first heartbeat (None: the agent's default).
         self.startup_timeout_s: float | None = _startup_timeout(startup_timeout_s)
+        #: Where this rank saves its checkpoints, and where it can save when that filesystem is
+        #: read-only, full or unresponsive (``$FTD_CHECKPOINT_DIR``, ``$FTD_FALLBACK_CHECKPOINT_DIR``;
+        #: None: not declared). Registered with the agent, so ftd never asks a save onto a filesystem
+        #: that cannot take it; :attr:`save_path` is where the save asked now goes.
+        self.checkpoint_dir: str | None = _directory(checkpoint_dir or env("FTD_CHECKPOINT_DIR"))
+        self.fallback_checkpoint_dir: str | None = _directory(
+            fallback_checkpoint_dir or env("FTD_FALLBACK_CHECKPOINT_DIR")
+        )
         self.heartbeat_interval = heartbeat_interval
         self.retry_interval = retry_interval
         #: ``time.perf_counter_ns()`` when the latest save/stop for this job arrived (None: none yet).
@@ -134,3 +158,15 @@ class RankState:
         self._told_stderr = False  # the one stderr line per Client (fail-open, never silent)
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
+
+    @property
+    def save_path(self) -> str | None:
+        """Where the save asked now goes: the directory a pending ``save`` directive names
+        (``params["save_path"]``: the fallback, when ftd found :attr:`checkpoint_dir`'s filesystem
+        read-only, full or unresponsive), else :attr:`checkpoint_dir` (None: not declared)."""
+        with self._lock:
+            asked = [info.params.get(protocol.SAVE_PATH_PARAM) for info in self._saves.values()]
+        for path in asked:
+            if isinstance(path, str) and path:
+                return path
+        return self.checkpoint_dir

@@ -258,6 +258,72 @@ def app_fault_actions(
     return out
 
 
+#: Longest log line quoted in a stop's reason and params (the whole line stays in the event).
+LINE_QUOTE_MAX = 300
+
+
+def stop_job_actions(event: Event, view: ClusterView, jobs: list[str], what: str) -> list[ActionRequest]:
+    """Stop each job without a save or a restart, and notify: a failure that would fail again.
+
+    ``event`` is a ``log_pattern`` whose signature would fail the same way on a restart (a
+    configuration error, NaN loss...). The stop is a ``checkpoint_restart`` with ``params.save`` and
+    ``params.requeue`` false (the job's ranks are told to stop; nothing saved, nothing requeued), and
+    a notify carries the signature and the line. The same pattern on another rank or node of the
+    job within :data:`INCIDENT_WINDOW_S` (no restart since) is the same incident: asked once."""
+    fault = fault_of(event)
+    if fault.pattern is None:
+        return []
+    same = _same_signature(fault, f"log {fault.pattern}")
+    text = event.data.get("text")
+    line = text[:LINE_QUOTE_MAX] if isinstance(text, str) else ""
+    where = event.data.get("file")
+    evidence: dict[str, Any] = {
+        "node": event.node,
+        "signature": f"log {fault.pattern}",
+        "disposition": "stop",
+        "line": line,
+        "file": where if isinstance(where, str) else None,
+        "severity": str(event.severity),
+    }
+    out: list[ActionRequest] = []
+    for job in jobs:
+        nodes = set(view.job_nodes(job)) | {event.node}
+        past = [
+            r
+            for node in sorted(nodes)
+            for r in view.node_events(node)
+            if event.ts - INCIDENT_WINDOW_S <= r.ts <= event.ts
+            and same(r)
+            and r.concerns(job)
+            and r.event_id != event.id
+            and not r.linked
+        ]
+        restarts = view.job_restarts(job)
+        if in_open_incident(incident_starts(past, restarts=restarts), event.ts, restarts=restarts):
+            continue
+        reason = (
+            f"application failure that would fail again: {what} on {event.node}: {line!r}; "
+            f"stopping job {job} without a save or a restart (a restart fails the same way)"
+        )
+        out.append(
+            ActionRequest(
+                kind=ActionKind.CHECKPOINT_RESTART,
+                target=job,
+                reason=reason,
+                params={**evidence, "save": False, "requeue": False, "exclude": []},
+            )
+        )
+        out.append(
+            notify(
+                event,
+                f"job {job} stopped, not restarted: {what} on {event.node} would fail again: {line!r}; "
+                "fix the job and resubmit it",
+                {**evidence, "job": job},
+            )
+        )
+    return out
+
+
 def _same_signature(fault: FaultRecord, signature: str) -> Callable[[FaultRecord], bool]:
     """A cheap test for "the same application fault as ``fault``" (field compares, no catalog)."""
     if fault.kind == "xid":

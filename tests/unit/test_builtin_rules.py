@@ -48,6 +48,7 @@ def test_every_builtin_is_registered() -> None:
         "thermal",
         "memory",
         "kernel",
+        "shared_fs",
     }
 
 

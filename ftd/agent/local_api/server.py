@@ -442,6 +442,7 @@ class LocalApi:
             return
         conn.job, conn.rank, conn.local_rank, conn.pid = msg.job, msg.rank, msg.local_rank, msg.pid
         conn.run, conn.startup_timeout_s = msg.run, msg.startup_timeout_s
+        conn.checkpoint_dir, conn.fallback_checkpoint_dir = msg.checkpoint_dir, msg.fallback_checkpoint_dir
         if conn.cred is not None and conn.identity is not None and not conn.identity.any_job:
             conn.pid = conn.cred.pid  # the kernel's word, as this agent (and py-spy) sees the process
         conn.last_beat_mono = time.monotonic()

@@ -32,6 +32,8 @@ class Conn:
     beaten: bool = False  # a heartbeat came: silence counts from the last one, not from registration
     startup_timeout_s: float | None = None  # the rank's own start-up timeout (None: the agent's)
     run: str | None = None  # the run of the job its process belongs to (None: not said)
+    checkpoint_dir: str | None = None  # where the rank saves (None: not said), issue #23
+    fallback_checkpoint_dir: str | None = None  # where it can save when that cannot take a save
     errors: int = 0
     cred: PeerCred | None = None  # SO_PEERCRED at connect (None where the OS has none)
     identity: JobIdentity | None = None
@@ -44,4 +46,6 @@ class Conn:
             step=self.step,
             last_beat=self.last_beat,
             run=self.run,
+            checkpoint_dir=self.checkpoint_dir,
+            fallback_checkpoint_dir=self.fallback_checkpoint_dir,
         )

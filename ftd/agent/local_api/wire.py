@@ -58,6 +58,10 @@ JobName = Annotated[
     str, msgspec.Meta(min_length=1, max_length=protocol.JOB_MAX, pattern=protocol.JOB_PATTERN)
 ]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+#: An absolute path a rank saves to (issue #23): the agent relates filesystem trouble to it.
+CheckpointDir = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=protocol.PATH_MAX, pattern=protocol.PATH_PATTERN)
+]
 
 
 class Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.REGISTER):
@@ -68,6 +72,8 @@ class Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=pr
     pid: NonNegInt | None = None
     run: Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.RUN_MAX)] | None = None
     startup_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=protocol.STARTUP_TIMEOUT_MAX_S)] | None = None
+    checkpoint_dir: CheckpointDir | None = None
+    fallback_checkpoint_dir: CheckpointDir | None = None
 
 
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.HEARTBEAT):

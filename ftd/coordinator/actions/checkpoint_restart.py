@@ -41,6 +41,13 @@ recorded in the action's detail:
 With ``params["stop"] = False`` (the default for action kind ``checkpoint``) only the save runs: the
 job saves and keeps training (a filesystem filling up: save while there is still room).
 
+The save path (issue #23): ``params["save"] = False`` skips the save and stops the job at once
+(``detail["save_skipped"]`` says why: ``params["no_save_reason"]``, e.g. the job's checkpoint
+directory is on a read-only, full or unresponsive filesystem; a save there would hang or fail);
+``params["save_path"]`` is sent with the save directive (the fallback directory the trainer declared,
+``Client.save_path``). ``params["requeue"] = False`` stops without requeueing (an application failure
+that would fail again): ``detail["requeued"]`` is None and ``detail["note"]`` says so.
+
 Directive ids derive from the action id, so a resumed action re-sends the *same* directives and
 agents and trainers ignore the repeats.
 """
@@ -180,8 +187,22 @@ class CheckpointRestart:
 
         infos = [r for rs in job_record.ranks_by_node.values() for r in rs] if job_record else []
         detail["runs"] = sorted({r.run for r in infos if r.run is not None})  # the run being stopped
+        asked = record.request.params
+        if asked.get("save") is False:
+            why = asked.get("no_save_reason") or "the rule asked to stop without a save"
+            detail["save_skipped"] = str(why)
+            log.warning("save_skipped", job=job, why=detail["save_skipped"])
+            if stop:
+                await self._send(record, "stop", self.stop_deadline_s)
+                detail["stopped"] = await self._wait_job_gone(job)
+                detail["stopped_at"] = time.time()
+                if not detail["stopped"]:
+                    detail["state"] = str(ActionState.ESCALATED)
+            return detail
         target = save_at_step(infos, self.save_step_margin)
-        params = {"save_at_step": target} if target is not None else {}
+        params: dict[str, Any] = {"save_at_step": target} if target is not None else {}
+        if isinstance(asked.get("save_path"), str) and asked["save_path"]:
+            params["save_path"] = detail["save_path"] = asked["save_path"]
         detail["save_at_step"] = target
         save_id = await self._send(record, "save", self.save_deadline_s, params)
         outcome = await self._acks.wait(save_id, ranks, self.save_deadline_s)
@@ -230,6 +251,8 @@ class CheckpointRestart:
             # (requeueing it would run a finished job again).
             return {"requeued": None, "note": f"job already {clientless.get('job_state')}: not requeued"}
         job = record.request.target
+        if record.request.params.get("requeue") is False:
+            return {"requeued": None, "note": f"job {job} stopped, not requeued: no restart was asked"}
         exclude = list(record.request.params.get("exclude") or [])
         if self._scheduler is None:
             return {"requeued": None}

@@ -67,7 +67,7 @@ from typing import Any
 
 import pluggy
 
-from ftd.coordinator.decide import fallback
+from ftd.coordinator.decide import fallback, save_path
 from ftd.coordinator.decide.plugins import call_each, evaluate
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, as_store
@@ -259,6 +259,7 @@ class Engine:
         """Gate and record one action (not started: :meth:`_start`, or with ``admit`` counted as
         started for the gate already, so the next request of the same event is deduped against it,
         and launched by the caller)."""
+        request = save_path.guard(request, self.state, self.clock())  # never a save onto a broken fs
         if request.kind not in self.executors:
             notification = fallback.instead(request, self.executors)
             if notification is not None:  # e.g. a drain with coordinator.scheduler = "none"

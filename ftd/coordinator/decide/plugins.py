@@ -58,6 +58,7 @@ DEFAULT_RULES = (
     "ftd.rules.thermal",
     "ftd.rules.memory",
     "ftd.rules.kernel",
+    "ftd.rules.shared_fs",
 )
 
 
