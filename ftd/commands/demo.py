@@ -10,6 +10,10 @@ Scenarios:
 
 With ``--json`` the last line printed is one JSON object: ``{"scenario", "detect_ms", "acks",
 "actions": [{"kind", "target", "state"}, ...], ...}``.
+
+With ``--serve`` the cluster stays up after the scenario: the coordinator's API and dashboard answer
+at the URL printed (``--port``, default 8788, on 127.0.0.1) until Ctrl-C or SIGTERM; ``ftd status
+--url`` reads it like a real one.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
+import signal
 import sys
 import threading
 import time
@@ -51,13 +57,25 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "demo",
         help="run a self-contained demo cluster",
-        description=__doc__,
+        description=plain(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="xid79")
     parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (>= 3)")
     parser.add_argument("--json", action="store_true", help="end with one JSON summary line")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep the cluster, its API and dashboard up after the scenario (until Ctrl-C)",
+    )
+    parser.add_argument("--port", type=int, default=8788, help="API and dashboard port with --serve")
     parser.set_defaults(handler=_run)
+
+
+def plain(text: str) -> str:
+    """reStructuredText of a docstring as a terminal shows it: no ``literal`` quotes, no roles."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return text.replace("``", "").replace("\n* ", "\n- ")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -66,14 +84,20 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     from ftd.logs import configure
 
+    if args.serve and not 1 <= args.port <= 65535:
+        print("ftd demo: --port must be 1..65535", file=sys.stderr)
+        return 2
     configure("warning", json=True)  # the timeline is the demo's output; logs only for trouble
-    summary = asyncio.run(run_demo(SCENARIOS[args.scenario], args.nodes))
+    serve_port = args.port if args.serve else None
+    summary = asyncio.run(run_demo(SCENARIOS[args.scenario], args.nodes, serve_port=serve_port))
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     return 0 if summary["ok"] else 1
 
 
-async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str, Any]:
+async def run_demo(
+    scenario: Scenario, nodes: int, out: Any = None, serve_port: int | None = None
+) -> dict[str, Any]:
     from ftd.events import Event
     from ftd.plugin.actions import ActionRecord, ActionState
     from ftd.sim.cluster import SimCluster
@@ -89,7 +113,7 @@ async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str,
             out.write(line)
             out.flush()
 
-    cluster = SimCluster(nodes=nodes, timeline=say)
+    cluster = SimCluster(nodes=nodes, timeline=say, api_port=serve_port)
     detected_at: dict[str, float] = {}
     actions: dict[str, ActionRecord] = {}
 
@@ -145,6 +169,12 @@ async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str,
         acks = sum(len(rank.saved) for rank in cluster.ranks)
         seen = [r.save_seen_ns for r in cluster.ranks if r.save_seen_ns is not None]
         violations = cluster.coordinator.placement.violations  # the restarted ranks are believed
+        if serve_port is not None:
+            if cluster.coordinator.api is None:  # start_api logged why (port in use)
+                say("demo", f"the dashboard could not listen on 127.0.0.1:{serve_port}: try --port")
+            else:
+                say("demo", f"dashboard and API: http://127.0.0.1:{serve_port}/  (Ctrl-C stops the demo)")
+                await _until_stopped()
     finally:
         await cluster.stop()
 
@@ -173,3 +203,16 @@ async def run_demo(scenario: Scenario, nodes: int, out: Any = None) -> dict[str,
     )
     say("demo", "done: " + ("as expected" if summary["ok"] else "NOT as expected"))
     return summary
+
+
+async def _until_stopped() -> None:
+    """Wait for SIGINT or SIGTERM (``--serve``), then return so the cluster stops cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -133,6 +133,7 @@ class SimCluster:
         broker_port: int | None = None,
         timeline: Timeline | None = None,
         save_deadline_s: float = 10.0,
+        api_port: int | None = None,
     ) -> None:
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ftd-sim-", dir="/tmp")
         self.workdir = workdir or Path(self._tmp.name if self._tmp else ".")
@@ -149,7 +150,9 @@ class SimCluster:
                 stop_deadline_s=save_deadline_s,
                 scheduler="none",
                 policy=PolicyConfig(cooldown_s=600.0),
-                api=ApiConfig(enabled=False),  # a simulation must not take the operator's API port
+                # a simulation takes no API port unless asked (`ftd demo --serve --port N`): never
+                # silently the operator's 8787
+                api=ApiConfig(enabled=api_port is not None, port=api_port or ApiConfig().port),
             )
         )
         self.broker: EmbeddedBroker | None = None
