@@ -4,7 +4,11 @@ What it serves (the OpenAPI 3.1 document at ``/openapi.json`` is built from :dat
 same msgspec Structs that validate requests and shape responses, so it cannot drift from the code):
 
 - ``GET /healthz``, ``GET /metrics`` (Prometheus text, a private registry), ``GET /openapi.json``;
-- ``GET /v1/nodes``, ``/v1/gpus``, ``/v1/jobs``, ``/v1/events?limit=&node=``, ``/v1/actions?limit=``,
+- ``GET /v1/nodes`` (filtered, sorted and paged on the server: ``problems``, ``state``, ``q``,
+  ``sort=severity``, ``limit``/``offset``, the match count in ``X-Total-Count``; each node with its
+  state, severity and action: :mod:`ftd.coordinator.api.views`), ``/v1/summary`` (the dashboard's
+  counts), ``/v1/plans/{id}``, ``/v1/gpus``, ``/v1/jobs`` (with their state),
+  ``/v1/events?limit=&node=``, ``/v1/actions?limit=``,
   ``/v1/actions/{id}``, ``/v1/rules`` (the rule plugins loaded: name, source, origin, hooks; and the
   disabled names, as ``ftd rules list --json`` prints them offline);
 - ``POST /v1/actions/{id}/approve`` and ``/reject`` (``Engine.approve`` / ``Engine.reject``: only
