@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(exc.report(), file=sys.stderr)
         return 2
     print(f"OK: {args.path}")
-    print(summary(checked.config))
+    print(summary(checked.config, checked.roles))
     if args.no_files:
         print("  files:     not checked (--no-files)")
     else:
@@ -87,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(config: Config) -> str:
-    """A few lines on the effective settings: what a typo or a forgotten section would change."""
+def summary(config: Config, roles: tuple[str, ...] = ("agent", "coordinator")) -> str:
+    """A few lines on the effective settings: what a typo or a forgotten section would change. The
+    node name only for an agent's config (a coordinator has none)."""
     agent, bus, coord = config.agent, config.bus, config.coordinator
     node = agent.resolved_node() + ("" if agent.node else " (from the host name)")
     if bus.embedded:
@@ -105,7 +106,11 @@ def summary(config: Config) -> str:
         scheduler += f" via {coord.slurm.scontrol}" if coord.slurm.enabled else " (slurm.enabled = false)"
     if coord.policy.dry_run:
         scheduler += "; policy dry-run: no action is executed"
-    return "\n".join([f"  node:      {node}", f"  broker:    {broker}", f"  scheduler: {scheduler}"])
+    lines = [f"  node:      {node}"] if "agent" in roles else []
+    lines.append(f"  broker:    {broker}")
+    if "coordinator" in roles:
+        lines.append(f"  scheduler: {scheduler}")
+    return "\n".join(lines)
 
 
 def explain() -> str:

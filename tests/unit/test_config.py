@@ -524,8 +524,14 @@ def test_check_config_ok(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", "--no-files", path]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"OK: {path}\n")
-    assert "gpu-a017" in out and "mqtts://mqtt.cluster.internal:8883" in out and "slurm" in out
+    assert "gpu-a017" in out and "mqtts://mqtt.cluster.internal:8883" in out
+    assert "scheduler:" not in out  # the agent's config: the coordinator's settings are not its own
     assert "files:     not checked (--no-files)" in out
+    coordinator = str(EXAMPLES / "coordinator.toml")
+    assert main(["check-config", "--no-files", coordinator]) == 0
+    out = capsys.readouterr().out
+    assert "node:" not in out and "gpu-a017" not in out  # a coordinator has no node name
+    assert "scheduler: slurm via /usr/bin/scontrol" in out
 
 
 def test_check_config_reports_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
