@@ -8,8 +8,8 @@ already taken fails start-up the same way, whoever came first).
 Always registered: ``checkpoint_restart``, ``gpu_reset`` and ``collect_diagnostics`` (bus directives to
 agents). ``drain_node`` / ``resume_node`` go through whichever scheduler ``coordinator.scheduler``
 selects (Slurm, Kubernetes) and are absent with none. ``notify`` is always registered: it posts to
-the webhook when one is configured (``coordinator.notify.webhook_url`` or ``url_file``), else it
-writes one ``notification`` warning line to the log (the journal is then the channel).
+each webhook configured (``coordinator.notify``: ``webhook_url``/``url_file`` and ``destinations``, in
+its format), else it writes one ``notification`` warning line to the log and the action ends ``logged``.
 """
 
 from __future__ import annotations
