@@ -260,6 +260,7 @@ def nesting_depth(value: Any, limit: int) -> int:
     return deepest
 
 
+_FLAT = frozenset({str, int, float, bool, type(None)})  # JSON values that nest nothing
 _T = TypeVar("_T")
 _encoder = msgspec.json.Encoder()
 _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
@@ -288,7 +289,11 @@ def decode(payload: bytes | str, type_: type[_T], *, max_bytes: int = MAX_PAYLOA
         raise DecodeError(f"undecodable payload: {type(exc).__name__}") from None
     for item in obj if isinstance(obj, list) else (obj,):
         data = getattr(item, "data", None)
-        if isinstance(data, dict) and nesting_depth(data, MAX_DATA_DEPTH) > MAX_DATA_DEPTH:
+        if (
+            isinstance(data, dict)
+            and not all(type(v) in _FLAT for v in data.values())  # the usual flat data: nothing to walk
+            and nesting_depth(data, MAX_DATA_DEPTH) > MAX_DATA_DEPTH
+        ):
             raise DecodeError(f"event data nests deeper than {MAX_DATA_DEPTH} levels")
     schema = getattr(obj, "schema", SCHEMA_VERSION)
     if schema != SCHEMA_VERSION:

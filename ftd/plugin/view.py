@@ -102,7 +102,8 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def fault_of(event: Event) -> FaultRecord:
+def fault_of(event: Event, jobs: tuple[str, ...] = ()) -> FaultRecord:
+    """``event`` as history keeps it; ``jobs``: those on its node when it arrived (see FaultRecord)."""
     data = event.data
     code: Any = data.get("code")
     if event.kind == "gpu_fallen_off_bus":
@@ -125,6 +126,7 @@ def fault_of(event: Event) -> FaultRecord:
         signal=_text(data.get("signal")),
         count=event.count,
         data=data,
+        jobs=jobs,
     )
 
 

@@ -357,3 +357,38 @@ def test_flooding_node_is_folded_and_receipted_the_other_node_decided(
     finally:
         flood.close()
         other.close()
+
+
+def test_xid_79_slipped_into_an_xid_43_flood_is_decided(running: CoordinatorRig, broker: Mosquitto) -> None:
+    """Never fold novelty (issue #25): a node floods Xid 43 at severity error, past its burst and its
+    urgent reserve (2,000 tokens by default), and one Xid 79 goes out in the middle of it. The 79 is
+    decided (stored, its drain asked for); the rest of the flood is folded and counted, exactly."""
+    flood = NodeClient(broker.port, "flood-node")
+    try:
+        sent, infos = [], []
+        for i in range(4000):
+            if i == 3000:
+                event = make_event(
+                    "flood-node", Kind.XID, severity=Severity.ERROR, data={"code": 79, "gpu": 3}
+                )
+                fatal = event
+            else:
+                event = make_event("flood-node", Kind.XID, severity=Severity.ERROR, data={"code": 43, "i": i})
+            sent.append(event.id)
+            infos.append(flood.publish("events/xid", encode(event), wait=False))
+        for info in infos:
+            info.wait_for_publish(60)
+        wait_until(lambda: set(sent) <= flood.committed, 60, "every flood event receipted")
+        stored = running.event_ids("flood-node")
+        folded = sum(s["folded"] for s in running.bad_input("flood-node"))
+        assert fatal.id in stored  # decided, though far over the node's rate and reserve
+        assert folded > 0 and len(stored) + folded == len(sent)
+        # Its drain, asked for; scheduler "none" turns it into a notification saying so (fallback.py)
+        sql = (
+            "SELECT kind, json_extract(request, '$.params.instead_of') FROM actions"
+            " WHERE json_extract(request, '$.event_id') = ?"
+        )
+        assert running.rows(sql, (fatal.id,)) == [("notify", "drain_node")]
+        assert running.bad_messages() == 0 and running.alive()
+    finally:
+        flood.close()

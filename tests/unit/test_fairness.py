@@ -160,9 +160,7 @@ async def test_flooding_node_is_folded_and_receipted_while_the_other_node_is_dec
     bus = AckingBus(broker)
     # A rate that refills nothing during the test, so the counts are exact: 200 ordinary events,
     # then 50 more of severity error or worse from the reserve.
-    coordinator = build(
-        config, bus=bus, scheduler=None, node_rate=1e-6, node_burst=200, urgent_reserve=50
-    )
+    coordinator = build(config, bus=bus, scheduler=None, node_rate=1e-6, node_burst=200, urgent_reserve=50)
     decided: list[str] = []
     coordinator.engine.observe(lambda what, p: decided.append(p.id) if what == "event" else None)
     flood, other = Node(broker, "flood"), Node(broker, "quiet")
@@ -187,11 +185,16 @@ async def test_flooding_node_is_folded_and_receipted_while_the_other_node_is_dec
         assert other.committed == [e.id for e in quiet]  # all decided, none folded
         assert [i for i in decided if i.startswith("quiet")] == [e.id for e in quiet]
         stored = [i for i in decided if i.startswith("flood")]
-        # The first 200 events, then the critical ones (every 10th) from the reserve: 50 of them.
+        # The first 200 events; over the rate, every critical one (every 10th: the first 50 from the
+        # reserve, the rest because critical is never folded) and the first ordinary one (its
+        # signature, gpu_health, was new in the window); the other ordinary ones are folded.
         ordinary = [e.id for e in sent[:200]]
-        urgent = [e.id for e in sent[200:] if e.severity == Severity.CRITICAL][:50]
-        assert stored == ordinary + urgent
-        [summary] = [e for e in await coordinator.ledger.events(node="flood") if e.kind == Kind.BAD_INPUT]
+        over = [e.id for e in sent[200:] if e.severity == Severity.CRITICAL or e is sent[201]]
+        assert stored == ordinary + over
+        assert len(over) == 281 and coordinator.admission.novelty.evaluated_critical == 280 - 50
+        [summary] = [
+            e for e in await coordinator.ledger.events(node="flood", limit=5000) if e.kind == Kind.BAD_INPUT
+        ]
         assert summary.data["folded"] == len(sent) - len(stored) == summary.count
         assert summary.data["rejected"] == 0 and coordinator.bad_messages == 0
         assert coordinator.summary()["folded"] == len(sent) - len(stored)

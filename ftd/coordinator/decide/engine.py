@@ -154,7 +154,7 @@ class Engine:
         for observer in self._observers:
             try:
                 result = observer(what, payload)
-                if inspect.isawaitable(result):
+                if result is not None and inspect.isawaitable(result):  # most observers return None
                     await result
             except Exception:
                 log.exception("observer_failed", what=what)

@@ -4,16 +4,17 @@ Every event message goes through the same steps, in this order, and nothing here
 
 1. **size** -- a payload over :data:`~ftd.events.MAX_PAYLOAD_BYTES` (a batch: :data:`MAX_BATCH_BYTES`)
    is refused unread (:meth:`Admission.check_size`);
-2. **decode** -- strictly; a batch is decoded in chunks of :data:`BATCH_CHUNK` events, yielding to the
-   event loop between them, and checked as a whole before any of it is admitted (one bad event refuses
-   the whole batch, so a batch is never half-applied);
+2. **decode** -- strictly; a batch over :data:`WHOLE_BATCH_BYTES` is decoded in chunks of
+   :data:`BATCH_CHUNK` events, yielding to the event loop between them, and checked as a whole before
+   any of it is admitted (one bad event refuses the whole batch, so a batch is never half-applied);
 3. **identity** -- an event naming another node than its topic's is refused (the broker's ACL vouches
    for the topic, not the payload);
 4. **placement** -- a heartbeat event (rank lost, straggler) naming a job the scheduler does not run on
    its node is a placement violation: rejected, never evaluated; a job whose placement is not known
    yet raises :class:`~ftd.coordinator.intake.placement.NeedPlacement` before any side effect;
 5. **fairness** -- the node's token bucket admits the event or folds it into the node's ``bad_input``
-   summary (:mod:`ftd.coordinator.intake.fairness`).
+   summary (:mod:`ftd.coordinator.intake.fairness`) -- unless it is critical or the first of its
+   signature in the window: novelty is never folded (:mod:`ftd.coordinator.intake.novelty`).
 
 :meth:`Admission.admit` returns a :class:`Verdict`: the events the engine must decide and the ids to
 receipt as rejected; the daemon acts on it (the engine, then the receipts). Refusals raise
@@ -31,6 +32,7 @@ import msgspec
 
 from ftd.bus.base import Message
 from ftd.coordinator.intake.fairness import InputBook, RateLimiter, readable_ids
+from ftd.coordinator.intake.novelty import Novelty
 from ftd.coordinator.intake.placement import Placement
 from ftd.events import MAX_PAYLOAD_BYTES, DecodeError, Event, Kind, decode
 from ftd.logs import get_logger
@@ -39,6 +41,9 @@ log = get_logger(__name__)
 
 MAX_BATCH_BYTES = 4 << 20  # a batched event message larger than this is rejected unread
 BATCH_CHUNK = 256  # events of a batch checked or handled between two yields to the event loop
+#: A batch up to this size is decoded in one call (well under a millisecond); a larger one in chunks
+#: of BATCH_CHUNK events with the loop getting a turn between them.
+WHOLE_BATCH_BYTES = 64 << 10
 
 #: Heartbeat events that name a job: they count only from a node the scheduler runs the job on.
 HEARTBEAT_KINDS = frozenset({Kind.RANK_HEARTBEAT_LOST, Kind.RANK_STRAGGLER})
@@ -66,10 +71,18 @@ class Verdict:
 class Admission:
     """Size, decode, identity, placement and fairness for event messages; the refusal book for all."""
 
-    def __init__(self, *, placement: Placement, limiter: RateLimiter, inputs: InputBook) -> None:
+    def __init__(
+        self,
+        *,
+        placement: Placement,
+        limiter: RateLimiter,
+        inputs: InputBook,
+        novelty: Novelty | None = None,
+    ) -> None:
         self.placement = placement
         self.limiter = limiter
         self.inputs = inputs
+        self.novelty = novelty if novelty is not None else Novelty(window_s=inputs.window_s)
         self.bad_messages = 0
 
     # --- steps ---------------------------------------------------------------------------------
@@ -88,14 +101,20 @@ class Admission:
         events = await self._decode_batch(node, message) if batch else [self._decode_one(node, message)]
         verdict = Verdict(node)
         forged = self._foreign_job_claims(events, verdict.rejected)
+        verdict.events = self.triage([e for e in events if e.id not in forged] if forged else events)
+        return verdict
+
+    def triage(self, events: Sequence[Event]) -> list[Event]:
+        """Fairness: the events to decide, in order; the others are folded into their node's summary.
+        Within its rate a node's events are all decided; over it, only the critical ones and the
+        first of each signature in the window (:mod:`ftd.coordinator.intake.novelty`)."""
+        decide: list[Event] = []
         for event in events:
-            if event.id in forged:
-                continue
-            if self.limiter.admit(node, event.severity):
-                verdict.events.append(event)
+            if self.limiter.admit(event.node, event.severity) or self.novelty.must_evaluate(event):
+                decide.append(event)
             else:
                 self._fold(event)
-        return verdict
+        return decide
 
     @staticmethod
     def _decode_one(node: str, message: Message) -> Event:
@@ -112,8 +131,15 @@ class Admission:
     async def _decode_batch(node: str, message: Message) -> list[Event]:
         """``ftd/v1/nodes/{node}/events/batch``: a JSON list of Events, all of that node."""
         try:
+            if len(message.payload) <= WHOLE_BATCH_BYTES:  # an agent's usual flush: one decoder call
+                events = decode(message.payload, list[Event], max_bytes=WHOLE_BATCH_BYTES)
+                for event in events:
+                    if event.node != node:
+                        why = f"event for node {event.node!r} in a batch under node {node!r}"
+                        raise Refused("foreign_node", why, readable_ids(message.payload, batch=True))
+                return events
             raws = decode(message.payload, list[msgspec.Raw], max_bytes=MAX_BATCH_BYTES)
-            events: list[Event] = []
+            events = []
             for start in range(0, len(raws), BATCH_CHUNK):
                 for raw in raws[start : start + BATCH_CHUNK]:
                     event = decode(bytes(raw), Event)

@@ -16,7 +16,6 @@ engine rebuilds this from the ledger's recent events at start-up.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -30,6 +29,8 @@ from ftd.plugin.view import (
     NodeRecord,
     fault_of,
 )
+
+_WARNING_RANK = Severity.WARNING.rank
 
 
 class ClusterState:
@@ -143,9 +144,11 @@ class ClusterState:
             pci = event.data.get("pci")
             if isinstance(pci, str) and pci:
                 gpu.pci = pci
-        fault = fault_of(event)
-        if fault.job is None and event.severity.rank >= Severity.WARNING.rank:  # info links nothing
-            fault = dataclasses.replace(fault, jobs=tuple(self.jobs_on_node(event.node)))
+        # The jobs on the node, for an event naming none (info links nothing): one record built once.
+        job = event.data.get("job")
+        names_job = isinstance(job, str | int) and not isinstance(job, bool) and job != ""
+        linked = not names_job and event.severity.rank >= _WARNING_RANK
+        fault = fault_of(event, tuple(self.jobs_on_node(event.node)) if linked else ())
         self.recent.setdefault(event.node, deque(maxlen=HISTORY_LIMIT)).append(fault)
         if event.severity.rank < Severity.ERROR.rank:
             return
