@@ -17,7 +17,9 @@ xid_catalog        Xids and the fall-off banner, by the bucket -> plan table of
                    (application Xids, crash-loop policy), reset after the save, drain, notify, nothing;
                    Xid 48 with 63/64 drains; NVLink5 144-150 by their Fatal/Nonfatal decode
 app_faults         application error log patterns (cuda_oom, cuda_error, segfault, ...): restart in place
-                   with crash-loop backoff, notify after ``policy.app_fault_restart_limit``; never drain
+                   with crash-loop backoff, notify after ``policy.app_fault_restart_limit``; never drain;
+                   a signature that would fail again (``disposition = "stop"`` in the pattern table:
+                   config_error, nan_or_inf, time_limit, ...): stop the job, no save, no restart, notify
 nccl_ib            ``nccl_*`` / ``ib_*`` log failures: restart in place; drain only with hardware evidence
                    on the node (``ib_link`` down, IB fatal lines, a hardware Xid); ``ib_link``: notify
 sxid               fatal NVSwitch SXid: restart excluding the node, drain
@@ -36,6 +38,9 @@ fs_fill            forecast or warning: save (no stop); critical crossing: save,
 hang               heartbeat lost / log stale: diagnostics, restart in place
 node_death         node offline with jobs: restart them excluding the node
 straggler          a rank far behind: notify
+shared_fs          a shared filesystem's outage (``netfs`` down, a shared mount read-only): one notify when
+                   it starts, one when it recovers, never a drain (saves on it are paused meanwhile by
+                   the decision stage, :mod:`ftd.coordinator.decide.save_path`)
 =================  ==================================================================================
 
 ``_incidents`` (not a plugin) is what they share to see one fault as one incident: which records
