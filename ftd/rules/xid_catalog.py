@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftd.catalog import load_xid_catalog
 from ftd.catalog.remedy import XID_48_ESCALATORS, Remedy, resolve_xid
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import already_judged, drain, gpu_reset, jobs_of, notify, restart_jobs
@@ -92,8 +93,11 @@ EVENT_KINDS = frozenset({Kind.XID, Kind.GPU_FALLEN_OFF_BUS})
 
 @hookimpl
 def ftd_startup(coordinator: Any) -> None:
-    """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""
+    """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits), and read the
+    packaged Xid catalog now: parsed lazily, it cost the first Xid event ~50 ms inside this rule
+    (a ``slow_rule`` warning on every coordinator's first fault, and that much later a decision)."""
     configure_from(coordinator)
+    load_xid_catalog()
 
 
 @hookimpl
