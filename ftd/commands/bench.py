@@ -53,6 +53,13 @@ def register(sub: Any) -> None:
         help="node sessions to hold (scale), nodes known (dashboard); 10,000",
     )
     parser.add_argument("--wills", type=int, default=None, help="sessions cut at once (scale; 1,000)")
+    parser.add_argument(
+        "--grace",
+        dest="grace_s",
+        type=float,
+        default=None,
+        help="coordinator.offline_grace.last_will_s during the bench (scale; 0: decisions, not the grace)",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -61,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
     function_ = getattr(importlib.import_module(module_name), function)
     options = {
         "e2e": ("samples",),
-        "scale": ("samples", "nodes", "wills"),
+        "scale": ("samples", "nodes", "wills", "grace_s"),
         "dashboard": ("samples", "nodes"),
     }.get(args.name, ())
     kwargs = {name: getattr(args, name) for name in options if getattr(args, name) is not None}
