@@ -9,8 +9,10 @@ times each on 64 KiB adversarial lines built from the pattern itself: a rough ma
 branch of each alternation, each class by a character it accepts, each repeat once) is cut after
 each of its parts and the cut repeated to 64 KiB, so an unbounded repeat that must be followed by
 something meets, at every start, a rest of line where that something never comes. Candidates are
-ranked on 16 KiB lines; the worst ones are timed at 64 KiB (best of three runs) against a generous
-50 ms. Patterns written inline in functions cannot be found, so a second test forbids them.
+ranked on 8 KiB lines; the worst ones are timed at 64 KiB (best of three runs) against a generous
+50 ms; one over it (a loaded machine, or a bounded repeat tried from every start) must show linear
+scaling from 16 to 64 KiB and stay under 250 ms. Patterns written inline in functions cannot be
+found, so a third test forbids them.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ except ImportError:  # pragma: no cover
     import sre_parse  # type: ignore[no-redef]
 
 LINE = 64 * 1024
-RANK_LINE = 16 * 1024
+RANK_LINE = 8 * 1024
 BOUND_S = 0.050
-WORST = 3  # candidates per pattern timed at full length
+SLOW_BOUND_S = 0.250  # over BOUND_S, only with linear scaling (see the test)
+WORST = 2  # candidates per pattern timed at full length
 
 
 def _kmsg_modules() -> list[Any]:
@@ -72,11 +75,10 @@ def _collect(value: Any, out: dict[int, tuple[str, re.Pattern[str]]], where: str
 
 def all_patterns() -> list[tuple[str, re.Pattern[str]]]:
     found: dict[int, tuple[str, re.Pattern[str]]] = {}
-    for module in _kmsg_modules():
-        for name, value in vars(module).items():
-            if not name.startswith("__") and getattr(value, "__module__", module.__name__) == module.__name__:
-                _collect(value, found, f"{module.__name__}.{name}")
-    for module in _kmsg_modules():  # names imported from another module of the package
+    modules = _kmsg_modules()
+    # Modules that use patterns rather than define them last, so a pattern is named where it lives.
+    modules.sort(key=lambda m: m.__name__ in (kmsg_parse.__name__, f"{kmsg_parse.__name__}.parser"))
+    for module in modules:
         for name, value in vars(module).items():
             if not name.startswith("__"):
                 _collect(value, found, f"{module.__name__}.{name}")
@@ -196,7 +198,20 @@ def test_pattern_is_linear_on_64k_adversarial_lines(name: str, pattern: re.Patte
     for line in ranked[:WORST]:
         full = (line * (LINE // len(line) + 1))[:LINE]
         elapsed = _time(pattern, full, runs=3)
-        assert elapsed < BOUND_S, f"{name} took {elapsed * 1000:.0f} ms on a 64 KiB line of {line[:60]!r}..."
+        if elapsed < BOUND_S:
+            continue
+        # Over the bound (a loaded machine, or bounded repeats tried from every start): it must at
+        # least scale linearly -- a quarter of the line in about a quarter of the time (quadratic:
+        # a sixteenth; the bound is 8x to absorb noise) -- and stay well under the quadratic Xid
+        # 154 pattern's second.
+        quarter, elapsed = float("inf"), float("inf")
+        for _ in range(5):  # interleaved, so that a burst of load hits both alike
+            quarter = min(quarter, _time(pattern, full[: LINE // 4]))
+            elapsed = min(elapsed, _time(pattern, full))
+        assert elapsed < SLOW_BOUND_S and elapsed < 8 * quarter, (
+            f"{name} took {elapsed * 1000:.0f} ms on a 64 KiB line of {line[:60]!r}... "
+            f"({quarter * 1000:.0f} ms on 16 KiB)"
+        )
 
 
 def test_the_xid_154_line_that_was_quadratic() -> None:

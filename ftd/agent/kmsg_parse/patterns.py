@@ -60,6 +60,8 @@ NVLINK5_RE = re.compile(
     r"(?i)^\s{0,8}(?P<unit>[A-Z][A-Z0-9_/]{0,63})\s{1,8}(?P<sev>non-?fatal|fatal)\s{1,8}XC\s{0,4}(?P<xc>\d{1,4})"
     r"\s{1,4}i\s{0,4}(?P<inst>\d{1,4})\s{1,4}Link\s{1,4}(?P<link>-?\d{1,4})\s{0,4}[(\[](?P<words>[^)\]]{0,200})[)\]]"
 )
+# The pid= and name= an NVLink5 Xid may carry before its unit ("145, pid=1, name=x, RLW_RXPIPE ...").
+NVLINK5_LEAD_RE = re.compile(r"(?:pid=[^,]{0,32},\s{0,4})?(?:name=[^,]{0,64},\s{0,4})?")
 HEX_WORD_RE = re.compile(r"0x[0-9a-fA-F]{1,16}")
 PID_RE = re.compile(r"\bpid=(?:'?<unknown>'?|(\d{1,10}))")
 NAME_RE = re.compile(r"\bname=([^,]{0,64})")
@@ -143,7 +145,8 @@ def nvlink5(code: int, rest: str, extra: dict[str, Any], severity: str) -> str:
     words, as printed), ``sub_code`` (bits 20-25 of the interrupt info: the row of NVIDIA's Xid
     144-150 table) and ``registers``. Returns the event severity: Xid 150 or Fatal: critical;
     Nonfatal: warning; not decoded: as the catalog says (``fatal`` from the words when present)."""
-    match = NVLINK5_RE.match(rest)
+    lead = NVLINK5_LEAD_RE.match(rest)
+    match = NVLINK5_RE.match(rest[lead.end() :] if lead is not None else rest)
     if match is None:
         lowered = rest.lower()
         if "nonfatal" in lowered or "non-fatal" in lowered:

@@ -1,0 +1,116 @@
+"""The peers' conformance corpus (``../shared/conformance/``), read in place, for the conformance tests.
+
+What: the expectation entries of every peer's ``expected.json`` and the multi-line cases of its
+``sequences.json`` (schema: ``../shared/conformance/MANIFEST.md``), plus small helpers the tests
+share: the peer's expectation values of an entry, its lines, and ftd's kernel-log parse of them.
+
+Why here and not copied: the corpus is other projects' test data, kept outside this repository on
+purpose (issue #23: "do not copy the corpus into the project"). The folder sits beside the project
+root. When it is absent the conformance tests skip, saying so -- except under ``FTD_REQUIRE_REAL=1``
+(CI), where its absence fails them, as a missing real part does (tests/realparts.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftd.agent.kmsg_parse import KernelEvent, KmsgParser, parse_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "conformance"
+REQUIRE = os.environ.get("FTD_REQUIRE_REAL") == "1"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One expectation entry: ``peer`` (its folder), ``index`` in that peer's ``expected.json``."""
+
+    peer: str
+    index: int
+    raw: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return str(self.raw["kind"])
+
+    @property
+    def match(self) -> bool | None:
+        match = self.raw.get("match")
+        return match if isinstance(match, bool) else None
+
+    @property
+    def code(self) -> int | None:
+        code = self.raw.get("xid")
+        return code if isinstance(code, int) else None
+
+    @property
+    def pci(self) -> str | None:
+        pci = self.raw.get("pci_normalized")
+        return pci.lower() if isinstance(pci, str) else None
+
+    @property
+    def lines(self) -> list[str]:
+        """The entry's text as lines (a few entries are a multi-line block joined by newlines)."""
+        return str(self.raw["line"]).split("\n")
+
+    @property
+    def tests(self) -> list[str]:
+        return [str(source.get("test", "")) for source in self.raw.get("sources", [])]
+
+    def expectations(self) -> Iterator[dict[str, Any]]:
+        for source in self.raw.get("sources", []):
+            expect = source.get("peer_expect")
+            if isinstance(expect, dict):
+                yield expect
+
+    def where(self) -> str:
+        return f"{self.peer}#{self.index} {self.lines[0][:100]!r}"
+
+
+def require_corpus() -> Path:
+    """The corpus folder; skips (fails under ``FTD_REQUIRE_REAL=1``) when it is absent."""
+    if not (CORPUS / "MANIFEST.md").is_file():
+        msg = f"conformance corpus not found at {CORPUS} (the peers' test data, kept beside the project)"
+        if REQUIRE:
+            pytest.fail(f"FTD_REQUIRE_REAL=1 and {msg}", pytrace=False)
+        pytest.skip(msg)
+    return CORPUS
+
+
+@cache
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def entries() -> list[Entry]:
+    """Every expectation entry of every peer, in a stable order."""
+    root = require_corpus()
+    out: list[Entry] = []
+    for path in sorted(root.glob("*/expected.json")):
+        for index, raw in enumerate(_load(path)):
+            out.append(Entry(path.parent.name, index, raw))
+    return out
+
+
+def sequences(peer: str) -> list[dict[str, Any]]:
+    """The multi-line cases of one peer (``[]`` when it has none)."""
+    path = require_corpus() / peer / "sequences.json"
+    return list(_load(path)) if path.is_file() else []
+
+
+def sequence_lines(case: dict[str, Any]) -> list[str]:
+    """A case's lines (an element may itself hold a block joined by newlines)."""
+    return [line for item in case.get("lines", []) for line in str(item).split("\n")]
+
+
+def kernel_events(lines: list[str]) -> list[KernelEvent]:
+    """ftd's parse of ``lines`` as one kernel log, in order, with a fresh parser."""
+    return list(parse_lines(lines, KmsgParser()))
