@@ -7,8 +7,9 @@ from ``$FTD_CONFIG``, else from the first of :data:`DEFAULT_CONFIGS` that exists
 it is a :class:`NoTarget` error naming what to pass: a command never silently reads whatever
 listens on some local port. :meth:`ApiTarget.get` reads JSON; :meth:`ApiTarget.post` sends a
 mutating call with ``Authorization: Bearer <token>``, the token from ``--token-file``, else the
-config's ``coordinator.api.token_file`` (relative to ``$CREDENTIALS_DIRECTORY`` like the
-coordinator reads it). :func:`api_error` turns any failure into one line naming the URL and why.
+config's ``coordinator.api.token_file`` (a relative name is the unit's credential: read from
+``$CREDENTIALS_DIRECTORY`` when set, else from the config's directory, where the documented install
+keeps it: ``/etc/ftd/api-token``). :func:`api_error` turns any failure into one line naming the URL and why.
 
 Why stdlib ``urllib``: these commands must work from any login node with only the base install.
 """
@@ -65,6 +66,7 @@ class ApiTarget:
     config: Config | None
     timeout: float
     token_file: str | None = None
+    config_path: str | None = None  # the config read, if any
 
     def get(self, path: str) -> Any:
         try:
@@ -92,6 +94,11 @@ class ApiTarget:
         option = "--token-file"
         if name is None and self.config is not None:
             name, option = self.config.coordinator.api.token_file, "coordinator.api.token_file"
+            # A credential name (relative) outside the unit: the file beside the config, where the
+            # documented install puts what LoadCredential= loads (/etc/ftd/api-token).
+            outside_unit = not os.environ.get("CREDENTIALS_DIRECTORY")
+            if name and not Path(name).is_absolute() and outside_unit and self.config_path is not None:
+                name = str(Path(self.config_path).parent / name)
         if name is None:
             raise ApiFailure(
                 "no API token: pass --token-file PATH, or --config with coordinator.api.token_file "
@@ -140,13 +147,13 @@ def target(args: argparse.Namespace, env: dict[str, str] | None = None) -> ApiTa
     if path is not None:
         url, config = _from_config(path)
     if getattr(args, "url", None):
-        return ApiTarget(str(args.url).rstrip("/"), "--url", config, timeout, token_file)
+        return ApiTarget(str(args.url).rstrip("/"), "--url", config, timeout, token_file, path)
     if path is None:
         raise NoTarget(
             "which coordinator? pass --config /etc/ftd/coordinator.toml (its coordinator.api address) or "
             f"--url http://HOST:8787, or set ${CONFIG_ENV}; no {' or '.join(DEFAULT_CONFIGS)} here"
         )
-    return ApiTarget(url, origin, config, timeout, token_file)
+    return ApiTarget(url, origin, config, timeout, token_file, path)
 
 
 def resolve(args: argparse.Namespace, command: str) -> ApiTarget | int:

@@ -42,6 +42,7 @@ def _record(id: str, kind: str, target: str, state: ActionState, **detail: objec
 @pytest.fixture
 async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Served]:
     monkeypatch.delenv(api_client.CONFIG_ENV, raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
     monkeypatch.setattr(api_client, "DEFAULT_CONFIGS", (str(tmp_path / "absent.toml"),))
     scheduler = FakeScheduler()
     for node in ("node-1", "node-2", "node-3", "node-4"):
@@ -77,7 +78,8 @@ async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
     token = tmp_path / "api-token"
     token.write_text(TOKEN + "\n")
     config = tmp_path / "coordinator.toml"
-    config.write_text(f'[coordinator.api]\nport = {port}\ntoken_file = "{token}"\n')
+    # the credential's name, as in the shipped config: outside the unit it is the file beside the config
+    config.write_text(f'[coordinator.api]\nport = {port}\ntoken_file = "{token.name}"\n')
     try:
         yield Served(coordinator, f"http://127.0.0.1:{port}", config)
     finally:
