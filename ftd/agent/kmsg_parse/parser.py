@@ -9,6 +9,9 @@ What it understands (docs/architecture.md §5 "kmsg"):
   (single-line and the older three-line form), the ``NVRM: GPU at PCI:... GPU-<uuid>`` line (kept as a
   PCI -> UUID map attached to later events), PCIe AER, the OOM killer, hung tasks and mlx5/IPoIB link
   down.
+* **Host signal families** (:mod:`ftd.agent.kmsg_parse.families`): storage, read-only remounts,
+  NFS/Lustre, mlx5/EFA, nvidia-peermem, NVLink link masks, machine checks, lockups, oopses,
+  segfaults, resource limits; their documented fields (docs/signals.md) go to ``KernelEvent.data``.
 
 The Xid code is the first number *after the closing parenthesis* of the device address, never "the
 first number after Xid" (that is the PCI domain). Xid 154 also carries the driver's recovery action
@@ -46,6 +49,7 @@ from typing import Any
 
 import msgspec
 
+from ftd.agent.kmsg_parse.families import match_family, stack_header
 from ftd.agent.kmsg_parse.patterns import (
     AER_DETAIL_RE,
     AER_RECEIVED_RE,
@@ -100,12 +104,15 @@ class KernelEvent(msgspec.Struct, frozen=True, kw_only=True):
     seq: int | None = None  # /dev/kmsg sequence number
     uuid: str | None = None
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    data: dict[str, Any] = msgspec.field(default_factory=dict)  # the kind's own fields (docs/signals.md)
 
 
 _FOLD_WINDOW = 5  # lines within which a detail line is folded into its header event
 _BANNER_WINDOW = 8  # lines within which the three-line fall-off banner must complete
 _XID79_WINDOW = 50  # lines after an Xid 79 within which "fallen off the bus" is the same incident
 _SXID_WINDOW = 20  # lines after an SXid header within which its detail lines are folded into it
+_FAMILY_WINDOW = 30  # lines within which a family's repeats (stack frames, MCE records) are one event
+_TRACE_WINDOW = 60  # lines after an oops / lockup / WARNING within which its stack header is part of it
 
 
 class Template:
@@ -214,6 +221,9 @@ class KmsgParser:
                 if event.kind in _CACHED_KINDS:
                     self._keep(msg, event)
                 return [event]
+        family = self._family(msg, lineno, prefix)
+        if family is not None:
+            return family
         if "NVRM" in msg:
             return self._nvrm(msg, lineno, prefix)
         if "AER" in msg or "PCIe Bus Error" in msg:
@@ -244,6 +254,37 @@ class KmsgParser:
         if len(self._recent) > 256:
             self._recent.clear()
         self._recent[key] = lineno
+
+    # --- host signal families (families.py) ----------------------------------------------------
+
+    def _family(self, msg: str, lineno: int, prefix: Prefix) -> list[KernelEvent] | None:
+        """A host-family event (None: not one of theirs, the other parsers go on). Repeats of a
+        ``fold`` key within :data:`_FAMILY_WINDOW` lines are one incident; the ``CPU: N PID: N Comm:``
+        header of a trace an oops, lockup or ``WARNING:`` started is part of it, not an event."""
+        if msg[:13] == "WARNING: CPU:":
+            self._remember(("trace", None), lineno)
+            return []
+        found = match_family(msg)
+        if found is None:
+            found = stack_header(msg) if "Comm:" in msg else None
+            if found is None:
+                return None
+            if self._fold(("trace", None), lineno, _TRACE_WINDOW):
+                return []
+        if found.trace:
+            self._remember(("trace", None), lineno)
+        if found.fold is not None:
+            key = ("family", (found.fold, found.severity))
+            folded = self._fold(key, lineno, _FAMILY_WINDOW)
+            self._remember(key, lineno)
+            if folded:
+                return []
+        return [
+            self._event(
+                lineno, prefix, found.kind, pci=found.pci, pid=found.pid, process=found.process,
+                severity=found.severity, extra=dict(found.extra), data=dict(found.data),
+            )
+        ]  # fmt: skip
 
     # --- NVIDIA ---------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ftd.agent.kmsg_parse.families import family_candidate
 from ftd.pci import normalize_pci
 
 __all__ = ["is_candidate", "nvlink5", "pid_name", "recovery_action", "to_int", "xid_address", "xid_details"]
@@ -113,6 +114,7 @@ def is_candidate(line: str) -> bool:
         or ("ink" in line and ("own" in line or "OWN" in line))  # link (is) down, Link Down
         or "ost carrier" in line  # lost carrier, Lost carrier
         or "odule event" in line
+        or family_candidate(line)
     )
 
 

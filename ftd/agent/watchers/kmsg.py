@@ -109,6 +109,8 @@ def kernel_event_to_event(
         "seq": kev.seq,
         "kernel_ts": kev.ts,
     }
+    for key, value in kev.data.items():  # a host family's own fields (docs/signals.md)
+        data.setdefault(key, value)
     if kev.kind is Kind.XID:
         data["catalog_version"] = load_xid_catalog().version
     if kev.extra:
