@@ -103,8 +103,13 @@ def coordinator_config(
     save_deadline_s: float,
     stop_deadline_s: float,
     dry_run: bool = False,
+    rule_dirs: Path | None = None,
 ) -> str:
+    """``rule_dirs``: where the shipped rules/python was installed (operators.md §1 copies it to
+    /etc/ftd/rules/python and names that); None keeps the example's checkout-relative path."""
     text = _bus((EXAMPLES / "coordinator.toml").read_text(), port, ca, cert, key)
+    if rule_dirs is not None:
+        text = set_key(text, "coordinator", "rule_dirs", f"[{q(rule_dirs)}]")
     text = set_key(text, "coordinator", "ledger_path", q(ledger))
     text = set_key(text, "coordinator", "save_deadline_s", str(save_deadline_s))
     text = set_key(text, "coordinator", "stop_deadline_s", str(stop_deadline_s))
