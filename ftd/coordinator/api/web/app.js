@@ -192,14 +192,18 @@ function renderSummary(s) {
   document.getElementById("healthy").textContent = `${st.healthy} healthy nodes are counted here, not listed`;
   const rows = [];
   for (const [label, values] of Object.entries(s.by_label || {})) {
+    let quiet = 0, quietNodes = 0; // values whose every node is healthy: one row for all of them
     for (const [value, counts] of Object.entries(values)) {
       const total = Object.values(counts).reduce((a, b) => a + b, 0);
-      rows.push([label, value, counts.healthy || 0, total - (counts.healthy || 0), total]);
+      const healthy = counts.healthy || 0;
+      if (healthy === total) { quiet += 1; quietNodes += total; continue; }
+      rows.push([label, value, healthy, total - healthy, total]);
     }
+    rows.sort((a, b) => b[3] - a[3] || String(a[1]).localeCompare(String(b[1])));
+    if (quiet) rows.push([label, `${quiet} ${label} values, every node healthy`, quietNodes, 0, quietNodes]);
   }
-  rows.sort((a, b) => b[3] - a[3] || String(a[1]).localeCompare(String(b[1])));
   if (rows.length === 0) rows.push(["all nodes", "(no node labels)", st.healthy, s.nodes - st.healthy, s.nodes]);
-  const shown = rows.slice(0, 40);
+  const shown = rows.slice(0, 60);
   if (rows.length > shown.length) shown.push(["…", `${rows.length - shown.length} more`, "", "", ""]);
   fill("folded", shown, 5, "no nodes have reported yet");
   const waiting = s.in_flight.filter((a) => a.state === "awaiting_approval").length;
@@ -287,7 +291,12 @@ async function refresh() {
       renderSummary(summary);
       renderProblems(page);
       renderJobs(jobs);
-      document.body.dataset.rendered = "yes"; // the first screen is filled (the browser test reads it)
+      if (!document.body.dataset.rendered) {
+        // the first screen is filled: when, in ms since navigation started (the browser test reads it)
+        document.body.dataset.rendered = "yes";
+        document.body.dataset.renderedMs = String(Math.round(performance.now()));
+      }
+      if (openAction) showAction(openAction); // the open action view follows the action live
     }
     fill("actions", actions.map((a) => [
       time(a.created), actionCell(a), a.target, pill(a.state), a.rule, a.reason,
@@ -306,9 +315,11 @@ async function refresh() {
 
 // The action view: phase, ranks acked, deadline, why, the plan's steps, approve/reject.
 async function showAction(id) {
+  const opening = openAction !== id;
   openAction = id;
   const box = document.getElementById("action-view");
   box.hidden = false;
+  if (opening) box.scrollIntoView({ block: "start" });
   document.getElementById("action-id").textContent = id;
   let action;
   try {
@@ -317,6 +328,7 @@ async function showAction(id) {
     document.getElementById("action-facts").replaceChildren(el("dd", err.message));
     return;
   }
+  if (!lastSummary && !lastView.standby) lastSummary = await getJSON("/v1/summary").catch(() => null);
   const deadline = lastSummary && lastSummary.deadlines ? lastSummary.deadlines[id] : undefined;
   const facts = [
     ["action", action.kind + " on " + action.target],
