@@ -150,7 +150,8 @@ function say(text, bad) {
 function nodesQuery() {
   const filter = document.getElementById("state-filter").value;
   const q = document.getElementById("search").value.trim();
-  const params = new URLSearchParams({ sort: "severity", limit: String(PAGE), offset: String(offset) });
+  const sort = document.getElementById("sort").value || "severity";
+  const params = new URLSearchParams({ sort, limit: String(PAGE), offset: String(offset) });
   if (filter === "") params.set("problems", "1");
   else if (filter !== "all") params.set("state", filter);
   if (q) params.set("q", q.slice(0, 128));
@@ -412,7 +413,9 @@ function wire() {
     clearTimeout(timer);
     timer = setTimeout(() => { offset = 0; refreshProblems(); }, 250);
   });
-  document.getElementById("state-filter").addEventListener("change", () => { offset = 0; refreshProblems(); });
+  for (const id of ["state-filter", "sort"]) {
+    document.getElementById(id).addEventListener("change", () => { offset = 0; refreshProblems(); });
+  }
   document.getElementById("prev").onclick = () => { offset = Math.max(0, offset - PAGE); refreshProblems(); };
   document.getElementById("next").onclick = () => { offset += PAGE; refreshProblems(); };
   document.getElementById("action-close").onclick = () => {
