@@ -1,11 +1,14 @@
-"""The health of the filesystems a job saves to, read from the cluster view's recent events (pure).
+"""The health of the filesystems a job saves to, from the cluster's filesystem events (pure).
 
-What: :func:`troubles` lists the filesystems that are read-only, full or unresponsive on a set of
-nodes now, from their recent ``fs_readonly``, ``netfs``, ``storage`` and ``fs_fill`` events (each
-trouble keyed by its mount or server, and ended by a later event saying it recovered);
-:func:`save_trouble` says whether a job's save would land on one of them: the event names the job
-(``data.job`` / ``data.jobs``: the agent relates its mounts to the checkpoint directories its ranks
-registered) or the job's checkpoint directory lies under the event's ``mount`` / ``path``.
+What: :func:`reading_of` says what a ``fs_readonly``, ``netfs``, ``storage`` or ``fs_fill`` event
+means for saves: which filesystem (a key: the NFS server, the mount), and whether it is now
+read-only, full or unresponsive, or recovered. :class:`FilesystemBook` keeps, per filesystem, the
+nodes on which it is in trouble now (the cluster state holds one, :meth:`ClusterView.filesystem_troubles`
+reads it: an outage on 10,000 nodes is looked up, never scanned for). :func:`troubles` lists the
+troubles on some nodes; :func:`save_trouble` says whether a job's save would meet one: on the job's
+nodes the event names the job (``data.job`` / ``data.jobs``: the agent relates its mounts to the
+checkpoint directories its ranks registered) or the job's checkpoint directory lies under the event's
+``mount`` / ``path``; a shared filesystem's trouble on any node counts for every job saving there.
 :func:`is_shared` says whether an event's filesystem is shared by many nodes (an NFS, Lustre, GPFS,
 BeeGFS... fstype, a ``netfs`` event, or ``data.shared``).
 
@@ -16,20 +19,29 @@ filesystem outage from N node faults) both need it, and neither may import the o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from ftd.plugin.view import ClusterView, FaultRecord
+from ftd.plugin.view import FaultRecord
 
 __all__ = [
+    "FS_EVENT_KINDS",
     "MEMORY_S",
     "SHARED_FS_TYPES",
+    "FilesystemBook",
     "Trouble",
     "is_shared",
     "path_under",
+    "reading_of",
     "save_trouble",
+    "trouble_of",
+    "trouble_under",
     "troubles",
 ]
+
+#: The event kinds that say something about a filesystem a save can land on.
+FS_EVENT_KINDS = frozenset({"fs_readonly", "netfs", "storage", "fs_fill"})
 
 #: Filesystem types mounted by many nodes at once: trouble there is the cluster's, not one node's.
 SHARED_FS_TYPES = frozenset(
@@ -123,7 +135,7 @@ def _jobs(record: FaultRecord) -> tuple[str, ...]:
     return tuple(sorted(set(named)))
 
 
-def _reading(record: FaultRecord) -> tuple[str, str, str | None] | None:
+def reading_of(record: FaultRecord) -> tuple[str, str, str | None] | None:
     """(key, where, state) of a filesystem event: state None when it says the trouble ended."""
     data = record.data
     state = _text(data.get("state"))
@@ -158,36 +170,96 @@ def _reading(record: FaultRecord) -> tuple[str, str, str | None] | None:
     return None
 
 
-def troubles(view: ClusterView, nodes: Iterable[str], now: float) -> list[Trouble]:
+class FilesystemBook:
+    """Per filesystem key, the nodes it is in trouble on now and the event that opened each
+    (oldest first); fed every event by the cluster state, read through the view."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, dict[str, FaultRecord]] = {}
+
+    def note(self, record: FaultRecord) -> None:
+        if record.kind not in FS_EVENT_KINDS:
+            return
+        reading = reading_of(record)
+        if reading is None:
+            return
+        key, _, state = reading
+        if state is not None:
+            self.open.setdefault(key, {}).setdefault(record.node, record)
+            return
+        nodes = self.open.get(key)
+        if nodes is not None:
+            nodes.pop(record.node, None)
+            if not nodes:
+                del self.open[key]
+
+
+class _Troubled(Protocol):
+    def job_nodes(self, job: str) -> list[str]: ...
+
+    def filesystem_troubles(self) -> Mapping[str, Mapping[str, FaultRecord]]: ...
+
+
+def trouble_of(record: FaultRecord) -> Trouble | None:
+    """The trouble an event opened (None: it opened none)."""
+    reading = reading_of(record)
+    if reading is None:
+        return None
+    _, where, state = reading
+    if state is None:
+        return None
+    shared = is_shared(record.kind, dict(record.data))
+    server = _text(record.data.get("server"))
+    return Trouble(record.node, state, where, record.ts, _jobs(record), shared, server)
+
+
+def _fresh(record: FaultRecord, now: float) -> bool:
+    return 0 <= now - record.ts <= MEMORY_S
+
+
+def troubles(view: _Troubled, nodes: Iterable[str], now: float) -> list[Trouble]:
     """The filesystems read-only, full or unresponsive on ``nodes`` at ``now`` (oldest first)."""
-    out: list[Trouble] = []
-    for node in sorted(set(nodes)):
-        open_: dict[str, Trouble] = {}
-        for record in _recent(view.node_events(node), now):
-            reading = _reading(record)
-            if reading is None:
-                continue
-            key, where, state = reading
-            if state is None:
-                open_.pop(key, None)
-            elif key not in open_:
-                shared = is_shared(record.kind, dict(record.data))
-                server = _text(record.data.get("server"))
-                open_[key] = Trouble(node, state, where, record.ts, _jobs(record), shared, server)
-        out.extend(open_.values())
+    wanted = set(nodes)
+    out = [
+        trouble
+        for by_node in view.filesystem_troubles().values()
+        for node in wanted & by_node.keys()
+        if _fresh(by_node[node], now) and (trouble := trouble_of(by_node[node])) is not None
+    ]
     return sorted(out, key=lambda t: (t.since, t.node))
 
 
-def _recent(records: Sequence[FaultRecord], now: float) -> list[FaultRecord]:
-    return [r for r in records if 0 <= now - r.ts <= MEMORY_S]
-
-
-def save_trouble(view: ClusterView, job: str, now: float, dirs: Iterable[str] = ()) -> Trouble | None:
-    """The trouble a save of ``job`` would meet (None: none known). Local filesystems are looked for
-    on the job's nodes, shared ones on every node (an outage seen elsewhere pauses saves here too)."""
+def save_trouble(view: _Troubled, job: str, now: float, dirs: Iterable[str] = ()) -> Trouble | None:
+    """The trouble a save of ``job`` would meet (None: none known): on the job's nodes, one naming
+    the job or holding its checkpoint directory; on any node, a shared filesystem's holding it."""
     dirs = [d for d in dirs if d]
-    job_nodes = set(view.job_nodes(job))
-    for trouble in troubles(view, job_nodes | set(view.online_nodes()), now):
-        if (trouble.shared or trouble.node in job_nodes) and trouble.concerns(job, dirs):
-            return trouble
+    job_nodes = view.job_nodes(job)
+    for by_node in view.filesystem_troubles().values():
+        for node in job_nodes:
+            record = by_node.get(node)
+            if record is not None and _fresh(record, now):
+                trouble = trouble_of(record)
+                if trouble is not None and trouble.concerns(job, dirs):
+                    return trouble
+        first = next(iter(by_node.values()), None)  # the outage as its first node reported it
+        if first is not None and _fresh(first, now):
+            trouble = trouble_of(first)
+            if trouble is not None and trouble.shared and trouble.concerns(job, dirs):
+                return trouble
+    return None
+
+
+def trouble_under(view: _Troubled, job: str, path: str, now: float) -> Trouble | None:
+    """A trouble that a save of ``job`` into ``path`` would meet: on the job's nodes, or a shared
+    filesystem's anywhere, whose mount ``path`` lies under (a fallback on the broken filesystem)."""
+    job_nodes = view.job_nodes(job)
+    for by_node in view.filesystem_troubles().values():
+        records = [by_node[n] for n in job_nodes if n in by_node]
+        first = next(iter(by_node.values()), None)
+        for record in [*records, *([first] if first is not None else [])]:
+            trouble = trouble_of(record) if _fresh(record, now) else None
+            if trouble is None or (record is first and record not in records and not trouble.shared):
+                continue
+            if path_under(path, trouble.where):
+                return trouble
     return None

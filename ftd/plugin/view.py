@@ -177,3 +177,9 @@ class ClusterView(Protocol):
         """When ftd restarted ``job`` (its requeue through the scheduler returned), oldest first: a
         fault of the job after one of these is a new occurrence of its problem, not the same incident."""
         ...
+
+    def filesystem_troubles(self) -> Mapping[str, Mapping[str, FaultRecord]]:
+        """Filesystems in trouble now (read-only, full, unresponsive), by key (``netfs:<server>``,
+        ``ro:<mount>``...): each node it is in trouble on, with the event that opened it, oldest
+        first; a ``recovered`` event removes its node (:mod:`ftd.plugin.save_path`)."""
+        ...

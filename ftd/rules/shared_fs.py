@@ -18,15 +18,16 @@ anything else (a node's local disk)            nothing here: the ``storage`` rul
 
 While the outage lasts, the coordinator's decision stage (:mod:`ftd.coordinator.decide.save_path`)
 asks no save of a job whose checkpoint directory is on that filesystem (it stops without a save, or
-saves to the fallback its trainer declared); the ``recovered`` events end it
-(:mod:`ftd.plugin.save_path`).
+saves to the fallback its trainer declared); the ``recovered`` events end it. Which nodes report a
+filesystem down is looked up in the view (:meth:`ClusterView.filesystem_troubles`), never scanned
+for: an outage seen by 10,000 nodes costs each of their events the same few lookups.
 """
 
 from __future__ import annotations
 
-from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
+from ftd.plugin import ActionRequest, ClusterView, Event, Kind, fault_of, hookimpl
 from ftd.plugin.helpers import already_judged, notify
-from ftd.plugin.save_path import NETFS_DOWN, RECOVERED, Trouble, is_shared, troubles
+from ftd.plugin.save_path import MEMORY_S, is_shared, reading_of, trouble_of
 
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.NETFS, Kind.FS_READONLY, Kind.STORAGE})
@@ -34,69 +35,49 @@ EVENT_KINDS = frozenset({Kind.NETFS, Kind.FS_READONLY, Kind.STORAGE})
 OUTAGE_MIN_NODES = 3
 
 
-def outage_key(event: Event) -> str | None:
-    """What names the filesystem across nodes: the server of a ``netfs`` event, else the mount."""
-    data = event.data
-    for key in ("server", "mount", "path") if event.kind == Kind.NETFS else ("mount", "path"):
-        value = data.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
-def _open(view: ClusterView, event: Event, key: str) -> list[Trouble]:
-    """The troubles of that filesystem open now, on any node (this event's included)."""
-    nodes = set(view.online_nodes()) | {event.node}
-    return [t for t in troubles(view, nodes, event.ts) if key in (t.where, t.server)]
-
-
-def _jobs(view: ClusterView, event: Event, opened: list[Trouble]) -> list[str]:
-    named = {j for t in opened for j in t.jobs}
-    jobs = event.data.get("jobs")
-    if isinstance(jobs, list):
-        named |= {j for j in jobs if isinstance(j, str)}
-    return sorted(named)
+def _others(view: ClusterView, key: str, event: Event, limit: int) -> list[str]:
+    """Up to ``limit`` other nodes on which that filesystem is in trouble now."""
+    found: list[str] = []
+    for node, record in view.filesystem_troubles().get(key, {}).items():
+        if node != event.node and 0 <= event.ts - record.ts <= MEMORY_S:
+            found.append(node)
+            if len(found) >= limit:
+                break
+    return found
 
 
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind not in EVENT_KINDS or already_judged(event):
         return None
-    key = outage_key(event)
-    if key is None:
+    fault = fault_of(event)
+    reading = reading_of(fault)
+    if reading is None:
         return None
-    state = str(event.data.get("state") or "").lower()
-    opened = _open(view, event, key)
-    others = sorted({t.node for t in opened if t.node != event.node})
-    if event.kind == Kind.NETFS and state in RECOVERED:
-        if others or not _was_down(view, event, key):
+    key, where, state = reading
+    others = _others(view, key, event, OUTAGE_MIN_NODES)
+    if state is None:  # recovered here
+        was_down = event.node in view.filesystem_troubles().get(key, {})
+        if others or not was_down or event.kind != Kind.NETFS:
             return None  # still down elsewhere (one incident), or never seen down
-        back = f"shared filesystem {key} recovered (last on {event.node}): saves on it resume"
+        back = f"shared filesystem {where} recovered (last on {event.node}): saves on it resume"
         return [notify(event, back, {"outage": key, "incident": "shared_fs"})]
-    if event.kind == Kind.NETFS and state not in NETFS_DOWN:
-        return None
     if is_shared(str(event.kind), event.data):
         if others:
             return None  # the outage seen on another node already: the same incident
     elif len(others) + 1 != OUTAGE_MIN_NODES:
         return None  # a local disk (the storage rules), or a crowd counted already
-    jobs = _jobs(view, event, opened)
-    on_it = f"; jobs saving there: {', '.join(jobs)}" if jobs else ""
-    what = {"netfs": f"{event.data.get('fs') or 'network filesystem'} server {key} {state.replace('_', ' ')}"}
-    text = what.get(str(event.kind), f"shared filesystem {key} {str(event.kind).replace('_', ' ')}")
+    trouble = trouble_of(fault)
+    jobs = sorted(set(trouble.jobs if trouble else ()))
+    on_it = f"; jobs saving there (as reported so far): {', '.join(jobs)}" if jobs else ""
+    if event.kind == Kind.NETFS:
+        server = event.data.get("server") or where
+        how = str(event.data.get("state")).replace("_", " ")
+        text = f"{event.data.get('fs') or 'network filesystem'} server {server} {how}"
+    else:
+        text = f"shared filesystem {where} {'read-only' if state == 'read_only' else state}"
     reason = (
         f"shared filesystem outage: {text} (first seen on {event.node}){on_it}; saves on it are paused "
         "until it recovers, and no node is drained for it (one cluster incident, not a node fault)"
     )
     return [notify(event, reason, {"outage": key, "jobs": jobs, "incident": "shared_fs"})]
-
-
-def _was_down(view: ClusterView, event: Event, key: str) -> bool:
-    """Whether ``event.node`` reported ``key`` down before this recovery (so an outage ends here)."""
-    for record in reversed(view.node_events(event.node)):
-        if record.event_id == event.id or record.kind != "netfs":
-            continue
-        if key not in (record.data.get("server"), record.data.get("mount")):
-            continue
-        return record.data.get("state") in NETFS_DOWN
-    return False

@@ -297,3 +297,22 @@ def test_a_mount_read_only_on_enough_nodes_is_shared_and_a_local_one_is_left_to_
     assert [(a.kind, a.target) for a in actions] == [("notify", "n3")]  # the third node makes it shared
     lone = evaluate_rule(shared_fs, fs_event("n9", Kind.FS_READONLY, 5.0, mount="/local", fstype="xfs"))
     assert lone == []
+
+
+def test_the_state_keeps_which_nodes_each_filesystem_is_in_trouble_on() -> None:
+    view = view_with(nodes=["n1", "n2"])
+    for node in ("n1", "n2"):
+        view.apply_event(netfs(node, 10.0, "not_responding"))
+        view.apply_event(netfs(node, 11.0, "not_responding"))  # "still trying": the same trouble
+    view.apply_event(fs_event("n2", Kind.FS_READONLY, 12.0, mount="/scratch", fstype="xfs"))
+    open_ = view.filesystem_troubles()
+    assert {key: sorted(nodes) for key, nodes in open_.items()} == {
+        "netfs:nfs01": ["n1", "n2"],
+        "ro:/scratch": ["n2"],
+    }
+    assert open_["netfs:nfs01"]["n1"].ts == 10.0  # since the first report
+    view.apply_event(netfs("n1", 20.0, "recovered"))
+    view.apply_event(fs_event("n2", Kind.FS_READONLY, 21.0, mount="/scratch", state="rw"))
+    assert {key: sorted(nodes) for key, nodes in view.filesystem_troubles().items()} == {
+        "netfs:nfs01": ["n2"]
+    }

@@ -24,7 +24,7 @@ import msgspec
 
 from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionKind, ActionRequest
-from ftd.plugin.save_path import path_under, save_trouble, troubles
+from ftd.plugin.save_path import save_trouble, trouble_under
 
 __all__ = ["guard"]
 
@@ -44,8 +44,7 @@ def guard(request: ActionRequest, state: ClusterState, now: float) -> ActionRequ
         return request
     fallbacks = {r.fallback_checkpoint_dir for r in infos}
     fallback = next(iter(fallbacks)) if len(fallbacks) == 1 else None
-    nodes = set(state.job_nodes(job)) | set(state.online_nodes())
-    if fallback and not any(path_under(fallback, t.where) for t in troubles(state, nodes, now)):
+    if fallback and trouble_under(state, job, fallback, now) is None:
         why = (
             f"the checkpoint directory of job {job} is unusable ({trouble.text}): "
             f"saving to its fallback {fallback}"

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ftd.events import Event, JobPresence, NodeStatus, Severity
+from ftd.plugin.save_path import FilesystemBook
 from ftd.plugin.view import (
     HISTORY_LIMIT,
     FaultRecord,
@@ -42,6 +43,7 @@ class ClusterState:
         # node -> why: drained or down by someone else (the scheduler says so; not ftd's budget)
         self.unavailable: dict[str, str] = {}
         self.recent: dict[str, deque[FaultRecord]] = {}  # node -> every event, oldest first (incidents)
+        self.filesystems = FilesystemBook()  # filesystems in trouble, by key and node (the save path)
         # node -> reasons of its active critical conditions, as its agent publishes them (ftd health)
         self.conditions: dict[str, list[str]] = {}
         # node -> the event kind of each of those conditions, same order ("unknown": an older agent)
@@ -150,6 +152,7 @@ class ClusterState:
         linked = not names_job and event.severity.rank >= _WARNING_RANK
         fault = fault_of(event, tuple(self.jobs_on_node(event.node)) if linked else ())
         self.recent.setdefault(event.node, deque(maxlen=HISTORY_LIMIT)).append(fault)
+        self.filesystems.note(fault)  # the save path: which filesystems are in trouble where (#23)
         if event.severity.rank < Severity.ERROR.rank:
             return
         self.history.setdefault(event.node, deque(maxlen=HISTORY_LIMIT)).append(fault)
@@ -186,3 +189,6 @@ class ClusterState:
 
     def job_restarts(self, job: str) -> Sequence[float]:
         return tuple(self.restarts.get(job, ()))
+
+    def filesystem_troubles(self) -> Mapping[str, Mapping[str, FaultRecord]]:
+        return self.filesystems.open
