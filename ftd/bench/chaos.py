@@ -244,7 +244,8 @@ class Rig:
             return 0
         with sqlite3.connect(f"file:{self.ledger}?mode=ro", uri=True, timeout=5) as db:
             rows = db.execute(
-                "SELECT key, count(*) FROM actions WHERE state IN ('succeeded', 'escalated', 'running') "
+                "SELECT key, count(*) FROM actions "
+                "WHERE state IN ('succeeded', 'escalated', 'logged', 'running') "
                 "GROUP BY key HAVING count(*) > 1"
             ).fetchall()
         return len(rows)

@@ -332,7 +332,8 @@ class _Db:
 
     def duplicate_keys(self) -> int:
         rows = self.conn.execute(
-            "SELECT key, count(*) FROM actions WHERE state IN ('succeeded', 'escalated', 'running') "
+            "SELECT key, count(*) FROM actions "
+            "WHERE state IN ('succeeded', 'escalated', 'logged', 'running') "
             "GROUP BY key HAVING count(*) > 1"
         ).fetchall()
         return len(rows)
