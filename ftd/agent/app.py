@@ -266,7 +266,7 @@ class Agent:
         A filesystem's event first gets its mount and the jobs saving there (issue #23)."""
         self.events_emitted += 1
         if event.kind in save_path.FS_KINDS:
-            event = save_path.relate(event, self.local_api.jobs(), save_path.read_mounts())
+            event = save_path.relate(event, self.local_api.jobs(), save_path.current_mounts())
         await self.storm.process(event)
 
     async def _publish_event(self, event: Event) -> None:

@@ -27,10 +27,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ftd.events import Event, Kind, RankInfo, make_event
 from ftd.plugin.save_path import SHARED_FS_TYPES, path_under
 
-__all__ = ["Mount", "SavePathWatcher", "mount_of", "parse_mounts", "probe", "read_mounts", "relate"]
+__all__ = [
+    "Mount",
+    "SavePathWatcher",
+    "current_mounts",
+    "mount_of",
+    "parse_mounts",
+    "probe",
+    "read_mounts",
+    "relate",
+]
 
 MOUNTS = Path("/proc/self/mounts")
 #: The kinds whose events name a filesystem a save can land on.
@@ -91,6 +102,19 @@ def read_mounts(path: Path = MOUNTS) -> list[Mount]:
         return []
 
 
+_recent_mounts: tuple[float, list[Mount]] = (-1.0, [])
+
+
+def current_mounts(max_age_s: float = 1.0) -> list[Mount]:
+    """:func:`read_mounts`, read again at most every ``max_age_s`` (a storm of disk errors reads the
+    mount table once a second, not once a line)."""
+    global _recent_mounts
+    now = time.monotonic()
+    if _recent_mounts[0] < 0 or now - _recent_mounts[0] > max_age_s:
+        _recent_mounts = (now, read_mounts())
+    return _recent_mounts[1]
+
+
 def mount_of(path: str, mounts: Iterable[Mount]) -> Mount | None:
     """The mount ``path`` is on: the last-mounted of the longest mount points above it."""
     best: Mount | None = None
@@ -142,17 +166,7 @@ def relate(event: Event, jobs: Mapping[str, list[RankInfo]], mounts: list[Mount]
             data["jobs"] = sorted(set(saving) | set(_listed(data.get("jobs"))))
     if data == event.data:
         return event
-    return Event(
-        schema=event.schema,
-        id=event.id,
-        ts=event.ts,
-        node=event.node,
-        kind=event.kind,
-        severity=event.severity,
-        source=event.source,
-        data=data,
-        count=event.count,
-    )
+    return msgspec.structs.replace(event, data=data)
 
 
 def _listed(value: object) -> list[str]:
