@@ -61,6 +61,12 @@ without talking to the others (a rank already past S when the directive arrives 
 coordinator sees the differing steps in the acks). A local trigger (signal, save switch, memory
 guard) still saves at once.
 
+Save path: a rank may declare ``checkpoint_dir`` and ``fallback_checkpoint_dir`` (or
+``$FTD_CHECKPOINT_DIR`` / ``$FTD_FALLBACK_CHECKPOINT_DIR``). ftd never asks a save onto a filesystem
+that is read-only, full or unresponsive: a ``save`` then carries ``params["save_path"]`` (the
+fallback), which :attr:`Client.save_path` returns (else ``checkpoint_dir``): write the checkpoint
+there. With no usable fallback the job is stopped without a save.
+
 Resume step: a ``stop`` may carry ``params["resume_step"]``, the newest step every rank of the job
 saved (it differs from this rank's own save only when the ranks' saves disagreed): it is
 :attr:`Client.resume_step`, and with ``resume_file=`` / ``$FTD_RESUME_FILE`` it is written there and
