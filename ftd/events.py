@@ -192,6 +192,8 @@ class NodeConditions(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     ts: float = 0.0
     conditions: list[str] = msgspec.field(default_factory=list)
+    #: The event kind of each condition, in the order of ``conditions`` (older agents send none).
+    kinds: list[str] = msgspec.field(default_factory=list)
 
 
 NodeState = Literal["online", "offline", "stopped"]

@@ -61,6 +61,7 @@ from ftd.agent.local_api.inject import InjectMsg, injected_event
 from ftd.agent.local_api.inject import reply as inject_reply
 from ftd.agent.node_actions import NodeActions
 from ftd.agent.node_conditions import NodeConditionWriter
+from ftd.agent.metrics import MetricsServer
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.agent.storm import StormControl
 from ftd.agent.supervision import Named, WatcherSupervisor
@@ -176,6 +177,8 @@ class Agent:
             self.watchers.append(self.node_conditions)
         self.gpu_resetter = GpuResetter(self.node, runner=gpu_runner)
         self._nvml_backend = nvml_backend  # preflight asks the same NVML the watcher does
+        self.events_by_kind: dict[str, int] = {}  # published, after storm control (the metrics)
+        self.metrics = MetricsServer(self, cfg.metrics) if cfg.metrics.port else None
         self.node_actions = NodeActions(
             self.node,
             outbox=self.outbox,
@@ -285,6 +288,7 @@ class Agent:
         )
         log.info(
             "event",
+        self.events_by_kind[event.kind] = self.events_by_kind.get(event.kind, 0) + 1
             kind=str(event.kind),
             severity=str(event.severity),
             id=event.id,
@@ -351,11 +355,14 @@ class Agent:
     def _sync_conditions(self) -> None:
         """Publish the node's active critical conditions (retained ``conditions/ftd``) when they
         changed since the last time: the coordinator shows them (API, ``ftd status``)."""
-        reasons = [c.reason for c in self.conditions.active()][:64]
+        active = self.conditions.active()[:64]
+        reasons = [c.reason for c in active]
         if reasons == self._conditions_published:
             return
         self._conditions_published = reasons
-        summary = NodeConditions(node=self.node, ts=time.time(), conditions=reasons)
+        summary = NodeConditions(
+            node=self.node, ts=time.time(), conditions=reasons, kinds=[c.kind for c in active]
+        )
         topic = topics.node_condition(self.node, topics.FTD_CONDITIONS)
         self.outbox.put(Outgoing(topic, encode(summary), retain=True, priority=3, durable=False))
 
@@ -513,6 +520,8 @@ class Agent:
         self._core = [
             asyncio.create_task(self.outbox.run(), name="outbox"),
             asyncio.create_task(self._pump_directives(), name="directives"),
+        if self.metrics is not None:
+            await self.metrics.start()
             asyncio.create_task(self.storm.run(), name="storm"),
         ]
         self._tasks = [
@@ -581,4 +590,6 @@ class Agent:
             task.cancel()
         await asyncio.gather(*tasks, *side, return_exceptions=True)
         self.outbox.close()
+        if self.metrics is not None:
+            await self.metrics.stop()
         await self.bus.stop()

@@ -885,6 +885,13 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         PositiveSeconds,
         _doc("A job ftd requeued that is still pending this long after raises an alert (notify)."),
     ] = 600.0
+    stuck_after_s: Annotated[
+        PositiveSeconds | None,
+        _doc(
+            "An action running longer than this counts as stuck (metric ftd_actions_stuck, alert "
+            "FtdActionStuck); unset: per kind, the sum of its phase deadlines plus 120 s."
+        ),
+    ] = None
     resume_deadline_s: Annotated[
         float,
         _doc(

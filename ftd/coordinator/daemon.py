@@ -531,7 +531,9 @@ class Coordinator:
         summary = decode(message.payload, NodeConditions)
         if summary.node != levels[1]:
             raise DecodeError(f"conditions of node {summary.node!r} published under node {levels[1]!r}")
-        self.state.apply_conditions(summary.node, [c[:300] for c in summary.conditions[:64]])
+        self.state.apply_conditions(
+            summary.node, [c[:300] for c in summary.conditions[:64]], [k[:40] for k in summary.kinds[:64]]
+        )
         return True
 
     async def _on_ack(self, levels: tuple[str, ...], message: Message) -> bool:

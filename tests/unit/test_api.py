@@ -415,8 +415,8 @@ async def test_metrics_are_prometheus_text(env: Env) -> None:
     assert "ftd_events_received_total 1.0" in lines
     assert "ftd_events_duplicate_total 1.0" in lines
     assert "ftd_bad_messages_total 3.0" in lines
-    assert 'ftd_actions_total{kind="drain_node",state="succeeded"} 1.0' in lines
-    assert 'ftd_nodes{state="online"} 1.0' in lines
+    assert 'ftd_actions_finished_total{kind="drain_node",state="succeeded"} 1.0' in lines
+    assert 'ftd_nodes{state="online"} 0.0' in lines  # exclusive: the drained node counts once
     assert 'ftd_nodes{state="drained"} 1.0' in lines
     assert "ftd_decision_latency_seconds_count 1.0" in lines
 

@@ -152,6 +152,9 @@ class KmsgWatcher:
         self.lines = 0  # input lines/records seen (also the parser's line numbers)
         self.events = 0
         self.overruns = 0  # /dev/kmsg records lost to EPIPE
+        # How late the newest /dev/kmsg record was when read: CLOCK_MONOTONIC minus its kernel
+        # timestamp (the agent's metrics: a watcher falling behind a storm). 0 for files and FIFOs.
+        self.lag_s = 0.0
         self._storm = storm
         # The position (module docstring): kind, source, mark and done, as the checkpoint loaded it.
         self.checkpoint = checkpoint if checkpoint is not None else KmsgCheckpoint(None)
@@ -281,7 +284,7 @@ class KmsgWatcher:
 
     async def _drain_device(self, fd: int, base: str) -> None:
         """Read every record available now."""
-        handled = False
+        handled, newest = False, b""
         quick, at = self._quick, self.checkpoint
         while True:
             try:
@@ -296,6 +299,7 @@ class KmsgWatcher:
                 raise
             if not record:
                 break
+            newest = record
             seq = _record_seq(record)
             last_seq = at.mark
             if seq is not None and last_seq is not None:
@@ -314,6 +318,7 @@ class KmsgWatcher:
                 await self._handle_line(first, base, seq)
             handled = True
         if handled:
+            self.lag_s = _record_lag(newest, time.clock_gettime(time.CLOCK_MONOTONIC))
             await self._commit()
 
     # --- FIFO -------------------------------------------------------------------------------------
@@ -412,6 +417,15 @@ class KmsgWatcher:
                     at.mark = end
                 else:
                     await self._handle_line(line, base, end)
+
+
+def _record_lag(record: bytes, now: float) -> float:
+    """Seconds between a raw /dev/kmsg record's timestamp (``PRI,SEQ,TS_USEC,...``) and ``now``
+    (CLOCK_MONOTONIC, the kernel log's clock); 0 when the record has no readable timestamp."""
+    parts = record.split(b",", 3)
+    if len(parts) < 4 or not parts[2].isdigit():
+        return 0.0
+    return max(0.0, now - int(parts[2]) / 1e6)
 
 
 def _record_seq(record: bytes) -> int | None:

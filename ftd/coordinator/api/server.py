@@ -61,7 +61,7 @@ from ftd import __version__
 from ftd.config import ApiConfig
 from ftd.coordinator.api.dashboard import dashboard_index, dashboard_static, last_run_path
 from ftd.coordinator.api.guard import MAX_TRACKED_ADDRESSES, host_check, resolve_token
-from ftd.coordinator.api.metrics import MetricsCollector
+from ftd.coordinator.api.metrics import ActionTotals, MetricsCollector
 from ftd.coordinator.api.parsing import ApiError, json_response, path_param, read_body, read_query
 from ftd.coordinator.api.routes import ROUTES, Handler, Route, openapi_document
 from ftd.coordinator.api.views import LabelTotals, NodeIndex, RecentActions, jobs_out, summary
@@ -106,16 +106,15 @@ class Api:
         self.label_totals = LabelTotals(self.labels)
         self.recent_actions = RecentActions(coordinator.ledger, RECENT_ACTIONS)
         coordinator.engine.observe(self.recent_actions.observe)
-        self.action_transitions: dict[tuple[str, str], int] = {}
+        self.action_totals = ActionTotals()
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(MetricsCollector(coordinator, self.action_transitions))
+        self.registry.register(MetricsCollector(coordinator, self.action_totals))
         self.decision_latency = Histogram(
             "ftd_decision_latency_seconds",
             "Seconds from an event's receipt to the verdicts on the actions it caused.",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=self.registry,
         )
-        self._last_state: dict[str, str] = {}
         coordinator.engine.observe(self._observe)
         self.app = self._build()
         self._runner: web.AppRunner | None = None
@@ -124,16 +123,8 @@ class Api:
         if what == "decision":
             self.decision_latency.observe(payload)
             return
-        if what != "action" or not isinstance(payload, ActionRecord):
-            return
-        state = str(payload.state)
-        if self._last_state.get(payload.id) == state:
-            return
-        self._last_state[payload.id] = state
-        if state in ("succeeded", "escalated", "failed", "suppressed", "dry_run"):
-            self._last_state.pop(payload.id, None)
-        key = (payload.request.kind, state)
-        self.action_transitions[key] = self.action_transitions.get(key, 0) + 1
+        if what == "action" and isinstance(payload, ActionRecord):
+            self.action_totals.ended(payload)
 
     # --- app ------------------------------------------------------------------------------------
 
@@ -223,6 +214,7 @@ class Api:
             raise ApiError(401, "wrong bearer token", challenge)
 
     async def start(self) -> None:
+        await self.action_totals.load(self.coordinator)  # the totals survive a restart
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)

@@ -120,6 +120,7 @@ class Engine:
         }
         self.clock = gate.clock
         self.awaiting: dict[str, ActionRecord] = {}  # action id -> held for a human's approval
+        self.last_event_at = 0.0  # wall clock of the last event recorded (0: none since start)
         self._decisions = asyncio.Lock()  # one decision at a time (see the module docstring)
 
     async def load(self) -> None:
@@ -146,6 +147,10 @@ class Engine:
     def in_progress(self) -> int:
         """Actions started and not ended yet (from memory: the health check asks no database)."""
         return len(self._progress)
+
+    def active(self) -> list[ActionRecord]:
+        """The actions running now and those held for approval (from memory, for metrics)."""
+        return [*self._running.values(), *self.awaiting.values()]
 
     def observe(self, observer: Observer) -> None:
         self._observers.append(observer)
@@ -180,6 +185,7 @@ class Engine:
             self.counters["duplicates"] += 1
             return []
         self.counters["events"] += 1
+        self.last_event_at = time.time()
         await self._notify("event", event)
         result = evaluate(self.plugins, event, self.state, slow_s=self.slow_rule_s)
         self.state.apply_event(event)
