@@ -43,6 +43,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from ftd import __version__
 from ftd.agent import save_path
 from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
@@ -59,9 +61,9 @@ from ftd.agent.jobs import (
 from ftd.agent.local_api import LocalApi
 from ftd.agent.local_api.inject import InjectMsg, injected_event
 from ftd.agent.local_api.inject import reply as inject_reply
+from ftd.agent.metrics import MetricsServer
 from ftd.agent.node_actions import NodeActions
 from ftd.agent.node_conditions import NodeConditionWriter
-from ftd.agent.metrics import MetricsServer
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.agent.storm import StormControl
 from ftd.agent.supervision import Named, WatcherSupervisor
@@ -100,6 +102,16 @@ from ftd.logs import get_logger
 from ftd.sdnotify import notify, watchdog_interval_s
 
 log = get_logger(__name__)
+
+
+def with_rank(event: Event, pids: dict[int, tuple[str, int]]) -> Event:
+    """A segfault of a registered trainer rank's process, with that rank's ``job`` and ``rank`` in its
+    data (rule ``host`` sends a GPU-library segfault of a job down the application-fault path)."""
+    pid = event.data.get("pid")
+    owner = pids.get(pid) if isinstance(pid, int) else None
+    if owner is None or "job" in event.data:
+        return event
+    return msgspec.structs.replace(event, data={**event.data, "job": owner[0], "rank": owner[1]})
 
 
 def status_messages(node: str) -> tuple[LastWill, Message]:
@@ -270,10 +282,13 @@ class Agent:
         self.events_emitted += 1
         if event.kind in save_path.FS_KINDS:
             event = save_path.relate(event, self.local_api.jobs(), save_path.current_mounts())
+        elif event.kind is Kind.SEGFAULT:
+            event = with_rank(event, self._trainer_pids())
         await self.storm.process(event)
 
     async def _publish_event(self, event: Event) -> None:
         """Storm control's downstream: spool and queue for the bus."""
+        self.events_by_kind[event.kind] = self.events_by_kind.get(event.kind, 0) + 1
         if self.conditions.observe(event):
             self._sync_conditions()
             if self.node_conditions is not None:
@@ -288,7 +303,6 @@ class Agent:
         )
         log.info(
             "event",
-        self.events_by_kind[event.kind] = self.events_by_kind.get(event.kind, 0) + 1
             kind=str(event.kind),
             severity=str(event.severity),
             id=event.id,
@@ -506,6 +520,8 @@ class Agent:
 
     async def run(self, ready: Callable[[], None] | None = None) -> None:
         await self.local_api.start()
+        if self.metrics is not None:
+            await self.metrics.start()
         # Only this node's own job directives: the coordinator sends a job's directives to each node
         # the scheduler runs it on, and the broker's ACL lets a node read no other node's.
         await self.bus.subscribe(topics.node_job_directives(self.node))
@@ -520,8 +536,6 @@ class Agent:
         self._core = [
             asyncio.create_task(self.outbox.run(), name="outbox"),
             asyncio.create_task(self._pump_directives(), name="directives"),
-        if self.metrics is not None:
-            await self.metrics.start()
             asyncio.create_task(self.storm.run(), name="storm"),
         ]
         self._tasks = [

@@ -41,6 +41,12 @@ straggler          a rank far behind: notify
 shared_fs          a shared filesystem's outage (``netfs`` down, a shared mount read-only): one notify when
                    it starts, one when it recovers, never a drain (saves on it are paused meanwhile by
                    the decision stage, :mod:`ftd.coordinator.decide.save_path`)
+storage            a node's local disk lost (NVMe disabled / no path, md array failed) or a local
+                   filesystem read-only: move the job, then drain; disk I/O errors: notify
+host               NIC fatal (mlx5, EFA), NVLink link-mask failure, uncorrected MCE, kernel oops / panic:
+                   move the job, then drain; NIC warnings, soft lockups, peermem errors, resource limits,
+                   other kernel BUG reports: notify; a segfault in libnccl/libcuda of a job's process:
+                   the application-fault path (restart in place, crash-loop backoff)
 =================  ==================================================================================
 
 ``_incidents`` (not a plugin) is what they share to see one fault as one incident: which records

@@ -147,6 +147,8 @@ def app_signature(record: FaultRecord) -> str | None:
         return None
     if record.kind == "xid" and record.code is not None:
         return f"xid {record.code}" if resolve_xid(record.code, record.data).plan == "restart" else None
+    if record.kind == "segfault" and _extra(record).get("gpu_library") is True:
+        return "log segfault"  # the kernel's line of the trainer's own segfault: one incident
     if record.kind == "log_pattern":
         if record.pattern in APP_PATTERNS:
             return f"log {record.pattern}"

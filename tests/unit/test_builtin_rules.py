@@ -49,6 +49,8 @@ def test_every_builtin_is_registered() -> None:
         "memory",
         "kernel",
         "shared_fs",
+        "storage",
+        "host",
     }
 
 

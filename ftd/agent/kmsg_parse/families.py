@@ -294,7 +294,7 @@ def _watchdog(msg: str) -> Found | None:
     extra: dict[str, Any] = {"interface": match.group(1)}
     if match.group(3):
         extra["queue"] = int(match.group(3))
-    return _nic(match.group(2), None, "tx_timeout", "warning", extra)
+    return _nic(match.group(2), None, "tx_timeout", "info", extra)  # the kernel resets the queue
 
 
 _EFA_DEVICE_RE = re.compile(r"(?:^|\s)(?:infiniband (rdmap\w{1,32}|efa_\d{1,4})|efa (" + _PCI + r")):")

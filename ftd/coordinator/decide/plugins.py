@@ -59,6 +59,8 @@ DEFAULT_RULES = (
     "ftd.rules.memory",
     "ftd.rules.kernel",
     "ftd.rules.shared_fs",
+    "ftd.rules.storage",
+    "ftd.rules.host",
 )
 
 
