@@ -65,8 +65,6 @@ def rack_bridge_lines(core: TlsBroker) -> list[str]:
         key, _, value = line.partition(" ")
         if key == "address":
             value = f"127.0.0.1:{core.tls_port}"
-        elif key == "restart_timeout":
-            value = "1 2"  # the shipped backoff (up to 15 s, jittered) would only make the test slow
         elif key == "bridge_cafile":
             value = str(core.ca)
         elif key in ("bridge_certfile", "bridge_keyfile"):
