@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiomqtt
+import paho.mqtt.client as mqtt
 
 from ftd.bus.base import BusUnavailable, ConnectionState, LastWill, Message
 from ftd.logs import get_logger
@@ -44,6 +45,7 @@ _SOCKET_OPTIONS = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 # on each publish, so 10,000 receipts published together cost time quadratic in their number (a third
 # of the coordinator's time in ``ftd bench coordinator``); paho sends 20 at a time anyway.
 _MAX_OUTGOING_CALLS = 256
+_READ_BURST = 64  # MQTT packets read per wake-up of the event loop, at most
 
 
 class MqttBus(ConnectionState):
@@ -173,6 +175,7 @@ class MqttBus(ConnectionState):
                 client._client.on_message = self._receiver(self.connects + 1)
                 async with client:
                     self._client = client
+                    _read_in_bursts(client)
                     for pattern in self._patterns:
                         await client.subscribe(pattern, qos=_QOS)
                     if self._birth is not None:
@@ -213,6 +216,36 @@ class MqttBus(ConnectionState):
             queue.put_nowait(Message(topic, _as_bytes(msg.payload), bool(msg.retain), token))
 
         return on_message
+
+
+def _read_in_bursts(client: aiomqtt.Client) -> None:
+    """Replace aiomqtt's reader, which has paho read one packet per wake-up of the event loop (paho's
+    ``loop_read`` reads one unless it has messages of its own in flight), by one that reads up to
+    :data:`_READ_BURST` packets per wake-up: a flood's messages are taken off the socket in bursts."""
+    paho, loop = client._client, asyncio.get_running_loop()
+    sock = paho.socket()
+    if sock is None:
+        return
+
+    def on_readable() -> None:
+        try:
+            for _ in range(_READ_BURST):
+                if paho._sock is None:
+                    return
+                rc = paho._packet_read()
+                if rc == mqtt.MQTT_ERR_AGAIN:
+                    return
+                if rc != mqtt.MQTT_ERR_SUCCESS:
+                    paho._loop_rc_handle(rc)
+                    return
+            pending = getattr(paho._sock, "pending", None)  # TLS: bytes decrypted, not read yet
+            if pending is not None and pending() > 0:
+                loop.call_soon(on_readable)
+        except Exception as exc:  # a broken connection: end it, as aiomqtt's reader does
+            if not client._disconnected.done():
+                client._disconnected.set_exception(exc)
+
+    loop.add_reader(sock, on_readable)
 
 
 async def _until_disconnected(client: aiomqtt.Client) -> None:
