@@ -43,8 +43,11 @@ real-parts:
 	bash scripts/install-real-parts.sh
 
 # Everything, property tests at their full example counts (the ci Hypothesis profile, tests/properties.py).
+# tests/unit on every core (its tests start no Slurm or PostgreSQL: each starts what it needs on free
+# ports), then the rest one test at a time (they share one Slurm cluster per session).
 test: $(STAMP) real-parts
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} PYTHONDONTWRITEBYTECODE= $(PY) -m pytest tests/unit -n auto $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest --ignore=tests/unit $(PYTEST_ARGS)
 
 # The inner loop: tests/unit only, no real parts installed, property tests with fewer examples (the dev
 # profile, unless CI or HYPOTHESIS_PROFILE says otherwise). E.g. PYTEST_ARGS='-m "not property"', '--lf'.
