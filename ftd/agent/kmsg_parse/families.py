@@ -106,7 +106,7 @@ _BEYOND = "attempt to access beyond end of device"
 
 def _nvme(msg: str) -> Found | None:
     if (match := _NVME_PATH_RE.search(msg)) is not None:
-        return _storage(match.group(1), "nvme", "no_available_path", "error")
+        return _storage(match.group(1), "nvme", "no_available_path", "critical")  # every I/O fails
     if (match := _NVME_TIMEOUT_RE.search(msg)) is not None:
         after = (match.group(6) or "").strip()
         if after == "completion polled":
@@ -525,7 +525,7 @@ FAMILIES: tuple[tuple[frozenset[str], Callable[[str], Found | None]], ...] = tup
     for words, matcher in (
         ("nvme available", _nvme),
         ("failure", _md),
-        ("read-only readonly Shutting shut", _readonly),
+        ("Remounting read-only readonly Shutting shut", _readonly),
         ("error error, superblock beyond", _io_error),
         ("nfs: [nfs] nfs4_reclaim_open_state: Lustre: LustreError:", _netfs),
         ("failed failed, leak health unrecoverable insufficient", _mlx5),
@@ -542,8 +542,9 @@ FAMILIES: tuple[tuple[frozenset[str], Callable[[str], Found | None]], ...] = tup
         ("nf_conntrack: file-max neighbor thread", _resource),
     )
 )
-#: Every word that can send a line to a family, and the ``CPU: N PID: N Comm:`` stack header's.
-_HINT_WORDS = frozenset().union(*(words for words, _ in FAMILIES), {"Comm:"})
+#: Every word that can send a line to a family, the ``CPU: N PID: N Comm:`` stack header's and
+#: ``WARNING:`` (a WARN_ON's trace, whose stack header is not an event).
+_HINT_WORDS = frozenset().union(*(words for words, _ in FAMILIES), {"Comm:", "WARNING:"})
 #: word -> the positions in :data:`FAMILIES` of the families it can send a line to.
 _BY_WORD = {word: tuple(i for i, (words, _) in enumerate(FAMILIES) if word in words) for word in _HINT_WORDS}
 
