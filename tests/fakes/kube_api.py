@@ -11,17 +11,59 @@ tests can check exactly what was sent, and it is strict so a wrong client fails 
   test asserts which one was used; POST/DELETE bodies must be ``application/json`` -> 415 otherwise;
 * an Eviction body that is not ``policy/v1`` ``Eviction`` naming the pod in the path -> 400;
 * an unsupported ``fieldSelector`` / ``labelSelector`` -> 400.
+
+CertificateSigningRequests (``certificates.k8s.io/v1``, the node-certificate flow): create, get,
+list (``fieldSelector=spec.signerName=...`` only) and ``PUT`` of the ``approval`` and ``status``
+subresources. Every token is an identity (``identities``: token -> username and ``extra``; ``token``
+is the coordinator's service account); on create the fake records the caller's username, groups and
+extra in ``spec``, as the API server does, and refuses a client-set ``username``/``extra`` (422). Only
+``csr_signers`` tokens may write approval and status (403 otherwise, like RBAC without the
+``signers`` grant); an update needs the stored ``resourceVersion`` (409), may not touch ``spec``
+(422), may set only Approved/Denied on ``approval`` and only Failed and ``certificate`` (PEM, after
+Approved, once) on ``status``; an Approved or Denied condition is never removed or flipped.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import json
+import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+CSR_SPEC_KEYS = {"request", "signerName", "usages", "expirationSeconds"}
+KEY_USAGES = {
+    "signing",
+    "digital signature",
+    "content commitment",
+    "key encipherment",
+    "key agreement",
+    "data encipherment",
+    "cert sign",
+    "crl sign",
+    "encipher only",
+    "decipher only",
+    "any",
+    "server auth",
+    "client auth",
+    "code signing",
+    "email protection",
+    "s/mime",
+    "ipsec end system",
+    "ipsec tunnel",
+    "ipsec user",
+    "timestamping",
+    "ocsp signing",
+    "microsoft sgc",
+    "netscape sgc",
+}
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 PATCH_TYPES = {
     "application/merge-patch+json",
@@ -37,6 +79,7 @@ class Request:
     query: dict[str, str]
     content_type: str | None
     body: Any
+    token: str | None = None
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -64,8 +107,176 @@ def _status(code: int, reason: str, message: str) -> web.Response:
     return web.json_response(body, status=code)
 
 
+def _pem_of(b64: Any, label: str) -> bytes | None:
+    """The bytes of a base64 field holding PEM blocks of ``label`` (None when it is not that)."""
+    if not isinstance(b64, str):
+        return None
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except binascii.Error:
+        return None
+    text = raw.decode(errors="replace")
+    if f"-----BEGIN {label}-----" not in text or f"-----END {label}-----" not in text:
+        return None
+    return raw
+
+
+def _csr_conditions(csr: dict[str, Any]) -> list[dict[str, Any]]:
+    conditions: list[dict[str, Any]] = (csr.get("status") or {}).get("conditions") or []
+    return conditions
+
+
+class _CsrEndpoints:
+    """The CertificateSigningRequest routes of :class:`FakeKubeApi` (mixed in below)."""
+
+    token: str
+    identities: dict[str, dict[str, Any]]
+    csr_signers: set[str] | None
+    csrs: dict[str, dict[str, Any]]
+    requests: list[Request]
+    _rv: int
+
+    def _identity(self) -> dict[str, Any]:
+        token = self.requests[-1].token or ""
+        default = {"username": "system:serviceaccount:ftd-system:ftd-coordinator", "extra": {}}
+        return self.identities.get(token, default)
+
+    def _may_sign(self) -> bool:
+        allowed = self.csr_signers if self.csr_signers is not None else {self.token}
+        return self.requests[-1].token in allowed
+
+    async def _create_csr(self, request: web.Request) -> web.Response:
+        body = self.requests[-1].body
+        if not isinstance(body, dict) or body.get("apiVersion") != "certificates.k8s.io/v1":
+            return _status(400, "BadRequest", "not a certificates.k8s.io/v1 object")
+        if body.get("kind") != "CertificateSigningRequest":
+            return _status(400, "BadRequest", f"kind {body.get('kind')!r}")
+        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+        name = meta.get("name")
+        if not isinstance(name, str) or not _DNS_SUBDOMAIN.match(name):
+            return _status(422, "Invalid", f"metadata.name {name!r} is not a DNS subdomain")
+        if "status" in body or set(spec) - CSR_SPEC_KEYS:
+            return _status(422, "Invalid", f"only {sorted(CSR_SPEC_KEYS)} may be set on create")
+        if _pem_of(spec.get("request"), "CERTIFICATE REQUEST") is None:
+            return _status(422, "Invalid", "spec.request is not a base64 PEM CERTIFICATE REQUEST")
+        signer = spec.get("signerName")
+        if not isinstance(signer, str) or "/" not in signer:
+            return _status(422, "Invalid", f"spec.signerName {signer!r}")
+        usages = spec.get("usages")
+        if not isinstance(usages, list) or not usages or not set(usages) <= KEY_USAGES:
+            return _status(422, "Invalid", f"spec.usages {usages!r}")
+        expiration = spec.get("expirationSeconds")
+        if expiration is not None and (not isinstance(expiration, int) or expiration < 600):
+            return _status(422, "Invalid", "spec.expirationSeconds must be >= 600")
+        if name in self.csrs:
+            return _status(409, "AlreadyExists", f'certificatesigningrequests "{name}" already exists')
+        who = self._identity()
+        self._rv += 1
+        stored = {
+            "apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest",
+            "metadata": {**meta, "uid": f"uid-csr-{name}", "resourceVersion": str(self._rv)},
+            "spec": {
+                **spec,
+                "username": who["username"],
+                "groups": list(who.get("groups", ["system:serviceaccounts", "system:authenticated"])),
+                "extra": copy.deepcopy(who.get("extra", {})),
+            },
+            "status": {},
+        }
+        self.csrs[name] = stored
+        return web.json_response(stored, status=201)
+
+    async def _list_csrs(self, request: web.Request) -> web.Response:
+        selector = request.query.get("fieldSelector")
+        items = list(self.csrs.values())
+        if selector is not None:
+            key, sep, value = selector.partition("=")
+            if key != "spec.signerName" or not sep or "," in selector:
+                return _status(400, "BadRequest", f"unsupported field selector {selector!r}")
+            items = [c for c in items if c["spec"]["signerName"] == value]
+        body = {"kind": "CertificateSigningRequestList", "apiVersion": "certificates.k8s.io/v1"}
+        return web.json_response({**body, "metadata": {}, "items": items})
+
+    async def _get_csr(self, request: web.Request) -> web.Response:
+        csr = self.csrs.get(request.match_info["name"])
+        if csr is None:
+            return _status(
+                404, "NotFound", f'certificatesigningrequests "{request.match_info["name"]}" not found'
+            )
+        return web.json_response(csr)
+
+    def _csr_update(self, request: web.Request) -> tuple[dict[str, Any], dict[str, Any]] | web.Response:
+        """(stored, sent) for an update of a subresource, or the error answer."""
+        name = request.match_info["name"]
+        if not self._may_sign():
+            return _status(403, "Forbidden", f"the caller may not approve or sign {name}")
+        stored = self.csrs.get(name)
+        if stored is None:
+            return _status(404, "NotFound", f'certificatesigningrequests "{name}" not found')
+        sent = self.requests[-1].body
+        if not isinstance(sent, dict) or (sent.get("metadata") or {}).get("name") != name:
+            return _status(400, "BadRequest", f"the body is not the CSR {name}")
+        if sent["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+            return _status(409, "Conflict", "the object has been modified; please apply your changes")
+        if sent.get("spec") != stored["spec"]:
+            return _status(422, "Invalid", "spec is immutable")
+        old = {c["type"]: c for c in _csr_conditions(stored) if c.get("type") in ("Approved", "Denied")}
+        new = _csr_conditions(sent)
+        for cond in new:
+            if cond.get("status", "True") != "True" or not cond.get("type"):
+                return _status(422, "Invalid", f"bad condition {cond!r}")
+        types = [c["type"] for c in new]
+        if len(types) != len(set(types)) or {"Approved", "Denied"} <= set(types):
+            return _status(422, "Invalid", f"conditions {types}: each once, never Approved and Denied")
+        if any(t not in types for t in old):
+            return _status(422, "Invalid", "an Approved or Denied condition cannot be removed")
+        return stored, sent
+
+    def _store_csr(self, stored: dict[str, Any], status: dict[str, Any]) -> web.Response:
+        self._rv += 1
+        stored["status"] = status
+        stored["metadata"]["resourceVersion"] = str(self._rv)
+        return web.json_response(stored)
+
+    async def _csr_approval(self, request: web.Request) -> web.Response:
+        checked = self._csr_update(request)
+        if isinstance(checked, web.Response):
+            return checked
+        stored, sent = checked
+        new = _csr_conditions(sent)
+        old_types = {c["type"] for c in _csr_conditions(stored)}
+        if {c["type"] for c in new} - old_types - {"Approved", "Denied"}:
+            return _status(422, "Invalid", "the approval subresource sets Approved or Denied only")
+        if (sent.get("status") or {}).get("certificate") != stored["status"].get("certificate"):
+            return _status(422, "Invalid", "the certificate is set on the status subresource")
+        return self._store_csr(stored, {**stored["status"], "conditions": copy.deepcopy(new)})
+
+    async def _csr_status(self, request: web.Request) -> web.Response:
+        checked = self._csr_update(request)
+        if isinstance(checked, web.Response):
+            return checked
+        stored, sent = checked
+        new = _csr_conditions(sent)
+        old_types = {c["type"] for c in _csr_conditions(stored)}
+        if {c["type"] for c in new} - old_types - {"Failed"}:
+            return _status(422, "Invalid", "Approved and Denied are set on the approval subresource")
+        cert = (sent.get("status") or {}).get("certificate")
+        if cert is not None and cert != stored["status"].get("certificate"):
+            if "Approved" not in old_types or "Denied" in old_types:
+                return _status(422, "Invalid", "status.certificate may only be set on an approved CSR")
+            if stored["status"].get("certificate"):
+                return _status(422, "Invalid", "status.certificate cannot change once set")
+            if _pem_of(cert, "CERTIFICATE") is None:
+                return _status(422, "Invalid", "status.certificate is not base64 PEM CERTIFICATE blocks")
+        status = {"conditions": copy.deepcopy(new)}
+        if cert is not None:
+            status["certificate"] = cert
+        return self._store_csr(stored, status)
+
+
 @dataclass
-class FakeKubeApi:
+class FakeKubeApi(_CsrEndpoints):
     token: str = "test-token"
     accept_patch_types: set[str] = field(default_factory=lambda: {"application/merge-patch+json"})
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -73,6 +284,10 @@ class FakeKubeApi:
     pdb_protected: set[tuple[str, str]] = field(default_factory=set)
     conflict_next_patch: int = 0  # answer this many node patches with 409 (a concurrent writer)
     requests: list[Request] = field(default_factory=list)
+    # token -> {"username": ..., "groups": [...], "extra": {...}}; `token` is the coordinator's
+    identities: dict[str, dict[str, Any]] = field(default_factory=dict)
+    csr_signers: set[str] | None = None  # tokens allowed to approve and sign; None: `token` only
+    csrs: dict[str, dict[str, Any]] = field(default_factory=dict)
     port: int = 0
     _rv: int = 100
     _runner: web.AppRunner | None = None
@@ -171,6 +386,11 @@ class FakeKubeApi:
         app.router.add_route("GET", "/api/v1/namespaces/{ns}/pods", self._list_ns_pods)
         app.router.add_route("DELETE", "/api/v1/namespaces/{ns}/pods/{name}", self._delete_pod)
         app.router.add_route("POST", "/api/v1/namespaces/{ns}/pods/{name}/eviction", self._evict)
+        app.router.add_route("POST", CSR_PATH, self._create_csr)
+        app.router.add_route("GET", CSR_PATH, self._list_csrs)
+        app.router.add_route("GET", CSR_PATH + "/{name}", self._get_csr)
+        app.router.add_route("PUT", CSR_PATH + "/{name}/approval", self._csr_approval)
+        app.router.add_route("PUT", CSR_PATH + "/{name}/status", self._csr_status)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         with socket.socket() as s:
@@ -197,6 +417,8 @@ class FakeKubeApi:
                 body = json.loads(raw)
             except ValueError:
                 return _status(400, "BadRequest", "body is not JSON")
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
         self.requests.append(
             Request(
                 request.method,
@@ -204,9 +426,10 @@ class FakeKubeApi:
                 dict(request.query),
                 ctype.split(";")[0].strip() if ctype else None,
                 body,
+                token,
             )
         )
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        if token is None or (token != self.token and token not in self.identities):
             return _status(401, "Unauthorized", "Unauthorized")
         if (
             raw
