@@ -473,8 +473,20 @@ _SEGV_TAIL_RE = re.compile(
     r"segfault at ([0-9a-fA-F]{1,16}) ip ([0-9a-fA-F]{1,16}) sp ([0-9a-fA-F]{1,16}) error (\d{1,3})"
     r"(?: in ([^\[\s]{1,128}))?"
 )
-_SEGV_WHO_RE = re.compile(r"([^\[\]:]{1,64})\[(\d{1,10})\]: $")
+_SEGV_PID_RE = re.compile(r"\[(\d{1,10})\]: $")  # "NAME[PID]: " just before "segfault at"
 _GPU_LIBS = ("libnccl", "libcuda", "libcudart", "libcublas", "libcudnn", "libnvidia", "libnvrtc")
+
+
+def _segfault_who(before: str) -> tuple[str | None, int | None]:
+    """The process name and pid of ``NAME[PID]: `` ending ``before`` (the text before "segfault at").
+    The name is the text after the last ``[``, ``]`` or ``:``, at most 64 characters: found with
+    string methods, since a pattern for it would be tried from every start of the line."""
+    pid = _SEGV_PID_RE.search(before)
+    if pid is None:
+        return None, None
+    head = before[: pid.start()]
+    name = head[max(head.rfind("["), head.rfind("]"), head.rfind(":")) + 1 :][-64:]
+    return (name.strip(), int(pid.group(1))) if name else (None, None)
 
 
 def _segfault(msg: str) -> Found | None:
@@ -484,9 +496,7 @@ def _segfault(msg: str) -> Found | None:
     match = _SEGV_TAIL_RE.match(msg, at)
     if match is None:
         return None
-    who = _SEGV_WHO_RE.search(msg[max(0, at - 80) : at])
-    process = who.group(1).strip() if who else None
-    pid = int(who.group(2)) if who else None
+    process, pid = _segfault_who(msg[max(0, at - 80) : at])
     library = match.group(5)
     gpu = library is not None and library.startswith(_GPU_LIBS)
     data = {"process": process, "pid": pid, "library": library}
