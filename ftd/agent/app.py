@@ -70,6 +70,7 @@ from ftd.agent.supervision import Named, WatcherSupervisor
 from ftd.agent.watchers.base import Watcher
 from ftd.agent.watchers.fs import FsWatcher
 from ftd.agent.watchers.heartbeat import HeartbeatWatcher
+from ftd.agent.watchers.host import HostWatcher
 from ftd.agent.watchers.kmsg import KmsgWatcher
 from ftd.agent.watchers.kmsg_checkpoint import KmsgCheckpoint
 from ftd.agent.watchers.logfile import LogWatcher
@@ -179,6 +180,8 @@ class Agent:
         self.heartbeat = HeartbeatWatcher(cfg.heartbeat, self.node, self.emit, local_api=self.local_api)
         self.watchers: list[Watcher] = [Named("kmsg", self.kmsg), self.heartbeat]
         self.watchers.extend(self._configured_watchers(nvml_backend))
+        # Host state from sysfs/procfs: read-only remounts, md, NVMe, IB ports and counters, EDAC (#23).
+        self.watchers.append(HostWatcher(self.node, self.emit))
         # The checkpoint directories the ranks registered: read-only, full, unresponsive (issue #23).
         self.save_path = save_path.SavePathWatcher(
             self.node, self.emit, self.local_api.jobs, interval_s=min(30.0, stall_s / 4)
