@@ -30,7 +30,7 @@ from ftd.config import parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
-FILES = sorted(DEPLOY.glob("*.yaml"))
+FILES = sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")  # its own test
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 SINGLE, HA = "coordinator.yaml", "coordinator-ha.yaml"  # the coordinator: one replica, or two
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
@@ -82,6 +82,7 @@ def test_the_manifests_are_all_there() -> None:
         "coordinator.yaml",
         "mosquitto.yaml",
         "namespace.yaml",
+        "node-certs.yaml",
         "postgres.yaml",
         "secrets.example.yaml",
         "training-job-example.yaml",
@@ -176,18 +177,38 @@ def test_the_agent_runs_on_every_gpu_node_and_may_only_write_its_node_condition(
     assert pod["tolerations"] == [{"operator": "Exists"}]  # stays on nodes ftd cordoned and tainted
     assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert paths == {
-        "kmsg": "/dev/kmsg",
-        "state": "/var/lib/ftd",
-        "socket-dir": "/run/ftd",
-        "tls": "/etc/ftd/tls",
+    assert paths == {"kmsg": "/dev/kmsg", "state": "/var/lib/ftd", "socket-dir": "/run/ftd"}
+    # no host file for the node's certificate: a memory emptyDir the CSR init container fills
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tls"]["emptyDir"]["medium"] == "Memory"
+    (init,) = pod["initContainers"]
+    assert init["args"][:3] == ["agent-cert", "--out-dir", "/etc/ftd/tls"]
+    assert init["securityContext"]["runAsNonRoot"] is True
+    assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]}["tls"] == "/etc/ftd/tls"
+    node_env = {e["name"]: e for e in init["env"]}["NODE_NAME"]
+    assert node_env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    # the broker's CA: only that key of the broker's Secret (never its server key)
+    assert volumes["bus-ca"]["secret"] == {
+        "secretName": "ftd-broker-tls",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
     }
     text = by_kind("ConfigMap", "ftd-agent")["data"]["agent.toml"].replace("@NODE@", "gpu-a017")
-    agent = parse_config(text).agent
+    config = parse_config(text)
+    agent = config.agent
     assert agent.node == "gpu-a017" and agent.socket_path == "/run/ftd/agent.sock"
+    assert (config.bus.cert_file, config.bus.key_file, config.bus.ca_file) == (
+        "/etc/ftd/tls/gpu-a017.crt",  # where ftd agent-cert writes them (its --out-dir, <node>.crt)
+        "/etc/ftd/tls/gpu-a017.key",
+        "/etc/ftd/ca/ca.crt",
+    )
     assert agent.kubernetes.node_conditions is True
-    # its only API right: patch nodes/status (the FtdProblem condition), bound to its account only
-    assert _grants(by_kind("ClusterRole", "ftd-agent")["rules"]) == {("nodes/status", "patch")}
+    # its API rights: patch nodes/status (the FtdProblem condition) and create/get its node CSR,
+    # bound to its account only
+    assert _grants(by_kind("ClusterRole", "ftd-agent")["rules"]) == {
+        ("nodes/status", "patch"),
+        ("certificatesigningrequests", "create"),
+        ("certificatesigningrequests", "get"),
+    }
     bound = [
         d["roleRef"]["name"]
         for _, d in docs()
