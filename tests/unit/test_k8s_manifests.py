@@ -228,6 +228,15 @@ def test_the_training_job_is_recreated_when_ftd_stops_it() -> None:
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"  # podFailurePolicy needs it
     assert job["spec"]["template"]["metadata"]["labels"]["ftd.dev/job"] == "train-llm"
+    # the agent's socket: the one hostPath, read-only (connect() needs no write access to the mount)
+    (host,) = [v for v in pod["volumes"] if "hostPath" in v]
+    assert host["hostPath"] == {"path": "/run/ftd", "type": "Directory"}
+    (container,) = pod["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == host["name"]]
+    assert mount == {"name": host["name"], "mountPath": "/run/ftd", "readOnly": True}
+    assert "securityContext" not in container and not pod.get("hostPID")
+    header = (DEPLOY / "training-job-example.yaml").read_text().split("apiVersion", 1)[0]
+    assert "pod-security.kubernetes.io/enforce=privileged" in header and "SO_PEERCRED" in header
 
 
 # --- the active/standby coordinators (coordinator-ha.yaml, postgres.yaml) -----------------------------
