@@ -184,7 +184,12 @@ class Agent:
         self.watchers.append(HostWatcher(self.node, self.emit))
         # The checkpoint directories the ranks registered: read-only, full, unresponsive (issue #23).
         self.save_path = save_path.SavePathWatcher(
-            self.node, self.emit, self.local_api.jobs, interval_s=min(30.0, stall_s / 4)
+            self.node,
+            self.emit,
+            self.local_api.jobs,
+            interval_s=min(cfg.fs.save_path_interval_s, stall_s / 4),  # never "stalled" between checks
+            timeout_s=cfg.fs.save_path_timeout_s,
+            shared_mounts=cfg.fs.shared_mounts,
         )
         self.watchers.append(self.save_path)
         self.watchers.extend(watchers or ())
@@ -284,7 +289,8 @@ class Agent:
         A filesystem's event first gets its mount and the jobs saving there (issue #23)."""
         self.events_emitted += 1
         if event.kind in save_path.FS_KINDS:
-            event = save_path.relate(event, self.local_api.jobs(), save_path.current_mounts())
+            mounts = save_path.current_mounts(self.cfg.fs.shared_mounts)
+            event = save_path.relate(event, self.local_api.jobs(), mounts)
         elif event.kind is Kind.SEGFAULT:
             event = with_rank(event, self._trainer_pids())
         await self.storm.process(event)

@@ -56,6 +56,7 @@ class Mount:
     point: str
     fstype: str
     options: frozenset[str]
+    listed_shared: bool = False  # named in agent.fs.shared_mounts
 
     @property
     def read_only(self) -> bool:
@@ -63,7 +64,7 @@ class Mount:
 
     @property
     def shared(self) -> bool:
-        return self.fstype.lower() in SHARED_FS_TYPES
+        return self.listed_shared or self.fstype.lower() in SHARED_FS_TYPES
 
 
 def _unescape(field: str) -> str:
@@ -82,37 +83,41 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def parse_mounts(text: str) -> list[Mount]:
-    """The mounts of a ``/proc/self/mounts`` text (malformed lines skipped)."""
+def parse_mounts(text: str, shared: Iterable[str] = ()) -> list[Mount]:
+    """The mounts of a ``/proc/self/mounts`` text (malformed lines skipped); a mount point listed in
+    ``shared`` (``agent.fs.shared_mounts``) is shared whatever its fstype."""
+    named = {p.rstrip("/") or "/" for p in shared}
     mounts: list[Mount] = []
     for line in text.splitlines():
         parts = line.split()
         if len(parts) < 4:
             continue
         source, point, fstype, options = (_unescape(p) for p in parts[:4])
-        mounts.append(Mount(source, point, fstype, frozenset(options.split(","))))
+        mounts.append(Mount(source, point, fstype, frozenset(options.split(",")), point in named))
     return mounts
 
 
-def read_mounts(path: Path = MOUNTS) -> list[Mount]:
+def read_mounts(shared: Iterable[str] = (), path: Path = MOUNTS) -> list[Mount]:
     """This process's mounts (none when the file cannot be read: nothing is related then)."""
     try:
-        return parse_mounts(path.read_text(encoding="utf-8", errors="replace"))
+        return parse_mounts(path.read_text(encoding="utf-8", errors="replace"), shared)
     except OSError:
         return []
 
 
-_recent_mounts: tuple[float, list[Mount]] = (-1.0, [])
+_recent_mounts: tuple[float, tuple[str, ...], list[Mount]] = (-1.0, (), [])
 
 
-def current_mounts(max_age_s: float = 1.0) -> list[Mount]:
+def current_mounts(shared: Iterable[str] = (), max_age_s: float = 1.0) -> list[Mount]:
     """:func:`read_mounts`, read again at most every ``max_age_s`` (a storm of disk errors reads the
     mount table once a second, not once a line)."""
     global _recent_mounts
-    now = time.monotonic()
-    if _recent_mounts[0] < 0 or now - _recent_mounts[0] > max_age_s:
-        _recent_mounts = (now, read_mounts())
-    return _recent_mounts[1]
+    now, listed = time.monotonic(), tuple(shared)
+    at, was, mounts = _recent_mounts
+    if at < 0 or now - at > max_age_s or listed != was:
+        mounts = read_mounts(listed)
+        _recent_mounts = (now, listed, mounts)
+    return mounts
 
 
 def mount_of(path: str, mounts: Iterable[Mount]) -> Mount | None:
@@ -253,9 +258,12 @@ class SavePathWatcher:
         *,
         interval_s: float = 60.0,
         timeout_s: float = 5.0,
-        mounts: Callable[[], list[Mount]] = read_mounts,
+        shared_mounts: Iterable[str] = (),
+        mounts: Callable[[], list[Mount]] | None = None,
     ) -> None:
-        self.node, self._emit, self._jobs, self._mounts = node, emit, jobs, mounts
+        self.node, self._emit, self._jobs = node, emit, jobs
+        listed = tuple(shared_mounts)
+        self._mounts = mounts if mounts is not None else lambda: read_mounts(listed)
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.states: dict[str, str | None] = {}  # directory -> its last verdict
         self.last_progress: float | None = None

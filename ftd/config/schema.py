@@ -192,6 +192,20 @@ class FsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     forecast_min_samples: Annotated[
         int, _doc("A fill rate needs at least this many samples in forecast_window_s.", ge=4)
     ] = 5
+    shared_mounts: Annotated[
+        list[NonEmptyStr],
+        _doc(
+            "Mount points many nodes share whose fstype ftd does not know as shared (NFS, Lustre, GPFS, "
+            "BeeGFS... are): their trouble is one cluster incident, never a node drain."
+        ),
+    ] = msgspec.field(default_factory=list)
+    save_path_interval_s: Annotated[
+        PositiveSeconds,
+        _doc("Seconds between two checks of the checkpoint directories the ranks registered."),
+    ] = 30.0
+    save_path_timeout_s: Annotated[
+        PositiveSeconds, _doc("A checkpoint directory whose statvfs takes longer is reported unresponsive.")
+    ] = 5.0
 
 
 class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -316,3 +316,11 @@ def test_the_state_keeps_which_nodes_each_filesystem_is_in_trouble_on() -> None:
     assert {key: sorted(nodes) for key, nodes in view.filesystem_troubles().items()} == {
         "netfs:nfs01": ["n2"]
     }
+
+
+def test_a_mount_the_operator_lists_as_shared_is_shared_whatever_its_fstype() -> None:
+    mounts = parse_mounts(MOUNTS, shared=["/local scratch/"])
+    assert [m.shared for m in mounts] == [False, True, True, True]
+    event = fs_event("n1", Kind.FS_READONLY, 1.0, device="nvme1n1", fstype="xfs")
+    related = relate(event, {}, mounts)
+    assert related.data["shared"] is True and related.data["mount"] == "/local scratch"
