@@ -246,9 +246,10 @@ def _rules(pm: pluggy.PluginManager, kind: str) -> list[_Rule]:
     needs; rebuilt only when the registered plugins change (per event this was most of the engine's
     time), kept per kind so a rule declaring other ``EVENT_KINDS`` costs nothing per event."""
     impls = pm.hook.ftd_evaluate.get_hookimpls()
-    cached = _RULES_CACHE.get(pm)
+    cached: _Cached | None = getattr(pm, _CACHE_ATTR, None)  # on the manager: lives and dies with it
     if cached is None or cached[0] != impls:  # HookImpl compares by identity: a C-speed check
-        cached = _RULES_CACHE[pm] = (impls, [_rule_of(impl) for impl in impls], {})
+        cached = (impls, [_rule_of(impl) for impl in impls], {})
+        setattr(pm, _CACHE_ATTR, cached)
     by_kind = cached[2]
     rules = by_kind.get(kind)
     if rules is None:
@@ -262,9 +263,8 @@ def _rule_of(impl: Any) -> _Rule:
     return _Rule(impl.plugin_name, impl.function, tuple(impl.argnames), kinds)
 
 
-_RULES_CACHE: weakref.WeakKeyDictionary[
-    pluggy.PluginManager, tuple[list[Any], list[_Rule], dict[str, list[_Rule]]]
-] = weakref.WeakKeyDictionary()
+_Cached = tuple[list[Any], list[_Rule], dict[str, list[_Rule]]]
+_CACHE_ATTR = "_ftd_rules_by_kind"  # a weak-keyed map cost more per event than the rules' own work
 
 
 _BOTH = ("event", "view")

@@ -12,7 +12,9 @@ full, as before; the excess costs only a decode and a count.
 
 * :class:`TokenBucket` (one per node, :class:`RateLimiter`): ``rate`` events/s, bursts of ``burst``;
   on top, ``reserve`` tokens only events of severity error and above may take, so a node's
-  low-severity chatter cannot crowd out its own Xid 79.
+  low-severity chatter cannot crowd out its own Xid 79. Past the reserve too, a critical event and
+  the first of each signature in the window are still decided: novelty is never folded
+  (:mod:`ftd.coordinator.intake.novelty`).
 * :class:`InputBook`: what a node's events over its rate (*folded*: counted by kind and severity,
   receipted as committed, never evaluated one by one) and its refused messages (*rejected*: counted
   by reason -- ``oversized``, ``invalid``, ``foreign_node``, ``error`` -- never stored) add up to in
