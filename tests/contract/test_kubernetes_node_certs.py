@@ -11,7 +11,9 @@ API server does. The node CA is made by scripts/make-certs.sh.
 - a request for another node's CN, from another service account, or from a token without node info
   is denied with its reason and gets no certificate; the agent's command fails saying why;
 - a CSR someone else approved is still checked before it is signed (Failed, no certificate);
-- other signers' CSRs are left alone; the agent's token may not approve or sign (403).
+- other signers' CSRs are left alone; the agent's token may not approve or sign (403);
+- the fake refuses what the API server refuses (a client-set requestor, a certificate before
+  approval, a stale resourceVersion, a removed Approved condition, a changed spec).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -207,3 +210,45 @@ def test_what_a_request_asks_for_is_read_by_openssl(tmp_path: Path) -> None:
     assert with_san.cn == NODE and with_san.has_extensions
     two_names = read_request(req("-subj", f"/O=system:masters/CN={NODE}"))
     assert two_names.cn is None and "O=system:masters" in two_names.subject
+
+
+async def test_the_fake_api_server_is_strict_about_csrs(tmp_path: Path) -> None:
+    # The fake refuses what a real API server refuses, so the flow above cannot pass by accident.
+    from ftd.commands.node_certs.kube import KubeError
+
+    async with cluster(tmp_path) as c:
+        _, pem = new_request(NODE)
+        agent, signer = c.client("agent"), c.client("coordinator")
+        forged = csr_object("ftd-node-forged", pem, 86400)
+        forged["spec"]["username"] = "system:serviceaccount:ftd-system:ftd-agent"  # the server sets it
+        with pytest.raises(KubeError, match="HTTP 422"):
+            await agent.create(forged)
+        short = csr_object("ftd-node-short", pem, 60)  # expirationSeconds below 600
+        with pytest.raises(KubeError, match="HTTP 422"):
+            await agent.create(short)
+        created = await agent.create(csr_object("ftd-node-x", pem, 86400))
+        with pytest.raises(KubeError, match="HTTP 409"):
+            await agent.create(csr_object("ftd-node-x", pem, 86400))
+        issued = copy.deepcopy(created)
+        issued["status"] = {"certificate": base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode()}
+        with pytest.raises(KubeError, match="HTTP 422"):  # a certificate before approval
+            await signer.update_status(issued)
+        approved = copy.deepcopy(created)
+        approved["status"] = {"conditions": [{"type": "Approved", "status": "True", "reason": "T"}]}
+        now = await signer.update_approval(approved)
+        with pytest.raises(KubeError, match="HTTP 409"):  # a stale resourceVersion
+            await signer.update_approval(approved)
+        flipped = copy.deepcopy(now)
+        flipped["status"]["conditions"] = [{"type": "Denied", "status": "True", "reason": "T"}]
+        with pytest.raises(KubeError, match="HTTP 422"):  # an Approved condition is never removed
+            await signer.update_approval(flipped)
+        changed = copy.deepcopy(now)
+        changed["spec"]["usages"] = ["server auth"]
+        with pytest.raises(KubeError, match="HTTP 422"):  # spec is immutable
+            await signer.update_approval(changed)
+        with pytest.raises(KubeError, match="HTTP 400"):
+            await signer._call(
+                "GET",
+                "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+                query={"fieldSelector": "spec.username=x"},
+            )
