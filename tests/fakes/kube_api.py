@@ -206,8 +206,11 @@ class _CsrEndpoints:
             )
         return web.json_response(csr)
 
-    def _csr_update(self, request: web.Request) -> tuple[dict[str, Any], dict[str, Any]] | web.Response:
-        """(stored, sent) for an update of a subresource, or the error answer."""
+    def _csr_update(
+        self, request: web.Request, may_add: set[str]
+    ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]] | web.Response:
+        """(stored, sent, sent conditions) for an update of a subresource that may add only the
+        condition types ``may_add``, or the error answer."""
         name = request.match_info["name"]
         if not self._may_sign():
             return _status(403, "Forbidden", f"the caller may not approve or sign {name}")
@@ -231,7 +234,9 @@ class _CsrEndpoints:
             return _status(422, "Invalid", f"conditions {types}: each once, never Approved and Denied")
         if any(t not in types for t in old):
             return _status(422, "Invalid", "an Approved or Denied condition cannot be removed")
-        return stored, sent
+        if set(types) - {c["type"] for c in _csr_conditions(stored)} - may_add:
+            return _status(422, "Invalid", f"this subresource may add only {sorted(may_add)} conditions")
+        return stored, sent, new
 
     def _store_csr(self, stored: dict[str, Any], status: dict[str, Any]) -> web.Response:
         self._rv += 1
@@ -240,27 +245,20 @@ class _CsrEndpoints:
         return web.json_response(stored)
 
     async def _csr_approval(self, request: web.Request) -> web.Response:
-        checked = self._csr_update(request)
+        checked = self._csr_update(request, {"Approved", "Denied"})
         if isinstance(checked, web.Response):
             return checked
-        stored, sent = checked
-        new = _csr_conditions(sent)
-        old_types = {c["type"] for c in _csr_conditions(stored)}
-        if {c["type"] for c in new} - old_types - {"Approved", "Denied"}:
-            return _status(422, "Invalid", "the approval subresource sets Approved or Denied only")
+        stored, sent, new = checked
         if (sent.get("status") or {}).get("certificate") != stored["status"].get("certificate"):
             return _status(422, "Invalid", "the certificate is set on the status subresource")
         return self._store_csr(stored, {**stored["status"], "conditions": copy.deepcopy(new)})
 
     async def _csr_status(self, request: web.Request) -> web.Response:
-        checked = self._csr_update(request)
+        checked = self._csr_update(request, {"Failed"})
         if isinstance(checked, web.Response):
             return checked
-        stored, sent = checked
-        new = _csr_conditions(sent)
+        stored, sent, new = checked
         old_types = {c["type"] for c in _csr_conditions(stored)}
-        if {c["type"] for c in new} - old_types - {"Failed"}:
-            return _status(422, "Invalid", "Approved and Denied are set on the approval subresource")
         cert = (sent.get("status") or {}).get("certificate")
         if cert is not None and cert != stored["status"].get("certificate"):
             if "Approved" not in old_types or "Denied" in old_types:
