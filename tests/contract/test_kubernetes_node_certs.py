@@ -252,3 +252,45 @@ async def test_the_fake_api_server_is_strict_about_csrs(tmp_path: Path) -> None:
                 "/apis/certificates.k8s.io/v1/certificatesigningrequests",
                 query={"fieldSelector": "spec.username=x"},
             )
+
+
+async def test_the_commands_as_the_manifests_run_them(tmp_path: Path) -> None:
+    # `ftd agent-cert` (the agent's init container: NODE_NAME from the downward API) and
+    # `ftd cert-signer --once`, as processes, against the fake API server.
+    import os
+    import sys
+
+    ftd = str(Path(sys.executable).with_name("ftd"))
+    async with cluster(tmp_path) as c:
+        env = {**os.environ, "NODE_NAME": NODE}
+        api = ["--api", c.api.url, "--api-ca-file", str(tmp_path / "none")]
+        agent = await asyncio.create_subprocess_exec(
+            ftd, "agent-cert", "--out-dir", str(tmp_path / "tls"), "--timeout", "60",
+            "--token-file", str(c.tokens / "agent.token"), *api,
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        async with asyncio.timeout(60):
+            for _ in range(1200):  # the agent's CSR is there (then one look of the signer issues it)
+                if c.api.csrs:
+                    break
+                await asyncio.sleep(0.05)
+            signer = await asyncio.create_subprocess_exec(
+                ftd, "cert-signer", "--once", "--ca-cert", str(c.ca_dir / "ca.crt"),
+                "--ca-key", str(c.ca_dir / "ca.key"),
+                "--token-file", str(c.tokens / "coordinator.token"), *api,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            signer_out, _ = await signer.communicate()
+            agent_out, _ = await agent.communicate()
+    assert signer.returncode == 0, signer_out.decode()
+    assert agent.returncode == 0, agent_out.decode()
+    assert f"(CN={NODE})" in agent_out.decode()
+    cert = tmp_path / "tls" / f"{NODE}.crt"
+    assert openssl("verify", "-CAfile", str(c.ca_dir / "ca.crt"), str(cert)).strip() == f"{cert}: OK"
+    # without the node CA the signer refuses to start, saying which file is missing
+    proc = await asyncio.create_subprocess_exec(
+        ftd, "cert-signer", "--once", "--ca-key", str(tmp_path / "missing.key"),
+        "--ca-cert", str(c.ca_dir / "ca.crt"), *api, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    assert proc.returncode == 2 and "missing.key is missing" in out.decode()

@@ -195,6 +195,8 @@ class _CsrEndpoints:
             if key != "spec.signerName" or not sep or "," in selector:
                 return _status(400, "BadRequest", f"unsupported field selector {selector!r}")
             items = [c for c in items if c["spec"]["signerName"] == value]
+        # as the API server lists them: the items carry no apiVersion/kind (the list does)
+        items = [{k: v for k, v in c.items() if k not in ("apiVersion", "kind")} for c in items]
         body = {"kind": "CertificateSigningRequestList", "apiVersion": "certificates.k8s.io/v1"}
         return web.json_response({**body, "metadata": {}, "items": items})
 
@@ -220,6 +222,9 @@ class _CsrEndpoints:
         sent = self.requests[-1].body
         if not isinstance(sent, dict) or (sent.get("metadata") or {}).get("name") != name:
             return _status(400, "BadRequest", f"the body is not the CSR {name}")
+        kind = (sent.get("apiVersion"), sent.get("kind"))
+        if kind != ("certificates.k8s.io/v1", "CertificateSigningRequest"):
+            return _status(400, "BadRequest", f"the body is a {kind}, not a certificates.k8s.io/v1 CSR")
         if sent["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]:
             return _status(409, "Conflict", "the object has been modified; please apply your changes")
         if sent.get("spec") != stored["spec"]:

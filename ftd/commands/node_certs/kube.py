@@ -92,13 +92,16 @@ class CsrClient:
         return items
 
     async def update_approval(self, csr: dict[str, Any]) -> dict[str, Any]:
-        name = csr["metadata"]["name"]
-        result: dict[str, Any] = await self._call("PUT", f"{CSR_PATH}/{name}/approval", csr)
-        return result
+        return await self._replace(csr, "approval")
 
     async def update_status(self, csr: dict[str, Any]) -> dict[str, Any]:
+        return await self._replace(csr, "status")
+
+    async def _replace(self, csr: dict[str, Any], subresource: str) -> dict[str, Any]:
+        # the items of a list carry no apiVersion/kind: the body names them
+        body = {**csr, "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest"}
         name = csr["metadata"]["name"]
-        result: dict[str, Any] = await self._call("PUT", f"{CSR_PATH}/{name}/status", csr)
+        result: dict[str, Any] = await self._call("PUT", f"{CSR_PATH}/{name}/{subresource}", body)
         return result
 
 
