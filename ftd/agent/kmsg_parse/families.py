@@ -533,7 +533,8 @@ def _resource(msg: str) -> Found | None:
 FAMILIES: tuple[tuple[frozenset[str], Callable[[str], Found | None]], ...] = tuple(
     (frozenset(words.split()), matcher)
     for words, matcher in (
-        ("nvme available", _nvme),
+        # Not "nvme": a timeout whose command completed ("completion polled") is a common near miss.
+        ("reset aborting Disabling Removing available down;", _nvme),
         ("failure", _md),
         ("Remounting read-only readonly Shutting shut", _readonly),
         ("error error, superblock beyond", _io_error),

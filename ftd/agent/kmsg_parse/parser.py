@@ -221,13 +221,14 @@ class KmsgParser:
                 if event.kind in _CACHED_KINDS:
                     self._keep(msg, event)
                 return [event]
+        if "NVRM" in msg:  # the NVIDIA driver's: only its NVLink link-mask lines are a family's
+            family = self._family(msg, lineno, prefix) if "knvlink" in msg else None
+            return self._nvrm(msg, lineno, prefix) if family is None else family
+        if "AER" in msg or "PCIe Bus Error" in msg:
+            return self._aer(msg, lineno, prefix)
         family = self._family(msg, lineno, prefix)
         if family is not None:
             return family
-        if "NVRM" in msg:
-            return self._nvrm(msg, lineno, prefix)
-        if "AER" in msg or "PCIe Bus Error" in msg:
-            return self._aer(msg, lineno, prefix)
         if "oom-kill" in msg or "Killed process" in msg:
             return self._oom(msg, lineno, prefix)
         if "blocked for more than" in msg:
