@@ -263,6 +263,7 @@ class HostWatcher:
                 if now - since >= self.ib_window_s and key not in self._reported_down:
                     self._reported_down.add(key)
                     extra = {
+                        "interface": f"{device} port {number}",  # what rule nccl_ib's reason names
                         "device": device,
                         "port": number,
                         "state": port.state,
