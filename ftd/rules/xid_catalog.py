@@ -91,6 +91,7 @@ def _code(event: Event) -> int | None:
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.XID, Kind.GPU_FALLEN_OFF_BUS})
 
+
 @hookimpl
 def ftd_startup(coordinator: Any) -> None:
     """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits), and read the
