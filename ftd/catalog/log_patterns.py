@@ -45,6 +45,22 @@ class LogPattern:
     severity: Severity
     kind: Kind = Kind.LOG_PATTERN
     disposition: str | None = None
+    #: Lower-case strings one of which every match contains (``needles`` in the table): a line
+    #: without any is passed over without running the regex (substring tests are C-speed; a regex
+    #: of several case-insensitive alternatives tried at every position of every line is not).
+    needles: tuple[str, ...] = ()
+
+    def search(self, text: str, lowered: str | None = None) -> bool:
+        """Whether ``text`` matches (``lowered``: ``text.lower()``, when the caller has it)."""
+        needles = self.needles
+        if needles:
+            low = text.lower() if lowered is None else lowered
+            for needle in needles:  # a plain loop: a generator costs more than the tests it makes
+                if needle in low:
+                    break
+            else:
+                return False
+        return self.regex.search(text) is not None
 
 
 def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
@@ -62,7 +78,7 @@ def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
         where = f"{source}: pattern[{i}]"
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: not a table")
-        unknown = set(entry) - {"name", "regex", "severity", "kind", "ignore_case", "disposition"}
+        unknown = set(entry) - {"name", "regex", "severity", "kind", "ignore_case", "disposition", "needles"}
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
         name, regex = entry.get("name"), entry.get("regex")
@@ -85,7 +101,12 @@ def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
         disposition = entry.get("disposition")
         if disposition is not None and disposition not in DISPOSITIONS:
             raise ValueError(f"{where} ({name}): disposition must be one of {', '.join(DISPOSITIONS)}")
-        out.append(LogPattern(name, compiled, severity, kind, disposition))
+        needles = entry.get("needles", [])
+        if not isinstance(needles, list) or not all(
+            isinstance(n, str) and n and n == n.lower() for n in needles
+        ):
+            raise ValueError(f"{where} ({name}): needles must be a list of non-empty lower-case strings")
+        out.append(LogPattern(name, compiled, severity, kind, disposition, tuple(needles)))
     return out
 
 

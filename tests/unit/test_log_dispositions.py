@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftd.catalog.log_patterns import dispositions, load_patterns, parse_patterns
+from ftd.catalog.log_patterns import LogPattern, dispositions, load_patterns, parse_patterns
 from ftd.cli import main
 from ftd.events import Event, Kind, make_event
 from ftd.rules import app_faults
@@ -115,6 +115,28 @@ def test_a_signature_line_is_found_whatever_surrounds_it(name: str, pad: str, ta
     }[name]
     pattern = next(p for p in PATTERNS if p.name == name)
     assert pattern.regex.search(f"[rank3]:{pad}{line}{pad} {tail}")
+
+
+NEEDLED = [p for p in PATTERNS if p.needles]
+
+
+@pytest.mark.parametrize("pattern", NEEDLED, ids=[p.name for p in NEEDLED])
+def test_every_match_of_a_pattern_holds_one_of_its_needles(pattern: LogPattern) -> None:
+    """The needles only skip lines the regex would not match: whatever the regex matches (Hypothesis
+    writes matching strings from the regex itself) contains one of them."""
+
+    @settings(max_examples=examples(300), deadline=None)
+    @given(st.from_regex(pattern.regex))
+    def check(line: str) -> None:
+        low = line.lower()
+        assert any(n in low for n in pattern.needles), line
+
+    check()
+
+
+def test_the_needles_pass_over_nccl_info_lines() -> None:
+    info = "gpu-a01:1234:1300 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC/read"
+    assert [p.name for p in NEEDLED if any(n in info.lower() for n in p.needles)] == []
 
 
 # Linear time: tests/unit/test_kmsg_linear.py times every row of the table on 64 KiB adversarial

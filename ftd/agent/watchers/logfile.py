@@ -295,8 +295,9 @@ class LogWatcher:
             self.stats["binary_lines"] += 1
             raw = raw.replace(b"\0", b"")
         text = raw.decode("utf-8", errors="replace")
+        lowered = text.lower()  # once per line, for the patterns' needles
         for pattern in self.patterns:
-            if pattern.regex.search(text):
+            if pattern.search(text, lowered):
                 await self._match(f, pattern, text, end)
                 break  # one event per line: the table is ordered most specific first
 
