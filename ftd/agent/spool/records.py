@@ -74,7 +74,7 @@ class Entry:
     seq: int  # 0: not durable (never on disk); else its records' sequence number
     receipt_id: str | None = None
     sent_at: float = 0.0  # monotonic time of the last PUBACK; 0 while queued
-    held_since: float = field(default_factory=time.monotonic)  # put, or read back from the spool
+    held_since: float = field(default_factory=time.monotonic, compare=False)  # put, or read back
 
     @property
     def size(self) -> int:

@@ -87,7 +87,8 @@ class Signer:
         stored = await self.client.update_approval(csr)
         self.counts["approved" if verdict.approve else "denied"] += 1
         log.info(
-            "node_csr_" + kind.lower(),
+            "node_csr_decided",
+            decision=kind.lower(),
             csr=csr["metadata"]["name"],
             reason=verdict.reason,
             why=verdict.message,
