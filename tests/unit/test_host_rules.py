@@ -80,7 +80,8 @@ def test_host_decisions_by_kind_and_severity() -> None:
         decide(Kind.MACHINE_CHECK, "warning", cpu=1, bank=7, extra={"uncorrected": False}) == []
     )  # corrected
     assert decide(Kind.KERNEL_OOPS, "critical", what="panic") == move
-    assert decide(Kind.KERNEL_OOPS, "warning", what="stack_dump") == [("notify", "node-1")]
+    assert decide(Kind.KERNEL_OOPS, "info", what="stack_dump") == []  # a diagnostic print: recorded only
+    assert decide(Kind.KERNEL_OOPS, "warning", what="netdev_refcount_leak") == [("notify", "node-1")]
     assert decide(Kind.SOFT_LOCKUP, "warning", cpu=3, process="python") == [("notify", "node-1")]
     assert decide(Kind.GPUDIRECT, "error", fault="invalid_context") == [("notify", "node-1")]
     assert decide(Kind.RESOURCE_LIMIT, "error", resource="nf_conntrack") == [("notify", "node-1")]

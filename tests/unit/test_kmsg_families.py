@@ -211,7 +211,7 @@ CASES: list[tuple[str, Kind, dict[str, Any], str]] = [
     ("BUG: Bad page state in process python  pfn:1a2b3c", Kind.KERNEL_OOPS, {"what": "bug"}, "error"),
     (
         "CPU: 24 PID: 1364 Comm: khungtaskd Tainted: P           OE     5.15.0-1053-nvidia #54-Ubuntu",
-        Kind.KERNEL_OOPS, {"what": "stack_dump"}, "warning",
+        Kind.KERNEL_OOPS, {"what": "stack_dump"}, "info",
     ),
     (
         "unregister_netdevice: waiting for lo to become free. Usage count = 1",

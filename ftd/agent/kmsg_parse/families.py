@@ -460,13 +460,15 @@ def _netdev_leak(msg: str) -> Found | None:
 
 def stack_header(msg: str) -> Found | None:
     """The ``CPU: N PID: N Comm: X ...tainted`` header of a kernel stack dump: an event only when no
-    oops, lockup or warning that printed it came just before (the parser folds it into those)."""
+    oops, lockup or warning that printed it came just before (the parser folds it into those). Alone
+    it is ``info``, recorded only: a driver's own ``dump_stack()`` (the NVIDIA driver prints one after
+    an Xid 119 GSP timeout) is a diagnostic, and the fault that prompted it is its own event."""
     match = _STACK_RE.search(msg)
     if match is None:
         return None
     pid, process = int(match.group(2)), match.group(3)
     extra = {"cpu": int(match.group(1))}
-    return Found(Kind.KERNEL_OOPS, "warning", {"what": "stack_dump"}, extra, pid=pid, process=process)
+    return Found(Kind.KERNEL_OOPS, "info", {"what": "stack_dump"}, extra, pid=pid, process=process)
 
 
 _SEGV_TAIL_RE = re.compile(
