@@ -33,7 +33,12 @@ def importers_of(top_level: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("library", "allowed"),
-    [("aiomqtt", ["ftd/bus/mqtt.py"]), ("paho", []), ("pynvml", ["ftd/agent/watchers/nvml/real.py"])],
+    # paho is aiomqtt's engine: the MQTT seam reaches it for manual PUBACKs and the message reader.
+    [
+        ("aiomqtt", ["ftd/bus/mqtt.py"]),
+        ("paho", ["ftd/bus/mqtt.py"]),
+        ("pynvml", ["ftd/agent/watchers/nvml/real.py"]),
+    ],
 )
 def test_only_the_seam_module_imports_the_library(library: str, allowed: list[str]) -> None:
     assert set(importers_of(library)) <= set(allowed)
