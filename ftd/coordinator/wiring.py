@@ -142,11 +142,11 @@ def build(
         unacted_retry_s=cfg.unacted_retry_s,
         unacted_retry_max_s=cfg.unacted_retry_max_s,
     )
-    engine.observe(reconciler.observe)
+    engine.observe(reconciler.observe, ("action",))
     return_to_service = None
     if cfg.return_to_service.rules:  # opt-in per rule: reset -> preflight -> resume or RMA
         return_to_service = ReturnToService(engine.submit, rules=cfg.return_to_service.rules, state=state)
-        engine.observe(return_to_service.observe)
+        engine.observe(return_to_service.observe, ("action",))
         unknown = sorted(set(cfg.return_to_service.rules) - {p.name for p in loaded})
         if unknown:  # a typo would silently keep those resets out of return to service
             log.warning(

@@ -93,12 +93,18 @@ class GpuRecord:
 
 
 def _text(value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+    if value is None:  # the common case first: most events carry few of these fields
+        return None
+    if type(value) is str:
+        return value or None
+    if isinstance(value, bool) or not isinstance(value, int):
         return None
     return str(value)
 
 
 def _int(value: Any) -> int | None:
+    if value is None:
+        return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

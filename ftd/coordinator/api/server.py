@@ -105,7 +105,7 @@ class Api:
         self.labels = labels_from_config(coordinator.config.coordinator)  # node -> rack, nvlink_domain
         self.label_totals = LabelTotals(self.labels)
         self.recent_actions = RecentActions(coordinator.ledger, RECENT_ACTIONS)
-        coordinator.engine.observe(self.recent_actions.observe)
+        coordinator.engine.observe(self.recent_actions.observe, ("action",))
         self.action_totals = ActionTotals()
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(MetricsCollector(coordinator, self.action_totals))
@@ -115,7 +115,7 @@ class Api:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=self.registry,
         )
-        coordinator.engine.observe(self._observe)
+        coordinator.engine.observe(self._observe, ("decision", "action"))
         self.app = self._build()
         self._runner: web.AppRunner | None = None
 

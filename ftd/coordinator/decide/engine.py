@@ -62,7 +62,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pluggy
@@ -107,7 +107,8 @@ class Engine:
         self._running: dict[str, ActionRecord] = {}  # action key -> the running record
         self._after: dict[str, dict[int, list[Dependency]]] = {}  # running action id -> its dependencies
         self._plans: dict[str, Plan] = {}  # unfinished plans by id
-        self._observers: list[Observer] = []
+        self._observers: list[tuple[Observer, frozenset[str] | None]] = []
+        self._observers_of: dict[str, tuple[Observer, ...]] = {}  # what -> its observers (cache)
         self.counters: dict[str, int] = {
             "events": 0,
             "duplicates": 0,
@@ -152,11 +153,21 @@ class Engine:
         """The actions running now and those held for approval (from memory, for metrics)."""
         return [*self._running.values(), *self.awaiting.values()]
 
-    def observe(self, observer: Observer) -> None:
-        self._observers.append(observer)
+    def observe(self, observer: Observer, whats: Iterable[str] | None = None) -> None:
+        """Call ``observer(what, payload)`` on each notification, or only on those named in ``whats``
+        ("event", "decision", "action", "rule_error"): an observer of actions costs the storm's hot
+        path nothing (two notifications per event, each a call per observer, an async one a
+        coroutine)."""
+        self._observers.append((observer, None if whats is None else frozenset(whats)))
+        self._observers_of.clear()
 
     async def _notify(self, what: str, payload: Any) -> None:
-        for observer in self._observers:
+        observers = self._observers_of.get(what)
+        if observers is None:
+            observers = self._observers_of[what] = tuple(
+                o for o, whats in self._observers if whats is None or what in whats
+            )
+        for observer in observers:
             try:
                 result = observer(what, payload)
                 if result is not None and inspect.isawaitable(result):  # most observers return None

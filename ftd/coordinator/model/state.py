@@ -151,11 +151,17 @@ class ClusterState:
         names_job = isinstance(job, str | int) and not isinstance(job, bool) and job != ""
         linked = not names_job and event.severity.rank >= _WARNING_RANK
         fault = fault_of(event, tuple(self.jobs_on_node(event.node)) if linked else ())
-        self.recent.setdefault(event.node, deque(maxlen=HISTORY_LIMIT)).append(fault)
+        recent = self.recent.get(event.node)
+        if recent is None:  # (setdefault would build a deque on every call)
+            recent = self.recent[event.node] = deque(maxlen=HISTORY_LIMIT)
+        recent.append(fault)
         self.filesystems.note(fault)  # the save path: which filesystems are in trouble where (#23)
         if event.severity.rank < Severity.ERROR.rank:
             return
-        self.history.setdefault(event.node, deque(maxlen=HISTORY_LIMIT)).append(fault)
+        history = self.history.get(event.node)
+        if history is None:
+            history = self.history[event.node] = deque(maxlen=HISTORY_LIMIT)
+        history.append(fault)
         if gpu is not None:
             gpu.faults.append(fault)
 
