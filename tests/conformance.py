@@ -6,7 +6,7 @@ share: the peer's expectation values of an entry, its lines, and ftd's kernel-lo
 
 Why here and not copied: the corpus is other projects' test data, kept outside this repository on
 purpose (issue #23: "do not copy the corpus into the project"). The folder sits beside the project
-root. When it is absent the conformance tests skip, saying so -- except under ``FTD_REQUIRE_REAL=1``
+root (or where ``FTD_CONFORMANCE_DIR`` says). When it is absent the conformance tests skip, saying so -- except under ``FTD_REQUIRE_REAL=1``
 (CI), where its absence fails them, as a missing real part does (tests/realparts.py).
 """
 
@@ -25,7 +25,8 @@ import pytest
 from ftd.agent.kmsg_parse import KernelEvent, KmsgParser, parse_lines
 
 ROOT = Path(__file__).resolve().parents[1]
-CORPUS = ROOT.parent / "shared" / "conformance"
+# ``FTD_CONFORMANCE_DIR`` names it where a checkout does not sit beside it (a clone made elsewhere).
+CORPUS = Path(os.environ.get("FTD_CONFORMANCE_DIR") or ROOT.parent / "shared" / "conformance")
 REQUIRE = os.environ.get("FTD_REQUIRE_REAL") == "1"
 
 

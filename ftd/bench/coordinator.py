@@ -160,13 +160,36 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class CoordinatorProcess:
-    """A coordinator subprocess a bench drives: subclasses start ``proc`` and fill ``stats`` from its
-    output (``_done`` set when it ended, ``_log`` its log file); this ends and collects it."""
+    """A coordinator subprocess a bench drives: started with ``argv`` (its stderr to ``log_path``),
+    its stdout read by a thread: ``READY`` sets :attr:`ready`, ``PROGRESS <text>`` goes to
+    :meth:`on_progress`, ``STATS {json}`` fills :attr:`stats`; :meth:`finish` ends and collects it."""
 
-    proc: subprocess.Popen[bytes]
-    stats: dict[str, Any] | None
-    _done: threading.Event
-    _log: IO[bytes]
+    def __init__(self, argv: list[str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log: IO[bytes] = log_path.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self._log)
+        self.ready = threading.Event()
+        self.stats: dict[str, Any] | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def on_progress(self, text: str) -> None:
+        """One ``PROGRESS`` line's text (what the bench's coordinator script prints)."""
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode().strip()
+            if line == "READY":
+                self.ready.set()
+            elif line.startswith("PROGRESS "):
+                self.on_progress(line[9:])
+            elif line.startswith("STATS "):
+                self.stats = json.loads(line[6:])
+        self._done.set()
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-2000:]
 
     def finish(self, timeout: float = 60) -> dict[str, Any]:
         self.proc.terminate()
@@ -184,32 +207,14 @@ class CoordinatorProcess:
 
 
 class _Coordinator(CoordinatorProcess):
-    """The coordinator subprocess; its stdout is read by a thread (READY, PROGRESS n, STATS {...})."""
+    """The coordinator subprocess of this bench (PROGRESS n: events decided so far)."""
 
     def __init__(self, config_path: Path, nodes: int, log_path: Path) -> None:
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _COORDINATOR, str(config_path), str(nodes)],
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-        )
-        self.ready = threading.Event()
         self.events = 0
-        self.stats: dict[str, Any] | None = None
-        self._done = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        super().__init__([sys.executable, "-c", _COORDINATOR, str(config_path), str(nodes)], log_path)
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            line = raw.decode().strip()
-            if line == "READY":
-                self.ready.set()
-            elif line.startswith("PROGRESS "):
-                self.events = int(line.split()[1])
-            elif line.startswith("STATS "):
-                self.stats = json.loads(line[6:])
-        self._done.set()
+    def on_progress(self, text: str) -> None:
+        self.events = int(text.split()[0])
 
 
 def _chunks(items: list[Event], size: int) -> Iterator[list[Event]]:

@@ -138,41 +138,16 @@ asyncio.run(main())
 
 
 class _Coordinator(CoordinatorProcess):
-    """The coordinator subprocess; a thread reads its stdout (READY, PROGRESS {...}, STATS {...})."""
+    """The coordinator subprocess of this bench (PROGRESS {json}: decided per node, folded)."""
 
     def __init__(self, config_path: Path, log_path: Path, limits: dict[str, float]) -> None:
-        self._log = log_path.open("wb")
-        argv = [
-            sys.executable,
-            "-c",
-            _COORDINATOR,
-            str(config_path),
-            PACED_NODE,
-            FLOOD_NODE,
-            json.dumps(limits),
-        ]
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-        )
-        self.ready = threading.Event()
         self.progress: dict[str, Any] = {"accepted": {}, "folded": 0}
-        self.stats: dict[str, Any] | None = None
-        self._done = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        limits_json = json.dumps(limits)
+        argv = [sys.executable, "-c", _COORDINATOR, str(config_path), PACED_NODE, FLOOD_NODE, limits_json]
+        super().__init__(argv, log_path)
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            line = raw.decode().strip()
-            if line == "READY":
-                self.ready.set()
-            elif line.startswith("PROGRESS "):
-                self.progress = json.loads(line[9:])
-            elif line.startswith("STATS "):
-                self.stats = json.loads(line[6:])
-        self._done.set()
+    def on_progress(self, text: str) -> None:
+        self.progress = json.loads(text)
 
     def flood_handled(self) -> int:
         return self.decided(FLOOD_NODE) + int(self.progress["folded"])

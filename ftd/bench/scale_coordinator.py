@@ -14,9 +14,7 @@ time is taken inside the process, with the wall clock the publisher stamped the 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -97,19 +95,12 @@ asyncio.run(main())
 
 
 class ScaleCoordinator(CoordinatorProcess):
-    """The coordinator subprocess; a thread reads its stdout (READY, PROGRESS {...}, STATS {...})."""
+    """The coordinator subprocess of this bench (PROGRESS {json}: nodes known and online, offline
+    nodes decided and when the last was, probes decided)."""
 
     def __init__(self, config_path: Path, layout: dict[str, Any], work: Path) -> None:
         layout_path = work / "layout.json"
         layout_path.write_text(json.dumps(layout))
-        self.log_path = work / "coordinator.log"
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SCRIPT, str(config_path), str(layout_path)],
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-        )
-        self.ready = threading.Event()
         self.progress: dict[str, Any] = {
             "known": 0,
             "online": 0,
@@ -117,21 +108,8 @@ class ScaleCoordinator(CoordinatorProcess):
             "offline_last": 0.0,
             "probe_decided": 0,
         }
-        self.stats: dict[str, Any] | None = None
-        self._done = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
+        argv = [sys.executable, "-c", _SCRIPT, str(config_path), str(layout_path)]
+        super().__init__(argv, work / "coordinator.log")
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            line = raw.decode().strip()
-            if line == "READY":
-                self.ready.set()
-            elif line.startswith("PROGRESS "):
-                self.progress = json.loads(line[9:])
-            elif line.startswith("STATS "):
-                self.stats = json.loads(line[6:])
-        self._done.set()
-
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-2000:]
+    def on_progress(self, text: str) -> None:
+        self.progress = json.loads(text)
