@@ -6,8 +6,9 @@ share: the peer's expectation values of an entry, its lines, and ftd's kernel-lo
 
 Why here and not copied: the corpus is other projects' test data, kept outside this repository on
 purpose (issue #23: "do not copy the corpus into the project"). The folder sits beside the project
-root (or where ``FTD_CONFORMANCE_DIR`` says). When it is absent the conformance tests skip, saying so -- except under ``FTD_REQUIRE_REAL=1``
-(CI), where its absence fails them, as a missing real part does (tests/realparts.py).
+root (or where ``FTD_CONFORMANCE_DIR`` says). When it is absent the conformance tests skip, saying
+so -- except under ``FTD_REQUIRE_REAL=1`` (CI), where its absence fails them, as a missing real part
+does (tests/realparts.py).
 """
 
 from __future__ import annotations
