@@ -96,6 +96,8 @@ async def test_filter_search_and_pages(env: Env) -> None:
     [
         ("sort=size", "sort"),
         ("state=broken", "state"),
+        ("state=null", "state"),  # lax conversion would read it as "no filter"
+        ("limit=null", "limit"),
         ("limit=0", "limit"),
         ("offset=-1", "offset"),
         ("q=" + "x" * 129, "q"),

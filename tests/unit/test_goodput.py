@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ftd.catalog import load_xid_catalog
@@ -129,6 +129,16 @@ def test_ettr_is_a_fraction_and_time_adds_up(raw: list[Any], policy: str) -> Non
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(faults_st, faults_st, st.sampled_from(["no_ftd", "ftd"]))
 def test_more_faults_never_raise_ettr(raw: list[Any], extra: list[Any], policy: str) -> None:
+    """With ftd the extra faults strike other nodes than the base ones: on the same node an extra
+    fault can change how a later one is remedied (a GPU fault before an HBM fault escalates to a
+    drain onto a spare, which ends that node's trouble sooner than the GPU reset the HBM fault alone
+    gets), so ftd's ETTR is not monotonic in faults on one node -- a real property of an adaptive
+    policy, found by this test under the ci profile. Without ftd nothing adapts: any extra fault."""
+    if policy == "ftd":
+        used = {slot for _, _, _, slot, _ in raw}
+        free = [slot for slot in range(8) if slot not in used]
+        assume(free)
+        extra = [(t, cat, variant, free[slot % len(free)], seed) for t, cat, variant, slot, seed in extra]
     base = as_trace(raw)
     more = as_trace(raw + extra)  # the same faults (same ids, seeds) plus the extra ones
     assert run(policy, SMALL, SMALL_PARAMS, more).ettr <= run(policy, SMALL, SMALL_PARAMS, base).ettr + 1e-12

@@ -61,9 +61,15 @@ def read_query(request: web.Request, type_: type[T]) -> T:
             raise ApiError(400, f"query parameter {key!r} given {len(values)} times")
         data[key] = values[0]
     try:
-        return msgspec.convert(data, type_, strict=False)
+        query = msgspec.convert(data, type_, strict=False)
     except msgspec.ValidationError as exc:
         raise ApiError(400, validation_message(exc, "query")) from None
+    # Lax conversion reads the text "null" as None for an optional parameter: a parameter that is
+    # given must have a value (``?state=null`` is not "no state filter").
+    for key in data:
+        if getattr(query, key, "") is None:
+            raise ApiError(400, f"query parameter {key!r}: {data[key]!r} is not a value")
+    return query
 
 
 async def read_body(request: web.Request, type_: type[T], *, required: bool) -> T:
