@@ -52,7 +52,8 @@ def acks(action: dict[str, Any], jobs: dict[str, dict[str, Any]] | None = None) 
         return "skipped"
     job = (jobs or {}).get(str(action.get("target")))
     if action.get("state") in IN_FLIGHT and job is not None:
-        return f"?/{len(job.get('ranks') or [])}"
+        live = action.get("acked")  # the coordinator's count while the save waits
+        return f"{live if isinstance(live, int) else '?'}/{len(job.get('ranks') or [])}"
     return "-"
 
 

@@ -21,7 +21,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api import Api
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.model.plan import Plan, Step
-from ftd.events import Kind, NodeStatus, make_event
+from ftd.events import Ack, Kind, NodeStatus, make_event
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.realparts import free_port
 from tests.unit.test_api import TOKEN, make_coordinator, populate
@@ -71,6 +71,8 @@ async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
         Step(action="act-reset", kind="gpu_reset", target="node-1", role="node"),
     ]
     await ledger.save_plan(Plan(id="plan-1", event_id="e1", steps=steps))
+    # act-run's save is out: one of job 42's two ranks has acked it so far (the ledger does not know yet)
+    coordinator.acks.record(Ack(directive_id="act-run-save", job="42", rank=0, node="node-1", ok=True))
     await coordinator.bus.start()
     port = free_port()
     api = Api(coordinator, ApiConfig(port=port), token=TOKEN)
@@ -112,7 +114,7 @@ async def test_status_problems_shows_only_what_needs_a_look(
     actions_part = out.split("ACTIONS IN FLIGHT OR FAILED")[1]
     shown = {line.split()[2] for line in actions_part.splitlines()[2:] if line.strip()}
     assert shown == {"act-run", "act-reset", "act-fail"}  # not the succeeded nor the logged one
-    assert "running (phase stop, acks ?/2" in actions_part  # and the deadline, where the API says it
+    assert "running (phase stop, acks 1/2" in actions_part  # live, from the coordinator; and the deadline
     code, out, _ = await ftd(capsys, "status", "--config", str(served.config), "--problems", "--json")
     data = json.loads(out)
     assert [n["name"] for n in data["nodes"]] == ["node-2", "node-3"]
@@ -137,7 +139,7 @@ async def test_actions_list_and_show(served: Served, capsys: pytest.CaptureFixtu
     assert code == 0
     header = next(line for line in out.splitlines() if line.startswith("ID "))
     assert header.split() == ["ID", "KIND", "TARGET", "PHASE", "STATE", "ACKS", "DEADLINE", "WHY"]
-    assert _row(out, "act-run")[:6] == ["act-run", "checkpoint_restart", "42", "stop", "running", "?/2"]
+    assert _row(out, "act-run")[:6] == ["act-run", "checkpoint_restart", "42", "stop", "running", "1/2"]
     fail = _row(out, "act-fail")
     assert fail[:5] == ["act-fail", "drain_node", "node-4", "-", "failed"]
     assert "SchedulerError: scontrol exit 1" in " ".join(fail)

@@ -31,6 +31,10 @@ class AckBook:
         self._acks[ack.directive_id][ack.rank] = ack
         self._changed.set()
 
+    def acked(self, directive_id: str) -> int:
+        """How many ranks acknowledged ``directive_id`` positively so far (the API's live count)."""
+        return sum(1 for ack in self._acks.get(directive_id, {}).values() if ack.ok)
+
     def forget(self, directive_id: str) -> None:
         self._acks.pop(directive_id, None)
 

@@ -340,7 +340,15 @@ class Api:
     async def actions(self, request: web.Request) -> web.Response:
         q = read_query(request, wire.ActionsQuery)
         records = await self.coordinator.ledger.actions(limit=q.limit)
-        return json_response([wire.action_out(r) for r in records])
+        return json_response([wire.action_out(r, self._live_acks(r)) for r in records])
+
+    def _live_acks(self, record: ActionRecord) -> int | None:
+        """The ranks that acked a running action's save so far (from the ack book, in memory)."""
+        if record.state != ActionState.RUNNING or not ActionKind.kind_targets_job(record.request.kind):
+            return None
+        if "saved" in record.detail or record.detail.get("save_skipped"):
+            return None  # the save phase is over: the ledger's detail says who saved
+        return self.coordinator.acks.acked(f"{record.id}-save")
 
     async def _record(self, request: web.Request) -> ActionRecord:
         action_id: str = path_param(request, "id", wire.ActionId)
@@ -350,7 +358,8 @@ class Api:
         return record
 
     async def action(self, request: web.Request) -> web.Response:
-        return json_response(wire.action_out(await self._record(request)))
+        record = await self._record(request)
+        return json_response(wire.action_out(record, self._live_acks(record)))
 
     # --- mutating handlers ------------------------------------------------------------------------
 

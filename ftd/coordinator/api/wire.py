@@ -261,11 +261,15 @@ class ActionOut(msgspec.Struct, frozen=True, kw_only=True):
     detail: dict[str, Any]
     created: float
     updated: float
+    #: While a save runs: the ranks that acknowledged it so far (the ledger has them only once the
+    #: save phase ends); null otherwise.
+    acked: int | None = None
 
 
-def action_out(record: ActionRecord) -> ActionOut:
+def action_out(record: ActionRecord, acked: int | None = None) -> ActionOut:
     req = record.request
     return ActionOut(
+        acked=acked,
         id=record.id,
         kind=req.kind,
         target=req.target,
