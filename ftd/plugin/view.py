@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import Any, NamedTuple, Protocol
 
 from ftd.events import Event, JobAllocation, RankInfo
 
 HISTORY_LIMIT = 256
+_NO_DATA: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass
@@ -27,11 +29,15 @@ class NodeRecord:
     drain_reason: str = ""
 
 
-@dataclass(frozen=True)
-class FaultRecord:
+class FaultRecord(NamedTuple):
     """One past event as history keeps it: a fault (severity >= error) in ``node_history``, any
     event in ``node_events``. ``data`` is the event's own data (read-only: do not change it); the
-    other fields are the parts rules group incidents by (GPU identity, job, pattern, signal)."""
+    other fields are the parts rules group incidents by (GPU identity, job, pattern, signal).
+
+    A named tuple (immutable; built with keywords like a dataclass; its ``index`` and ``count`` are
+    these fields, not tuple's methods): history keeps every event of every node, and a record
+    without a ``__dict__`` is one object for the garbage collector to scan instead of two, and is
+    built at C speed (:func:`fault_of`), so a large history costs the coordinator less (issue #25)."""
 
     ts: float
     node: str
@@ -41,15 +47,15 @@ class FaultRecord:
     event_id: str = ""
     severity: str = ""
     pci: str | None = None
-    index: int | None = None
+    index: int | None = None  # type: ignore[assignment]  # the field, not tuple.index
     job: str | None = None
     pattern: str | None = None  # log_pattern: the pattern's name
     signal: str | None = None  # gpu_health / ecc: data["signal"]
-    count: int = 1
-    data: Mapping[str, Any] = field(default_factory=dict)
+    count: int = 1  # type: ignore[assignment]  # the field, not tuple.count
     #: The jobs on the node when the event arrived (history fills it in for events that name no
     #: job, e.g. a kernel-log Xid), so an incident is linked per job, not per node.
     jobs: tuple[str, ...] = ()
+    data: Mapping[str, Any] = _NO_DATA  # last: history keeps the other fields apart (record_fields)
 
     def concerns(self, job: str) -> bool:
         """Whether this event was about ``job``: it names it, or names none and the job was there."""
@@ -108,8 +114,22 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def as_record(fields: tuple[Any, ...], data: Mapping[str, Any]) -> FaultRecord:
+    """A record from :func:`record_fields`' tuple and the event's data, without the keyword handling
+    of the generated ``__new__`` (C speed: history builds one per event a rule reads)."""
+    return tuple.__new__(FaultRecord, fields + (data,))  # noqa: RUF005 (concatenation is faster)
+
+
 def fault_of(event: Event, jobs: tuple[str, ...] = ()) -> FaultRecord:
     """``event`` as history keeps it; ``jobs``: those on its node when it arrived (see FaultRecord)."""
+    return as_record(record_fields(event, jobs), event.data)
+
+
+def record_fields(event: Event, jobs: tuple[str, ...] = ()) -> tuple[Any, ...]:
+    """:func:`fault_of`'s fields but ``data`` (the last one) as a plain tuple, in
+    :class:`FaultRecord`'s order. A plain tuple of plain values is one the garbage collector stops
+    tracking (a tuple subclass, or one holding a dict, never is), so the coordinator keeps its
+    every-event history in these (and the data apart) and builds records as rules read them."""
     data = event.data
     code: Any = data.get("code")
     if event.kind == "gpu_fallen_off_bus":
@@ -117,27 +137,22 @@ def fault_of(event: Event, jobs: tuple[str, ...] = ()) -> FaultRecord:
     index = _int(data.get("index"))
     if index is None and event.kind in ("gpu_health", "gpu_missing", "ecc", "row_remap", "thermal"):
         index = _int(data.get("gpu"))  # the NVML watcher names the GPU's index "gpu"
-    # Every field set at once, as the dataclass's own __init__ would (but it sets a frozen class's
-    # 16 fields one object.__setattr__ at a time: a tenth of the coordinator's time per event).
-    record = object.__new__(FaultRecord)
-    record.__dict__.update(
-        ts=event.ts,
-        node=event.node,
-        kind=str(event.kind),
-        code=_int(code),
-        uuid=_text(data.get("uuid")),
-        event_id=event.id,
-        severity=str(event.severity),
-        pci=_text(data.get("pci")),
-        index=index,
-        job=_text(data.get("job")),
-        pattern=_text(data.get("pattern")) if event.kind == "log_pattern" else None,
-        signal=_text(data.get("signal")),
-        count=event.count,
-        data=data,
-        jobs=jobs,
+    return (
+        event.ts,
+        event.node,
+        str(event.kind),
+        _int(code),
+        _text(data.get("uuid")),
+        event.id,
+        str(event.severity),
+        _text(data.get("pci")),
+        index,
+        _text(data.get("job")),
+        _text(data.get("pattern")) if event.kind == "log_pattern" else None,
+        _text(data.get("signal")),
+        event.count,
+        jobs,
     )
-    return record
 
 
 @dataclass

@@ -141,6 +141,10 @@ class GateView(Protocol):
 
     def node_names(self) -> list[str]: ...
 
+    def node_count(self) -> int: ...
+
+    def drained_by_ftd(self) -> frozenset[str]: ...
+
 
 class PolicyGate:
     def __init__(
@@ -302,7 +306,7 @@ class PolicyGate:
 
     def drained_set(self, view: GateView, *, exclude_id: str | None = None) -> set[str]:
         """Nodes out of service because of ftd: drained (state) plus drains pending/running/held."""
-        drained = {name for name in view.node_names() if (n := view.node(name)) and n.drained_by_ftd}
+        drained = set(view.drained_by_ftd())  # kept by the state: no scan of every node per drain
         for key, request in self._active_requests.items():
             if request.kind == ActionKind.DRAIN_NODE and self._active.get(key) != exclude_id:
                 drained.add(request.target)
@@ -313,7 +317,7 @@ class PolicyGate:
         drained = self.drained_set(view, exclude_id=approving)
         if node in drained:
             return ""  # already out: draining it again removes nothing more
-        size = len(set(view.node_names()) | {node})
+        size = view.node_count() + (view.node(node) is None)
         budget = self.drain_budget(size)
         if len(drained) + 1 > budget:
             return (

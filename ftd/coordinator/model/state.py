@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ftd.events import Event, JobPresence, NodeStatus, Severity
 from ftd.plugin.save_path import FilesystemBook
@@ -28,7 +29,8 @@ from ftd.plugin.view import (
     GpuRecord,
     JobRecord,
     NodeRecord,
-    fault_of,
+    as_record,
+    record_fields,
 )
 
 _WARNING_RANK = Severity.WARNING.rank
@@ -42,7 +44,11 @@ class ClusterState:
         self.history: dict[str, deque[FaultRecord]] = {}  # node -> faults, oldest first
         # node -> why: drained or down by someone else (the scheduler says so; not ftd's budget)
         self.unavailable: dict[str, str] = {}
-        self.recent: dict[str, deque[FaultRecord]] = {}  # node -> every event, oldest first (incidents)
+        # node -> every event, oldest first (incidents): record_fields' plain tuples, and the events'
+        # data apart (same order), so the garbage collector stops tracking the millions of tuples a
+        # large cluster's history holds and its full collections do not stall the coordinator
+        self.recent: dict[str, deque[tuple[Any, ...]]] = {}
+        self._recent_data: dict[str, deque[Mapping[str, Any]]] = {}
         self.filesystems = FilesystemBook()  # filesystems in trouble, by key and node (the save path)
         # node -> reasons of its active critical conditions, as its agent publishes them (ftd health)
         self.conditions: dict[str, list[str]] = {}
@@ -50,6 +56,8 @@ class ClusterState:
         self.condition_kinds: dict[str, list[str]] = {}
         # job -> when ftd restarted it (requeued it through the scheduler), oldest first (bounded)
         self.restarts: dict[str, deque[float]] = {}
+        # the nodes ftd drained (kept with mark_drained: the gate reads it per drain, not a scan)
+        self._drained_by_ftd: set[str] = set()
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -109,6 +117,10 @@ class ClusterState:
         record = self._node(node)
         record.drained_by_ftd = drained
         record.drain_reason = reason if drained else ""
+        if drained:
+            self._drained_by_ftd.add(node)
+        else:
+            self._drained_by_ftd.discard(node)
 
     def mark_unavailable(self, node: str, why: str | None) -> None:
         """Someone else (an operator, the scheduler) drained or downed ``node`` -- ``why`` -- or gave it
@@ -150,11 +162,14 @@ class ClusterState:
         job = event.data.get("job")
         names_job = isinstance(job, str | int) and not isinstance(job, bool) and job != ""
         linked = not names_job and event.severity.rank >= _WARNING_RANK
-        fault = fault_of(event, tuple(self.jobs_on_node(event.node)) if linked else ())
+        fields = record_fields(event, tuple(self.jobs_on_node(event.node)) if linked else ())
         recent = self.recent.get(event.node)
         if recent is None:  # (setdefault would build a deque on every call)
             recent = self.recent[event.node] = deque(maxlen=HISTORY_LIMIT)
-        recent.append(fault)
+            self._recent_data[event.node] = deque(maxlen=HISTORY_LIMIT)
+        recent.append(fields)
+        self._recent_data[event.node].append(event.data)
+        fault = as_record(fields, event.data)
         self.filesystems.note(fault)  # the save path: which filesystems are in trouble where (#23)
         if event.severity.rank < Severity.ERROR.rank:
             return
@@ -184,6 +199,13 @@ class ClusterState:
         """Every node known (online or not): the cluster size the drain budget is a fraction of."""
         return list(self.nodes)
 
+    def node_count(self) -> int:
+        return len(self.nodes)
+
+    def drained_by_ftd(self) -> frozenset[str]:
+        """The nodes ftd drained (as :meth:`mark_drained` left them)."""
+        return frozenset(self._drained_by_ftd)
+
     def gpu(self, uuid: str) -> GpuRecord | None:
         return self.gpus.get(uuid)
 
@@ -191,7 +213,8 @@ class ClusterState:
         return tuple(self.history.get(node, ()))
 
     def node_events(self, node: str) -> Sequence[FaultRecord]:
-        return tuple(self.recent.get(node, ()))
+        recent = self.recent.get(node)
+        return tuple(map(as_record, recent, self._recent_data[node])) if recent is not None else ()
 
     def job_restarts(self, job: str) -> Sequence[float]:
         return tuple(self.restarts.get(job, ()))
