@@ -18,6 +18,9 @@ from ftd.bus.base import Bus
 from ftd.events import Receipt, encode
 
 RECEIPT_BATCH_S = 0.02  # receipts gathered this long go out as one message per node
+# publishes in flight at once: a few coroutines take turns through a batch, not one per node (a
+# storm's batch names 10,000 nodes: as many coroutines kept the collector busy, issue #25)
+RECEIPT_SENDERS = 64
 
 
 @dataclass
@@ -56,13 +59,25 @@ class ReceiptOutbox:
             pending, self.pending = self.pending, {}
             ts = time.time()
             receipts = {n: Receipt(node=n, ts=ts, ids=r.ids, rejected=r.rejected) for n, r in pending.items()}
-            results = await asyncio.gather(
-                *(self.bus.publish(topics.node_receipts(node), encode(r)) for node, r in receipts.items()),
-                return_exceptions=True,
-            )
-            for (node, receipt), result in zip(receipts.items(), results, strict=True):
-                if isinstance(result, BaseException):
-                    self.add(node, receipt.ids, receipt.rejected)  # try again once reconnected
-                    await self.bus.wait_connected(timeout=1.0)
+            failed = await self._send(receipts)
+            for node, receipt in failed:
+                self.add(node, receipt.ids, receipt.rejected)  # try again once reconnected
+            if failed:
+                await self.bus.wait_connected(timeout=1.0)
+
+    async def _send(self, receipts: Mapping[str, Receipt]) -> list[tuple[str, Receipt]]:
+        """Publish each receipt (:data:`RECEIPT_SENDERS` at a time); those that failed."""
+        failed: list[tuple[str, Receipt]] = []
+        todo = iter(receipts.items())
+
+        async def sender() -> None:
+            for node, receipt in todo:  # shared: each sender takes the next receipt
+                try:
+                    await self.bus.publish(topics.node_receipts(node), encode(receipt))
+                except Exception:  # the bus is down (BusUnavailable) or the publish broke
+                    failed.append((node, receipt))
                 else:
                     self.sent += 1
+
+        await asyncio.gather(*(sender() for _ in range(min(RECEIPT_SENDERS, len(receipts)))))
+        return failed
