@@ -62,9 +62,10 @@ import asyncio, contextlib, json, signal, sys, time, sqlite3
 from ftd.config import parse_config
 from ftd.logs import configure
 from ftd.bus.factory import make_mqtt_bus
-from ftd.coordinator.daemon import Coordinator
+from ftd.coordinator.daemon import Coordinator, tune_collector
 from ftd.coordinator.wiring import build, coordinator_will
 from ftd.coordinator.actions.scheduler import FakeScheduler
+tune_collector()  # as ftd coordinator does
 
 config = parse_config(open(sys.argv[1]).read())
 configure("warning", json=True)

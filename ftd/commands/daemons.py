@@ -117,7 +117,10 @@ def _coordinator(args: argparse.Namespace) -> int:
     async def main(ready: Ready) -> None:
         from ftd.bus.base import Bus
         from ftd.bus.factory import make_mqtt_bus
+        from ftd.coordinator.daemon import tune_collector
         from ftd.coordinator.wiring import build, coordinator_will, make_scheduler
+
+        tune_collector()
 
         broker = None
         try:
