@@ -28,6 +28,7 @@ _ids = itertools.count()
 class Harness:
     make: Callable[..., Any]
     outage: Callable[[], Awaitable[None]]  # take the broker down and bring it back
+    external: bool = False  # a broker in its own process: any event loop may connect to it
 
 
 @pytest.fixture(params=["memory", "mosquitto", "embedded"])
@@ -63,7 +64,7 @@ async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             await asyncio.to_thread(mosq.restart)
 
         try:
-            yield Harness(make, outage)
+            yield Harness(make, outage, external=True)
         finally:
             for bus in buses:
                 await bus.stop()
@@ -144,6 +145,33 @@ async def test_retained_message_reaches_late_subscriber_and_empty_payload_clears
     later = await started(harness.make())
     await later.subscribe("ftd/v1/nodes/+/status")
     await no_message(later)
+
+
+async def test_fresh_subscribers_get_the_retained_message_and_stop_every_time(harness: Harness) -> None:
+    """Subscribe, start, read the retained message, stop -- ten buses in a row, each bounded: a bus
+    whose stop waits forever for its disconnect, or that misses the retained message now and then
+    (as a replaced socket reader once did), fails here instead of in an end-to-end test."""
+    pub = await started(harness.make())
+    await pub.publish("ftd/v1/nodes/node-1/jobs/7", b'{"rank":0}', retain=True)
+
+    async def cycle() -> None:
+        bus = harness.make()
+        await bus.subscribe("ftd/v1/nodes/node-1/jobs/7")
+        await bus.start()
+        seen: list[tuple[str, bytes]] = []
+        async with asyncio.timeout(5):
+            async for message in bus.messages():  # as a watcher reads: the first message, then stop
+                seen.append((message.topic, message.payload))
+                break
+        assert seen == [("ftd/v1/nodes/node-1/jobs/7", b'{"rank":0}')]
+        async with asyncio.timeout(5):
+            await bus.stop()
+
+    for _ in range(5):
+        await cycle()
+    if harness.external:  # each in an event loop of its own, as a test's or a tool's asyncio.run does
+        for _ in range(5):
+            await asyncio.to_thread(asyncio.run, cycle())
 
 
 async def test_birth_on_connect_and_will_on_abort_but_not_on_clean_stop(harness: Harness) -> None:
