@@ -509,10 +509,10 @@ NOTIFY_FORMATS = ("generic", "slack", "alertmanager")
 SEVERITIES = ("info", "warning", "error", "critical")
 
 
-class NotifyDestinationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One place notifications go: a webhook, its payload format and the least severity it wants."""
+class WebhookConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where a webhook notification goes and in what form: the fields a notify destination and the
+    top-level ``[coordinator.notify]`` (its first destination) share."""
 
-    name: Annotated[NonEmptyStr | None, _doc("Name shown in the action's detail and logs.")] = None
     webhook_url: Annotated[
         NonEmptyStr | None,
         _doc("Webhook URL (often holds a token: prefer url_file). Exclusive with url_file."),
@@ -541,35 +541,19 @@ class NotifyDestinationConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_
     ] = "info"
 
 
-class NotifyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class NotifyDestinationConfig(WebhookConfig, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One place notifications go: a webhook, its payload format and the least severity it wants."""
+
+    name: Annotated[NonEmptyStr | None, _doc("Name shown in the action's detail and logs.")] = None
+
+
+class NotifyConfig(WebhookConfig, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The ``notify`` action: webhooks (generic JSON, Slack-compatible, Alertmanager payloads).
 
     ``webhook_url``/``url_file`` (with ``format``, ``min_severity``) is one destination; each
     ``[[coordinator.notify.destinations]]`` table is another. None at all: notifications are only
     logged, and the action ends ``logged``."""
 
-    webhook_url: Annotated[
-        NonEmptyStr | None,
-        _doc("Webhook URL (often holds a token: prefer url_file). Exclusive with url_file."),
-    ] = None
-    url_file: Annotated[
-        NonEmptyStr | None,
-        _doc(
-            "File holding the webhook URL (trailing newline ignored), read per call; relative paths "
-            "resolve against $CREDENTIALS_DIRECTORY (systemd LoadCredential)."
-        ),
-    ] = None
-    format: Annotated[
-        str,
-        _doc(
-            "Payload of webhook_url/url_file: generic, slack or alertmanager.",
-            extra={"choices": NOTIFY_FORMATS},
-        ),
-    ] = "generic"
-    min_severity: Annotated[
-        str,
-        _doc("Least severity sent to webhook_url/url_file.", extra={"choices": SEVERITIES}),
-    ] = "info"
     destinations: Annotated[
         list[NotifyDestinationConfig],
         _doc("More webhooks, each with its own url or url_file, format and min_severity."),
