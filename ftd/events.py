@@ -71,6 +71,10 @@ class Kind(enum.StrEnum):
     AGENT_HEALTH = "agent_health"
     JOB_LEFTOVER = "job_leftover"  # a job's processes still alive after its end (Slurm Epilog)
     NODE_OFFLINE = "node_offline"
+    # A job's rank supervisor (``ftd run``, issue #24) on this node: its connection to the agent was
+    # lost without a goodbye (killed, crashed), or it could not start its ranks (preflight failed, the
+    # command would not start). data: job, state (lost | failed), role, slot, generation, reason.
+    SUPERVISOR = "supervisor"
     BAD_INPUT = "bad_input"
     SECURITY = "security"
 
@@ -103,7 +107,11 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     count: int = 1  # >1 when storm control collapsed identical events into this one
 
 
-DirectiveAction = Literal["save", "stop", "resume", "gpu_reset", "collect_diagnostics", "preflight"]
+DirectiveAction = Literal[
+    "save", "stop", "resume", "gpu_reset", "collect_diagnostics", "preflight", "restart"
+]
+"""``restart`` (issue #24) goes to a job's rank supervisors (``ftd run``), never to its ranks: start
+generation ``params["generation"]`` with node slots ``params["slots"]`` (see :class:`SupervisorInfo`)."""
 
 
 class Directive(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,6 +164,43 @@ class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     fallback_checkpoint_dir: str | None = None
 
 
+SupervisorRole = Literal["active", "spare", "out"]
+SupervisorState = Literal["idle", "starting", "running", "stopped", "exited", "failed", "lost"]
+
+
+class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A job's rank supervisor on one node (``ftd run``, issue #24), as its agent reports it in the
+    job's presence: which slot of the job's ``nodes`` training slots this node holds in which
+    generation, or that it is a hot spare.
+
+    ``role``: ``active`` (holds ``slot``, 0 <= slot < ``nodes``), ``spare`` (idle, ready to take a
+    slot), ``out`` (the job no longer uses this node: it failed or was swapped out). ``generation``:
+    the generation its ranks run, or ran last (0: the first; a restart inside the allocation starts
+    ``generation + 1`` on every slot with a fresh rendezvous, so a rank of an older generation can
+    never join). ``state``: ``idle`` (a spare, or waiting for a generation), ``starting``, ``running``
+    (its ranks are up), ``stopped`` (its ranks were stopped, waiting for the next generation),
+    ``exited`` (its ranks ended on their own; ``exit_code``), ``failed`` (it could not start them:
+    ``reason``), ``lost`` (set by the agent: the supervisor's connection closed without a goodbye).
+    ``preflight``: the last preflight on this node (``ok``, ``failed``; None: not run) -- a spare is
+    used only after a passing one. ``addr``: the address the other nodes reach this node's ranks at
+    (``MASTER_ADDR`` when it holds slot 0). ``warm``: a pre-started interpreter with the training
+    imports loaded is waiting for the next generation."""
+
+    role: SupervisorRole = "active"
+    slot: int | None = None
+    generation: int = 0
+    state: SupervisorState = "idle"
+    nodes: int = 1  # training slots (nodes) of the job; the allocation holds nodes + spares
+    nproc: int = 1  # ranks per node
+    addr: str = ""
+    preflight: str | None = None
+    reason: str = ""
+    exit_code: int | None = None
+    warm: bool = False
+    pid: int | None = None
+    ts: float = 0.0
+
+
 class JobAllocation(msgspec.Struct, frozen=True, kw_only=True):
     """What the scheduler's own hook (Slurm Prolog) told the node's agent about a job starting there:
     known whether or not the job's processes use ``ftd.client`` (see :mod:`ftd.agent.jobs`)."""
@@ -181,6 +226,7 @@ class JobPresence(msgspec.Struct, frozen=True, kw_only=True):
     ranks: list[RankInfo] = msgspec.field(default_factory=list)
     ts: float = 0.0
     allocation: JobAllocation | None = None
+    supervisor: SupervisorInfo | None = None  # the job's rank supervisor here (``ftd run``), if any
 
 
 class NodeConditions(msgspec.Struct, frozen=True, kw_only=True):
