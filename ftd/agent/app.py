@@ -160,6 +160,7 @@ class Agent:
             socket_mode=cfg.socket_mode,
             socket_group=cfg.socket_group,
             on_hook=self._on_hook,
+            on_event=self.emit,  # a rank supervisor lost or failed (ftd run, issue #24)
         )
         # Jobs the Slurm Prolog reported (with or without the client) and the node's active critical
         # conditions (what `ftd health` reports): ftd.agent.jobs, ftd.agent.conditions.
@@ -330,14 +331,25 @@ class Agent:
     async def _on_presence(self, job: str, ranks: list[RankInfo]) -> None:
         topic = topics.node_job(self.node, job)
         allocation = self.scheduler_jobs.get(job)  # the Prolog's word: the job runs here, client or not
+        supervisor = self.local_api.supervisor(job)  # its rank supervisor here (ftd run), if any
+        here = bool(ranks) or allocation is not None or supervisor is not None
         payload = (
-            encode(JobPresence(job=job, node=self.node, ranks=ranks, ts=time.time(), allocation=allocation))
-            if ranks or allocation is not None
+            encode(
+                JobPresence(
+                    job=job,
+                    node=self.node,
+                    ranks=ranks,
+                    ts=time.time(),
+                    allocation=allocation,
+                    supervisor=supervisor,
+                )
+            )
+            if here
             else b""
         )
         # Not durable: replaying a stale presence after a restart would resurrect a gone job.
         self.outbox.put(Outgoing(topic, payload, retain=True, priority=3, durable=False))
-        if not ranks and allocation is None:
+        if not here:
             self._jobs_here.discard(job)
         elif job not in self._jobs_here:  # a job arrived: a still-full filesystem must not take it
             self._jobs_here.add(job)
@@ -361,6 +373,7 @@ class Agent:
             return dict(protocol.ok(protocol.JOB_START))
         if isinstance(msg, JobEndMsg):
             self.scheduler_jobs.end(msg.job)
+            self.local_api.job_ended(msg.job)  # a supervisor of it lost here is forgotten
             await self._on_presence(msg.job, self.local_api.jobs().get(msg.job, []))
             if msg.leftover:
                 await self.emit(leftover_event(self.node, msg))
@@ -459,10 +472,15 @@ class Agent:
             if message.topic == node_topic:
                 self._node_directive(directive)
             elif message.topic == jobs_topic and directive.job is not None:
-                if directive.job not in self.local_api.jobs() and not directive.params.get(RUN_PARAM):
-                    # No rank of the job here and no run named: a job this node does not host. One that
-                    # names its run stays pending for that run's ranks (they register again after an
-                    # agent restart: the broker kept the directive for this session meanwhile).
+                if (
+                    not self.local_api.hosts(directive.job)
+                    and not directive.params.get(RUN_PARAM)
+                    and directive.action != "restart"
+                ):
+                    # No rank or rank supervisor (ftd run) of the job here and no run named: a job this
+                    # node does not host. One that names its run stays pending for that run's ranks
+                    # (they register again after an agent restart: the broker kept the directive for
+                    # this session meanwhile); a restart stays pending for the job's supervisor.
                     log.info("directive_unknown_job_ignored", job=directive.job, directive_id=directive.id)
                     continue
                 reached = await self.local_api.deliver(directive)

@@ -55,6 +55,22 @@ Node hooks -> agent (no ``register``; one request, one answer, then the hook clo
 - ``{"v":1,"op":"preflight"}`` (root or the agent's uid) asks the agent to run its preflight checks
   now; answer ``{"v":1,"op":"preflight","ok":...,"reason":...,"checks":[...]}``.
 
+Rank supervisor (``ftd run``, :mod:`ftd.supervisor`, issue #24) -> agent, on a connection of its own:
+
+- ``{"v":1,"op":"supervise","job":"1234","pid":4242,"info":{<SupervisorInfo fields: role, slot,
+  generation, state, nodes, nproc, addr, preflight, reason, exit_code, warm, pid, ts>}}``. Must come
+  first. Same rights as a ``register`` (the process must belong to job ``job``). Answer
+  ``{"v":1,"op":"ok","re":"supervise","node":<the agent's node name>}`` then every directive still
+  pending for the job that a supervisor takes (``restart``, ``stop``). One supervisor per job per
+  node: a second ``supervise`` for the job replaces the first (its connection is no longer heard).
+- ``{"v":1,"op":"supervisor_state","info":{...}}`` whenever its state changes: the agent puts it in
+  the job's retained presence at once (not throttled like steps). ``state: "exited"`` followed by
+  closing the connection is a clean goodbye (the supervisor leaves the presence). A connection that
+  closes without one: the agent marks the supervisor ``lost`` and reports a ``supervisor`` event; a
+  ``failed`` state is reported the same way (with its ``reason``).
+- Agent -> supervisor: ``{"v":1,"op":"directive", ...}`` for the job's ``restart`` and ``stop``
+  directives; ``restart`` never reaches a rank.
+
 Agent -> client, pushed at any time:
 
 - ``{"v":1,"op":"directive", <every Directive field: schema, id, ts, action, job, node, reason,
@@ -113,6 +129,18 @@ if TYPE_CHECKING:
         op: str
         re: str
 
+    class SuperviseMsg(TypedDict):
+        v: int
+        op: str
+        job: str
+        pid: int | None
+        info: dict[str, Any]
+
+    class SupervisorStateMsg(TypedDict):
+        v: int
+        op: str
+        info: dict[str, Any]
+
     class ErrorMsg(TypedDict):
         v: int
         op: str
@@ -144,6 +172,8 @@ __all__ = [
     "SAVE_PATH_PARAM",
     "SOCKET_ENV",
     "STARTUP_TIMEOUT_MAX_S",
+    "SUPERVISE",
+    "SUPERVISOR_STATE",
     "TEXT_MAX",
     "ack",
     "decode",
@@ -157,6 +187,8 @@ __all__ = [
     "query",
     "register",
     "run_id",
+    "supervise",
+    "supervisor_state",
 ]
 
 PROTOCOL_VERSION = 1
@@ -189,6 +221,9 @@ SAVE_PATH_PARAM = "save_path"
 REGISTER = "register"
 HEARTBEAT = "heartbeat"
 ACK = "ack"
+# Rank supervisor (ftd run) -> agent:
+SUPERVISE = "supervise"
+SUPERVISOR_STATE = "supervisor_state"
 # Node hooks -> agent (Prolog, Epilog, ftd health):
 JOB_START = "job_start"
 JOB_END = "job_end"
@@ -229,6 +264,16 @@ def register(
     if fallback_checkpoint_dir is not None:
         msg["fallback_checkpoint_dir"] = fallback_checkpoint_dir
     return msg
+
+
+def supervise(job: str, pid: int | None, info: dict[str, Any]) -> SuperviseMsg:
+    """A rank supervisor's first message: it supervises ``job`` here, as ``info`` says."""
+    return {"v": PROTOCOL_VERSION, "op": SUPERVISE, "job": job, "pid": pid, "info": dict(info)}
+
+
+def supervisor_state(info: dict[str, Any]) -> SupervisorStateMsg:
+    """A rank supervisor's new state (every SupervisorInfo field)."""
+    return {"v": PROTOCOL_VERSION, "op": SUPERVISOR_STATE, "info": dict(info)}
 
 
 def run_id(env: Any) -> str | None:

@@ -22,8 +22,9 @@ from ftd.agent.peer import ProcFs
 __all__ = ["refusal", "socket_gid"]
 
 
-def refusal(conn: Conn, msg: wire.Register, proc: ProcFs) -> str | None:
-    """Why ``msg`` may not register on this connection (None: it may)."""
+def refusal(conn: Conn, msg: wire.Register | wire.Supervise, proc: ProcFs) -> str | None:
+    """Why ``msg`` may not register on this connection (None: it may). A rank supervisor's
+    ``supervise`` (``ftd run``) has the same rights as a rank's ``register``."""
     cred, ident = conn.cred, conn.identity
     if cred is None or ident is None:
         return None  # no SO_PEERCRED on this platform: nothing to check against

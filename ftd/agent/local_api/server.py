@@ -36,6 +36,17 @@ is decoded like any message and answered by the ``on_hook`` callback (off the co
 ``job_start``, ``job_end``, ``preflight`` and ``inject`` only from root or the agent's own uid (the peer
 identity ``trusted_uid``), else refused with an ``error`` and counted (``hooks_refused``).
 
+Rank supervisors (issue #24)
+----------------------------
+A job's rank supervisor (``ftd run``, :mod:`ftd.supervisor`) connects like a rank but says
+``supervise`` (same rights as ``register``) and then ``supervisor_state`` on every change. The
+agent keeps it in :class:`~ftd.agent.local_api.supervisors.SupervisorBook`, publishes the job's
+presence at once on each change (the ``on_presence`` callback reads :meth:`LocalApi.supervisor`),
+delivers the job's ``restart`` and ``stop`` directives to it (``restart`` reaches no rank; pending
+ones go to a supervisor that connects later, which ignores a generation it already acted on), and
+reports a ``supervisor`` event through ``on_event`` when one is lost (its connection closed without
+the ``exited`` goodbye) or reports ``failed``.
+
 Thread-safety: everything here runs on the agent's event loop; call it from that loop only.
 """
 
@@ -59,15 +70,16 @@ from ftd.agent.local_api.inject import PRIVILEGED_OPS, InjectMsg
 from ftd.agent.local_api.pending import PendingDirectives
 from ftd.agent.local_api.presence import PresenceReports
 from ftd.agent.local_api.state import Conn
+from ftd.agent.local_api.supervisors import SUPERVISOR_ACTIONS, SupervisorBook, supervisor_event
 from ftd.agent.peer import ProcFs, identify, peer_cred
 from ftd.client import protocol
 from ftd.client.protocol import MAX_LINE, PROTOCOL_VERSION
-from ftd.events import Ack, Directive, RankInfo
+from ftd.events import Ack, Directive, Event, RankInfo, SupervisorInfo
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["AckCallback", "HookCallback", "LocalApi", "PresenceCallback"]
+__all__ = ["AckCallback", "EventCallback", "HookCallback", "LocalApi", "PresenceCallback"]
 
 MAX_WRITE_BUFFER = 1024 * 1024
 """A client that lets more than this pile up unread is disconnected (it reconnects and re-registers)."""
@@ -77,6 +89,8 @@ _STOP = frozenset({"stop"})
 
 PresenceCallback = Callable[[str, list[RankInfo]], Awaitable[None]]
 AckCallback = Callable[[Ack], Awaitable[None]]
+EventCallback = Callable[[Event], Awaitable[None]]
+"""Publishes an event this API observed (a rank supervisor lost or failed)."""
 HookCallback = Callable[[HookMsg | InjectMsg], Awaitable[Mapping[str, Any]]]
 """Answers a node hook's message (Prolog, Epilog, ``ftd health``): the reply to send (see
 :mod:`ftd.agent.jobs`)."""
@@ -97,9 +111,12 @@ class LocalApi:
         pending_ttl_s: float = 600.0,
         proc: ProcFs | None = None,
         on_hook: HookCallback | None = None,
+        on_event: EventCallback | None = None,
     ) -> None:
         self.socket_path = socket_path
         self._on_hook = on_hook
+        self._on_event = on_event
+        self._supervisors = SupervisorBook()
         self._socket_dir = os.path.dirname(os.path.abspath(socket_path))
         self.node = node
         self._on_presence = on_presence
@@ -134,6 +151,10 @@ class LocalApi:
             "duplicate_directives": 0,
             "slow_clients_dropped": 0,
             "callback_errors": 0,
+            "supervisors": 0,
+            "supervisors_refused": 0,
+            "supervisors_lost": 0,
+            "supervisors_failed": 0,
         }
         self._calls = CallbackQueue(self.counters)
 
@@ -230,6 +251,19 @@ class LocalApi:
         """Registered ranks by job, each list sorted by rank."""
         return {job: self._ranks(job) for job in sorted(self._jobs)}
 
+    def supervisor(self, job: str) -> SupervisorInfo | None:
+        """The job's rank supervisor on this node as it last reported (``lost`` once its connection
+        closed without a goodbye), or None (none, or it said goodbye)."""
+        return self._supervisors.get(job)
+
+    def supervisors(self) -> dict[str, SupervisorInfo]:
+        """Every job's rank supervisor on this node, by job."""
+        return {job: info for job in self._supervisors.jobs() if (info := self._supervisors.get(job))}
+
+    def hosts(self, job: str) -> bool:
+        """True while ``job`` has a rank or a rank supervisor (a spare's, even lost) on this node."""
+        return job in self._jobs or self._supervisors.get(job) is not None
+
     def ranks_silent_for(self, seconds: float, startup_s: float | None = None) -> list[tuple[str, RankInfo]]:
         """Registered ranks silent too long: :meth:`silent_ranks` without the timeouts."""
         return [(job, info) for job, info, _ in self.silent_ranks(seconds, startup_s)]
@@ -271,10 +305,20 @@ class LocalApi:
             return 0
         self.counters["directives"] += 1
         body = protocol.directive(msgspec.to_builtins(directive))
-        runs = self._runs_of(directive)
+        # A restart is for the supervisor, which starts a new run: never bound to the ranks' runs.
+        runs = None if directive.action == "restart" else self._runs_of(directive)
         pending = self._pending.add(directive, wire.line(body), time.monotonic(), runs)
         jobs = [directive.job] if directive.job is not None else list(self._jobs)
+        if directive.action == "restart":
+            jobs = []  # never to a rank
         reached = 0
+        supervisor = self._supervisors.conn(directive.job) if directive.job is not None else None
+        if (
+            supervisor is not None
+            and directive.action in SUPERVISOR_ACTIONS
+            and self._send(supervisor, pending.line)
+        ):
+            reached += 1
         for job in jobs:
             for conn in list(self._jobs.get(job, ())):
                 if not pending.for_run(conn.run):
@@ -307,8 +351,15 @@ class LocalApi:
 
     def job_started(self, job: str) -> None:
         """The scheduler says ``job`` starts (again) on this node (the Prolog's ``job_start``):
-        whatever was pending for an earlier run of it is stale."""
+        whatever was pending for an earlier run of it is stale, and so is a supervisor lost then."""
         self._log_dropped(job, self._pending.drop(job), "the job started again on this node")
+        self.job_ended(job)
+
+    def job_ended(self, job: str) -> None:
+        """The scheduler says ``job`` ended on this node: a supervisor of it lost here is forgotten
+        (one still connected stays: it ends with the job's step and says goodbye)."""
+        if self._supervisors.forget_lost(job) is not None:
+            log.info("local_api_supervisor_forgotten", job=job, why="the job ended or started again here")
 
     def _log_dropped(self, job: str, dropped: list[Directive], why: str) -> None:
         for directive in dropped:
@@ -344,6 +395,7 @@ class LocalApi:
         finally:
             self._conns.discard(conn)
             self._unregister(conn)
+            self._unsupervise(conn)
             writer.close()
             if task is not None:
                 self._handlers.discard(task)
@@ -423,6 +475,10 @@ class LocalApi:
             return
         if isinstance(msg, wire.Register):
             self._register(conn, msg)
+        elif isinstance(msg, wire.Supervise):
+            self._supervise(conn, msg)
+        elif isinstance(msg, wire.SupervisorStateMsg):
+            self._supervisor_state(conn, msg)
         elif isinstance(msg, JobStartMsg | JobEndMsg | ConditionsMsg | PreflightMsg | InjectMsg):
             self._hook(conn, msg)
         elif conn.job is None:
@@ -433,6 +489,9 @@ class LocalApi:
             self._ack(conn, msg)
 
     def _register(self, conn: Conn, msg: wire.Register) -> None:
+        if conn.supervising is not None:
+            self._bad(conn, protocol.REGISTER, f"this connection supervises job {conn.supervising}")
+            return
         if conn.job is not None:
             self._bad(conn, protocol.REGISTER, f"already registered as job {conn.job} rank {conn.rank}")
             return
@@ -473,6 +532,131 @@ class LocalApi:
             why=ident.detail if ident else "no peer credentials on this platform",
         )
         self._presence.now(msg.job)
+
+    # --- rank supervisors (ftd run) -----------------------------------------------------------
+
+    def _supervise(self, conn: Conn, msg: wire.Supervise) -> None:
+        if conn.job is not None or conn.supervising is not None:
+            held = (
+                f"job {conn.job} rank {conn.rank}"
+                if conn.job is not None
+                else f"supervisor of {conn.supervising}"
+            )
+            self._bad(conn, protocol.SUPERVISE, f"this connection is already registered as {held}")
+            return
+        why = registration.refusal(conn, msg, self._proc)
+        cred = conn.cred
+        if why is not None:
+            self.counters["supervisors_refused"] += 1
+            log.warning(
+                "supervise_refused",
+                job=msg.job,
+                pid=cred.pid if cred else None,
+                uid=cred.uid if cred else None,
+                reason=why,
+            )
+            self._send(conn, wire.error_line(protocol.SUPERVISE, why[:500]))
+            return
+        pid = msg.pid if msg.pid is not None else msg.info.pid
+        if cred is not None and conn.identity is not None and not conn.identity.any_job:
+            pid = cred.pid  # the kernel's word, as for a rank
+        info = msgspec.structs.replace(msg.info, pid=pid, ts=time.time())
+        conn.supervising = msg.job
+        replaced = self._supervisors.supervise(msg.job, conn, info)
+        if replaced is not None:
+            log.warning(
+                "local_api_supervisor_replaced", job=msg.job, pid=pid, why="a new supervise for the job"
+            )
+        self.counters["supervisors"] += 1
+        self._send(conn, wire.line({**protocol.ok(protocol.SUPERVISE), "node": self.node}))
+        owed = [
+            p
+            for p in self._pending.owed_to(msg.job, -1, time.monotonic())
+            if p.directive.job == msg.job and p.directive.action in SUPERVISOR_ACTIONS
+        ]
+        for pending in owed:
+            self._send(conn, pending.line)
+        log.info(
+            "local_api_supervisor_registered",
+            job=msg.job,
+            pid=pid,
+            role=info.role,
+            slot=info.slot,
+            generation=info.generation,
+            state=info.state,
+            pending_sent=[p.directive.id for p in owed],
+        )
+        self._supervisor_changed(msg.job, None, info)
+
+    def _supervisor_state(self, conn: Conn, msg: wire.SupervisorStateMsg) -> None:
+        job = conn.supervising
+        if job is None:
+            self._bad(conn, protocol.SUPERVISOR_STATE, "not supervising: send supervise first")
+            return
+        current = self._supervisors.get(job)
+        info = msgspec.structs.replace(msg.info, pid=current.pid if current else msg.info.pid, ts=time.time())
+        before = self._supervisors.update(conn, info)
+        if before is None:
+            log.info(
+                "local_api_supervisor_state_ignored", job=job, why="another connection supervises the job"
+            )
+            return
+        log.info(
+            "local_api_supervisor_state",
+            job=job,
+            role=info.role,
+            slot=info.slot,
+            generation=info.generation,
+            state=info.state,
+            was=before.state,
+            exit_code=info.exit_code,
+            reason=info.reason[:200] or None,
+        )
+        self._supervisor_changed(job, before, info)
+
+    def _supervisor_changed(self, job: str, before: SupervisorInfo | None, info: SupervisorInfo) -> None:
+        """Publish the job's presence now; a newly failed supervisor is an event."""
+        if not self._stopping:
+            self._presence.now(job)
+        failed_now = info.state == "failed" and (
+            before is None
+            or before.state != "failed"
+            or before.generation != info.generation
+            or before.reason != info.reason
+        )
+        if failed_now:
+            self.counters["supervisors_failed"] += 1
+            self._emit(supervisor_event(self.node, job, info))
+
+    def _unsupervise(self, conn: Conn) -> None:
+        job = conn.supervising
+        if job is None or self._stopping:  # the agent stops, not the supervisor: it reconnects
+            return
+        closed, info = self._supervisors.closed(conn, time.time())
+        if closed == "replaced" or info is None:
+            return
+        if closed == "lost":
+            self.counters["supervisors_lost"] += 1
+            log.warning(
+                "local_api_supervisor_lost",
+                job=job,
+                pid=info.pid,
+                role=info.role,
+                slot=info.slot,
+                generation=info.generation,
+                why="its connection closed without the exited goodbye",
+            )
+            self._emit(supervisor_event(self.node, job, info))
+        else:
+            log.info("local_api_supervisor_left", job=job, pid=info.pid, exit_code=info.exit_code)
+        self._presence.now(job)
+
+    def _emit(self, event: Event) -> None:
+        on_event = self._on_event
+        if on_event is None:
+            log.warning("local_api_event_not_published", kind=str(event.kind), why="no on_event callback")
+            return
+        self._calls.put(lambda: on_event(event))
 
     def _hook(self, conn: Conn, msg: HookMsg | InjectMsg) -> None:
         """A node hook's request (no registration): privileged ones only from root or our uid."""

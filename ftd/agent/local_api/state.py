@@ -37,6 +37,7 @@ class Conn:
     errors: int = 0
     cred: PeerCred | None = None  # SO_PEERCRED at connect (None where the OS has none)
     identity: JobIdentity | None = None
+    supervising: str | None = None  # the job of a rank supervisor's connection (``ftd run``)
 
     def info(self) -> RankInfo:
         return RankInfo(

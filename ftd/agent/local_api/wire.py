@@ -1,6 +1,7 @@
 """This end of the trainer protocol: the messages a client sends, decoded and typed; replies encoded.
 
-What: msgspec structs for ``register``, ``heartbeat`` and ``ack`` (the node hooks' messages are
+What: msgspec structs for ``register``, ``heartbeat``, ``ack`` and the rank supervisor's
+``supervise`` / ``supervisor_state`` (the node hooks' messages are
 :mod:`ftd.agent.jobs`'), one decoder for all of them, and the encoders of the lines this end sends.
 The protocol itself (version 1: one JSON object per line, names and limits) is
 :mod:`ftd.client.protocol`, owned by the stdlib-only trainer client and imported here, never the
@@ -38,6 +39,7 @@ from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, Prefl
 from ftd.agent.local_api.inject import INJECT, InjectMsg
 from ftd.client import protocol
 from ftd.client.protocol import PROTOCOL_VERSION
+from ftd.events import SupervisorInfo
 
 __all__ = [
     "OK_REGISTER",
@@ -47,6 +49,8 @@ __all__ = [
     "ClientMsg",
     "Heartbeat",
     "Register",
+    "Supervise",
+    "SupervisorStateMsg",
     "decode_line",
     "decoder",
     "error_line",
@@ -90,11 +94,31 @@ class AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=prot
     reason: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] = ""
 
 
-ClientMsg = Register | Heartbeat | AckMsg | HookMsg | InjectMsg
+class Supervise(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.SUPERVISE):
+    """A rank supervisor's first message (``ftd run``, issue #24): it supervises ``job`` here."""
+
+    v: int = PROTOCOL_VERSION
+    job: JobName
+    pid: NonNegInt | None = None
+    info: SupervisorInfo = msgspec.field(default_factory=SupervisorInfo)
+
+
+class SupervisorStateMsg(
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.SUPERVISOR_STATE
+):
+    """A rank supervisor's new state."""
+
+    v: int = PROTOCOL_VERSION
+    info: SupervisorInfo
+
+
+ClientMsg = Register | Heartbeat | AckMsg | Supervise | SupervisorStateMsg | HookMsg | InjectMsg
 OPS: dict[type[Any], str] = {
     Register: protocol.REGISTER,
     Heartbeat: protocol.HEARTBEAT,
     AckMsg: protocol.ACK,
+    Supervise: protocol.SUPERVISE,
+    SupervisorStateMsg: protocol.SUPERVISOR_STATE,
     JobStartMsg: protocol.JOB_START,
     JobEndMsg: protocol.JOB_END,
     ConditionsMsg: protocol.CONDITIONS,

@@ -1,0 +1,106 @@
+"""The rank supervisors (``ftd run``, issue #24) connected to this node's agent, one per job.
+
+What: :class:`SupervisorBook`, which job's supervisor is on which connection and what it last said
+(:class:`ftd.events.SupervisorInfo`), and :func:`supervisor_event`, the ``supervisor`` event for one
+that was lost or failed. A supervisor that closes its connection after reporting ``exited`` said
+goodbye and leaves the book; one whose connection closes otherwise (killed, crashed) stays in it as
+``lost`` until the job ends or starts again on this node, or a supervisor of the job connects again,
+so the job's presence keeps saying that this node's supervisor is gone. Why apart: the server only
+moves lines; what a close or a state change means for the presence and the events is decided here,
+without I/O (the server sends what these functions return).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import msgspec
+
+from ftd.agent.local_api.state import Conn
+from ftd.events import Event, Kind, Severity, SupervisorInfo, make_event
+
+__all__ = ["SUPERVISOR_ACTIONS", "Closed", "SupervisorBook", "supervisor_event"]
+
+SUPERVISOR_ACTIONS = frozenset({"restart", "stop"})
+"""The directive actions a job's supervisor receives (``restart`` reaches no rank)."""
+
+Closed = Literal["goodbye", "lost", "replaced"]
+"""What a supervisor's closed connection meant: it said goodbye (``exited``), it was lost, or another
+connection had already taken its job over (nothing changes)."""
+
+
+@dataclass(eq=False)
+class Supervised:
+    conn: Conn | None  # None once its connection closed without a goodbye (``lost``)
+    info: SupervisorInfo
+
+
+class SupervisorBook:
+    """The job -> supervisor book of one agent."""
+
+    def __init__(self) -> None:
+        self._by_job: dict[str, Supervised] = {}
+
+    def get(self, job: str) -> SupervisorInfo | None:
+        entry = self._by_job.get(job)
+        return entry.info if entry is not None else None
+
+    def conn(self, job: str) -> Conn | None:
+        entry = self._by_job.get(job)
+        return entry.conn if entry is not None else None
+
+    def jobs(self) -> list[str]:
+        return sorted(self._by_job)
+
+    def supervise(self, job: str, conn: Conn, info: SupervisorInfo) -> Conn | None:
+        """``conn`` supervises ``job`` now; returns the connection it replaced (None: none)."""
+        old = self._by_job.get(job)
+        self._by_job[job] = Supervised(conn, info)
+        return old.conn if old is not None and old.conn is not conn else None
+
+    def update(self, conn: Conn, info: SupervisorInfo) -> SupervisorInfo | None:
+        """The supervisor on ``conn`` reported ``info``; returns what it said before (None when
+        ``conn`` no longer holds its job: a newer connection took it over)."""
+        job = conn.supervising
+        entry = self._by_job.get(job) if job is not None else None
+        if entry is None or entry.conn is not conn:
+            return None
+        before, entry.info = entry.info, info
+        return before
+
+    def closed(self, conn: Conn, ts: float) -> tuple[Closed, SupervisorInfo | None]:
+        """The supervisor's connection closed: a goodbye after ``exited`` (it leaves the book), else
+        it is ``lost`` (kept, with that state); ``replaced`` when another connection holds the job."""
+        job = conn.supervising
+        entry = self._by_job.get(job) if job is not None else None
+        if job is None or entry is None or entry.conn is not conn:
+            return "replaced", None
+        if entry.info.state == "exited":
+            del self._by_job[job]
+            return "goodbye", entry.info
+        entry.conn = None
+        entry.info = msgspec.structs.replace(entry.info, state="lost", ts=ts)
+        return "lost", entry.info
+
+    def forget_lost(self, job: str) -> SupervisorInfo | None:
+        """Forget the job's supervisor if it was lost (the job ended, or starts again here)."""
+        entry = self._by_job.get(job)
+        if entry is None or entry.conn is not None:
+            return None
+        del self._by_job[job]
+        return entry.info
+
+
+def supervisor_event(node: str, job: str, info: SupervisorInfo) -> Event:
+    """The ``supervisor`` event (severity error) for a supervisor ``lost`` or ``failed`` on ``node``."""
+    data: dict[str, object] = {
+        "job": job,
+        "state": info.state,
+        "role": info.role,
+        "slot": info.slot,
+        "generation": info.generation,
+    }
+    if info.state == "failed":
+        data["reason"] = info.reason
+    return make_event(node, Kind.SUPERVISOR, severity=Severity.ERROR, source="agent", data=data)
