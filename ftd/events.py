@@ -249,13 +249,19 @@ died); ``stopped``: the agent stopped cleanly and said so (a restart, an upgrade
 
 class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Retained node status; the MQTT Last Will publishes ``offline`` when the agent dies, a clean stop
-    publishes ``stopped`` (the coordinator gives each its own grace to come back)."""
+    publishes ``stopped`` (the coordinator gives each its own grace to come back).
+
+    ``rack_broker``: the rack broker the agent is connected to in a bridged broker tier (its
+    ``[bus] rack_broker``; empty: the core broker itself). When that rack's bridge goes down the
+    coordinator treats the node as gone (``ftd.coordinator.intake.rack_bridges``); a node naming the
+    wrong rack only mislabels itself."""
 
     schema: int = SCHEMA_VERSION
     node: str
     state: NodeState
     ts: float = 0.0
     agent_version: str = ""
+    rack_broker: str = ""
 
 
 class CoordinatorStatus(msgspec.Struct, frozen=True, kw_only=True):
