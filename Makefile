@@ -62,7 +62,7 @@ check: $(STAMP)
 	$(VENV)/bin/ruff check ftd tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/vermin --quiet --no-tips --violations --target=3.9- ftd/client
+	$(VENV)/bin/vermin --quiet --no-tips --violations --target=3.9- ftd/client ftd/supervisor
 
 bench: $(STAMP) real-parts
 	$(FTD) bench e2e --json

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "ftd.commands.preflight",
     "ftd.commands.slurm_hooks",  # Slurm Prolog / Epilog
     "ftd.commands.sim",
+    "ftd.commands.run",  # the rank supervisor (issue #24)
     "ftd.commands.node_certs",  # agent-cert, cert-signer (Kubernetes CSR flow)
 )
 
