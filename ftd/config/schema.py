@@ -900,6 +900,15 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             le=86400,
         ),
     ] = 600.0
+    restart_deadline_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "After ftd sends a job's rank supervisors (ftd run) a restart inside the allocation, how long "
+            "every training slot gets to report the new generation running; a slot that does not (or "
+            "whose supervisor fails or is lost) gets a spare in the next generation, or the job is "
+            "requeued through the scheduler when no spare is left."
+        ),
+    ] = 120.0
     unacted_retry_s: Annotated[
         float,
         _doc(
