@@ -104,7 +104,8 @@ class AgentLink:
                 with self._lock:
                     if self._closed.is_set():
                         return
-                    sock.sendall(protocol.encode(protocol.supervise(self.job, self.pid, self._info)))
+                    said = self._info
+                    sock.sendall(protocol.encode(protocol.supervise(self.job, self.pid, said)))
                 answer = protocol.decode(reader.readline())
                 if answer is None or answer.get("op") != protocol.OK:
                     why = (answer or {}).get("error", "no answer")
@@ -112,6 +113,8 @@ class AgentLink:
                 self.node = str(answer.get("node") or "") or self.node
                 with self._lock:
                     self._sock = sock
+                    if self._info is not said:  # a state change while the agent was answering
+                        self._send_locked(protocol.supervisor_state(self._info))
                 self.connected.set()
                 was_up, delay, self._warned = True, 0.1, False
                 _log.info("ftd run: supervising job %s at the agent of node %s", self.job, self.node)

@@ -1,7 +1,8 @@
 """The supervisor's loop: this node's ranks, generation after generation, as the agent relays.
 
 What: :class:`Supervisor`. Generation 0 needs no coordinator: an active node starts its ranks at
-once; a spare runs the preflight and waits idle (with a warm interpreter when ``--warm``). Then it
+once; a spare runs the preflight and waits idle (with a warm interpreter when ``--warm``), or
+reports ``failed`` when the preflight fails. Then it
 follows the agent (:mod:`ftd.supervisor.agent_link`): a ``restart`` for a newer generation stops
 what is left of the old ranks and either starts generation g on slot i (after a preflight when the
 node was a spare or never checked; a failed one is state ``failed`` with no ranks), or takes the
@@ -168,7 +169,8 @@ class Supervisor:
         if self.opts.preflight is not None:
             self._report(state="idle")
             ok, why = run_preflight(self.opts.preflight)
-            self._report(preflight="ok" if ok else "failed", reason=why)
+            # A spare that fails its check is ``failed`` (an event at the agent): it cannot take a slot.
+            self._report(preflight="ok" if ok else "failed", state="idle" if ok else "failed", reason=why)
         else:
             self._report(state="idle")
         if self.pool is not None:

@@ -1,0 +1,40 @@
+"""A rank for the ``ftd run`` tests: writes its environment (and whether ``warm_marker`` was already
+imported when it started) to ``$OUT_DIR/g<generation>-r<rank>.json``, then sleeps (``RANK_MODE``
+``sleep``, the default) or exits with ``$RANK_EXIT`` (``exit``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+KEYS = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "FTD_RUN",
+    "FTD_GENERATION",
+    "FTD_JOB_ID",
+    "FTD_RESUME_STEP",
+    "FTD_SOCKET",
+    "FTD_WARM_READY_AT",
+]
+
+record: dict[str, object] = {k: os.environ.get(k) for k in KEYS}
+record["pid"] = os.getpid()
+record["started"] = time.time()
+marker = sys.modules.get("warm_marker")
+record["warm_marker_imported_at"] = getattr(marker, "IMPORTED_AT", None)
+name = f"g{record['FTD_GENERATION']}-r{record['RANK']}.json"
+tmp = os.path.join(os.environ["OUT_DIR"], "." + name)
+with open(tmp, "w") as f:
+    json.dump(record, f)
+os.replace(tmp, os.path.join(os.environ["OUT_DIR"], name))
+if os.environ.get("RANK_MODE", "sleep") == "exit":
+    sys.exit(int(os.environ.get("RANK_EXIT", "0")))
+time.sleep(3600)
