@@ -115,11 +115,18 @@ def with_rank(event: Event, pids: dict[int, tuple[str, int]]) -> Event:
     return msgspec.structs.replace(event, data={**event.data, "job": owner[0], "rank": owner[1]})
 
 
-def status_messages(node: str) -> tuple[LastWill, Message]:
-    """The Last Will (offline) and birth (online) messages for ``node``'s MQTT session."""
+def status_messages(node: str, rack_broker: str = "") -> tuple[LastWill, Message]:
+    """The Last Will (offline) and birth (online) messages for ``node``'s MQTT session; both name the
+    rack broker the agent is on (``[bus] rack_broker``; empty: the core broker)."""
     topic = topics.node_status(node)
-    offline = encode(NodeStatus(node=node, state="offline", agent_version=__version__))
-    online = encode(NodeStatus(node=node, state="online", ts=time.time(), agent_version=__version__))
+    offline = encode(
+        NodeStatus(node=node, state="offline", agent_version=__version__, rack_broker=rack_broker)
+    )
+    online = encode(
+        NodeStatus(
+            node=node, state="online", ts=time.time(), agent_version=__version__, rack_broker=rack_broker
+        )
+    )
     return LastWill(topic, offline, retain=True), Message(topic, online, retain=True)
 
 
@@ -135,9 +142,11 @@ class Agent:
         nvml_backend: NvmlBackend | None = None,
         stall_s: float = 120.0,
         health_interval_s: float = 1.0,
+        rack_broker: str = "",
     ) -> None:
         self.cfg = cfg
         self.node = node or cfg.resolved_node()
+        self.rack_broker = rack_broker  # [bus] rack_broker, said in every status (status_messages)
         self.bus = bus
         self.supervisor = WatcherSupervisor(stall_s, self.health_event)
         self.health_interval_s = health_interval_s
@@ -620,7 +629,13 @@ class Agent:
         # A clean stop says so (not the Last Will's "offline"): the coordinator then waits the longer
         # grace (coordinator.offline_grace.clean_stop_s) for the restart before moving any job.
         stopped = encode(
-            NodeStatus(node=self.node, state="stopped", ts=time.time(), agent_version=__version__)
+            NodeStatus(
+                node=self.node,
+                state="stopped",
+                ts=time.time(),
+                agent_version=__version__,
+                rack_broker=self.rack_broker,
+            )
         )
         self.outbox.put(
             Outgoing(topics.node_status(self.node), stopped, retain=True, priority=3, durable=False)

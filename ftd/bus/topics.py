@@ -14,6 +14,9 @@ Every topic ftd uses is built here so a typo cannot invent a new one. Layout (do
     ftd/v1/nodes/{node}/receipts            Receipt, coordinator -> agent: events committed
     ftd/v1/actions/{id}/{phase}             action lifecycle, coordinator only
     ftd/v1/coordinator/status               retained CoordinatorStatus; Last Will says offline
+    ftd/v1/bridges/{rack}/state             retained "1"/"0": a rack broker's bridge to the core broker
+                                            is up / down (Mosquitto's bridge notification; its Last
+                                            Will on the core says 0)
 
 Everything a node publishes lives under its own ``nodes/{node}/`` subtree, except ``directives``
 (and ``directives/jobs``) and ``receipts``, which only the coordinator may write; the Mosquitto ACL
@@ -102,12 +105,20 @@ def action_phase(action_id: str, phase: str) -> str:
 
 COORDINATOR_STATUS = f"{PREFIX}/coordinator/status"
 
+
+def bridge_state(rack: str) -> str:
+    """Where rack broker ``rack``'s bridge says it is connected to the core broker (``1``) or not
+    (``0``): its ``notification_topic`` (deploy/mosquitto/bridge/rack-bridge.conf)."""
+    return f"{PREFIX}/bridges/{check_level(rack, 'rack broker')}/state"
+
+
 # Subscription patterns.
 ALL_NODE_EVENTS = f"{PREFIX}/nodes/+/events/+"
 ALL_NODE_STATUS = f"{PREFIX}/nodes/+/status"
 ALL_NODE_JOBS = f"{PREFIX}/nodes/+/jobs/+"
 ALL_NODE_ACKS = f"{PREFIX}/nodes/+/acks"
 ALL_NODE_CONDITIONS = f"{PREFIX}/nodes/+/conditions/+"
+ALL_BRIDGE_STATE = f"{PREFIX}/bridges/+/state"
 #: The ``{type}`` level of the agent's own condition summary (:class:`ftd.events.NodeConditions`).
 FTD_CONDITIONS = "ftd"
 

@@ -102,9 +102,10 @@ def _agent(args: argparse.Namespace) -> int:
         from ftd.bus.factory import make_mqtt_bus
 
         node = config.agent.resolved_node()
-        will, birth = status_messages(node)
+        rack_broker = config.bus.rack_broker or ""
+        will, birth = status_messages(node, rack_broker)
         bus = make_mqtt_bus(config.bus, client_id=f"ftd-agent-{node}", will=will, birth=birth)
-        await Agent(config.agent, bus=bus, node=node).run(ready)
+        await Agent(config.agent, bus=bus, node=node, rack_broker=rack_broker).run(ready)
 
     return _run_until_signal(main, args.config)
 

@@ -3,7 +3,8 @@
 What: :func:`check_relations` returns a :class:`~ftd.config.errors.Problem` for each broken rule:
 
 - exclusive or dependent options: ``bus.password`` vs ``bus.password_file``, a user name needs a
-  password and a password a user name, ``bus.ca_file`` needs ``bus.tls``, ``coordinator.notify``'s
+  password and a password a user name, ``bus.ca_file`` needs ``bus.tls``, ``bus.rack_broker`` is
+  not for an embedded broker, ``coordinator.notify``'s
   ``webhook_url`` vs ``url_file``, ``coordinator.ha.ledger = "postgresql"`` needs ``ha.dsn``; the
   same user name / password rules for the HA standby's login (``coordinator.ha.standby_username``,
   ``standby_password_file``), which only a PostgreSQL ledger uses;
@@ -146,6 +147,10 @@ def _credentials(data: Mapping[Any, Any]) -> Iterator[Problem | None]:
     yield from _login(bus, lambda key: f"bus.{key}")
     if bus.get("ca_file") is not None and bus.get("tls") is not True:
         yield Problem("bus.ca_file", "is set but bus.tls is not true; set tls = true or remove it")
+    if bus.get("rack_broker") is not None and bus.get("embedded") is True:
+        yield Problem(
+            "bus.rack_broker", "is set but bus.embedded is true: an in-process broker has no bridge"
+        )
     ha = _table(data, "coordinator", "ha")
     if ha.get("ledger") == "postgresql" and ha.get("dsn") is None:
         yield Problem("coordinator.ha.dsn", "ledger = postgresql needs the database's connection string")

@@ -88,6 +88,15 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     embedded: Annotated[
         bool, _doc("Start an in-process broker instead of connecting to one (single machine, demos).")
     ] = False
+    rack_broker: Annotated[
+        NodeName | None,
+        _doc(
+            "Agents in a bridged broker tier: the name of the rack broker `host` is (the rack of its "
+            "bridge's notification topic ftd/v1/bridges/<rack>/state). The agent says it in its "
+            "status, and the coordinator treats the node as gone when that bridge goes down. "
+            "Unset: connected to the core broker (or the only one)."
+        ),
+    ] = None
 
 
 class NvmlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -812,7 +821,8 @@ class OfflineGraceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     last_will_s: Annotated[
         float,
         _doc(
-            "Grace after the broker's Last Will (the agent, the node or its network died); 0: act at once.",
+            "Grace after the broker's Last Will (the agent, the node or its network died), or after "
+            "the bridge of the node's rack broker went down; 0: act at once.",
             ge=0,
             le=3600,
         ),

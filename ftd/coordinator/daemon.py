@@ -14,7 +14,9 @@ Inputs (all decoded strictly; a payload that fails is counted in ``bad_messages`
 never fatal): node events, retained node status (an ``offline`` from the Last Will or a clean
 ``stopped`` becomes a ``node_offline`` event only if the node is not back within its grace:
 :mod:`ftd.coordinator.intake.offline_grace`; any message from the node ends the wait), retained job
-presence, and trainer acks. A payload whose ``node`` differs
+presence, trainer acks, and the state of rack brokers' bridges to the core (a bridge down puts every
+node online through that rack in the same grace: :mod:`ftd.coordinator.intake.rack_bridges`). A
+payload whose ``node`` differs
 from the node in its topic is rejected: the broker's ACL vouches for the topic, not the payload.
 
 Intake (:mod:`ftd.coordinator.intake`): one node cannot crash, stall or starve the coordinator.
@@ -56,9 +58,10 @@ from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.intake.admission import BATCH_CHUNK, Admission, Refused, Verdict
 from ftd.coordinator.intake.fairness import readable_ids
-from ftd.coordinator.intake.offline_grace import OfflineGrace, Pending
+from ftd.coordinator.intake.offline_grace import BRIDGE_DOWN, OfflineGrace, Pending
 from ftd.coordinator.intake.placement import NeedPlacement, Placement
 from ftd.coordinator.intake.presence_memory import PresenceMemory
+from ftd.coordinator.intake.rack_bridges import RackBridges, bridge_up
 from ftd.coordinator.intake.receipts import ReceiptOutbox
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.leadership import HaStatus
@@ -119,6 +122,7 @@ SUBSCRIPTIONS = (
     topics.ALL_NODE_ACKS,
     topics.ALL_NODE_EVENTS,
     topics.ALL_NODE_CONDITIONS,
+    topics.ALL_BRIDGE_STATE,  # last: a restarted coordinator knows the nodes before a rack's retained 0
 )
 
 
@@ -170,6 +174,7 @@ class Coordinator:
         self.receipts = ReceiptOutbox(bus)
         self.offline_grace = OfflineGrace(config.coordinator.offline_grace)
         self._status_seen: set[str] = set()  # nodes whose status this coordinator has read
+        self.rack_bridges = RackBridges()  # which rack broker each node is on, whose bridge is down
         self.services = services
         self.api: Service | None = None  # the HTTP API + dashboard, once started (None when disabled)
         self.loaded = False  # the engine's and the reconciler's memory read from the ledger (load())
@@ -391,6 +396,8 @@ class Coordinator:
         events = batch = False  # an event message, a batch of them: its event ids are worth reading
         try:
             levels = topics.parse(message.topic)
+            if levels[0] == "bridges":
+                return await self._on_bridge_state(levels, message)
             if len(levels) < 3 or levels[0] != "nodes":
                 raise DecodeError("unexpected topic")
             node = topics.check_level(levels[1], "node")
@@ -454,11 +461,15 @@ class Coordinator:
         status = decode(message.payload, NodeStatus)
         if status.node != levels[1]:
             raise DecodeError(f"status for node {status.node!r} published under node {levels[1]!r}")
+        self.rack_bridges.seen(status.node, status.rack_broker)
         first = status.node not in self._status_seen
         self._status_seen.add(status.node)
         changed = self.state.apply_status(status)
         log.info("node_status", node=status.node, state=status.state, retained=message.retain)
-        if status.state == "online":
+        dark = self.rack_bridges.down_rack(status.node) if message.retain else None
+        if status.state == "online" and dark is not None:
+            await self._behind_dead_bridge(dark, [status.node])  # said before its rack went dark
+        elif status.state == "online":
             self._node_alive(status.node, "online")
         elif changed or first:
             # gone: a node_offline only if it is not back within its grace (intake/offline_grace.py)
@@ -474,6 +485,47 @@ class Coordinator:
             if pending.grace_s <= 0:
                 await self._offline_when_due(once=True)
         return True
+
+    async def _on_bridge_state(self, levels: tuple[str, ...], message: Message) -> bool:
+        """A rack broker's bridge to the core is up (``1``) or down (``0``: the core fired the bridge's
+        Last Will, :mod:`ftd.coordinator.intake.rack_bridges`): down, every node online through
+        that rack gets the Last Will's grace; each is back when a live message of its own arrives."""
+        if len(levels) != 3 or levels[2] != "state":
+            raise DecodeError("unexpected bridges topic")
+        rack = topics.check_level(levels[1], "rack broker")
+        if not message.payload:
+            return True  # a cleared notification: nothing said
+        up = bridge_up(message.payload)
+        if not self.rack_bridges.went(rack, up):
+            return True
+        if up:
+            away = [
+                n for n in self.rack_bridges.nodes_on(rack, self.state.nodes) if self.offline_grace.pending(n)
+            ]
+            log.info("rack_bridge_up", rack=rack, nodes_still_away=len(away), retained=message.retain)
+            return True
+        await self._behind_dead_bridge(rack, self.rack_bridges.nodes_on(rack, self.state.online_nodes()))
+        return True
+
+    async def _behind_dead_bridge(self, rack: str, nodes: list[str]) -> None:
+        """``nodes`` are off the bus with rack ``rack``'s bridge: offline in the state, each pending
+        with the Last Will's grace (a node_offline when it ends, unless the node is heard from)."""
+        now = time.time()
+        for node in nodes:
+            self.state.apply_status(NodeStatus(node=node, state="offline", ts=now, rack_broker=rack))
+            self.offline_grace.left(node, "offline", why=BRIDGE_DOWN)
+        grace_s = self.config.coordinator.offline_grace.last_will_s
+        log.warning(
+            "rack_bridge_down",
+            rack=rack,
+            nodes=len(nodes),
+            jobs=sum(len(self.state.jobs_on_node(node)) for node in nodes),
+            grace_s=grace_s,
+            decision="node_offline for each node not heard from within the grace" if nodes else "none",
+            first_nodes=nodes[:16],
+        )
+        if nodes and grace_s <= 0:
+            await self._offline_when_due(once=True)
 
     def _node_alive(self, node: str, evidence: str) -> None:
         """Evidence that ``node`` lives (its ``online`` status, or any live message from it: events,
@@ -516,7 +568,17 @@ class Coordinator:
                 kind=Kind.NODE_OFFLINE,
                 severity=Severity.ERROR,
                 source="coordinator",
-                data={"jobs": jobs, "why": pending.why, "grace_s": pending.grace_s, "away_s": away},
+                data={
+                    "jobs": jobs,
+                    "why": pending.why,
+                    "grace_s": pending.grace_s,
+                    "away_s": away,
+                    **(
+                        {"rack_broker": self.rack_bridges.rack_of(pending.node)}
+                        if pending.why == BRIDGE_DOWN
+                        else {}
+                    ),
+                },
             )
         )
 

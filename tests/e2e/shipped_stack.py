@@ -72,16 +72,17 @@ reconnect_max_s = 1.0
 
 
 def agent_daemon(
-    broker: Mosquitto, secrets: Path, tmp_path: Path, *, extra: str = ""
+    broker: Mosquitto, secrets: Path, tmp_path: Path, *, extra: str = "", bus_extra: str = ""
 ) -> tuple[Daemon, Path, str]:
-    """``ftd agent`` for node-1 (not started): the daemon, its kernel-log file, its socket path."""
+    """``ftd agent`` for node-1 (not started): the daemon, its kernel-log file, its socket path.
+    ``extra``: tables appended to its config; ``bus_extra``: lines added to its ``[bus]`` table."""
     run_dir = Path(tempfile.mkdtemp(prefix="ftd-e2e-", dir="/tmp"))  # unix socket paths must be short
     kmsg = tmp_path / "kmsg"
     kmsg.touch()
     socket_path = str(run_dir / "agent.sock")
     agent = Daemon(
         "agent-node-1",
-        f"""{bus_section(broker, secrets, "node-1")}
+        f"""{bus_section(broker, secrets, "node-1")}{bus_extra}
 [agent]
 node = "node-1"
 kmsg_path = "{kmsg}"

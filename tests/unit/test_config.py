@@ -441,7 +441,15 @@ def strategy_for(t: mi.Type) -> st.SearchStrategy[Any]:
 # Keys governed by rules between options (ftd.config.relations, each tested on its own in
 # test_config_references.py), by the table holding them ("[]": every table of an array).
 CROSS_FIELD_KEYS = {
-    "bus": {"username", "password", "password_file", "ca_file", "reconnect_min_s", "reconnect_max_s"},
+    "bus": {
+        "username",
+        "password",
+        "password_file",
+        "ca_file",
+        "reconnect_min_s",
+        "reconnect_max_s",
+        "rack_broker",
+    },
     "coordinator.notify": {"url_file", "destinations"},
     "coordinator.ha": {
         "ledger",

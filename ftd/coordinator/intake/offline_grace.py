@@ -12,7 +12,9 @@ What: :class:`OfflineGrace`, pure bookkeeping on an injected clock (the daemon d
   cleanly and said so) waits ``clean_stop_s`` (120 s by default: a restart, an upgrade); ``offline``
   (the broker's Last Will: the agent died, or the node, or its network) waits ``last_will_s``
   (10 s by default: long enough for a crashed agent that systemd restarts, short enough for a real
-  death). ``0`` acts at once, as before.
+  death). ``0`` acts at once, as before. A node whose rack broker's bridge to the core went down
+  (``why`` :data:`BRIDGE_DOWN`: :mod:`ftd.coordinator.intake.rack_bridges`) waits ``last_will_s``
+  too: it is the Last Will its dead rack broker could not fire.
 - :meth:`OfflineGrace.alive`: evidence of life cancels the pending offline: the node's ``online``
   status, or any live message from it (events, acks, job presence and the heartbeats it carries;
   not a retained one, which a restarted coordinator reads whether the node lives or not).
@@ -34,10 +36,11 @@ from dataclasses import dataclass
 
 from ftd.config.schema import OfflineGraceConfig
 
-__all__ = ["LAST_WILL", "STOPPED", "OfflineGrace", "Pending"]
+__all__ = ["BRIDGE_DOWN", "LAST_WILL", "STOPPED", "OfflineGrace", "Pending"]
 
 LAST_WILL = "last_will"
 STOPPED = "clean_stop"
+BRIDGE_DOWN = "bridge_down"
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class Pending:
     """A node that left and is not back yet."""
 
     node: str
-    why: str  # LAST_WILL or STOPPED
+    why: str  # LAST_WILL, STOPPED or BRIDGE_DOWN
     since: float  # when the coordinator saw it leave (its clock)
     deadline: float
     grace_s: float
@@ -60,13 +63,14 @@ class OfflineGrace:
         self._clock = clock
         self._pending: dict[str, Pending] = {}
 
-    def left(self, node: str, state: str, status_ts: float = 0.0) -> Pending:
-        """The node's status says it left (``offline`` or ``stopped``); a node already pending keeps
-        its first deadline (a second status does not buy it more time)."""
+    def left(self, node: str, state: str, status_ts: float = 0.0, *, why: str | None = None) -> Pending:
+        """The node's status says it left (``offline`` or ``stopped``; ``why`` names another reason, with
+        the Last Will's grace); a node already pending keeps its first deadline (a second status does
+        not buy it more time)."""
         current = self._pending.get(node)
         if current is not None:
             return current
-        why = STOPPED if state == "stopped" else LAST_WILL
+        why = why or (STOPPED if state == "stopped" else LAST_WILL)
         grace = self.cfg.clean_stop_s if why == STOPPED else self.cfg.last_will_s
         now = self._clock()
         pending = Pending(node, why, now, now + grace, grace, status_ts)
