@@ -15,6 +15,8 @@ What: a collector that reads the agent's live state at scrape time (nothing is c
 ``ftd_agent_watcher_up{watcher}``          1 while the watcher's task runs
 ``ftd_agent_watcher_restarts_total{watcher}``  restarts after a crash or a stall
 ``ftd_agent_events_total{kind}``           events published, by kind (after storm control)
+``ftd_agent_supervisors{role,state}``      the jobs' rank supervisors here (``ftd run``)
+``ftd_agent_supervisors_lost_total``       supervisors whose connection closed without a goodbye
 =========================================  =========================================================
 
 Why a port of its own: the agent has no HTTP API (its local API is a Unix socket for trainers);
@@ -25,6 +27,7 @@ event loop, so a scrape reads the state between two steps of the loop, never mid
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -32,6 +35,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ftd.agent.local_api import LocalApi
 from ftd.agent.spool import Outbox
 from ftd.agent.supervision import WatcherSupervisor
 from ftd.agent.watchers.base import Watcher
@@ -52,6 +56,7 @@ class Agent(Protocol):
     watchers: list[Watcher]
     supervisor: WatcherSupervisor
     events_by_kind: dict[str, int]
+    local_api: LocalApi
 
 
 class AgentCollector:
@@ -113,6 +118,22 @@ class AgentCollector:
         for kind, n in sorted(a.events_by_kind.items()):
             events.add_metric([kind], n)
         yield events
+        # The jobs' rank supervisors here (ftd run, issue #24): a spare that is not idle, or a lost
+        # one, is what an operator looks for.
+        supervisors = GaugeMetricFamily(
+            "ftd_agent_supervisors",
+            "Rank supervisors (ftd run) of the jobs on this node, by role and state.",
+            labels=["role", "state"],
+        )
+        by_state = Counter((info.role, info.state) for info in a.local_api.supervisors().values())
+        for (role, state), n in sorted(by_state.items()):
+            supervisors.add_metric([role, state], n)
+        yield supervisors
+        yield CounterMetricFamily(
+            "ftd_agent_supervisors_lost",
+            "Rank supervisors whose connection closed without their goodbye (killed, crashed).",
+            value=a.local_api.counters["supervisors_lost"],
+        )
 
 
 class MetricsServer:

@@ -1,6 +1,7 @@
 """A rank for the ``ftd run`` tests: writes its environment (and whether ``warm_marker`` was already
 imported when it started) to ``$OUT_DIR/g<generation>-r<rank>.json``, then sleeps (``RANK_MODE``
-``sleep``, the default) or exits with ``$RANK_EXIT`` (``exit``)."""
+``sleep``, the default), exits with ``$RANK_EXIT`` (``exit``), or exits 0 once the file
+``$OUT_DIR/exit-g<generation>`` exists (``exit_on_file``: a rank that saved and stopped)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ tmp = os.path.join(os.environ["OUT_DIR"], "." + name)
 with open(tmp, "w") as f:
     json.dump(record, f)
 os.replace(tmp, os.path.join(os.environ["OUT_DIR"], name))
-if os.environ.get("RANK_MODE", "sleep") == "exit":
+mode = os.environ.get("RANK_MODE", "sleep")
+if mode == "exit":
     sys.exit(int(os.environ.get("RANK_EXIT", "0")))
+if mode == "exit_on_file":  # exit 0 once $OUT_DIR/exit-g<generation> exists (a rank told to stop)
+    flag = os.path.join(os.environ["OUT_DIR"], f"exit-g{record['FTD_GENERATION']}")
+    while not os.path.exists(flag):
+        time.sleep(0.05)
+    sys.exit(0)
 time.sleep(3600)

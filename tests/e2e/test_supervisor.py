@@ -314,3 +314,40 @@ async def test_warm_start_runs_the_script_with_the_imports_already_loaded(h: Har
     assert (g1["RANK"], g1["FTD_RUN"], g1["MASTER_PORT"]) == ("0", "gen-1", "29601")
     assert "generation 1 started on slot 0 (warm" in h.logs()
     await h.wait_sup("node1", generation=1, state="running")
+
+
+async def test_ranks_stopped_on_purpose_wait_for_the_next_generation(h: Harness) -> None:
+    api = await h.agent("node1")
+    proc = await h.supervisor(
+        "node1", "--nodes", "1", "--preflight", "none", env={"RANK_MODE": "exit_on_file"}
+    )
+    await h.wait_record(0, 0)
+    await h.wait_sup("node1", generation=0, state="running")
+    # A stop for another run (an older generation's) changes nothing; one for gen-0 does.
+    for did, run in (("a0-stop", "gen-7"), ("a1-stop", "gen-0")):
+        await api.deliver(Directive(id=did, ts=time.time(), action="stop", job="j1", params={"run": run}))
+    await until(lambda: "stop a1-stop for generation 0" in h.logs(), WITHIN)
+    assert "stop a0-stop is for run gen-7, not ours (gen-0): ignored" in h.logs()
+    (h.out / "exit-g0").touch()  # the ranks saved and exit 0: not the end of training
+    await h.wait_sup("node1", generation=0, state="stopped", exit_code=0)
+    assert proc.returncode is None
+    await h.restart(1, ["node1"], resume_step=12)
+    g1 = await h.wait_record(1, 0)
+    assert (g1["FTD_RUN"], g1["FTD_RESUME_STEP"]) == ("gen-1", "12")
+    await h.wait_sup("node1", generation=1, state="running", exit_code=None)
+    (h.out / "exit-g1").touch()  # no stop this time: training is done
+    assert await asyncio.wait_for(proc.wait(), WITHIN) == 0
+
+
+async def test_agent_restart_the_supervisor_comes_back(h: Harness) -> None:
+    api = await h.agent("node1")
+    await h.supervisor("node1", "--nodes", "1", "--preflight", "none")
+    g0 = await h.wait_record(0, 0)
+    await h.wait_sup("node1", generation=0, state="running")
+    await api.stop()  # the agent restarts (a new LocalApi on the same socket)
+    again = await h.agent("node1")
+    await h.wait_sup("node1", generation=0, state="running", role="active")
+    assert again.supervisor("j1") is not None and alive(g0["pid"])  # the ranks were never touched
+    await h.restart(1, ["node1"])
+    await h.wait_record(1, 0)
+    assert h.events == []

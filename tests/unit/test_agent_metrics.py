@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from pathlib import Path
 
 import aiohttp
@@ -14,6 +15,7 @@ from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig
 from ftd.config.schema import AgentMetricsConfig
 from tests.realparts import free_port
+from tests.unit.helpers import until
 
 XID = "[ 100.000000] NVRM: Xid (PCI:0000:05:00): 79, pid=123, GPU has fallen off the bus.\n"
 
@@ -54,6 +56,11 @@ async def test_agent_serves_its_metrics(tmp_path: Path) -> None:
     agent = Agent(cfg, bus=MemoryBus(MemoryBroker(), client_id="agent"), node="n1", watchers=[crashy])
     task = asyncio.create_task(agent.run())
     try:
+        # A spare's rank supervisor (ftd run) connects: counted by role and state.
+        await until(lambda: Path(cfg.socket_path).exists(), 15)
+        _, writer = await asyncio.open_unix_connection(cfg.socket_path)
+        info = {"role": "spare", "state": "idle"}
+        writer.write(json.dumps({"v": 1, "op": "supervise", "job": "j1", "info": info}).encode() + b"\n")
         got: dict[str, float] = {}
         async with aiohttp.ClientSession() as http, asyncio.timeout(15):
             while True:  # until the three lines are read and the crashing watcher was restarted once
@@ -61,9 +68,11 @@ async def test_agent_serves_its_metrics(tmp_path: Path) -> None:
                     async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
                         assert resp.status == 200
                         got = samples(await resp.text())
-                if got.get("ftd_agent_kmsg_lines_total") == 3 and got.get(
-                    'ftd_agent_watcher_restarts_total{watcher="crashy"}', 0
-                ) >= 1:
+                if (
+                    got.get("ftd_agent_kmsg_lines_total") == 3
+                    and got.get('ftd_agent_watcher_restarts_total{watcher="crashy"}', 0) >= 1
+                    and got.get('ftd_agent_supervisors{role="spare",state="idle"}') == 1
+                ):
                     break
                 await asyncio.sleep(0.05)
         assert got["ftd_agent_bus_connected"] == 1
@@ -73,6 +82,8 @@ async def test_agent_serves_its_metrics(tmp_path: Path) -> None:
         assert got["ftd_agent_spool_entries"] >= 1 and got["ftd_agent_spool_oldest_age_seconds"] > 0
         assert got["ftd_agent_spool_dropped_total"] == 0
         assert got["ftd_agent_kmsg_lag_seconds"] == 0  # a file, not /dev/kmsg
+        assert got["ftd_agent_supervisors_lost_total"] == 0
+        writer.close()
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
