@@ -174,12 +174,25 @@ async def test_bad_supervisor_messages_are_errors_and_the_connection_stays(
         assert (await peer.recv())["op"] == "error"
         await peer.send({"v": 1, "op": "supervise", "job": "j/1", "info": info()})
         assert (await peer.recv())["op"] == "error"
+        for bad, why in (
+            (info(slot=2, nodes=2), "slot 2 is not in 0..1"),
+            (info(generation=-1), "generation must be >= 0, nodes and nproc >= 1"),
+            (info(addr="a" * 300), "addr longer than 256 characters"),
+        ):
+            await peer.send({"v": 1, "op": "supervise", "job": "j1", "info": bad})
+            got = await peer.recv()
+            assert got.get("error") == why, got
+        await peer.send(
+            {"v": 1, "op": "supervise", "job": "j1", "info": info(state="failed", reason="x" * 5000)}
+        )
+        assert (await peer.recv())["op"] == "ok"
+        kept = api.supervisor("j1")
+        assert kept is not None and kept.reason == "x" * 4096  # cut to the protocol's TEXT_MAX
         rank = await Peer.open(api)
         assert (await rank.register("j1", 0))["op"] == "ok"
         await rank.send({"v": 1, "op": "supervise", "job": "j1", "info": info()})
         err = await rank.recv()
         assert err["op"] == "error" and "already registered as job j1 rank 0" in err["error"]
-        assert api.supervisor("j1") is None
         await peer.close()
         await rank.close()
     finally:

@@ -70,7 +70,12 @@ from ftd.agent.local_api.inject import PRIVILEGED_OPS, InjectMsg
 from ftd.agent.local_api.pending import PendingDirectives
 from ftd.agent.local_api.presence import PresenceReports
 from ftd.agent.local_api.state import Conn
-from ftd.agent.local_api.supervisors import SUPERVISOR_ACTIONS, SupervisorBook, supervisor_event
+from ftd.agent.local_api.supervisors import (
+    SUPERVISOR_ACTIONS,
+    SupervisorBook,
+    checked,
+    supervisor_event,
+)
 from ftd.agent.peer import ProcFs, identify, peer_cred
 from ftd.client import protocol
 from ftd.client.protocol import MAX_LINE, PROTOCOL_VERSION
@@ -560,7 +565,10 @@ class LocalApi:
         pid = msg.pid if msg.pid is not None else msg.info.pid
         if cred is not None and conn.identity is not None and not conn.identity.any_job:
             pid = cred.pid  # the kernel's word, as for a rank
-        info = msgspec.structs.replace(msg.info, pid=pid, ts=time.time())
+        info = checked(msg.info, time.time(), pid, protocol.TEXT_MAX)
+        if isinstance(info, str):
+            self._bad(conn, protocol.SUPERVISE, info)
+            return
         conn.supervising = msg.job
         replaced = self._supervisors.supervise(msg.job, conn, info)
         if replaced is not None:
@@ -594,7 +602,10 @@ class LocalApi:
             self._bad(conn, protocol.SUPERVISOR_STATE, "not supervising: send supervise first")
             return
         current = self._supervisors.get(job)
-        info = msgspec.structs.replace(msg.info, pid=current.pid if current else msg.info.pid, ts=time.time())
+        info = checked(msg.info, time.time(), current.pid if current else msg.info.pid, protocol.TEXT_MAX)
+        if isinstance(info, str):
+            self._bad(conn, protocol.SUPERVISOR_STATE, info)
+            return
         before = self._supervisors.update(conn, info)
         if before is None:
             log.info(

@@ -20,7 +20,7 @@ import msgspec
 from ftd.agent.local_api.state import Conn
 from ftd.events import Event, Kind, Severity, SupervisorInfo, make_event
 
-__all__ = ["SUPERVISOR_ACTIONS", "Closed", "SupervisorBook", "supervisor_event"]
+__all__ = ["SUPERVISOR_ACTIONS", "Closed", "SupervisorBook", "checked", "supervisor_event"]
 
 SUPERVISOR_ACTIONS = frozenset({"restart", "stop"})
 """The directive actions a job's supervisor receives (``restart`` reaches no rank)."""
@@ -90,6 +90,22 @@ class SupervisorBook:
             return None
         del self._by_job[job]
         return entry.info
+
+
+ADDR_MAX = 256
+"""Longest ``addr`` kept (a host name or an address); a longer ``reason`` is cut to TEXT_MAX."""
+
+
+def checked(info: SupervisorInfo, ts: float, pid: int | None, text_max: int) -> SupervisorInfo | str:
+    """``info`` as the agent keeps it (``pid`` and ``ts`` its own, ``reason`` cut to ``text_max``), or
+    why it is refused: numbers a supervisor cannot mean (a negative slot or generation, no nodes)."""
+    if info.slot is not None and not 0 <= info.slot < max(info.nodes, 1):
+        return f"slot {info.slot} is not in 0..{info.nodes - 1}"
+    if info.generation < 0 or info.nodes < 1 or info.nproc < 1:
+        return "generation must be >= 0, nodes and nproc >= 1"
+    if len(info.addr) > ADDR_MAX:
+        return f"addr longer than {ADDR_MAX} characters"
+    return msgspec.structs.replace(info, pid=pid, ts=ts, reason=info.reason[:text_max])
 
 
 def supervisor_event(node: str, job: str, info: SupervisorInfo) -> Event:
