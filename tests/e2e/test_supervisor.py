@@ -53,14 +53,14 @@ class Harness:
         return api
 
     async def supervisor(
-        self, node: str, *args: str, env: dict[str, str] | None = None
+        self, node: str, *args: str, env: dict[str, str] | None = None, rank: str = RANK
     ) -> asyncio.subprocess.Process:
         cmd = [
             sys.executable,
             *("-m", "ftd.cli", "run", "--job", "j1", "--socket", self.apis[node].socket_path),
             *("--master-addr", "127.0.0.1", "--master-port", "29600", "--stop-grace", "5", "--node", node),
             *args,
-            *("--", sys.executable, RANK),
+            *("--", sys.executable, rank),
         ]
         full_env = {
             **os.environ,
@@ -351,3 +351,25 @@ async def test_agent_restart_the_supervisor_comes_back(h: Harness) -> None:
     await h.restart(1, ["node1"])
     await h.wait_record(1, 0)
     assert h.events == []
+
+
+async def test_real_ddp_ranks_meet_in_each_generation(h: Harness) -> None:
+    pytest.importorskip("torch")
+    ddp = str(Path(__file__).with_name("ddp_rank.py"))
+    for node in ("node1", "node2"):
+        await h.agent(node)
+    for index, node in enumerate(("node1", "node2")):
+        await h.supervisor(node, "--nodes", "2", "--node-rank", str(index), "--preflight", "none", rank=ddp)
+
+    def ddp_record(generation: int, rank: int) -> dict[str, Any] | None:
+        path = h.out / f"ddp-g{generation}-r{rank}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    await until(lambda: ddp_record(0, 0) is not None and ddp_record(0, 1) is not None, 120)
+    assert ddp_record(0, 0) == {"rank": 0, "world": 2, "sum": 3.0, "port": "29600"}
+    # Slots swapped in generation 1: every rank restarts and meets on the next port.
+    await h.restart(1, ["node2", "node1"])
+    await until(lambda: ddp_record(1, 0) is not None and ddp_record(1, 1) is not None, 120)
+    assert ddp_record(1, 0) == {"rank": 0, "world": 2, "sum": 3.0, "port": "29601"}
+    await h.wait_sup("node2", slot=0, generation=1, state="running")
+    await h.wait_sup("node1", slot=1, generation=1, state="running")
