@@ -588,7 +588,9 @@ class Coordinator:
         if presence is not None and (presence.node != node or presence.job != job):
             raise DecodeError("job presence does not match its topic")
         # Authority follows placement; clearing its own presence (no ranks) is always a node's right.
-        claims = presence is not None and (presence.ranks or presence.allocation is not None)
+        claims = presence is not None and (
+            presence.ranks or presence.allocation is not None or presence.supervisor is not None
+        )
         if presence is not None and claims and self.placement.check(node, [job]):
             self.placement.violation(node, job, "presence", f"ranks {[r.rank for r in presence.ranks][:16]}")
             return True

@@ -113,6 +113,7 @@ def build(
             send_to_node=directives.send,
             scheduler=scheduler,
             job_moved=placement.forget,
+            save_action=store.save_action,
         )
     )
     plugins = make_plugin_manager(

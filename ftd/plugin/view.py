@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
-from ftd.events import Event, JobAllocation, RankInfo
+from ftd.events import Event, JobAllocation, RankInfo, SupervisorInfo
 
 HISTORY_LIMIT = 256
 _NO_DATA: Mapping[str, Any] = MappingProxyType({})
@@ -157,17 +157,26 @@ def record_fields(event: Event, jobs: tuple[str, ...] = ()) -> tuple[Any, ...]:
 
 @dataclass
 class JobRecord:
-    """A job and where it runs: ``ranks_by_node`` (trainer ranks registered with the agents) and
+    """A job and where it runs: ``ranks_by_node`` (trainer ranks registered with the agents),
     ``allocations`` (nodes whose scheduler hook, Slurm's Prolog, reported the job: a job without the
-    client has these only). ``nodes`` is both; ``ranks`` only the registered ranks."""
+    client has these only) and ``supervisors`` (its rank supervisors, ``ftd run``, by node: issue #24).
+
+    ``nodes`` is where the job trains: nodes with ranks, allocated nodes and active supervisors, but
+    not a hot spare or a node the job swapped out (``role`` spare / out) unless ranks are still
+    registered there: a fault on a spare must not restart the job, and the job's save and stop
+    directives go to its training nodes only. ``spares`` are those spare nodes; ``slots`` the node of
+    each training slot in the newest generation; ``generation`` the newest any supervisor reports."""
 
     id: str
     ranks_by_node: dict[str, list[RankInfo]] = field(default_factory=dict)
     allocations: dict[str, JobAllocation] = field(default_factory=dict)
+    supervisors: dict[str, SupervisorInfo] = field(default_factory=dict)
 
     @property
     def nodes(self) -> list[str]:
-        return sorted({n for n, ranks in self.ranks_by_node.items() if ranks} | set(self.allocations))
+        ranked = {n for n, ranks in self.ranks_by_node.items() if ranks}
+        idle = {n for n, s in self.supervisors.items() if s.role != "active" and n not in ranked}
+        return sorted((ranked | set(self.allocations) | set(self.supervisors)) - idle)
 
     @property
     def ranks(self) -> set[int]:
@@ -177,6 +186,30 @@ class JobRecord:
     def last_step(self) -> int | None:
         steps = [r.step for ranks in self.ranks_by_node.values() for r in ranks if r.step is not None]
         return max(steps) if steps else None
+
+    @property
+    def spares(self) -> list[str]:
+        """The job's hot spares: nodes whose supervisor is idle in role ``spare``."""
+        return sorted(n for n, s in self.supervisors.items() if s.role == "spare")
+
+    @property
+    def generation(self) -> int | None:
+        """The newest generation any of the job's supervisors reports (None: no supervisor)."""
+        return max((s.generation for s in self.supervisors.values()), default=None)
+
+    @property
+    def slots(self) -> list[str | None]:
+        """The node of each training slot (0 .. nodes-1) among the active supervisors of the newest
+        generation (None: no supervisor reports that slot); [] without supervisors."""
+        active = [(n, s) for n, s in self.supervisors.items() if s.role == "active" and s.slot is not None]
+        if not active:
+            return []
+        size = max(max(s.nodes for _, s in active), max(s.slot or 0 for _, s in active) + 1)
+        slots: list[str | None] = [None] * size
+        for node, info in sorted(active, key=lambda a: (a[1].generation, a[0])):  # the newest wins
+            if info.slot is not None and 0 <= info.slot < size:
+                slots[info.slot] = node
+        return slots
 
 
 class ClusterView(Protocol):

@@ -47,6 +47,9 @@ host               NIC fatal (mlx5, EFA), NVLink link-mask failure, uncorrected 
                    move the job, then drain; NIC warnings, soft lockups, peermem errors, resource limits,
                    other kernel BUG reports: notify; a segfault in libnccl/libcuda of a job's process:
                    the application-fault path (restart in place, crash-loop backoff)
+supervisor         a job's rank supervisor (``ftd run``) lost or failed on a node the job trains on:
+                   restart with that node avoided (its slot goes to a spare, no drain); on a spare:
+                   notify
 =================  ==================================================================================
 
 ``_incidents`` (not a plugin) is what they share to see one fault as one incident: which records

@@ -143,7 +143,7 @@ def test_xid48_saves_stops_then_resets_the_gpu_then_requeues(gpu_stack: tuple[St
     assert len(health) == 1 and health[0]["data"]["directive_id"] == reset["directive_id"]
 
     # Then the requeue: after the reset, with node-1 excluded (the job stays PENDING: no other slurmd).
-    assert restart["phases_done"] == ["stop", "requeue", "resume"]  # not in place: not followed
+    assert restart["phases_done"] == ["stop", "requeue", "restart", "resume"]  # not in place: not followed
     assert reset_at <= restart["requeued_at"]
     assert restart["requeued"]["exclude"] == ["node-1"]
     info = stack.slurm.job(job)

@@ -85,7 +85,7 @@ def test_a_restart_whose_new_run_fails_before_registering_is_escalated_and_notif
     detail = restart["detail"]
     assert restart["state"] == "escalated", restart
     assert detail["requeued"]["exclude"] == [] and "requeued_at" in detail, detail
-    assert detail["phases_done"] == ["stop", "requeue", "resume"], detail
+    assert detail["phases_done"] == ["stop", "requeue", "restart", "resume"], detail
     assert "resumed_at" not in detail, detail
     sentence = detail["not_resumed"]
     assert sentence.startswith(f"job {job} did not train again after ftd restarted it in place:"), sentence
@@ -109,7 +109,7 @@ def test_a_restart_whose_new_run_registers_records_when_it_resumed(restart_stack
     [restart] = actions(stack, "checkpoint_restart")
     detail = restart["detail"]
     assert restart["state"] == "succeeded", restart
-    assert detail["phases_done"] == ["stop", "requeue", "resume"], detail
+    assert detail["phases_done"] == ["stop", "requeue", "restart", "resume"], detail
     assert detail["resumed_at"] >= detail["requeued_at"], detail
     assert "not_resumed" not in detail and "waiting" not in detail, detail
     assert [r["what"] for r in trainer_records(log)].count("started") == 2

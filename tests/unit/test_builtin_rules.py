@@ -51,6 +51,7 @@ def test_every_builtin_is_registered() -> None:
         "shared_fs",
         "storage",
         "host",
+        "supervisor",
     }
 
 

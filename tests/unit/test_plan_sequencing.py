@@ -242,7 +242,7 @@ async def test_gpu_reset_runs_after_the_save_and_stop_and_the_requeue_after_the_
         assert reset.detail["attempts"][-1]["ok"] is True
         assert len(reset.detail["attempts"]) == env.gpu.refusals + 1
         assert restart.state == ActionState.SUCCEEDED, restart.detail
-        assert restart.detail["phases_done"] == ["stop", "requeue", "resume"]
+        assert restart.detail["phases_done"] == ["stop", "requeue", "restart", "resume"]
         assert restart.detail["requeued"]["exclude"] == [NODE]
         assert reset.detail["plan"] == restart.detail["plan"]
         plan = env.ledger.plan(reset.detail["plan"])

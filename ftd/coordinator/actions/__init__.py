@@ -30,7 +30,7 @@ from ftd.coordinator.actions.preflight import PREFLIGHT, Preflight
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.slurm_signal import SlurmSignalFallback
 from ftd.coordinator.model.state import ClusterState
-from ftd.plugin.actions import ActionKind
+from ftd.plugin.actions import ActionKind, ActionRecord
 from ftd.plugin.hookspecs import Executor, hookimpl
 
 
@@ -47,6 +47,9 @@ class ExecutorContext:
     #: Told the job ftd just requeued (its nodes change): the coordinator's placement cache forgets
     #: the old list, so the ranks that start elsewhere are believed, not reported as forgeries.
     job_moved: Callable[[str], None] = lambda job: None
+    #: Persist an action record mid-phase (the ledger): checkpoint_restart records each generation it
+    #: starts inside an allocation before sending it, so a restarted coordinator resumes that one.
+    save_action: Callable[[ActionRecord], Awaitable[None]] | None = None
 
 
 def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
@@ -61,6 +64,8 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         stop_deadline_s=cfg.stop_deadline_s,
         save_step_margin=cfg.save_step_margin,
         resume_deadline_s=cfg.resume_deadline_s,
+        restart_deadline_s=cfg.restart_deadline_s,
+        persist=ctx.save_action,
     )
     if ctx.scheduler is not None and ctx.scheduler.name == "slurm" and cfg.slurm.clientless.enabled:
         checkpoint_restart.clientless = clientless_fallback(cfg.slurm)

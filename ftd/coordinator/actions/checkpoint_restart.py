@@ -62,6 +62,13 @@ from typing import Any
 from ftd.bus import topics
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.directive import Publish, directive_for, publish_with_retry
+from ftd.coordinator.actions.restart_phase import (
+    DEFAULT_RESTART_DEADLINE_S,
+    IN_ALLOCATION,
+    WAITING,
+    InAllocation,
+    Persist,
+)
 from ftd.coordinator.actions.scheduler import JobInfo, Scheduler, SchedulerError
 from ftd.coordinator.actions.slurm_signal import ClientlessFallback
 from ftd.coordinator.model.plan import merge_state
@@ -74,7 +81,7 @@ log = get_logger(__name__)
 
 DEFAULT_SAVE_STEP_MARGIN = 5
 DEFAULT_RESUME_DEADLINE_S = 600.0
-WAITING = "waiting for the job to train again"
+__all__ = ["WAITING", "CheckpointRestart", "not_resumed", "resume_step", "save_at_step"]
 #: Scheduler job states after which a requeued job will not run again by itself.
 ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -112,6 +119,9 @@ class CheckpointRestart:
         job_moved: Callable[[str], None] = lambda job: None,
         resume_deadline_s: float = DEFAULT_RESUME_DEADLINE_S,
         resume_poll_s: float = 1.0,
+        restart_deadline_s: float = DEFAULT_RESTART_DEADLINE_S,
+        persist: Persist | None = None,
+        allow_unchecked_spares: bool = False,
     ) -> None:
         self._publish = publish
         self._state = state
@@ -126,6 +136,14 @@ class CheckpointRestart:
         # A job with no rank registered (no ftd.client): the scheduler's own signal convention
         # (:mod:`ftd.coordinator.actions.slurm_signal`); None: nothing to save, requeue only.
         self.clientless: ClientlessFallback | None = None
+        # A job run by rank supervisors (``ftd run``): restarted inside its allocation (issue #24).
+        self.in_allocation = InAllocation(
+            publish=publish,
+            state=state,
+            restart_deadline_s=restart_deadline_s,
+            persist=persist,
+            allow_unchecked=allow_unchecked_spares,
+        )
 
     async def _send(
         self,
@@ -146,7 +164,7 @@ class CheckpointRestart:
             await publish_with_retry(self._publish, topic, encode(directive), deadline_s)
         return directive.id
 
-    phases = ("stop", "requeue", "resume")
+    phases = ("stop", "requeue", "restart", "resume")
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         """Every phase in a row (outside a plan)."""
@@ -166,6 +184,9 @@ class CheckpointRestart:
             return await self._save_and_stop(record)
         if phase == "requeue":
             return await self._requeue(record)
+        if phase == "restart":
+            follow = self.resume_deadline_s > 0
+            return await self.in_allocation.restart(record, self._requeue_excluding, follow=follow)
         if phase == "resume":
             return await self._resume(record)
         raise ValueError(f"checkpoint_restart has no phase {phase!r}")
@@ -253,7 +274,22 @@ class CheckpointRestart:
         job = record.request.target
         if record.request.params.get("requeue") is False:
             return {"requeued": None, "note": f"job {job} stopped, not requeued: no restart was asked"}
+        chosen: dict[str, Any] = {}
         exclude = list(record.request.params.get("exclude") or [])
+        job_record = self._state.jobs.get(job)
+        if job_record is not None and job_record.supervisors:
+            choice = self.in_allocation.plan(record)
+            if choice.path != "requeue":
+                return choice.detail()  # the "restart" phase starts the new generation
+            chosen = choice.detail()  # why not inside the allocation; its bad slot nodes are excluded
+            exclude += [n for n in choice.out if n not in exclude]
+        out = await self._requeue_excluding(record, exclude)
+        return {**chosen, **out}
+
+    async def _requeue_excluding(self, record: ActionRecord, exclude: list[str]) -> dict[str, Any]:
+        """Requeue through the scheduler without the nodes of ``exclude`` (a pinned job's own nodes
+        excepted: see the module docstring)."""
+        job = record.request.target
         if self._scheduler is None:
             return {"requeued": None}
         refused = await self._pinned(job, exclude)
@@ -274,7 +310,7 @@ class CheckpointRestart:
         out: dict[str, Any] = {"requeued": requeued, "requeued_at": requeued_at}
         if refused:
             out.update(exclude_refused=refused, state=str(ActionState.ESCALATED))
-        out["in_place"] = not record.request.params.get("exclude")  # asked to stay on its nodes
+        out["in_place"] = not exclude and not refused  # asked to stay on its nodes
         if self._follows(out):
             out["waiting"] = WAITING  # saved with phases_done: what the resume phase is doing
         return out
@@ -293,6 +329,8 @@ class CheckpointRestart:
     async def _resume(self, record: ActionRecord) -> dict[str, Any]:
         """Until the job requeued in place trains again, or escalated with what was seen instead."""
         detail = record.detail
+        if detail.get("path") in IN_ALLOCATION:
+            return await self.in_allocation.resume(record, self.resume_deadline_s)
         if not self._follows(detail) or self._scheduler is None:
             return {}
         job = record.request.target

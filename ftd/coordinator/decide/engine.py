@@ -134,7 +134,7 @@ class Engine:
         self.awaiting.update((r.id, r) for r in recent if r.state == ActionState.AWAITING_APPROVAL)
         gate.restore(self.awaiting.values())
         for record in recent:  # ftd's restarts of jobs: an incident of a job ends at its restart
-            requeued_at = record.detail.get("requeued_at")
+            requeued_at = record.detail.get("requeued_at") or record.detail.get("restarted_at")
             if record.request.targets_job and isinstance(requeued_at, int | float):
                 self.state.note_restart(record.request.target, float(requeued_at))
         for event in reversed(await ledger.events(limit=self.HISTORY_EVENTS)):

@@ -61,6 +61,7 @@ DEFAULT_RULES = (
     "ftd.rules.shared_fs",
     "ftd.rules.storage",
     "ftd.rules.host",
+    "ftd.rules.supervisor",
 )
 
 

@@ -8,9 +8,11 @@ be held back until it arrives). Decided in that order, an Xid 79 queued for a re
 found no job on its node: the node was drained and its job neither saved nor requeued
 (``tests/contract/test_coordinator_restart_order.py``, on a real Mosquitto).
 
-What is kept: a job's *membership* on a node -- its ranks (rank, local rank, pid) and the Prolog's
-allocation -- never the step or heartbeat time, which are stale by the time they are read back and
-which the retained presence refreshes within a second. It is written only when the membership
+What is kept: a job's *membership* on a node -- its ranks (rank, local rank, pid), the Prolog's
+allocation and its rank supervisor (``ftd run``: role, slot, generation, state; a hot spare has only
+that, and a restart right after start-up must know the job's spares) -- never the step or heartbeat
+time, which are stale by the time they are read back and which the retained presence refreshes
+within a second. It is written only when the membership
 changes (a job starts, a rank joins or leaves, a job ends), not on every heartbeat. At start,
 :meth:`PresenceMemory.load` puts it into the cluster state; once the scheduler has said which jobs
 run (the placement warm-up, or one lookup per remembered job for a scheduler without the bulk
@@ -28,23 +30,27 @@ import msgspec
 
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import JobAllocation, JobPresence, RankInfo
+from ftd.events import JobAllocation, JobPresence, RankInfo, SupervisorInfo
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
 
-Membership = tuple[tuple[RankInfo, ...], JobAllocation | None]
+Membership = tuple[tuple[RankInfo, ...], JobAllocation | None, SupervisorInfo | None]
 
 
 def membership(presence: JobPresence) -> JobPresence:
     """``presence`` without what goes stale (steps, heartbeat times): what the ledger keeps."""
     ranks = [RankInfo(rank=r.rank, local_rank=r.local_rank, pid=r.pid) for r in presence.ranks]
-    return msgspec.structs.replace(presence, ranks=ranks)
+    supervisor = presence.supervisor
+    if supervisor is not None:
+        supervisor = msgspec.structs.replace(supervisor, ts=0.0)
+    return msgspec.structs.replace(presence, ranks=ranks, supervisor=supervisor)
 
 
 def _key(presence: JobPresence) -> Membership:
-    """What a write is worth making for: the membership's ranks and the allocation."""
-    return tuple(membership(presence).ranks), presence.allocation
+    """What a write is worth making for: the membership's ranks, the allocation, the supervisor."""
+    kept = membership(presence)
+    return tuple(kept.ranks), presence.allocation, kept.supervisor
 
 
 class PresenceMemory:
@@ -67,10 +73,13 @@ class PresenceMemory:
         return len(remembered)
 
     async def observe(self, node: str, job: str, presence: JobPresence | None) -> None:
-        """Keep the ledger in step with presence the coordinator just applied (None or no ranks and
-        no allocation: the job left the node)."""
+        """Keep the ledger in step with presence the coordinator just applied (None or no ranks, no
+        allocation and no supervisor: the job left the node)."""
         here = (node, job)
-        if presence is None or (not presence.ranks and presence.allocation is None):
+        left = presence is None or (
+            not presence.ranks and presence.allocation is None and presence.supervisor is None
+        )
+        if presence is None or left:
             if self._kept.pop(here, None) is not None:
                 await self.ledger.drop_presence(node, job)
                 self.writes += 1

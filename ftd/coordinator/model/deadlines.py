@@ -1,10 +1,11 @@
 """How long an action of each kind may run before it counts as stuck.
 
 What: :func:`stuck_after_s` sums the deadlines an action's phases are given in the coordinator's
-configuration (a checkpoint_restart: its save, its stop and, when the job is followed after its
-requeue, the resume watch), plus a margin for the scheduler and bus calls between them. Past that
-time an action that is still running has lost track of something: the ``ftd_actions_stuck`` gauge
-counts it, the FtdActionStuck alert fires, and the operator looks at ``ftd actions show``.
+configuration (a checkpoint_restart: its save, its stop, the start of a new generation inside the
+allocation and, when the job is followed after its restart, the resume watch), plus a margin for the
+scheduler and bus calls between them. Past that time an action that is still running has lost track
+of something: the ``ftd_actions_stuck`` gauge counts it, the FtdActionStuck alert fires, and the
+operator looks at ``ftd actions show``.
 
 Why here: the executors enforce each phase's own deadline; this is the outside view of all of them
 together, in one place, so the metrics and the operator's tools agree on what "stuck" means.
@@ -27,8 +28,9 @@ def stuck_after_s(kind: str, cfg: CoordinatorConfig) -> float:
     if cfg.stuck_after_s is not None:  # the operator's own bound, for every kind
         return cfg.stuck_after_s
     if kind in (ActionKind.CHECKPOINT_RESTART, ActionKind.CHECKPOINT):
-        resume = cfg.resume_deadline_s if kind == ActionKind.CHECKPOINT_RESTART else 0.0
-        return cfg.save_deadline_s + cfg.stop_deadline_s + resume + MARGIN_S
+        after = cfg.restart_deadline_s + cfg.resume_deadline_s
+        restart = after if kind == ActionKind.CHECKPOINT_RESTART else 0.0
+        return cfg.save_deadline_s + cfg.stop_deadline_s + restart + MARGIN_S
     if kind == ActionKind.GPU_RESET:
         return cfg.gpu_reset_deadline_s + cfg.return_to_service.preflight_deadline_s + MARGIN_S
     if kind == ActionKind.COLLECT_DIAGNOSTICS:

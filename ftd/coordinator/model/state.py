@@ -77,15 +77,18 @@ class ClusterState:
         return changed
 
     def apply_presence(self, node: str, job: str, presence: JobPresence | None) -> None:
-        """A node's retained presence of ``job``: its registered ranks and, from the scheduler's
-        Prolog, its allocation there (a job without the client has only that)."""
+        """A node's retained presence of ``job``: its registered ranks, from the scheduler's Prolog its
+        allocation there (a job without the client has only that), and its rank supervisor
+        (``ftd run``: a presence with only a supervisor, e.g. a hot spare's, is a valid one)."""
         record = self.jobs.get(job)
         allocation = presence.allocation if presence is not None else None
-        if presence is None or (not presence.ranks and allocation is None):
+        supervisor = presence.supervisor if presence is not None else None
+        if presence is None or (not presence.ranks and allocation is None and supervisor is None):
             if record is not None:
                 record.ranks_by_node.pop(node, None)
                 record.allocations.pop(node, None)
-                if not record.ranks_by_node and not record.allocations:
+                record.supervisors.pop(node, None)
+                if not record.ranks_by_node and not record.allocations and not record.supervisors:
                     del self.jobs[job]
             return
         if record is None:
@@ -98,6 +101,10 @@ class ClusterState:
             record.allocations[node] = allocation
         else:
             record.allocations.pop(node, None)
+        if supervisor is not None:
+            record.supervisors[node] = supervisor
+        else:
+            record.supervisors.pop(node, None)
         self._node(node)
 
     def apply_conditions(self, node: str, reasons: list[str], kinds: Sequence[str] = ()) -> None:
@@ -186,7 +193,9 @@ class ClusterState:
         return self.nodes.get(name)
 
     def jobs_on_node(self, node: str) -> list[str]:
-        return sorted(j.id for j in self.jobs.values() if j.ranks_by_node.get(node) or node in j.allocations)
+        """The jobs training on ``node`` (a job's hot spare or swapped-out node without ranks is not
+        one of them: see :attr:`JobRecord.nodes`)."""
+        return sorted(j.id for j in self.jobs.values() if _trains_on(j, node))
 
     def job_nodes(self, job: str) -> list[str]:
         record = self.jobs.get(job)
@@ -221,3 +230,12 @@ class ClusterState:
 
     def filesystem_troubles(self) -> Mapping[str, Mapping[str, FaultRecord]]:
         return self.filesystems.open
+
+
+def _trains_on(job: JobRecord, node: str) -> bool:
+    if job.ranks_by_node.get(node):
+        return True
+    supervisor = job.supervisors.get(node)
+    if supervisor is not None:
+        return supervisor.role == "active"
+    return node in job.allocations

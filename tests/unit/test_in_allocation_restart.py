@@ -1,0 +1,381 @@
+"""checkpoint_restart inside the allocation (issue #24): a job run by rank supervisors (``ftd run``) with
+three training slots and hot spares. The agents' side is played by :class:`Cluster`: each supervisor
+answers a ``restart`` directive the way the contract says (a slot node starts the generation's ranks
+and reports it running, an out node stops, a spare stays idle), or fails, is lost, stays silent, or
+its node gets drained meanwhile, per node. The real-Slurm run is the bench (``ftd bench recovery``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ftd.coordinator.actions.acks import AckBook
+from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
+from ftd.coordinator.actions.scheduler import JobInfo
+from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.plugins import make_plugin_manager
+from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.model.state import ClusterState
+from ftd.events import Directive, JobPresence, NodeStatus, RankInfo, SupervisorInfo, decode, make_event
+from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.rules import xid_catalog
+from ftd.testing import evaluate_rule
+
+JOB = "51200"
+SLOTS = ("n0", "n1", "n2")
+
+
+def sup(
+    role: str = "active",
+    slot: int | None = None,
+    gen: int = 0,
+    state: str = "running",
+    preflight: str | None = "ok",
+    reason: str = "",
+    addr: str = "",
+) -> SupervisorInfo:
+    return SupervisorInfo(
+        role=role,  # type: ignore[arg-type]
+        slot=slot,
+        generation=gen,
+        state=state,  # type: ignore[arg-type]
+        nodes=len(SLOTS),
+        nproc=1,
+        addr=addr,
+        preflight=preflight,
+        reason=reason,
+    )
+
+
+class Scheduler:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.requeues: list[list[str]] = []
+
+    async def job_info(self, job: str) -> JobInfo:
+        return JobInfo(job=job, state="RUNNING", nodes=SLOTS, excluded=(), restarts=0, required=())
+
+    async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
+        self.requeues.append(list(exclude))
+
+
+class Cluster:
+    """The coordinator's picture of job 51200 and the agents' answers to its restart directives."""
+
+    def __init__(self, spares: dict[str, str | None] | None = None) -> None:
+        spares = {"s1": "ok"} if spares is None else spares
+        self.state = ClusterState()
+        for node in (*SLOTS, *spares):
+            self.state.apply_status(NodeStatus(node=node, state="online", ts=1.0))
+        for index, node in enumerate(SLOTS):
+            self.set(node, sup(slot=index, addr=f"{node}.ib"))
+        for node, preflight in spares.items():
+            self.set(node, sup(role="spare", state="idle", preflight=preflight, addr=f"{node}.ib"))
+        self.sent: list[tuple[str, Directive]] = []
+        self.behaviour: dict[str, str] = {}  # node -> ok (default) | fail | lost | silent | drained
+        self.answering = True
+
+    def set(self, node: str, info: SupervisorInfo, ranks: Sequence[RankInfo] = ()) -> None:
+        presence = JobPresence(node=node, job=JOB, ranks=list(ranks), supervisor=info)
+        self.state.apply_presence(node, JOB, presence)
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        directive = decode(payload, Directive)
+        node = topic.split("/")[3]  # ftd/v1/nodes/{node}/directives/jobs
+        self.sent.append((node, directive))
+        if directive.action == "restart" and self.answering:
+            self.answer(node, directive)
+
+    def answer(self, node: str, directive: Directive) -> None:
+        params = directive.params
+        generation, slots = params["generation"], params["slots"]
+        current = self.state.jobs[JOB].supervisors[node]
+        if generation <= current.generation:
+            return  # a generation it already acted on: ignored (the contract's idempotence)
+        how = self.behaviour.get(node, "ok")
+        if how == "silent":
+            return
+        if how == "drained":  # a second fault: the node is drained while the restart waits
+            self.state.mark_drained(node, "xid 79")
+            return
+        if how == "lost":
+            self.set(node, msgspec.structs.replace(current, state="lost"))
+            return
+        if node in slots:
+            slot = slots.index(node)
+            if how == "fail":
+                reason = "preflight failed: 7 of 8 GPUs"
+                self.set(
+                    node, sup(slot=slot, gen=generation, state="failed", preflight="failed", reason=reason)
+                )
+                return
+            step = (params.get("resume_step") or 0) + 1
+            rank = RankInfo(rank=slot, run=f"gen-{generation}", step=step)
+            self.set(node, sup(slot=slot, gen=generation, addr=current.addr), [rank])
+        elif node in params["out"]:
+            self.set(node, sup(role="out", gen=current.generation, state="stopped", addr=current.addr))
+
+    def restarts(self) -> list[tuple[str, str]]:
+        """(node, directive id) of every restart directive sent, in order."""
+        return [(node, d.id) for node, d in self.sent if d.action == "restart"]
+
+
+def executor(cluster: Cluster, scheduler: Scheduler | None = None, **kw: Any) -> CheckpointRestart:
+    restart = CheckpointRestart(
+        publish=cluster.publish,
+        state=cluster.state,
+        acks=AckBook(),
+        scheduler=scheduler or Scheduler(),  # type: ignore[arg-type]
+        save_deadline_s=1,
+        stop_deadline_s=1,
+        resume_deadline_s=kw.pop("resume_deadline_s", 10.0),
+        restart_deadline_s=kw.pop("restart_deadline_s", 10.0),
+        resume_poll_s=0.01,
+        **kw,
+    )
+    restart.in_allocation.poll_s = 0.01
+    return restart
+
+
+def request(**params: Any) -> ActionRecord:
+    req = ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target=JOB, reason="xid 79 on n1", params=params)
+    record = ActionRecord(id="act-7", request=req, state=ActionState.RUNNING)
+    record.detail["resume_step"] = 100  # what the save phase agreed on (the ranks are gone already)
+    return record
+
+
+async def run(restart: CheckpointRestart, record: ActionRecord) -> dict[str, Any]:
+    state = (await asyncio.wait_for(restart(record), 30)).get("state")  # every phase, as outside a plan
+    return {**record.detail, **({"state": state} if state else {})}
+
+
+async def test_a_spare_takes_the_excluded_nodes_slot_in_a_new_generation() -> None:
+    cluster = Cluster()
+    scheduler = Scheduler()
+    detail = await run(executor(cluster, scheduler), request(exclude=["n1"]))
+    assert detail["path"] == "spare" and detail["generation"] == 1
+    assert detail["slots"] == ["n0", "s1", "n2"] and detail["out"] == ["n1"] and detail["spares_left"] == 0
+    assert detail["swapped"] == {"n1": "s1"} and detail["requeued"] is None and scheduler.requeues == []
+    # one restart directive, the same id, to every node with a supervisor of the job (once each)
+    assert cluster.restarts() == [(n, "act-7-restart-g1") for n in ("n0", "n1", "n2", "s1")]
+    params = cluster.sent[0][1].params
+    assert params == {
+        "generation": 1,
+        "slots": ["n0", "s1", "n2"],
+        "master_addr": "n0.ib",
+        "resume_step": 100,
+        "out": ["n1"],
+        "path": "spare",
+    }
+    assert detail["running_generation"] == 1 and detail["resumed_step"] == 101
+    assert detail["resumed_at"] >= detail["restarted_at"] and "waiting" not in detail
+    assert "state" not in detail  # succeeded
+    job = cluster.state.jobs[JOB]
+    assert job.nodes == ["n0", "n2", "s1"] and job.spares == [] and job.slots == ["n0", "s1", "n2"]
+    assert cluster.state.jobs_on_node("n1") == [] and job.generation == 1
+
+
+async def test_an_application_fault_restarts_in_place_and_keeps_the_spare() -> None:
+    cluster = Cluster()
+    detail = await run(executor(cluster), request(exclude=[]))
+    assert (detail["path"], detail["generation"], detail["slots"]) == ("in_place", 1, list(SLOTS))
+    assert detail["out"] == [] and detail["spares_left"] == 1 and detail["swapped"] == {}
+    assert cluster.state.jobs[JOB].spares == ["s1"]  # the spare heard the directive and stayed a spare
+    assert detail["resumed_step"] == 101 and "state" not in detail
+
+
+async def test_no_eligible_spare_requeues_through_the_scheduler_without_the_bad_node() -> None:
+    cluster = Cluster(spares={"s1": "failed"})  # the only spare failed its preflight: never chosen
+    scheduler = Scheduler()
+    detail = await run(executor(cluster, scheduler), request(exclude=["n1"]))
+    assert detail["path"] == "requeue" and scheduler.requeues == [["n1"]]
+    assert detail["restart_why"].startswith("1 slot node(s) must be replaced (n1) but the allocation has 0")
+    assert detail["requeued"] == {"scheduler": "fake", "exclude": ["n1"]} and cluster.restarts() == []
+
+
+async def test_two_bad_slots_and_one_spare_requeue_excluding_both() -> None:
+    cluster = Cluster()
+    cluster.state.mark_drained("n2", "xid 79")  # a second node already bad when the path is chosen
+    scheduler = Scheduler()
+    detail = await run(executor(cluster, scheduler), request(exclude=["n1"]))
+    assert detail["path"] == "requeue" and scheduler.requeues == [["n1", "n2"]]
+    assert "2 slot node(s) must be replaced (n1, n2)" in detail["restart_why"]
+
+
+async def test_a_job_wide_fault_asks_for_the_scheduler_even_with_spares() -> None:
+    cluster = Cluster()
+    scheduler = Scheduler()
+    record = request(exclude=["n1"], restart="requeue", restart_reason="the whole fabric is down")
+    detail = await run(executor(cluster, scheduler), record)
+    assert detail["path"] == "requeue" and scheduler.requeues == [["n1"]] and cluster.restarts() == []
+    assert detail["restart_why"] == "a scheduler requeue was asked: the whole fabric is down"
+
+
+async def test_a_spare_that_failed_preflight_is_never_chosen() -> None:
+    cluster = Cluster(spares={"s1": "failed", "s2": None, "s3": "ok"})  # s2: never preflighted
+    detail = await run(executor(cluster), request(exclude=["n1"]))
+    assert detail["slots"] == ["n0", "s3", "n2"] and detail["spares_left"] == 0
+
+
+async def test_a_spare_failing_at_activation_gives_its_slot_to_the_next_spare_next_generation() -> None:
+    cluster = Cluster(spares={"s1": "ok", "s2": "ok"})
+    cluster.behaviour["s1"] = "fail"
+    detail = await run(executor(cluster), request(exclude=["n1"]))
+    assert detail["generation"] == 2 and detail["running_generation"] == 2
+    assert detail["slots"] == ["n0", "s2", "n2"] and detail["out"] == ["n1", "s1"]
+    assert detail["restart_failures"] == [
+        {"generation": 1, "failed": {"s1": "its supervisor is failed: preflight failed: 7 of 8 GPUs"}}
+    ]
+    ids = sorted({d for _, d in cluster.restarts()})
+    assert ids == ["act-7-restart-g1", "act-7-restart-g2"]
+    assert detail["resumed_step"] == 101 and "state" not in detail
+
+
+async def test_a_second_fault_during_the_restart_takes_another_spare() -> None:
+    cluster = Cluster(spares={"s1": "ok", "s2": "ok"})
+    cluster.behaviour["n2"] = "drained"  # Xid 79 on n2 while generation 1 starts: drained, silent
+    detail = await run(executor(cluster), request(exclude=["n1"]))
+    assert detail["generation"] == 2 and detail["slots"] == ["n0", "s1", "s2"]
+    assert detail["restart_failures"] == [{"generation": 1, "failed": {"n2": "drained by ftd (xid 79)"}}]
+    assert detail["spares_left"] == 0 and sorted(detail["out"]) == ["n1", "n2"]
+
+
+async def test_a_slot_supervisor_lost_during_the_restart_moves_its_slot_and_the_master() -> None:
+    cluster = Cluster()
+    cluster.behaviour["n0"] = "lost"
+    detail = await run(executor(cluster), request(exclude=[]))
+    assert detail["path"] == "spare" and detail["generation"] == 2
+    assert detail["slots"] == ["s1", "n1", "n2"]
+    g2 = next(d for _, d in cluster.sent if d.id == "act-7-restart-g2")
+    assert g2.params["master_addr"] == "s1.ib" and g2.params["out"] == ["n0"]
+
+
+async def test_a_slot_that_stays_silent_past_the_deadline_is_replaced_and_without_spares_requeued() -> None:
+    cluster = Cluster()
+    cluster.behaviour["n2"] = "silent"
+    scheduler = Scheduler()
+    cluster.behaviour["s1"] = "silent"  # the spare that takes n2's slot stays silent too
+    detail = await run(executor(cluster, scheduler, restart_deadline_s=0.5), request(exclude=[]))
+    assert [f["generation"] for f in detail["restart_failures"]] == [1, 2]
+    assert detail["restart_failures"][0]["failed"] == {
+        "n2": "did not report generation 1 running within 0.5 s"
+    }
+    assert detail["path"] == "requeue" and scheduler.requeues == [["n2", "s1"]]
+    assert detail["state"] == "escalated"  # the in-allocation restart did not work
+
+
+async def test_a_supervisor_lost_before_the_restart_is_not_restarted_in_place() -> None:
+    cluster = Cluster()
+    cluster.set("n2", sup(slot=2, state="lost"))
+    detail = await run(executor(cluster), request(avoid=["n2"]))  # what the supervisor rule asks
+    assert detail["path"] == "spare" and detail["slots"] == ["n0", "n1", "s1"]
+
+
+async def engine_over(cluster: Cluster, path: Path, restart: CheckpointRestart) -> Engine:
+    """A coordinator's engine over the ledger at ``path`` (persisting mid-phase, as wiring does)."""
+    pm = make_plugin_manager(entry_points=False, disabled=["xid_catalog"])
+    engine = Engine(
+        state=cluster.state,
+        ledger=Ledger(path),
+        gate=PolicyGate(),
+        plugins=pm,
+        executors={ActionKind.CHECKPOINT_RESTART: restart},
+    )
+    restart.in_allocation.persist = engine.ledger.save_action
+    await engine.load()
+    return engine
+
+
+async def test_a_coordinator_killed_mid_restart_resumes_the_same_generation_once(tmp_path: Path) -> None:
+    """The engine and the ledger of a real coordinator: killed while generation 1 starts (the
+    supervisors have not answered), a new coordinator over the same ledger re-sends the same
+    directive id for the same generation, and the action finishes once."""
+    cluster = Cluster()
+    cluster.answering = False
+    path = tmp_path / "ledger.sqlite"
+
+    first = await engine_over(cluster, path, executor(cluster))
+    record = await first.submit(request(exclude=["n1"]).request)
+    for _ in range(500):
+        if cluster.restarts():
+            break
+        await asyncio.sleep(0.01)
+    assert {d for _, d in cluster.restarts()} == {f"{record.id}-restart-g1"}
+    await first.close()  # SIGKILL: the task dies mid-phase, the ledger keeps what was persisted
+    await first.ledger.close()
+
+    cluster.answering = True
+    before = len(cluster.restarts())
+    second = await engine_over(cluster, path, executor(cluster))
+    [resumed] = await second.resume_unfinished()
+    assert resumed.id == record.id
+    assert await second.wait_idle(30)
+    again = cluster.restarts()[before:]
+    assert {d for _, d in again} == {f"{record.id}-restart-g1"}  # the same directive, no generation 2
+    done = await second.ledger.action(record.id)
+    assert done is not None and done.state == ActionState.SUCCEEDED, done.detail
+    assert done.detail["phases_done"] == ["stop", "requeue", "restart", "resume"]
+    assert done.detail["running_generation"] == 1 and done.detail["resumed"] == 1
+    assert await second.ledger.unfinished() == []
+    await second.close()
+    await second.ledger.close()
+
+
+async def test_a_retry_generation_survives_a_coordinator_kill(tmp_path: Path) -> None:
+    """Generation 1 failed on its spare (s1) and generation 2 went out (to s2) when the coordinator
+    died: the new coordinator resumes generation 2 (persisted before it was sent), never 1 or 3."""
+    cluster = Cluster(spares={"s1": "ok", "s2": "ok"})
+    cluster.behaviour.update(s1="fail", s2="silent")
+    path = tmp_path / "ledger.sqlite"
+    first = await engine_over(cluster, path, executor(cluster))
+    record = await first.submit(request(exclude=["n1"]).request)
+    g2 = f"{record.id}-restart-g2"
+    for _ in range(1000):
+        if g2 in {d for _, d in cluster.restarts()}:
+            break
+        await asyncio.sleep(0.01)
+    await first.close()
+    await first.ledger.close()
+
+    del cluster.behaviour["s2"]  # s2 answers the next time it hears generation 2
+    before = len(cluster.restarts())
+    second = await engine_over(cluster, path, executor(cluster))
+    await second.resume_unfinished()
+    assert await second.wait_idle(30)
+    assert {d for _, d in cluster.restarts()[before:]} == {g2}
+    done = await second.ledger.action(record.id)
+    assert done is not None and done.state == ActionState.SUCCEEDED, done.detail
+    assert done.detail["slots"] == ["n0", "s2", "n2"] and done.detail["running_generation"] == 2
+    assert [f["generation"] for f in done.detail["restart_failures"]] == [1]
+    await second.close()
+    await second.ledger.close()
+
+
+def test_a_fault_on_a_spare_does_not_restart_the_job() -> None:
+    cluster = Cluster()
+    xid = make_event("s1", "xid", severity="critical", data={"code": 79})
+    assert cluster.state.jobs_on_node("s1") == [] and "s1" not in cluster.state.job_nodes(JOB)
+    assert not [a for a in evaluate_rule(xid_catalog, xid, cluster.state) if a.kind == "checkpoint_restart"]
+    on_slot = make_event("n1", "xid", severity="critical", data={"code": 79})
+    [restart] = [
+        a for a in evaluate_rule(xid_catalog, on_slot, cluster.state) if a.kind == "checkpoint_restart"
+    ]
+    assert restart.target == JOB and restart.params["exclude"] == ["n1"]
+
+
+def test_the_job_record_reports_slots_spares_and_generation() -> None:
+    cluster = Cluster(spares={"s1": "ok", "s2": "failed"})
+    job = cluster.state.jobs[JOB]
+    assert job.slots == list(SLOTS) and job.spares == ["s1", "s2"] and job.generation == 0
+    assert job.nodes == list(SLOTS)
+    cluster.set("s1", sup(role="spare", state="idle"), [RankInfo(rank=9, run="gen-0")])  # a stray rank
+    assert "s1" in cluster.state.jobs[JOB].nodes  # ranks there: the job is on it
+    for node in (*SLOTS, "s1", "s2"):
+        cluster.state.apply_presence(node, JOB, None)
+    assert JOB not in cluster.state.jobs
