@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -166,6 +167,7 @@ async def h() -> AsyncIterator[Harness]:
         yield harness
     finally:
         await harness.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_restart_starts_the_generation_with_its_env_once(h: Harness) -> None:
@@ -260,6 +262,7 @@ async def test_spare_failing_preflight_is_failed_with_an_event(h: Harness) -> No
 async def test_supervisor_killed_is_lost_with_an_event(h: Harness) -> None:
     await h.agent("node1")
     proc = await h.supervisor("node1", "--nodes", "1", "--preflight", "none")
+    await h.wait_record(0, 0)  # the rank is up (and the teardown can find it: it outlives the kill)
     await h.wait_sup("node1", state="running")
     os.kill(proc.pid, signal.SIGKILL)
     await h.wait_sup("node1", state="lost", role="active", slot=0)

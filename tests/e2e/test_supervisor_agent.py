@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -139,5 +140,6 @@ json = true
             supervisor.kill()
             await supervisor.wait()
         agent.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
         print(f"----- agent log (tail)\n{agent.log()[-4000:]}")
         print((tmp_path / "run.log").read_text() if (tmp_path / "run.log").exists() else "")
