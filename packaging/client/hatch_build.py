@@ -1,7 +1,8 @@
-"""Build hooks of ftd-daemon-client: one version and one copy of ``ftd/client`` for both builds.
+"""Build hooks of ftd-daemon-client: one version and one copy of ``ftd/client`` (and of the rank
+supervisor, ``ftd/supervisor``) for both builds.
 
 From the repository (``make dist``) the sources are ``../../ftd``; from the sdist they are the sdist's
-own ``ftd/`` (put there by the sdist build). The wheel gets ``ftd/client`` only, never
+own ``ftd/`` (put there by the sdist build). The wheel gets ``ftd/client`` and ``ftd/supervisor`` only, never
 ``ftd/__init__.py``: installed beside nothing else, ``ftd`` is a namespace package.
 """
 
@@ -36,5 +37,7 @@ class CustomBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         sources = _sources(self.root)
         build_data["force_include"][str(sources / "client")] = "ftd/client"
+        # The rank supervisor (python -m ftd.supervisor, issue #24): stdlib + the client, like it.
+        build_data["force_include"][str(sources / "supervisor")] = "ftd/supervisor"
         if self.target_name == "sdist":
             build_data["force_include"][str(sources / "__init__.py")] = "ftd/__init__.py"

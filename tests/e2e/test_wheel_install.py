@@ -15,6 +15,7 @@ the test checks where it was imported from). About 6 s.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -97,7 +98,11 @@ def test_the_client_wheel_is_the_client_alone(tmp_path: Path) -> None:
     assert wheel.name == f"ftd_daemon_client-{__version__}-py3-none-any.whl"
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {n for n in names if not n.startswith("ftd_daemon_client-")}
-    assert modules == {f"ftd/client/{p.name}" for p in (REPO / "ftd" / "client").glob("*.py")}
+    assert modules == {
+        f"ftd/{package}/{p.name}"
+        for package in ("client", "supervisor")
+        for p in (REPO / "ftd" / package).glob("*.py")
+    }
     metadata = zipfile.ZipFile(wheel).read(f"ftd_daemon_client-{__version__}.dist-info/METADATA").decode()
     assert "Requires-Python: >=3.9" in metadata
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
@@ -109,3 +114,16 @@ def test_the_client_wheel_is_the_client_alone(tmp_path: Path) -> None:
     )
     name, no_daemons, where = run(python, "-c", code, cwd=tmp_path).split()
     assert (name, no_daemons) == ("Client", "True") and where.startswith(str(tmp_path / "venv")), where
+    # The rank supervisor runs from it too (ftd run without ftd): a setup error is its clear exit 2.
+    done = subprocess.run(
+        [str(python), "-m", "ftd.supervisor", "--", "true"],
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr.strip()) == (
+        2,
+        "ftd run: --nodes not given and SLURM_NNODES not set: how many training nodes?",
+    ), done.stderr

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from ftd.commands import run as run_cmd
+from ftd.supervisor import cli as run_cmd
 from ftd.supervisor.assignment import (
     Options,
     Restart,
