@@ -4,8 +4,9 @@ coordinator sees it.
 What: reads the coordinator's HTTP API (``/healthz``, ``/v1/nodes``, ``/v1/jobs``, ``/v1/actions``,
 ``/v1/ha``, ``/v1/summary`` for the actions' deadlines), prints who leads (active/standby: the
 leader, its lease epoch and the lease's age) and three tables: nodes (online/offline, drained by ftd
-and why, jobs, conditions), jobs (nodes, ranks, last step) and recent actions (a running one with its
-phase, the ranks' acks and its deadline: :mod:`ftd.commands.action_view`). ``--problems`` shows only
+and why, jobs, conditions), jobs (nodes, ranks, last step; for a job run by ``ftd run`` its
+generation and hot spares) and recent actions (a running one with its phase, the ranks' acks and its
+deadline: :mod:`ftd.commands.action_view`). ``--problems`` shows only
 nodes offline, drained (by ftd or the scheduler) or with an active condition (the API's
 ``/v1/nodes?problems=true``, filtered again here for an older coordinator), the jobs on them, and
 the actions in flight, failed or escalated. ``--node NAME`` shows that node, its jobs, the actions on
@@ -79,6 +80,20 @@ def _user(job: dict[str, Any]) -> str:
     return ",".join(users) or "-"
 
 
+def _spares(job: dict[str, Any]) -> str:
+    """A job run by ``ftd run``: its hot spares, each with its preflight when not passed
+    (``node2(failed)``, ``node3(unchecked)``); ``none`` when it has used them all; ``-`` for a job
+    without supervisors (an older coordinator sends no ``supervisors``)."""
+    supervisors = job.get("supervisors") or {}
+    if not supervisors:
+        return "-"
+    names = []
+    for node in job.get("spares") or []:
+        preflight = (supervisors.get(node) or {}).get("preflight")
+        names.append(node if preflight == "ok" else f"{node}({preflight or 'unchecked'})")
+    return ",".join(names) or "none"
+
+
 def render(data: dict[str, Any], url: str, title: str = "") -> str:
     health, nodes, jobs, actions = data["health"], data["nodes"], data["jobs"], data["actions"]
     online = sum(1 for n in nodes if n["online"])
@@ -108,7 +123,7 @@ def render(data: dict[str, Any], url: str, title: str = "") -> str:
         "",
         f"JOBS ({len(jobs)})",
         table(
-            ["job", "nodes", "ranks", "last step", "client", "user"],
+            ["job", "nodes", "ranks", "last step", "client", "user", "gen", "spares"],
             [
                 [
                     j["id"],
@@ -117,6 +132,8 @@ def render(data: dict[str, Any], url: str, title: str = "") -> str:
                     "-" if j["last_step"] is None else str(j["last_step"]),
                     _client(j),
                     _user(j),
+                    "-" if j.get("generation") is None else str(j["generation"]),
+                    _spares(j),
                 ]
                 for j in jobs
             ],

@@ -197,6 +197,10 @@ async def test_nodes_jobs_gpus(env: Env) -> None:
             "allocations": {},
             "state": "training",
             "action": None,
+            "supervisors": {},
+            "spares": [],
+            "slots": [],
+            "generation": None,
         }
     ]
     assert await (await env.client.get("/v1/gpus")).json() == []

@@ -111,6 +111,8 @@ def job_state(has_ranks: bool, action: ActionRecord | None) -> JobState:
         if action.state == ActionState.AWAITING_APPROVAL:
             return "awaiting approval"
         done = action.detail.get("phases_done") or []
+        if action.detail.get("path") in ("in_place", "spare"):  # inside its allocation (ftd run)
+            return "restarting"
         if "requeue" in done or action.detail.get("waiting"):
             return "pending after requeue"
         if "stop" in done or action.detail.get("stopped") is not None:
@@ -261,6 +263,10 @@ def jobs_out(state: ClusterState, in_flight: Iterable[ActionRecord]) -> list[Job
                 allocations=dict(sorted(j.allocations.items())),
                 state=job_state(bool(j.ranks_by_node), action),
                 action=action.id if action is not None and action.state in IN_FLIGHT else None,
+                supervisors=dict(sorted(j.supervisors.items())),
+                spares=j.spares,
+                slots=j.slots,
+                generation=j.generation,
             )
         )
     # a job ftd requeued has no ranks until it trains again: still shown while its action follows it

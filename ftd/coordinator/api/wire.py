@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from ftd.events import JobAllocation
+from ftd.events import JobAllocation, SupervisorInfo
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionState
 
@@ -247,6 +247,13 @@ class JobOut(msgspec.Struct, frozen=True, kw_only=True):
     # training | saving | restarting | pending after requeue | awaiting approval | allocated (no ranks)
     state: str = "training"
     action: str | None = None  # the id of the action in flight for the job, if any
+    # A job run by rank supervisors (``ftd run``, issue #24): each node's supervisor (role, slot,
+    # generation, state, preflight), its hot spares, the node of each training slot and the newest
+    # generation; empty / None for a job without them.
+    supervisors: dict[str, SupervisorInfo] = msgspec.field(default_factory=dict)
+    spares: list[str] = msgspec.field(default_factory=list)
+    slots: list[str | None] = msgspec.field(default_factory=list)
+    generation: int | None = None
 
 
 class ActionOut(msgspec.Struct, frozen=True, kw_only=True):
