@@ -6,51 +6,46 @@ broken install can never turn the real-part tests into silent skips.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
-import shutil
 import signal
-import socket
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from ftd.bench.postgres import LocalPostgres, PostgresMissing, find_bindir
+from ftd.bench.slurm_cluster import PartMissing, find_binary, free_port, wait_port
+from ftd.bench.slurm_cluster import SlurmCluster as BenchSlurmCluster
+from ftd.bench.slurm_cluster import ensure_munged as _ensure_munged
 
 REQUIRE_REAL = os.environ.get("FTD_REQUIRE_REAL") == "1"
 
 
+__all__ = [
+    "REQUIRE_REAL",
+    "Mosquitto",
+    "SlurmCluster",
+    "ensure_munged",
+    "free_port",
+    "fresh_database",
+    "parse_scontrol_oneliner",
+    "require_binary",
+    "require_postgres",
+    "start_postgres",
+    "wait_port",
+]
+
+
 def require_binary(name: str, *, package: str) -> str:
-    path = shutil.which(name) or next(
-        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None
-    )
-    if path is None:
-        msg = f"{name} not found (Debian package {package}); `make test` installs it"
+    """The binary's path; a missing one skips the test, or fails it under ``FTD_REQUIRE_REAL=1``."""
+    try:
+        return find_binary(name, package=package)
+    except PartMissing as exc:
         if REQUIRE_REAL:
-            pytest.fail(f"FTD_REQUIRE_REAL=1 and {msg}", pytrace=False)
-        pytest.skip(msg)
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.02)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+            pytest.fail(f"FTD_REQUIRE_REAL=1 and {exc}", pytrace=False)
+        pytest.skip(str(exc))
 
 
 @dataclass
@@ -118,34 +113,10 @@ class Mosquitto:
 # Slurm: munged (shared, reused if running) + a private slurmctld and one slurmd on free ports.
 # --------------------------------------------------------------------------------------------------
 
-MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
-
-
-def _munge_works() -> bool:
-    munge, unmunge = shutil.which("munge"), shutil.which("unmunge")
-    if munge is None or unmunge is None or not MUNGE_SOCKET.exists():
-        return False
-    cred = subprocess.run([munge, "-n"], capture_output=True, timeout=10)
-    if cred.returncode != 0:
-        return False
-    return subprocess.run([unmunge], input=cred.stdout, capture_output=True, timeout=10).returncode == 0
-
 
 def ensure_munged() -> None:
-    """Reuse a running munged; otherwise start one (it daemonizes and is left running: it is shared)."""
-    if _munge_works():
-        return
-    munged = require_binary("munged", package="munge")
-    run_dir = MUNGE_SOCKET.parent
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.chown(run_dir, "munge", "munge")
-    subprocess.run([munged, "--force"], check=True, capture_output=True, timeout=30)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if _munge_works():
-            return
-        time.sleep(0.1)
-    raise RuntimeError("munged started but munge -n | unmunge still fails")
+    """Reuse a running munged; otherwise start one (skipped, or failed in CI, without munge)."""
+    _ensure_munged(require_binary)
 
 
 def parse_scontrol_oneliner(line: str) -> dict[str, str]:
@@ -155,239 +126,12 @@ def parse_scontrol_oneliner(line: str) -> dict[str, str]:
     return parse_oneliner(line)
 
 
-@dataclass
-class SlurmCluster:
-    """A private one-host Slurm 22.05 cluster: node-1 runs jobs; node-2..N exist without a daemon.
+class SlurmCluster(BenchSlurmCluster):
+    """:class:`ftd.bench.slurm_cluster.SlurmCluster` (node-1 runs jobs; node-2..N without a daemon)
+    whose missing binaries skip the test, or fail it under ``FTD_REQUIRE_REAL=1``."""
 
-    Everything (config, state, spool, logs, pids) lives under ``workdir``; the daemons listen on free
-    ports, so several clusters (or a system one) do not collide. Every Slurm command must run with
-    :attr:`env` (``SLURM_CONF`` points at the private config).
-    """
-
-    workdir: Path
-    nodes: int = 4
-    ctld_port: int = 0
-    slurmd_port: int = 0
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    extra_conf: list[str] = field(default_factory=list)  # lines appended to slurm.conf (Prolog=...)
-
-    @property
-    def conf_path(self) -> Path:
-        return self.workdir / "slurm.conf"
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.conf_path)}
-
-    @property
-    def node_names(self) -> list[str]:
-        return [f"node-{i}" for i in range(1, self.nodes + 1)]
-
-    def _pid_file(self, daemon: str) -> Path:
-        return self.workdir / f"{daemon}.pid"
-
-    def _log_file(self, daemon: str) -> Path:
-        return self.workdir / f"{daemon}.log"
-
-    def write_conf(self) -> None:
-        w = self.workdir
-        for sub in ("state", "spool", "jobs"):
-            (w / sub).mkdir(parents=True, exist_ok=True)
-        host = socket.gethostname().split(".")[0]
-        lines = [
-            "ClusterName=ftdtest",
-            f"SlurmctldHost={host}(127.0.0.1)",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            f"SlurmctldPort={self.ctld_port}",
-            f"SlurmdPort={self.slurmd_port}",
-            "AuthType=auth/munge",
-            # A requeued job may start again only after the credential lifetime (default 120 s).
-            "AuthInfo=cred_expire=5",
-            "CryptoType=crypto/munge",
-            f"StateSaveLocation={w}/state",
-            f"SlurmdSpoolDir={w}/spool/%n",
-            f"SlurmctldPidFile={self._pid_file('slurmctld')}",
-            f"SlurmdPidFile={self._pid_file('slurmd')}",
-            f"SlurmctldLogFile={self._log_file('slurmctld')}",
-            f"SlurmdLogFile={self._log_file('slurmd')}",
-            "SlurmctldDebug=info",
-            "SlurmdDebug=info",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "JobCompType=jobcomp/none",
-            "MpiDefault=none",
-            "SwitchType=switch/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
-            "SchedulerType=sched/builtin",
-            # Consider pending (requeued) jobs quickly instead of at the default 60 s cadence.
-            "SchedulerParameters=sched_interval=1,sched_min_interval=100000,batch_sched_delay=0",
-            "ReturnToService=2",
-            "MinJobAge=3600",
-            "KillWait=2",
-            "InactiveLimit=0",
-            "SlurmdTimeout=300",
-            "SlurmctldTimeout=60",
-            "Waittime=0",
-            "JobRequeue=1",
-            f"NodeName=node-[1-{self.nodes}] NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=1 "
-            "RealMemory=100 State=UNKNOWN",
-            # Only node-1 has a slurmd. The others answer pings through it (same address and port),
-            # so they may look idle: keep them out of the default partition or a job excluded from
-            # node-1 would "start" on them. They can still be drained and resumed.
-            "PartitionName=debug Nodes=node-1 Default=YES MaxTime=INFINITE State=UP",
-        ]
-        if self.nodes > 1:
-            lines.append(f"PartitionName=spare Nodes=node-[2-{self.nodes}] MaxTime=INFINITE State=UP")
-        lines.extend(self.extra_conf)
-        self.conf_path.write_text("\n".join(lines) + "\n")
-
-    def start(self, timeout: float = 30.0) -> SlurmCluster:
-        slurmctld = require_binary("slurmctld", package="slurmctld")
-        slurmd = require_binary("slurmd", package="slurmd")
-        for tool in ("scontrol", "sinfo", "sbatch", "squeue", "scancel"):
-            require_binary(tool, package="slurm-client")
-        ensure_munged()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.ctld_port = self.ctld_port or free_port()
-        self.slurmd_port = self.slurmd_port or free_port()
-        self.write_conf()
-        try:
-            self._spawn("slurmctld", [slurmctld, "-D", "-c", "-f", str(self.conf_path)])
-            wait_port(self.ctld_port, timeout)
-            self._spawn("slurmd", [slurmd, "-D", "-N", "node-1", "-f", str(self.conf_path)])
-            self.wait_node_state("node-1", "IDLE", timeout)
-        except Exception:
-            logs = self.logs()
-            self.stop()
-            raise RuntimeError(f"slurm did not start:\n{logs}") from None
-        return self
-
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        log = (self.workdir / f"{name}.stdout").open("ab")
-        self.procs[name] = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
-        )
-
-    def logs(self, tail: int = 3000) -> str:
-        parts = []
-        for name in ("slurmctld", "slurmd"):
-            for path in (self._log_file(name), self.workdir / f"{name}.stdout"):
-                if path.exists():
-                    parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}")
-        return "\n".join(parts)
-
-    # -- commands ---------------------------------------------------------------------------------
-
-    def run(self, *args: str, check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout)
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"{args!r} exited {proc.returncode}: {proc.stderr.strip()}")
-        return proc
-
-    def sbatch(self, script: str | None = None, *extra: str, wrap: str | None = None) -> str:
-        """Submit a batch job (script text, or ``wrap=`` a command line); return its job id."""
-        argv = [
-            "sbatch",
-            "--parsable",
-            f"--chdir={self.workdir / 'jobs'}",
-            f"--output={self.workdir / 'jobs'}/%j.out",
-            *extra,
-        ]
-        if wrap is not None:
-            argv += ["--wrap", wrap]
-            proc = self.run(*argv)
-        else:
-            assert script is not None, "give a script or wrap="
-            proc = subprocess.run(
-                argv, env=self.env, input=script, capture_output=True, text=True, timeout=30
-            )
-            if proc.returncode != 0:
-                raise RuntimeError(f"sbatch exited {proc.returncode}: {proc.stderr.strip()}")
-        return proc.stdout.strip().split(";")[0]
-
-    def job(self, job_id: str) -> dict[str, str]:
-        return parse_scontrol_oneliner(self.run("scontrol", "show", "job", "-o", job_id).stdout)
-
-    def node(self, name: str) -> dict[str, str]:
-        return parse_scontrol_oneliner(self.run("scontrol", "show", "node", "-o", name).stdout)
-
-    def wait_node_state(self, name: str, state: str, timeout: float = 30.0) -> dict[str, str]:
-        """Wait until ``State`` of the node starts with ``state`` (e.g. ``IDLE``, ``IDLE+DRAIN``)."""
-        deadline = time.monotonic() + timeout
-        info: dict[str, str] = {}
-        while time.monotonic() < deadline:
-            for daemon, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{daemon} exited with {proc.returncode}")
-            got = self.run("scontrol", "show", "node", "-o", name, check=False)
-            if got.returncode == 0:
-                info = parse_scontrol_oneliner(got.stdout)
-                if info.get("State", "").split("+")[0] == state or info.get("State") == state:
-                    return info
-            time.sleep(0.1)
-        raise TimeoutError(f"{name} not {state} after {timeout}s: {info.get('State')}")
-
-    def wait_job_state(self, job_id: str, state: str, timeout: float = 30.0) -> dict[str, str]:
-        deadline = time.monotonic() + timeout
-        info: dict[str, str] = {}
-        while time.monotonic() < deadline:
-            info = self.job(job_id)
-            if info.get("JobState") == state:
-                return info
-            time.sleep(0.1)
-        raise TimeoutError(f"job {job_id} not {state} after {timeout}s: {info.get('JobState')}")
-
-    def reset(self) -> None:
-        """Between tests: cancel every job, resume every node ftd-style tests may have drained."""
-        ids = self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
-        if ids:
-            self.run("scancel", *ids, check=False)
-        for name in self.node_names:
-            state = self.node(name).get("State", "")
-            if "DRAIN" in state or "FAIL" in state:
-                self.run("scontrol", "update", f"nodename={name}", "state=resume", check=False)
-        if ids:
-            deadline = time.monotonic() + 15
-            while (
-                time.monotonic() < deadline
-                and self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
-            ):
-                time.sleep(0.1)
-        self.wait_node_state("node-1", "IDLE", 15)
-
-    def stop(self) -> None:
-        """Cancel jobs, then stop slurmd and slurmctld by the pids in their pid files."""
-        if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
-            ids = self.run("squeue", "-h", "-o", "%i", check=False, timeout=10).stdout.split()
-            if ids:
-                # Let slurmd see its job steps end first, or orphaned slurmstepd processes remain.
-                self.run("scancel", *ids, check=False, timeout=10)
-                deadline = time.monotonic() + 15
-                while (
-                    time.monotonic() < deadline
-                    and self.run("squeue", "-h", "-o", "%i", check=False, timeout=10).stdout.split()
-                ):
-                    time.sleep(0.1)
-        for name in ("slurmd", "slurmctld"):
-            proc = self.procs.pop(name, None)
-            pids: set[int] = set()
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                pids.add(int(self._pid_file(name).read_text().split()[0]))
-            if proc is not None and proc.poll() is None:
-                pids.add(proc.pid)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-            if proc is not None:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    def require(self, name: str, *, package: str) -> str:
+        return require_binary(name, package=package)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -38,6 +38,12 @@ BENCHES: dict[str, tuple[str, str, str]] = {
         "10,000 sessions, coordinator RSS <= 500 MB, Xid p99 <= 25 ms; "
         "1,000 Last Wills decided <= 10 s, 0 lost",
     ),
+    "recovery": (
+        "ftd.bench.recovery",
+        "bench_recovery",
+        "in-allocation fault -> first step <= 10 s and <= half the requeue path; "
+        "0 steps lost beyond the save step; 0 old-generation ranks in a new one",
+    ),
 }
 
 
@@ -45,7 +51,9 @@ def register(sub: Any) -> None:
     parser = sub.add_parser("bench", help="run a benchmark", description=__doc__)
     parser.add_argument("name", choices=sorted(BENCHES))
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
-    parser.add_argument("--samples", type=int, default=None, help="samples (e2e, scale, dashboard)")
+    parser.add_argument(
+        "--samples", type=int, default=None, help="samples (e2e, scale, dashboard; recovery: rounds)"
+    )
     parser.add_argument(
         "--nodes",
         type=int,
@@ -70,6 +78,7 @@ def _run(args: argparse.Namespace) -> int:
         "e2e": ("samples",),
         "scale": ("samples", "nodes", "wills", "grace_s"),
         "dashboard": ("samples", "nodes"),
+        "recovery": ("samples",),
     }.get(args.name, ())
     kwargs = {name: getattr(args, name) for name in options if getattr(args, name) is not None}
     result = function_(**kwargs)

@@ -1,0 +1,161 @@
+"""The DDP training job of ``ftd bench recovery`` and the recovery tests: one rank, torch gloo on CPU.
+
+Run by ``ftd run`` (one supervisor per node) as ``python recovery_trainer.py``: the supervisor gives
+it torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...) plus
+``FTD_GENERATION``, ``FTD_RUN``, ``FTD_JOB_ID`` and, after a restart, ``FTD_RESUME_STEP``. It is
+the user's side of recovery, written the way the docs tell users to:
+
+- **resume**: from the checkpoint of ``FTD_RESUME_STEP`` when given (the step every rank saved),
+  else from the newest complete checkpoint in the shared directory (a scheduler requeue);
+- **save and stop on the same step everywhere**: :class:`ftd.client.torch.TorchCoordinator`
+  all-reduces the client's save/stop flags each step; rank 0 writes the checkpoint (temp file,
+  ``os.replace``), every rank acks after a barrier, so a spare that takes slot i loads what rank i
+  trained;
+- **never mixes generations**: right after ``init_process_group`` every rank all-gathers its
+  ``FTD_GENERATION`` and records whether all of them are its own (the rendezvous port moves with
+  the generation, so this must always hold: the bench counts the ranks for which it does not).
+
+What it records (the bench's and tests' only source for the ranks' side): one JSON line per event
+in ``$FTD_RECOVERY_DIR/log/<job>-g<generation>-r<rank>-<pid>.jsonl`` (one file per process, no
+interleaving), each with ``what``, ``t`` (wall clock), ``job``, ``rank``, ``generation``, ``run``,
+``restart`` (``SLURM_RESTART_COUNT``), ``node`` and ``pid``: ``process_start`` (``warm``: a
+pre-started interpreter; ``ppid``: its supervisor), ``rendezvous`` (``generations`` gathered,
+``same``), ``resumed`` (``step``: the checkpoint it starts from, 0 for none; ``asked``:
+``FTD_RESUME_STEP``), ``step`` (every step), ``saved`` (step, path), ``stopped``, ``exit``
+(``outcome``). Knobs:
+``$FTD_RECOVERY_STEP_S`` (seconds slept per step, 0.1), ``$FTD_RECOVERY_MAX_S`` (give up and exit 1
+after this long, 900).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+_STARTED = time.time()
+
+
+class Recorder:
+    """Appends this process's JSON lines (see the module docstring)."""
+
+    def __init__(self, out: Path, base: dict[str, Any]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        name = f"{base['job']}-g{base['generation']}-r{base['rank']}-{base['pid']}.jsonl"
+        self.path = out / name
+        self.base = base
+
+    def __call__(self, what: str, *, t: float | None = None, **fields: Any) -> None:
+        line = {"what": what, "t": time.time() if t is None else t, **self.base, **fields}
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def checkpoint_path(ckpt: Path, step: int) -> Path:
+    return ckpt / f"step-{step:08d}.pt"
+
+
+def newest_checkpoint(ckpt: Path) -> int:
+    """The newest step with a complete checkpoint (written by rename, so present means complete)."""
+    steps = [int(p.stem.split("-")[1]) for p in ckpt.glob("step-*.pt")]
+    return max(steps, default=0)
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.lstrip("-").isdigit() else None
+
+
+def main() -> int:
+    out = Path(os.environ["FTD_RECOVERY_DIR"])
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    generation = int(os.environ.get("FTD_GENERATION", "0"))
+    job = os.environ.get("FTD_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "job"
+    base = {
+        "job": job,
+        "rank": rank,
+        "generation": generation,
+        "run": os.environ.get("FTD_RUN"),
+        "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        "node": os.environ.get("SLURMD_NODENAME", "?"),
+        "pid": os.getpid(),
+    }
+    record = Recorder(out / "log", base)
+    warm_at = os.environ.get("FTD_WARM_READY_AT")
+    record("process_start", t=_STARTED, warm=warm_at is not None, ppid=os.getppid())
+    step_s = float(os.environ.get("FTD_RECOVERY_STEP_S", "0.1"))
+    give_up = time.monotonic() + float(os.environ.get("FTD_RECOVERY_MAX_S", "900"))
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ftd.client import Client
+    from ftd.client.torch import TorchCoordinator
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))  # env://: MASTER_ADDR/PORT, RANK
+    gens = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(gens, torch.tensor([generation], dtype=torch.int64))
+    gathered = [int(g.item()) for g in gens]
+    record("rendezvous", generations=gathered, same=all(g == generation for g in gathered))
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ckpt = out / f"{job}-ckpt"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    asked = _env_int("FTD_RESUME_STEP")
+    start = asked if asked is not None else newest_checkpoint(ckpt)
+    if start and not checkpoint_path(ckpt, start).exists():
+        record("resume_missing", step=start)  # the agreed step has no checkpoint: the newest one
+        start = newest_checkpoint(ckpt)
+    if start:
+        state = torch.load(checkpoint_path(ckpt, start), weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    record("resumed", step=start, asked=asked)
+    net = DistributedDataParallel(model)
+
+    client = Client()  # job from FTD_JOB, rank from RANK, run from FTD_RUN, socket from FTD_SOCKET
+    coord = TorchCoordinator(client)
+    outcome, step = "timeout", start
+    while time.monotonic() < give_up:
+        step += 1
+        gen = torch.Generator().manual_seed(step * 1000 + rank)
+        loss = net(torch.randn(16, 32, generator=gen)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()  # the gradients' all-reduce: every rank of the generation takes part
+        opt.step()
+        if step_s:
+            time.sleep(step_s)
+        record("step", step=step, loss=round(float(loss.item()), 6))
+        client.heartbeat(step)
+        save, stop = coord.agree(step)
+        if save:
+            path = checkpoint_path(ckpt, step)
+            if rank == 0:
+                tmp = path.with_suffix(".tmp")
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+                os.replace(tmp, path)
+            dist.barrier()  # every rank acks once the checkpoint is complete
+            coord.saved(step, str(path))
+            record("saved", step=step, path=str(path))
+        if stop:
+            outcome = "stopped"
+            record("stopped", step=step)
+            break
+    client.close()
+    record("exit", step=step, outcome=outcome)
+    del net  # DDP's reducer holds the process group
+    dist.destroy_process_group()
+    return 0 if outcome == "stopped" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
