@@ -1,8 +1,11 @@
-"""checkpoint_restart: save every rank at the same step, stop them, requeue without the bad nodes.
+"""checkpoint_restart: save every rank at the same step, stop them, requeue without the bad nodes --
+or, for a job run by rank supervisors (``ftd run``), restart it inside its allocation.
 
-Three phases (:class:`~ftd.coordinator.model.plan.PhasedExecutor`: inside a plan the engine runs a
+Four phases (:class:`~ftd.coordinator.model.plan.PhasedExecutor`: inside a plan the engine runs a
 node's reset or drain between the first two; outside one, calling the executor runs them all), each
-recorded in the action's detail:
+recorded in the action's detail (the in-allocation path, issue #24: ``requeue`` chooses it and
+``restart`` runs it, see :mod:`~ftd.coordinator.actions.in_allocation` and
+:mod:`~ftd.coordinator.actions.restart_phase`):
 
 1. **stop** -- *save*: a ``save`` directive on ``ftd/v1/nodes/{node}/directives/jobs`` of every node
    the job's ranks are on; each of those agents relays it to its ranks; wait for every known rank to
@@ -24,8 +27,15 @@ recorded in the action's detail:
    A node the job is pinned to (Slurm's ``ReqNodeList``, ``sbatch -w``) is never excluded: that
    would leave the job pending forever (BadConstraints). The action is then *escalated* with
    ``detail["exclude_refused"]`` (the nodes and a sentence saying what to do).
-3. **resume** -- a job requeued *in place* (no node excluded: an application fault, a hang) is
-   followed until it trains again, not only until ``scontrol`` returned: until
+   A job with rank supervisors is not requeued when its allocation can take it back: the phase
+   chooses the path (in place, swap in spares, or this scheduler requeue; ``detail["path"]``,
+   ``restart_why``) and returns the generation to start, its slots and the nodes out.
+3. **restart** -- only on the in-allocation path: the ``restart`` directive of the generation to
+   every node with a supervisor of the job, then the wait (``restart_deadline_s``) for every slot to
+   run it; a slot that fails takes the next spare in the next generation, or the job is requeued.
+4. **resume** -- a job restarted inside its allocation is followed until a rank of the new
+   generation's run reports a step. A job requeued *in place* (no node excluded: an application
+   fault, a hang) is followed until it trains again, not only until ``scontrol`` returned: until
    ``coordinator.resume_deadline_s`` after the requeue (a wall-clock deadline kept in the detail, so
    a coordinator restart resumes the watch, never extends it) the scheduler is asked for the job and
    the cluster state for its ranks. Running again with a rank of the new run registered (a run its

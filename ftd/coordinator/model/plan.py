@@ -18,9 +18,10 @@ learn a new kind. Phases keep the rule contract as it was; an executor without p
 (it runs as one step, in order).
 
 * An executor may split its work into named phases (:class:`PhasedExecutor`: ``phases`` and
-  ``run_phase(record, phase)``). ``checkpoint_restart`` has ``("stop", "requeue", "resume")`` (the
-  last follows a job requeued in place until it trains again; ``checkpoint``
-  uses the same executor: its "stop" phase only saves, its other phases do nothing);
+  ``run_phase(record, phase)``). ``checkpoint_restart`` has ``("stop", "requeue", "restart",
+  "resume")`` (the third starts a new generation inside the allocation of a job run by rank
+  supervisors, ``ftd run``; the last follows a job restarted in place until it trains again;
+  ``checkpoint`` uses the same executor: its "stop" phase only saves, its other phases do nothing);
   ``gpu_reset`` has ``("reset", "verify")`` (the reset with its retries and, when it cannot be done,
   the reboot request or the drain; then the wait for the rebooted node); ``drain_node`` has
   ``("drain", "evict")``: the node stops taking work at once (Slurm's drain never touches running
