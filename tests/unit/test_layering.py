@@ -82,6 +82,20 @@ def test_client_package_imports_only_the_standard_library_and_itself() -> None:
         assert not bad, f"{path.relative_to(PACKAGE.parent)} imports {bad}: the trainer client is stdlib only"
 
 
+def test_rank_supervisor_imports_only_the_standard_library_and_the_client() -> None:
+    """``ftd.supervisor`` (ftd run) ships in the trainer-only wheel: stdlib, itself and ftd.client."""
+    for path in sorted((PACKAGE / "supervisor").rglob("*.py")):
+        bad = sorted(
+            name
+            for name in imports_of(path)
+            if not any(name == p or name.startswith(p + ".") for p in ("ftd.supervisor", "ftd.client"))
+            and name.split(".")[0] not in sys.stdlib_module_names
+        )
+        assert not bad, (
+            f"{path.relative_to(PACKAGE.parent)} imports {bad}: the rank supervisor is stdlib only"
+        )
+
+
 def test_trainer_client_imports_only_the_standard_library() -> None:
     code = (
         "import sys, ftd.client; "
