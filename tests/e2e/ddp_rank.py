@@ -17,7 +17,13 @@ dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=
 rank, world = dist.get_rank(), dist.get_world_size()
 value = torch.tensor([float(rank + 1)])
 dist.all_reduce(value)
-record = {"rank": rank, "world": world, "sum": value.item(), "port": os.environ["MASTER_PORT"]}
+record = {
+    "rank": rank,
+    "world": world,
+    "sum": value.item(),
+    "port": os.environ["MASTER_PORT"],
+    "warm": "FTD_WARM_READY_AT" in os.environ,  # started in a pre-started interpreter (ftd run --warm)
+}
 name = f"ddp-g{os.environ['FTD_GENERATION']}-r{rank}.json"
 tmp = os.path.join(os.environ["OUT_DIR"], "." + name)
 with open(tmp, "w") as f:

@@ -356,23 +356,31 @@ async def test_agent_restart_the_supervisor_comes_back(h: Harness) -> None:
     assert h.events == []
 
 
-async def test_real_ddp_ranks_meet_in_each_generation(h: Harness) -> None:
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+async def test_real_ddp_ranks_meet_in_each_generation(h: Harness, warm: bool) -> None:
     pytest.importorskip("torch")
     ddp = str(Path(__file__).with_name("ddp_rank.py"))
     for node in ("node1", "node2"):
         await h.agent(node)
+    extra = ["--warm", "torch,torch.distributed"] if warm else []
     for index, node in enumerate(("node1", "node2")):
-        await h.supervisor(node, "--nodes", "2", "--node-rank", str(index), "--preflight", "none", rank=ddp)
+        await h.supervisor(
+            node, "--nodes", "2", "--node-rank", str(index), "--preflight", "none", *extra, rank=ddp
+        )
+    if warm:  # generation 1 may only start once both nodes' interpreters have torch imported
+        await h.wait_sup("node1", warm=True)
+        await h.wait_sup("node2", warm=True)
 
     def ddp_record(generation: int, rank: int) -> dict[str, Any] | None:
         path = h.out / f"ddp-g{generation}-r{rank}.json"
         return json.loads(path.read_text()) if path.exists() else None
 
     await until(lambda: ddp_record(0, 0) is not None and ddp_record(0, 1) is not None, 120)
-    assert ddp_record(0, 0) == {"rank": 0, "world": 2, "sum": 3.0, "port": "29600"}
+    assert ddp_record(0, 0) == {"rank": 0, "world": 2, "sum": 3.0, "port": "29600", "warm": False}
     # Slots swapped in generation 1: every rank restarts and meets on the next port.
     await h.restart(1, ["node2", "node1"])
     await until(lambda: ddp_record(1, 0) is not None and ddp_record(1, 1) is not None, 120)
-    assert ddp_record(1, 0) == {"rank": 0, "world": 2, "sum": 3.0, "port": "29601"}
+    assert ddp_record(1, 0) == {"rank": 0, "world": 2, "sum": 3.0, "port": "29601", "warm": warm}
+    assert ddp_record(1, 1) == {"rank": 1, "world": 2, "sum": 3.0, "port": "29601", "warm": warm}
     await h.wait_sup("node2", slot=0, generation=1, state="running")
     await h.wait_sup("node1", slot=1, generation=1, state="running")
