@@ -21,7 +21,7 @@ from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import Directive, JobPresence, NodeStatus, RankInfo, SupervisorInfo, decode, make_event
+from ftd.events import Ack, Directive, JobPresence, NodeStatus, RankInfo, SupervisorInfo, decode, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.rules import xid_catalog
 from ftd.testing import evaluate_rule
@@ -179,6 +179,70 @@ async def test_a_spare_takes_the_excluded_nodes_slot_in_a_new_generation() -> No
     job = cluster.state.jobs[JOB]
     assert job.nodes == ["n0", "n2", "s1"] and job.spares == [] and job.slots == ["n0", "s1", "n2"]
     assert cluster.state.jobs_on_node("n1") == [] and job.generation == 1
+
+
+async def test_the_save_and_stop_reach_the_training_nodes_only_then_the_spare_takes_over() -> None:
+    """The whole action with generation 0's ranks registered: the save (at one step) and the stop go
+    to the three training nodes, never to the spare; the restart carries the step they saved."""
+    cluster = Cluster()
+    for index, node in enumerate(SLOTS):
+        rank = RankInfo(rank=index, run="gen-0", step=93 + index)  # the furthest: 95
+        cluster.set(node, sup(slot=index, addr=f"{node}.ib"), [rank])
+    restart = executor(cluster)
+    acks = AckBook()
+    restart._acks = acks
+    plain = cluster.publish
+
+    async def agents(topic: str, payload: bytes) -> None:
+        await plain(topic, payload)
+        directive = decode(payload, Directive)
+        node = topic.split("/")[3]
+        here = cluster.state.jobs[JOB].ranks_by_node.get(node, [])
+        if directive.action == "save":
+            at = directive.params["save_at_step"]
+            for rank in here:
+                acks.record(Ack(directive_id=directive.id, job=JOB, rank=rank.rank, node=node, step=at))
+        elif directive.action == "stop":  # the ranks leave; the supervisor stays, stopped
+            info = cluster.state.jobs[JOB].supervisors[node]
+            cluster.set(node, msgspec.structs.replace(info, state="stopped"))
+
+    cluster.publish = agents  # type: ignore[method-assign]
+    restart._publish = agents
+    restart.in_allocation._publish = agents
+    record = request(exclude=["n1"])
+    del record.detail["resume_step"]  # this time the save phase finds it
+    detail = await run(restart, record)
+    assert "state" not in detail, detail
+    saves = sorted(n for n, d in cluster.sent if d.action == "save")
+    stops = sorted(n for n, d in cluster.sent if d.action == "stop")
+    assert saves == stops == list(SLOTS)  # never the spare
+    assert detail["save_at_step"] == 100 and detail["resume_step"] == 100
+    restarts = [d for _, d in cluster.sent if d.action == "restart"]
+    assert {d.params["resume_step"] for d in restarts} == {100}
+    assert detail["slots"] == ["n0", "s1", "n2"] and detail["resumed_step"] == 101
+
+
+class Clientless:
+    """The scheduler's signal convention for a job without the client: it must never be used for a
+    job with rank supervisors (it would end the whole allocation)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def save_and_stop(self, job: str, *, stop: bool) -> dict[str, Any]:
+        self.calls += 1
+        return {"clientless": {"signalled": True}}
+
+
+async def test_a_supervised_job_whose_ranks_ended_is_restarted_without_the_signal_fallback() -> None:
+    cluster = Cluster()
+    restart = executor(cluster)
+    fallback = Clientless()
+    restart.clientless = fallback  # type: ignore[assignment]
+    detail = await run(restart, request(exclude=[]))
+    assert fallback.calls == 0 and "clientless" not in detail
+    assert detail["note"] == "no rank of this job is running: its rank supervisors restart it"
+    assert detail["path"] == "in_place" and detail["running_generation"] == 1
 
 
 async def test_an_application_fault_restarts_in_place_and_keeps_the_spare() -> None:

@@ -210,6 +210,12 @@ class CheckpointRestart:
         stop = bool(record.request.params.get("stop", record.request.kind != ActionKind.CHECKPOINT))
         detail["stop"] = stop
         if not ranks:
+            if job_record is not None and job_record.supervisors:
+                # Its rank supervisors (ftd run) are its client: the ranks already ended (a crash),
+                # nothing to save; never the scheduler's signal convention, which would end the
+                # whole allocation, spares included.
+                detail["note"] = "no rank of this job is running: its rank supervisors restart it"
+                return detail
             if self.clientless is not None:
                 detail.update(await self.clientless.save_and_stop(job, stop=stop))
                 return detail
