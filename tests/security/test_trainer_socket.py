@@ -226,3 +226,33 @@ async def test_acks_on_a_connection_are_only_for_its_own_job(
     assert [(a.directive_id, a.job, a.path) for a in rec.acks] == [("d-777", "777", "/y")]
     assert api.counters["acks_refused"] == 1
     assert [d.id for d in api.pending()] == ["d-888"]  # still waiting for its own job's ranks
+
+
+# A raw rank supervisor (ftd run, issue #24): supervise (job from CLAIM_JOB), print the reply.
+SUPERVISE = r"""
+import json, os, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ["FTD_SOCKET"])
+info = {"role": "spare", "state": "idle"}
+s.sendall(json.dumps({"v": 1, "op": "supervise", "job": os.environ["CLAIM_JOB"], "pid": os.getpid(),
+                      "info": info}).encode() + b"\n")
+print(s.makefile("rb").readline().decode().strip(), flush=True)
+"""
+
+
+async def test_a_supervisor_for_another_job_is_refused(
+    grouped: tuple[LocalApi, Recorder], users: tuple[User, User, int]
+) -> None:
+    """The supervisor's rights are a rank's: only for the job its process belongs to."""
+    api, _ = grouped
+    trainer, _, _ = users
+    env = {"FTD_SOCKET": api.socket_path, "FTD_JOB": "777", "CLAIM_JOB": "888"}
+    done = await asyncio.to_thread(run_as, trainer, SUPERVISE, env)
+    reply = _replies(done.stdout)[0]
+    assert reply["op"] == "error" and reply["re"] == "supervise", reply
+    assert "refused" in reply["error"] and "777" in reply["error"] and "888" in reply["error"]
+    assert api.counters["supervisors_refused"] == 1 and api.supervisor("888") is None
+    # Its own job: accepted (positive control); it then closes without a goodbye: lost.
+    ok = await asyncio.to_thread(run_as, trainer, SUPERVISE, {**env, "CLAIM_JOB": "777"})
+    assert _replies(ok.stdout)[0] == {"v": 1, "op": "ok", "re": "supervise", "node": "node-1"}, ok.stdout
+    await until(lambda: (info := api.supervisor("777")) is not None and info.state == "lost")
