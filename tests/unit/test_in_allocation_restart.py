@@ -15,13 +15,25 @@ import msgspec
 
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
-from ftd.coordinator.actions.scheduler import JobInfo
+from ftd.coordinator.actions.drain import DrainNode
+from ftd.coordinator.actions.scheduler import FakeScheduler, JobInfo
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import Ack, Directive, JobPresence, NodeStatus, RankInfo, SupervisorInfo, decode, make_event
+from ftd.events import (
+    Ack,
+    Directive,
+    JobPresence,
+    Kind,
+    NodeStatus,
+    RankInfo,
+    Severity,
+    SupervisorInfo,
+    decode,
+    make_event,
+)
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.rules import xid_catalog
 from ftd.testing import evaluate_rule
@@ -419,6 +431,50 @@ async def test_a_retry_generation_survives_a_coordinator_kill(tmp_path: Path) ->
     assert [f["generation"] for f in done.detail["restart_failures"]] == [1]
     await second.close()
     await second.ledger.close()
+
+
+async def test_xid_79_drains_the_node_then_the_spare_takes_its_slot(tmp_path: Path) -> None:
+    """The built-in rules, the gate and the plan of a real engine: Xid 79 on n1 asks for the save and
+    stop, the drain (as today) and the restart; the restart directive goes out only once n1 is
+    drained, the spare takes n1's slot and the scheduler requeues nothing."""
+    cluster = Cluster()
+    scheduler = FakeScheduler()
+    for node in (*SLOTS, "s1"):
+        scheduler.add_node(node)
+    scheduler.add_job(JOB, [*SLOTS, "s1"])
+    restart = executor(cluster, scheduler)  # type: ignore[arg-type]
+    drained_when_sent: list[bool] = []
+    plain = cluster.publish
+
+    async def publish(topic: str, payload: bytes) -> None:
+        if decode(payload, Directive).action == "restart":
+            drained_when_sent.append(cluster.state.nodes["n1"].drained_by_ftd)
+        await plain(topic, payload)
+
+    restart._publish = publish
+    restart.in_allocation._publish = publish
+    engine = Engine(
+        state=cluster.state,
+        ledger=Ledger(tmp_path / "ledger.sqlite"),
+        gate=PolicyGate(),
+        plugins=make_plugin_manager(entry_points=False),
+        executors={
+            ActionKind.CHECKPOINT_RESTART: restart,
+            ActionKind.DRAIN_NODE: DrainNode(scheduler, cluster.state),
+        },
+    )
+    restart.in_allocation.persist = engine.ledger.save_action
+    xid = make_event("n1", Kind.XID, severity=Severity.CRITICAL, data={"code": 79})
+    records = await engine.handle_event(xid)
+    assert sorted(r.request.kind for r in records) == ["checkpoint_restart", "drain_node"]
+    assert await engine.wait_idle(30)
+    [job] = [await engine.ledger.action(r.id) for r in records if r.request.kind == "checkpoint_restart"]
+    assert job is not None and job.state == ActionState.SUCCEEDED, job.detail
+    assert job.detail["path"] == "spare" and job.detail["slots"] == ["n0", "s1", "n2"]
+    assert drained_when_sent and all(drained_when_sent)  # the plan's order: drain, then restart
+    assert [op for op, _ in scheduler.calls] == ["drain"]  # no requeue through the scheduler
+    await engine.close()
+    await engine.ledger.close()
 
 
 def test_a_fault_on_a_spare_does_not_restart_the_job() -> None:
