@@ -58,7 +58,7 @@ class Harness:
     ) -> asyncio.subprocess.Process:
         cmd = [
             sys.executable,
-            *("-m", "ftd.cli", "run", "--job", "j1", "--socket", self.apis[node].socket_path),
+            *("-m", "ftd.cli", "run", "--job", "j1", "--socket", str(self.root / f"{node}.sock")),
             *("--master-addr", "127.0.0.1", "--master-port", "29600", "--stop-grace", "5", "--node", node),
             *args,
             *("--", sys.executable, rank),
@@ -384,3 +384,12 @@ async def test_real_ddp_ranks_meet_in_each_generation(h: Harness, warm: bool) ->
     assert ddp_record(1, 1) == {"rank": 1, "world": 2, "sum": 3.0, "port": "29601", "warm": warm}
     await h.wait_sup("node2", slot=0, generation=1, state="running")
     await h.wait_sup("node1", slot=1, generation=1, state="running")
+
+
+async def test_without_an_agent_generation_0_runs_and_the_agent_is_found_later(h: Harness) -> None:
+    await h.supervisor("node1", "--nodes", "1", "--preflight", "none")  # no agent listening yet
+    g0 = await h.wait_record(0, 0)  # fail-open: the ranks start anyway
+    await h.agent("node1")
+    info = await h.wait_sup("node1", generation=0, state="running")  # the link kept retrying
+    assert alive(g0["pid"]) and info.role == "active"
+    assert "cannot reach the ftd agent" in h.logs()
