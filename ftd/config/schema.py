@@ -919,6 +919,15 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             "requeued through the scheduler when no spare is left."
         ),
     ] = 120.0
+    restart_unchecked_spares: Annotated[
+        bool,
+        _doc(
+            "An in-allocation restart may give a slot to a hot spare whose supervisor never ran a "
+            "preflight (ftd run --preflight none); it still runs none when it takes the slot. Off: "
+            "only spares whose preflight passed are used, and a job whose spares never ran one is "
+            "requeued through the scheduler."
+        ),
+    ] = False
     unacted_retry_s: Annotated[
         float,
         _doc(

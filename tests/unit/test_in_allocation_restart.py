@@ -13,8 +13,12 @@ from typing import Any
 
 import msgspec
 
+from ftd.config import Config
+from ftd.config.schema import CoordinatorConfig
+from ftd.coordinator.actions import ExecutorContext, build_executors
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
+from ftd.coordinator.actions.directive import node_sender
 from ftd.coordinator.actions.drain import DrainNode
 from ftd.coordinator.actions.scheduler import FakeScheduler, JobInfo
 from ftd.coordinator.decide.engine import Engine
@@ -297,6 +301,27 @@ async def test_a_spare_that_failed_preflight_is_never_chosen() -> None:
     cluster = Cluster(spares={"s1": "failed", "s2": None, "s3": "ok"})  # s2: never preflighted
     detail = await run(executor(cluster), request(exclude=["n1"]))
     assert detail["slots"] == ["n0", "s3", "n2"] and detail["spares_left"] == 0
+
+
+async def test_a_spare_never_preflighted_is_used_only_when_the_config_allows_it() -> None:
+    scheduler = Scheduler()
+    detail = await run(executor(Cluster(spares={"s1": None}), scheduler), request(exclude=["n1"]))
+    assert detail["path"] == "requeue" and scheduler.requeues == [["n1"]]
+    config = Config(coordinator=CoordinatorConfig(restart_unchecked_spares=True))
+    cluster = Cluster(spares={"s1": None})
+    context = ExecutorContext(
+        config=config,
+        state=cluster.state,
+        acks=AckBook(),
+        publish=cluster.publish,
+        send_to_node=node_sender(cluster.publish),
+        scheduler=None,
+    )
+    built = build_executors(context)[ActionKind.CHECKPOINT_RESTART]
+    assert isinstance(built, CheckpointRestart) and built.in_allocation.allow_unchecked
+    built.in_allocation.poll_s = 0.01
+    detail = await run(built, request(exclude=["n1"]))
+    assert detail["path"] == "spare" and detail["slots"] == ["n0", "s1", "n2"]
 
 
 async def test_a_spare_failing_at_activation_gives_its_slot_to_the_next_spare_next_generation() -> None:

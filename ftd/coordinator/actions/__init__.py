@@ -66,6 +66,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         resume_deadline_s=cfg.resume_deadline_s,
         restart_deadline_s=cfg.restart_deadline_s,
         persist=ctx.save_action,
+        allow_unchecked_spares=cfg.restart_unchecked_spares,
     )
     if ctx.scheduler is not None and ctx.scheduler.name == "slurm" and cfg.slurm.clientless.enabled:
         checkpoint_restart.clientless = clientless_fallback(cfg.slurm)
