@@ -197,3 +197,23 @@ async def test_bad_supervisor_messages_are_errors_and_the_connection_stays(
         await rank.close()
     finally:
         await api.stop()
+
+
+async def test_a_restarted_api_forgets_the_supervisors_until_they_come_back(
+    sockdir: str, rec: Recorder
+) -> None:
+    api = await started(sockdir, rec, [])
+    try:
+        peer = await supervised(api)
+        await api.deliver(restart(3))
+        assert (await peer.recv())["id"] == "a1-restart-g3"
+        await api.stop()
+        assert api.supervisor("j1") is None  # not a stale "running" in the presence
+        await api.start()
+        again = await supervised(api, generation=3)
+        assert (await again.recv())["id"] == "a1-restart-g3"  # still pending for it
+        sup = api.supervisor("j1")
+        assert sup is not None and sup.generation == 3
+        await again.close()
+    finally:
+        await api.stop()

@@ -202,7 +202,8 @@ class LocalApi:
     async def stop(self) -> None:
         """Stop listening, drop every connection, remove the socket file.
 
-        Pending directives are kept: a later :meth:`start` on this object re-delivers them.
+        Pending directives are kept: a later :meth:`start` on this object re-delivers them (to the
+        supervisors too, once they say ``supervise`` again: the book of supervisors starts empty).
         """
         server, self._server = self._server, None
         if server is None:
@@ -228,6 +229,9 @@ class LocalApi:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         self._stopping = False
+        # The supervisors' connections are gone with the agent's: they say supervise again on a
+        # later start (what they said before would be stale in the presence).
+        self._supervisors = SupervisorBook()
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
                 os.unlink(self.socket_path)
