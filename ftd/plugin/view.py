@@ -161,11 +161,12 @@ class JobRecord:
     ``allocations`` (nodes whose scheduler hook, Slurm's Prolog, reported the job: a job without the
     client has these only) and ``supervisors`` (its rank supervisors, ``ftd run``, by node: issue #24).
 
-    ``nodes`` is where the job trains: nodes with ranks, allocated nodes and active supervisors, but
-    not a hot spare or a node the job swapped out (``role`` spare / out) unless ranks are still
-    registered there: a fault on a spare must not restart the job, and the job's save and stop
-    directives go to its training nodes only. ``spares`` are those spare nodes; ``slots`` the node of
-    each training slot in the newest generation; ``generation`` the newest any supervisor reports."""
+    ``nodes`` is where the job trains (:meth:`trains_on`): nodes with ranks, allocated nodes and
+    supervisors holding a slot, but not a hot spare, a node the job swapped out (``role`` spare /
+    out) or a lost supervisor's node whose slot went to another, unless ranks are still there: a
+    fault on a spare must not restart the job, and the job's save and stop directives go to its
+    training nodes only. ``spares`` are the spare nodes; ``slots`` the node of each training slot in
+    the newest generation; ``generation`` the newest any supervisor reports."""
 
     id: str
     ranks_by_node: dict[str, list[RankInfo]] = field(default_factory=dict)
@@ -174,9 +175,19 @@ class JobRecord:
 
     @property
     def nodes(self) -> list[str]:
-        ranked = {n for n, ranks in self.ranks_by_node.items() if ranks}
-        idle = {n for n, s in self.supervisors.items() if s.role != "active" and n not in ranked}
-        return sorted((ranked | set(self.allocations) | set(self.supervisors)) - idle)
+        every = {n for n, ranks in self.ranks_by_node.items() if ranks} | set(self.allocations)
+        return sorted(n for n in every | set(self.supervisors) if self.trains_on(n))
+
+    def trains_on(self, node: str) -> bool:
+        """Whether the job trains on ``node``: ranks registered there; else, with a supervisor there,
+        one that holds a slot of the newest generation (not a spare, not a node swapped out, not
+        one whose slot went to another node while it was lost); else the scheduler allocated it."""
+        if self.ranks_by_node.get(node):
+            return True
+        info = self.supervisors.get(node)
+        if info is None:
+            return node in self.allocations
+        return info.role == "active" and node in self.slots
 
     @property
     def ranks(self) -> set[int]:

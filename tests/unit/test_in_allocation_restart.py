@@ -521,6 +521,13 @@ def test_the_job_record_reports_slots_spares_and_generation() -> None:
     assert job.nodes == list(SLOTS)
     cluster.set("s1", sup(role="spare", state="idle"), [RankInfo(rank=9, run="gen-0")])  # a stray rank
     assert "s1" in cluster.state.jobs[JOB].nodes  # ranks there: the job is on it
+    # n1's supervisor was lost (it stays 'active' at generation 0: it cannot say more) and its slot
+    # went to s2 in generation 1: n1 is no longer a node the job trains on
+    cluster.set("n1", sup(slot=1, state="lost"))
+    cluster.set("s2", sup(slot=1, gen=1))
+    job = cluster.state.jobs[JOB]
+    assert job.slots == ["n0", "s2", "n2"] and "n1" not in job.nodes and "s2" in job.nodes
+    assert cluster.state.jobs_on_node("n1") == [] and cluster.state.jobs_on_node("s2") == [JOB]
     for node in (*SLOTS, "s1", "s2"):
         cluster.state.apply_presence(node, JOB, None)
     assert JOB not in cluster.state.jobs

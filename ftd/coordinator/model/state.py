@@ -195,7 +195,7 @@ class ClusterState:
     def jobs_on_node(self, node: str) -> list[str]:
         """The jobs training on ``node`` (a job's hot spare or swapped-out node without ranks is not
         one of them: see :attr:`JobRecord.nodes`)."""
-        return sorted(j.id for j in self.jobs.values() if _trains_on(j, node))
+        return sorted(j.id for j in self.jobs.values() if j.trains_on(node))
 
     def job_nodes(self, job: str) -> list[str]:
         record = self.jobs.get(job)
@@ -230,12 +230,3 @@ class ClusterState:
 
     def filesystem_troubles(self) -> Mapping[str, Mapping[str, FaultRecord]]:
         return self.filesystems.open
-
-
-def _trains_on(job: JobRecord, node: str) -> bool:
-    if job.ranks_by_node.get(node):
-        return True
-    supervisor = job.supervisors.get(node)
-    if supervisor is not None:
-        return supervisor.role == "active"
-    return node in job.allocations
