@@ -1,12 +1,14 @@
 """A rank for the ``ftd run`` tests: writes its environment (and whether ``warm_marker`` was already
 imported when it started) to ``$OUT_DIR/g<generation>-r<rank>.json``, then sleeps (``RANK_MODE``
 ``sleep``, the default), exits with ``$RANK_EXIT`` (``exit``), or exits 0 once the file
-``$OUT_DIR/exit-g<generation>`` exists (``exit_on_file``: a rank that saved and stopped)."""
+``$OUT_DIR/exit-g<generation>`` exists (``exit_on_file``: a rank that saved and stopped), or sleeps
+ignoring SIGTERM (``ignore_term``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -26,6 +28,8 @@ KEYS = [
     "FTD_WARM_READY_AT",
 ]
 
+if os.environ.get("RANK_MODE") == "ignore_term":  # deaf to SIGTERM (before the record says it is up)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 record: dict[str, object] = {k: os.environ.get(k) for k in KEYS}
 record["pid"] = os.getpid()
 record["started"] = time.time()

@@ -393,3 +393,16 @@ async def test_without_an_agent_generation_0_runs_and_the_agent_is_found_later(h
     info = await h.wait_sup("node1", generation=0, state="running")  # the link kept retrying
     assert alive(g0["pid"]) and info.role == "active"
     assert "cannot reach the ftd agent" in h.logs()
+
+
+async def test_a_rank_deaf_to_sigterm_is_killed_after_the_stop_grace(h: Harness) -> None:
+    await h.agent("node1")
+    await h.supervisor(
+        "node1", "--nodes", "1", "--preflight", "none", "--stop-grace", "1", env={"RANK_MODE": "ignore_term"}
+    )
+    g0 = await h.wait_record(0, 0)
+    await h.wait_sup("node1", generation=0, state="running")
+    await h.restart(1, ["node1"])
+    await h.wait_record(1, 0)
+    assert not alive(g0["pid"])
+    assert "ranks of generation 0 still alive 1.0 s after SIGTERM: SIGKILL" in h.logs()
