@@ -25,6 +25,7 @@ from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import (
     Ack,
@@ -301,6 +302,20 @@ async def test_a_spare_that_failed_preflight_is_never_chosen() -> None:
     cluster = Cluster(spares={"s1": "failed", "s2": None, "s3": "ok"})  # s2: never preflighted
     detail = await run(executor(cluster), request(exclude=["n1"]))
     assert detail["slots"] == ["n0", "s3", "n2"] and detail["spares_left"] == 0
+
+
+async def test_a_ledger_that_is_down_does_not_hold_the_restart_up() -> None:
+    cluster = Cluster()
+    restart = executor(cluster)
+    tries: list[str] = []
+
+    async def down(record: ActionRecord) -> None:
+        tries.append(record.id)
+        raise LedgerUnavailable("postgres: connection refused")
+
+    restart.in_allocation.persist = down
+    detail = await run(restart, request(exclude=["n1"]))
+    assert tries == ["act-7"] and detail["running_generation"] == 1 and "state" not in detail
 
 
 async def test_a_spare_never_preflighted_is_used_only_when_the_config_allows_it() -> None:

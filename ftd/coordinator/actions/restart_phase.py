@@ -29,6 +29,7 @@ from typing import Any
 from ftd.bus import topics
 from ftd.coordinator.actions.directive import Publish, directive_for, publish_with_retry
 from ftd.coordinator.actions.in_allocation import Choice, choose, next_generation
+from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import RankInfo, SupervisorInfo, encode
 from ftd.logs import get_logger
@@ -155,8 +156,7 @@ class InAllocation:
             if detail.get("restart_sent") != generation:  # a resumed action re-sends, never re-plans
                 detail["restart_sent"] = generation
                 detail["restart_sent_at"] = time.time()
-                if self.persist is not None:
-                    await self.persist(record)  # before the directive: a restart resumes this attempt
+                await self._persist(record)  # before the directive: a restart resumes this attempt
             await self._send(record, generation)
             failed = await self._wait_running(job, generation, slots, float(detail["restart_sent_at"]))
             if not failed:
@@ -185,6 +185,23 @@ class InAllocation:
                 moved["state"] = str(ActionState.ESCALATED)  # the in-allocation restart did not work
                 return moved
             detail.update(choice.detail())
+
+    async def _persist(self, record: ActionRecord) -> None:
+        """Write the attempt to the ledger. A ledger that is down does not hold the restart up (the
+        job is stopped: every second counts); a restarted coordinator then plans above the newest
+        generation the supervisors report instead. Fenced (another coordinator leads) propagates."""
+        if self.persist is None:
+            return
+        try:
+            await self.persist(record)
+        except LedgerUnavailable as exc:
+            log.warning(
+                "restart_not_persisted",
+                action_id=record.id,
+                generation=record.detail.get("generation"),
+                error=str(exc),
+                effect="a coordinator restart re-plans above the generation the supervisors report",
+            )
 
     def _replan(self, record: ActionRecord, slots: list[str], generation: int) -> Choice:
         """The next attempt after ``generation`` on ``slots``: its bad slots get spares (or requeue)."""
