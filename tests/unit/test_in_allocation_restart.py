@@ -95,7 +95,7 @@ class Cluster:
         for node, preflight in spares.items():
             self.set(node, sup(role="spare", state="idle", preflight=preflight, addr=f"{node}.ib"))
         self.sent: list[tuple[str, Directive]] = []
-        self.behaviour: dict[str, str] = {}  # node -> ok (default) | fail | lost | silent | drained
+        self.behaviour: dict[str, str] = {}  # node -> ok (default) | fail | lost | silent | drained | crash
         self.answering = True
 
     def set(self, node: str, info: SupervisorInfo, ranks: Sequence[RankInfo] = ()) -> None:
@@ -120,6 +120,9 @@ class Cluster:
             return
         if how == "drained":  # a second fault: the node is drained while the restart waits
             self.state.mark_drained(node, "xid 79")
+            return
+        if how == "crash" and node in slots:  # its new ranks start, then exit 1 (an application fault)
+            self.set(node, sup(slot=slots.index(node), gen=generation, state="exited"))
             return
         if how == "lost":
             self.set(node, msgspec.structs.replace(current, state="lost"))
@@ -316,6 +319,16 @@ async def test_a_ledger_that_is_down_does_not_hold_the_restart_up() -> None:
     restart.in_allocation.persist = down
     detail = await run(restart, request(exclude=["n1"]))
     assert tries == ["act-7"] and detail["running_generation"] == 1 and "state" not in detail
+
+
+async def test_ranks_that_start_then_exit_are_no_reason_to_use_a_spare() -> None:
+    cluster = Cluster()
+    cluster.behaviour["n2"] = "crash"
+    detail = await run(executor(cluster, resume_deadline_s=0.5), request(exclude=[]))
+    assert detail["path"] == "in_place" and detail["running_generation"] == 1
+    assert "restart_failures" not in detail and cluster.state.jobs[JOB].spares == ["s1"]
+    # the other two slots' ranks report steps: the job trains again (n2's crash is a new incident)
+    assert detail["resumed_step"] == 101
 
 
 async def test_a_spare_never_preflighted_is_used_only_when_the_config_allows_it() -> None:

@@ -44,6 +44,10 @@ Persist = Callable[[ActionRecord], Awaitable[None]]
 Requeue = Callable[[ActionRecord, list[str]], Awaitable[dict[str, Any]]]
 IN_ALLOCATION = ("in_place", "spare")
 WAITING = "waiting for the job to train again"
+#: A slot's supervisor states that mean it started the generation's ranks: ``exited`` too (they
+#: started, then ended: done, or an application fault the rules judge as a new incident; the resume
+#: phase escalates when no rank of the generation ever reports a step). Never a reason to burn a spare.
+STARTED = frozenset({"running", "exited"})
 
 
 def run_of(generation: int) -> str:
@@ -267,7 +271,7 @@ class InAllocation:
                     and info.role == "active"
                     and info.slot == index
                     and info.generation == generation
-                    and info.state == "running"
+                    and info.state in STARTED
                 ):
                     waiting.append(node)
             if failed:
