@@ -288,3 +288,24 @@ def test_a_move_off_the_node_is_not_held_back_by_an_in_place_restarts_cooldown()
     clock.now += 1
     assert gate.decide(restart(["node-3"])).reason.startswith("cooldown: checkpoint_restart:1@node-3")
     assert gate.decide(restart()).reason.startswith("cooldown")
+
+
+def test_a_supervisor_swap_off_the_node_is_not_held_back_by_an_in_place_restarts_cooldown() -> None:
+    """Issue #24: the job was restarted in place on node-3; its rank supervisor there is killed a
+    minute later: the supervisor rule's restart avoiding node-3 (its slot to a spare, no drain) must
+    run, else the job's slot stays dead. The same swap again still cools down."""
+    clock = Clock()
+    gate = PolicyGate(cooldown_s=600, clock=clock)
+
+    def restart(**params: object) -> ActionRequest:
+        return ActionRequest(
+            kind="checkpoint_restart", target="1", reason="x", rule="r", params={"node": "node-3", **params}
+        )
+
+    gate.finished(run(gate, restart(), 1))
+    clock.now += 60
+    swap = gate.decide(restart(avoid=["node-3"]))
+    assert swap.allowed and "moves the job off node-3" in swap.reason, swap
+    gate.finished(run(gate, restart(avoid=["node-3"]), 2))
+    clock.now += 1
+    assert gate.decide(restart(avoid=["node-3"])).reason.startswith("cooldown: checkpoint_restart:1@node-3")

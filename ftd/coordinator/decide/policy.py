@@ -14,7 +14,7 @@ Checks, in order, each recorded with its reason when it says no:
    operator's own action (``rule`` ``api:<by>``): what failed did not happen, so nothing is there
    to protect; its retry must not wait 10 minutes.
    Three requests are not held back by the cooldown at all, and the verdict's reason says so: a
-   job action that moves its job off a node (``params.exclude``) the finished action left it on
+   job action that moves its job off a node (``params.exclude`` or ``avoid``) the finished action left it on
    (an Xid 79 right after an Xid 13's restart in place: the stronger remedy), a crash-loop restart
    (a job action with ``params["attempt"]``, asked by the application-fault policy, which paces its
    restarts with its own backoff, ``params["delay_s"]``, and its own limit), and an operator's
@@ -100,8 +100,14 @@ _NO_SEVERITY = -1
 
 
 def excluded_nodes(request: ActionRequest) -> frozenset[str]:
-    exclude = request.params.get("exclude")
-    return frozenset(n for n in exclude if isinstance(n, str)) if isinstance(exclude, list) else frozenset()
+    """The nodes a job action moves its job off: ``params.exclude`` and ``params.avoid`` (a rank
+    supervisor's slot given to a spare without a drain, issue #24)."""
+    nodes: set[str] = set()
+    for key in ("exclude", "avoid"):
+        value = request.params.get(key)
+        if isinstance(value, list):
+            nodes.update(n for n in value if isinstance(n, str))
+    return frozenset(nodes)
 
 
 def severity_rank(request: ActionRequest) -> int:
