@@ -34,7 +34,7 @@ from ftd.bench.recovery_stack import JobSpec, RecoveryStack, recovery_stack, wai
 from ftd.bench.recovery_timeline import incarnation, timeline
 from ftd.bench.slurm_multinode import MultiNodeSlurm
 
-__all__ = ["XID79", "bench_recovery", "measure_path"]
+__all__ = ["XID79", "bench_recovery", "measure_path", "recovered", "steady"]
 
 XID79 = "[ 5021.437112] NVRM: Xid (PCI:0000:3b:00): 79, pid=31337, name=python, GPU has fallen off the bus."
 FAULT_NODE = "node-2"  # slot 1 of the three training nodes
@@ -42,7 +42,7 @@ STEADY_STEPS = 20  # every rank trained this many steps (and the coordinator saw
 TARGET_S = 10.0
 
 
-def _steady(stack: RecoveryStack, job: str, ranks: int, timeout: float) -> None:
+def steady(stack: RecoveryStack, job: str, ranks: int, timeout: float) -> None:
     """Until every rank trains and the coordinator has seen the job's ranks step (its API)."""
 
     def trained() -> bool:
@@ -59,7 +59,7 @@ def _steady(stack: RecoveryStack, job: str, ranks: int, timeout: float) -> None:
     wait_for(known, 30, f"the coordinator to see job {job}'s {ranks} ranks step")
 
 
-def _recovered(stack: RecoveryStack, job: str, fault_at: float, ranks: int) -> bool:
+def recovered(stack: RecoveryStack, job: str, fault_at: float, ranks: int) -> bool:
     """Whether an incarnation newer than the fault's trained a step on every rank."""
     records = stack.records(job)
     old = max((incarnation(r) for r in records if r["what"] == "step" and r["t"] <= fault_at), default=None)
@@ -73,12 +73,12 @@ def measure_path(
     """Submit ``spec``, wait for steady training, write Xid 79 on ``fault_node``, wait for the job to
     train again, and return :func:`timeline`'s figures (plus ``job``, ``error`` when it did not)."""
     job = stack.submit(spec)
-    _steady(stack, job, spec.nodes, 180)
+    steady(stack, job, spec.nodes, 180)
     fault_at = stack.kernel(fault_node, XID79)
     error: str | None = None
     try:
         wait_for(
-            lambda: _recovered(stack, job, fault_at, spec.nodes), recover_timeout_s, "the job to train again"
+            lambda: recovered(stack, job, fault_at, spec.nodes), recover_timeout_s, "the job to train again"
         )
         wait_for(
             lambda: (
