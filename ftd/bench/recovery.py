@@ -4,22 +4,24 @@ Everything real (issue #24): Slurm with four ``slurmd`` nodes on this host
 (:class:`~ftd.bench.slurm_multinode.MultiNodeSlurm`, fast requeues), Mosquitto, one ``ftd agent``
 per node and ``ftd coordinator`` with the Slurm scheduler (:mod:`ftd.bench.recovery_stack`), and a
 real DDP job (torch gloo on CPU, :mod:`ftd.bench.recovery_trainer`) launched as ``srun ... ftd run
---nodes 3 --spares K -- python recovery_trainer.py``. One run measures both paths, each on a fresh
+--nodes 3 --spares K -- python recovery_trainer.py``. One run measures three paths, each on a fresh
 broker, agents, coordinator and ledger (the Slurm cluster is shared, its nodes resumed between):
 
 1. **in_allocation**: ``sbatch -N4``, 3 training nodes + 1 hot spare (preflighted, a warm
    interpreter with torch imported); Xid 79 on node-2 -> save at the agreed step -> stop -> the
    spare takes node-2's slot -> generation 1 on every slot -> first step after the resume;
-2. **requeue**: ``sbatch -N3``, no spare: the same fault -> save -> stop -> scheduler requeue
+2. **in_allocation_cold**: the same without ``--warm`` (every rank imports torch again);
+3. **requeue**: ``sbatch -N3``, no spare: the same fault -> save -> stop -> scheduler requeue
    excluding node-2 -> the batch script runs again on the three nodes left -> first step.
 
 Per path, :func:`ftd.bench.recovery_timeline.timeline` reads the trainers' JSON lines and the
 checkpoint_restart detail from the ledger: seconds from the fault to the ranks stopped, to the new
 generation started, to the first step after the resume; the save step, the step resumed from, steps
 lost beyond the save step, old-generation ranks in the new one. ``ratio`` is in_allocation's
-``first_step_s`` over requeue's. The fault time is the moment the bench wrote the kernel line (the
-same host clock as the trainers' records). Benchmarks measure, they never assert: a path that did
-not come back within ``recover_timeout_s`` has None figures and says so in ``error``.
+``first_step_s`` over requeue's (``ratio_cold``: in_allocation_cold's). The fault time is the moment
+the bench wrote the kernel line (the same host clock as the trainers' records). Benchmarks measure,
+they never assert: a path that did not come back within ``recover_timeout_s`` has None figures and
+says so in ``error``.
 """
 
 from __future__ import annotations
@@ -108,8 +110,19 @@ def _path(slurm: MultiNodeSlurm, work: Path, spec: JobSpec, **coordinator_keys: 
         return measure_path(stack, spec)
 
 
+#: The paths measured, in order: the spare with pre-started interpreters (the target's path), the same
+#: without them (what --warm buys), and the scheduler requeue (no spare; no warm interpreters either:
+#: a requeued job starts cold whatever it asked for, and idle ones would only slow its first start).
+PATHS: dict[str, JobSpec] = {
+    "in_allocation": JobSpec(name="rec-spare", nodes=3, spares=1),
+    "in_allocation_cold": JobSpec(name="rec-spare-cold", nodes=3, spares=1, warm=""),
+    "requeue": JobSpec(name="rec-requeue", nodes=3, spares=0, warm=""),
+}
+
+
 def bench_recovery(samples: int = 1) -> dict[str, Any]:
-    """Both paths ``samples`` times on one Slurm cluster; figures of each round, and the ratio."""
+    """Every path of :data:`PATHS` ``samples`` times on one Slurm cluster: the last round's figures,
+    every round's when more than one, and whether every round met the target."""
     rounds: list[dict[str, Any]] = []
     keys = {"save_deadline_s": 30.0, "stop_deadline_s": 30.0, "save_step_margin": 5}
     with tempfile.TemporaryDirectory(prefix="ftd-bench-recovery-", dir="/tmp") as tmp:
@@ -117,20 +130,16 @@ def bench_recovery(samples: int = 1) -> dict[str, Any]:
         slurm = MultiNodeSlurm(work / "slurm", nodes=4).start()
         try:
             for i in range(samples):
-                spare = _path(
-                    slurm, work / f"r{i}-in-allocation", JobSpec(name="rec-spare", nodes=3, spares=1), **keys
-                )
-                requeue = _path(
-                    slurm, work / f"r{i}-requeue", JobSpec(name="rec-requeue", nodes=3, spares=0), **keys
-                )
-                rounds.append({"in_allocation": spare, "requeue": requeue, "ratio": _ratio(spare, requeue)})
+                got: dict[str, Any] = {
+                    name: _path(slurm, work / f"r{i}-{name}", spec, **keys) for name, spec in PATHS.items()
+                }
+                got["ratio"] = _ratio(got["in_allocation"], got["requeue"])
+                got["ratio_cold"] = _ratio(got["in_allocation_cold"], got["requeue"])
+                rounds.append(got)
         finally:
             slurm.stop()
-    best = rounds[-1]
     return {
-        "in_allocation": best["in_allocation"],
-        "requeue": best["requeue"],
-        "ratio": best["ratio"],
+        **rounds[-1],
         "rounds": rounds if samples > 1 else None,
         "meets_target": _meets(rounds),
         "machine": {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)},
