@@ -1,21 +1,25 @@
 """What one recovery looked like, from the trainers' JSON lines and the coordinator's action detail.
 
 What: :func:`timeline` (pure: records and times in, figures out) measures one fault's recovery of a
-job run by :mod:`ftd.bench.recovery_trainer`: every process's records carry its *incarnation*
+job run by :mod:`ftd.bench.recovery_trainer`. Every process's records carry its *incarnation*
 ``(restart, generation)`` (Slurm's restart count, ftd run's generation), so the incarnation training
 when the fault was injected (*old*) and the first one after it that trained (*new*) are told apart
-whatever path brought it back (a new generation in the allocation, or a scheduler requeue that
+whatever path brought the job back (a new generation in the allocation, or a scheduler requeue that
 starts generation 0 again with a higher restart count). Figures, in seconds after the fault:
-``ranks_stopped_s`` (the old incarnation's last process left), ``new_generation_started_s`` (the
-first process of the new one started; ``all_started_s``: the last), ``first_step_s`` (the first
-step after the resume done on every rank), and ``save_step`` (the step every rank saved after the
-fault: the agreed save step), ``resumed_from`` (the checkpoint the new incarnation loaded),
-``steps_lost`` (``save_step - resumed_from``: steps saved but not resumed from; 0 is the target),
-``steps_discarded`` (steps the old incarnation ran past the save before it stopped, redone after the
-resume: the price of the save margin), ``old_generation_ranks`` (ranks of the new incarnation whose
-rendezvous gathered another generation: must be 0) and ``old_steps_after_new_start`` (steps an old
-process ran once a new one had started: must be 0). Why apart: the bench and the e2e tests read
-the same figures the same way, and the rules of reading are unit-tested without Slurm.
+
+- ``ranks_stopped_s``: the last record of the old incarnation's processes (the ``exit`` line each
+  writes before it tears its process group down, or the last step of one that was killed);
+- ``new_generation_started_s``: the first process of the new one started (``all_started_s``: the
+  last); ``first_step_s``: the first step after the resume done on every rank.
+
+And steps: ``save_step`` (the step every rank saved after the fault: the agreed save step),
+``resumed_from`` (the checkpoint the new incarnation loaded), ``steps_lost`` (``save_step -
+resumed_from``: saved but not resumed from; 0 is the target), ``steps_discarded`` (steps the old
+incarnation ran past the save before it stopped, redone after the resume: the save margin's price),
+``old_generation_ranks`` (ranks of the new incarnation whose rendezvous gathered another
+generation: must be 0) and ``old_steps_after_new_start`` (steps an old process ran once a new one
+had started: must be 0). Why apart: the bench and the e2e tests read the same figures the same way,
+and the rules of reading are unit-tested without Slurm.
 """
 
 from __future__ import annotations
