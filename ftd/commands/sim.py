@@ -14,7 +14,9 @@ run's JSON is also written to ``--state`` (default: beside the ledger of ``--con
 whose dashboard shows it; without ``--config``, ``$XDG_STATE_HOME/ftd/goodput-last.json``).
 
 Set-up: ``--scenario`` picks a named set-up from the mix file (``meta``: Meta's Llama 3 set-up as
-best known; ``fast``: in-memory checkpoints and hot spares); every flag overrides one value.
+best known; ``fast``: in-memory checkpoints and hot spares; ``ftd-spares``: ``meta`` with the job
+under ``ftd run`` with hot spares in its allocation, restarted in the allocation at the cost
+``ftd bench recovery`` measured, :mod:`ftd.sim.goodput.inalloc`); every flag overrides one value.
 """
 
 from __future__ import annotations
@@ -42,6 +44,20 @@ PARAM_FLAGS = (
     ("recurrence_mean_s", float, "mean seconds until a bad node the job is put back on fails again"),
     ("ftd_detect_s", float, "ftd's signal -> directive latency (default: `ftd bench e2e` p99)"),
     ("preflight_s", float, "preflight seconds before a repaired node returns to service"),
+    ("alloc_spares", int, "hot spares in the job's allocation (with --in-allocation)"),
+    (
+        "spare_replenish_s",
+        float,
+        "seconds after a hot spare is used until a free node replaces it (0: never)",
+    ),
+)
+
+BOOL_FLAGS = (
+    (
+        "in_allocation",
+        "the job runs under `ftd run`: ftd restarts it in its allocation while a spare is left",
+    ),
+    ("warm_spares", "the supervisors keep pre-started interpreters (ftd run --warm)"),
 )
 
 
@@ -55,6 +71,8 @@ NON_NEGATIVE = (
     "silent_detect_s",
     "ftd_detect_s",
     "preflight_s",
+    "alloc_spares",
+    "spare_replenish_s",
 )
 
 
@@ -102,6 +120,10 @@ def register(subparsers: Any) -> None:
     g.add_argument("--no-entry-points", action="store_true", help="do not load ftd entry-point plugins")
     for name, kind, text in PARAM_FLAGS:
         g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=text)
+    for name, text in BOOL_FLAGS:
+        g.add_argument(
+            f"--{name.replace('_', '-')}", dest=name, action=argparse.BooleanOptionalAction, help=text
+        )
     g.set_defaults(handler=run_goodput)
     parser.set_defaults(handler=lambda _args: _usage(parser))
 
@@ -136,6 +158,7 @@ def run_goodput(args: argparse.Namespace) -> int:
         return _fail(f"no scenario {scenario_name!r} in {args.trace} (known: {known})")
     scenario = mix.scenarios.get(scenario_name, {}) if scenario_name else {}
     overrides = {name: getattr(args, name) for name, _, _ in PARAM_FLAGS}
+    overrides.update({name: getattr(args, name) for name, _ in BOOL_FLAGS})
     if overrides["days"] is None:
         overrides["days"] = scenario.get("days", mix.days)
     try:
@@ -157,9 +180,7 @@ def run_goodput(args: argparse.Namespace) -> int:
     if args.events:
         try:
             with open(args.events, "rb") as stream:
-                mix, trace, recording = recorded_trace(
-                    stream, nodes=params.nodes, job_gpus=params.job_gpus
-                )
+                mix, trace, recording = recorded_trace(stream, nodes=params.nodes, job_gpus=params.job_gpus)
         except OSError as exc:
             return _fail(f"cannot read {args.events}: {exc.strerror or exc}")
         except MixError as exc:

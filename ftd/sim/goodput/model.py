@@ -16,6 +16,14 @@ time by cause and by fault category, restarts, nodes drained, mean time to recov
   before they return); an allowed ``gpu_reset`` clears the fault with the category's
   ``reset_clears`` probability. Whatever the engine does not act on (no rule, suppressed, dry run)
   falls back to what happens without ftd.
+- ``ftd`` with ``in_allocation`` (the job runs under ``ftd run``, issue #24): a restart the engine
+  decided happens in the job's allocation: on the same nodes, or with one of the allocation's
+  ``alloc_spares`` hot spares taking the failed node's slot, and costs :func:`.inalloc.in_allocation_s`
+  (the ``ftd bench recovery`` figures) instead of ``restart_s``; with no hot spare left the scheduler
+  requeues it as before, and the new allocation holds N+K nodes again (spares from the free pool,
+  never waited for). A node the job left that comes back (repaired, or checked by preflight) becomes a
+  hot spare again while the allocation is short of one; ``spare_replenish_s`` > 0 also adds a free
+  node that long after each spare used.
 
 Time: the job's position ``x`` moves with the wall clock while it runs; a cycle is
 ``checkpoint_interval_s`` of training then ``save_s`` of blocking save (checkpoints are arithmetic,
@@ -42,6 +50,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ftd.sim.goodput.faults import Category, Fault, FaultMix, Signal, Variant
+from ftd.sim.goodput.inalloc import BENCH_COSTS, RestartCosts, in_allocation_s
 
 if TYPE_CHECKING:
     from ftd.sim.goodput.bridge import EngineBridge
@@ -69,6 +78,12 @@ class Params:
     recurrence_mean_s: float = 1800.0
     ftd_detect_s: float = 0.0089
     preflight_s: float = 600.0
+    # The job under `ftd run` (issue #24): ftd's restarts happen in the allocation (in place, or a hot
+    # spare of the allocation takes the failed node's slot) when a spare is left; see .inalloc.
+    in_allocation: bool = False
+    alloc_spares: int = 0  # hot spares the job's allocation holds (N+K nodes, trains on N)
+    spare_replenish_s: float = 0.0  # >0: a used hot spare is replaced from the pool this much later
+    warm_spares: bool = True  # the supervisors keep pre-started interpreters (ftd run --warm)
 
     @property
     def nodes(self) -> int:
@@ -105,6 +120,11 @@ class Result:
     proactive: int = 0  # moves off a node on a warning, before it failed
     saves_on_signal: int = 0
     nodes_drained: int = 0  # nodes sent to repair (by ftd's drain or by a human)
+    restarts_in_allocation: int = 0  # ftd restarts by the job's supervisors (in place or a hot spare)
+    restarts_in_place: int = 0  # ... of which on the same nodes
+    restarts_requeued: int = 0  # ftd restarts of an in-allocation job through the scheduler: no spare
+    spares_used: int = 0  # hot spares that took a failed node's slot
+    spares_replenished: int = 0  # hot spares added back (a node returned, the rate, a requeue)
     progress_s: float = 0.0
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
     lost_by_category: dict[str, float] = field(default_factory=dict)
@@ -131,6 +151,11 @@ class Result:
             "proactive_moves": self.proactive,
             "saves_on_signal": self.saves_on_signal,
             "nodes_drained": self.nodes_drained,
+            "restarts_in_allocation": self.restarts_in_allocation,
+            "restarts_in_place": self.restarts_in_place,
+            "restarts_requeued": self.restarts_requeued,
+            "spares_used": self.spares_used,
+            "spares_replenished": self.spares_replenished,
             "mttr_s": self.mttr_s,
             "lost_hours": {k: v / 3600.0 for k, v in self.lost.items()},
             "lost_gpu_hours": {k: v * gpus / 3600.0 for k, v in self.lost.items()},
@@ -169,9 +194,7 @@ class _Job:
     def running(self, t: float) -> bool:
         return t >= self.down_until
 
-    def interrupt(
-        self, t: float, parts: list[tuple[str, float]], *, keep: bool, category: str
-    ) -> float:
+    def interrupt(self, t: float, parts: list[tuple[str, float]], *, keep: bool, category: str) -> float:
         """Stop the job at ``t`` for ``parts`` (cause, seconds) in order; roll back unless ``keep``.
         Returns the time it is back."""
         self.advance(t)
@@ -207,10 +230,16 @@ class Simulation:
     """One policy over one trace (see the module docstring). ``bridge`` is None for ``no_ftd``."""
 
     def __init__(
-        self, mix: FaultMix, params: Params, trace: list[Fault], bridge: EngineBridge | None = None
+        self,
+        mix: FaultMix,
+        params: Params,
+        trace: list[Fault],
+        bridge: EngineBridge | None = None,
+        costs: RestartCosts = BENCH_COSTS,
     ) -> None:
         self.mix = mix
         self.p = params
+        self.costs = costs
         self.trace = trace
         self.bridge = bridge
         self.policy = "ftd" if bridge is not None else "no_ftd"
@@ -220,6 +249,11 @@ class Simulation:
         self.slots = list(range(n))
         self.slot_of = {node: slot for slot, node in enumerate(self.slots)}
         self.pool: deque[int] = deque(range(n, n + params.spare_nodes))
+        # The allocation's hot spares (ftd only: without ftd nothing would ever start them).
+        self.supervised = bridge is not None and params.in_allocation
+        self.hot: deque[int] = deque()
+        if self.supervised:
+            self._fill_hot(first=True)
         self.bad: dict[int, str] = {}  # node -> category of the fault it carries
         self.repairing: dict[int, float] = {}  # node -> when it is back
         self.bound: dict[int, int] = {}  # fault id -> the node it hit (bound at its first signal)
@@ -280,6 +314,8 @@ class Simulation:
                 self._back(t, payload)
             elif what == "recur":
                 await self._recur(t, payload)
+            elif what == "refill":
+                self._fill_hot(limit=1)
         self.job.finish()
         return self.result
 
@@ -287,9 +323,23 @@ class Simulation:
         if self.repairing.get(node) != t:
             return  # taken straight from repair into the job, or sent again
         del self.repairing[node]
-        self.pool.append(node)
+        if self.supervised and len(self.hot) < self.p.alloc_spares:
+            self.hot.append(node)  # the failed node, repaired or checked, is the job's spare again
+            self.result.spares_replenished += 1
+        else:
+            self.pool.append(node)
         if self.bridge is not None:
             self.bridge.node_back(node)
+
+    def _fill_hot(self, limit: int | None = None, *, first: bool = False) -> None:
+        """Hot spares from the cluster's free nodes, up to ``alloc_spares`` (at most ``limit``), none
+        waited for: the first allocation, a requeue's new allocation (N+K again), the refill rate."""
+        added = 0
+        while self.pool and len(self.hot) < self.p.alloc_spares and (limit is None or added < limit):
+            self.hot.append(self.pool.popleft())
+            added += 1
+        if not first:
+            self.result.spares_replenished += added
 
     async def _warning(self, t: float, fault: Fault, signal: Signal) -> None:
         if self.bridge is None:
@@ -307,10 +357,9 @@ class Simulation:
         self.result.saves_on_signal += 1
         if moved:
             self.result.proactive += 1
-            wait = self._replace(t, node, drained=decision.drain, reset=decision.reset, fault=fault)
-            parts += [("restart", p.restart_s + p.load_s), ("spare_wait", wait)]
+            parts += self._move(t, node, drained=decision.drain, reset=decision.reset, fault=fault, ftd=True)
         else:
-            parts.append(("restart", p.restart_s + p.load_s))
+            parts += self._in_place(ftd=True)
         back = self.job.interrupt(t, parts, keep=True, category=fault.category)
         self._schedule_recurrences(back)
 
@@ -357,21 +406,82 @@ class Simulation:
         by_others = category.node_down or category.silent
         if not by_ftd and not by_others and category.node_fault and rng.random() >= p.same_node_p:
             by_others = True  # the scheduler or a human took another node; the bad one goes to repair
-        wait = 0.0
+        ftd = decided is not None  # the engine's checkpoint_restart drives the restart
         if by_ftd or by_others:
             # ftd excluding without a drain hands the node back to the pool (after its GPU reset)
             drained = decision_drain or by_others
-            wait = self._replace(t, node, drained=drained, reset=decision_reset, fault=fault)
-        elif decision_reset and category.node_fault and rng.random() < category.reset_clears:
-            self.bad.pop(node, None)
-        parts += [("restart", p.restart_s + p.load_s), ("spare_wait", wait)]
+            parts += self._move(t, node, drained=drained, reset=decision_reset, fault=fault, ftd=ftd)
+        else:
+            if decision_reset and category.node_fault and rng.random() < category.reset_clears:
+                self.bad.pop(node, None)
+            parts += self._in_place(ftd=ftd)
         back = self.job.interrupt(t, parts, keep=keep, category=fault.category)
         if recurrence:
             self.result.recurrences += 1
         self._schedule_recurrences(back)
 
+    def _in_allocation_s(self) -> float:
+        return in_allocation_s(self.p.load_s, warm=self.p.warm_spares, costs=self.costs)
+
+    def _requeue(self) -> list[tuple[str, float]]:
+        return [("restart", self.p.restart_s + self.p.load_s)]
+
+    def _in_place(self, *, ftd: bool) -> list[tuple[str, float]]:
+        """The job restarts on the same nodes: by its supervisors (ftd, under ``ftd run``) or requeued."""
+        if not (ftd and self.supervised):
+            return self._requeue()
+        self.result.restarts_in_allocation += 1
+        self.result.restarts_in_place += 1
+        return [("restart", self._in_allocation_s())]
+
+    def _move(
+        self, t: float, node: int, *, drained: bool, reset: bool, fault: Fault, ftd: bool
+    ) -> list[tuple[str, float]]:
+        """The job leaves ``node``: a hot spare of the allocation takes its slot when ftd restarts a job
+        under ``ftd run`` and one is left; otherwise the scheduler requeues it onto a spare node."""
+        if ftd and self.supervised and self.hot:
+            slot = self._take_out(t, node, drained=drained, reset=reset, fault=fault)
+            self._put_in(slot, self.hot.popleft())
+            self.result.restarts_in_allocation += 1
+            self.result.spares_used += 1
+            if self.p.spare_replenish_s > 0:
+                self._push(t + self.p.spare_replenish_s, "refill", None)
+            return [("restart", self._in_allocation_s()), ("spare_wait", 0.0)]
+        wait = self._replace(t, node, drained=drained, reset=reset, fault=fault)
+        if ftd and self.supervised:
+            self.result.restarts_requeued += 1
+            self._fill_hot()  # the requeued job's new allocation holds N+K nodes again
+        return [*self._requeue(), ("spare_wait", wait)]
+
+    def _put_in(self, slot: int, spare: int) -> None:
+        self.slots[slot] = spare
+        self.slot_of[spare] = slot
+        if self.bridge is not None:
+            self.bridge.place(spare, slot)
+
     def _replace(self, t: float, node: int, *, drained: bool, reset: bool, fault: Fault) -> float:
         """Take ``node`` out of the job and put a spare in its slot; returns the wait for one."""
+        slot = self._take_out(t, node, drained=drained, reset=reset, fault=fault)
+        wait = 0.0
+        if self.pool and self.pool[0] != node:
+            spare = self.pool.popleft()
+        elif len(self.pool) > 1:
+            spare = self.pool[1]
+            del self.pool[1]
+        elif self.repairing:
+            spare, ready = min(self.repairing.items(), key=lambda kv: kv[1])
+            del self.repairing[spare]
+            wait = max(0.0, ready - t)
+            if self.bridge is not None:
+                self.bridge.node_back(spare)
+        else:  # nothing else exists: the job takes the node back
+            self.pool.remove(node)
+            spare = node
+        self._put_in(slot, spare)
+        return wait
+
+    def _take_out(self, t: float, node: int, *, drained: bool, reset: bool, fault: Fault) -> int:
+        """Take ``node`` out of the job (to repair, or back to the pool after a preflight); its slot."""
         category = self._category(fault)
         slot = self.slot_of.pop(node)
         if self.bridge is not None:
@@ -392,26 +502,7 @@ class Simulation:
             self._push(t + self.p.preflight_s, "back", node)
         else:
             self.pool.append(node)
-        wait = 0.0
-        if self.pool and self.pool[0] != node:
-            spare = self.pool.popleft()
-        elif len(self.pool) > 1:
-            spare = self.pool[1]
-            del self.pool[1]
-        elif self.repairing:
-            spare, ready = min(self.repairing.items(), key=lambda kv: kv[1])
-            del self.repairing[spare]
-            wait = max(0.0, ready - t)
-            if self.bridge is not None:
-                self.bridge.node_back(spare)
-        else:  # nothing else exists: the job takes the node back
-            self.pool.remove(node)
-            spare = node
-        self.slots[slot] = spare
-        self.slot_of[spare] = slot
-        if self.bridge is not None:
-            self.bridge.place(spare, slot)
-        return wait
+        return slot
 
     def _schedule_recurrences(self, back: float) -> None:
         """A bad node in the job fails again after it restarts (recurrence_mean_s on average)."""
@@ -442,10 +533,14 @@ class Simulation:
 
 
 async def simulate(
-    mix: FaultMix, params: Params, trace: list[Fault], bridge: EngineBridge | None = None
+    mix: FaultMix,
+    params: Params,
+    trace: list[Fault],
+    bridge: EngineBridge | None = None,
+    costs: RestartCosts = BENCH_COSTS,
 ) -> Result:
-    """Run one policy (``bridge`` None: no ftd) over ``trace``."""
-    sim = Simulation(mix, params, trace, bridge)
+    """Run one policy (``bridge`` None: no ftd) over ``trace``; ``costs``: the in-allocation restart's."""
+    sim = Simulation(mix, params, trace, bridge, costs)
     try:
         return await sim.run()
     finally:

@@ -22,7 +22,7 @@ CAUSE_LABELS = {
     "lost_work": "work lost since the last checkpoint",
     "detection": "detection (fault -> job stopped)",
     "save_on_signal": "saves on a signal",
-    "restart": "restart, requeue and checkpoint load",
+    "restart": "restart (requeue or in the allocation) and checkpoint load",
     "spare_wait": "waiting for a spare node",
 }
 
@@ -46,8 +46,16 @@ def render_text(report: dict[str, Any], out: IO[str]) -> None:
         f"seeds {report['seeds'] or 'recorded'}\n"
         f"checkpoint every {params['checkpoint_interval_s']:g} s, save {params['save_s']:g} s, "
         f"load {params['load_s']:g} s, restart {params['restart_s']:g} s, "
-        f"NCCL watchdog {params['watchdog_s']:g} s, same bad node back {params['same_node_p']:.0%}\n\n"
+        f"NCCL watchdog {params['watchdog_s']:g} s, same bad node back {params['same_node_p']:.0%}\n"
     )
+    costs = report.get("restart_costs")
+    if params.get("in_allocation") and costs:
+        out.write(
+            f"ftd run: {params['alloc_spares']} hot spares in the allocation"
+            f"{' (warm)' if params['warm_spares'] else ''}, in-allocation restart "
+            f"{costs['in_allocation_s']:.1f} s vs requeue {costs['requeue_s']:.0f} s (ftd bench recovery)\n"
+        )
+    out.write("\n")
     names = list(policies)
 
     def row(label: str, cell: Any) -> list[str]:
@@ -61,6 +69,9 @@ def render_text(report: dict[str, Any], out: IO[str]) -> None:
         row("restarts", lambda p: f"{p['interruptions']:.1f}"),
         row("  of which bad node again", lambda p: f"{p['recurrences']:.1f}"),
         row("  of which moved before failing", lambda p: f"{p['proactive_moves']:.1f}"),
+        row("  of which in the allocation", lambda p: f"{p.get('restarts_in_allocation', 0):.1f}"),
+        row("  of which requeued, no spare", lambda p: f"{p.get('restarts_requeued', 0):.1f}"),
+        row("hot spares used", lambda p: f"{p.get('spares_used', 0):.1f}"),
         row("saves on a signal", lambda p: f"{p['saves_on_signal']:.1f}"),
         row("nodes drained", lambda p: f"{p['nodes_drained']:.1f}"),
         row("mean time to recover", lambda p: f"{p['mttr_s'] / 60:.1f} min"),

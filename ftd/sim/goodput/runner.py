@@ -15,10 +15,12 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from ftd.sim.goodput.bridge import EngineBridge
 from ftd.sim.goodput.faults import Fault, FaultMix, poisson_trace
+from ftd.sim.goodput.inalloc import BENCH_COSTS, in_allocation_s
 from ftd.sim.goodput.model import POLICIES, Params, Result, simulate
 
 if TYPE_CHECKING:
@@ -120,6 +122,11 @@ def run(
         "faults_per_run": sum(len(t) for t in drawn) / max(1, len(drawn)),
         "job_mtbf_h": mtbf / 3600.0,
         "young_daly_s": optimum,
+        "restart_costs": {
+            "requeue_s": params.restart_s + params.load_s,
+            "in_allocation_s": in_allocation_s(params.load_s, warm=params.warm_spares),
+            "in_allocation_terms": asdict(BENCH_COSTS),
+        },
         "policies": {p: average(rs) for p, rs in results.items() if rs},
         "sweep": [],
         "seconds_per_run": sum(timings) / max(1, len(timings)),
