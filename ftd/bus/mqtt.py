@@ -16,10 +16,18 @@ sent (packet ids are reused per connection; the broker redelivers that message o
 aiomqtt 2.x has no public switch for this, so it is set on its paho client here, the one module
 that knows aiomqtt. Incoming messages, too, are taken from paho's callback straight into the bus's
 queue (:meth:`MqttBus._receiver`) rather than through aiomqtt's iterator, which starts a task and an
-``asyncio.wait`` per message. aiomqtt's own socket reader is kept: a replacement that read up to
-64 packets per wake-up (``_read_in_bursts``, issue #25) left a stopped bus waiting forever for its
-disconnect and a fresh subscriber without its retained messages now and then (found by the spine
-e2e test in CI; the bus contract test now starts and stops fresh subscribers in a loop).
+``asyncio.wait`` per message, and a socket wake-up reads up to 64 packets (:func:`_read_in_bursts`;
+aiomqtt's reader has paho read one), so a flood is taken off the socket in bursts (issue #25).
+
+Stopping must not depend on a cancellation arriving: on Python 3.11 ``asyncio.wait_for`` (which
+aiomqtt's ``subscribe`` and ``publish`` use for their timeout) *returns* instead of raising when it
+is cancelled after its future completed, so a ``stop()`` that lands between a SUBACK being read and
+the connection task resuming was lost, and ``stop()`` then waited forever on a connection task
+idling in :func:`_until_disconnected` (the burst reader made that likely: the SUBACK and the
+retained message come in one read, so a watcher gets its message and stops the bus before the
+connection task runs again). The task's pending cancellation is still counted
+(``Task.cancelling()``), so the connection task re-raises it after each of aiomqtt's awaits
+(:func:`_raise_if_cancelled`).
 ``publish`` is QoS 1 and returns on PUBACK; while disconnected it raises
 :class:`~ftd.bus.base.BusUnavailable` at once instead of blocking, so the agent's outbox keeps the
 event and retries.
@@ -53,6 +61,7 @@ _SOCKET_OPTIONS = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 # of the coordinator's time in ``ftd bench coordinator``); paho sends 20 at a time anyway.
 _MAX_OUTGOING_CALLS = 256
 _PUBACK = struct.Struct("!BBH")  # PUBACK: type, remaining length 2, packet id
+_READ_BURST = 64  # MQTT packets read per wake-up of the event loop, at most
 
 
 class MqttBus(ConnectionState):
@@ -200,12 +209,15 @@ class MqttBus(ConnectionState):
                 client._client.on_message = self._receiver(self.connects + 1)
                 async with client:
                     self._client = client
+                    _read_in_bursts(client)
                     for pattern in self._patterns:
                         await client.subscribe(pattern, qos=_QOS)
+                        _raise_if_cancelled()
                     if self._birth is not None:
                         await client.publish(
                             self._birth.topic, self._birth.payload, qos=_QOS, retain=self._birth.retain
                         )
+                        _raise_if_cancelled()
                     self.connects += 1
                     failures = 0
                     self._connected.set()
@@ -242,8 +254,52 @@ class MqttBus(ConnectionState):
         return on_message
 
 
+def _read_in_bursts(client: aiomqtt.Client) -> None:
+    """Replace aiomqtt's reader, which has paho read one packet per wake-up of the event loop (paho's
+    ``loop_read`` reads one unless it has messages of its own in flight), by one that reads up to
+    :data:`_READ_BURST` packets per wake-up: a flood's messages are taken off the socket in bursts.
+
+    Called once ``client`` is connected (aiomqtt's own reader, registered from its connect thread,
+    is in place by then and is replaced here: one reader per socket). Errors end the connection as
+    aiomqtt's reader does; paho's socket-close callback removes this reader with the socket."""
+    paho, loop = client._client, asyncio.get_running_loop()
+    sock = paho.socket()
+    if sock is None:
+        return
+
+    def on_readable() -> None:
+        try:
+            for _ in range(_READ_BURST):
+                if paho._sock is None:
+                    return
+                rc = paho._packet_read()
+                if rc == mqtt.MQTT_ERR_AGAIN:
+                    return
+                if rc != mqtt.MQTT_ERR_SUCCESS:
+                    paho._loop_rc_handle(rc)
+                    return
+            pending = getattr(paho._sock, "pending", None)  # TLS: bytes decrypted, not read yet
+            if pending is not None and pending() > 0:
+                loop.call_soon(on_readable)
+        except Exception as exc:  # a broken connection: end it, as aiomqtt's reader does
+            if not client._disconnected.done():
+                client._disconnected.set_exception(exc)
+
+    loop.add_reader(sock.fileno(), on_readable)
+
+
+def _raise_if_cancelled() -> None:
+    """Re-raise a cancellation of the current task that an ``asyncio.wait_for`` swallowed (Python
+    3.11 returns the result when the cancel comes after the future completed; see the module
+    docstring). Only for ftd's own tasks, which never swallow a cancellation on purpose."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def _until_disconnected(client: aiomqtt.Client) -> None:
     """Wait until ``client``'s connection ends, then raise MqttError as its message iterator does."""
+    _raise_if_cancelled()
     disconnected = client._disconnected
     await asyncio.wait((disconnected,))
     cause = None if disconnected.cancelled() else disconnected.exception()
