@@ -58,6 +58,7 @@ BOOL_FLAGS = (
         "the job runs under `ftd run`: ftd restarts it in its allocation while a spare is left",
     ),
     ("warm_spares", "the supervisors keep pre-started interpreters (ftd run --warm)"),
+    ("spares_return", "a node the job left rejoins its allocation as a hot spare once repaired"),
 )
 
 

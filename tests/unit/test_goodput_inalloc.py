@@ -3,9 +3,9 @@
 An ftd restart costs the in-allocation model's time (:mod:`ftd.sim.goodput.inalloc`, the ``ftd bench
 recovery`` figures) exactly when the restart is in place or a hot spare is left; with none left the
 scheduler requeues the job as before. Hot spares deplete one per node-excluding restart and come back
-when a node the job left returns (repaired), at ``spare_replenish_s``, or with a requeue's new
-allocation. Exact counts on fixed traces; the same seed gives the same report; the ``ftd-spares``
-scenario keeps ``meta``'s no-ftd figure and changes only ftd's.
+with a requeue's new allocation, and, when the scenario says so, when a node the job left returns
+(``spares_return``) or at ``spare_replenish_s``. Exact counts on fixed traces; the same seed gives
+the same report; the ``ftd-spares`` scenario keeps ``meta``'s no-ftd figure and changes only ftd's.
 """
 
 from __future__ import annotations
@@ -61,12 +61,17 @@ def test_spares_are_used_while_left_then_the_scheduler_requeues() -> None:
     # two in the allocation, one requeue; the requeue waits for the first node back from repair
     assert result.lost["restart"] == pytest.approx(2 * cost(SPARES) + REQUEUE_S)
     assert result.lost["spare_wait"] == pytest.approx(1000.0 + REPAIR_S - 3000.0)
-    # the two nodes still in repair come back later: the allocation's spares again
-    assert result.spares_replenished == 2
+    assert result.spares_replenished == 0  # no free node for the requeue, none returns to a running job
+    # when returned nodes rejoin: the two still in repair become the allocation's spares again
+    returning = run(
+        "ftd", SMALL, SPARES.replace(spares_return=True), gpu_faults((1000.0, 0), (2000.0, 1), (3000.0, 2))
+    )
+    assert returning.spares_replenished == 2
+    assert (returning.restarts_in_allocation, returning.restarts_requeued) == (2, 1)
 
 
-def test_a_repaired_node_becomes_a_spare_again() -> None:
-    one = SPARES.replace(alloc_spares=1, spare_nodes=1)
+def test_a_repaired_node_becomes_a_spare_again_when_spares_return() -> None:
+    one = SPARES.replace(alloc_spares=1, spare_nodes=1, spares_return=True)
     later = 1000.0 + REPAIR_S + 100.0  # after the first failed node is back
     result = run("ftd", SMALL, one, gpu_faults((1000.0, 0), (later, 1)))
     assert (result.restarts_in_allocation, result.restarts_requeued, result.spares_used) == (2, 0, 2)
@@ -75,6 +80,9 @@ def test_a_repaired_node_becomes_a_spare_again() -> None:
     # before it is back, the second fault finds no spare
     early = run("ftd", SMALL, one, gpu_faults((1000.0, 0), (2000.0, 1)))
     assert (early.restarts_in_allocation, early.restarts_requeued) == (1, 1)
+    # without spares_return (what a Slurm allocation does), the repaired node stays out of the job
+    fixed = run("ftd", SMALL, one.replace(spares_return=False), gpu_faults((1000.0, 0), (later, 1)))
+    assert (fixed.restarts_in_allocation, fixed.restarts_requeued, fixed.spares_replenished) == (1, 1, 0)
 
 
 def test_the_replenish_rate_refills_from_free_nodes() -> None:
@@ -152,9 +160,14 @@ def test_cli_reports_the_in_allocation_path(tmp_path: Path, capsys: pytest.Captu
 
 
 @settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(raw=faults_st, spares=st.integers(min_value=0, max_value=3), rate=st.sampled_from([0.0, 900.0]))
-def test_time_adds_up_with_hot_spares(raw: list[Any], spares: int, rate: float) -> None:
-    params = SPARES.replace(alloc_spares=spares, spare_replenish_s=rate, spare_nodes=3)
+@given(
+    raw=faults_st,
+    spares=st.integers(min_value=0, max_value=3),
+    rate=st.sampled_from([0.0, 900.0]),
+    back=st.booleans(),
+)
+def test_time_adds_up_with_hot_spares(raw: list[Any], spares: int, rate: float, back: bool) -> None:
+    params = SPARES.replace(alloc_spares=spares, spare_replenish_s=rate, spare_nodes=3, spares_return=back)
     result = run("ftd", SMALL, params, as_trace(raw))
     assert 0.0 <= result.ettr <= 1.0
     assert accounted(result) == pytest.approx(params.horizon_s, rel=1e-9)

@@ -21,9 +21,10 @@ time by cause and by fault category, restarts, nodes drained, mean time to recov
   ``alloc_spares`` hot spares taking the failed node's slot, and costs :func:`.inalloc.in_allocation_s`
   (the ``ftd bench recovery`` figures) instead of ``restart_s``; with no hot spare left the scheduler
   requeues it as before, and the new allocation holds N+K nodes again (spares from the free pool,
-  never waited for). A node the job left that comes back (repaired, or checked by preflight) becomes a
-  hot spare again while the allocation is short of one; ``spare_replenish_s`` > 0 also adds a free
-  node that long after each spare used.
+  never waited for). Nothing else refills a running allocation's spares (a Slurm allocation does not
+  grow), unless ``spares_return`` (a node the job left becomes its spare again when it is back from
+  repair or preflight) or ``spare_replenish_s`` > 0 (a free node joins that long after each spare
+  used) say otherwise.
 
 Time: the job's position ``x`` moves with the wall clock while it runs; a cycle is
 ``checkpoint_interval_s`` of training then ``save_s`` of blocking save (checkpoints are arithmetic,
@@ -83,6 +84,7 @@ class Params:
     in_allocation: bool = False
     alloc_spares: int = 0  # hot spares the job's allocation holds (N+K nodes, trains on N)
     spare_replenish_s: float = 0.0  # >0: a used hot spare is replaced from the pool this much later
+    spares_return: bool = False  # a node the job left rejoins its allocation as a spare when it is back
     warm_spares: bool = True  # the supervisors keep pre-started interpreters (ftd run --warm)
 
     @property
@@ -323,7 +325,7 @@ class Simulation:
         if self.repairing.get(node) != t:
             return  # taken straight from repair into the job, or sent again
         del self.repairing[node]
-        if self.supervised and len(self.hot) < self.p.alloc_spares:
+        if self.supervised and self.p.spares_return and len(self.hot) < self.p.alloc_spares:
             self.hot.append(node)  # the failed node, repaired or checked, is the job's spare again
             self.result.spares_replenished += 1
         else:
