@@ -184,7 +184,10 @@ class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
     ``preflight``: the last preflight on this node (``ok``, ``failed``; None: not run) -- a spare is
     used only after a passing one. ``addr``: the address the other nodes reach this node's ranks at
     (``MASTER_ADDR`` when it holds slot 0). ``warm``: a pre-started interpreter with the training
-    imports loaded is waiting for the next generation."""
+    imports loaded is waiting for the next generation. ``run``: the launcher's run the supervisor
+    belongs to (:func:`ftd.client.protocol.run_id` of its environment: ``slurm-restart-N`` counts a
+    scheduler requeue up); its ranks' run is ``<run>.gen-<g>``
+    (:func:`ftd.client.protocol.generation_run`)."""
 
     role: SupervisorRole = "active"
     slot: int | None = None
@@ -199,6 +202,7 @@ class SupervisorInfo(msgspec.Struct, frozen=True, kw_only=True):
     warm: bool = False
     pid: int | None = None
     ts: float = 0.0
+    run: str = ""  # the supervisor's own run (slurm-restart-N, pod-<uid>; "": unknown): see generation_run
 
 
 class JobAllocation(msgspec.Struct, frozen=True, kw_only=True):

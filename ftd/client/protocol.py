@@ -180,6 +180,7 @@ __all__ = [
     "directive",
     "encode",
     "error",
+    "generation_run",
     "heartbeat",
     "job_end",
     "job_start",
@@ -294,6 +295,18 @@ def run_id(env: Any) -> str | None:
     if pod:
         return f"pod-{pod}"[:RUN_MAX]
     return None
+
+
+def generation_run(base: str | None, generation: int) -> str:
+    """The run id of generation ``generation``'s ranks under a rank supervisor (``ftd run``) whose own
+    run is ``base`` (:func:`run_id` of the supervisor's environment: ``slurm-restart-N``,
+    ``pod-<uid>``; None or empty: unknown): ``<base>.gen-<g>``, else ``gen-<g>``. The supervisor sets
+    it as its ranks' ``FTD_RUN`` and the coordinator looks for it, so a requeued job's generation 0
+    (``slurm-restart-1.gen-0``) is never taken for the one before the requeue."""
+    suffix = f"gen-{generation}"
+    if not base:
+        return suffix
+    return f"{base[: RUN_MAX - len(suffix) - 1]}.{suffix}"
 
 
 def heartbeat(step: int | None) -> HeartbeatMsg:

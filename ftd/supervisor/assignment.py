@@ -4,7 +4,7 @@ What: :class:`Options` (what ``ftd run`` was told), :func:`initial_role` (genera
 coordinator: the node's index from ``--node-rank``, ``SLURM_NODEID`` or ``JOB_COMPLETION_INDEX``;
 an index below ``--nodes`` holds that slot, any other is a spare), :func:`gen0_master_addr`,
 :func:`rank_env` (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT = base +
-generation, FTD_RUN = ``gen-<g>``...) and :func:`on_restart` (what a ``restart`` directive asks of
+generation, FTD_RUN = ``<run>.gen-<g>``...) and :func:`on_restart` (what a ``restart`` directive asks of
 this node: nothing for a generation already acted on, take slot i, go out, or stay a spare). Why
 apart: the rules of the contract (issue #24) in one place, tested without processes.
 """
@@ -12,6 +12,8 @@ apart: the rules of the contract (issue #24) in one place, tested without proces
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from ftd.client.protocol import generation_run
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ class Options:
     warm: list[str] = field(default_factory=list)
     stop_grace_s: float = 10.0
     exit_grace_s: float = 300.0
+    run: str = ""  # the launcher's run of this supervisor (ftd.client.protocol.run_id; "": unknown)
 
 
 class SetupError(ValueError):
@@ -88,9 +91,10 @@ def gen0_master_addr(opts: Options, env: Mapping[str, str], first_host: str | No
     return opts.master_addr or env.get("MASTER_ADDR") or first_host or opts.addr or "127.0.0.1"
 
 
-def run_name(generation: int) -> str:
-    """The client's run id for a generation (``FTD_RUN``): a run-bound directive never reaches another."""
-    return f"gen-{generation}"
+def run_name(opts: Options, generation: int) -> str:
+    """The client's run id for a generation (``FTD_RUN``): a run-bound directive never reaches another,
+    and a requeued job's generation 0 is a new run (``slurm-restart-1.gen-0``)."""
+    return generation_run(opts.run, generation)
 
 
 def rank_env(
@@ -115,7 +119,7 @@ def rank_env(
         "GROUP_RANK": str(slot),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(opts.master_port + generation),
-        "FTD_RUN": run_name(generation),
+        "FTD_RUN": run_name(opts, generation),
         "FTD_GENERATION": str(generation),
         **job_env,
     }
@@ -136,6 +140,7 @@ class Restart:
     resume_step: int | None
     out: list[str]
     path: str
+    runs: dict[str, str] = field(default_factory=dict)  # node -> its supervisor's run, when known
 
 
 def parse_restart(params: Mapping[str, Any]) -> Restart | str:
@@ -156,14 +161,22 @@ def parse_restart(params: Mapping[str, Any]) -> Restart | str:
     if not isinstance(out, list) or not all(isinstance(s, str) for s in out):
         return f"out {out!r} is not a list of node names"
     path = params.get("path")
-    return Restart(gen, list(slots), addr, resume, list(out), path if isinstance(path, str) else "")
+    runs = params.get("runs") or {}
+    if not isinstance(runs, dict) or not all(isinstance(v, str) for v in runs.values()):
+        return f"runs {runs!r} is not a map of node names to runs"
+    return Restart(
+        gen, list(slots), addr, resume, list(out), path if isinstance(path, str) else "", dict(runs)
+    )
 
 
-def on_restart(restart: Restart, node: str, acted: int) -> tuple[str, int | None]:
-    """What ``restart`` asks of ``node`` whose supervisor last acted on generation ``acted``:
-    (``ignore``, None) for a generation already acted on (an idempotent re-send), (``active``, slot)
-    for a node in ``slots``, (``out``, None) for one in ``out``, else (``spare``, None)."""
-    if restart.generation <= acted:
+def on_restart(restart: Restart, node: str, acted: int, run: str = "") -> tuple[str, int | None]:
+    """What ``restart`` asks of ``node`` whose supervisor (of run ``run``) last acted on generation
+    ``acted``: (``ignore``, None) for a generation already acted on (an idempotent re-send) or a
+    restart meant for another run of the job on this node (``runs[node]``: sent before a scheduler
+    requeue, delivered after it), (``active``, slot) for a node in ``slots``, (``out``, None) for one
+    in ``out``, else (``spare``, None)."""
+    meant = restart.runs.get(node)
+    if restart.generation <= acted or (meant and run and meant != run):
         return "ignore", None
     if node in restart.slots:
         return "active", restart.slots.index(node)

@@ -3,7 +3,7 @@
 (ftd-daemon-client, which carries this package) is in the training image.
 
 What: parses the options, resolves their defaults from the environment (Slurm's ``SLURM_NNODES``,
-``SLURM_JOB_ID``, ``SLURMD_NODENAME``; ``FTD_JOB_ID``, ``FTD_SOCKET``; a Kubernetes indexed Job's
+``SLURM_JOB_ID``, ``SLURMD_NODENAME``; ``FTD_JOB`` or ``FTD_JOB_ID``, ``FTD_SOCKET``; a Kubernetes indexed Job's
 ``JOB_COMPLETION_INDEX``) and runs :class:`ftd.supervisor.supervisor.Supervisor`. Launch one per
 node (``srun --ntasks-per-node=1 ftd run ...``, or as a pod's entrypoint); the allocation holds
 ``--nodes`` training nodes plus ``--spares`` hot spares. Standard library and the client's protocol
@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 
-from ftd.client.protocol import DEFAULT_SOCKET, SOCKET_ENV
+from ftd.client.protocol import DEFAULT_SOCKET, SOCKET_ENV, run_id
 from ftd.supervisor.assignment import Options, SetupError
 from ftd.supervisor.supervisor import Supervisor
 
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spares", type=int, default=0, help="hot spare nodes in the allocation (default 0)")
     p.add_argument("--nproc-per-node", dest="nproc", type=int, default=1, help="ranks per node (1)")
     p.add_argument("--node-rank", type=int, default=None, help="this node's index (SLURM_NODEID, ...)")
-    p.add_argument("--job", default=None, help="job id (default: SLURM_JOB_ID, FTD_JOB_ID)")
+    p.add_argument("--job", default=None, help="job id (default: SLURM_JOB_ID, FTD_JOB, FTD_JOB_ID)")
     p.add_argument("--master-addr", default=None, help="generation 0's MASTER_ADDR")
     p.add_argument("--master-port", type=int, default=29500, help="base port: generation g uses base+g")
     p.add_argument("--addr", default=None, help="this node's address for MASTER_ADDR (default: hostname)")
@@ -94,7 +94,7 @@ def options(args: argparse.Namespace, env: Mapping[str, str]) -> Options:
         spares=args.spares,
         nproc=args.nproc,
         node_rank=args.node_rank,
-        job=args.job or env.get("SLURM_JOB_ID") or env.get("FTD_JOB_ID") or None,
+        job=args.job or env.get("SLURM_JOB_ID") or env.get("FTD_JOB") or env.get("FTD_JOB_ID") or None,
         master_addr=args.master_addr,
         master_port=args.master_port,
         addr=args.addr or socket.gethostname(),
@@ -104,6 +104,7 @@ def options(args: argparse.Namespace, env: Mapping[str, str]) -> Options:
         warm=[m.strip() for m in args.warm.split(",") if m.strip()],
         stop_grace_s=args.stop_grace,
         exit_grace_s=args.exit_grace,
+        run=run_id(env) or "",
     )
 
 

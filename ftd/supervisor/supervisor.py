@@ -98,6 +98,7 @@ class Supervisor:
             "warm": self.warm,
             "pid": self.pid,
             "ts": time.time(),
+            "run": self.opts.run,
         }
 
     def _report(self, **changes: Any) -> None:
@@ -189,12 +190,12 @@ class Supervisor:
             self._restart(msg)
         elif action == "stop":
             named = (msg.get("params") or {}).get("run")
-            if isinstance(named, str) and named and named != run_name(self.generation):
+            if isinstance(named, str) and named and named != run_name(self.opts, self.generation):
                 _log.info(
                     "ftd run: stop %s is for run %s, not ours (%s): ignored",
                     msg.get("id"),
                     named,
-                    run_name(self.generation),
+                    run_name(self.opts, self.generation),
                 )
                 return
             self.stop_asked = True
@@ -213,7 +214,7 @@ class Supervisor:
             _log.error("ftd run: restart %s ignored: %s", msg.get("id"), restart)
             return
         node = self.node_name()
-        what, slot = on_restart(restart, node, self.acted)
+        what, slot = on_restart(restart, node, self.acted, self.opts.run)
         _log.info(
             "ftd run: restart %s generation %d: node %s -> %s%s (path %s)",
             msg.get("id"),

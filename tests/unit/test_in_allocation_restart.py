@@ -6,6 +6,7 @@ its node gets drained meanwhile, per node. The real-Slurm run is the bench (``ft
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from ftd.client.protocol import generation_run
 from ftd.config import Config
 from ftd.config.schema import CoordinatorConfig
 from ftd.coordinator.actions import ExecutorContext, build_executors
@@ -41,9 +43,12 @@ from ftd.events import (
 )
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.rules import xid_catalog
+from ftd.supervisor import cli as run_cmd
+from ftd.supervisor.assignment import rank_env
 from ftd.testing import evaluate_rule
 
 JOB = "51200"
+RUN = "slurm-restart-0"  # every supervisor's own run (the job's first run under Slurm)
 SLOTS = ("n0", "n1", "n2")
 
 
@@ -55,6 +60,7 @@ def sup(
     preflight: str | None = "ok",
     reason: str = "",
     addr: str = "",
+    run: str = RUN,
 ) -> SupervisorInfo:
     return SupervisorInfo(
         role=role,  # type: ignore[arg-type]
@@ -66,6 +72,7 @@ def sup(
         addr=addr,
         preflight=preflight,
         reason=reason,
+        run=run,
     )
 
 
@@ -136,7 +143,7 @@ class Cluster:
                 )
                 return
             step = (params.get("resume_step") or 0) + 1
-            rank = RankInfo(rank=slot, run=f"gen-{generation}", step=step)
+            rank = RankInfo(rank=slot, run=generation_run(RUN, generation), step=step)
             self.set(node, sup(slot=slot, gen=generation, addr=current.addr), [rank])
         elif node in params["out"]:
             self.set(node, sup(role="out", gen=current.generation, state="stopped", addr=current.addr))
@@ -192,6 +199,7 @@ async def test_a_spare_takes_the_excluded_nodes_slot_in_a_new_generation() -> No
         "resume_step": 100,
         "out": ["n1"],
         "path": "spare",
+        "runs": {n: RUN for n in ("n0", "n1", "n2", "s1")},  # a supervisor of a later run ignores it
     }
     assert detail["running_generation"] == 1 and detail["resumed_step"] == 101
     assert detail["resumed_at"] >= detail["restarted_at"] and "waiting" not in detail
@@ -206,7 +214,7 @@ async def test_the_save_and_stop_reach_the_training_nodes_only_then_the_spare_ta
     to the three training nodes, never to the spare; the restart carries the step they saved."""
     cluster = Cluster()
     for index, node in enumerate(SLOTS):
-        rank = RankInfo(rank=index, run="gen-0", step=93 + index)  # the furthest: 95
+        rank = RankInfo(rank=index, run=generation_run(RUN, 0), step=93 + index)  # the furthest: 95
         cluster.set(node, sup(slot=index, addr=f"{node}.ib"), [rank])
     restart = executor(cluster)
     acks = AckBook()
@@ -240,6 +248,62 @@ async def test_the_save_and_stop_reach_the_training_nodes_only_then_the_spare_ta
     restarts = [d for _, d in cluster.sent if d.action == "restart"]
     assert {d.params["resume_step"] for d in restarts} == {100}
     assert detail["slots"] == ["n0", "s1", "n2"] and detail["resumed_step"] == 101
+
+
+def rank_run_under_slurm(restart_count: int) -> tuple[str, str]:
+    """(the supervisor's run, its generation-0 ranks' FTD_RUN) as ``ftd run`` works them out from the
+    environment srun gives it in run ``restart_count`` of the job (SLURM_RESTART_COUNT)."""
+    env = {"SLURM_NNODES": "4", "SLURM_JOB_ID": JOB, "SLURM_RESTART_COUNT": str(restart_count)}
+    parser = argparse.ArgumentParser()
+    run_cmd.add_arguments(parser)
+    opts = run_cmd.options(parser.parse_args(["--spares", "1", "--", "python", "t.py"]), env)
+    env0 = rank_env(opts, generation=0, slot=0, local_rank=0, master_addr="h", resume_step=None)
+    return opts.run, env0["FTD_RUN"]
+
+
+async def test_a_requeued_supervised_job_is_seen_training_again_under_its_new_run() -> None:
+    """A job under ftd run requeued through the scheduler starts generation 0 again: its ranks' run
+    must differ from the run ftd stopped, or the requeue's resume watch (ranks of another run) never
+    sees the job train and escalates it. Reproduced: both runs were ``gen-0``."""
+    old_base, old_run = rank_run_under_slurm(0)
+    new_base, new_run = rank_run_under_slurm(1)
+    assert old_run != new_run
+    cluster = Cluster()
+    for index, node in enumerate(SLOTS):
+        rank = RankInfo(rank=index, run=old_run, step=100)
+        cluster.set(node, sup(slot=index, addr=f"{node}.ib", run=old_base), [rank])
+
+    class Requeuing(Scheduler):
+        async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
+            await super().requeue(job, exclude)
+            for index, node in enumerate(SLOTS):  # requeued in place: the same nodes, a new run
+                rank = RankInfo(rank=index, run=new_run, step=101)
+                cluster.set(node, sup(slot=index, run=new_base), [rank])
+
+    restart = executor(cluster, Requeuing(), resume_deadline_s=2.0)
+    acks = AckBook()
+    restart._acks = acks
+    plain = cluster.publish
+
+    async def agents(topic: str, payload: bytes) -> None:
+        await plain(topic, payload)
+        directive = decode(payload, Directive)
+        node = topic.split("/")[3]
+        if directive.action == "save":
+            for rank in cluster.state.jobs[JOB].ranks_by_node.get(node, []):
+                acks.record(Ack(directive_id=directive.id, job=JOB, rank=rank.rank, node=node, step=100))
+        elif directive.action == "stop":  # the ranks leave; the supervisor stays, stopped
+            info = cluster.state.jobs[JOB].supervisors[node]
+            cluster.set(node, msgspec.structs.replace(info, state="stopped"))
+
+    restart._publish = agents
+    # A job-wide fault: requeued in place (nothing excluded), so the resume phase follows it.
+    record = request(exclude=[], restart="requeue", restart_reason="the fabric is down")
+    del record.detail["resume_step"]
+    detail = await run(restart, record)
+    assert detail["path"] == "requeue" and detail["runs"] == [old_run] and detail["in_place"] is True
+    assert "state" not in detail, repr(detail)  # succeeded, not escalated
+    assert detail["resumed_step"] == 101 and detail["resumed_on"] == list(SLOTS)
 
 
 class Clientless:
@@ -547,7 +611,8 @@ def test_the_job_record_reports_slots_spares_and_generation() -> None:
     job = cluster.state.jobs[JOB]
     assert job.slots == list(SLOTS) and job.spares == ["s1", "s2"] and job.generation == 0
     assert job.nodes == list(SLOTS)
-    cluster.set("s1", sup(role="spare", state="idle"), [RankInfo(rank=9, run="gen-0")])  # a stray rank
+    stray = RankInfo(rank=9, run=generation_run(RUN, 0))
+    cluster.set("s1", sup(role="spare", state="idle"), [stray])  # a stray rank
     assert "s1" in cluster.state.jobs[JOB].nodes  # ranks there: the job is on it
     # n1's supervisor was lost (it stays 'active' at generation 0: it cannot say more) and its slot
     # went to s2 in generation 1: n1 is no longer a node the job trains on

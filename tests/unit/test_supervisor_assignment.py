@@ -77,6 +77,10 @@ def test_rank_env_of_a_generation() -> None:
         "FTD_SOCKET": "/run/n2.sock",
         "FTD_RESUME_STEP": "1200",
     }
+    requeued = rank_env(
+        opts(run="slurm-restart-1"), generation=0, slot=0, local_rank=0, master_addr="h", resume_step=None
+    )
+    assert requeued["FTD_RUN"] == "slurm-restart-1.gen-0"  # not the run before the requeue's gen-0
     bare = rank_env(opts(), generation=0, slot=0, local_rank=0, master_addr="h", resume_step=None)
     assert "FTD_RESUME_STEP" not in bare and "FTD_JOB_ID" not in bare and "FTD_SOCKET" not in bare
 
@@ -91,6 +95,13 @@ def test_what_a_restart_asks_of_each_node() -> None:
     assert on_restart(restart(), "n5", acted=1) == ("spare", None)
     assert on_restart(restart(), "n4", acted=2) == ("ignore", None)  # a re-send of the same generation
     assert on_restart(restart(), "n4", acted=5) == ("ignore", None)  # an older one
+    # A restart sent to the job's run before a scheduler requeue, delivered to the requeued run's
+    # supervisor (same job, same node, generation 0 again): ignored; one for its own run is not.
+    stale = Restart(1, ["n1", "n4"], "h", 10, [], "spare", {"n4": "slurm-restart-0", "n1": "slurm-restart-0"})
+    assert on_restart(stale, "n4", acted=0, run="slurm-restart-1") == ("ignore", None)
+    assert on_restart(stale, "n4", acted=0, run="slurm-restart-0") == ("active", 1)
+    assert on_restart(stale, "n9", acted=0, run="slurm-restart-1") == ("spare", None)  # not named: unknown
+    assert on_restart(stale, "n4", acted=0) == ("active", 1)  # a supervisor that knows no run of its own
 
 
 def test_restart_params_are_checked() -> None:
@@ -110,6 +121,10 @@ def test_restart_params_are_checked() -> None:
     assert parse_restart({**good, "slots": []}) == "slots [] is not a list of node names"
     assert parse_restart({**good, "master_addr": ""}) == "master_addr '' is not an address"
     assert parse_restart({**good, "resume_step": "5"}) == "resume_step '5' is not an integer"
+    assert parse_restart({**good, "runs": {"a": "slurm-restart-1"}}) == Restart(
+        2, ["a", "b"], "a", 5, ["c"], "spare", {"a": "slurm-restart-1"}
+    )
+    assert parse_restart({**good, "runs": ["a"]}) == "runs ['a'] is not a map of node names to runs"
 
 
 def test_exit_codes_and_the_warm_form() -> None:
@@ -137,10 +152,15 @@ def test_command_line_defaults_from_slurm() -> None:
         ["python", "t.py"],
     )
     assert o.preflight == "ftd preflight"
+    assert o.run == "slurm-restart-0"  # the job's first run
+    requeued = run_cmd.options(parse("--spares", "1", "--", "t"), {**env, "SLURM_RESTART_COUNT": "2"})
+    assert requeued.run == "slurm-restart-2"
+    assert run_cmd.options(parse("--nodes", "2", "--", "t"), {"FTD_JOB": "j7"}).job == "j7"  # the client's
+    assert run_cmd.options(parse("--nodes", "2", "--", "t"), {"FTD_POD_UID": "u1"}).run == "pod-u1"
     o = run_cmd.options(
         parse("--nodes", "2", "--preflight", "none", "--warm", "torch, numpy", "python", "t.py"), {}
     )
-    assert (o.nodes, o.preflight, o.warm, o.job) == (2, None, ["torch", "numpy"], None)
+    assert (o.nodes, o.preflight, o.warm, o.job, o.run) == (2, None, ["torch", "numpy"], None, "")
 
 
 def test_command_line_mistakes_are_clear_errors() -> None:

@@ -18,6 +18,7 @@ from typing import Literal
 import msgspec
 
 from ftd.agent.local_api.state import Conn
+from ftd.client.protocol import RUN_MAX
 from ftd.events import Event, Kind, Severity, SupervisorInfo, make_event
 
 __all__ = ["SUPERVISOR_ACTIONS", "Closed", "SupervisorBook", "checked", "supervisor_event"]
@@ -105,7 +106,9 @@ def checked(info: SupervisorInfo, ts: float, pid: int | None, text_max: int) -> 
         return "generation must be >= 0, nodes and nproc >= 1"
     if len(info.addr) > ADDR_MAX:
         return f"addr longer than {ADDR_MAX} characters"
-    return msgspec.structs.replace(info, pid=pid, ts=ts, reason=info.reason[:text_max])
+    return msgspec.structs.replace(
+        info, pid=pid, ts=ts, reason=info.reason[:text_max], run=info.run[:RUN_MAX]
+    )
 
 
 def supervisor_event(node: str, job: str, info: SupervisorInfo) -> Event:

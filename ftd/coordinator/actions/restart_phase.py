@@ -10,7 +10,8 @@ lost, or whose node goes offline, is drained or gets a critical condition meanwh
 during the restart) makes that slot need a spare too: the next choice starts generation g+1 without
 those nodes, or, when no eligible spare is left, the job is requeued through the scheduler excluding
 them (``detail["restart_why"]`` says why). :meth:`InAllocation.resume` waits for a rank of run
-``gen-{g}`` to report a step (``resumed_at``, ``resumed_step``, like a requeued job's resume).
+``<supervisor run>.gen-{g}`` (:func:`~ftd.client.protocol.generation_run`) to report a step
+(``resumed_at``, ``resumed_step``, like a requeued job's resume).
 
 Why this shape: every attempt is written to the action's detail *and persisted* (``persist``, the
 ledger) before its directive goes out, so a coordinator restarted mid-phase (or an HA standby taking
@@ -27,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ftd.bus import topics
+from ftd.client.protocol import generation_run
 from ftd.coordinator.actions.directive import Publish, directive_for, publish_with_retry
 from ftd.coordinator.actions.in_allocation import Choice, choose, next_generation
 from ftd.coordinator.ledger.store import LedgerUnavailable
@@ -48,11 +50,6 @@ WAITING = "waiting for the job to train again"
 #: started, then ended: done, or an application fault the rules judge as a new incident; the resume
 #: phase escalates when no rank of the generation ever reports a step). Never a reason to burn a spare.
 STARTED = frozenset({"running", "exited"})
-
-
-def run_of(generation: int) -> str:
-    """The client's run id of a generation's ranks (``FTD_RUN`` the supervisor sets)."""
-    return f"gen-{generation}"
 
 
 class InAllocation:
@@ -236,6 +233,8 @@ class InAllocation:
             "resume_step": detail.get("resume_step"),
             "out": list(detail.get("out") or []),
             "path": detail["path"],
+            # Each node's supervisor run: one of a later run (the job requeued meanwhile) ignores it.
+            "runs": {n: s.run for n, s in sorted(state.supervisors.items()) if s.run} if state else {},
         }
         directive = directive_for(
             record,
@@ -297,7 +296,7 @@ class InAllocation:
         started = float(detail.get("restarted_at") or time.time())
         deadline = started + deadline_s
         while True:
-            ranks = self._ranks_of(job, run_of(generation))
+            ranks = self._ranks_of(job, generation)
             steps = [r.step for r in ranks if r.step is not None]
             now = time.time()
             if steps:
@@ -316,10 +315,18 @@ class InAllocation:
                 return {"not_resumed": sentence, "state": str(ActionState.ESCALATED)}
             await asyncio.sleep(self.poll_s)
 
-    def _ranks_of(self, job: str, run: str) -> list[RankInfo]:
+    def _ranks_of(self, job: str, generation: int) -> list[RankInfo]:
+        """The ranks of ``generation``: on each node, those whose run is the one that node's supervisor
+        gives them (``<its run>.gen-<g>``: a requeued job's generation 0 is not the old one's)."""
         record = self._state.jobs.get(job)
-        ranks = [r for rs in record.ranks_by_node.values() for r in rs] if record else []
-        return [r for r in ranks if r.run == run]
+        if record is None:
+            return []
+        out: list[RankInfo] = []
+        for node, ranks in record.ranks_by_node.items():
+            supervisor = record.supervisors.get(node)
+            run = generation_run(supervisor.run if supervisor is not None else "", generation)
+            out.extend(r for r in ranks if r.run == run)
+        return out
 
 
 def _reason(info: SupervisorInfo) -> str:
