@@ -108,10 +108,12 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 
 
 DirectiveAction = Literal[
-    "save", "stop", "resume", "gpu_reset", "collect_diagnostics", "preflight", "restart"
+    "save", "stop", "resume", "gpu_reset", "collect_diagnostics", "preflight", "restart", "release"
 ]
 """``restart`` (issue #24) goes to a job's rank supervisors (``ftd run``), never to its ranks: start
-generation ``params["generation"]`` with node slots ``params["slots"]`` (see :class:`SupervisorInfo`)."""
+generation ``params["generation"]`` with node slots ``params["slots"]`` (see :class:`SupervisorInfo`).
+``release`` goes to the supervisors of a job whose training ended: one holding no slot (a spare, a
+node swapped out) exits 0, so the job step or the Kubernetes Job can complete."""
 
 
 class Directive(msgspec.Struct, frozen=True, kw_only=True):

@@ -74,7 +74,9 @@ class JobSpec:
     step_s: float = 0.1
     stop_grace_s: float = 5.0
     exit_grace_s: float = 120.0
-    srun_wait_s: int = 60  # srun --wait: the step's other tasks end this long after the first one did
+    # srun --wait (None: not given, the documented recipe): with it, srun ends the step's other tasks
+    # this long after the first one ended -- a killed supervisor would end the recovered job too.
+    srun_wait_s: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # more variables for every node's supervisor
 
 
@@ -101,8 +103,9 @@ class RecoveryStack:
         return at
 
     def submit(self, spec: JobSpec) -> str:
-        """``sbatch --requeue -N nodes+spares``: one ``ftd run`` per node (``srun --wait``) with
-        the trainer as its command; returns the job id."""
+        """``sbatch --requeue -N nodes+spares``: one ``ftd run`` per node (``srun
+        --kill-on-bad-exit=0``, operators.md's recipe) with the trainer as its command; returns the
+        job id."""
         total = spec.nodes + spec.spares
         ftd_run = [
             *FTD,
@@ -132,11 +135,12 @@ class RecoveryStack:
             "OMP_NUM_THREADS": "1",
             **spec.env,
         }
+        wait = f"--wait={spec.srun_wait_s} " if spec.srun_wait_s is not None else ""
         script = "\n".join(
             [
                 "#!/bin/bash",
                 *(f"export {k}={shlex.quote(v)}" for k, v in exports.items()),
-                f"srun --wait={spec.srun_wait_s} --kill-on-bad-exit=0 --ntasks-per-node=1 bash {node_script}",
+                f"srun {wait}--kill-on-bad-exit=0 --ntasks-per-node=1 bash {node_script}",
                 "",
             ]
         )

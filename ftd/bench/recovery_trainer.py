@@ -24,7 +24,8 @@ pre-started interpreter; ``ppid``: its supervisor), ``rendezvous`` (``generation
 ``FTD_RESUME_STEP``), ``step`` (every step), ``saved`` (step, path), ``stopped``, ``exit``
 (``outcome``). Knobs:
 ``$FTD_RECOVERY_STEP_S`` (seconds slept per step, 0.1), ``$FTD_RECOVERY_MAX_S`` (give up and exit 1
-after this long, 900).
+after this long, 900), ``$FTD_RECOVERY_STEPS`` (the training is done at this step: every rank exits
+0 there, outcome ``done``; unset: it trains until stopped).
 """
 
 from __future__ import annotations
@@ -125,7 +126,11 @@ def main() -> int:
     client = Client()  # job from FTD_JOB, rank from RANK, run from FTD_RUN, socket from FTD_SOCKET
     coord = TorchCoordinator(client)
     outcome, step = "timeout", start
+    last_step = _env_int("FTD_RECOVERY_STEPS")
     while time.monotonic() < give_up:
+        if last_step is not None and step >= last_step:
+            outcome = "done"
+            break
         step += 1
         gen = torch.Generator().manual_seed(step * 1000 + rank)
         loss = net(torch.randn(16, 32, generator=gen)).pow(2).mean()
@@ -154,7 +159,7 @@ def main() -> int:
     record("exit", step=step, outcome=outcome)
     del net  # DDP's reducer holds the process group
     dist.destroy_process_group()
-    return 0 if outcome == "stopped" else 1
+    return 0 if outcome in ("stopped", "done") else 1
 
 
 if __name__ == "__main__":

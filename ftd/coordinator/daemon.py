@@ -54,6 +54,7 @@ from ftd.bus.base import Bus, BusUnavailable, LastWill, Message
 from ftd.config import Config
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.directive import SentDirectives
+from ftd.coordinator.actions.release import SpareRelease
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.intake.admission import BATCH_CHUNK, Admission, Refused, Verdict
@@ -175,6 +176,7 @@ class Coordinator:
         self.offline_grace = OfflineGrace(config.coordinator.offline_grace)
         self._status_seen: set[str] = set()  # nodes whose status this coordinator has read
         self.rack_bridges = RackBridges()  # which rack broker each node is on, whose bridge is down
+        self.spare_release = SpareRelease(bus.publish)  # a finished ftd run job's spares exit
         self.services = services
         self.api: Service | None = None  # the HTTP API + dashboard, once started (None when disabled)
         self.loaded = False  # the engine's and the reconciler's memory read from the ledger (load())
@@ -596,6 +598,7 @@ class Coordinator:
             return True
         self.state.apply_presence(node, job, presence)
         await self.presence_memory.observe(node, job, presence)
+        await self.spare_release.check(job, self.state.jobs.get(job))
         return True
 
     async def _on_conditions(self, levels: tuple[str, ...], message: Message) -> bool:

@@ -181,13 +181,15 @@ class JobRecord:
     def trains_on(self, node: str) -> bool:
         """Whether the job trains on ``node``: ranks registered there; else, with a supervisor there,
         one that holds a slot of the newest generation (not a spare, not a node swapped out, not
-        one whose slot went to another node while it was lost); else the scheduler allocated it."""
+        one whose slot went to another node while it was lost, not one whose ranks all exited 0:
+        finished); else the scheduler allocated it."""
         if self.ranks_by_node.get(node):
             return True
         info = self.supervisors.get(node)
         if info is None:
             return node in self.allocations
-        return info.role == "active" and node in self.slots
+        finished = info.state == "exited" and info.exit_code == 0  # its ranks ended: training done
+        return info.role == "active" and node in self.slots and not finished
 
     @property
     def ranks(self) -> set[int]:

@@ -3,8 +3,9 @@
 (ftd-daemon-client, which carries this package) is in the training image.
 
 What: parses the options, resolves their defaults from the environment (Slurm's ``SLURM_NNODES``,
-``SLURM_JOB_ID``, ``SLURMD_NODENAME``; ``FTD_JOB`` or ``FTD_JOB_ID``, ``FTD_SOCKET``; a Kubernetes indexed Job's
-``JOB_COMPLETION_INDEX``) and runs :class:`ftd.supervisor.supervisor.Supervisor`. Launch one per
+``SLURM_JOB_ID``, ``SLURMD_NODENAME``; ``FTD_JOB`` or ``FTD_JOB_ID``, ``FTD_SOCKET``; a Kubernetes
+indexed Job's ``JOB_COMPLETION_INDEX``; the supervisor's own run from
+:func:`ftd.client.protocol.run_id`) and runs :class:`ftd.supervisor.supervisor.Supervisor`. Launch one per
 node (``srun --ntasks-per-node=1 ftd run ...``, or as a pod's entrypoint); the allocation holds
 ``--nodes`` training nodes plus ``--spares`` hot spares. Standard library and the client's protocol
 only (Python 3.9 like the client): it runs on the trainer-only install, so the parser lives here

@@ -11,8 +11,9 @@ for the current generation means the ranks will exit on purpose (they save first
 waits for the next generation instead of ending the supervisor. Every change is reported to the
 agent at once. How it ends: an active node whose ranks all exit 0 reports ``exited`` and exits 0
 (training done); a rank exiting non-zero stops the others, reports ``exited`` with its code and
-waits ``--exit-grace`` for a restart before exiting with that code; spares and out nodes never exit
-on their own (they end with the job step); SIGTERM/SIGINT stop the ranks, say goodbye, exit 128+N.
+waits ``--exit-grace`` for a restart before exiting with that code; spares and out nodes exit 0 when
+the coordinator releases them (a ``release`` directive: the job's training ended), never on their
+own; SIGTERM/SIGINT stop the ranks, say goodbye, exit 128+N.
 Decisions are logged on stderr (``ftd run: ...``).
 """
 
@@ -74,6 +75,7 @@ class Supervisor:
         self.group: RankGroup | None = None
         self.stop_asked = False
         self.exit_deadline: float | None = None
+        self.released = False  # a release directive came: the job's training ended (spare, out)
         self.pool: WarmPool | None = None
         self.link: AgentLink | None = None
         self._signal: int | None = None
@@ -148,6 +150,9 @@ class Supervisor:
             while True:
                 if self._signal is not None:
                     return self._terminate(self._signal)
+                if self.released:
+                    self._report(state="exited", exit_code=0, reason="released: the job's training ended")
+                    return self._goodbye(0)
                 self._take_directives()
                 ended = self._watch_ranks()
                 if ended is not None:
@@ -188,6 +193,8 @@ class Supervisor:
         action = msg.get("action")
         if action == "restart":
             self._restart(msg)
+        elif action == "release":
+            self._release(msg)
         elif action == "stop":
             named = (msg.get("params") or {}).get("run")
             if isinstance(named, str) and named and named != run_name(self.opts, self.generation):
@@ -206,6 +213,30 @@ class Supervisor:
             )
         else:
             _log.info("ftd run: directive %s (%s) is not for the supervisor: ignored", msg.get("id"), action)
+
+    def _release(self, msg: Mapping[str, Any]) -> None:
+        """The job's training ended (the coordinator saw its slots exit 0): a supervisor that holds
+        no slot exits 0 so the job step can end; one of another run of the job, or holding a slot
+        (its ranks decide when it ends), ignores it."""
+        params = msg.get("params") or {}
+        runs = params.get("runs") if isinstance(params, dict) else None
+        meant = runs.get(self.node_name()) if isinstance(runs, dict) else None
+        if isinstance(meant, str) and meant and self.opts.run and meant != self.opts.run:
+            _log.info(
+                "ftd run: release %s is for run %s, not ours (%s): ignored",
+                msg.get("id"),
+                meant,
+                self.opts.run,
+            )
+            return
+        if self.role == "active":
+            _log.info("ftd run: release %s ignored: this node holds slot %s", msg.get("id"), self.slot)
+            return
+        _log.info(
+            "ftd run: release %s: the job's training ended; this %s node leaves", msg.get("id"), self.role
+        )
+        self._stop_ranks()
+        self.released = True
 
     def _restart(self, msg: Mapping[str, Any]) -> None:
         params = msg.get("params") or {}

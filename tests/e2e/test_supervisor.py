@@ -32,6 +32,12 @@ RANK = str(Path(__file__).with_name("supervisor_rank.py"))
 WITHIN = 60.0  # generous: two cores, other tests running
 
 
+def gone(api: LocalApi) -> bool:
+    """The job's supervisor said goodbye: the agent keeps it as ``exited`` (how it ended)."""
+    info = api.supervisor("j1")
+    return info is not None and info.state == "exited" and api._supervisors.conn("j1") is None
+
+
 class Harness:
     def __init__(self, root: str) -> None:
         self.root = Path(root)
@@ -278,7 +284,8 @@ async def test_sigterm_stops_the_ranks_and_says_goodbye(h: Harness) -> None:
     proc.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(proc.wait(), WITHIN) == 128 + signal.SIGTERM
     assert not any(alive(r["pid"]) for r in ranks)
-    await until(lambda: api.supervisor("j1") is None, WITHIN)  # the goodbye: gone, not lost
+    await until(lambda: gone(api), WITHIN)  # the goodbye: exited, not lost
+    assert api.supervisor("j1").exit_code == 128 + signal.SIGTERM  # type: ignore[union-attr]
     assert h.events == []
 
 
@@ -286,7 +293,8 @@ async def test_ranks_that_finish_end_the_supervisor(h: Harness) -> None:
     api = await h.agent("node1")
     proc = await h.supervisor("node1", "--nodes", "1", "--preflight", "none", env={"RANK_MODE": "exit"})
     assert await asyncio.wait_for(proc.wait(), WITHIN) == 0
-    await until(lambda: api.supervisor("j1") is None, WITHIN)
+    await until(lambda: gone(api), WITHIN)
+    assert api.supervisor("j1").exit_code == 0  # type: ignore[union-attr]
     # A rank failing: exited with its code, waits --exit-grace for a restart, then exits with it.
     failing = await h.supervisor(
         "node1",
@@ -299,6 +307,38 @@ async def test_ranks_that_finish_end_the_supervisor(h: Harness) -> None:
         env={"RANK_MODE": "exit", "RANK_EXIT": "3"},
     )
     assert await asyncio.wait_for(failing.wait(), WITHIN) == 3
+    assert h.events == []
+
+
+async def test_a_release_ends_the_spares_never_a_slot_and_only_for_their_run(h: Harness) -> None:
+    """The coordinator's release (the job's training ended): the spare's supervisor exits 0 (its
+    srun task or pod can end), the one holding a slot ignores it, and a release meant for another
+    run of the job on the spare's node (sent before a requeue) changes nothing."""
+    await h.agent("node1")
+    await h.agent("node2")
+    active = await h.supervisor("node1", "--nodes", "1", "--preflight", "none", env={"FTD_RUN": "r1"})
+    spare = await h.supervisor(
+        "node2", "--nodes", "1", "--node-rank", "1", "--preflight", "none", env={"FTD_RUN": "r1"}
+    )
+    await h.wait_sup("node1", role="active", state="running", run="r1")
+    await h.wait_sup("node2", role="spare", state="idle", run="r1")
+
+    async def release(did: str, runs: dict[str, str]) -> None:
+        params = {"generation": 0, "runs": runs}
+        directive = Directive(id=did, ts=time.time(), action="release", job="j1", params=params)
+        for api in h.apis.values():
+            await api.deliver(directive)
+
+    await release("rel-old", {"node1": "r0", "node2": "r0"})
+    await until(lambda: "is for run r0, not ours (r1): ignored" in h.logs(), WITHIN)
+    assert spare.returncode is None
+    await release("rel-1", {"node1": "r1", "node2": "r1"})
+    assert await asyncio.wait_for(spare.wait(), WITHIN) == 0
+    info = await h.wait_sup("node2", state="exited", exit_code=0)
+    assert info.reason == "released: the job's training ended" and gone(h.apis["node2"])
+    assert "release rel-1 ignored: this node holds slot 0" in h.logs()
+    assert active.returncode is None
+    await h.wait_sup("node1", role="active", state="running")
     assert h.events == []
 
 

@@ -71,15 +71,19 @@ async def test_supervise_puts_the_supervisor_in_the_presence_and_state_changes_g
             1,
             "starting",
         )
-        # the clean goodbye: exited, then close -> gone from the presence, no event
+        # the clean goodbye: exited, then close -> still in the presence as exited 0 (how it ended:
+        # the coordinator releases the job's spares on it), no event; forgotten when the job ends
         await peer.send(
             {"v": 1, "op": "supervisor_state", "info": info(generation=1, state="exited", exit_code=0)}
         )
         await until(lambda: len(rec.presence) == 3)
         await peer.close()
-        await until(lambda: api.supervisor("j1") is None)
         await until(lambda: len(rec.presence) == 4)
+        sup = api.supervisor("j1")
+        assert sup is not None and (sup.state, sup.exit_code, sup.generation) == ("exited", 0, 1)
         assert events == []
+        api.job_ended("j1")
+        assert api.supervisor("j1") is None and not api.hosts("j1")
     finally:
         await api.stop()
 

@@ -72,6 +72,7 @@ from ftd.agent.local_api.presence import PresenceReports
 from ftd.agent.local_api.state import Conn
 from ftd.agent.local_api.supervisors import (
     SUPERVISOR_ACTIONS,
+    SUPERVISOR_ONLY,
     SupervisorBook,
     checked,
     supervisor_event,
@@ -262,7 +263,7 @@ class LocalApi:
 
     def supervisor(self, job: str) -> SupervisorInfo | None:
         """The job's rank supervisor on this node as it last reported (``lost`` once its connection
-        closed without a goodbye), or None (none, or it said goodbye)."""
+        closed without a goodbye, ``exited`` after one, until the job ends here), or None."""
         return self._supervisors.get(job)
 
     def supervisors(self) -> dict[str, SupervisorInfo]:
@@ -314,11 +315,12 @@ class LocalApi:
             return 0
         self.counters["directives"] += 1
         body = protocol.directive(msgspec.to_builtins(directive))
-        # A restart is for the supervisor, which starts a new run: never bound to the ranks' runs.
-        runs = None if directive.action == "restart" else self._runs_of(directive)
+        # A restart or release is for the supervisor (a restart starts a new run): never bound to the
+        # ranks' runs.
+        runs = None if directive.action in SUPERVISOR_ONLY else self._runs_of(directive)
         pending = self._pending.add(directive, wire.line(body), time.monotonic(), runs)
         jobs = [directive.job] if directive.job is not None else list(self._jobs)
-        if directive.action == "restart":
+        if directive.action in SUPERVISOR_ONLY:
             jobs = []  # never to a rank
         reached = 0
         supervisor = self._supervisors.conn(directive.job) if directive.job is not None else None
@@ -365,8 +367,9 @@ class LocalApi:
         self.job_ended(job)
 
     def job_ended(self, job: str) -> None:
-        """The scheduler says ``job`` ended on this node: a supervisor of it lost here is forgotten
-        (one still connected stays: it ends with the job's step and says goodbye)."""
+        """The scheduler says ``job`` ended on this node: a supervisor of it gone here (lost, or
+        exited) is forgotten (one still connected stays: it ends with the job's step and says
+        goodbye)."""
         if self._supervisors.forget_lost(job) is not None:
             log.info("local_api_supervisor_forgotten", job=job, why="the job ended or started again here")
 

@@ -3,9 +3,10 @@
 What: :class:`SupervisorBook`, which job's supervisor is on which connection and what it last said
 (:class:`ftd.events.SupervisorInfo`), and :func:`supervisor_event`, the ``supervisor`` event for one
 that was lost or failed. A supervisor that closes its connection after reporting ``exited`` said
-goodbye and leaves the book; one whose connection closes otherwise (killed, crashed) stays in it as
-``lost`` until the job ends or starts again on this node, or a supervisor of the job connects again,
-so the job's presence keeps saying that this node's supervisor is gone. Why apart: the server only
+goodbye and stays in the book as ``exited`` (with its exit code); one whose connection closes
+otherwise (killed, crashed) stays in it as ``lost``; either until the job ends or starts again on
+this node, or a supervisor of the job connects again, so the job's presence keeps saying how this
+node's supervisor ended. Why apart: the server only
 moves lines; what a close or a state change means for the presence and the events is decided here,
 without I/O (the server sends what these functions return).
 """
@@ -21,10 +22,12 @@ from ftd.agent.local_api.state import Conn
 from ftd.client.protocol import RUN_MAX
 from ftd.events import Event, Kind, Severity, SupervisorInfo, make_event
 
-__all__ = ["SUPERVISOR_ACTIONS", "Closed", "SupervisorBook", "checked", "supervisor_event"]
+__all__ = ["SUPERVISOR_ACTIONS", "SUPERVISOR_ONLY", "Closed", "SupervisorBook", "checked", "supervisor_event"]
 
-SUPERVISOR_ACTIONS = frozenset({"restart", "stop"})
-"""The directive actions a job's supervisor receives (``restart`` reaches no rank)."""
+SUPERVISOR_ACTIONS = frozenset({"restart", "stop", "release"})
+"""The directive actions a job's supervisor receives."""
+SUPERVISOR_ONLY = frozenset({"restart", "release"})
+"""The ones that reach no rank (and are bound to no run of the ranks)."""
 
 Closed = Literal["goodbye", "lost", "replaced"]
 """What a supervisor's closed connection meant: it said goodbye (``exited``), it was lost, or another
@@ -71,21 +74,24 @@ class SupervisorBook:
         return before
 
     def closed(self, conn: Conn, ts: float) -> tuple[Closed, SupervisorInfo | None]:
-        """The supervisor's connection closed: a goodbye after ``exited`` (it leaves the book), else
-        it is ``lost`` (kept, with that state); ``replaced`` when another connection holds the job."""
+        """The supervisor's connection closed: a goodbye after ``exited`` (kept as ``exited``: the
+        job's presence says how it ended, which the coordinator needs to release a finished job's
+        spares, even after a restart), else it is ``lost`` (kept, with that state); ``replaced`` when
+        another connection holds the job."""
         job = conn.supervising
         entry = self._by_job.get(job) if job is not None else None
         if job is None or entry is None or entry.conn is not conn:
             return "replaced", None
-        if entry.info.state == "exited":
-            del self._by_job[job]
-            return "goodbye", entry.info
         entry.conn = None
+        if entry.info.state == "exited":
+            entry.info = msgspec.structs.replace(entry.info, ts=ts)
+            return "goodbye", entry.info
         entry.info = msgspec.structs.replace(entry.info, state="lost", ts=ts)
         return "lost", entry.info
 
     def forget_lost(self, job: str) -> SupervisorInfo | None:
-        """Forget the job's supervisor if it was lost (the job ended, or starts again here)."""
+        """Forget the job's supervisor if it is gone, lost or exited (the job ended, or starts again
+        here)."""
         entry = self._by_job.get(job)
         if entry is None or entry.conn is not None:
             return None
