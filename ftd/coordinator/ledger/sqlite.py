@@ -41,6 +41,7 @@ from typing import IO, Any
 
 import msgspec
 
+from ftd.coordinator.ledger.checkpointer import WalCheckpointer
 from ftd.coordinator.ledger.store import (
     Drain,
     LedgerStore,
@@ -124,12 +125,15 @@ class Ledger:
             self.moved_aside = self._move_aside(exc)
             self._db = self._open()
             self._record_corruption(exc)
+        # Checkpoints run in a thread, never inside a commit on the event loop (checkpointer.py).
+        self._checkpointer = WalCheckpointer(self.path).start() if self.path != ":memory:" else None
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")  # durable against process crashes, cheap commits
+            db.execute("PRAGMA wal_autocheckpoint=0")  # the WalCheckpointer's thread does it
             db.executescript(_SCHEMA)
             problems = [row[0] for row in db.execute("PRAGMA quick_check")]  # every page, read once
             if problems != ["ok"]:
@@ -181,6 +185,8 @@ class Ledger:
         )
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
         self._db.close()
 
     @contextlib.contextmanager
