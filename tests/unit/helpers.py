@@ -1,5 +1,5 @@
 """Helpers shared by the tests: waiting for a condition, counting the event loop's turns, recording
-the local API's callbacks."""
+the local API's callbacks, a rank supervisor's reported state."""
 
 from __future__ import annotations
 
@@ -7,8 +7,32 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
-from ftd.events import Ack, RankInfo
+from ftd.events import Ack, RankInfo, SupervisorInfo
+
+
+def supervisor_info(
+    role: str = "active",
+    slot: int | None = None,
+    gen: int = 0,
+    state: str = "running",
+    *,
+    nodes: int = 3,
+    run: str = "slurm-restart-0",
+    **fields: Any,
+) -> SupervisorInfo:
+    """A job's rank supervisor on one node as its agent reports it (``ftd run``), for the tests of
+    the coordinator's side; ``fields`` are any other :class:`SupervisorInfo` fields."""
+    return SupervisorInfo(
+        role=role,  # type: ignore[arg-type]
+        slot=slot,
+        generation=gen,
+        state=state,  # type: ignore[arg-type]
+        nodes=nodes,
+        run=run,
+        **fields,
+    )
 
 
 class Recorder:

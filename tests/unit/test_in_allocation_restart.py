@@ -46,6 +46,7 @@ from ftd.rules import xid_catalog
 from ftd.supervisor import cli as run_cmd
 from ftd.supervisor.assignment import rank_env
 from ftd.testing import evaluate_rule
+from tests.unit.helpers import supervisor_info
 
 JOB = "51200"
 RUN = "slurm-restart-0"  # every supervisor's own run (the job's first run under Slurm)
@@ -62,17 +63,17 @@ def sup(
     addr: str = "",
     run: str = RUN,
 ) -> SupervisorInfo:
-    return SupervisorInfo(
-        role=role,  # type: ignore[arg-type]
-        slot=slot,
-        generation=gen,
-        state=state,  # type: ignore[arg-type]
+    return supervisor_info(
+        role,
+        slot,
+        gen,
+        state,
         nodes=len(SLOTS),
+        run=run,
         nproc=1,
         addr=addr,
         preflight=preflight,
         reason=reason,
-        run=run,
     )
 
 
@@ -148,6 +149,29 @@ class Cluster:
         elif node in params["out"]:
             self.set(node, sup(role="out", gen=current.generation, state="stopped", addr=current.addr))
 
+    def agents_answer(self, restart: CheckpointRestart) -> None:
+        """The agents and ranks answer ``restart``'s save (every rank acks the asked step) and stop
+        (the ranks leave; the supervisor stays, stopped), besides the restart directives."""
+        acks = AckBook()
+        restart._acks = acks
+        plain = self.publish
+
+        async def agents(topic: str, payload: bytes) -> None:
+            await plain(topic, payload)
+            directive = decode(payload, Directive)
+            node = topic.split("/")[3]
+            if directive.action == "save":
+                at = directive.params["save_at_step"]
+                for rank in self.state.jobs[JOB].ranks_by_node.get(node, []):
+                    acks.record(Ack(directive_id=directive.id, job=JOB, rank=rank.rank, node=node, step=at))
+            elif directive.action == "stop":
+                info = self.state.jobs[JOB].supervisors[node]
+                self.set(node, msgspec.structs.replace(info, state="stopped"))
+
+        self.publish = agents  # type: ignore[method-assign]
+        restart._publish = agents
+        restart.in_allocation._publish = agents
+
     def restarts(self) -> list[tuple[str, str]]:
         """(node, directive id) of every restart directive sent, in order."""
         return [(node, d.id) for node, d in self.sent if d.action == "restart"]
@@ -217,26 +241,7 @@ async def test_the_save_and_stop_reach_the_training_nodes_only_then_the_spare_ta
         rank = RankInfo(rank=index, run=generation_run(RUN, 0), step=93 + index)  # the furthest: 95
         cluster.set(node, sup(slot=index, addr=f"{node}.ib"), [rank])
     restart = executor(cluster)
-    acks = AckBook()
-    restart._acks = acks
-    plain = cluster.publish
-
-    async def agents(topic: str, payload: bytes) -> None:
-        await plain(topic, payload)
-        directive = decode(payload, Directive)
-        node = topic.split("/")[3]
-        here = cluster.state.jobs[JOB].ranks_by_node.get(node, [])
-        if directive.action == "save":
-            at = directive.params["save_at_step"]
-            for rank in here:
-                acks.record(Ack(directive_id=directive.id, job=JOB, rank=rank.rank, node=node, step=at))
-        elif directive.action == "stop":  # the ranks leave; the supervisor stays, stopped
-            info = cluster.state.jobs[JOB].supervisors[node]
-            cluster.set(node, msgspec.structs.replace(info, state="stopped"))
-
-    cluster.publish = agents  # type: ignore[method-assign]
-    restart._publish = agents
-    restart.in_allocation._publish = agents
+    cluster.agents_answer(restart)
     record = request(exclude=["n1"])
     del record.detail["resume_step"]  # this time the save phase finds it
     detail = await run(restart, record)
@@ -281,22 +286,7 @@ async def test_a_requeued_supervised_job_is_seen_training_again_under_its_new_ru
                 cluster.set(node, sup(slot=index, run=new_base), [rank])
 
     restart = executor(cluster, Requeuing(), resume_deadline_s=2.0)
-    acks = AckBook()
-    restart._acks = acks
-    plain = cluster.publish
-
-    async def agents(topic: str, payload: bytes) -> None:
-        await plain(topic, payload)
-        directive = decode(payload, Directive)
-        node = topic.split("/")[3]
-        if directive.action == "save":
-            for rank in cluster.state.jobs[JOB].ranks_by_node.get(node, []):
-                acks.record(Ack(directive_id=directive.id, job=JOB, rank=rank.rank, node=node, step=100))
-        elif directive.action == "stop":  # the ranks leave; the supervisor stays, stopped
-            info = cluster.state.jobs[JOB].supervisors[node]
-            cluster.set(node, msgspec.structs.replace(info, state="stopped"))
-
-    restart._publish = agents
+    cluster.agents_answer(restart)
     # A job-wide fault: requeued in place (nothing excluded), so the resume phase follows it.
     record = request(exclude=[], restart="requeue", restart_reason="the fabric is down")
     del record.detail["resume_step"]

@@ -13,6 +13,7 @@ from ftd.coordinator.actions import release as release_module
 from ftd.coordinator.actions.release import SpareRelease, spares_to_release
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import Directive, JobPresence, NodeStatus, SupervisorInfo, decode
+from tests.unit.helpers import supervisor_info
 
 JOB = "77"
 RUN = "slurm-restart-0"
@@ -21,15 +22,7 @@ RUN = "slurm-restart-0"
 def sup(
     role: str = "active", slot: int | None = None, gen: int = 0, state: str = "running", **kw: Any
 ) -> SupervisorInfo:
-    return SupervisorInfo(
-        role=role,  # type: ignore[arg-type]
-        slot=slot,
-        generation=gen,
-        state=state,  # type: ignore[arg-type]
-        nodes=2,
-        run=RUN,
-        **kw,
-    )
+    return supervisor_info(role, slot, gen, state, nodes=2, run=RUN, **kw)
 
 
 def cluster(supervisors: dict[str, SupervisorInfo]) -> ClusterState:
