@@ -63,18 +63,18 @@ class SpareRelease:
 
     def __init__(self, publish: Publish) -> None:
         self._publish = publish
-        self._sent: dict[tuple[str, int], set[str]] = {}  # (job, generation) -> nodes released
+        self._sent: dict[str, dict[int, set[str]]] = {}  # job -> generation -> nodes released
 
     async def check(self, job: str, record: JobRecord | None) -> list[str]:
         """Release what :func:`spares_to_release` says for ``job``; returns the nodes told now."""
         if record is None or not record.supervisors:
-            self._sent = {k: v for k, v in self._sent.items() if k[0] != job}
+            self._sent.pop(job, None)  # the job is gone: forget it
             return []
         due = spares_to_release(record)
         if due is None:
             return []
         generation, nodes = due
-        told = self._sent.setdefault((job, generation), set())
+        told = self._sent.setdefault(job, {}).setdefault(generation, set())
         new = [n for n in nodes if n not in told]
         if not new:
             return []
