@@ -32,7 +32,10 @@ ran (the coordinator observes its engine; publisher and coordinator share the ma
 within the node's rate limit), ``flood_summarised`` (folded into the node's ``bad_input`` summary
 events: the sum of their ``folded`` counts), ``flood_unaccounted`` = sent - accepted - summarised
 (dropped by the broker's queue limit, or not yet handled when the coordinator went quiet), and
-``catch_up_s``, how long after the flood's last publish the coordinator had handled it all.
+``catch_up_s``, how long after the flood's last publish the coordinator had handled it all;
+``flood_critical_ms``: in the default mode the flood slips one Xid 79 (severity critical) in
+halfway, and this is its event creation -> decision (issue #25: never fold novelty, decided within
+100 ms); ``flood_critical_decided`` counts it (1: decided; 0: folded or lost).
 
 Noise: the broker, both publishers and the coordinator share the machine's cores (two on the
 development VM), so the flood's accepted rate is what is left of them. The coordinator keeps up as
@@ -86,6 +89,7 @@ async def main():
     bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
     coord = build(config, bus=bus, scheduler=None, **limits)
     latency = []
+    critical = []
     accepted = {paced: 0, flood: 0}
     current = []
     def observe(what, payload):
@@ -97,6 +101,8 @@ async def main():
             event = current.pop()
             if event.node == paced:
                 latency.append((event.ts, time.time() - event.ts))
+            elif event.node == flood and event.kind == "xid":
+                critical.append(time.time() - event.ts)
     coord.engine.observe(observe)
     ready = asyncio.Event()
     task = asyncio.create_task(coord.run(ready.set))
@@ -128,6 +134,7 @@ async def main():
         "counters": coord.summary(),
         "accepted": accepted,
         "latency": latency,
+        "critical": critical,
         "summarised": sum(int(s["data"].get("folded", 0)) for s in summaries),
         "summary_events": len(summaries),
     }
@@ -166,14 +173,20 @@ def _wait_progress(done: Callable[[], bool], progress: Callable[[], int], stall_
         time.sleep(0.02)
 
 
-def _event(node: str, seq: int, kind: Kind = Kind.GPU_HEALTH, data: dict[str, Any] | None = None) -> Event:
+def _event(
+    node: str,
+    seq: int,
+    kind: Kind = Kind.GPU_HEALTH,
+    data: dict[str, Any] | None = None,
+    severity: Severity = Severity.INFO,
+) -> Event:
     return Event(
         schema=SCHEMA_VERSION,
         id=f"{node}-{seq}",
         ts=time.time(),
         node=node,
         kind=kind,
-        severity=Severity.INFO,
+        severity=severity,
         source="bench",
         data=data if data is not None else {"gpu": seq % 8, "power_w": 412.5, "util": 97},
     )
@@ -240,10 +253,16 @@ async def _flood_accepted(port: int, seconds: float, arrived: Callable[[], bool]
         raise RuntimeError("the flood publisher could not connect")
     topic = topics.node_event(FLOOD_NODE, "gpu_health")
     sent = 0
+    slip_at: float | None = None  # halfway through the flood: one Xid 79 among its events
 
     async def one() -> None:
-        nonlocal sent
+        nonlocal sent, slip_at
         sent += 1
+        if slip_at is not None and asyncio.get_running_loop().time() >= slip_at:
+            slip_at = None
+            fatal = _event(FLOOD_NODE, sent, Kind.XID, {"code": 79, "pci": "0000:3b:00.0"}, Severity.CRITICAL)
+            await bus.publish(topics.node_event(FLOOD_NODE, "xid"), encode(fatal))
+            return
         await bus.publish(topic, encode(_event(FLOOD_NODE, sent)))
 
     try:
@@ -252,6 +271,7 @@ async def _flood_accepted(port: int, seconds: float, arrived: Callable[[], bool]
             await asyncio.sleep(0.01)
         first = time.time()
         end = asyncio.get_running_loop().time() + seconds
+        slip_at = end - seconds / 2
 
         async def worker() -> None:
             while asyncio.get_running_loop().time() < end:
@@ -364,6 +384,9 @@ def bench_fairness(
         "other_p50_ms": round(statistics.median(during), 2) if during else None,
         "other_p99_ms": round(percentile(during, 0.99), 2) if during else None,
         "other_max_ms": round(max(during), 2) if during else None,
+        # the Xid 79 slipped into the flood (as-fast-as-accepted mode): creation -> decision
+        "flood_critical_decided": len(stats["critical"]),
+        "flood_critical_ms": [round(s * 1000, 2) for s in stats["critical"]],
         "bad_messages": stats["counters"].get("bad_messages", 0),
         "cpus": os.cpu_count(),
     }
