@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Options",
     "Restart",
+    "another_run",
     "gen0_master_addr",
     "initial_role",
     "on_restart",
@@ -169,14 +170,21 @@ def parse_restart(params: Mapping[str, Any]) -> Restart | str:
     )
 
 
+def another_run(runs: object, node: str, run: str) -> str | None:
+    """The run a directive's ``runs`` (node -> supervisor run) names for ``node`` when it is not this
+    supervisor's ``run`` (sent to an earlier run of the job, delivered after a requeue), else None:
+    for this run, or not known on either side."""
+    meant = runs.get(node) if isinstance(runs, dict) else None
+    return meant if isinstance(meant, str) and meant and run and meant != run else None
+
+
 def on_restart(restart: Restart, node: str, acted: int, run: str = "") -> tuple[str, int | None]:
     """What ``restart`` asks of ``node`` whose supervisor (of run ``run``) last acted on generation
     ``acted``: (``ignore``, None) for a generation already acted on (an idempotent re-send) or a
     restart meant for another run of the job on this node (``runs[node]``: sent before a scheduler
     requeue, delivered after it), (``active``, slot) for a node in ``slots``, (``out``, None) for one
     in ``out``, else (``spare``, None)."""
-    meant = restart.runs.get(node)
-    if restart.generation <= acted or (meant and run and meant != run):
+    if restart.generation <= acted or another_run(restart.runs, node, run) is not None:
         return "ignore", None
     if node in restart.slots:
         return "active", restart.slots.index(node)

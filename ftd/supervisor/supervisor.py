@@ -28,6 +28,7 @@ import time
 from ftd.supervisor.agent_link import AgentLink
 from ftd.supervisor.assignment import (
     Options,
+    another_run,
     gen0_master_addr,
     initial_role,
     on_restart,
@@ -220,8 +221,8 @@ class Supervisor:
         (its ranks decide when it ends), ignores it."""
         params = msg.get("params") or {}
         runs = params.get("runs") if isinstance(params, dict) else None
-        meant = runs.get(self.node_name()) if isinstance(runs, dict) else None
-        if isinstance(meant, str) and meant and self.opts.run and meant != self.opts.run:
+        meant = another_run(runs, self.node_name(), self.opts.run)
+        if meant is not None:
             _log.info(
                 "ftd run: release %s is for run %s, not ours (%s): ignored",
                 msg.get("id"),
