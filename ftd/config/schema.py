@@ -33,6 +33,7 @@ NodeName = Annotated[
 ]
 
 SCHEDULERS = ("slurm", "none", "kubernetes")
+PINNED_JOB_POLICIES = ("hold", "stop")  # ftd.coordinator.actions.pinned
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 NODE_LABELS = ("rack", "nvlink_domain")
 
@@ -910,6 +911,18 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             le=86400,
         ),
     ] = 600.0
+    pinned_jobs: Annotated[
+        str,
+        _doc(
+            "A job pinned to the node it must leave (sbatch -w / --nodelist) while that node stays in "
+            "service (a condition that moves jobs without draining it, e.g. a full local filesystem): "
+            "'hold' saves, stops and requeues it held, and ftd releases it when the node's condition "
+            "clears (Slurm; a scheduler that cannot hold jobs stops it instead); 'stop' saves and "
+            "stops it without a requeue. Either way it is notified, never requeued onto that node "
+            "again in a loop.",
+            extra={"choices": PINNED_JOB_POLICIES},
+        ),
+    ] = "hold"
     restart_deadline_s: Annotated[
         PositiveSeconds,
         _doc(

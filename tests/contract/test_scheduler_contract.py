@@ -22,6 +22,7 @@ from ftd.coordinator.actions.scheduler import (
     JobInfo,
     Scheduler,
     SchedulerError,
+    job_holder,
     sanitize_reason,
 )
 from ftd.coordinator.actions.slurm import HELD_BY_REQUEUE, SlurmScheduler, expand_hostlist, parse_oneliner
@@ -163,6 +164,39 @@ async def test_requeue_refused_for_no_requeue_job(backend: Backend) -> None:
     assert (await backend.sched.job_info(job)).state == "RUNNING"
 
 
+async def test_requeue_held_keeps_the_job_pending_until_released(backend: Backend) -> None:
+    """The pinned-job hold: requeued held (Restarts + 1), a retry does not count twice, release lets it go."""
+    holder = job_holder(backend.sched)
+    assert holder is not None
+    job = await backend.running_job()
+    await holder.requeue_held(job)
+    info = await backend.wait_job(job, "PENDING")
+    assert info.held and info.restarts == 1, info
+    await holder.requeue_held(job)  # a retried requeue: still held, not a second restart
+    info = await holder.job_info(job)
+    assert info.held and info.restarts == 1 and info.state == "PENDING", info
+    await holder.release(job)
+    assert not (await holder.job_info(job)).held
+    await holder.release(job)  # releasing a job that is not held is a no-op
+    assert (await holder.job_info(job)).restarts == 1
+
+
+async def test_requeue_held_of_a_job_that_never_started_holds_it(backend: Backend) -> None:
+    holder = job_holder(backend.sched)
+    assert holder is not None
+    if backend.cluster is None:
+        job = "200"
+        backend.fake.add_job(job, [], state="PENDING")
+    else:  # not eligible for an hour: the job stays pending
+        job = await asyncio.to_thread(backend.cluster.sbatch, None, "--begin=now+3600", wrap="true")
+        await backend.wait_job(job, "PENDING")
+    await holder.requeue_held(job)
+    info = await holder.job_info(job)
+    assert info.held and info.state == "PENDING" and info.restarts == 0, info
+    await holder.release(job)
+    assert not (await holder.job_info(job)).held
+
+
 async def test_unknown_nodes_and_jobs_raise(backend: Backend) -> None:
     s = backend.sched
     for call in (s.drain("node-99", "x"), s.resume("node-99"), s.node_info("node-99")):
@@ -190,6 +224,21 @@ async def test_slurm_requeued_job_runs_again(slurm: SlurmCluster) -> None:
     await b.sched.requeue(job)
     info = await b.wait_job(job, "RUNNING", within_s=30)  # after cred_expire (5 s in the test cluster)
     assert info.restarts == 1 and info.nodes == ("node-1",)
+
+
+@pytest.mark.real
+async def test_slurm_held_job_starts_only_once_released(slurm: SlurmCluster) -> None:
+    """A job requeued held stays pending past the time a plain requeue takes to start again."""
+    sched = SlurmScheduler(slurm_conf=str(slurm.conf_path))
+    b = Backend(sched, slurm)
+    job = await b.running_job()
+    await sched.requeue_held(job)
+    await asyncio.sleep(10)  # a plain requeue runs again within ~6 s here (cred_expire=5)
+    info = await sched.job_info(job)
+    assert info.state == "PENDING" and info.held and info.reason == HELD_BY_REQUEUE, info
+    await sched.release(job)
+    info = await b.wait_job(job, "RUNNING", within_s=30)
+    assert info.restarts == 1 and info.nodes == ("node-1",) and not info.held
 
 
 @pytest.mark.real

@@ -74,9 +74,7 @@ def actions(stack: Stack, kind: str) -> list[dict[str, Any]]:
 
 
 def fill(mount: Path) -> None:
-    subprocess.run(
-        ["dd", "if=/dev/zero", f"of={mount / 'fill'}", "bs=64k"], check=False, capture_output=True
-    )
+    subprocess.run(["dd", "if=/dev/zero", f"of={mount / 'fill'}", "bs=64k"], check=False, capture_output=True)
 
 
 def test_a_job_pinned_to_a_node_with_a_full_filesystem_is_held_once_then_released(
@@ -119,7 +117,7 @@ exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
     pinned = held["detail"]["pinned"]
     assert pinned["action"] == "hold" and pinned["nodes"] == ["node-1"], pinned
     assert "return to service" not in pinned["why"], pinned  # the node never left it
-    assert "held" in pinned["why"] and "released" in pinned["why"], pinned
+    assert "stopped it and requeued it held" in pinned["why"] and "releases it when" in pinned["why"], pinned
     assert held["detail"]["requeued"] is None, held["detail"]  # not watched as "stuck pending"
     wait_until(
         lambda: any(a["request"]["rule"] == "pinned_jobs" for a in actions(stack, "notify")),

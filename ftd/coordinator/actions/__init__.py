@@ -67,6 +67,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         restart_deadline_s=cfg.restart_deadline_s,
         persist=ctx.save_action,
         allow_unchecked_spares=cfg.restart_unchecked_spares,
+        pinned_policy=cfg.pinned_jobs,
     )
     if ctx.scheduler is not None and ctx.scheduler.name == "slurm" and cfg.slurm.clientless.enabled:
         checkpoint_restart.clientless = clientless_fallback(cfg.slurm)

@@ -25,8 +25,15 @@ recorded in the action's detail (the in-allocation path, issue #24: ``requeue`` 
    the scheduler, excluding ``params.exclude`` (the faulty nodes); ``detail["requeued_at"]`` is its
    time; the step to resume from is ``detail["resume_step"]`` (told to the ranks with the stop).
    A node the job is pinned to (Slurm's ``ReqNodeList``, ``sbatch -w``) is never excluded: that
-   would leave the job pending forever (BadConstraints). The action is then *escalated* with
-   ``detail["exclude_refused"]`` (the nodes and a sentence saying what to do).
+   would leave the job pending forever (BadConstraints). What happens instead is
+   :func:`~ftd.coordinator.actions.pinned.decide_pinned`'s choice, kept in ``detail["pinned"]``
+   (``action``, ``nodes``, ``why``: the sentence, notified by
+   :mod:`~ftd.coordinator.upkeep.pinned_holds`): the node is out of service -> *wait*, requeued
+   without that exclusion, *escalated* with ``detail["exclude_refused"]``; the node stays in service
+   (a condition that moves jobs without draining the node) -> *hold* (``coordinator.pinned_jobs``,
+   the default: requeued held, ``detail["requeued"]`` None, ``pinned.waits_for`` the node's
+   condition kinds the release waits for, ``pinned.held_at``) or *stop* (not requeued, escalated).
+   Never requeued onto the node it just left, so never a loop of restarts.
    A job with rank supervisors is not requeued when its allocation can take it back: the phase
    chooses the path (in place, swap in spares, or this scheduler requeue; ``detail["path"]``,
    ``restart_why``) and returns the generation to start, its slots and the nodes out.
@@ -72,6 +79,7 @@ from typing import Any
 from ftd.bus import topics
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.directive import Publish, directive_for, publish_with_retry
+from ftd.coordinator.actions.pinned import DEFAULT_PINNED_POLICY, PinnedMove, decide_pinned
 from ftd.coordinator.actions.restart_phase import (
     DEFAULT_RESTART_DEADLINE_S,
     IN_ALLOCATION,
@@ -79,7 +87,7 @@ from ftd.coordinator.actions.restart_phase import (
     InAllocation,
     Persist,
 )
-from ftd.coordinator.actions.scheduler import JobInfo, Scheduler, SchedulerError
+from ftd.coordinator.actions.scheduler import JobInfo, Scheduler, SchedulerError, job_holder
 from ftd.coordinator.actions.slurm_signal import ClientlessFallback
 from ftd.coordinator.model.plan import merge_state
 from ftd.coordinator.model.state import ClusterState
@@ -132,6 +140,7 @@ class CheckpointRestart:
         restart_deadline_s: float = DEFAULT_RESTART_DEADLINE_S,
         persist: Persist | None = None,
         allow_unchecked_spares: bool = False,
+        pinned_policy: str = DEFAULT_PINNED_POLICY,
     ) -> None:
         self._publish = publish
         self._state = state
@@ -143,6 +152,7 @@ class CheckpointRestart:
         self.save_step_margin = save_step_margin
         self.resume_deadline_s = resume_deadline_s  # 0: an in-place requeue is not followed
         self.resume_poll_s = resume_poll_s
+        self.pinned_policy = pinned_policy  # a pinned job whose node stays in service: hold or stop
         # A job with no rank registered (no ftd.client): the scheduler's own signal convention
         # (:mod:`ftd.coordinator.actions.slurm_signal`); None: nothing to save, requeue only.
         self.clientless: ClientlessFallback | None = None
@@ -303,32 +313,66 @@ class CheckpointRestart:
         return {**chosen, **out}
 
     async def _requeue_excluding(self, record: ActionRecord, exclude: list[str]) -> dict[str, Any]:
-        """Requeue through the scheduler without the nodes of ``exclude`` (a pinned job's own nodes
-        excepted: see the module docstring)."""
+        """Requeue through the scheduler without the nodes of ``exclude`` -- unless the job is pinned to
+        one of them (see the module docstring: wait, hold or stop)."""
         job = record.request.target
         if self._scheduler is None:
             return {"requeued": None}
-        refused = await self._pinned(job, exclude)
-        if refused:
-            exclude = [n for n in exclude if n not in refused["nodes"]]
+        # Whether ftd's stop phase stopped the job (its ranks left, or the clientless signal answered).
+        stopped = record.detail.get("stopped") is True or "clientless" in record.detail
+        move = await self._pinned(job, exclude, stopped=stopped)
+        if move.action in ("hold", "stop"):
+            return await self._keep_off(record, move)
+        if move.action == "wait":
+            exclude = list(move.keep)
         delay = record.request.params.get("delay_s")
         if isinstance(delay, int | float) and not isinstance(delay, bool) and delay > 0:
             log.info("requeue_delayed", job=job, delay_s=delay)  # crash-loop backoff asked by the rule
             await asyncio.sleep(float(delay))
         await self._scheduler.requeue(job, exclude=exclude)
-        requeued_at = time.time()
-        self._job_moved(job)  # before any rank of the restarted job can register elsewhere
-        # A fault of the job from now on is a new occurrence, not the incident that caused this.
-        self._state.note_restart(job, requeued_at)
+        requeued_at = self._requeued(job)
         requeued: dict[str, Any] = {"scheduler": self._scheduler.name, "exclude": exclude}
         if delay:
             requeued["delayed_s"] = delay
         out: dict[str, Any] = {"requeued": requeued, "requeued_at": requeued_at}
+        refused = move.action == "wait"
         if refused:
-            out.update(exclude_refused=refused, state=str(ActionState.ESCALATED))
+            out.update(
+                exclude_refused={"nodes": list(move.nodes), "why": move.why},
+                pinned=_pinned_detail(move),
+                state=str(ActionState.ESCALATED),
+            )
         out["in_place"] = not exclude and not refused  # asked to stay on its nodes
         if self._follows(out):
             out["waiting"] = WAITING  # saved with phases_done: what the resume phase is doing
+        return out
+
+    def _requeued(self, job: str) -> float:
+        """The job was requeued (now): placement and restart history told; returns the time."""
+        requeued_at = time.time()
+        self._job_moved(job)  # before any rank of the restarted job can register elsewhere
+        # A fault of the job from now on is a new occurrence, not the incident that caused this.
+        self._state.note_restart(job, requeued_at)
+        return requeued_at
+
+    async def _keep_off(self, record: ActionRecord, move: PinnedMove) -> dict[str, Any]:
+        """A pinned job whose node stays in service: requeued held (released by
+        :mod:`~ftd.coordinator.upkeep.pinned_holds`) or left stopped, never requeued onto that node."""
+        job = record.request.target
+        pinned = _pinned_detail(move)
+        out: dict[str, Any] = {"requeued": None, "in_place": False, "pinned": pinned}
+        holder = job_holder(self._scheduler)
+        if move.action == "hold" and holder is not None:
+            await holder.requeue_held(job)
+            pinned["held_at"] = self._requeued(job)
+            pinned["waits_for"] = {n: sorted(set(self._state.condition_kinds.get(n, ()))) for n in move.nodes}
+            if not any(pinned["waits_for"].values()):  # nothing to wait for: a human releases it
+                out["state"] = str(ActionState.ESCALATED)
+            log.warning("pinned_job_held", job=job, nodes=list(move.nodes), why=move.why)
+        else:
+            out["note"] = f"job {job} stopped, not requeued: pinned to {', '.join(move.nodes)}"
+            out["state"] = str(ActionState.ESCALATED)
+            log.warning("pinned_job_stopped", job=job, nodes=list(move.nodes), why=move.why)
         return out
 
     def _follows(self, detail: dict[str, Any]) -> bool:
@@ -390,28 +434,41 @@ class CheckpointRestart:
         ranks = [r for rs in record.ranks_by_node.values() for r in rs] if record else []
         return [r for r in ranks if not old_runs or (r.run is not None and r.run not in old_runs)]
 
-    async def _pinned(self, job: str, exclude: list[str]) -> dict[str, Any] | None:
-        """The nodes of ``exclude`` the job is pinned to (``sbatch -w``): excluding them would leave
-        it pending forever (Slurm: BadConstraints), so they are not excluded and the action says so;
-        None when there are none (or the scheduler cannot tell: the requeue goes on as asked)."""
+    async def _pinned(self, job: str, exclude: list[str], *, stopped: bool = True) -> PinnedMove:
+        """What to do about the nodes of ``exclude`` the job is pinned to (``sbatch -w``): asks the
+        scheduler for the job's required nodes and whether each is out of service
+        (:func:`~ftd.coordinator.actions.pinned.decide_pinned`). The scheduler cannot say which
+        nodes the job is pinned to: the requeue goes on as asked; it cannot say whether a pinned
+        node is in service: counted in service (no requeue onto it)."""
         if not exclude or self._scheduler is None:
-            return None
+            return PinnedMove("requeue", keep=tuple(exclude))
         try:
             required = (await self._scheduler.job_info(job)).required
         except SchedulerError as exc:
             log.warning("job_info_unavailable", job=job, error=str(exc))
-            return None
-        pinned = sorted(set(exclude) & set(required))
-        if not pinned:
-            return None
-        why = (
-            f"job {job} is pinned to {', '.join(required)} (sbatch -w / --nodelist): excluding "
-            f"{', '.join(pinned)} would leave it pending forever (BadConstraints), so it was requeued "
-            f"without that exclusion and waits for {', '.join(pinned)} to return to service; resubmit it "
-            "without the pin to let it run elsewhere"
+            return PinnedMove("requeue", keep=tuple(exclude))
+        out_of_service: dict[str, str | None] = {}
+        for node in sorted(set(exclude) & set(required)):
+            try:
+                info = await self._scheduler.node_info(node)
+            except SchedulerError as exc:
+                log.warning("node_info_unavailable", node=node, error=str(exc))
+                continue
+            if info.drained or info.down:
+                out_of_service[node] = f"{info.state}{f' ({info.reason})' if info.reason else ''}"
+        move = decide_pinned(
+            job,
+            exclude=exclude,
+            required=required,
+            out_of_service=out_of_service,
+            conditions=self._state.conditions,
+            policy=self.pinned_policy,
+            can_hold=job_holder(self._scheduler) is not None,
+            stopped=stopped,
         )
-        log.warning("requeue_exclusion_refused", job=job, pinned=pinned, why=why)
-        return {"nodes": pinned, "why": why}
+        if move.action == "wait":
+            log.warning("requeue_exclusion_refused", job=job, pinned=list(move.nodes), why=move.why)
+        return move
 
     async def _wait_job_gone(self, job: str) -> bool:
         loop = asyncio.get_running_loop()
@@ -422,6 +479,10 @@ class CheckpointRestart:
                 return False
             await asyncio.sleep(0.05)
         return True
+
+
+def _pinned_detail(move: PinnedMove) -> dict[str, Any]:
+    return {"action": move.action, "nodes": list(move.nodes), "why": move.why}
 
 
 def not_resumed(

@@ -25,6 +25,11 @@ Semantics every implementation keeps (the coordinator retries after a crash, so 
   then, like a drain, with the sanitized reason), then return it to service (``nextstate="RESUME"``)
   or leave it down (``"DOWN"``). The GPU reset's escalation (:mod:`ftd.coordinator.actions.gpu_reset`)
   uses it. A scheduler that cannot reboot nodes raises :class:`SchedulerError` saying so.
+* ``requeue_held(job)`` / ``release(job)`` (:class:`JobHolder`, optional: a scheduler that has them
+  says ``holds_jobs = True``; Slurm does, Kubernetes does not): make the job pending again
+  (Restarts + 1) *held*, so it does not start until ``release``; a retry on a job already pending only
+  holds it. ``release`` of a job that is not held is a no-op. ``job_info(job).held`` tells.
+  The pinned-job hold (:mod:`ftd.coordinator.actions.pinned`) uses them.
 * ``job_nodes(job)``: the nodes the job's processes run on *now* (empty when it is pending, finished,
   unknown or not a valid job id of this scheduler); :class:`SchedulerError` only when the scheduler
   cannot answer. The coordinator's placement check (:mod:`ftd.coordinator.intake.placement`) trusts a
@@ -103,6 +108,7 @@ class JobInfo:
     restarts: int  # times it was requeued
     reason: str | None = None  # why it is pending, if the scheduler says
     required: tuple[str, ...] = ()  # nodes it was pinned to (Slurm's ReqNodeList: sbatch -w)
+    held: bool = False  # pending and held: it starts only once released
 
 
 @runtime_checkable
@@ -126,6 +132,24 @@ class Scheduler(Protocol):
     async def job_nodes(self, job: str) -> tuple[str, ...]: ...
 
 
+@runtime_checkable
+class JobHolder(Scheduler, Protocol):
+    """A scheduler that can requeue a job held and release it (see the module docstring)."""
+
+    holds_jobs: bool
+
+    async def requeue_held(self, job: str) -> None: ...
+
+    async def release(self, job: str) -> None: ...
+
+
+def job_holder(scheduler: Scheduler | None) -> JobHolder | None:
+    """``scheduler`` when it can hold jobs (``holds_jobs`` true), else None."""
+    if scheduler is not None and getattr(scheduler, "holds_jobs", False) is True:
+        return scheduler if isinstance(scheduler, JobHolder) else None
+    return None
+
+
 @dataclass
 class _FakeNode:
     state: str = "IDLE"
@@ -141,6 +165,8 @@ class _FakeJob:
     excluded: tuple[str, ...] = ()
     restarts: int = 0
     requeue_allowed: bool = True
+    held: bool = False
+    required: tuple[str, ...] = ()
 
 
 @dataclass
@@ -153,6 +179,7 @@ class FakeScheduler:
     """
 
     name: str = "fake"
+    holds_jobs: bool = True
     nodes: dict[str, _FakeNode] = field(default_factory=dict)
     jobs: dict[str, _FakeJob] = field(default_factory=dict)
     calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
@@ -173,17 +200,28 @@ class FakeScheduler:
         self._node(node).state = state
 
     def add_job(
-        self, job: str, nodes: Sequence[str], *, state: str = "RUNNING", requeue: bool = True
+        self,
+        job: str,
+        nodes: Sequence[str],
+        *,
+        state: str = "RUNNING",
+        requeue: bool = True,
+        required: Sequence[str] = (),
     ) -> None:
-        for node in nodes:
+        """A job on ``nodes``; ``required``: the nodes it is pinned to (Slurm's ``sbatch -w``)."""
+        for node in (*nodes, *required):
             self.nodes.setdefault(node, _FakeNode())
-        self.jobs[job] = _FakeJob(state=state, nodes=tuple(nodes), requeue_allowed=requeue)
+        self.jobs[job] = _FakeJob(
+            state=state, nodes=tuple(nodes), requeue_allowed=requeue, required=tuple(required)
+        )
 
     def finish_job(self, job: str, state: str = "COMPLETED") -> None:
         self._job(job).state = state
 
     def start_job(self, job: str, nodes: Sequence[str]) -> None:
         j = self._job(job)
+        if j.held:
+            raise SchedulerError(f"job {job} is held: it starts only once released")
         bad = set(nodes) & set(j.excluded)
         if bad:
             raise SchedulerError(f"job {job} may not run on excluded nodes {sorted(bad)}")
@@ -232,6 +270,21 @@ class FakeScheduler:
             j.state, j.nodes, j.restarts = "PENDING", (), j.restarts + 1
         j.excluded = tuple(sorted(set(j.excluded) | set(exclude)))
 
+    async def requeue_held(self, job: str) -> None:
+        self._record("requeue_held", job)
+        j = self._job(job)
+        if not j.requeue_allowed:
+            raise SchedulerError(
+                f"job {job} does not allow requeue", stderr="Requested operation is presently disabled"
+            )
+        if j.state != "PENDING":
+            j.state, j.nodes, j.restarts = "PENDING", (), j.restarts + 1
+        j.held = True
+
+    async def release(self, job: str) -> None:
+        self._record("release", job)
+        self._job(job).held = False
+
     async def node_info(self, node: str) -> NodeInfo:
         n = self._node(node)
         flags = (n.state, "DRAIN") if n.drained else (n.state,)
@@ -240,7 +293,7 @@ class FakeScheduler:
 
     async def job_info(self, job: str) -> JobInfo:
         j = self._job(job)
-        return JobInfo(job, j.state, j.nodes, j.excluded, j.restarts)
+        return JobInfo(job, j.state, j.nodes, j.excluded, j.restarts, required=j.required, held=j.held)
 
     async def list_nodes(self) -> list[NodeInfo]:
         return [await self.node_info(name) for name in sorted(self.nodes)]

@@ -29,6 +29,10 @@ What was checked against a real Slurm 22.05 (one slurmctld, one slurmd; ``tests/
   it is still held by an interrupted earlier requeue), so ``Restarts`` is not bumped twice.
 * A requeued job excluded from every node of its partition simply stays PENDING; the same holds for a
   job whose only allowed nodes are drained.
+* Holding (:class:`~ftd.coordinator.actions.scheduler.JobHolder`, the pinned-job hold):
+  ``scontrol requeuehold J`` leaves the job PENDING, ``Restarts`` + 1, ``Reason=job_requeued_in_held_state``
+  until ``scontrol release J``; a job already pending is held with ``scontrol hold J``
+  (``Reason=JobHeldAdmin``). ``job_info().held`` is either reason (or ``JobHeldUser``).
 * ``scontrol reboot ASAP nextstate=RESUME|DOWN reason=... NODE``: ``ASAP`` drains the node at once
   (no new jobs) and reboots it when idle, then it returns as ``nextstate`` says. slurmctld refuses it
   when ``RebootProgram`` is not set in slurm.conf; that is a :class:`SchedulerError` like any refusal.
@@ -60,6 +64,7 @@ _NODE_REASON_RE = re.compile(r"(?:^| )Reason=(.*?) \[[^\]\s]*@[^\]\s]*\](?: |$)"
 _REASON_RE = re.compile(r"(?:^| )Reason=(.*?)(?: [A-Z][A-Za-z]*=|$)")
 _NULLS = {"", "(null)", "None", "N/A"}
 HELD_BY_REQUEUE = "job_requeued_in_held_state"
+HELD_REASONS = frozenset({HELD_BY_REQUEUE, "JobHeldAdmin", "JobHeldUser"})
 # Job states in which the job's processes may be running on its NodeList (job_nodes).
 _ACTIVE_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING"}
 
@@ -190,6 +195,7 @@ class SlurmScheduler:
     """Drain, resume and requeue through ``scontrol`` (see the module docstring for the semantics)."""
 
     name = "slurm"
+    holds_jobs = True
 
     def __init__(self, scontrol: str = "scontrol", slurm_conf: str | None = None, timeout_s: float = 30.0):
         self.scontrol = scontrol
@@ -270,6 +276,7 @@ class SlurmScheduler:
             restarts=restarts,
             reason=None if reason in _NULLS else reason,
             required=expand_hostlist(rec.get("ReqNodeList", "")),
+            held=rec.get("JobState") == "PENDING" and reason in HELD_REASONS,
         )
 
     async def job_nodes(self, job: str) -> tuple[str, ...]:
@@ -337,6 +344,23 @@ class SlurmScheduler:
                     held = " (the job is left held; retry the requeue or `scontrol release` it)"
                     raise SchedulerError(str(exc) + (held if held_by_us else "")) from exc
         if held_by_us:
+            await self._run("release", job)
+
+    async def requeue_held(self, job: str) -> None:
+        """Requeue ``job`` held (``scontrol requeuehold``); one already pending is held instead."""
+        _check_job(job)
+        rc, out, err = await self._run("requeuehold", job, check=False)
+        if rc == 0:
+            return
+        if "pending execution" not in (err + out).lower():
+            argv = [self.scontrol, "requeuehold", job]
+            raise SchedulerError("scontrol failed", command=argv, returncode=rc, stderr=err or out)
+        if not (await self.job_info(job)).held:  # a retry, or a job that never started: hold it
+            await self._run("hold", job)
+
+    async def release(self, job: str) -> None:
+        """Release a held ``job`` (``scontrol release``); a job that is not held is left as it is."""
+        if (await self.job_info(_check_job(job))).held:
             await self._run("release", job)
 
     # -- reboot -----------------------------------------------------------------------------------

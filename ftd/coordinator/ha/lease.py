@@ -44,7 +44,7 @@ from typing import Any
 import psycopg
 
 from ftd.bus.base import Bus, ForwardingBus, Message
-from ftd.coordinator.actions.scheduler import JobInfo, NodeInfo, Scheduler
+from ftd.coordinator.actions.scheduler import JobInfo, NodeInfo, Scheduler, SchedulerError, job_holder
 from ftd.coordinator.ledger.postgres import GRACE_S, LEASE_NAME, bounded, connect, discard, rows_of
 from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.logs import get_logger
@@ -226,6 +226,20 @@ class FencedScheduler:
     async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
         self.check()
         await self.inner.requeue(job, exclude)
+
+    async def requeue_held(self, job: str) -> None:
+        self.check()
+        holder = job_holder(self.inner)
+        if holder is None:
+            raise SchedulerError(f"scheduler {self.name} cannot hold jobs")
+        await holder.requeue_held(job)
+
+    async def release(self, job: str) -> None:
+        self.check()
+        holder = job_holder(self.inner)
+        if holder is None:
+            raise SchedulerError(f"scheduler {self.name} cannot hold jobs")
+        await holder.release(job)
 
     async def node_info(self, node: str) -> NodeInfo:
         self.check()

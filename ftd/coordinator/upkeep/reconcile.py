@@ -41,6 +41,9 @@ scheduler (Slurm, Kubernetes) it acts on.
   for, gets the drain proposed again through the engine (gate, budgets, approval apply), at most
   once a round and with a back-off (``coordinator.unacted_retry_s``); logged as
   ``unacted_condition_retried``.
+* **Pinned jobs held** (:mod:`ftd.coordinator.upkeep.pinned_holds`): a restart that met a job
+  pinned to the node it had to leave is notified with what really happened, and a job it requeued
+  held is released once its node's condition clears (checked each round).
 
 The events are :attr:`~ftd.events.Kind.AGENT_HEALTH` with ``source = "scheduler"`` and
 ``data.problem`` one of :data:`PROBLEMS`, severity warning (external drains and downs, adoption)
@@ -63,6 +66,7 @@ from ftd.coordinator.actions.scheduler import NodeInfo, Scheduler, SchedulerErro
 from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, as_store
 from ftd.coordinator.ledger.store import Drain, LedgerStore
 from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.pinned_holds import PinnedHolds
 from ftd.coordinator.upkeep.unacted import UnactedConditions
 from ftd.events import Event, Kind, Severity
 from ftd.logs import get_logger
@@ -129,6 +133,14 @@ class Reconciler:
         self.unacted = UnactedConditions(
             backoff_s=unacted_retry_s, max_backoff_s=unacted_retry_max_s, clock=clock
         )
+        self.pinned = PinnedHolds(
+            state=state,
+            ledger=self.ledger,
+            scheduler=scheduler,
+            engine=engine,
+            settle_s=interval_s,
+            clock=clock,
+        )
 
     # --- start-up -------------------------------------------------------------------------------
 
@@ -144,6 +156,7 @@ class Reconciler:
         for record in recent:
             self._note_requeue(record)
         self.unacted.restore(sorted(recent, key=lambda r: r.created))
+        await self.pinned.restore()
         drains = self.state.drained_nodes()
         if drains or self.state.unavailable:
             log.info(
@@ -181,6 +194,7 @@ class Reconciler:
             return
         self._note_requeue(record)
         self._notify_not_resumed(record)
+        self.pinned.observe(record)
 
     def _notify_not_resumed(self, record: ActionRecord) -> None:
         """A restart escalated because the job did not train again: one notification with the sentence.
@@ -249,6 +263,8 @@ class Reconciler:
                 changes.setdefault(problem, []).append(name)
         await self._check_pending(changes)
         await self._retry_unacted(changes)
+        for job in await self.pinned.check():
+            changes.setdefault("pinned_released", []).append(job)
         self.rounds += 1
         if changes:
             log.info("reconciled", **{k: v for k, v in changes.items()})
