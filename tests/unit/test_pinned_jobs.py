@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
 from ftd.coordinator.actions.pinned import PINNED_JOB_POLICIES, decide_pinned
-from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.coordinator.actions.scheduler import FakeScheduler, job_holder
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
+from ftd.coordinator.ha.lease import FencedScheduler, LeaseLost
 from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.pinned_holds import RULE, still_active
@@ -336,3 +337,29 @@ async def test_a_pinned_node_drained_by_the_rule_is_waited_for_not_held(
     job = await sched.job_info("42")
     assert job.state == "PENDING" and not job.held and job.restarts == 1
     assert coord.notified[0].request.reason == record.detail["pinned"]["why"]
+
+
+async def test_the_fenced_scheduler_holds_only_while_the_lease_is_held(sched: FakeScheduler) -> None:
+    """HA: the hold and the release are side effects like a requeue: checked against the lease."""
+    leading = [True]
+
+    def check() -> None:
+        if not leading[0]:
+            raise LeaseLost("lease lost")
+
+    fenced = FencedScheduler(sched, check)
+    holder = job_holder(fenced)
+    assert holder is not None
+    await holder.requeue_held("42")
+    assert (await sched.job_info("42")).held
+    leading[0] = False
+    with pytest.raises(LeaseLost):
+        await holder.release("42")
+    assert (await sched.job_info("42")).held and [c[0] for c in sched.calls][-1] == "requeue_held"
+
+
+def test_a_scheduler_without_holds_is_no_job_holder(sched: FakeScheduler) -> None:
+    sched.holds_jobs = False  # like Kubernetes: no per-job hold
+    assert job_holder(sched) is None
+    assert job_holder(FencedScheduler(sched, lambda: None)) is None
+    assert job_holder(None) is None
