@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,16 +45,29 @@ class Stack:
         with self.kmsg.open("a") as f:
             f.write(line + "\n")
 
-    def submit_trainer(self) -> tuple[str, Path]:
+    def submit_trainer(self, *sbatch_args: str, max_s: float | None = None) -> tuple[str, Path]:
+        """Submit ``trainer_job.py`` (``--requeue``, plus ``sbatch_args`` such as ``-w node-1``);
+        ``max_s``: how long it trains at most (its ``FTD_TEST_MAX_S``). Returns the job and its log."""
         log = self.workdir / f"trainer-{time.monotonic_ns()}.jsonl"
+        limit = f"export FTD_TEST_MAX_S={max_s}\n" if max_s is not None else ""
         script = f"""#!/bin/bash
 export FTD_SOCKET={self.socket}
 export FTD_TEST_LOG={log}
-export PYTHONPATH={REPO}
+{limit}export PYTHONPATH={REPO}
 exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
 """
-        job = self.slurm.sbatch(script, "--requeue", "--job-name=ftd-e2e")
+        job = self.slurm.sbatch(script, "--requeue", "--job-name=ftd-e2e", *sbatch_args)
         return job, log
+
+    def actions(self, kind: str) -> list[dict[str, Any]]:
+        """The ledger's actions of ``kind``, oldest first: state, request and detail as JSON."""
+        with sqlite3.connect(self.ledger) as db:
+            rows = db.execute(
+                "SELECT state, request, detail FROM actions WHERE kind = ? ORDER BY created", (kind,)
+            ).fetchall()
+        return [
+            {"state": s, "request": json.loads(r), "detail": json.loads(d) if d else {}} for s, r, d in rows
+        ]
 
     def wait_registered(self, job: str, timeout: float = 20.0) -> None:
         """Wait until the coordinator can know the job: its presence is retained on the bus."""

@@ -15,18 +15,13 @@ there again -- no second restart.
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.e2e.daemons import REPO
 from tests.e2e.stack import Stack, make_stack, trainer_records, wait_until
 from tests.realparts import Mosquitto, SlurmCluster
 
@@ -65,14 +60,6 @@ critical_pct = 95
         yield built
 
 
-def actions(stack: Stack, kind: str) -> list[dict[str, Any]]:
-    with sqlite3.connect(stack.ledger) as db:
-        rows = db.execute(
-            "SELECT state, request, detail FROM actions WHERE kind = ? ORDER BY created", (kind,)
-        ).fetchall()
-    return [{"state": s, "request": json.loads(r), "detail": json.loads(d) if d else {}} for s, r, d in rows]
-
-
 def fill(mount: Path) -> None:
     subprocess.run(["dd", "if=/dev/zero", f"of={mount / 'fill'}", "bs=64k"], check=False, capture_output=True)
 
@@ -81,29 +68,21 @@ def test_a_job_pinned_to_a_node_with_a_full_filesystem_is_held_once_then_release
     pinned_stack: Stack, small_fs: Path
 ) -> None:
     stack = pinned_stack
-    log = stack.workdir / "pinned.jsonl"
-    script = f"""#!/bin/bash
-export FTD_SOCKET={stack.socket}
-export FTD_TEST_LOG={log}
-export FTD_TEST_MAX_S=600
-export PYTHONPATH={REPO}
-exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
-"""
-    job = stack.slurm.sbatch(script, "--requeue", "-w", "node-1", "--job-name=ftd-pinned")
+    job, log = stack.submit_trainer("-w", "node-1", max_s=600)  # pinned to node-1
     stack.slurm.wait_job_state(job, "RUNNING", 30)
     stack.wait_registered(job, timeout=60)
 
     # The local filesystem fills up: fs_fill critical on node-1 (the node is not drained).
     fill(small_fs)
-    wait_until(lambda: len(actions(stack, "checkpoint_restart")) >= 1, 30, "the restart decided")
+    wait_until(lambda: len(stack.actions("checkpoint_restart")) >= 1, 30, "the restart decided")
     wait_until(
-        lambda: actions(stack, "checkpoint_restart")[0]["state"] not in ("pending", "running"),
+        lambda: stack.actions("checkpoint_restart")[0]["state"] not in ("pending", "running"),
         60,
         "the first restart to finish",
     )
     # Long enough for the loop to show: the job started again within seconds and was stopped again.
     time.sleep(25)
-    restarts = actions(stack, "checkpoint_restart")
+    restarts = stack.actions("checkpoint_restart")
     info = stack.slurm.job(job)
     saves = [r for r in trainer_records(log) if r["what"] == "saved"]
     stops = [r for r in trainer_records(log) if r["what"] == "stopped"]
@@ -120,11 +99,11 @@ exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
     assert "stopped it and requeued it held" in pinned["why"] and "releases it when" in pinned["why"], pinned
     assert held["detail"]["requeued"] is None, held["detail"]  # not watched as "stuck pending"
     wait_until(
-        lambda: any(a["request"]["rule"] == "pinned_jobs" for a in actions(stack, "notify")),
+        lambda: any(a["request"]["rule"] == "pinned_jobs" for a in stack.actions("notify")),
         15,
         "the notification of the hold",
     )
-    [told] = [a for a in actions(stack, "notify") if a["request"]["rule"] == "pinned_jobs"]
+    [told] = [a for a in stack.actions("notify") if a["request"]["rule"] == "pinned_jobs"]
     assert told["request"]["reason"] == pinned["why"], told
 
     # The filesystem is emptied: the condition clears, ftd releases the job and it trains there again.
@@ -140,7 +119,7 @@ exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
     )
     info = stack.slurm.job(job)
     assert info.get("Restarts") == "1" and "node-1" in info.get("NodeList", ""), info
-    [held] = actions(stack, "checkpoint_restart")  # still the only restart
+    [held] = stack.actions("checkpoint_restart")  # still the only restart
     released = held["detail"]["pinned"]["released"]
     assert released["by"] == "ftd" and "fs_fill" in released["why"], released
     stack.slurm.run("scancel", job, check=False)

@@ -44,7 +44,14 @@ from typing import Any
 import psycopg
 
 from ftd.bus.base import Bus, ForwardingBus, Message
-from ftd.coordinator.actions.scheduler import JobInfo, NodeInfo, Scheduler, SchedulerError, job_holder
+from ftd.coordinator.actions.scheduler import (
+    JobHolder,
+    JobInfo,
+    NodeInfo,
+    Scheduler,
+    SchedulerError,
+    job_holder,
+)
 from ftd.coordinator.ledger.postgres import GRACE_S, LEASE_NAME, bounded, connect, discard, rows_of
 from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.logs import get_logger
@@ -227,19 +234,19 @@ class FencedScheduler:
         self.check()
         await self.inner.requeue(job, exclude)
 
-    async def requeue_held(self, job: str) -> None:
+    def _holder(self) -> JobHolder:
+        """The inner scheduler's holds, once the lease is checked (the pinned-job hold)."""
         self.check()
         holder = job_holder(self.inner)
         if holder is None:
             raise SchedulerError(f"scheduler {self.name} cannot hold jobs")
-        await holder.requeue_held(job)
+        return holder
+
+    async def requeue_held(self, job: str) -> None:
+        await self._holder().requeue_held(job)
 
     async def release(self, job: str) -> None:
-        self.check()
-        holder = job_holder(self.inner)
-        if holder is None:
-            raise SchedulerError(f"scheduler {self.name} cannot hold jobs")
-        await holder.release(job)
+        await self._holder().release(job)
 
     async def node_info(self, node: str) -> NodeInfo:
         self.check()
