@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ftd.config import ConfigError, parse_config
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
 from ftd.coordinator.actions.pinned import PINNED_JOB_POLICIES, decide_pinned
@@ -363,3 +364,12 @@ def test_a_scheduler_without_holds_is_no_job_holder(sched: FakeScheduler) -> Non
     assert job_holder(sched) is None
     assert job_holder(FencedScheduler(sched, lambda: None)) is None
     assert job_holder(None) is None
+
+
+def test_the_setting_is_hold_by_default_and_only_hold_or_stop() -> None:
+    assert parse_config("").coordinator.pinned_jobs == "hold"
+    assert parse_config('[coordinator]\npinned_jobs = "stop"\n').coordinator.pinned_jobs == "stop"
+    with pytest.raises(ConfigError) as info:
+        parse_config('[coordinator]\npinned_jobs = "requeue"\n', source="t.toml")
+    [problem] = info.value.problems
+    assert problem.path == "coordinator.pinned_jobs" and "'hold', 'stop'" in problem.message, problem
