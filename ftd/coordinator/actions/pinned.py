@@ -21,10 +21,12 @@ depends on the node:
   - **stop** -- the job is saved and stopped and not requeued: the operator resubmits it.
 
   A scheduler that cannot hold jobs (Kubernetes) stops instead of holding. On Kubernetes a requeue's
-  exclusion cordons the node itself (node-wide, ``ftd.coordinator.actions.kubernetes``), so a pod
-  pinned there (``nodeName``, a node selector or affinity on its hostname) waits Pending until the
-  node is resumed: it cannot loop; its scheduler reports no pinned nodes, and this decision treats
-  a job whose nodes it does report exactly as it treats a Slurm job.
+  exclusion cordons and taints the node itself (node-wide, ``ftd.coordinator.actions.kubernetes``),
+  so a pod pinned there through the scheduler (a node selector or affinity on its hostname) waits
+  Pending until the node is resumed: it cannot loop. (A template's ``spec.nodeName`` bypasses the
+  scheduler, and the kubelet admits such a pod on a cordoned, NoSchedule-tainted node: not covered,
+  the operator's guide says so.) Its scheduler reports no pinned nodes; this decision treats a job
+  whose pins a scheduler does report exactly as it treats a Slurm job.
 
 Each outcome carries one sentence saying what really happens (logged, kept in the action's
 ``detail["pinned"]`` and notified), never "waits for the node to return to service" for a node that
