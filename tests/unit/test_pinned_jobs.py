@@ -20,6 +20,7 @@ from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
 from ftd.coordinator.actions.pinned import PINNED_JOB_POLICIES, decide_pinned
 from ftd.coordinator.actions.scheduler import FakeScheduler, job_holder
+from ftd.coordinator.api.views import action_why
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
@@ -373,3 +374,13 @@ def test_the_setting_is_hold_by_default_and_only_hold_or_stop() -> None:
         parse_config('[coordinator]\npinned_jobs = "requeue"\n', source="t.toml")
     [problem] = info.value.problems
     assert problem.path == "coordinator.pinned_jobs" and "'hold', 'stop'" in problem.message, problem
+
+
+async def test_status_shows_the_hold_and_then_the_release(coord: Coordinator) -> None:
+    """What ``ftd status`` and the dashboard print beside the node: the sentence, then the release."""
+    record = await hold(coord)
+    assert action_why(record) == record.detail["pinned"]["why"]
+    coord.state.apply_conditions("node-1", [])
+    await coord.reconciler.reconcile()
+    [released] = coord.restarts()
+    assert action_why(released) == "fs_fill cleared on node-1: ftd released job 42"

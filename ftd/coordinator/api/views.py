@@ -129,6 +129,13 @@ def action_why(record: ActionRecord) -> str:
         value = detail.get(key)
         if isinstance(value, str) and value:
             return value
+    pinned = detail.get("pinned")  # a pinned job held, stopped or waiting (and its release)
+    if isinstance(pinned, dict):
+        released = pinned.get("released")
+        if isinstance(released, dict) and isinstance(released.get("why"), str):
+            return str(released["why"])
+        if isinstance(pinned.get("why"), str) and pinned["why"]:
+            return str(pinned["why"])
     refused = detail.get("exclude_refused")
     if isinstance(refused, dict) and isinstance(refused.get("why"), str):
         return str(refused["why"])
