@@ -384,3 +384,32 @@ async def test_status_shows_the_hold_and_then_the_release(coord: Coordinator) ->
     await coord.reconciler.reconcile()
     [released] = coord.restarts()
     assert action_why(released) == "fs_fill cleared on node-1: ftd released job 42"
+
+
+async def test_a_hold_the_scheduler_refuses_leaves_the_job_stopped_and_says_why(
+    sched: FakeScheduler, tmp_path: Path
+) -> None:
+    sched.add_job("43", ["node-1"], required=["node-1"], requeue=False)  # sbatch --no-requeue -w node-1
+    c = await start(sched, tmp_path / "ledger.sqlite", [1000.0])
+    try:
+        c.state.apply_conditions("node-1", [FULL], ["fs_fill"])
+        await c.engine.submit(
+            ActionRequest(
+                kind=ActionKind.CHECKPOINT_RESTART,
+                target="43",
+                reason="filesystem /scratch at 100%",
+                params={"exclude": ["node-1"]},
+                rule="fs_fill",
+            )
+        )
+        assert await c.engine.wait_idle(5)
+        await told(c)
+        [record] = c.restarts()
+        pinned = record.detail["pinned"]
+        assert record.state == ActionState.ESCALATED and pinned["action"] == "stop", record.detail
+        assert "(holding it failed: job 43 does not allow requeue" in pinned["why"]
+        assert c.reconciler.pinned.held == {}
+        assert [n.request.reason for n in c.notified] == [pinned["why"]]
+        assert (await sched.job_info("43")).restarts == 0
+    finally:
+        await c.close()

@@ -79,7 +79,7 @@ from typing import Any
 from ftd.bus import topics
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.directive import Publish, directive_for, publish_with_retry
-from ftd.coordinator.actions.pinned import DEFAULT_PINNED_POLICY, PinnedMove, decide_pinned
+from ftd.coordinator.actions.pinned import DEFAULT_PINNED_POLICY, PinnedMove, decide_pinned, stop_instead
 from ftd.coordinator.actions.restart_phase import (
     DEFAULT_RESTART_DEADLINE_S,
     IN_ALLOCATION,
@@ -318,9 +318,7 @@ class CheckpointRestart:
         job = record.request.target
         if self._scheduler is None:
             return {"requeued": None}
-        # Whether ftd's stop phase stopped the job (its ranks left, or the clientless signal answered).
-        stopped = record.detail.get("stopped") is True or "clientless" in record.detail
-        move = await self._pinned(job, exclude, stopped=stopped)
+        move = await self._pinned(job, exclude, stopped=_stopped(record))
         if move.action in ("hold", "stop"):
             return await self._keep_off(record, move)
         if move.action == "wait":
@@ -363,7 +361,12 @@ class CheckpointRestart:
         out: dict[str, Any] = {"requeued": None, "in_place": False, "pinned": pinned}
         holder = job_holder(self._scheduler)
         if move.action == "hold" and holder is not None:
-            await holder.requeue_held(job)
+            try:
+                await holder.requeue_held(job)
+            except SchedulerError as exc:  # a --no-requeue job, a scheduler outage: stopped, told
+                log.warning("pinned_hold_failed", job=job, error=str(exc))
+                move = stop_instead(move, f"holding it failed: {str(exc)[:300]}", stopped=_stopped(record))
+                return await self._keep_off(record, move)
             pinned["held_at"] = self._requeued(job)
             pinned["waits_for"] = {n: sorted(set(self._state.condition_kinds.get(n, ()))) for n in move.nodes}
             if not any(pinned["waits_for"].values()):  # nothing to wait for: a human releases it
@@ -479,6 +482,11 @@ class CheckpointRestart:
                 return False
             await asyncio.sleep(0.05)
         return True
+
+
+def _stopped(record: ActionRecord) -> bool:
+    """Whether the stop phase stopped the job (its ranks left, or the clientless signal answered)."""
+    return record.detail.get("stopped") is True or "clientless" in record.detail
 
 
 def _pinned_detail(move: PinnedMove) -> dict[str, Any]:

@@ -36,12 +36,12 @@ never left it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ftd.config.schema import PINNED_JOB_POLICIES
 
-__all__ = ["DEFAULT_PINNED_POLICY", "PINNED_JOB_POLICIES", "PinnedMove", "decide_pinned"]
+__all__ = ["DEFAULT_PINNED_POLICY", "PINNED_JOB_POLICIES", "PinnedMove", "decide_pinned", "stop_instead"]
 
 DEFAULT_PINNED_POLICY = "hold"
 
@@ -52,12 +52,16 @@ Outcome = Literal["requeue", "wait", "hold", "stop"]
 class PinnedMove:
     """The decision for one requeue: ``requeue`` (not pinned to a node being left: as asked),
     ``wait``, ``hold`` or ``stop`` (module docstring); ``nodes`` the pinned nodes being left, ``keep``
-    the exclusions that stay (the others), ``why`` the sentence (empty for ``requeue``)."""
+    the exclusions that stay (the others), ``why`` the sentence (empty for ``requeue``); for ``hold``
+    and ``stop``, ``situation`` its first half and ``stays`` the pinned nodes in service (what
+    :func:`stop_instead` builds on)."""
 
     action: Outcome
     nodes: tuple[str, ...] = ()
     keep: tuple[str, ...] = ()
     why: str = ""
+    situation: str = ""
+    stays: tuple[str, ...] = ()
 
 
 def decide_pinned(
@@ -96,6 +100,7 @@ def decide_pinned(
     known = [c for n in in_service for c in conditions.get(n, ())]
     what = "; ".join(known) if known else "a condition that moves jobs"
     head = f"{head} and {stays} stays in service with {what}: a requeue would start it there again at once"
+    held = PinnedMove("hold", pinned, keep, situation=head, stays=tuple(in_service))
     if policy == "hold" and can_hold:
         if known:
             release = f"ftd releases it when those conditions clear on {stays}"
@@ -105,14 +110,25 @@ def decide_pinned(
             f"{head}, so ftd stopped it and requeued it held; {release} "
             f"(`scontrol release {job}` releases it now; resubmit without the pin to run it elsewhere)"
         )
-        return PinnedMove("hold", pinned, keep, why)
-    instead = "" if policy == "stop" else " (this scheduler cannot hold a job)"
+        return replace(held, why=why)
+    instead = "" if policy == "stop" else "this scheduler cannot hold a job"
+    return stop_instead(held, instead, stopped=stopped)
+
+
+def stop_instead(move: PinnedMove, instead: str = "", *, stopped: bool = True) -> PinnedMove:
+    """``move`` (a hold or a stop) as a stop: the job is not requeued; ``instead`` says why it is not
+    held (the scheduler cannot hold, the hold failed; empty: the policy asked for a stop);
+    ``stopped``: whether ftd's stop reached the job."""
+    stays = ", ".join(move.stays)
+    why_not = f" ({instead})" if instead else ""
     if stopped:
-        done = f"so ftd stopped it and did not requeue it{instead}"
+        done = f"so ftd stopped it and did not requeue it{why_not}"
     else:
         done = (
-            f"so ftd did not requeue it{instead}, but no rank of it answered ftd's stop: it may still "
+            f"so ftd did not requeue it{why_not}, but no rank of it answered ftd's stop: it may still "
             f"be running on {stays}; cancel it"
         )
-    why = f"{head}, {done}; resubmit it once {stays} is fixed, or without the pin to run it elsewhere"
-    return PinnedMove("stop", pinned, keep, why)
+    why = (
+        f"{move.situation}, {done}; resubmit it once {stays} is fixed, or without the pin to run it elsewhere"
+    )
+    return replace(move, action="stop", why=why)
