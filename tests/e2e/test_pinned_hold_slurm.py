@@ -8,13 +8,15 @@ still-critical mount (``fs_fill`` ``job_arrived``) and stopped again: four resta
 minute, each with a save, while the log said the job "waits for node-1 to return to service".
 
 Now (``coordinator.pinned_jobs = "hold"``, the default): one save and one stop, then the job is
-requeued *held* (``scontrol requeuehold``: PENDING, ``Restarts=1``), a notification says so, and
-once the mount is no longer critical on node-1 ftd releases it (``scontrol release``) and it trains
-there again -- no second restart.
+requeued *held* (``scontrol requeuehold``: PENDING, ``Restarts=1``), a notification says so; the
+coordinator is killed and restarted while the job is held and finds the hold in its ledger; once
+the mount is no longer critical on node-1 it releases the job (``scontrol release``) and the job
+trains there again -- no second restart.
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -58,6 +60,10 @@ critical_pct = 95
         slurm, mosquitto, tmp_path, agent_extra=agent, coordinator_keys="reconcile_interval_s = 1"
     ) as built:
         yield built
+
+
+def pinned_notices(stack: Stack) -> list[str]:
+    return [a["request"]["reason"] for a in stack.actions("notify") if a["request"]["rule"] == "pinned_jobs"]
 
 
 def fill(mount: Path) -> None:
@@ -106,6 +112,15 @@ def test_a_job_pinned_to_a_node_with_a_full_filesystem_is_held_once_then_release
     [told] = [a for a in stack.actions("notify") if a["request"]["rule"] == "pinned_jobs"]
     assert told["request"]["reason"] == pinned["why"], told
 
+    # The coordinator dies while the job is held (SIGKILL); the restarted one finds the hold in its ledger.
+    stack.coordinator.stop(signal.SIGKILL)
+    mark = len(stack.coordinator.log())
+    stack.coordinator.start()
+    stack.coordinator.wait_log("pinned_holds_restored", 30, after=mark)
+    time.sleep(3)  # rounds of the new coordinator with the filesystem still full: still held
+    info = stack.slurm.job(job)
+    assert info.get("JobState") == "PENDING" and info.get("Reason") == HELD, info
+
     # The filesystem is emptied: the condition clears, ftd releases the job and it trains there again.
     (small_fs / "fill").unlink()
     started = len([r for r in trainer_records(log) if r["what"] == "started"])
@@ -122,4 +137,8 @@ def test_a_job_pinned_to_a_node_with_a_full_filesystem_is_held_once_then_release
     [held] = stack.actions("checkpoint_restart")  # still the only restart
     released = held["detail"]["pinned"]["released"]
     assert released["by"] == "ftd" and "fs_fill" in released["why"], released
+    # Told twice in all: the hold (not again by the restarted coordinator), then the release.
+    wait_until(lambda: len(pinned_notices(stack)) == 2, 15, "the notification of the release")
+    notices = pinned_notices(stack)
+    assert notices[1].startswith(f"job {job} released: fs_fill cleared on node-1"), notices
     stack.slurm.run("scancel", job, check=False)
