@@ -485,8 +485,12 @@ class CheckpointRestart:
 
 
 def _stopped(record: ActionRecord) -> bool:
-    """Whether the stop phase stopped the job (its ranks left, or the clientless signal answered)."""
-    return record.detail.get("stopped") is True or "clientless" in record.detail
+    """Whether the stop phase stopped the job: its ranks left, or (a job without the client) the
+    scheduler's signal was sent and not ignored."""
+    clientless = record.detail.get("clientless")
+    if isinstance(clientless, dict):
+        return not (clientless.get("error") or clientless.get("signal_ignored"))
+    return record.detail.get("stopped") is True
 
 
 def _pinned_detail(move: PinnedMove) -> dict[str, Any]:
