@@ -15,12 +15,14 @@ depends on the node:
 
   - **hold** (the default, when the scheduler can hold jobs: Slurm) -- the job, saved and stopped, is
     requeued *held* (``scontrol requeuehold``) and ftd releases it (``scontrol release``) once the
-    node's active conditions that were there when it was held are gone
+    kinds of the node's active conditions when it was held are gone
     (:mod:`ftd.coordinator.upkeep.pinned_holds`); with no condition to wait for, it stays held for
     an operator to release;
   - **stop** -- the job is saved and stopped and not requeued: the operator resubmits it.
 
-  A scheduler that cannot hold jobs (Kubernetes) stops instead of holding. On Kubernetes a requeue's
+  A scheduler that cannot hold jobs (Kubernetes) stops instead of holding, and so does a hold the
+  scheduler refuses (a ``--no-requeue`` job, an outage: :func:`stop_instead`, the error in the
+  sentence). On Kubernetes a requeue's
   exclusion cordons and taints the node itself (node-wide, ``ftd.coordinator.actions.kubernetes``),
   so a pod pinned there through the scheduler (a node selector or affinity on its hostname) waits
   Pending until the node is resumed: it cannot loop. (A template's ``spec.nodeName`` bypasses the
