@@ -1,4 +1,4 @@
-"""docs/architecture.md says what the code does: its hooks, topic tree and layer contracts, parsed from the page.
+"""docs/architecture.md says what the code does: hooks, topic tree, layer contracts, parsed from the page.
 
 What: three parts of the design page are read from the page itself and compared with their source of
 truth, so an edit to one without the other fails here:
@@ -100,7 +100,8 @@ def _builders() -> dict[str, str]:
             if isinstance(topic, str):
                 built[name] = topic
     for name, value in vars(topics).items():
-        if name.isupper() and isinstance(value, str) and value.startswith(topics.PREFIX + "/") and "+" not in value:
+        constant = name.isupper() and isinstance(value, str) and value.startswith(topics.PREFIX + "/")
+        if constant and "+" not in value:
             built[name] = value
     return built
 

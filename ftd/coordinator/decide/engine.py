@@ -32,7 +32,7 @@ clock, and the executors are whatever the caller registered (simulated ones in a
 After the rules have decided on an event it is folded into the cluster history
 (:meth:`ClusterState.apply_event`), so rules see the past, not the event itself, in
 ``view.node_history``; the history is rebuilt from the ledger's recent events at start-up (except the
-coordinator's notes about itself, node :data:`~ftd.coordinator.ledger.sqlite.NOTICE_NODE`).
+coordinator's notes about itself, node :data:`~ftd.coordinator.ledger.store.NOTICE_NODE`).
 
 Approval: an action whose kind needs a human (``policy.approval_required_kinds``) is recorded as
 ``awaiting_approval``; :meth:`Engine.approve` re-checks it with the gate (the cluster may have
@@ -70,8 +70,7 @@ import pluggy
 from ftd.coordinator.decide import fallback, save_path
 from ftd.coordinator.decide.plugins import call_each, evaluate
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, as_store
-from ftd.coordinator.ledger.store import LedgerStore
+from ftd.coordinator.ledger.store import NOTICE_NODE, LedgerStore
 from ftd.coordinator.model import plan as plans
 from ftd.coordinator.model.plan import Dependency, Plan, Progress
 from ftd.coordinator.model.state import ClusterState
@@ -90,7 +89,7 @@ class Engine:
         self,
         *,
         state: ClusterState,
-        ledger: LedgerStore | Ledger,
+        ledger: LedgerStore,
         gate: PolicyGate,
         plugins: pluggy.PluginManager,
         executors: Mapping[str, Executor],
@@ -98,7 +97,7 @@ class Engine:
     ) -> None:
         self.state = state
         self.slow_rule_s = slow_rule_s  # a rule slower than this on one event is logged
-        self.ledger = as_store(ledger)
+        self.ledger = ledger
         self.gate = gate
         self.plugins = plugins
         self.executors = dict(executors)
