@@ -29,6 +29,6 @@ def test_startup_loads_the_xid_catalog_before_the_first_event() -> None:
         source="kmsg",
         data={"code": 79, "pci": "0000:3b:00.0"},
     )
-    result = evaluate(sandbox.engine.plugins, event, sandbox.state)
+    result = evaluate(sandbox.engine.plugins, event, sandbox.state, sandbox.engine.rule_settings)
     assert [r.kind for r in result.requests if r.rule == "xid_catalog"]  # it decided...
     assert load_xid_catalog.cache_info().misses == before  # ...from the catalog read at start-up

@@ -78,6 +78,7 @@ from ftd.events import Event, new_id
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from ftd.plugin.hookspecs import Executor
+from ftd.plugin.settings import RuleSettings
 
 log = get_logger(__name__)
 
@@ -93,9 +94,12 @@ class Engine:
         gate: PolicyGate,
         plugins: pluggy.PluginManager,
         executors: Mapping[str, Executor],
+        rule_settings: RuleSettings | None = None,
         slow_rule_s: float = 0.05,
     ) -> None:
         self.state = state
+        # What the configuration says to the rules, handed to each ftd_evaluate (typed, per engine)
+        self.rule_settings = rule_settings if rule_settings is not None else RuleSettings()
         self.slow_rule_s = slow_rule_s  # a rule slower than this on one event is logged
         self.ledger = ledger
         self.gate = gate
@@ -197,7 +201,7 @@ class Engine:
         self.counters["events"] += 1
         self.last_event_at = time.time()
         await self._notify("event", event)
-        result = evaluate(self.plugins, event, self.state, slow_s=self.slow_rule_s)
+        result = evaluate(self.plugins, event, self.state, self.rule_settings, slow_s=self.slow_rule_s)
         self.state.apply_event(event)
         for rule, error in result.errors:
             self.counters["rule_errors"] += 1

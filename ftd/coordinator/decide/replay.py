@@ -36,6 +36,7 @@ from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionKind, ActionRecord
 from ftd.plugin.hookspecs import Executor
+from ftd.plugin.settings import RuleSettings
 
 #: Loop turns :meth:`Sandbox.finish` gives a newly started step to reach its first clock sleep.
 _SETTLE_ROUNDS = 100
@@ -148,11 +149,10 @@ class Sandbox:
             gate=PolicyGate.from_config(cfg, clock=self.clock),
             plugins=plugins,
             executors=self.executors.executors(),
+            rule_settings=RuleSettings.from_policy(cfg.policy),  # as the live coordinator's
             slow_rule_s=float("inf"),
         )
-        # The live coordinator calls ftd_startup once its engine exists; rules take their settings
-        # there (the crash-loop limits in policy.app_fault_*), so a replay must too, or it would
-        # decide with defaults while the coordinator uses the config.
+        # The live coordinator calls ftd_startup once its engine exists, so a replay does too.
         self.host = SandboxHost(Config(coordinator=cfg), self.state, self.engine)
         self.engine.startup(self.host)
 
