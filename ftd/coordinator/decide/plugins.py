@@ -270,6 +270,7 @@ _CACHE_ATTR = "_ftd_rules_by_kind"  # a weak-keyed map cost more per event than 
 
 
 _BOTH = ("event", "view")
+_ALL = ("event", "view", "settings")
 
 
 def evaluate(
@@ -290,6 +291,10 @@ def evaluate(
         try:
             if impl.argnames == _BOTH:
                 proposed = cast(Iterable[object] | None, impl.function(event=event, view=view))
+            elif impl.argnames == _ALL:
+                proposed = cast(
+                    Iterable[object] | None, impl.function(event=event, view=view, settings=settings)
+                )
             else:
                 proposed = impl.function(**{name: arguments[name] for name in impl.argnames})
         except Exception as exc:  # isolation: one broken rule must not silence the others
