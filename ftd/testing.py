@@ -30,6 +30,7 @@ from ftd.coordinator.model.state import ClusterState
 from ftd.events import Event, JobPresence, Kind, RankInfo, Severity, make_event
 from ftd.plugin import hookspecs
 from ftd.plugin.actions import ActionKind, ActionRequest
+from ftd.plugin.settings import RuleSettings
 from ftd.plugin.view import ClusterView
 
 __all__ = [
@@ -86,9 +87,14 @@ def view_with(
 
 
 def evaluate_rule(
-    rule: ModuleType | object, events: Event | Iterable[Event], view: ClusterView | None = None
+    rule: ModuleType | object,
+    events: Event | Iterable[Event],
+    view: ClusterView | None = None,
+    *,
+    settings: RuleSettings | None = None,
 ) -> list[ActionRequest]:
-    """Every action request ``rule`` makes for ``events`` (in order), as the engine would see them."""
+    """Every action request ``rule`` makes for ``events`` (in order), as the engine would see them;
+    ``settings`` is what the configuration says to rules (the defaults when not given)."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     name = getattr(rule, "plugin_name", None)
@@ -99,7 +105,7 @@ def evaluate_rule(
     state = view if view is not None else view_with()
     out: list[ActionRequest] = []
     for event in [events] if isinstance(events, Event) else list(events):
-        result = evaluate(pm, event, state, slow_s=float("inf"))
+        result = evaluate(pm, event, state, settings or RuleSettings(), slow_s=float("inf"))
         if result.errors:
             raise RuleFailed("; ".join(f"{rule_name}: {error}" for rule_name, error in result.errors))
         out.extend(result.requests)

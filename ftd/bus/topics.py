@@ -12,7 +12,6 @@ Every topic ftd uses is built here so a typo cannot invent a new one. Layout (do
     ftd/v1/nodes/{node}/directives/jobs     Directive for a job (save, stop), coordinator -> the agent
                                             of each node the job runs on -> its trainers
     ftd/v1/nodes/{node}/receipts            Receipt, coordinator -> agent: events committed
-    ftd/v1/actions/{id}/{phase}             action lifecycle, coordinator only
     ftd/v1/coordinator/status               retained CoordinatorStatus; Last Will says offline
     ftd/v1/bridges/{rack}/state             retained "1"/"0": a rack broker's bridge to the core broker
                                             is up / down (Mosquitto's bridge notification; its Last
@@ -97,10 +96,6 @@ def node_job_directives(node: str) -> str:
 def job_directives_for(nodes: Iterable[str]) -> list[str]:
     """The topics a job's directive goes to: one per node the job runs on (sorted, no repeats)."""
     return [node_job_directives(node) for node in sorted(set(nodes))]
-
-
-def action_phase(action_id: str, phase: str) -> str:
-    return f"{PREFIX}/actions/{check_level(action_id, 'action id')}/{check_level(phase, 'phase')}"
 
 
 COORDINATOR_STATUS = f"{PREFIX}/coordinator/status"

@@ -244,9 +244,12 @@ class Replay:
         nodes: Iterable[str] = (),
     ) -> None:
         from ftd.coordinator.decide.replay import Sandbox
+        from ftd.coordinator.ledger.sqlite import memory_store
         from ftd.events import NodeStatus
 
-        self.sandbox = Sandbox(cfg, action_s=action_s, entry_points=entry_points, extra=extra)
+        self.sandbox = Sandbox(
+            cfg, ledger=memory_store, action_s=action_s, entry_points=entry_points, extra=extra
+        )
         self.state = self.sandbox.state
         self.engine = self.sandbox.engine
         self.report = Report()

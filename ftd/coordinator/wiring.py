@@ -43,6 +43,7 @@ from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.coordinator.upkeep.return_service import ReturnToService
 from ftd.logs import get_logger
+from ftd.plugin.settings import RuleSettings
 
 log = get_logger(__name__)
 
@@ -130,7 +131,12 @@ def build(
         disabled=disabled_plugins(plugins),
     )
     engine = Engine(
-        state=state, ledger=store, gate=PolicyGate.from_config(cfg), plugins=plugins, executors=executors
+        state=state,
+        ledger=store,
+        gate=PolicyGate.from_config(cfg),
+        plugins=plugins,
+        executors=executors,
+        rule_settings=RuleSettings.from_policy(cfg.policy),
     )
     # ftd's drains from the ledger before any event is decided; kept in step with the scheduler
     reconciler = Reconciler(

@@ -29,6 +29,7 @@ import pluggy
 if TYPE_CHECKING:
     from ftd.events import Event
     from ftd.plugin.actions import ActionRecord, ActionRequest
+    from ftd.plugin.settings import RuleSettings
     from ftd.plugin.view import ClusterView
 
 PROJECT = "ftd"
@@ -42,7 +43,7 @@ DOC_SECTIONS = ("Called:", "Arguments:", "Result:", "Errors:")
 
 
 @hookspec
-def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
+def ftd_evaluate(event: Event, view: ClusterView, settings: RuleSettings) -> list[ActionRequest] | None:
     """Decide what, if anything, should happen because of ``event``.
 
     Called: once per new (deduplicated) event, synchronously in the coordinator's event loop, before
@@ -50,7 +51,10 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     ``ftd rules test`` calls it the same way while replaying recorded events.
     Arguments: ``event`` (:class:`ftd.events.Event`, frozen) and ``view``, a read-only
     :class:`~ftd.plugin.view.ClusterView` (nodes, jobs and where they run, GPUs by UUID,
-    fault history). Do not mutate either.
+    fault history). Do not mutate either. ``settings`` (:class:`~ftd.plugin.settings.RuleSettings`,
+    frozen) is what this coordinator's configuration says to rules (the crash-loop limits of
+    ``policy.app_fault_*``), the same object for every event; an implementation that does not need
+    it leaves the argument out (``def ftd_evaluate(event, view)``), as with any pluggy hook.
     Result: a list of :class:`~ftd.plugin.actions.ActionRequest` (or None / [] for nothing). The
     requests of all plugins are concatenated; ``rule`` defaults to the plugin's name and
     ``event_id`` to the event's id. The engine, not the rule, applies the policy gate (dedupe,

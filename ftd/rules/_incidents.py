@@ -20,18 +20,19 @@ Two questions are answered here, from the read-only view's history (pure functio
   restarts in 3600 s ...") and stop restarting. Never drain. A restart of the job by ftd
   (``view.job_restarts``) ends an incident early: the same fault after it is the next occurrence,
   even inside :data:`INCIDENT_WINDOW_S`.
-  The limits are :data:`APP_POLICY`, set from ``policy.app_fault_*`` by the rules' start-up hook.
+  The limits are the :class:`~ftd.plugin.settings.AppFaultPolicy` the calling rule was handed
+  (``settings.app_faults``, from ``policy.app_fault_*``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ftd.catalog.remedy import resolve_xid
 from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, FaultRecord, fault_of
 from ftd.plugin.helpers import notify
+from ftd.plugin.settings import AppFaultPolicy
 
 INCIDENT_WINDOW_S = 60.0
 
@@ -62,43 +63,6 @@ def is_nccl_pattern(pattern: str | None) -> bool:
         and not pattern.endswith(("_info", "_warn", "_debug"))
         and pattern not in NCCL_CONTEXT_ONLY
     )
-
-
-@dataclass
-class AppFaultPolicy:
-    """The job-level policy for application faults (``policy.app_fault_*`` in the config)."""
-
-    restart_limit: int = 3
-    window_s: float = 3600.0
-    backoff_s: float = 30.0
-    backoff_max_s: float = 600.0
-
-    def delay(self, restarts_before: int) -> float:
-        """Crash-loop backoff: none for the first restart, then ``backoff_s`` doubling to the max."""
-        if restarts_before <= 0:
-            return 0.0
-        return float(min(self.backoff_s * 2 ** (restarts_before - 1), self.backoff_max_s))
-
-
-APP_POLICY = AppFaultPolicy()
-
-
-def configure(policy: Any) -> None:
-    """Take the ``policy.app_fault_*`` settings (a coordinator's ``PolicyConfig``) when it has them."""
-    for name, attr in (
-        ("restart_limit", "app_fault_restart_limit"),
-        ("window_s", "app_fault_window_s"),
-        ("backoff_s", "app_fault_backoff_s"),
-        ("backoff_max_s", "app_fault_backoff_max_s"),
-    ):
-        value = getattr(policy, attr, None)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            setattr(APP_POLICY, name, type(getattr(APP_POLICY, name))(value))
-
-
-def configure_from(coordinator: Any) -> None:
-    """An ``ftd_startup`` body: take the settings from the coordinator's (or sandbox's) config."""
-    configure(getattr(getattr(getattr(coordinator, "config", None), "coordinator", None), "policy", None))
 
 
 # --- classification ------------------------------------------------------------------------------
@@ -197,11 +161,18 @@ def in_open_incident(
 
 
 def app_fault_actions(
-    event: Event, view: ClusterView, jobs: list[str], what: str, *, exclude: bool = False
+    event: Event,
+    view: ClusterView,
+    jobs: list[str],
+    what: str,
+    policy: AppFaultPolicy,
+    *,
+    exclude: bool = False,
 ) -> list[ActionRequest]:
     """Restart each job in place with crash-loop backoff, or notify once it loops (never drain).
 
-    ``what`` names the fault in the reason ("xid 13 ROBUST_CHANNEL_GR_EXCEPTION"). An event that
+    ``what`` names the fault in the reason ("xid 13 ROBUST_CHANNEL_GR_EXCEPTION"); ``policy`` is the
+    calling rule's ``settings.app_faults`` (limits and backoff). An event that
     belongs to an incident already decided on (another GPU, rank or node of the same job within
     :data:`INCIDENT_WINDOW_S`, with no restart of the job since) asks for nothing more; one after
     ftd restarted the job is the next occurrence, counted towards ``restart_limit``. The restart's
@@ -211,7 +182,6 @@ def app_fault_actions(
     signature = app_signature(fault)
     if signature is None:
         return []
-    policy = APP_POLICY
     same = _same_signature(fault, signature)
     oldest = event.ts - policy.window_s
     out: list[ActionRequest] = []

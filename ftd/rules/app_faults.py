@@ -33,25 +33,18 @@ these either). Storm summaries (``repeat_of``) are part of their first line's in
 
 from __future__ import annotations
 
-from typing import Any
-
 from ftd.catalog.log_patterns import dispositions
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import already_judged, jobs_of
-from ftd.rules._incidents import APP_PATTERNS, app_fault_actions, configure_from, stop_job_actions
+from ftd.plugin.settings import RuleSettings
+from ftd.rules._incidents import APP_PATTERNS, app_fault_actions, stop_job_actions
 
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.LOG_PATTERN})
 
 
 @hookimpl
-def ftd_startup(coordinator: Any) -> None:
-    """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""
-    configure_from(coordinator)
-
-
-@hookimpl
-def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
+def ftd_evaluate(event: Event, view: ClusterView, settings: RuleSettings) -> list[ActionRequest] | None:
     if event.kind != Kind.LOG_PATTERN or already_judged(event):
         return None
     pattern = event.data.get("pattern")
@@ -63,7 +56,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
         return stop_job_actions(event, view, jobs_of(event, view), what) or None
     if pattern not in APP_PATTERNS:
         return None
-    return app_fault_actions(event, view, jobs_of(event, view), what) or None
+    return app_fault_actions(event, view, jobs_of(event, view), what, settings.app_faults) or None
 
 
 def disposition_of(event: Event, pattern: str) -> str | None:

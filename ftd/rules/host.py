@@ -40,7 +40,8 @@ from typing import Any
 
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, Severity, hookimpl
 from ftd.plugin.helpers import already_judged, drain, notify, restart_jobs
-from ftd.rules._incidents import app_fault_actions, configure_from
+from ftd.plugin.settings import RuleSettings
+from ftd.rules._incidents import app_fault_actions
 
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset(
@@ -92,13 +93,7 @@ def _move_and_drain(event: Event, view: ClusterView, what: str) -> list[ActionRe
 
 
 @hookimpl
-def ftd_startup(coordinator: Any) -> None:
-    """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits for segfaults)."""
-    configure_from(coordinator)
-
-
-@hookimpl
-def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
+def ftd_evaluate(event: Event, view: ClusterView, settings: RuleSettings) -> list[ActionRequest] | None:
     if already_judged(event) or event.kind not in EVENT_KINDS:
         return None
     kind, what = event.kind, _describe(event)
@@ -106,7 +101,8 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
         job = event.data.get("job")
         if not _extra(event).get("gpu_library") or not isinstance(job, str) or not job:
             return None  # not a trainer, or not in a GPU library: recorded only
-        return app_fault_actions(event, view, [job], f"segfault in {event.data.get('library')}") or None
+        what = f"segfault in {event.data.get('library')}"
+        return app_fault_actions(event, view, [job], what, settings.app_faults) or None
     if kind == Kind.MACHINE_CHECK:
         return (
             _move_and_drain(event, view, what)

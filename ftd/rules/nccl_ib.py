@@ -24,15 +24,13 @@ the same with no job on the node                nothing (recorded)
 
 from __future__ import annotations
 
-from typing import Any
-
 from ftd.plugin import ActionRequest, ClusterView, Event, FaultRecord, Kind, hookimpl
 from ftd.plugin.helpers import already_judged, drain, jobs_of, notify, restart_jobs
+from ftd.plugin.settings import RuleSettings
 from ftd.rules._incidents import (
     HARDWARE_KINDS,
     IB_HARDWARE_PATTERNS,
     app_fault_actions,
-    configure_from,
     implicates_hardware,
     is_nccl_pattern,
     recent,
@@ -71,14 +69,9 @@ def _label(record: FaultRecord) -> str:
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.IB_LINK, Kind.LOG_PATTERN})
 
-@hookimpl
-def ftd_startup(coordinator: Any) -> None:
-    """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits)."""
-    configure_from(coordinator)
-
 
 @hookimpl
-def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
+def ftd_evaluate(event: Event, view: ClusterView, settings: RuleSettings) -> list[ActionRequest] | None:
     if already_judged(event):
         return None
     if event.kind == Kind.IB_LINK:
@@ -94,7 +87,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
         return None  # an NCCL failure with no job on the node: nothing to restart (recorded)
     evidence = _evidence(event, view)
     if evidence is None:
-        return app_fault_actions(event, view, jobs, pattern) or None
+        return app_fault_actions(event, view, jobs, pattern, settings.app_faults) or None
     reason = f"{pattern} on {event.node} with hardware evidence: {_label(evidence)}"
     params = {"pattern": pattern, "evidence": evidence.event_id, "severity": "critical"}
     return [*restart_jobs(jobs, event, reason, exclude=True, params=params), drain(event, reason, params)]

@@ -35,7 +35,8 @@ from ftd.catalog import load_xid_catalog
 from ftd.catalog.remedy import XID_48_ESCALATORS, Remedy, resolve_xid
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import already_judged, drain, gpu_reset, jobs_of, notify, restart_jobs
-from ftd.rules._incidents import INCIDENT_WINDOW_S, app_fault_actions, configure_from, recent
+from ftd.plugin.settings import RuleSettings
+from ftd.rules._incidents import INCIDENT_WINDOW_S, app_fault_actions, recent
 
 _XID_48 = 48
 
@@ -93,16 +94,15 @@ EVENT_KINDS = frozenset({Kind.XID, Kind.GPU_FALLEN_OFF_BUS})
 
 
 @hookimpl
-def ftd_startup(coordinator: Any) -> None:
-    """Take ``policy.app_fault_*`` from the coordinator's config (crash-loop limits), and read the
-    packaged Xid catalog now: parsed lazily, it cost the first Xid event ~50 ms inside this rule
-    (a ``slow_rule`` warning on every coordinator's first fault, and that much later a decision)."""
-    configure_from(coordinator)
+def ftd_startup() -> None:
+    """Read the packaged Xid catalog now: parsed lazily, it cost the first Xid event ~50 ms inside
+    this rule (a ``slow_rule`` warning on every coordinator's first fault, and that much later a
+    decision). The coordinator itself is not needed (the rule's settings come with each event)."""
     load_xid_catalog()
 
 
 @hookimpl
-def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
+def ftd_evaluate(event: Event, view: ClusterView, settings: RuleSettings) -> list[ActionRequest] | None:
     if event.kind not in (Kind.XID, Kind.GPU_FALLEN_OFF_BUS):
         return None
     code = _code(event)
@@ -126,7 +126,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if escalated:
         params["severity"] = "critical"  # never held back by the cooldown of the milder reset
     if plan == "restart":
-        return app_fault_actions(event, view, jobs, reason) or None
+        return app_fault_actions(event, view, jobs, reason, settings.app_faults) or None
     if plan == "notify":
         return [notify(event, f"{reason}: {remedy.bucket}, a human should look", params)]
     if plan == "drain":

@@ -33,6 +33,8 @@ from tests.realparts import Mosquitto, require_binary
 pytestmark = pytest.mark.real
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
+#: Under the coordinator's ``ftd/v1/actions/#`` grant in the shipped ACL (no ftd code publishes there).
+ACTIONS_TOPIC = "ftd/v1/actions/a1/started"
 USERS = {
     "node-1": "pw-node-1",
     "node-2": "pw-node-2",
@@ -253,7 +255,7 @@ def test_node_publishes_only_its_own_subtree(connect: Connect) -> None:
         topics.node_directives("node-1"),  # ... even inside its own subtree
         topics.node_job_directives("node-1"),
         "ftd/v1/jobs/X/directives",  # the old shared job topic: nobody's to write
-        topics.action_phase("a1", "started"),
+        ACTIONS_TOPIC,
         "ftd/v1/other",
     ]
     for topic in forbidden:
@@ -299,10 +301,10 @@ def test_coordinator_writes_actions_but_not_node_events(connect: Connect) -> Non
     writer = connect("coordinator")
     writer.publish(topics.node_event("node-1", "xid"), b"forged event")
     writer.publish(topics.node_status("node-1"), b"forged status")
-    writer.publish(topics.action_phase("a1", "started"), b"action")
+    writer.publish(ACTIONS_TOPIC, b"action")
 
     got = coord.received_until(b"action")
-    assert got == [(topics.action_phase("a1", "started"), b"action")]
+    assert got == [(ACTIONS_TOPIC, b"action")]
 
 
 def test_add_node_script_then_sighup(tmp_path: Path) -> None:

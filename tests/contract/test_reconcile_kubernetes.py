@@ -16,7 +16,7 @@ from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.events import NodeStatus
@@ -47,12 +47,13 @@ async def test_kubernetes_drain_operator_resume_and_cordon(api: FakeKubeApi, tmp
     token.write_text(api.token)
     sched = KubernetesScheduler(host=api.url, token_file=str(token), namespace="train", evict=False)
     ledger = Ledger(tmp_path / "ledger.sqlite")
+    store = SqliteStore(ledger)
     state = ClusterState()
     for node in NODES:
         state.apply_status(NodeStatus(node=node, state="online", ts=1.0))
     engine = Engine(
         state=state,
-        ledger=ledger,
+        ledger=store,
         gate=PolicyGate(max_drained_fraction=0.25, min_drain_budget=1, cooldown_s=0.0),
         plugins=make_plugin_manager(builtins=False, entry_points=False),
         executors={
@@ -60,7 +61,7 @@ async def test_kubernetes_drain_operator_resume_and_cordon(api: FakeKubeApi, tmp
             ActionKind.RESUME_NODE: ResumeNode(sched, state),
         },
     )
-    reconciler = Reconciler(state=state, ledger=ledger, scheduler=sched, engine=engine)
+    reconciler = Reconciler(state=state, ledger=store, scheduler=sched, engine=engine)
     await engine.load()
     await reconciler.restore()
     engine.observe(reconciler.observe)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from ftd.coordinator.daemon import Coordinator
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.e2e.daemons import REPO
 from tests.realparts import require_binary
 from tests.unit.live_api import live_api
@@ -74,3 +77,27 @@ def test_dashboard_renders_nodes_events_and_actions() -> None:
     assert "bus connected" in html
     assert screenshot.exists() and screenshot.stat().st_size > 10_000
     assert Path(screenshot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def _restarting(coordinator: Coordinator) -> None:
+    """A checkpoint_restart in flight whose stop and requeue are done: its next phase is ``restart``."""
+    request = ActionRequest(
+        kind="checkpoint_restart", target="42", reason="xid 79 on node-1", rule="xid_catalog"
+    )
+    detail = {"phases_done": ["stop", "requeue"], "ranks": [0], "saved": {"0": {}}}
+    now = time.time()
+    record = ActionRecord(
+        id="cr-live", request=request, state=ActionState.RUNNING, detail=detail, created=now, updated=now
+    )
+    await coordinator.ledger.save_action(record)
+
+
+def test_the_action_view_shows_the_phases_the_api_serves() -> None:
+    """``#action=ID`` opens the action view; its phase comes from GET /v1/action-phases (the
+    coordinator's executors), so the in-allocation ``restart`` phase is there: 3 of 4."""
+    with live_api(seed=_restarting) as url:
+        dom = chromium("--dump-dom", f"{url}/#action=cr-live")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    view = html[html.index('id="action-facts"') : html.index("</dl>", html.index('id="action-facts"'))]
+    assert "<dt>phase</dt><dd>running: restart (3 of 4)</dd>" in view

@@ -215,7 +215,7 @@ def test_first_screen_shows_every_incident_at_10000_nodes() -> None:
     (ARTIFACTS / "dashboard-action.html").write_text(view)
     facts = view[view.index('id="action-facts"') : view.index("</dl>")]
     assert "<dd>checkpoint_restart on job-69</dd>" in facts
-    assert "<dd>running: requeue (2 of 3)</dd>" in facts  # the stop phase is done
+    assert "<dd>running: requeue (2 of 4)</dd>" in facts  # the stop phase is done (of the four served)
     assert "<dd>8 of 8</dd>" in facts  # ranks acked the save
     assert "(passed: stuck)" not in facts and "<dt>deadline</dt><dd>—</dd>" not in facts
     plan = view[view.index('id="plan"') : view.index("</table>", view.index('id="plan"'))]

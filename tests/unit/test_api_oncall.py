@@ -18,7 +18,7 @@ import pytest
 
 from ftd.config.schema import NodeLabelsConfig
 from ftd.coordinator.api.dashboard import WEB_DIR
-from ftd.coordinator.model.plan import Plan, Step
+from ftd.coordinator.model.plan import Plan, Step, phases_of
 from ftd.events import NodeStatus
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from tests.unit.test_api import AUTH, TOKEN, Env, _env, wait_finished
@@ -201,21 +201,53 @@ async def test_a_held_action_is_in_flight_until_approved(approval_env: Env) -> N
     assert held["id"] not in [a["id"] for a in summary["in_flight"] if a["state"] == "awaiting_approval"]
 
 
+async def test_the_action_phases_are_served_from_the_executors(env: Env) -> None:
+    """GET /v1/action-phases: each kind whose executor has phases, in the engine's order (the
+    dashboard reads them there instead of keeping its own copy, which had lost ``restart``)."""
+    resp = await env.client.get("/v1/action-phases")
+    assert resp.status == 200, await resp.text()
+    served = await resp.json()
+    executors = env.coordinator.engine.executors
+    assert served == {kind: list(p) for kind, executor in executors.items() if (p := phases_of(executor))}
+    assert served["checkpoint_restart"] == ["stop", "requeue", "restart", "resume"]
+    assert served["gpu_reset"] == ["reset", "verify"] and "notify" not in served
+    document = await (await env.client.get("/openapi.json")).json()
+    assert "/v1/action-phases" in document["paths"]
+
+
 _NODE_CHECK = """
 const { actionPhase, ranksAcked, actionWhy } = require(process.argv[1]);
-const actions = JSON.parse(process.argv[2]);
-console.log(JSON.stringify(actions.map((a) => [actionPhase(a), ranksAcked(a.detail), actionWhy(a)])));
+const [actions, phases] = JSON.parse(process.argv[2]);
+const row = (a) => [actionPhase(a, phases[a.kind]), ranksAcked(a.detail), actionWhy(a)];
+console.log(JSON.stringify(actions.map(row)));
 """
 
 
+def _node_check(actions: list[dict[str, Any]], phases: dict[str, list[str]]) -> Any:
+    out = subprocess.run(
+        ["node", "-e", _NODE_CHECK, str(WEB_DIR / "app.js"), json.dumps([actions, phases])],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-def test_the_action_view_says_phase_ranks_and_why() -> None:
+async def test_the_action_view_says_phase_ranks_and_why(env: Env) -> None:
+    phases = await (await env.client.get("/v1/action-phases")).json()  # what the page reads
     saving = {"kind": "checkpoint_restart", "state": "running", "detail": {"ranks": [0, 1, 2, 3]}}
+    restarting = {
+        "kind": "checkpoint_restart",
+        "state": "running",
+        "detail": {"phases_done": ["stop", "requeue"], "ranks": [0, 1], "saved": {"0": {}, "1": {}}},
+    }
     waiting = {
         "kind": "checkpoint_restart",
         "state": "running",
         "detail": {
-            "phases_done": ["stop", "requeue"],
+            "phases_done": ["stop", "requeue", "restart"],
             "ranks": [0, 1],
             "saved": {"0": {}, "1": {}},
             "waiting": "waiting for the job to train again",
@@ -227,20 +259,25 @@ def test_the_action_view_says_phase_ranks_and_why() -> None:
         "state": "escalated",
         "detail": {"ranks": [0, 1], "saved": {"0": {}}, "save_missing": [1], "not_resumed": "ended FAILED"},
     }
-    out = subprocess.run(
-        ["node", "-e", _NODE_CHECK, str(WEB_DIR / "app.js"), json.dumps([saving, waiting, held, missing])],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    assert json.loads(out.stdout) == [
-        ["running: stop (1 of 3)", "0 of 4", ""],
+    notifying = {"kind": "notify", "state": "running", "detail": {}}  # one step: no phases served
+    assert _node_check([saving, restarting, waiting, held, missing, notifying], phases) == [
+        ["running: stop (1 of 4)", "0 of 4", ""],
+        ["running: restart (3 of 4)", "2 of 2", ""],
         [
-            "running: resume (3 of 3) · waiting for the job to train again",
+            "running: resume (4 of 4) · waiting for the job to train again",
             "2 of 2",
             "waiting for the job to train again",
         ],
         ["awaiting approval", "", "needs approval"],
         ["finished (escalated)", "1 of 2 · missing 1", "ended FAILED"],
+        ["running", "", ""],
+    ]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_action_view_renders_whatever_phases_it_is_given() -> None:
+    """A plugin's executor with phases of its own: the page knows nothing of them but what it is served."""
+    custom = {"kind": "site_reboot", "state": "running", "detail": {"phases_done": ["ask"]}}
+    assert _node_check([custom], {"site_reboot": ["ask", "reboot", "check"]}) == [
+        ["running: reboot (2 of 3)", "", ""]
     ]

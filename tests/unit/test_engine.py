@@ -12,7 +12,7 @@ from ftd.coordinator.actions.directive import node_sender
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import PluginError, make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import JobPresence, Kind, RankInfo, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
@@ -55,7 +55,7 @@ async def make_engine(
     pm = make_plugin_manager(extra=plugins, entry_points=False, disabled=["xid_catalog"])
     engine = Engine(
         state=ClusterState(),
-        ledger=Ledger(tmp_path / "ledger.sqlite"),
+        ledger=SqliteStore(Ledger(tmp_path / "ledger.sqlite")),
         gate=PolicyGate(cooldown_s=600),
         plugins=pm,
         executors={ActionKind.DRAIN_NODE: executor},
@@ -97,7 +97,11 @@ async def test_failed_executor_is_recorded_with_its_error(tmp_path: Path) -> Non
 async def test_action_without_executor_fails_visibly(tmp_path: Path) -> None:
     pm = make_plugin_manager(extra=(DrainOnEcc(),), entry_points=False, disabled=["xid_catalog"])
     engine = Engine(
-        state=ClusterState(), ledger=Ledger(":memory:"), gate=PolicyGate(), plugins=pm, executors={}
+        state=ClusterState(),
+        ledger=SqliteStore(Ledger(":memory:")),
+        gate=PolicyGate(),
+        plugins=pm,
+        executors={},
     )
     [record] = await engine.handle_event(make_event("node-1", Kind.ECC))
     # No notify executor either (executors={}): it fails, with a sentence and no repr (issue #20).
@@ -111,7 +115,7 @@ async def test_a_drain_without_a_scheduler_becomes_a_notification(tmp_path: Path
     sent = Recorder()
     engine = Engine(
         state=ClusterState(),
-        ledger=Ledger(":memory:"),
+        ledger=SqliteStore(Ledger(":memory:")),
         gate=PolicyGate(),
         plugins=pm,
         executors={ActionKind.NOTIFY: sent},
@@ -184,7 +188,7 @@ async def test_builtin_xid_rule_drains_on_79_and_restarts_the_job_elsewhere(tmp_
     restarts = Recorder()
     engine = Engine(
         state=state,
-        ledger=Ledger(":memory:"),
+        ledger=SqliteStore(Ledger(":memory:")),
         gate=PolicyGate(),
         plugins=pm,
         executors={ActionKind.DRAIN_NODE: executor, ActionKind.CHECKPOINT_RESTART: restarts},
@@ -206,7 +210,7 @@ async def test_approval_queue_holds_then_approve_starts_and_reject_closes(tmp_pa
     pm = make_plugin_manager(extra=(DrainOnEcc(),), entry_points=False, disabled=["xid_catalog"])
     engine = Engine(
         state=ClusterState(),
-        ledger=Ledger(tmp_path / "ledger.sqlite"),
+        ledger=SqliteStore(Ledger(tmp_path / "ledger.sqlite")),
         gate=PolicyGate(approval_required_kinds=["drain_node"]),
         plugins=pm,
         executors={ActionKind.DRAIN_NODE: executor},

@@ -12,7 +12,7 @@ import pytest
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import PluginError, make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import Kind, make_event
 from ftd.plugin import hookspecs
@@ -118,7 +118,7 @@ async def test_startup_and_completion_hooks_are_called_each_in_isolation() -> No
 
     engine = Engine(
         state=ClusterState(),
-        ledger=Ledger(":memory:"),
+        ledger=SqliteStore(Ledger(":memory:")),
         gate=PolicyGate(),
         plugins=pm,
         executors={ActionKind.DRAIN_NODE: drain},

@@ -141,6 +141,17 @@ def _contracts() -> list[dict[str, object]]:
     return contracts
 
 
+def _children(package: str) -> set[str]:
+    """The modules and packages directly inside ``package`` (dotted, under ``ftd/``)."""
+    folder = REPO.joinpath(*package.split("."))
+    return {
+        path.stem if path.is_file() else path.name
+        for path in folder.iterdir()
+        if (path.is_file() and path.suffix == ".py" and path.stem != "__init__")
+        or (path.is_dir() and (path / "__init__.py").exists())
+    }
+
+
 def test_every_top_level_module_has_a_floor() -> None:
     (floors,) = [c for c in _contracts() if c.get("id") == "floors"]
     layers = floors["layers"]
@@ -151,12 +162,7 @@ def test_every_top_level_module_has_a_floor() -> None:
         for sibling in layer.replace(":", "|").split("|")
         if (name := sibling.strip())
     }
-    top_level = {
-        f"ftd.{path.stem if path.is_file() else path.name}"
-        for path in PACKAGE.iterdir()
-        if (path.is_file() and path.suffix == ".py" and path.stem != "__init__")
-        or (path.is_dir() and (path / "__init__.py").exists())
-    }
+    top_level = {f"ftd.{name}" for name in _children("ftd")}
     assert top_level - placed == set(), "place these modules on a floor in pyproject.toml [tool.importlinter]"
     assert placed - top_level == set(), "the floors name modules that do not exist"
 
@@ -170,3 +176,18 @@ def test_import_contracts_are_kept() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 broken" in done.stdout
+
+
+def test_every_stage_contract_is_exhaustive_and_places_every_module() -> None:
+    """The coordinator's and the agent's stage contracts are ``exhaustive`` (``lint-imports`` fails on a
+    module left out), and every child of their container is placed now."""
+    staged = [c for c in _contracts() if c.get("type") == "layers" and c.get("containers")]
+    assert {c["id"] for c in staged} >= {"coordinator-stages", "agent-stages"}
+    for contract in staged:
+        assert contract.get("exhaustive") is True, f"{contract['id']}: set exhaustive = true"
+        layers = contract["layers"]
+        containers = contract["containers"]
+        assert isinstance(layers, list) and isinstance(containers, list)
+        placed = {name.strip() for layer in layers for name in layer.split("|")}
+        for container in containers:
+            assert _children(container) == placed, f"{contract['id']}: {container}'s modules vs its layers"

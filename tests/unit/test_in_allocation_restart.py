@@ -26,7 +26,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler, JobInfo
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
 from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import (
@@ -465,7 +465,7 @@ async def engine_over(cluster: Cluster, path: Path, restart: CheckpointRestart) 
     pm = make_plugin_manager(entry_points=False, disabled=["xid_catalog"])
     engine = Engine(
         state=cluster.state,
-        ledger=Ledger(path),
+        ledger=SqliteStore(Ledger(path)),
         gate=PolicyGate(),
         plugins=pm,
         executors={ActionKind.CHECKPOINT_RESTART: restart},
@@ -562,7 +562,7 @@ async def test_xid_79_drains_the_node_then_the_spare_takes_its_slot(tmp_path: Pa
     restart.in_allocation._publish = publish
     engine = Engine(
         state=cluster.state,
-        ledger=Ledger(tmp_path / "ledger.sqlite"),
+        ledger=SqliteStore(Ledger(tmp_path / "ledger.sqlite")),
         gate=PolicyGate(),
         plugins=make_plugin_manager(entry_points=False),
         executors={

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from ftd.coordinator.decide.plugins import evaluate, make_plugin_manager
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import Event, JobPresence, Kind, RankInfo
 from ftd.plugin import ActionRequest
+from ftd.plugin.settings import AppFaultPolicy, RuleSettings
 from ftd.rules import _incidents, app_faults, repeat_offender, xid_catalog
 from ftd.testing import evaluate_rule, make_event, view_with
 from tests.properties import examples
@@ -34,7 +34,7 @@ def all_builtins(events: Iterable[Event], view: ClusterState) -> list[ActionRequ
     pm = make_plugin_manager(entry_points=False)
     out: list[ActionRequest] = []
     for event in events:
-        result = evaluate(pm, event, view, slow_s=float("inf"))
+        result = evaluate(pm, event, view, RuleSettings(), slow_s=float("inf"))
         assert not result.errors, result.errors
         out.extend(result.requests)
         view.apply_event(event)
@@ -236,24 +236,19 @@ def test_a_different_signature_counts_on_its_own() -> None:
 
 
 def test_the_limits_come_from_the_config() -> None:
-    from ftd.config import CoordinatorConfig, PolicyConfig
+    from ftd.config import PolicyConfig
 
-    saved = _incidents.AppFaultPolicy(**vars(_incidents.APP_POLICY))
-    try:
-        policy = PolicyConfig(app_fault_restart_limit=1, app_fault_backoff_s=5.0)
-        xid_catalog.ftd_startup(SimpleNamespace(config=SimpleNamespace(coordinator=CoordinatorConfig(policy=policy))))
-        view = view_with(jobs={"j1": ["node-1"]})
-        actions = evaluate_rule(xid_catalog, [xid(13, 0), xid(13, 600)], view)
-        assert [a.kind for a in actions] == ["checkpoint_restart", "notify"]
-    finally:
-        for name, value in vars(saved).items():
-            setattr(_incidents.APP_POLICY, name, value)
+    policy = PolicyConfig(app_fault_restart_limit=1, app_fault_backoff_s=5.0)
+    view = view_with(jobs={"j1": ["node-1"]})
+    rule_settings = RuleSettings.from_policy(policy)
+    actions = evaluate_rule(xid_catalog, [xid(13, 0), xid(13, 600)], view, settings=rule_settings)
+    assert [a.kind for a in actions] == ["checkpoint_restart", "notify"]
 
 
 @settings(max_examples=examples(60), deadline=None)
 @given(st.integers(min_value=0, max_value=12), st.floats(min_value=0, max_value=1e4), st.floats(0, 1e5))
 def test_backoff_is_monotonic_and_bounded(n: int, base: float, ceiling: float) -> None:
-    policy = _incidents.AppFaultPolicy(backoff_s=base, backoff_max_s=ceiling)
+    policy = AppFaultPolicy(backoff_s=base, backoff_max_s=ceiling)
     delays = [policy.delay(i) for i in range(n + 2)]
     assert delays[0] == 0.0
     assert all(a <= b or b == ceiling for a, b in itertools.pairwise(delays))

@@ -16,7 +16,7 @@ from ftd.coordinator.actions.notify import Notify, NotifyError
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
@@ -170,7 +170,7 @@ async def test_notify_without_destination_is_recorded_logged(tmp_path: Path) -> 
     async def engine() -> Engine:
         e = Engine(
             state=ClusterState(),
-            ledger=Ledger(ledger_path),
+            ledger=SqliteStore(Ledger(ledger_path)),
             gate=PolicyGate(cooldown_s=600),
             plugins=make_plugin_manager(entry_points=False),
             executors={ActionKind.NOTIFY: Notify(NotifyConfig())},

@@ -16,7 +16,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
 from ftd.coordinator.model.plan import Dependency, build, role_of, worth_a_plan
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import Directive, Kind, NodeStatus, decode, make_event
@@ -98,7 +98,7 @@ def engine(tmp_path: Path, executors: dict[str, Any], **gate: Any) -> Engine:
     pm = make_plugin_manager(extra=(StopAndDrain(),), entry_points=False, builtins=False)
     return Engine(
         state=ClusterState(),
-        ledger=Ledger(tmp_path / "ledger.sqlite"),
+        ledger=SqliteStore(Ledger(tmp_path / "ledger.sqlite")),
         gate=PolicyGate(**gate),
         plugins=pm,
         executors=executors,

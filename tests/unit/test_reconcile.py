@@ -21,7 +21,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger
+from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, SqliteStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.events import Kind, NodeStatus
@@ -59,6 +59,7 @@ class Coordinator:
 async def start(sched: FakeScheduler, path: Path, now: list[float] | None = None) -> Coordinator:
     clock_now = now if now is not None else [1000.0]
     ledger = Ledger(path)
+    store = SqliteStore(ledger)
     state = ClusterState()
     for node in NODES:  # the agents' retained status: four nodes known
         state.apply_status(NodeStatus(node=node, state="online", ts=1.0))
@@ -71,7 +72,7 @@ async def start(sched: FakeScheduler, path: Path, now: list[float] | None = None
 
     engine = Engine(
         state=state,
-        ledger=ledger,
+        ledger=store,
         gate=gate,
         plugins=make_plugin_manager(builtins=False, entry_points=False),
         executors={
@@ -82,7 +83,7 @@ async def start(sched: FakeScheduler, path: Path, now: list[float] | None = None
     )
     reconciler = Reconciler(
         state=state,
-        ledger=ledger,
+        ledger=store,
         scheduler=sched,
         engine=engine,
         pending_alert_s=600.0,

@@ -17,7 +17,7 @@ from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
 from ftd.coordinator.ledger.store import Drain
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.reconcile import Reconciler
@@ -54,6 +54,7 @@ def test_one_round_makes_ftd_agree_with_the_scheduler(
     for node in NODES:
         sched.add_node(node)
     ledger = Ledger(":memory:")
+    store = SqliteStore(ledger)
     for node, origin in before.items():
         if origin is not None:
             ledger.save_drain(Drain(node, origin, "ftd: old" if origin == "ftd" else "old", 1.0))
@@ -62,12 +63,12 @@ def test_one_round_makes_ftd_agree_with_the_scheduler(
     async def rounds_of() -> None:
         engine = Engine(
             state=state,
-            ledger=ledger,
+            ledger=store,
             gate=PolicyGate(),
             plugins=make_plugin_manager(builtins=False, entry_points=False),
             executors={},
         )
-        reconciler = Reconciler(state=state, ledger=ledger, scheduler=sched, engine=engine)
+        reconciler = Reconciler(state=state, ledger=store, scheduler=sched, engine=engine)
         await engine.load()
         await reconciler.restore()
         assert set(state.drained_nodes()) == {n for n, o in before.items() if o == "ftd"}

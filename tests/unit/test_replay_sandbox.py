@@ -8,6 +8,7 @@ from typing import Any
 from ftd.config import CoordinatorConfig
 from ftd.coordinator.decide.plugins import DEFAULT_RULES, default_rule_name
 from ftd.coordinator.decide.replay import Sandbox, SimClock
+from ftd.coordinator.ledger.sqlite import memory_store
 from ftd.events import JobPresence, RankInfo
 from ftd.plugin import ActionKind, ActionRecord, ActionRequest, ClusterView, Event, Kind, hookimpl, make_event
 
@@ -70,7 +71,9 @@ def _ecc(node: str, ts: float, id_: str) -> Event:
 async def test_actions_finish_on_simulated_time_and_cooldown_starts_at_their_end() -> None:
     builtins = [default_rule_name(m) for m in DEFAULT_RULES]
     cfg = CoordinatorConfig(disabled_rules=builtins)  # only DrainOnEcc decides; cooldown_s is 600
-    box = Sandbox(cfg, action_s=60.0, entry_points=False, extra=(DrainOnEcc(),), start=1000.0)
+    box = Sandbox(
+        cfg, ledger=memory_store, action_s=60.0, entry_points=False, extra=(DrainOnEcc(),), start=1000.0
+    )
     decided: list[tuple[str, str]] = []
     box.engine.observe(
         lambda what, p: (
@@ -94,7 +97,7 @@ async def test_actions_finish_on_simulated_time_and_cooldown_starts_at_their_end
 
 async def test_a_plugins_own_executor_is_simulated_not_run() -> None:
     plugin = PageOnCall()
-    box = Sandbox(CoordinatorConfig(), entry_points=False, extra=(plugin,))
+    box = Sandbox(CoordinatorConfig(), ledger=memory_store, entry_points=False, extra=(plugin,))
     records = await box.engine.handle_event(
         make_event("node-3", "thermal", severity="warning", ts=5.0, id="t")
     )
@@ -110,7 +113,7 @@ async def test_finish_runs_a_plans_later_steps_too() -> None:
     """A plan's later step (the drain after the job's save and stop) starts only once the earlier
     one ends, so it sets its timer after the clock moved: finish() used to stop advancing and wait
     for it forever."""
-    box = Sandbox(CoordinatorConfig(), entry_points=False, start=1000.0)
+    box = Sandbox(CoordinatorConfig(), ledger=memory_store, entry_points=False, start=1000.0)
     presence = JobPresence(job="j1", node="node-1", ranks=[RankInfo(rank=0)])
     box.state.apply_presence("node-1", "j1", presence)
     data = {"pci": "0000:3b:00.0"}

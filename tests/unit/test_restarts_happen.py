@@ -13,7 +13,8 @@ from typing import Any
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.events import Event, Kind
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
-from ftd.rules import _incidents, xid_catalog
+from ftd.plugin.settings import AppFaultPolicy
+from ftd.rules import xid_catalog
 from ftd.testing import evaluate_rule, make_event, view_with
 
 
@@ -30,7 +31,7 @@ def test_an_xid13_after_ftd_restarted_the_job_is_a_new_occurrence_inside_the_win
     view.note_restart("j1", 1005.0)
     again = evaluate_rule(xid_catalog, [xid13(1030.0)], view)  # 30 s later: inside the 60 s window
     assert [(a.kind, a.params["attempt"], a.params["delay_s"]) for a in again] == [
-        ("checkpoint_restart", 2, _incidents.APP_POLICY.backoff_s)
+        ("checkpoint_restart", 2, AppFaultPolicy().backoff_s)
     ]
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ftd.coordinator.decide.plugins import DEFAULT_RULES, evaluate, make_plugin_manager
 from ftd.events import Kind
 from ftd.plugin import ActionKind, ActionRequest, hookimpl
+from ftd.plugin.settings import RuleSettings
 from ftd.testing import make_event, view_with
 from tests.properties import examples
 from tests.unit.test_signal_rules import _KEYS, _VALUES
@@ -22,6 +23,13 @@ from tests.unit.test_signal_rules import _KEYS, _VALUES
 MODULES = [importlib.import_module(name) for name in DEFAULT_RULES]
 DECLARING = [module for module in MODULES if hasattr(module, "EVENT_KINDS")]
 ALL_KINDS = [k.value for k in Kind]
+
+
+def _call(module: Any, event: Any, view: Any) -> Any:
+    """The module's ``ftd_evaluate`` with the arguments it declares, as the engine calls it."""
+    arguments = {"event": event, "view": view, "settings": RuleSettings()}
+    wanted = module.ftd_evaluate.__code__.co_varnames[: module.ftd_evaluate.__code__.co_argcount]
+    return module.ftd_evaluate(**{name: arguments[name] for name in wanted})
 
 
 def test_most_builtin_rules_declare_their_kinds() -> None:
@@ -54,7 +62,7 @@ def test_a_rule_says_nothing_about_kinds_it_does_not_declare(
     event = make_event("node-1", kind, severity=severity, data=data, ts=2000.0)
     for module in DECLARING:
         if kind not in module.EVENT_KINDS:
-            assert not module.ftd_evaluate(event=event, view=view), (module.__name__, kind)
+            assert not _call(module, event, view), (module.__name__, kind)
 
 
 class OnlyXid:
@@ -83,7 +91,7 @@ def test_evaluate_skips_undeclared_kinds_and_sees_plugins_registered_later() -> 
     pm = make_plugin_manager(entry_points=False, builtins=False, extra=(only,))
     view = view_with()
     for kind in ("xid", "thermal"):
-        evaluate(pm, make_event("node-1", kind), view)
+        evaluate(pm, make_event("node-1", kind), view, RuleSettings())
     pm.register(every, name="everything")  # the cached dispatch table must follow
-    result = evaluate(pm, make_event("node-1", "thermal"), view)
+    result = evaluate(pm, make_event("node-1", "thermal"), view, RuleSettings())
     assert only.seen == ["xid"] and every.seen == ["thermal"] and result.requests == []

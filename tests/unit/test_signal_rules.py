@@ -13,6 +13,7 @@ from ftd.coordinator.decide.plugins import evaluate, make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.events import Kind
 from ftd.plugin import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.plugin.settings import RuleSettings
 from ftd.rules import ecc_remap, fs_fill, gpu_health, memory, nccl_ib, sxid, thermal, xid_catalog
 from ftd.testing import evaluate_rule, make_event, view_with
 from tests.properties import examples
@@ -448,6 +449,6 @@ def test_no_builtin_rule_raises_on_any_data(events: list[tuple[str, str, dict[st
     state = view_with(jobs={"j1": ["node-1", "node-2"]})
     for i, (kind, severity, data) in enumerate(events):
         event = make_event("node-1", kind, severity=severity, data=data, ts=1000.0 + i)
-        result = evaluate(_PM, event, state, slow_s=float("inf"))
+        result = evaluate(_PM, event, state, RuleSettings(), slow_s=float("inf"))
         assert result.errors == [], result.errors
         state.apply_event(event)

@@ -175,6 +175,15 @@ ROUTES: tuple[Route, ...] = (
         extra=(400, 404),
     ),
     Route(
+        "GET",
+        "/v1/action-phases",
+        "action_phases",
+        "The named phases of each action kind whose executor has them (built-in and plugins'), in "
+        "the order the engine runs them, e.g. checkpoint_restart: stop, requeue, restart, resume; a "
+        "kind not listed runs as one step. An action's detail.phases_done lists those it finished.",
+        ok=(200, dict[str, list[str]], ""),
+    ),
+    Route(
         "POST",
         "/v1/actions/{id}/approve",
         "approve",

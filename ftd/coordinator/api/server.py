@@ -9,8 +9,9 @@ same msgspec Structs that validate requests and shape responses, so it cannot dr
   state, severity and action: :mod:`ftd.coordinator.api.views`), ``/v1/summary`` (the dashboard's
   counts), ``/v1/plans/{id}``, ``/v1/gpus``, ``/v1/jobs`` (with their state),
   ``/v1/events?limit=&node=``, ``/v1/actions?limit=``,
-  ``/v1/actions/{id}``, ``/v1/rules`` (the rule plugins loaded: name, source, origin, hooks; and the
-  disabled names, as ``ftd rules list --json`` prints them offline);
+  ``/v1/actions/{id}``, ``/v1/action-phases`` (each action kind's phases, from the executors: the
+  dashboard's action view reads them), ``/v1/rules`` (the rule plugins loaded: name, source,
+  origin, hooks; and the disabled names, as ``ftd rules list --json`` prints them offline);
 - ``POST /v1/actions/{id}/approve`` and ``/reject`` (``Engine.approve`` / ``Engine.reject``: only
   an action awaiting approval can be decided, anything else is 404),
   ``POST /v1/nodes/{node}/drain`` and ``/resume``, ``POST /v1/jobs/{job}/restart``: manual actions
@@ -69,6 +70,7 @@ from ftd.coordinator.decide.plugins import describe_plugins, disabled_plugins
 from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.coordinator.model.deadlines import stuck_after_s
+from ftd.coordinator.model.plan import phases_of
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
@@ -304,6 +306,14 @@ class Api:
                 rules=[wire.RuleOut(**info.as_dict()) for info in describe_plugins(plugins)],
                 disabled=disabled_plugins(plugins),
             )
+        )
+
+    async def action_phases(self, request: web.Request) -> web.Response:
+        """The phases of each action kind whose executor has them, from the engine's own executors
+        (built-in and plugins'), in the order it runs them: the dashboard reads them here."""
+        executors = self.coordinator.engine.executors
+        return json_response(
+            {kind: list(phases) for kind, executor in executors.items() if (phases := phases_of(executor))}
         )
 
     async def goodput(self, request: web.Request) -> web.Response:

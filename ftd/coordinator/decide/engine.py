@@ -32,7 +32,7 @@ clock, and the executors are whatever the caller registered (simulated ones in a
 After the rules have decided on an event it is folded into the cluster history
 (:meth:`ClusterState.apply_event`), so rules see the past, not the event itself, in
 ``view.node_history``; the history is rebuilt from the ledger's recent events at start-up (except the
-coordinator's notes about itself, node :data:`~ftd.coordinator.ledger.sqlite.NOTICE_NODE`).
+coordinator's notes about itself, node :data:`~ftd.coordinator.ledger.store.NOTICE_NODE`).
 
 Approval: an action whose kind needs a human (``policy.approval_required_kinds``) is recorded as
 ``awaiting_approval``; :meth:`Engine.approve` re-checks it with the gate (the cluster may have
@@ -70,8 +70,7 @@ import pluggy
 from ftd.coordinator.decide import fallback, save_path
 from ftd.coordinator.decide.plugins import call_each, evaluate
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, as_store
-from ftd.coordinator.ledger.store import LedgerStore
+from ftd.coordinator.ledger.store import NOTICE_NODE, LedgerStore
 from ftd.coordinator.model import plan as plans
 from ftd.coordinator.model.plan import Dependency, Plan, Progress
 from ftd.coordinator.model.state import ClusterState
@@ -79,6 +78,7 @@ from ftd.events import Event, new_id
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 from ftd.plugin.hookspecs import Executor
+from ftd.plugin.settings import RuleSettings
 
 log = get_logger(__name__)
 
@@ -90,15 +90,18 @@ class Engine:
         self,
         *,
         state: ClusterState,
-        ledger: LedgerStore | Ledger,
+        ledger: LedgerStore,
         gate: PolicyGate,
         plugins: pluggy.PluginManager,
         executors: Mapping[str, Executor],
+        rule_settings: RuleSettings | None = None,
         slow_rule_s: float = 0.05,
     ) -> None:
         self.state = state
+        # What the configuration says to the rules, handed to each ftd_evaluate (typed, per engine)
+        self.rule_settings = rule_settings if rule_settings is not None else RuleSettings()
         self.slow_rule_s = slow_rule_s  # a rule slower than this on one event is logged
-        self.ledger = as_store(ledger)
+        self.ledger = ledger
         self.gate = gate
         self.plugins = plugins
         self.executors = dict(executors)
@@ -198,7 +201,7 @@ class Engine:
         self.counters["events"] += 1
         self.last_event_at = time.time()
         await self._notify("event", event)
-        result = evaluate(self.plugins, event, self.state, slow_s=self.slow_rule_s)
+        result = evaluate(self.plugins, event, self.state, self.rule_settings, slow_s=self.slow_rule_s)
         self.state.apply_event(event)
         for rule, error in result.errors:
             self.counters["rule_errors"] += 1

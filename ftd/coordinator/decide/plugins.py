@@ -39,6 +39,7 @@ from ftd.events import Event
 from ftd.plugin import hookspecs
 from ftd.plugin.actions import ActionRequest
 from ftd.plugin.hookspecs import Executor
+from ftd.plugin.settings import RuleSettings
 from ftd.plugin.view import ClusterView
 
 #: The built-in rules, by module name (pytest's ``default_plugins`` style): the coordinator does not
@@ -269,12 +270,20 @@ _CACHE_ATTR = "_ftd_rules_by_kind"  # a weak-keyed map cost more per event than 
 
 
 _BOTH = ("event", "view")
+_ALL = ("event", "view", "settings")
 
 
-def evaluate(pm: pluggy.PluginManager, event: Event, view: ClusterView, slow_s: float = 0.05) -> Evaluation:
-    """Ask every rule about ``event`` (a rule declaring ``EVENT_KINDS`` only for those kinds)."""
+def evaluate(
+    pm: pluggy.PluginManager,
+    event: Event,
+    view: ClusterView,
+    settings: RuleSettings,
+    slow_s: float = 0.05,
+) -> Evaluation:
+    """Ask every rule about ``event`` (a rule declaring ``EVENT_KINDS`` only for those kinds), each
+    with the arguments it declares of ``event``, ``view`` and ``settings``."""
     result = Evaluation()
-    arguments = {"event": event, "view": view}
+    arguments = {"event": event, "view": view, "settings": settings}
     ended = time.perf_counter()  # one clock read per rule: each starts when the one before ended
     for impl in _rules(pm, str(event.kind)):
         rule = impl.name
@@ -282,6 +291,10 @@ def evaluate(pm: pluggy.PluginManager, event: Event, view: ClusterView, slow_s: 
         try:
             if impl.argnames == _BOTH:
                 proposed = cast(Iterable[object] | None, impl.function(event=event, view=view))
+            elif impl.argnames == _ALL:
+                proposed = cast(
+                    Iterable[object] | None, impl.function(event=event, view=view, settings=settings)
+                )
             else:
                 proposed = impl.function(**{name: arguments[name] for name in impl.argnames})
         except Exception as exc:  # isolation: one broken rule must not silence the others

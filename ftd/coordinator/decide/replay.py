@@ -2,7 +2,10 @@
 
 What: :class:`Sandbox` builds the coordinator's own :class:`~ftd.coordinator.decide.engine.Engine` (same
 plugin loading, same policy gate, same ledger code) but drives it on a :class:`SimClock` that moves
-only when told, with an SQLite ``:memory:`` ledger and :class:`SimulatedExecutors` registered for
+only when told, with an in-memory ledger its caller hands it (``ledger``, built on the sandbox's
+clock: :func:`ftd.coordinator.ledger.sqlite.memory_store`; this stage holds the ledger through the
+:class:`~ftd.coordinator.ledger.store.LedgerStore` seam and names no backend) and
+:class:`SimulatedExecutors` registered for
 every action kind: an allowed action "runs" for ``action_s`` simulated seconds and then succeeds,
 and an allowed ``drain_node`` / ``resume_node`` marks the node in the cluster state the way the real
 executors do. Nothing is published and nothing touches a scheduler.
@@ -21,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +32,11 @@ from ftd.config import Config, CoordinatorConfig
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import collect_executors, make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
-from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionKind, ActionRecord
 from ftd.plugin.hookspecs import Executor
+from ftd.plugin.settings import RuleSettings
 
 #: Loop turns :meth:`Sandbox.finish` gives a newly started step to reach its first clock sleep.
 _SETTLE_ROUNDS = 100
@@ -113,12 +116,16 @@ class SandboxHost:
 
 
 class Sandbox:
-    """The coordinator's engine on a simulated clock, for replays and simulations."""
+    """The coordinator's engine on a simulated clock, for replays and simulations.
+
+    ``ledger`` builds the sandbox's ledger on the clock it is given (the sandbox's own):
+    :func:`ftd.coordinator.ledger.sqlite.memory_store` for a fresh in-memory one."""
 
     def __init__(
         self,
         cfg: CoordinatorConfig,
         *,
+        ledger: Callable[[Callable[[], float]], LedgerStore],
         action_s: float = 60.0,
         entry_points: bool = True,
         extra: tuple[object, ...] = (),
@@ -138,15 +145,14 @@ class Sandbox:
         self.executors = SimulatedExecutors(self.clock, self.state, action_s=action_s, kinds=kinds)
         self.engine = Engine(
             state=self.state,
-            ledger=Ledger(":memory:", clock=self.clock),
+            ledger=ledger(self.clock),
             gate=PolicyGate.from_config(cfg, clock=self.clock),
             plugins=plugins,
             executors=self.executors.executors(),
+            rule_settings=RuleSettings.from_policy(cfg.policy),  # as the live coordinator's
             slow_rule_s=float("inf"),
         )
-        # The live coordinator calls ftd_startup once its engine exists; rules take their settings
-        # there (the crash-loop limits in policy.app_fault_*), so a replay must too, or it would
-        # decide with defaults while the coordinator uses the config.
+        # The live coordinator calls ftd_startup once its engine exists, so a replay does too.
         self.host = SandboxHost(Config(coordinator=cfg), self.state, self.engine)
         self.engine.startup(self.host)
 

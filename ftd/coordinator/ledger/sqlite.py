@@ -43,6 +43,7 @@ import msgspec
 
 from ftd.coordinator.ledger.checkpointer import WalCheckpointer
 from ftd.coordinator.ledger.store import (
+    NOTICE_NODE,
     Drain,
     LedgerStore,
     action_from_row,
@@ -56,10 +57,6 @@ from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest
 
 log = get_logger(__name__)
-
-#: The ``node`` of events the coordinator writes about itself (not a node of the cluster: the engine
-#: leaves them out of the cluster history).
-NOTICE_NODE = "ftd-coordinator"
 
 _CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 
@@ -467,6 +464,12 @@ class SqliteStore:
     async def presences(self) -> list[JobPresence]:
         await self._turn()
         return self.ledger.presences()
+
+
+def memory_store(clock: Callable[[], float] = time.time) -> LedgerStore:
+    """A fresh in-memory SQLite ledger on ``clock``, behind the seam: a replay's or a simulation's
+    (:class:`ftd.coordinator.decide.replay.Sandbox` takes it from its caller)."""
+    return SqliteStore(Ledger(":memory:", clock=clock))
 
 
 def as_store(ledger: Ledger | LedgerStore) -> LedgerStore:

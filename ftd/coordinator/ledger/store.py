@@ -48,6 +48,10 @@ class Drain:
     action_id: str | None = None
 
 
+#: The ``node`` of events the coordinator writes about itself (not a node of the cluster: the engine
+#: leaves them out of the cluster history). Every backend and every stage spells it the same.
+NOTICE_NODE = "ftd-coordinator"
+
 _request_decoder = msgspec.json.Decoder(ActionRequest)
 _presence_decoder = msgspec.json.Decoder(JobPresence)
 

@@ -31,7 +31,7 @@ scheduler (Slurm, Kubernetes) it acts on.
 * **Jobs stuck pending**: a job ftd requeued (a finished ``checkpoint_restart`` whose detail says
   ``requeued``) that the scheduler still shows PENDING ``coordinator.pending_alert_s`` after the
   requeue raises one alert: a ``job_pending`` note in the ledger (node
-  :data:`~ftd.coordinator.ledger.sqlite.NOTICE_NODE`), a warning in the log, and a ``notify`` action to the
+  :data:`~ftd.coordinator.ledger.store.NOTICE_NODE`), a warning in the log, and a ``notify`` action to the
   webhook when one is configured. Requeued jobs are found again in the ledger after a restart.
 * **Restarts that did not resume**: a ``checkpoint_restart`` escalated because the job requeued in
   place did not train again (``detail.not_resumed``, :mod:`ftd.coordinator.actions.checkpoint_restart`)
@@ -63,8 +63,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ftd.coordinator.actions.scheduler import NodeInfo, Scheduler, SchedulerError
-from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, as_store
-from ftd.coordinator.ledger.store import Drain, LedgerStore
+from ftd.coordinator.ledger.store import NOTICE_NODE, Drain, LedgerStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.pinned_holds import PinnedHolds
 from ftd.coordinator.upkeep.unacted import UnactedConditions
@@ -106,7 +105,7 @@ class Reconciler:
         self,
         *,
         state: ClusterState,
-        ledger: LedgerStore | Ledger,
+        ledger: LedgerStore,
         scheduler: Scheduler | None,
         engine: Engine,
         interval_s: float = 60.0,
@@ -116,7 +115,7 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.state = state
-        self.ledger = as_store(ledger)
+        self.ledger = ledger
         self.scheduler = scheduler
         self.engine = engine
         self.interval_s = interval_s

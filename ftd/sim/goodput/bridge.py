@@ -52,8 +52,11 @@ class EngineBridge:
         self, cfg: CoordinatorConfig, *, nodes: int, entry_points: bool = False, action_s: float = 60.0
     ) -> None:
         from ftd.coordinator.decide.replay import Sandbox
+        from ftd.coordinator.ledger.sqlite import memory_store
 
-        self.sandbox = Sandbox(cfg, action_s=action_s, entry_points=entry_points, start=BASE_TS)
+        self.sandbox = Sandbox(
+            cfg, ledger=memory_store, action_s=action_s, entry_points=entry_points, start=BASE_TS
+        )
         self.state = self.sandbox.state
         self.engine = self.sandbox.engine
         self._ids = itertools.count()

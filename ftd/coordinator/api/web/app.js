@@ -8,12 +8,9 @@ const REFRESH_MS = 2000;
 const PAGE = 100; // problem rows per page
 const TOKEN_KEY = "ftd.api.token"; // sessionStorage: gone when the tab closes
 const BY = "dashboard"; // recorded as who approved or rejected (api:dashboard)
-const PHASES = {
-  checkpoint_restart: ["stop", "requeue", "resume"],
-  checkpoint: ["stop"],
-  gpu_reset: ["reset", "verify"],
-  drain_node: ["drain", "evict"],
-};
+// Each action kind's phases come from the coordinator (GET /v1/action-phases: its executors' own
+// definition, plugins' included), read once and kept; the page holds no copy of its own.
+let actionPhasesByKind = null;
 const FLYING = ["pending", "running", "awaiting_approval"];
 
 function el(tag, text, cls) {
@@ -97,15 +94,23 @@ function servedByLeader(view) {
   return "served by the leader" + (view.leader ? " (" + view.leader + ")" : "") + ": open its dashboard";
 }
 
-// Where an action stands, for the action view. Pure, so node can test it.
-function actionPhase(action) {
+// Where an action stands, for the action view: ``phases`` are its kind's phases as the API serves
+// them (none for a one-step kind, or when they could not be read). Pure, so node can test it.
+function actionPhase(action, phases) {
   const done = (action.detail && action.detail.phases_done) || [];
-  const phases = PHASES[action.kind] || [];
   if (!FLYING.includes(action.state)) return "finished (" + action.state + ")";
   if (action.state === "awaiting_approval") return "awaiting approval";
+  const waiting = action.detail && action.detail.waiting ? " · " + action.detail.waiting : "";
+  if (!Array.isArray(phases) || phases.length === 0) return action.state + waiting;
   const next = phases.find((p) => !done.includes(p));
   const where = next ? next + " (" + (phases.indexOf(next) + 1) + " of " + phases.length + ")" : "last phase";
-  return action.state + ": " + where + (action.detail && action.detail.waiting ? " · " + action.detail.waiting : "");
+  return action.state + ": " + where + waiting;
+}
+
+// GET /v1/action-phases once (again after a failure): kind -> its phases.
+async function actionPhases() {
+  if (actionPhasesByKind === null) actionPhasesByKind = await getJSON("/v1/action-phases").catch(() => null);
+  return actionPhasesByKind || {};
 }
 
 // "2 of 4" ranks acked the save, or "" when the action saves nothing.
@@ -330,11 +335,12 @@ async function showAction(id) {
     return;
   }
   if (!lastSummary && !lastView.standby) lastSummary = await getJSON("/v1/summary").catch(() => null);
+  const phases = (await actionPhases())[action.kind];
   const deadline = lastSummary && lastSummary.deadlines ? lastSummary.deadlines[id] : undefined;
   const facts = [
     ["action", action.kind + " on " + action.target],
     ["state", action.state],
-    ["phase", actionPhase(action)],
+    ["phase", actionPhase(action, phases)],
     ["ranks acked", ranksAcked(action.detail) || "—"],
     ["deadline", deadline && FLYING.includes(action.state) ? time(deadline) + (deadline * 1000 < Date.now() ? " (passed: stuck)" : "") : "—"],
     ["why", actionWhy(action) || "—"],

@@ -9,6 +9,8 @@ The contract (ftd/plugin/hookspecs.py):
 - ``view`` is read-only: ``view.jobs_on_node(node)``, ``view.job_nodes(job)``, ``view.node(name)``,
   ``view.gpu(uuid)``, ``view.node_history(node)`` (past faults, severity >= error).
 - A rule that raises is logged and skipped; the other rules still decide.
+- A rule that needs what the operator configured declares a third argument, ``settings``
+  (``ftd.plugin.RuleSettings``, frozen, built from the coordinator's config); this one does not.
 
 History across events belongs in the view when the coordinator keeps it (``node_history``). Here we
 keep a small sliding window in the module instead: allowed, because it depends only on the events
