@@ -25,7 +25,7 @@ from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.coordinator.ha.lease import FencedScheduler, LeaseLost
-from ftd.coordinator.ledger.sqlite import Ledger
+from ftd.coordinator.ledger.sqlite import Ledger, SqliteStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.pinned_holds import RULE, still_active
 from ftd.coordinator.upkeep.reconcile import Reconciler
@@ -190,15 +190,16 @@ async def start(sched: FakeScheduler, path: Path, now: list[float]) -> Coordinat
         save_deadline_s=1,
         stop_deadline_s=1,
     )
+    store = SqliteStore(ledger)
     engine = Engine(
         state=state,
-        ledger=ledger,
+        ledger=store,
         gate=PolicyGate(cooldown_s=0.0),
         plugins=make_plugin_manager(builtins=False, entry_points=False),
         executors={ActionKind.CHECKPOINT_RESTART: restart, ActionKind.NOTIFY: notify},
     )
     reconciler = Reconciler(
-        state=state, ledger=ledger, scheduler=sched, engine=engine, interval_s=30.0, clock=lambda: now[0]
+        state=state, ledger=store, scheduler=sched, engine=engine, interval_s=30.0, clock=lambda: now[0]
     )
     await engine.load()
     await reconciler.restore()
