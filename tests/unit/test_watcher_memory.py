@@ -181,10 +181,13 @@ async def test_host_pressure_names_the_jobs_and_the_largest_rank() -> None:
     assert event.data["top_rank"] == top
 
 
+LEAK = {"leak_min_samples": 6, "leak_min_growth_mb_per_min": 10, "leak_horizon_s": 3600}
+
+
 async def test_a_memory_mapped_dataset_read_in_is_not_a_leak() -> None:
     proc = FakeProc()
     proc.avail_kb = 20 * 1024 * 1024
-    w = make(proc, {101: ("job-1", 0)}, leak_min_samples=6, leak_min_growth_mb_per_min=10, leak_horizon_s=3600)
+    w = make(proc, {101: ("job-1", 0)}, **LEAK)
     proc.rss_kb, proc.mapped_kb = {101: 4_000_000}, {101: 0}
     for _ in range(20):
         await w.poll_once()
@@ -198,7 +201,7 @@ async def test_a_memory_mapped_dataset_read_in_is_not_a_leak() -> None:
 async def test_anonymous_growth_is_a_leak_and_says_what_it_measured() -> None:
     proc = FakeProc()
     proc.avail_kb = 20 * 1024 * 1024
-    w = make(proc, {101: ("job-1", 0)}, leak_min_samples=6, leak_min_growth_mb_per_min=10, leak_horizon_s=3600)
+    w = make(proc, {101: ("job-1", 0)}, **LEAK)
     proc.rss_kb, proc.mapped_kb = {101: 4_000_000}, {101: 30_000_000}
     for _ in range(20):
         await w.poll_once()
@@ -214,7 +217,7 @@ async def test_without_rss_anon_the_watcher_falls_back_to_vmrss_and_says_so() ->
     proc = FakeProc()
     proc.old_kernel = True
     proc.avail_kb = 20 * 1024 * 1024
-    w = make(proc, {101: ("job-1", 0)}, leak_min_samples=6, leak_min_growth_mb_per_min=10, leak_horizon_s=3600)
+    w = make(proc, {101: ("job-1", 0)}, **LEAK)
     proc.rss_kb = {101: 4_000_000}
     for _ in range(20):
         await w.poll_once()
