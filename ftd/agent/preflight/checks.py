@@ -10,7 +10,9 @@ that is not there, it says so). In order:
   is 0 (the explicit opt-out of a node without GPUs): otherwise every GPU check after it would skip
   and the node would pass with nothing checked;
 * ``nvml_health``: every GPU answers NVML (not "GPU is lost"), no retired pages pending;
-* ``ecc_remap``: no volatile uncorrectable (DBE) ECC errors, no row remap pending or failed;
+* ``ecc_remap``: no volatile uncorrectable (DBE) ECC errors, no row remap pending or failed, not past
+  NVIDIA's SRAM replacement threshold (more than 4 uncorrectable SRAM errors over the GPU's life, or
+  the driver's own threshold flag: :mod:`ftd.catalog.gpu_limits`);
 * ``gpu_compute``: with torch and a CUDA GPU, allocate memory on each GPU and check a small matmul
   against the CPU;
 * ``dcgm_diag``: ``dcgmi diag -r 1`` when DCGM is installed;
@@ -38,6 +40,7 @@ from ftd.agent.watchers.nvml.backend import (
     NvmlGpuLost,
     NvmlNotSupported,
 )
+from ftd.catalog.gpu_limits import SRAM_UNCORRECTABLE_LIMIT, sram_over_limit
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
@@ -130,6 +133,16 @@ def ecc_remap(backend: NvmlBackend | None, gpus: Sequence[GpuIdentity]) -> Check
             ecc = backend.ecc_counters(gpu.index)
             if ecc.get("volatile_dbe", 0) > 0:
                 return CheckResult(name, FAIL, f"{where}: {ecc['volatile_dbe']} uncorrectable ECC error(s)")
+            sram = ecc.get("aggregate_dbe_sram", 0)
+            if sram > SRAM_UNCORRECTABLE_LIMIT:
+                why = (
+                    f"{where}: {sram} uncorrectable SRAM errors over its life "
+                    f"(more than {SRAM_UNCORRECTABLE_LIMIT}: replace the GPU)"
+                )
+                return CheckResult(name, FAIL, why)
+            if sram_over_limit(ecc):
+                why = f"{where}: the driver reports the SRAM error threshold exceeded (replace the GPU)"
+                return CheckResult(name, FAIL, why)
         except NvmlNotSupported:
             pass
         except NvmlError as exc:
