@@ -129,3 +129,35 @@ def test_preflight_fails_a_gpu_past_the_threshold(tmp_path: Path) -> None:
         "ecc_remap: GPU 0 (0000:18:00.0): the driver reports the SRAM error threshold exceeded "
         "(replace the GPU)"
     )
+
+
+def test_the_real_backend_reads_the_newer_sram_status_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RealNvml's use of ``nvmlDeviceGetSramEccErrorStatus`` through pynvml's own structure, with only
+    the C call replaced (no GPU here): the sum, the flag, and a driver without the call."""
+    import pynvml  # type: ignore[import-untyped]  # nvidia-ml-py: installed with the daemon
+
+    from ftd.agent.watchers.nvml.real import RealNvml
+
+    seen: list[int] = []
+
+    def answer(handle: object, status: object) -> int:
+        struct = status._obj  # type: ignore[attr-defined]  # what ctypes.byref points at
+        seen.append(struct.version)
+        struct.aggregateUncParity, struct.aggregateUncSecDed, struct.bThresholdExceeded = 2, 4, 1
+        return 0
+
+    backend = RealNvml()
+    backend._nv = pynvml
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSramEccErrorStatus", answer)
+    out = {"aggregate_dbe_sram": 3}
+    backend._sram_status(object(), out)
+    assert seen == [pynvml.nvmlEccSramErrorStatus_v1]
+    assert out == {"aggregate_dbe_sram": 6, "sram_threshold_exceeded": 1}
+
+    def missing(handle: object, status: object) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetSramEccErrorStatus", missing)
+    kept = {"aggregate_dbe_sram": 3}
+    backend._sram_status(object(), kept)
+    assert kept == {"aggregate_dbe_sram": 3}

@@ -17,6 +17,7 @@ from ftd.agent.watchers.nvml.fake import FakeNvml
 from ftd.agent.watchers.nvml.probe import sample_gpu
 from ftd.agent.watchers.nvml.real import RealNvml
 from ftd.agent.watchers.nvml.watcher import NvmlWatcher
+from ftd.catalog.gpu_limits import sram_over_limit
 from ftd.config import NvmlConfig
 from ftd.events import Event, Kind, Severity
 
@@ -328,6 +329,8 @@ def test_real_nvml_link_states_remap_and_throttle() -> None:
             except NvmlNotSupported:
                 continue  # before Ampere: no row remapper
             assert remap.failure is False, "a healthy test GPU has spare rows left"
+            counters = backend.ecc_counters(index)
+            assert not sram_over_limit(counters), f"a healthy test GPU is under the SRAM limit: {counters}"
             assert isinstance(backend.throttle_reasons(index), int)
     finally:
         backend.shutdown()
