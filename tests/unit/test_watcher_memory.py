@@ -184,30 +184,37 @@ async def test_host_pressure_names_the_jobs_and_the_largest_rank() -> None:
 LEAK = {"leak_min_samples": 6, "leak_min_growth_mb_per_min": 10, "leak_horizon_s": 3600}
 
 
-async def test_a_memory_mapped_dataset_read_in_is_not_a_leak() -> None:
-    proc = FakeProc()
+async def one_rank_for_20_minutes(
+    proc: FakeProc, *, own_kb: int, mapped_kb: int, own_per_min: int, mapped_per_min: int = 0
+) -> tuple[MemoryWatcher, list[Event]]:
+    """Rank 0 of job-1 (pid 101) polled once a minute for 20 minutes with 20 GiB available, its own
+    memory (RssAnon) and its mapped file pages (RssFile) growing as given; its leak events."""
     proc.avail_kb = 20 * 1024 * 1024
     w = make(proc, {101: ("job-1", 0)}, **LEAK)
-    proc.rss_kb, proc.mapped_kb = {101: 4_000_000}, {101: 0}
+    proc.rss_kb, proc.mapped_kb = {101: own_kb}, {101: mapped_kb}
     for _ in range(20):
         await w.poll_once()
         proc.now += 60
-        proc.mapped_kb[101] += 500 * 1024  # the dataset's pages come in at 500 MB per minute
-        proc.rss_kb[101] += 100  # its own memory barely moves
-    assert [e for e in proc.events if e.data.get("leak")] == []
+        proc.rss_kb[101] += own_per_min
+        proc.mapped_kb[101] += mapped_per_min
+    return w, [e for e in proc.events if e.data.get("leak")]
+
+
+async def test_a_memory_mapped_dataset_read_in_is_not_a_leak() -> None:
+    proc = FakeProc()
+    # the dataset's pages come in at 500 MB per minute; its own memory barely moves
+    w, leaks = await one_rank_for_20_minutes(
+        proc, own_kb=4_000_000, mapped_kb=0, own_per_min=100, mapped_per_min=500 * 1024
+    )
+    assert leaks == []
     assert w.trainers[101].rss_kb == 4_000_000 + 19 * 100  # the 20th increment comes after the last poll
 
 
 async def test_anonymous_growth_is_a_leak_and_says_what_it_measured() -> None:
     proc = FakeProc()
-    proc.avail_kb = 20 * 1024 * 1024
-    w = make(proc, {101: ("job-1", 0)}, **LEAK)
-    proc.rss_kb, proc.mapped_kb = {101: 4_000_000}, {101: 30_000_000}
-    for _ in range(20):
-        await w.poll_once()
-        proc.now += 60
-        proc.rss_kb[101] += 500 * 1024
-    leaks = [e for e in proc.events if e.data.get("leak")]
+    _, leaks = await one_rank_for_20_minutes(
+        proc, own_kb=4_000_000, mapped_kb=30_000_000, own_per_min=500 * 1024
+    )
     assert len(leaks) == 1
     assert leaks[0].data["rss_field"] == "RssAnon"
     assert 4000 < leaks[0].data["rss_mb"] < 30_000  # its own memory, not the 30 GB mapped
@@ -216,12 +223,5 @@ async def test_anonymous_growth_is_a_leak_and_says_what_it_measured() -> None:
 async def test_without_rss_anon_the_watcher_falls_back_to_vmrss_and_says_so() -> None:
     proc = FakeProc()
     proc.old_kernel = True
-    proc.avail_kb = 20 * 1024 * 1024
-    w = make(proc, {101: ("job-1", 0)}, **LEAK)
-    proc.rss_kb = {101: 4_000_000}
-    for _ in range(20):
-        await w.poll_once()
-        proc.now += 60
-        proc.rss_kb[101] += 500 * 1024
-    leaks = [e for e in proc.events if e.data.get("leak")]
+    _, leaks = await one_rank_for_20_minutes(proc, own_kb=4_000_000, mapped_kb=0, own_per_min=500 * 1024)
     assert len(leaks) == 1 and leaks[0].data["rss_field"] == "VmRSS"
