@@ -22,8 +22,8 @@ log line       a ``log_pattern`` whose table row names the Xid it reports (``dat
                Xid's plan. A line names no GPU: a reset takes the GPU of a DBE the NVML watcher
                reported on the node in the incident window; none: drain instead (the node's GPUs are
                checked before it returns). After the kernel's own Xid of the same fault (48/63/64/94/95
-               for 48, 79 or the fall-off banner for 79) acted in the window: nothing (one fault, one
-               decision)
+               for 48; 79, the fall-off banner or NVML's ``gpu_missing`` for 79) acted in the window:
+               nothing (one fault, one decision)
 notify         CONTACT_SUPPORT, UPDATE_SWFW, CHECK_UVM, unknown codes, non-fatal NVLink5: notify only
 none           IGNORE, WORKFLOW_XID_45, Xid 154 announcing nothing: recorded only
 Xid 154        follows the bucket the driver announces (``data.action``)
@@ -112,7 +112,7 @@ def _echo_of_kernel_xid(event: Event, code: int, view: ClusterView) -> bool:
     """A log line after the kernel's own Xid of the same fault, which was acted on, in the window."""
     same = _SAME_FAULT.get(code, frozenset({code}))
     for r in recent(view, event.node, event.ts, INCIDENT_WINDOW_S):
-        if r.kind == "gpu_fallen_off_bus" and code == 79:
+        if r.kind in ("gpu_fallen_off_bus", "gpu_missing") and code == 79:  # NVML's view of it too
             return True
         if r.kind == "xid" and r.code in same and resolve_xid(r.code, r.data).plan != "none":
             return True

@@ -146,6 +146,8 @@ async def test_after_the_kernels_own_xid_the_line_is_not_acted_on_twice(tmp_path
     other.mkdir()
     gone = await logged(other, GONE_LINE)
     assert decide(gone, (xid(79, gone.ts - 1),)) == []
+    missing = make_event(NODE, "gpu_missing", severity="critical", data={"pci": PCI}, ts=gone.ts - 4)
+    assert decide(gone, (missing,)) == []  # NVML saw the GPU go first: gpu_health drained already
 
 
 async def test_an_operators_table_names_the_xid_a_line_stands_for(tmp_path: Path) -> None:
