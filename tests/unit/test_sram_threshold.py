@@ -23,7 +23,7 @@ from ftd.agent.watchers.nvml.fake import FakeNvml
 from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.config import AgentConfig, NvmlConfig
 from ftd.config.schema import PreflightConfig
-from ftd.events import Event, Kind, Severity
+from ftd.events import Event, Kind, Severity, make_event
 from ftd.rules import ecc_remap
 from ftd.testing import evaluate_rule, view_with
 
@@ -98,6 +98,15 @@ async def test_the_flag_is_a_condition_and_the_rule_moves_the_job_and_drains(tmp
     (cond,) = book.active()
     assert cond.kind == "ecc" and cond.subject == fake.gpu(0).pci
     assert "sram_threshold" in cond.reason
+    # a GPU reset that went well ends the GPU's other conditions, not this one: the count is lifetime
+    xid = make_event(NODE, Kind.XID, severity="critical", data={"code": 48, "pci": fake.gpu(0).pci})
+    assert book.observe(xid)
+    healthy = make_event(
+        NODE, Kind.GPU_HEALTH, severity="info", data={"result": "healthy", "pci": fake.gpu(0).pci}
+    )
+    assert book.observe(healthy)
+    assert [c.key for c in book.active()] == [cond.key]
+    assert ConditionBook(tmp_path / "conditions.json", boot="b1").active()[0].signal == "sram_threshold"
     actions = evaluate_rule(ecc_remap, flag, view_with(jobs={"j1": [NODE, "node-b"]}))
     assert [(str(a.kind), a.target) for a in actions] == [("checkpoint_restart", "j1"), ("drain_node", NODE)]
     assert actions[0].params["exclude"] == [NODE]
