@@ -28,13 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ftd.agent.preflight import checks
 from ftd.agent.preflight.runner import EXIT_FAILED, EXIT_UNCHECKED, run_preflight
 from ftd.agent.watchers.nvml import real
 from ftd.agent.watchers.nvml.fake import FakeNvml
 from ftd.cli import main
 from ftd.config import AgentConfig, NvmlConfig
 from ftd.config.schema import PreflightConfig
+from tests.properties import examples
 
 REPO = Path(__file__).resolve().parents[2]
 FTD_BIN = Path(sys.executable).parent / "ftd"
@@ -222,3 +226,16 @@ def test_the_agents_answer_to_the_return_to_service_directive_is_not_ok(tmp_path
     assert len(answers) == 1 and answers[0].ok is False
     assert "no check could run" in answers[0].reason, answers[0]
     assert [e.data["result"] for e in events] == ["failed"]
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(count=st.integers(0, 4), expected=st.one_of(st.none(), st.integers(0, 4)))
+def test_the_inventory_gate_passes_only_the_expected_count_or_some_gpus(
+    count: int, expected: int | None
+) -> None:
+    fake = FakeNvml(count)
+    fake.init()
+    result, gpus = checks.gpu_inventory(fake, expected, None)
+    assert len(gpus) == count
+    assert (result.status == checks.PASS) == (count == expected if expected is not None else count > 0)
+    assert result.status in (checks.PASS, checks.FAIL)  # NVML answered: never a skip

@@ -8,10 +8,13 @@ A trainer's own memory is ``RssAnon`` of /proc/PID/status; ``VmRSS`` adds file p
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ftd.agent.watchers.memory import MemoryWatcher, parse_meminfo, parse_psi_some_avg10, parse_rss_kb
 from ftd.config import MemoryConfig
 from ftd.events import Event, Kind, Severity
+from tests.properties import examples
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -225,3 +228,34 @@ async def test_without_rss_anon_the_watcher_falls_back_to_vmrss_and_says_so() ->
     proc.old_kernel = True
     _, leaks = await one_rank_for_20_minutes(proc, own_kb=4_000_000, mapped_kb=0, own_per_min=500 * 1024)
     assert len(leaks) == 1 and leaks[0].data["rss_field"] == "VmRSS"
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lines=st.lists(
+        st.one_of(
+            st.text(max_size=40),
+            st.builds(
+                "{}:\t{} kB".format,
+                st.sampled_from(["RssAnon", "VmRSS", "RssFile", "VmPeak", "Rss"]),
+                st.one_of(st.integers(0, 10**12).map(str), st.text(max_size=8)),
+            ),
+        ),
+        max_size=12,
+    )
+)
+def test_the_status_parser_takes_rssanon_first_and_never_raises(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    got = parse_rss_kb(text)
+
+    def first(field: str) -> int | None:
+        for line in text.splitlines():
+            name, _, rest = line.partition(":")
+            parts = rest.split()
+            if name == field and parts and parts[0].isdigit():
+                return int(parts[0])
+        return None
+
+    anon, vmrss = first("RssAnon"), first("VmRSS")
+    want = (anon, "RssAnon") if anon is not None else (vmrss, "VmRSS") if vmrss is not None else None
+    assert got == want

@@ -93,7 +93,7 @@ def parse_rss_kb(text: str) -> tuple[int, str] | None:
     fields: dict[str, int] = {}
     for line in text.splitlines():
         name, _, rest = line.partition(":")
-        if name in ("RssAnon", "VmRSS"):
+        if name in ("RssAnon", "VmRSS") and name not in fields:  # the first of each counts
             parts = rest.split()
             if parts and parts[0].isdigit():
                 fields[name] = int(parts[0])
