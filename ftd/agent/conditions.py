@@ -7,7 +7,9 @@ active until what it is about says it is over:
 * ``fs_fill``: the watcher reports the mount's level back at ``ok`` or ``warning``;
 * any kind: an ``info`` event of the same kind and subject (a GPU reset's ``reset_ok`` /
   ``healthy`` on that GPU also ends its ``xid`` / ``gpu_fallen_off_bus`` / ``gpu_health``
-  conditions: the reset is what resolves them);
+  conditions: the reset is what resolves them; not a GPU past the SRAM replacement threshold, an
+  ``ecc`` condition with ``signal = "sram_threshold"``: its count is over the GPU's life, a reset
+  does not lower it);
 * ``job_leftover`` (GPU processes a job left behind, from the Epilog): once none of those processes
   is alive any more (checked on each read);
 * a passing preflight (:meth:`clear_all`, hardware conditions only) or a reboot: the book is saved
@@ -41,6 +43,7 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _GPU_KINDS = frozenset({Kind.XID, Kind.GPU_FALLEN_OFF_BUS, Kind.GPU_HEALTH, Kind.ECC, Kind.ROW_REMAP})
 _RESET_DONE = frozenset({"reset_ok", "healthy"})
 _NOT_SAVED = frozenset({Kind.FS_FILL})
+_LIFETIME_SIGNALS = frozenset({"sram_threshold"})  # a reset does not end these (lifetime counters)
 
 
 @dataclass
@@ -52,6 +55,7 @@ class Condition:
     event_id: str = ""
     subject: str = ""
     pids: list[int] = field(default_factory=list)
+    signal: str = ""  # the event's data.signal, when it had one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -162,6 +166,8 @@ class ConditionBook:
         elif event.kind == Kind.GPU_HEALTH and data.get("result") in _RESET_DONE:
             ids = {v for v in (data.get("pci"), data.get("uuid")) if isinstance(v, str) and v}
             for cond in list(self._active.values()):
+                if cond.signal in _LIFETIME_SIGNALS:
+                    continue
                 if Kind(cond.kind) in _GPU_KINDS and (cond.subject in ids or cond.subject == "node"):
                     changed = self._drop(cond.key) or changed
         elif event.severity == Severity.INFO:
@@ -191,6 +197,7 @@ class ConditionBook:
             event_id=event.id,
             subject=subject,
             pids=pids,
+            signal=signal if isinstance(signal := event.data.get("signal"), str) else "",
         )
         log.info("condition_active", key=key, reason=reason)
         return True

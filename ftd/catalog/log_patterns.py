@@ -1,8 +1,8 @@
 """The log pattern table: which lines of a training log are events, as data (``log_patterns.toml``).
 
 What: :func:`parse_patterns` turns a pattern table (TOML ``[[pattern]]`` entries: ``name``, ``regex``,
-``severity``, optional ``kind``, ``ignore_case`` and ``disposition``) into compiled :class:`LogPattern`
-rows, raising
+``severity``, optional ``kind``, ``ignore_case``, ``disposition``, ``needles`` and ``xid``) into compiled
+:class:`LogPattern` rows, raising
 ``ValueError`` that names the entry for any bad field; :func:`load_patterns` reads the built-in table
 shipped beside this module, or an operator's ``agent.logs.patterns_file``.
 
@@ -17,6 +17,11 @@ again (a configuration or argument error, a missing file, a checkpoint that does
 NaN/Inf loss, the scheduler's time limit), ``restart`` when a restart may well succeed (an NCCL
 timeout, a CUDA launch failure). The coordinator's ``app_faults`` rule reads it through
 :func:`dispositions` (an event's own ``data.disposition`` wins, for operators' tables).
+
+``xid`` (a code the Xid catalog knows) says the line reports what that Xid reports: the trainer's
+"uncorrectable ECC error encountered" is the kernel's Xid 48, "CUDA-capable device(s) is/are busy or
+unavailable" its Xid 79. The log watcher puts it in the event (``data.xid``) and the ``xid_catalog``
+rule decides the line by that Xid's plan (:func:`xid_counterparts` for the built-in table's names).
 """
 
 from __future__ import annotations
@@ -28,9 +33,19 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ftd.catalog import load_xid_catalog
 from ftd.events import Kind, Severity
 
-__all__ = ["DISPOSITIONS", "LogPattern", "dispositions", "load_patterns", "parse_patterns"]
+__all__ = [
+    "DISPOSITIONS",
+    "LogPattern",
+    "dispositions",
+    "load_patterns",
+    "parse_patterns",
+    "xid_counterparts",
+]
+
+_KEYS = frozenset({"name", "regex", "severity", "kind", "ignore_case", "disposition", "needles", "xid"})
 
 #: What a pattern's ``disposition`` may say.
 DISPOSITIONS = ("restart", "stop")
@@ -49,6 +64,8 @@ class LogPattern:
     #: without any is passed over without running the regex (substring tests are C-speed; a regex
     #: of several case-insensitive alternatives tried at every position of every line is not).
     needles: tuple[str, ...] = ()
+    #: The Xid this line reports (the trainer's side of it): decided as that Xid (rule xid_catalog).
+    xid: int | None = None
 
     def search(self, text: str, lowered: str | None = None) -> bool:
         """Whether ``text`` matches (``lowered``: ``text.lower()``, when the caller has it)."""
@@ -78,7 +95,7 @@ def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
         where = f"{source}: pattern[{i}]"
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: not a table")
-        unknown = set(entry) - {"name", "regex", "severity", "kind", "ignore_case", "disposition", "needles"}
+        unknown = set(entry) - _KEYS
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
         name, regex = entry.get("name"), entry.get("regex")
@@ -106,7 +123,12 @@ def parse_patterns(text: str, source: str = "<patterns>") -> list[LogPattern]:
             isinstance(n, str) and n and n == n.lower() for n in needles
         ):
             raise ValueError(f"{where} ({name}): needles must be a list of non-empty lower-case strings")
-        out.append(LogPattern(name, compiled, severity, kind, disposition, tuple(needles)))
+        xid = entry.get("xid")
+        if xid is not None and (
+            not isinstance(xid, int) or isinstance(xid, bool) or load_xid_catalog().lookup(xid) is None
+        ):
+            raise ValueError(f"{where} ({name}): xid must be an Xid code the catalog knows, not {xid!r}")
+        out.append(LogPattern(name, compiled, severity, kind, disposition, tuple(needles), xid))
     return out
 
 
@@ -116,6 +138,12 @@ def load_patterns(path: str | None = None) -> list[LogPattern]:
         return parse_patterns(Path(path).read_text(encoding="utf-8"), path)
     text = resources.files("ftd.catalog").joinpath("log_patterns.toml").read_text(encoding="utf-8")
     return parse_patterns(text, "log_patterns.toml")
+
+
+@functools.cache
+def xid_counterparts() -> dict[str, int]:
+    """The built-in table's ``xid`` by pattern name (patterns without one left out)."""
+    return {p.name: p.xid for p in load_patterns() if p.xid is not None}
 
 
 @functools.cache

@@ -112,7 +112,10 @@ class NvmlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     ] = 5.0
     expected_gpus: Annotated[
         Annotated[int, msgspec.Meta(ge=0)] | None,
-        _doc("GPUs this node should have; fewer is a gpu_missing event. Unset: no check."),
+        _doc(
+            "GPUs this node should have; fewer is a gpu_missing event. Unset: no count check, but "
+            "preflight fails a node whose NVML sees 0 GPUs (0 here: a node without GPUs)."
+        ),
     ] = None
     temperature_c: Annotated[
         float, _doc("GPU temperature (Celsius) at or above which a thermal event is sent.", gt=0)

@@ -15,7 +15,9 @@ rule               decides on
 xid_catalog        Xids and the fall-off banner, by the bucket -> plan table of
                    :mod:`ftd.catalog.remedy` (the one ``ftd xid explain`` prints): restart in place
                    (application Xids, crash-loop policy), reset after the save, drain, notify, nothing;
-                   Xid 48 with 63/64 drains; NVLink5 144-150 by their Fatal/Nonfatal decode
+                   Xid 48 with 63/64 drains; NVLink5 144-150 by their Fatal/Nonfatal decode; a
+                   training-log line that reports an Xid (``cuda_uncorrectable_ecc``: 48,
+                   ``cuda_device_unavailable``: 79) by that Xid's plan (no GPU named: drain)
 app_faults         application error log patterns (cuda_oom, cuda_error, segfault, ...): restart in place
                    with crash-loop backoff, notify after ``policy.app_fault_restart_limit``; never drain;
                    a signature that would fail again (``disposition = "stop"`` in the pattern table:

@@ -6,7 +6,9 @@ event                                           actions
 ``row_remap`` with ``data.failure`` true        checkpoint_restart excluding the node + drain_node: the
                                                 GPU ran out of spare rows and must be replaced
 ``ecc`` with ``data.sram_uncorrectable`` (or   same (aggregate uncorrectable SRAM errors over the GPU's
-``data.counters.aggregate_dbe_sram``) > 4      life: NVIDIA's replacement threshold)
+``data.counters.aggregate_dbe_sram``) > 4, or  life: NVIDIA's replacement threshold; the NVML watcher
+the driver's threshold flag                    raises it at start and on crossing, ``signal =
+(``data.counters.sram_threshold_exceeded``)    "sram_threshold"``)
 ``row_remap`` with ``data.pending`` true        gpu_reset at the next checkpoint: checkpoint_restart of
 (and no failure)                                the jobs on the node, excluding it, then gpu_reset of the
                                                 GPU (``pci``/``uuid``) — the remap lands at reset
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftd.catalog.gpu_limits import SRAM_UNCORRECTABLE_LIMIT
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import (
     already_judged,
@@ -38,8 +41,6 @@ from ftd.plugin.helpers import (
     number,
     restart_jobs,
 )
-
-SRAM_UNCORRECTABLE_LIMIT = 4
 
 
 def _yes(value: Any) -> bool:
@@ -74,13 +75,16 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     sram = number(data.get("sram_uncorrectable"))
     if sram is None and isinstance(counters, dict):
         sram = number(counters.get("aggregate_dbe_sram"))  # the NVML watcher's counter name
+    flagged = isinstance(counters, dict) and _yes(counters.get("sram_threshold_exceeded"))
     jobs = jobs_of(event, view)
-    if failure or (sram is not None and sram > SRAM_UNCORRECTABLE_LIMIT):
+    if failure or flagged or (sram is not None and sram > SRAM_UNCORRECTABLE_LIMIT):
         limit = SRAM_UNCORRECTABLE_LIMIT
         why = (
             "row remap failure (no spare rows left)"
             if failure
             else f"{sram:.0f} uncorrectable SRAM errors (> {limit})"
+            if sram is not None and sram > limit
+            else "SRAM error threshold exceeded (the driver's flag)"
         )
         reason = f"{why} on {name}: replace the GPU (RMA)"
         params = {**gpu, "replace_gpu": True}

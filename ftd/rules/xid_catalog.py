@@ -17,6 +17,13 @@ drain          RESTART_BM, RESTART_VM, CHECK_MECHANICALS (Xid 79, ``gpu_fallen_o
                excluding the node, then drain_node with the Xid and GPU in the reason
 Xid 48 + 63/64 an Xid 48 with an Xid 63/64 on the same GPU in the same incident (either order, 60 s): drain
                instead of reset (NVIDIA's WORKFLOW_XID_48)
+log line       a ``log_pattern`` whose table row names the Xid it reports (``data.xid``, else the built-in
+               table's ``xid``: ``cuda_uncorrectable_ecc`` -> 48, ``cuda_device_unavailable`` -> 79): that
+               Xid's plan. A line names no GPU: a reset takes the GPU of a DBE the NVML watcher
+               reported on the node in the incident window; none: drain instead (the node's GPUs are
+               checked before it returns). After the kernel's own Xid of the same fault (48/63/64/94/95
+               for 48; 79, the fall-off banner or NVML's ``gpu_missing`` for 79) acted in the window:
+               nothing (one fault, one decision)
 notify         CONTACT_SUPPORT, UPDATE_SWFW, CHECK_UVM, unknown codes, non-fatal NVLink5: notify only
 none           IGNORE, WORKFLOW_XID_45, Xid 154 announcing nothing: recorded only
 Xid 154        follows the bucket the driver announces (``data.action``)
@@ -32,6 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from ftd.catalog import load_xid_catalog
+from ftd.catalog.log_patterns import xid_counterparts
 from ftd.catalog.remedy import XID_48_ESCALATORS, Remedy, resolve_xid
 from ftd.plugin import ActionRequest, ClusterView, Event, Kind, hookimpl
 from ftd.plugin.helpers import already_judged, drain, gpu_reset, jobs_of, notify, restart_jobs
@@ -39,6 +47,9 @@ from ftd.plugin.settings import RuleSettings
 from ftd.rules._incidents import INCIDENT_WINDOW_S, app_fault_actions, recent
 
 _XID_48 = 48
+#: The kernel's Xids that report the fault a training-log line stands for (its ``xid``): after one of
+#: them was acted on in the incident window, the line is the trainer's echo of it.
+_SAME_FAULT: dict[int, frozenset[int]] = {48: frozenset({48, 63, 64, 94, 95}), 79: frozenset({79})}
 
 
 def _describe(remedy: Remedy, data: dict[str, Any]) -> str:
@@ -82,15 +93,43 @@ def _xid_48_escalated(event: Event, code: int, view: ClusterView) -> bool:
     )
 
 
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _code(event: Event) -> int | None:
     if event.kind == Kind.GPU_FALLEN_OFF_BUS:
         return 79
-    code = event.data.get("code")
-    return code if isinstance(code, int) and not isinstance(code, bool) else None
+    if event.kind == Kind.LOG_PATTERN:  # the Xid the line reports (its table row's ``xid``)
+        pattern = event.data.get("pattern")
+        own = _int(event.data.get("xid"))
+        if own is not None or not isinstance(pattern, str):
+            return own
+        return xid_counterparts().get(pattern)
+    return _int(event.data.get("code"))
+
+
+def _echo_of_kernel_xid(event: Event, code: int, view: ClusterView) -> bool:
+    """A log line after the kernel's own Xid of the same fault, which was acted on, in the window."""
+    same = _SAME_FAULT.get(code, frozenset({code}))
+    for r in recent(view, event.node, event.ts, INCIDENT_WINDOW_S):
+        if r.kind in ("gpu_fallen_off_bus", "gpu_missing") and code == 79:  # NVML's view of it too
+            return True
+        if r.kind == "xid" and r.code in same and resolve_xid(r.code, r.data).plan != "none":
+            return True
+    return False
+
+
+def _gpu_of_recent_dbe(event: Event, view: ClusterView) -> dict[str, Any]:
+    """``pci``/``uuid`` of the GPU an uncorrectable ECC error (the NVML watcher's) was reported on."""
+    for r in reversed(recent(view, event.node, event.ts, INCIDENT_WINDOW_S)):
+        if r.kind == "ecc" and r.data.get("dbe") is True and (r.pci or r.uuid):
+            return {key: value for key, value in (("pci", r.pci), ("uuid", r.uuid)) if value}
+    return {}
 
 
 #: The only kinds this rule decides on (the coordinator skips it for the others).
-EVENT_KINDS = frozenset({Kind.XID, Kind.GPU_FALLEN_OFF_BUS})
+EVENT_KINDS = frozenset({Kind.XID, Kind.GPU_FALLEN_OFF_BUS, Kind.LOG_PATTERN})
 
 
 @hookimpl
@@ -103,14 +142,24 @@ def ftd_startup() -> None:
 
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView, settings: RuleSettings) -> list[ActionRequest] | None:
-    if event.kind not in (Kind.XID, Kind.GPU_FALLEN_OFF_BUS):
+    if event.kind not in EVENT_KINDS:
         return None
     code = _code(event)
     if code is None or already_judged(event):
         return None
-    remedy = resolve_xid(code, event.data)
+    from_log = event.kind == Kind.LOG_PATTERN
+    if from_log and _echo_of_kernel_xid(event, code, view):
+        return None
+    data = {**event.data, **_gpu_of_recent_dbe(event, view)} if from_log else event.data
+    remedy = resolve_xid(code, data)
     plan = remedy.plan
-    reason = _describe(remedy, event.data)
+    reason = _describe(remedy, data)
+    if from_log:
+        where = f" in {data['file']}" if isinstance(data.get("file"), str) else ""
+        reason = f"{data.get('pattern')}{where} reports {reason}"
+        if plan == "reset" and not (data.get("pci") or data.get("uuid")):
+            plan = "drain"
+            reason += ": the line names no GPU, so the node is drained for its GPUs to be checked"
     if code == 154:
         reason += f" announces {remedy.bucket}"
     escalated = _xid_48_escalated(event, code, view)
@@ -120,9 +169,11 @@ def ftd_evaluate(event: Event, view: ClusterView, settings: RuleSettings) -> lis
     if plan == "none":
         return None
     jobs = jobs_of(event, view) if event.data.get("job") else view.jobs_on_node(event.node)
-    params: dict[str, Any] = {"code": code, "bucket": remedy.bucket, "pci": event.data.get("pci")}
-    if event.data.get("uuid"):
-        params["uuid"] = event.data["uuid"]
+    params: dict[str, Any] = {"code": code, "bucket": remedy.bucket, "pci": data.get("pci")}
+    if data.get("uuid"):
+        params["uuid"] = data["uuid"]
+    if from_log:
+        params["pattern"] = data.get("pattern")
     if escalated:
         params["severity"] = "critical"  # never held back by the cooldown of the milder reset
     if plan == "restart":

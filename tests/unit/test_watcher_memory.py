@@ -1,12 +1,20 @@
-"""The memory watcher with fake /proc text."""
+"""The memory watcher with fake /proc text.
+
+A trainer's own memory is ``RssAnon`` of /proc/PID/status; ``VmRSS`` adds file pages it has mapped
+(a memory-mapped dataset, shared libraries), which grow as the dataset is read and are not a leak
+(issue #31 item 10). The fake status has both, and ``VmRSS`` only where a kernel before 4.5 lacks
+``RssAnon``."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ftd.agent.watchers.memory import MemoryWatcher, parse_meminfo, parse_psi_some_avg10, parse_vmrss_kb
+from ftd.agent.watchers.memory import MemoryWatcher, parse_meminfo, parse_psi_some_avg10, parse_rss_kb
 from ftd.config import MemoryConfig
 from ftd.events import Event, Kind, Severity
+from tests.properties import examples
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -14,7 +22,11 @@ MEMINFO = "MemTotal:       {total} kB\nMemFree:         1000 kB\nMemAvailable:  
 PSI = (
     "some avg10={some:.2f} avg60=0.00 avg300=0.00 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
 )
-STATUS = "Name:\tpython\nVmPeak:\t 9999 kB\nVmRSS:\t {rss} kB\nThreads:\t12\n"
+STATUS = (
+    "Name:\tpython\nVmPeak:\t 99999999 kB\nVmRSS:\t {vmrss} kB\nRssAnon:\t {anon} kB\n"
+    "RssFile:\t {file} kB\nRssShmem:\t 0 kB\nThreads:\t12\n"
+)
+OLD_KERNEL_STATUS = "Name:\tpython\nVmPeak:\t 99999999 kB\nVmRSS:\t {vmrss} kB\nThreads:\t12\n"
 
 
 class FakeProc:
@@ -22,7 +34,9 @@ class FakeProc:
         self.total_kb = 100 * 1024 * 1024  # 100 GiB
         self.avail_kb = 60 * 1024 * 1024
         self.psi: float | None = 0.0
-        self.rss_kb: dict[int, int] = {}
+        self.rss_kb: dict[int, int] = {}  # RssAnon: the process's own memory
+        self.mapped_kb: dict[int, int] = {}  # RssFile: mapped file pages (a memory-mapped dataset)
+        self.old_kernel = False  # no RssAnon line (Linux before 4.5)
         self.now = 0.0
         self.events: list[Event] = []
 
@@ -36,7 +50,9 @@ class FakeProc:
         pid = int(path.split("/")[2])
         if pid not in self.rss_kb:
             raise FileNotFoundError(path)
-        return STATUS.format(rss=self.rss_kb[pid])
+        anon, mapped = self.rss_kb[pid], self.mapped_kb.get(pid, 0)
+        status = OLD_KERNEL_STATUS if self.old_kernel else STATUS
+        return status.format(vmrss=anon + mapped, anon=anon, file=mapped)
 
     async def emit(self, event: Event) -> None:
         self.events.append(event)
@@ -56,8 +72,10 @@ def make(proc: FakeProc, pids: dict[int, tuple[str, int]] | None = None, **cfg: 
 def test_parsers() -> None:
     assert parse_meminfo(MEMINFO.format(total=10, avail=4))["MemAvailable"] == 4
     assert parse_psi_some_avg10(PSI.format(some=12.5)) == 12.5
-    assert parse_vmrss_kb(STATUS.format(rss=777)) == 777
-    assert parse_vmrss_kb("Name: kthreadd\n") is None
+    assert parse_rss_kb(STATUS.format(vmrss=1777, anon=777, file=1000)) == (777, "RssAnon")
+    assert parse_rss_kb(OLD_KERNEL_STATUS.format(vmrss=1777)) == (1777, "VmRSS")
+    assert parse_rss_kb("Name: kthreadd\n") is None
+    assert parse_rss_kb("RssAnon:\t garbage kB\nVmRSS:\t 12 kB\n") == (12, "VmRSS")
 
 
 async def test_host_pressure_levels_and_hysteresis() -> None:
@@ -164,3 +182,80 @@ async def test_host_pressure_names_the_jobs_and_the_largest_rank() -> None:
     assert event.data["jobs"] == ["job-1", "job-2"]
     top = {"job": "job-1", "rank": 1, "pid": 102, "rss_mb": round(9_000_000 / 1024, 1)}
     assert event.data["top_rank"] == top
+
+
+LEAK = {"leak_min_samples": 6, "leak_min_growth_mb_per_min": 10, "leak_horizon_s": 3600}
+
+
+async def one_rank_for_20_minutes(
+    proc: FakeProc, *, own_kb: int, mapped_kb: int, own_per_min: int, mapped_per_min: int = 0
+) -> tuple[MemoryWatcher, list[Event]]:
+    """Rank 0 of job-1 (pid 101) polled once a minute for 20 minutes with 20 GiB available, its own
+    memory (RssAnon) and its mapped file pages (RssFile) growing as given; its leak events."""
+    proc.avail_kb = 20 * 1024 * 1024
+    w = make(proc, {101: ("job-1", 0)}, **LEAK)
+    proc.rss_kb, proc.mapped_kb = {101: own_kb}, {101: mapped_kb}
+    for _ in range(20):
+        await w.poll_once()
+        proc.now += 60
+        proc.rss_kb[101] += own_per_min
+        proc.mapped_kb[101] += mapped_per_min
+    return w, [e for e in proc.events if e.data.get("leak")]
+
+
+async def test_a_memory_mapped_dataset_read_in_is_not_a_leak() -> None:
+    proc = FakeProc()
+    # the dataset's pages come in at 500 MB per minute; its own memory barely moves
+    w, leaks = await one_rank_for_20_minutes(
+        proc, own_kb=4_000_000, mapped_kb=0, own_per_min=100, mapped_per_min=500 * 1024
+    )
+    assert leaks == []
+    assert w.trainers[101].rss_kb == 4_000_000 + 19 * 100  # the 20th increment comes after the last poll
+
+
+async def test_anonymous_growth_is_a_leak_and_says_what_it_measured() -> None:
+    proc = FakeProc()
+    _, leaks = await one_rank_for_20_minutes(
+        proc, own_kb=4_000_000, mapped_kb=30_000_000, own_per_min=500 * 1024
+    )
+    assert len(leaks) == 1
+    assert leaks[0].data["rss_field"] == "RssAnon"
+    assert 4000 < leaks[0].data["rss_mb"] < 30_000  # its own memory, not the 30 GB mapped
+
+
+async def test_without_rss_anon_the_watcher_falls_back_to_vmrss_and_says_so() -> None:
+    proc = FakeProc()
+    proc.old_kernel = True
+    _, leaks = await one_rank_for_20_minutes(proc, own_kb=4_000_000, mapped_kb=0, own_per_min=500 * 1024)
+    assert len(leaks) == 1 and leaks[0].data["rss_field"] == "VmRSS"
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    lines=st.lists(
+        st.one_of(
+            st.text(max_size=40),
+            st.builds(
+                "{}:\t{} kB".format,
+                st.sampled_from(["RssAnon", "VmRSS", "RssFile", "VmPeak", "Rss"]),
+                st.one_of(st.integers(0, 10**12).map(str), st.text(max_size=8)),
+            ),
+        ),
+        max_size=12,
+    )
+)
+def test_the_status_parser_takes_rssanon_first_and_never_raises(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    got = parse_rss_kb(text)
+
+    def first(field: str) -> int | None:
+        for line in text.splitlines():
+            name, _, rest = line.partition(":")
+            parts = rest.split()
+            if name == field and parts and parts[0].isdigit():
+                return int(parts[0])
+        return None
+
+    anon, vmrss = first("RssAnon"), first("VmRSS")
+    want = (anon, "RssAnon") if anon is not None else (vmrss, "VmRSS") if vmrss is not None else None
+    assert got == want

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from ftd.agent.watchers.nvml.fake import FakeNvml
 from ftd.agent.watchers.nvml.probe import sample_gpu
 from ftd.agent.watchers.nvml.real import RealNvml
 from ftd.agent.watchers.nvml.watcher import NvmlWatcher
+from ftd.catalog.gpu_limits import sram_over_limit
 from ftd.config import NvmlConfig
 from ftd.events import Event, Kind, Severity
 
@@ -247,20 +249,19 @@ async def test_no_nvml_logs_one_line_and_idles() -> None:
     assert lines == [("nvml_unavailable_watcher_disabled", "nvmlInit failed: Driver Not Loaded")]
 
 
-async def test_real_backend_without_library_is_unavailable_not_a_crash() -> None:
-    try:
-        import pynvml  # noqa: F401
-    except ImportError:
-        watcher, _ = make(FakeNvml(0))
-        watcher.backend = RealNvml()
-        task = asyncio.create_task(watcher.run())
-        await wait_for(lambda: watcher.available is False)
-        assert "pynvml" in (watcher.disabled_reason or "")
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    else:
-        pytest.skip("pynvml is installed here; the real-GPU test covers RealNvml")
+async def test_real_backend_without_library_is_unavailable_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # runs everywhere: where nvidia-ml-py is installed (it is a dependency), its import is made to fail
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    watcher, _ = make(FakeNvml(0))
+    watcher.backend = RealNvml()
+    task = asyncio.create_task(watcher.run())
+    await wait_for(lambda: watcher.available is False)
+    assert "pynvml (nvidia-ml-py) not installed" in (watcher.disabled_reason or "")
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def wait_for(predicate: Callable[[], bool], within_s: float = 10.0) -> None:
@@ -328,6 +329,8 @@ def test_real_nvml_link_states_remap_and_throttle() -> None:
             except NvmlNotSupported:
                 continue  # before Ampere: no row remapper
             assert remap.failure is False, "a healthy test GPU has spare rows left"
+            counters = backend.ecc_counters(index)
+            assert not sram_over_limit(counters), f"a healthy test GPU is under the SRAM limit: {counters}"
             assert isinstance(backend.throttle_reasons(index), int)
     finally:
         backend.shutdown()

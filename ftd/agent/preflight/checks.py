@@ -6,9 +6,13 @@ that is not there, it says so). In order:
 
 * ``gpu_inventory``: GPU count against ``nvml.expected_gpus`` and the UUIDs against the node's
   recorded inventory (``{state_dir}/gpu-inventory.json``, written by the first passing run: a GPU
-  swapped or gone since is named);
+  swapped or gone since is named). NVML answering with 0 GPUs fails unless ``nvml.expected_gpus``
+  is 0 (the explicit opt-out of a node without GPUs): otherwise every GPU check after it would skip
+  and the node would pass with nothing checked;
 * ``nvml_health``: every GPU answers NVML (not "GPU is lost"), no retired pages pending;
-* ``ecc_remap``: no volatile uncorrectable (DBE) ECC errors, no row remap pending or failed;
+* ``ecc_remap``: no volatile uncorrectable (DBE) ECC errors, no row remap pending or failed, not past
+  NVIDIA's SRAM replacement threshold (more than 4 uncorrectable SRAM errors over the GPU's life, or
+  the driver's own threshold flag: :mod:`ftd.catalog.gpu_limits`);
 * ``gpu_compute``: with torch and a CUDA GPU, allocate memory on each GPU and check a small matmul
   against the CPU;
 * ``dcgm_diag``: ``dcgmi diag -r 1`` when DCGM is installed;
@@ -36,6 +40,7 @@ from ftd.agent.watchers.nvml.backend import (
     NvmlGpuLost,
     NvmlNotSupported,
 )
+from ftd.catalog.gpu_limits import SRAM_UNCORRECTABLE_LIMIT, sram_over_limit
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 
@@ -81,6 +86,13 @@ def gpu_inventory(
             missing = sorted(set(recorded) - {g.uuid for g in gpus})
             if missing:
                 return CheckResult(name, FAIL, f"GPU(s) gone from the inventory: {', '.join(missing)}"), gpus
+    if not gpus and expected is None:
+        # Nothing says this node should have none: 0 GPUs would pass here and skip every other
+        # check (exit 0 with nothing checked). A node without GPUs says so: nvml.expected_gpus = 0.
+        why = "NVML reports 0 GPUs and none are expected (a node without GPUs sets nvml.expected_gpus = 0)"
+        return CheckResult(name, FAIL, why), gpus
+    if not gpus:
+        return CheckResult(name, PASS, "no GPU, as expected (nvml.expected_gpus = 0)"), gpus
     return CheckResult(name, PASS, f"{len(gpus)} GPU(s)"), gpus
 
 
@@ -121,6 +133,16 @@ def ecc_remap(backend: NvmlBackend | None, gpus: Sequence[GpuIdentity]) -> Check
             ecc = backend.ecc_counters(gpu.index)
             if ecc.get("volatile_dbe", 0) > 0:
                 return CheckResult(name, FAIL, f"{where}: {ecc['volatile_dbe']} uncorrectable ECC error(s)")
+            sram = ecc.get("aggregate_dbe_sram", 0)
+            if sram > SRAM_UNCORRECTABLE_LIMIT:
+                why = (
+                    f"{where}: {sram} uncorrectable SRAM errors over its life "
+                    f"(more than {SRAM_UNCORRECTABLE_LIMIT}: replace the GPU)"
+                )
+                return CheckResult(name, FAIL, why)
+            if sram_over_limit(ecc):
+                why = f"{where}: the driver reports the SRAM error threshold exceeded (replace the GPU)"
+                return CheckResult(name, FAIL, why)
         except NvmlNotSupported:
             pass
         except NvmlError as exc:

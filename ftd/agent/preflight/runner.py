@@ -10,7 +10,9 @@ Fail closed: a preflight that could run no check at all (NVML failing, no torch,
 command: every check skipped) did not show the node is fit, so it is not ``ok`` (``unchecked``;
 ``ftd preflight`` exits :data:`EXIT_UNCHECKED`). A gate that passed it would return a node with a
 broken driver to service. A site whose nodes really have nothing to check opts out explicitly
-(``agent.preflight.allow_unchecked``, ``ftd preflight --allow-unchecked``).
+(``agent.preflight.allow_unchecked``, ``ftd preflight --allow-unchecked``). NVML that starts but
+sees no GPU is a failure of ``gpu_inventory``, not a pass that skips the rest, unless the node says it
+has none (``nvml.expected_gpus = 0``).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@
   :mod:`ftd.catalog.log_patterns`: name, regex, severity. A match emits ``log_pattern`` with
   ``file``, ``line`` (1-based, counted from the start of the file when known; ``None`` for a large
   file joined at its end), ``offset``, ``pattern`` and ``text`` (the line, truncated to 512
-  characters). Per (file, pattern) at most one event per ``rate_limit_s``; the next event carries
-  the number suppressed in between (``suppressed``).
+  characters), and ``xid`` when the table says which Xid the line reports. Per (file, pattern) at
+  most one event per ``rate_limit_s``; the next event carries the number suppressed in between
+  (``suppressed``).
 * **Stale**: a followed log that has not grown for ``stale_after_s`` is a hang suspect: one
   ``log_stale`` per episode (re-armed when it grows).
 * **Bad input**: lines are cut at ``max_line_bytes`` (the rest is skipped up to the next newline,
@@ -319,6 +320,8 @@ class LogWatcher:
             "text": text[:_TEXT_MAX],
             "suppressed": self._suppressed.pop(key, 0),
         }
+        if pattern.xid is not None:
+            data["xid"] = pattern.xid  # the Xid this line reports (rule xid_catalog decides it so)
         event = make_event(self.node, pattern.kind, severity=pattern.severity, source="logs", data=data)
         await self._emit(event)
 

@@ -11,13 +11,16 @@ Every ``interval_s``:
   ``rank`` ``None`` (the whole node is short, not one rank), ``jobs`` (every job with a registered
   rank here) and ``top_rank`` (the rank with the largest RSS: ``job``, ``rank``, ``pid``,
   ``rss_mb``; ``None`` when no rank is registered).
-* **Trainers**: ``VmRSS`` from ``/proc/PID/status`` for each pid ``pids()`` returns (the agent passes
+* **Trainers**: ``RssAnon`` from ``/proc/PID/status`` (the process's own memory; ``VmRSS`` also
+  counts mapped file pages, such as a memory-mapped dataset being read, which are not a leak; a
+  kernel without ``RssAnon``, before 4.5, falls back to ``VmRSS`` with a warning log, and the event's
+  ``rss_field`` says which) for each pid ``pids()`` returns (the agent passes
   its local API's registered ranks: ``{pid: (job, rank)}``). A least-squares line through the
   samples of the last ``leak_window_s`` (at least ``leak_min_samples``) gives the growth rate
   (:func:`ftd.agent.watchers.fs.fill_rate`: one jump, such as loading a data shard, is not a
   trend). A rank growing faster than ``leak_min_growth_mb_per_min`` whose growth would exhaust the
   host's available memory within ``leak_horizon_s`` is reported as ``mem_pressure`` with
-  ``leak=true``, ``pid``, ``job``, ``rank``, ``rss_mb``, ``growth_mb_per_min`` and
+  ``leak=true``, ``pid``, ``job``, ``rank``, ``rss_mb``, ``rss_field``, ``growth_mb_per_min`` and
   ``time_to_exhaustion_s``: a ``warning`` (``critical`` when already within a quarter of the
   horizon), then, if the leak goes on into that last quarter, one ``critical`` with
   ``escalated=true`` (save first, stop if it continues). The episode re-arms when growth falls
@@ -42,7 +45,7 @@ from ftd.config import MemoryConfig
 from ftd.events import Kind, Severity, make_event
 from ftd.logs import get_logger
 
-__all__ = ["MemoryWatcher", "parse_meminfo", "parse_psi_some_avg10", "parse_vmrss_kb"]
+__all__ = ["MemoryWatcher", "parse_meminfo", "parse_psi_some_avg10", "parse_rss_kb"]
 
 log = get_logger(__name__)
 
@@ -80,12 +83,23 @@ def parse_psi_some_avg10(text: str) -> float | None:
     return None
 
 
-def parse_vmrss_kb(text: str) -> int | None:
+def parse_rss_kb(text: str) -> tuple[int, str] | None:
+    """A process's own resident memory from /proc/PID/status: (kB, the field it came from).
+
+    ``RssAnon`` (anonymous pages: heap, tensors, Python objects) is what a leak grows. ``VmRSS``
+    adds file pages the process has mapped, which a memory-mapped dataset fills as it is read (and
+    the kernel reclaims under pressure): read as a leak, it restarts healthy jobs. Kernels before
+    4.5 have no ``RssAnon``; then ``VmRSS``, and the field is named in the event (``rss_field``)."""
+    fields: dict[str, int] = {}
     for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1])
+        name, _, rest = line.partition(":")
+        if name in ("RssAnon", "VmRSS") and name not in fields:  # the first of each counts
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                fields[name] = int(parts[0])
+    for name in ("RssAnon", "VmRSS"):
+        if name in fields:
+            return fields[name], name
     return None
 
 
@@ -95,6 +109,7 @@ class _Trainer:
         self.samples: collections.deque[tuple[float, float]] = collections.deque(maxlen=4096)
         self.reported: Severity | None = None  # the leak severity sent in this episode
         self.rss_kb: int | None = None
+        self.rss_field = "RssAnon"  # the status field rss_kb is read from (VmRSS: old kernels)
 
 
 class MemoryWatcher:
@@ -213,12 +228,18 @@ class MemoryWatcher:
             if trainer is None or (trainer.job, trainer.rank) != (job, rank):
                 trainer = self.trainers[pid] = _Trainer(job, rank)
             try:
-                rss_kb = parse_vmrss_kb(self._read(f"{self._proc}/{pid}/status"))
+                rss = parse_rss_kb(self._read(f"{self._proc}/{pid}/status"))
             except OSError:
                 del self.trainers[pid]  # exited between pids() and the read
                 continue
-            if rss_kb is None:
+            if rss is None:
                 continue
+            rss_kb, rss_field = rss
+            if rss_field != trainer.rss_field:
+                if rss_field != "RssAnon":
+                    log.warning("trainer_rss_without_rssanon", pid=pid, field=rss_field)
+                trainer.samples.clear()  # two fields' samples make no trend
+                trainer.rss_field = rss_field
             trainer.rss_kb = rss_kb
             trainer.samples.append((now, rss_kb / 1024))
             while trainer.samples and trainer.samples[0][0] < now - cfg.leak_window_s:
@@ -247,6 +268,7 @@ class MemoryWatcher:
                 "job": job,
                 "rank": rank,
                 "rss_mb": round(rss_kb / 1024, 1),
+                "rss_field": rss_field,
                 "growth_mb_per_min": round(growth, 2),
                 "time_to_exhaustion_s": round(tte, 1),
                 "mem_available_mb": round(avail_kb / 1024, 1),

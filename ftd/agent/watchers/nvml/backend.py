@@ -105,7 +105,8 @@ class NvmlBackend(Protocol):
     def identity(self, index: int) -> GpuIdentity: ...
 
     def ecc_counters(self, index: int) -> dict[str, int]:
-        """``{volatile,aggregate}_{sbe,dbe}`` and, where known, ``..._{sram,dram}`` split counters."""
+        """``{volatile,aggregate}_{sbe,dbe}`` and, where known, ``..._{sram,dram}`` split counters;
+        ``sram_threshold_exceeded`` (1) where the driver says the GPU is past its SRAM error threshold."""
 
     def remapped_rows(self, index: int) -> RemapInfo: ...
 

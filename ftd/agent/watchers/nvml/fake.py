@@ -2,7 +2,8 @@
 
 State is plain attributes on :class:`FakeGpu` objects that a test changes between polls: raise a
 counter, set ``remap_pending``, heat a GPU, remove it (``vanish``: no longer enumerated) or make it
-answer "GPU is lost" (``lost = True``), give it NVLink (``with_nvlink``) and take a link down
+answer "GPU is lost" (``lost = True``), set the driver's SRAM threshold flag
+(``sram_threshold_exceeded``), give it NVLink (``with_nvlink``) and take a link down
 (``set_link(3, False)``). ``unsupported`` names backend methods that answer
 NotSupported; ``block`` names methods that block until :meth:`FakeNvml.release` (or forever), so a
 stalled probe can be tested. :meth:`FakeNvml.inject_xid` queues an Xid event. ``calls`` counts
@@ -56,6 +57,7 @@ class FakeGpu:
         default_factory=lambda: {"max": 640, "high": 0, "partial": 0, "low": 0, "none": 0}
     )
     retired_pending: bool = False
+    sram_threshold_exceeded: bool = False  # the driver's own SRAM threshold flag (ecc_counters)
     temperature_c: float = 40.0
     throttle: int = 0
     power_w: float = 70.0
@@ -70,8 +72,8 @@ class FakeGpu:
         """Count ``n`` new errors the way NVML does (volatile, aggregate, and the location split)."""
         for scope in ("volatile", "aggregate"):
             self.ecc[f"{scope}_{kind}"] = self.ecc.get(f"{scope}_{kind}", 0) + n
-        key = f"volatile_{kind}_{location}"
-        self.ecc[key] = self.ecc.get(key, 0) + n
+            key = f"{scope}_{kind}_{location}"
+            self.ecc[key] = self.ecc.get(key, 0) + n
 
 
     def with_nvlink(self, links: int = 18) -> FakeGpu:
@@ -179,7 +181,10 @@ class FakeNvml:
     def ecc_counters(self, index: int) -> dict[str, int]:
         gpu = self._enter("ecc_counters", index)
         assert gpu is not None
-        return dict(gpu.ecc)
+        counters = dict(gpu.ecc)
+        if gpu.sram_threshold_exceeded:
+            counters["sram_threshold_exceeded"] = 1
+        return counters
 
     def remapped_rows(self, index: int) -> RemapInfo:
         gpu = self._enter("remapped_rows", index)

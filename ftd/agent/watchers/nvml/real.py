@@ -11,6 +11,7 @@ canonical form (:func:`ftd.pci.normalize_pci`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -111,7 +112,27 @@ class RealNvml:
                         out[f"{scope}_{kind}_{loc_name}"] = int(
                             self._call(nv.nvmlDeviceGetMemoryErrorCounter, handle, error_type, counter, loc)
                         )
+        self._sram_status(handle, out)
         return out
+
+    def _sram_status(self, handle: Any, out: dict[str, int]) -> None:
+        """The newer SRAM answer (``nvmlDeviceGetSramEccErrorStatus``, Ampere and later, as root):
+        aggregate uncorrectable SRAM errors (parity + SEC-DED) and the driver's threshold flag. Kept
+        out when the driver, the GPU or the agent's rights do not allow it."""
+        nv = self._nv
+        struct = getattr(nv, "c_nvmlEccSramErrorStatus_v1_t", None)
+        if struct is None:
+            return
+        status = struct()
+        status.version = nv.nvmlEccSramErrorStatus_v1
+        try:
+            self._call(nv.nvmlDeviceGetSramEccErrorStatus, handle, ctypes.byref(status))
+        except NvmlError:
+            return
+        uncorrectable = int(status.aggregateUncParity) + int(status.aggregateUncSecDed)
+        out["aggregate_dbe_sram"] = max(out.get("aggregate_dbe_sram", 0), uncorrectable)
+        if status.bThresholdExceeded:
+            out["sram_threshold_exceeded"] = 1
 
     def remapped_rows(self, index: int) -> RemapInfo:
         corr, unc, pending, failure = self._call(self._nv.nvmlDeviceGetRemappedRows, self._handle(index))

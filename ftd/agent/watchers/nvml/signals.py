@@ -2,19 +2,23 @@
 
 Each function compares the previous sample (``None`` for the first, the baseline) with the new one
 and returns a :data:`Finding` (event kind, severity, data) or ``None``. The watcher sends the
-findings of :func:`diff` in its fixed order: ECC, correctable-ECC rate, row remapping, retired
-pages, temperature, throttle reasons, sustained throttling, PCIe replays, NVLink errors, NVLink
-links down. Power is read but is not a signal of its own: it is part of the throttle event's data.
+findings of :func:`diff` in its fixed order: ECC, the SRAM replacement threshold, correctable-ECC
+rate, row remapping, retired pages, temperature, throttle reasons, sustained throttling, PCIe
+replays, NVLink errors, NVLink links down. Power is read but is not a signal of its own: it is part
+of the throttle event's data.
 
 Counters are reported when they *rise* (the baseline is not reported), but states that need a human
-(volatile DBE > 0, remap pending/failure, retired pages pending) are reported on the first sample
-too, with ``initial=true``. Signals that need memory beyond the previous sample (temperature
-hysteresis, the NVLink baseline, the correctable-ECC window, how long throttling has lasted) keep it
-in the GPU's :class:`GpuMemory`, which :func:`diff` updates.
+(volatile DBE > 0, remap pending/failure, retired pages pending, a GPU past the SRAM replacement
+threshold) are reported on the first sample too, with ``initial=true``. Signals that need memory
+beyond the previous sample (temperature hysteresis, the NVLink baseline, the correctable-ECC window,
+how long throttling has lasted) keep it in the GPU's :class:`GpuMemory`, which :func:`diff` updates.
 
 Every ``gpu_health`` finding carries ``data.signal``: ``retired_pages``, ``pcie_replay``,
 ``nvlink_errors`` or ``nvlink_down`` (and ``nvlink_up``, an info, when downed links come back).
-The correctable-ECC rate is an ``ecc`` finding with ``signal = "correctable_rate"``.
+The correctable-ECC rate is an ``ecc`` finding with ``signal = "correctable_rate"``; a GPU past
+NVIDIA's SRAM replacement threshold (more than 4 uncorrectable SRAM errors over its life, or the
+driver's own flag: :mod:`ftd.catalog.gpu_limits`) a critical ``ecc`` finding with ``signal =
+"sram_threshold"``, on the first sample and whenever the threshold is crossed (a node condition).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 from ftd.agent.watchers.nvml.backend import THROTTLE_ALERT_REASONS, throttle_names
 from ftd.agent.watchers.nvml.probe import GpuSample
+from ftd.catalog.gpu_limits import SRAM_UNCORRECTABLE_LIMIT, sram_over_limit
 from ftd.config import NvmlConfig
 from ftd.events import Kind, Severity
 
@@ -39,12 +44,15 @@ __all__ = [
     "pcie_replay",
     "retired_pages",
     "row_remap",
+    "sram_threshold",
     "temperature",
     "throttle",
     "throttle_sustained",
 ]
 
 Finding = tuple[Kind, Severity, dict[str, Any]]
+
+_FLAGS = frozenset({"sram_threshold_exceeded"})  # states among the ECC counters, not counts that rise
 
 
 @dataclasses.dataclass(slots=True)
@@ -67,6 +75,7 @@ def diff(old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: int, mem
     mem.hot, thermal = temperature(mem.hot, new, cfg)
     found = (
         ecc(old, new),
+        sram_threshold(old, new, index),
         ecc_correctable_rate(new, cfg, index, mem),
         row_remap(old, new),
         retired_pages(old, new, index),
@@ -90,12 +99,33 @@ def ecc(old: GpuSample | None, new: GpuSample) -> Finding | None:
         return None
     if old.ecc is None:
         return None
-    deltas = {k: v - old.ecc.get(k, 0) for k, v in new.ecc.items() if v > old.ecc.get(k, 0)}
+    deltas = {
+        k: v - old.ecc.get(k, 0) for k, v in new.ecc.items() if v > old.ecc.get(k, 0) and k not in _FLAGS
+    }
     if not deltas:
         return None
     dbe = any("_dbe" in k for k in deltas)
     severity = Severity.ERROR if dbe else Severity.WARNING
     return Kind.ECC, severity, {"deltas": deltas, "counters": new.ecc, "dbe": dbe}
+
+
+def sram_threshold(old: GpuSample | None, new: GpuSample, index: int) -> Finding | None:
+    """The GPU is past the SRAM replacement threshold and was not in the previous sample (or this is
+    the first): critical, a condition that stays until the GPU is replaced (the counter is lifetime)."""
+    if new.ecc is None or not sram_over_limit(new.ecc):
+        return None
+    if old is not None and sram_over_limit(old.ecc):
+        return None
+    data = {
+        "signal": "sram_threshold",
+        "sram_uncorrectable": new.ecc.get("aggregate_dbe_sram"),
+        "threshold": SRAM_UNCORRECTABLE_LIMIT,
+        "threshold_exceeded": bool(new.ecc.get("sram_threshold_exceeded", 0)),
+        "initial": old is None,
+        "counters": new.ecc,
+        "gpu": index,
+    }
+    return Kind.ECC, Severity.CRITICAL, data
 
 
 def ecc_correctable_rate(new: GpuSample, cfg: NvmlConfig, index: int, mem: GpuMemory) -> Finding | None:

@@ -14,6 +14,9 @@ Events (``source="nvml"``; each carries ``uuid``, ``index``, ``pci`` as lowercas
 * ``row_remap``: pending or failure newly set, or uncorrectable/correctable remaps grew; histogram.
 * ``ecc`` with ``signal = "correctable_rate"``: the volatile correctable count grows faster than
   ``ecc_correctable_rate_per_hour`` (warning, once per episode).
+* ``ecc`` with ``signal = "sram_threshold"``: the GPU is past NVIDIA's SRAM replacement threshold
+  (more than 4 uncorrectable SRAM errors over its life, or the driver's flag): critical, at start
+  and whenever it is crossed; a node condition, and the ``ecc_remap`` rule drains for RMA.
 * ``thermal``: temperature reached ``temperature_c`` (cleared below it minus the hysteresis), or a
   thermal / power-brake / hardware-slowdown throttle reason newly set; clearing is an ``info`` event.
   ``sustained=true`` (error, once per episode): an alerting throttle reason stayed set for
@@ -28,8 +31,8 @@ Events (``source="nvml"``; each carries ``uuid``, ``index``, ``pci`` as lowercas
   waits on the event set with a short timeout so it can stop.
 
 The first sample of a GPU is its baseline: counters are not reported, but *states* that need a
-human (volatile DBE > 0, remap pending/failure, retired pages pending) are reported once with
-``initial=true``.
+human (volatile DBE > 0, remap pending/failure, retired pages pending, SRAM past the threshold) are
+reported once with ``initial=true``.
 
 Without NVML (library missing, no driver) the watcher logs one line
 ``NVML unavailable: <reason>; GPU watcher disabled`` and idles until cancelled.
