@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from ftd.agent.watchers.nvml.real import RealNvml
 from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.config import NvmlConfig
 from ftd.events import Event, Kind, Severity
+from tests.skips import skip_without_gpu
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -247,20 +249,18 @@ async def test_no_nvml_logs_one_line_and_idles() -> None:
     assert lines == [("nvml_unavailable_watcher_disabled", "nvmlInit failed: Driver Not Loaded")]
 
 
-async def test_real_backend_without_library_is_unavailable_not_a_crash() -> None:
-    try:
-        import pynvml  # noqa: F401
-    except ImportError:
-        watcher, _ = make(FakeNvml(0))
-        watcher.backend = RealNvml()
-        task = asyncio.create_task(watcher.run())
-        await wait_for(lambda: watcher.available is False)
-        assert "pynvml" in (watcher.disabled_reason or "")
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    else:
-        pytest.skip("pynvml is installed here; the real-GPU test covers RealNvml")
+async def test_real_backend_without_library_is_unavailable_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # as if not installed: ``import pynvml`` raises
+    watcher, _ = make(FakeNvml(0))
+    watcher.backend = RealNvml()
+    task = asyncio.create_task(watcher.run())
+    await wait_for(lambda: watcher.available is False)
+    assert "pynvml" in (watcher.disabled_reason or "")
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def wait_for(predicate: Callable[[], bool], within_s: float = 10.0) -> None:
@@ -282,7 +282,7 @@ def _real_nvml_or_skip() -> RealNvml:
     except Exception as exc:
         if REQUIRE_GPU:
             pytest.fail(f"FTD_REQUIRE_GPU=1 and no NVML here: {exc}", pytrace=False)
-        pytest.skip(f"no NVML here (a GPU test; set FTD_REQUIRE_GPU=1 on a GPU machine): {exc}")
+        skip_without_gpu(f"no NVML (set FTD_REQUIRE_GPU=1 on a GPU machine): {exc}")
     return backend
 
 
@@ -292,7 +292,7 @@ def test_real_nvml_answers_every_question() -> None:
     try:
         count = backend.device_count()
         if count == 0:
-            pytest.skip("NVML present but no GPU")
+            skip_without_gpu("NVML present but no GPU")
         for index in range(count):
             ident = backend.identity(index)
             assert ident.uuid.startswith("GPU-")
@@ -312,7 +312,7 @@ def test_real_nvml_link_states_remap_and_throttle() -> None:
     backend = _real_nvml_or_skip()
     try:
         if backend.device_count() == 0:
-            pytest.skip("NVML present but no GPU")
+            skip_without_gpu("NVML present but no GPU")
         for index in range(backend.device_count()):
             try:
                 states = backend.nvlink_states(index)
