@@ -145,6 +145,35 @@ def sequence_lines(case: dict[str, Any]) -> list[str]:
     return [line for item in case.get("lines", []) for line in str(item).split("\n")]
 
 
+def _strings_under_lines(node: Any, inside: bool = False) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _strings_under_lines(value, inside or key == "lines")
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings_under_lines(value, inside)
+    elif isinstance(node, str) and inside:
+        yield node
+
+
+@cache
+def corpus_lines() -> frozenset[str]:
+    """Every log line the corpus holds, stripped: the entries' ``line``, the sequences' ``lines`` and
+    every line of the peers' raw data files (their MANIFEST.md and JSON configs are not log lines)."""
+    root = require_corpus()
+    texts: list[str] = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file():
+            continue
+        if path.name == "expected.json":
+            texts += [str(raw["line"]) for raw in _load(path)]
+        elif path.name == "sequences.json":
+            texts += list(_strings_under_lines(_load(path)))
+        elif path.suffix not in (".json", ".md"):
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    return frozenset(line.strip() for text in texts for line in text.splitlines() if line.strip())
+
+
 def kernel_events(lines: list[str]) -> list[KernelEvent]:
     """ftd's parse of ``lines`` as one kernel log, in order, with a fresh parser."""
     return list(parse_lines(lines, KmsgParser()))
