@@ -5,8 +5,8 @@ tests or docs hid a lost detector (issue #31: removing the NVMe path detector le
 suite green because copied lines still passed elsewhere), and they are not ours to copy. Unit tests
 use the project's own example lines; docs describe the forms, with examples of our own.
 
-What counts as a copy, in any ``.py`` (its string literals, adjacent ones joined, and its raw lines)
-or ``.md`` file (its lines, table cells and code spans) under tests/ and docs/:
+What counts as a copy, in any file under tests/ and docs/ (its raw lines; a ``.py`` file's string
+literals, adjacent ones joined; a ``.md`` file's table cells and code spans; a JSON file's strings):
 
 - a piece of ours of :data:`MIN_PIECE` characters or more that occurs in a corpus line (a whole line,
   or a long enough part of one, pasted);
@@ -22,9 +22,12 @@ own cannot avoid; the values are what make a line the peer's.
 from __future__ import annotations
 
 import ast
+import contextlib
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tests.conformance import ROOT, corpus_lines
 
@@ -34,8 +37,29 @@ SCANNED = ("tests", "docs")
 _CODE_SPAN = re.compile(r"`([^`]+)`")
 
 
+def _json_strings(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _json_strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _json_strings(value)
+    elif isinstance(node, str):
+        yield from node.splitlines()
+
+
+def _json_documents(path: Path, text: str) -> Iterator[Any]:
+    lines = text.splitlines() if path.suffix == ".jsonl" else [text]
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            yield json.loads(line)
+
+
 def pieces(path: Path, text: str) -> Iterator[str]:
     """The pieces of text a copy could hide in."""
+    if path.suffix in (".json", ".jsonl"):
+        for document in _json_documents(path, text):
+            yield from _json_strings(document)
     if path.suffix == ".py":
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
