@@ -103,7 +103,7 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_test() -> None:
     """An alert added to ftd-alerts.yml without both cases in deploy/prometheus/tests fails here
     (the promtool run above only runs the cases that exist)."""
     names = alert_names()
-    assert len(names) == len(set(names)) == 12
+    assert len(names) == len(set(names)) >= 12  # 12 shipped today: never a vacuous pass
     tested = rule_tests()
     untested = {
         name: sorted(tested.get(name, set())) for name in names if "both" not in tested.get(name, set())
