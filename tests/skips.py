@@ -38,6 +38,7 @@ def require_real() -> bool:
 
 def skip_without_gpu(why: str) -> NoReturn:
     """Skip a GPU test where there is no GPU: the one skip CI allows."""
+    __tracebackhide__ = True  # the skip is reported at the test's line, not here
     pytest.skip(NO_GPU + why)
 
 
