@@ -88,9 +88,9 @@ def test_forms_that_are_not_xid_lines() -> None:
     """No code after the address, or not a form any driver printed: nothing (peers agree)."""
     for line in (
         "NVRM: Xid (PCI:0000:3d:00): abc, pid=41877",
-        "NVRM: Xid (invalid): some error",
+        "NVRM: Xid (unknown): text lost",
         "NVRM: Xid : 32, pid=41877",
-        "NVRM: Xid error: xyz, invalid data",
+        "NVRM: Xid error: see the previous line",
         "NVRM: Xid (PCI:0000:05:00)",
     ):
         assert parse(line) == [], line

@@ -47,6 +47,7 @@ def run(
         monkeypatch.setenv("FTD_REQUIRE_REAL", "1")
     else:
         monkeypatch.delenv("FTD_REQUIRE_REAL", raising=False)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
     pytester.makepyfile(test_case=source)
     return pytester.runpytest_inprocess(
         "-p", "tests.skips", "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"
