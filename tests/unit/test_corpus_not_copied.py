@@ -26,10 +26,15 @@ import contextlib
 import json
 import re
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.conformance import ROOT, corpus_lines
+from tests.properties import examples
 
 MIN_PIECE = 30
 _VALUE = re.compile(r"\d{2,}")
@@ -126,3 +131,27 @@ def test_the_finder_sees_a_pasted_line_a_truncated_one_and_one_behind_our_prefix
     assert not finder.copies(
         Path("t.py"), "CASES = ['NVRM: Xid (PCI:0000:c7:00): 48, pid=31337, our own line']\n"
     )
+
+
+_OWN_TEXT = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp"), blacklist_characters="\x85"),
+    max_size=30,
+)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.data(), _OWN_TEXT, _OWN_TEXT)
+def test_a_valued_corpus_line_is_found_whatever_surrounds_it(
+    data: st.DataObject, before: str, after: str
+) -> None:
+    """Any corpus line that carries a value, pasted into a literal with any text of ours around it
+    (or into a Markdown code span), is reported."""
+    finder = _finder()
+    line = data.draw(st.sampled_from(finder.valued))
+    assert finder.copies(Path("t.py"), f"LINE = {before + line + after!r}\n")
+    assert finder.copies(Path("d.md"), f"- {before}`{line}`{after}\n")
+
+
+@cache
+def _finder() -> CopyFinder:
+    return CopyFinder(corpus_lines())
