@@ -65,6 +65,22 @@ $SUDO mkdir -p /run/munge
 $SUDO chown munge:munge /run/munge
 
 # --------------------------------------------------------------------------------------------------
+# What the tests themselves run besides the real parts (under FTD_REQUIRE_REAL=1 none of them may be
+# missing: a skip for it fails the run, tests/skips.py): Node.js for the dashboard's script tests
+# (tests/unit/test_api_oncall.py, test_standby_api.py), strace to re-measure the agent unit's
+# system-call filter (tests/unit/test_systemd_units.py).
+tools=()
+have node || tools+=(nodejs)
+have strace || tools+=(strace)
+if ((${#tools[@]})); then
+  echo "install-real-parts: installing ${tools[*]}"
+  $SUDO apt-get update
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${tools[@]}"
+else
+  echo "install-real-parts: node and strace are installed"
+fi
+
+# --------------------------------------------------------------------------------------------------
 # Headless Chromium for the dashboard test (tests/e2e/test_dashboard.py). Appended as its own block.
 if ! have chromium; then
   echo "install-real-parts: installing chromium (dashboard test)"

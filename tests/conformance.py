@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -29,6 +30,37 @@ ROOT = Path(__file__).resolve().parents[1]
 # ``FTD_CONFORMANCE_DIR`` names it where a checkout does not sit beside it (a clone made elsewhere).
 CORPUS = Path(os.environ.get("FTD_CONFORMANCE_DIR") or ROOT.parent / "shared" / "conformance")
 REQUIRE = os.environ.get("FTD_REQUIRE_REAL") == "1"
+
+
+#: Where ftd deliberately does not meet a peer's expectation, each with its reason (issue #31 item 6).
+DIVERGENCES_FILE = ROOT / "tests" / "conformance_divergences.toml"
+
+
+@dataclass(frozen=True)
+class Divergences:
+    """:data:`DIVERGENCES_FILE`, read: the only misses the conformance suite accepts."""
+
+    positive: dict[tuple[str, str], str]  # a peer word ftd reports nothing for -> why
+    negative: dict[tuple[str, str], tuple[frozenset[str], str]]  # (peer, test) -> ftd's kinds, why
+    xid: dict[str, str]  # a check's name in test_conformance_xid.py -> why
+
+
+@cache
+def divergences() -> Divergences:
+    raw = tomllib.loads(DIVERGENCES_FILE.read_text(encoding="utf-8"))
+    for section in raw.values():
+        for item in section:
+            assert str(item.get("reason", "")).strip(), (
+                f"{DIVERGENCES_FILE.name}: a divergence without a reason: {item}"
+            )
+    return Divergences(
+        positive={(str(d["word"][0]), str(d["word"][1])): d["reason"] for d in raw.get("positive", [])},
+        negative={
+            (str(d["peer"]), str(d["test"])): (frozenset(d["kinds"]), d["reason"])
+            for d in raw.get("negative", [])
+        },
+        xid={str(d["name"]): d["reason"] for d in raw.get("xid", [])},
+    )
 
 
 @dataclass(frozen=True)
@@ -111,6 +143,35 @@ def sequences(peer: str) -> list[dict[str, Any]]:
 def sequence_lines(case: dict[str, Any]) -> list[str]:
     """A case's lines (an element may itself hold a block joined by newlines)."""
     return [line for item in case.get("lines", []) for line in str(item).split("\n")]
+
+
+def _strings_under_lines(node: Any, inside: bool = False) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _strings_under_lines(value, inside or key == "lines")
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings_under_lines(value, inside)
+    elif isinstance(node, str) and inside:
+        yield node
+
+
+@cache
+def corpus_lines() -> frozenset[str]:
+    """Every log line the corpus holds, stripped: the entries' ``line``, the sequences' ``lines`` and
+    every line of the peers' raw data files (their MANIFEST.md and JSON configs are not log lines)."""
+    root = require_corpus()
+    texts: list[str] = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file():
+            continue
+        if path.name == "expected.json":
+            texts += [str(raw["line"]) for raw in _load(path)]
+        elif path.name == "sequences.json":
+            texts += list(_strings_under_lines(_load(path)))
+        elif path.suffix not in (".json", ".md"):
+            texts.append(path.read_text(encoding="utf-8", errors="replace"))
+    return frozenset(line.strip() for text in texts for line in text.splitlines() if line.strip())
 
 
 def kernel_events(lines: list[str]) -> list[KernelEvent]:

@@ -1,5 +1,6 @@
 """Shared fixtures: real parts started per test (or per module) on free ports; the Hypothesis
-profile (:mod:`tests.properties`) and the ``property`` marker every Hypothesis test carries."""
+profile (:mod:`tests.properties`) and the ``property`` marker every Hypothesis test carries; the
+hooks of :mod:`tests.skips` (no skip but a missing GPU under ``FTD_REQUIRE_REAL=1``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import structlog
 
 from tests import properties
 from tests.realparts import Mosquitto, SlurmCluster
+from tests.skips import pytest_make_collect_report, pytest_runtest_makereport
+
+# Under FTD_REQUIRE_REAL=1 a skip whose reason is not on tests/skips.py's allow-list fails the run.
+__all__ = ["pytest_make_collect_report", "pytest_runtest_makereport"]
 
 properties.load()  # before any test module is imported: their @settings read the profile
 

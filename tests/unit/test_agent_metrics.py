@@ -98,6 +98,6 @@ async def test_agent_serves_its_metrics(tmp_path: Path) -> None:
 
 
 def test_record_lag_reads_the_kernel_timestamp() -> None:
-    assert _record_lag(b"6,3973,227996636,-;NVRM: Xid ...", 230.0) == 230.0 - 227.996636
-    assert _record_lag(b"6,3973,227996636,-;x", 100.0) == 0.0  # never negative
+    assert _record_lag(b"6,5120,918273645,-;NVRM: Xid ...", 920.0) == 920.0 - 918.273645
+    assert _record_lag(b"6,5120,918273645,-;x", 100.0) == 0.0  # never negative
     assert _record_lag(b"garbage without fields", 100.0) == 0.0

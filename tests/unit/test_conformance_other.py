@@ -9,9 +9,11 @@ message, nvidia-resiliency-ext restart-agent registry ids): :data:`FTD_KIND` map
 words, never a line, to the ftd kind (or log pattern) expected. A peer word missing from the table
 fails the test, so new corpus entries cannot slip through unmapped.
 
-Targets (issue #23): >= 90% of the positive expectations produce the expected kind (reported per
-kind); a negative line produces nothing unless :data:`NEGATIVE_DIVERGENCES` documents why ftd
-reports it (docs/signals.md "Where ftd differs from its peers").
+Completeness per kind (issue #31): every positive expectation of every kind produces that kind, so
+losing one detector fails the suite however few lines it had; ftd reports nothing only for the peer
+words tests/conformance_divergences.toml lists (``[[positive]]``), and a negative line produces
+nothing unless a ``[[negative]]`` there says why ftd reports it (docs/signals.md "Where ftd differs
+from its peers"). Every divergence in the file must be used by the corpus.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from collections import Counter
 from typing import Any
 
 from ftd.catalog.log_patterns import LogPattern, load_patterns
-from tests.conformance import Entry, entries, kernel_events, sequence_lines, sequences
+from tests.conformance import Entry, divergences, entries, kernel_events, sequence_lines, sequences
 
 LOG = "log_pattern:"  # prefix of an expected training-log pattern name
 
-# The peer's word -> ftd's kind. ``None``: ftd reports nothing, on purpose (DIVERGENT_POSITIVES).
+# The peer's word -> ftd's kind. ``None``: ftd reports nothing, on purpose (a ``[[positive]]`` of
+# tests/conformance_divergences.toml says why).
 FTD_KIND: dict[tuple[str, Any], str | None] = {
     # gpud (components/*/kmsg_matcher_test.go): event names
     ("event", "access_reg_failed"): "nic",
@@ -93,37 +96,6 @@ FTD_KIND: dict[tuple[str, Any], str | None] = {
     ("registry", "time_limit"): LOG + "time_limit",
 }
 
-# Positive expectations where ftd reports nothing, on purpose (docs/signals.md).
-DIVERGENT_POSITIVES = {
-    ("msg", "eth link flap detected."): "ftd watches the training fabric's links (InfiniBand, RoCE on "
-    "mlx5); a carrier loss on another Ethernet interface is not a training fault",
-}
-
-# Negative expectations (the peer reports nothing) where ftd reports a kind, on purpose: keyed by the
-# peer's test, with the only kinds ftd may report there.
-NEGATIVE_DIVERGENCES: dict[tuple[str, str], tuple[frozenset[str], str]] = {
-    ("gpud", "TestHasPortModuleHighTemperature"): (
-        frozenset({"ib_link"}),
-        "a port module cable error (Low Signal) is a link fault for ftd; gpud's test only says it is "
-        "not a high temperature",
-    ),
-    ("gpud", "TestHasNCCLSegfaultInLibnccl"): (
-        frozenset({"segfault"}),
-        "ftd reports every segfault (the library is in the event's data); gpud's matcher is NCCL-only",
-    ),
-    ("gpud", "TestGetContainerName"): (
-        frozenset({"oom_kill"}),
-        "the kernel's oom-kill: summary line is an OOM kill even when one of its fields is unreadable",
-    ),
-    (
-        "node-problem-detector",
-        "rules of config/kernel-monitor.json + readonly-monitor.json applied to the line",
-    ): (
-        frozenset({"oom_kill"}),
-        "npd's rules read only 'Killed process'; ftd also reads the kernel's oom-kill: summary line",
-    ),
-}
-
 _GENERIC_REGISTRY_IDS = {"observed_exception"}  # a class every exception line has, not a signature
 
 
@@ -168,51 +140,52 @@ def test_every_peer_expectation_is_mapped() -> None:
     assert all(peer_words(e) for e in _other() if e.match is True)
 
 
-def test_other_positives_produce_the_expected_kind() -> None:
+def test_other_positives_produce_the_expected_kind_every_kind_complete() -> None:
     table = load_patterns()
+    documented = divergences().positive
     positives = [e for e in _other() if e.match is True]
     assert len(positives) >= 160  # 169 in the corpus today
     expected_by_kind: Counter[str] = Counter()
     hit_by_kind: Counter[str] = Counter()
     misses: list[str] = []
-    divergent = 0
+    used: set[tuple[str, str]] = set()
     for entry in positives:
         words = peer_words(entry)
         kinds = {FTD_KIND[word] for word in words}
         assert len(kinds) == 1, (entry.where(), words)  # the peer's words agree on one ftd kind
         (kind,) = kinds
         got = ftd_outcome(entry, table)
-        label = kind or "nothing (documented)"
-        expected_by_kind[label] += 1
-        if kind is None:
-            assert any(word in DIVERGENT_POSITIVES for word in words)
-            divergent += 1
-            if not got:
-                hit_by_kind[label] += 1
+        if kind is None:  # ftd reports nothing here, on purpose: the file must say why
+            why = [word for word in words if word in documented]
+            assert why, f"{entry.where()}: FTD_KIND maps {words} to nothing without a documented divergence"
+            used.update(why)
+            if got:
+                misses.append(f"{entry.where()}: documented as nothing, got {got}")
             continue
+        expected_by_kind[kind] += 1
         if kind in got:
-            hit_by_kind[label] += 1
+            hit_by_kind[kind] += 1
         else:
             misses.append(f"{entry.where()}: expected {kind}, got {got}")
-    hits = sum(n for label, n in hit_by_kind.items() if not label.startswith("nothing"))
     report = ", ".join(f"{k} {hit_by_kind[k]}/{n}" for k, n in sorted(expected_by_kind.items()))
+    hits = sum(hit_by_kind.values())
     print(
-        f"\nother positives: {hits}/{len(positives)} produce the expected kind ({hits / len(positives):.1%})"
+        f"\nother positives: {hits}/{sum(expected_by_kind.values())} produce the expected kind;"
+        f" per kind: {report}"
     )
-    print(f"per kind: {report}")
-    print("misses:\n  " + "\n  ".join(misses))
-    # Every kind ftd had before #23 is complete; the divergent positives are exactly the documented ones.
-    for kind in ("hung_task", "oom_kill", "ib_link"):
-        assert hit_by_kind[kind] == expected_by_kind[kind], (kind, misses)
-    assert hit_by_kind["nothing (documented)"] == divergent
-    # The issue's target: documented "nothing" divergences count as misses here.
-    assert hits / len(positives) >= 0.90, misses
+    incomplete = {k: f"{hit_by_kind[k]}/{n}" for k, n in expected_by_kind.items() if hit_by_kind[k] != n}
+    assert incomplete == {}, "kinds not detected on every corpus line of theirs:\n  " + "\n  ".join(misses)
+    assert misses == []
+    assert used == set(documented), (
+        f"documented divergences the corpus no longer has: {set(documented) - used}"
+    )
 
 
 def test_other_negatives_produce_nothing_unless_a_documented_divergence() -> None:
     table = load_patterns()
     negatives = [e for e in _other() if e.match is False]
     assert len(negatives) >= 60
+    documented = divergences().negative
     wrong: list[str] = []
     used: Counter[str] = Counter()
     for entry in negatives:
@@ -228,17 +201,16 @@ def test_other_negatives_produce_nothing_unless_a_documented_divergence() -> Non
             continue
         if not got:
             continue
-        allowed = [
-            NEGATIVE_DIVERGENCES[(entry.peer, test)]
-            for test in entry.tests
-            if (entry.peer, test) in NEGATIVE_DIVERGENCES
-        ]
-        if allowed and set(got) <= allowed[0][0]:
-            used[f"{entry.peer}:{next(iter(allowed[0][0]))}"] += 1
+        allowed = [(entry.peer, test) for test in entry.tests if (entry.peer, test) in documented]
+        if allowed and set(got) <= documented[allowed[0]][0]:
+            used[allowed[0]] += 1
         else:
             wrong.append(f"{entry.where()}: {got}")
     print(f"\nother negatives: {len(negatives)}; documented divergences used: {dict(used)}")
     assert wrong == []
+    assert set(used) == set(documented), (
+        f"documented divergences the corpus no longer has: {set(documented) - set(used)}"
+    )
 
 
 def test_unasserted_lines_never_break_the_parser_and_keep_their_address() -> None:

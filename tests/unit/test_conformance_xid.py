@@ -11,11 +11,12 @@ by a line.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ftd.agent.kmsg_parse import KernelEvent
-from tests.conformance import Entry, entries, kernel_events, sequence_lines, sequences
+from tests.conformance import Entry, divergences, entries, kernel_events, sequence_lines, sequences
 
 FALLEN = "fallen off the bus"
 
@@ -96,21 +97,21 @@ def _fallen_without_address(entry: Entry, events: list[KernelEvent]) -> bool:
     return event is not None and event.pci is None and event.action == "RESTART_BM"
 
 
+# Which entries each divergence applies to, and what ftd does instead; the reasons are in
+# tests/conformance_divergences.toml ([[xid]]), and each one there must have its check here.
 DIVERGENCES = [
-    # 2. Unknown codes: gpud's Match() drops a code its catalog lacks; ftd reports it (unknown_code),
-    #    as NVSentinel does: a new driver's Xid is news, not noise.
     Divergence("unknown-code", lambda e: "from its catalog" in _notes(e), _unknown_code),
-    # 4. SXid lines without "Link N" (SOE errors, truncated lines, the "Severity ... Engine instance"
-    #    continuation): NVSentinel emits nothing; ftd reports the SXid code (gpud extracts it too).
     Divergence("sxid-without-link", lambda e: 'without a "Link N" field' in _notes(e), _sxid_reported),
-    # 3b. A fall-off banner whose address is unreadable: gpud returns nil; ftd reports that a GPU
-    #    fell off the bus (which one unknown): the node still has a dead GPU.
     Divergence(
         "fallen-off-unreadable-address",
         lambda e: FALLEN in "\n".join(e.lines) and any(x.get("Match.nil") is True for x in e.expectations()),
         _fallen_without_address,
     ),
 ]
+
+
+def test_every_xid_divergence_is_documented_with_its_reason() -> None:
+    assert {d.name for d in DIVERGENCES} == set(divergences().xid)
 
 
 def test_xid_and_sxid_negatives_produce_nothing_unless_a_documented_divergence() -> None:
@@ -219,7 +220,11 @@ def test_gpud_xid_119_dmesg_file() -> None:
     assert {(e.kind.value, e.code, _short(e.pci)) for e in events} == {
         ("xid", expected["all"]["xid"], "0000:9b:00")
     }
-    assert {e.uuid for e in events} == {"GPU-509665ad-b600-ac93-3616-d754b23d636d"}  # from the GPU-at line
+    # the GPU's UUID comes from the case's own "GPU at PCI:...: GPU-..." line (read in place)
+    printed = {
+        m.group(1) for line in sequence_lines(case) if (m := re.search(r"GPU at \S+: (GPU-[0-9a-f-]+)", line))
+    }
+    assert len(printed) == 1 and {e.uuid for e in events} == printed
 
 
 def test_gpud_multiline_fallen_off_bus() -> None:

@@ -87,7 +87,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ),
     (
         "NVRM: Xid (PCI:0000:1b:00.0): 119, pid=1, name=nvidia-smi, "
-        "Timeout after 6s of waiting for RPC response",
+        "Timeout after 45s of waiting for RPC response (function 76)",
         dict(kind=Kind.XID, code=119, pci="0000:1b:00.0", action="RESET_GPU"),
     ),
     (
@@ -490,11 +490,11 @@ def test_a_cached_repeat_is_a_parse_of_its_line() -> None:
 
 NVLINK5_CASES: list[tuple[str, dict[str, Any]]] = [
     (  # R575+ form: two spaces, six register words; sub-code = bits 20-25 of the first word
-        "[171167.620236] NVRM: Xid (PCI:0009:01:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 01 "
-        "(0x021425c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+        "[ 84211.337104] NVRM: Xid (PCI:0007:41:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 03 "
+        "(0x02143a05 0x00000000 0x00000000 0x00000000 0x00000000 0x00000001)",
         dict(
-            code=149, pci="0009:01:00.0", severity="critical", nvlink5_unit="NETIR_LINK_EVT", fatal=True,
-            link=1, xc=0, instance=0, intr_info="0x021425c6", error_status="0x00000000", sub_code=0x21,
+            code=149, pci="0007:41:00.0", severity="critical", nvlink5_unit="NETIR_LINK_EVT", fatal=True,
+            link=3, xc=0, instance=0, intr_info="0x02143a05", error_status="0x00000000", sub_code=0x21,
         ),
     ),
     (
@@ -504,7 +504,7 @@ NVLINK5_CASES: list[tuple[str, dict[str, Any]]] = [
     ),
     (
         "NVRM: Xid (PCI:0000:04:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 "
-        "(0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)",
+        "(0x00470a11 0x00000000 0x00000000 0x00000000 0x00000000 0x00000002)",
         dict(code=149, link=8, sub_code=4),
     ),
     (
@@ -516,8 +516,8 @@ NVLINK5_CASES: list[tuple[str, dict[str, Any]]] = [
         ),
     ),
     (
-        "NVRM: Xid (PCI:0000:04:00): 145, RLW_CTRL Nonfatal XC0 i0 Link 00 "
-        "(0x00000003 0x80000000 0x00000000 0x00000000)",
+        "NVRM: Xid (PCI:0000:4c:00): 145, RLW_CTRL Nonfatal XC0 i0 Link 03 "
+        "(0x00000006 0x80000000 0x00000000 0x00000010)",
         dict(code=145, severity="warning", fatal=False, error_status="0x80000000"),
     ),
     (  # Xid 150 is fatal whatever the word says

@@ -87,10 +87,10 @@ def test_oldest_form_without_an_address(prefix: str, code: int, words: str) -> N
 def test_forms_that_are_not_xid_lines() -> None:
     """No code after the address, or not a form any driver printed: nothing (peers agree)."""
     for line in (
-        "NVRM: Xid (PCI:0000:66:00): abc, pid=2280636",
-        "NVRM: Xid (invalid): some error",
-        "NVRM: Xid : 32, pid=2280636",
-        "NVRM: Xid error: xyz, invalid data",
+        "NVRM: Xid (PCI:0000:3d:00): abc, pid=41877",
+        "NVRM: Xid (unknown): text lost",
+        "NVRM: Xid : 32, pid=41877",
+        "NVRM: Xid error: see the previous line",
         "NVRM: Xid (PCI:0000:05:00)",
     ):
         assert parse(line) == [], line
@@ -126,7 +126,7 @@ registers = st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=6).map(
 def test_sxid_register_line_alone_is_reported_with_unknown_fatality(
     prefix: str, code: int, bus: int, words: str
 ) -> None:
-    event = one(f"{prefix}nvidia-nvswitch0: SXid (PCI:0000:{bus:02x}:00.0): {code}, Data {{{words}}}")
+    event = one(f"{prefix}nvidia-nvswitch5: SXid (PCI:0000:{bus:02x}:00.0): {code}, Data {{{words}}}")
     assert (event.kind, event.code, event.pci) == (Kind.SXID, code, f"0000:{bus:02x}:00.0")
     assert event.extra["fatal"] is None and event.extra["header_missing"] is True
     assert event.severity == "warning"  # unknown fatality never drains a node on its own
@@ -164,7 +164,7 @@ def test_fallen_off_the_bus_three_line_banner(
 ) -> None:
     lines = [
         f"{prefix}NVRM: The NVIDIA GPU {domain:04x}:{bus:02x}:00.0",
-        f"{indent}NVRM: (PCI ID: 10de:2901) installed in this system has"
+        f"{indent}NVRM: (PCI ID: 10de:2330) installed in this system has"
         if pci_id
         else f"{indent}NVRM: installed in this system has",
         f"{indent}NVRM: fallen off the bus and is not responding to commands.",
@@ -186,13 +186,13 @@ def test_fallen_off_the_bus_three_line_banner(
 )
 def test_xid_13_and_74_details(prefix: str, gpc: int, tpc: int, sm: int, regs: list[int]) -> None:
     thirteen = one(
-        f"{prefix}NVRM: Xid (PCI:0000:b5:00): 13, pid='<unknown>', name=<unknown>, "
+        f"{prefix}NVRM: Xid (PCI:0000:9a:00): 13, pid='<unknown>', name=<unknown>, "
         f"Graphics SM Warp Exception on (GPC {gpc}, TPC {tpc}, SM {sm}): Out Of Range Address"
     )
     assert (thirteen.extra["gpc"], thirteen.extra["tpc"], thirteen.extra["sm"]) == (gpc, tpc, sm)
     words = ", ".join(hex(r) for r in regs)
     seventy_four = one(
-        f"{prefix}NVRM: Xid (PCI:0003:00:00): 74, pid='<unknown>', name=<unknown>, "
+        f"{prefix}NVRM: Xid (PCI:0002:81:00): 74, pid='<unknown>', name=<unknown>, "
         f"NVLink: fatal error detected on link {gpc % 18}({words})"
     )
     assert seventy_four.extra["link"] == gpc % 18

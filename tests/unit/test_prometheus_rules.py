@@ -76,6 +76,44 @@ def test_promtool_checks_and_unit_tests_the_rules() -> None:
     assert run.returncode == 0 and "SUCCESS" in run.stdout, run.stdout + run.stderr
 
 
+def alert_names() -> list[str]:
+    groups = yaml.safe_load((PROMETHEUS / "ftd-alerts.yml").read_text())["groups"]
+    return [rule["alert"] for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+def rule_tests() -> dict[str, set[str]]:
+    """What the ``promtool test rules`` files check per alert: ``firing`` when a test group expects it
+    to fire at one time and stay quiet at another (so the quiet case sees the series that fire, not an
+    empty input), ``fires``/``quiet`` for groups that check only one side."""
+    seen: dict[str, set[str]] = {}
+    for path in sorted((PROMETHEUS / "tests").glob("*.yml")):
+        for group in yaml.safe_load(path.read_text())["tests"]:
+            sides: dict[str, set[str]] = {}
+            for case in group.get("alert_rule_test", []):
+                side = "fires" if case.get("exp_alerts") else "quiet"
+                sides.setdefault(case["alertname"], set()).add(side)
+            for name, found in sides.items():
+                seen.setdefault(name, set()).update(
+                    found | ({"both"} if found == {"fires", "quiet"} else set())
+                )
+    return seen
+
+
+def test_every_alert_has_a_firing_and_a_quiet_promtool_test() -> None:
+    """An alert added to ftd-alerts.yml without both cases in deploy/prometheus/tests fails here
+    (the promtool run above only runs the cases that exist)."""
+    names = alert_names()
+    assert len(names) == len(set(names)) >= 12  # 12 shipped today: never a vacuous pass
+    tested = rule_tests()
+    untested = {
+        name: sorted(tested.get(name, set())) for name in names if "both" not in tested.get(name, set())
+    }
+    assert not untested, f"alerts without a firing and a quiet case in one promtool test group: {untested}"
+    assert not set(tested) - set(names), (
+        f"promtool tests of alerts that do not exist: {set(tested) - set(names)}"
+    )
+
+
 def test_every_alert_has_a_runbook_and_names_exported_metrics(metric_names: set[str]) -> None:
     rules = [
         r for g in yaml.safe_load((PROMETHEUS / "ftd-alerts.yml").read_text())["groups"] for r in g["rules"]

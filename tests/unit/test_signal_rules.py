@@ -374,7 +374,7 @@ def test_nvlink5_follows_the_parsers_decode_and_names_its_sub_code() -> None:
 
     fatal_line = (
         "[ 900.1] NVRM: Xid (PCI:0000:1b:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04 "
-        "(0x004505c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+        "(0x00470a11 0x00000000 0x00000000 0x00000000 0x00000000 0x00000002)"
     )
     benign_line = (
         "[ 901.1] NVRM: Xid (PCI:0000:1b:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 01 (0x00000004 0x0)"
@@ -384,7 +384,7 @@ def test_nvlink5_follows_the_parsers_decode_and_names_its_sub_code() -> None:
     )
     actions = evaluate_rule(xid_catalog, fatal, view())
     assert kinds(actions) == [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]
-    assert "NETIR_LINK_EVT, link 4, sub-code 4, intr 0x004505c6" in actions[1].reason
+    assert "NETIR_LINK_EVT, link 4, sub-code 4, intr 0x00470a11" in actions[1].reason
     assert kinds(evaluate_rule(xid_catalog, benign, view())) == [("notify", "node-1")]
 
 

@@ -21,6 +21,7 @@ from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.catalog.gpu_limits import sram_over_limit
 from ftd.config import NvmlConfig
 from ftd.events import Event, Kind, Severity
+from tests.skips import skip_without_gpu
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -283,7 +284,7 @@ def _real_nvml_or_skip() -> RealNvml:
     except Exception as exc:
         if REQUIRE_GPU:
             pytest.fail(f"FTD_REQUIRE_GPU=1 and no NVML here: {exc}", pytrace=False)
-        pytest.skip(f"no NVML here (a GPU test; set FTD_REQUIRE_GPU=1 on a GPU machine): {exc}")
+        skip_without_gpu(f"no NVML (set FTD_REQUIRE_GPU=1 on a GPU machine): {exc}")
     return backend
 
 
@@ -293,7 +294,7 @@ def test_real_nvml_answers_every_question() -> None:
     try:
         count = backend.device_count()
         if count == 0:
-            pytest.skip("NVML present but no GPU")
+            skip_without_gpu("NVML present but no GPU")
         for index in range(count):
             ident = backend.identity(index)
             assert ident.uuid.startswith("GPU-")
@@ -313,7 +314,7 @@ def test_real_nvml_link_states_remap_and_throttle() -> None:
     backend = _real_nvml_or_skip()
     try:
         if backend.device_count() == 0:
-            pytest.skip("NVML present but no GPU")
+            skip_without_gpu("NVML present but no GPU")
         for index in range(backend.device_count()):
             try:
                 states = backend.nvlink_states(index)
