@@ -67,6 +67,7 @@ from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, Prefl
 from ftd.agent.local_api import registration, wire
 from ftd.agent.local_api.callbacks import CallbackQueue
 from ftd.agent.local_api.inject import PRIVILEGED_OPS, InjectMsg
+from ftd.agent.local_api.owners import Owner, RankOwners
 from ftd.agent.local_api.pending import PendingDirectives
 from ftd.agent.local_api.presence import PresenceReports
 from ftd.agent.local_api.state import Conn
@@ -136,6 +137,7 @@ class LocalApi:
         self._conns: set[Conn] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self._jobs: dict[str, set[Conn]] = {}
+        self._owners = RankOwners(self._live_pids)  # whose process a pid is, ranks that just left too
         self._pending = PendingDirectives(pending_ttl_s)
         self._presence = PresenceReports(
             self._ranks,
@@ -260,6 +262,16 @@ class LocalApi:
     def jobs(self) -> dict[str, list[RankInfo]]:
         """Registered ranks by job, each list sorted by rank."""
         return {job: self._ranks(job) for job in sorted(self._jobs)}
+
+    def owner_of(self, pid: int) -> Owner | None:
+        """(job, rank) of the rank whose process is ``pid``: registered now, or whose connection
+        closed a short while ago (:mod:`ftd.agent.local_api.owners`: a segfault's kernel line can be
+        read after the dead rank's connection closed)."""
+        return self._owners.owner(pid)
+
+    def _live_pids(self) -> list[tuple[int, Owner]]:
+        jobs = self._jobs.items()
+        return [(c.pid, (job, c.rank)) for job, conns in jobs for c in conns if c.pid is not None]
 
     def supervisor(self, job: str) -> SupervisorInfo | None:
         """The job's rank supervisor on this node as it last reported (``lost`` once its connection
@@ -710,6 +722,7 @@ class LocalApi:
         job = conn.job
         if job is None:
             return
+        self._owners.left(conn.pid, (job, conn.rank))
         members = self._jobs.get(job)
         if members is not None:
             members.discard(conn)
