@@ -128,7 +128,6 @@ class Agent:
     """Runs the parts :func:`ftd.agent.wiring.build_agent` built; see the module docstring."""
 
     def __init__(self, parts: AgentParts, *, metrics: MetricsServer | None = None) -> None:
-        self.parts = parts
         self.cfg = parts.cfg
         self.node = parts.node
         self.rack_broker = parts.rack_broker

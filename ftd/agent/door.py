@@ -2,7 +2,7 @@
 
 Where it stands: it is storm control's downstream (:class:`~ftd.agent.storm.StormControl` hands it
 what it lets through), so it sees every event whatever produced it: the watchers' events that
-:meth:`Agent.emit <ftd.agent.app.Agent.emit>` offers, the kernel-log watcher's, which it offers to
+the agent's ``emit`` offers (:mod:`ftd.agent.wiring`), the kernel-log watcher's, which it offers to
 storm control itself (its fast path), storm control's summaries of repeats and the events it
 re-publishes from its checkpoint after a restart, the local API's (a rank supervisor lost or
 failed), ``ftd inject``'s drills, leftover processes after a job, and the agent's own health.

@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.daemons import REPO, Daemon
+from tests.e2e.shipped_stack import _log_records
 from tests.e2e.stack import wait_until
 from tests.realparts import Mosquitto
 
@@ -61,20 +62,10 @@ class Node:
         return [json.loads(body) for (body,) in rows]
 
     def decisions(self) -> list[dict[str, Any]]:
-        return _records(self.coordinator.log(), "action_decided")
+        return _log_records(self.coordinator.log(), "action_decided")
 
     def agent_records(self, event: str) -> list[dict[str, Any]]:
-        return _records(self.agent.log(), event)
-
-
-def _records(log: str, event: str) -> list[dict[str, Any]]:
-    out = []
-    for line in log.splitlines():
-        with contextlib.suppress(ValueError):
-            rec = json.loads(line)
-            if isinstance(rec, dict) and rec.get("event") == event:
-                out.append(rec)
-    return out
+        return _log_records(self.agent.log(), event)
 
 
 @pytest.fixture

@@ -136,3 +136,15 @@ async def test_the_kernel_logs_first_segfault_and_storm_controls_summary_both_ca
             await collector
         await agent.close()
         await sub.stop()
+
+
+def test_no_agent_module_but_the_door_addresses_an_event_to_the_bus() -> None:
+    """The one door stays the only one: any other agent module naming an event topic would publish
+    events that skip the enrichment (the defect of issue #31 item 2, where kmsg events did)."""
+    agent = Path(__file__).resolve().parents[2] / "ftd" / "agent"
+    naming = sorted(
+        str(path.relative_to(agent))
+        for path in agent.rglob("*.py")
+        if any(name in path.read_text() for name in ("node_event(", "node_event_batch(", "EVENT_BATCH"))
+    )
+    assert naming == ["door.py"]
