@@ -18,8 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftd.agent.door import RANK_KINDS, enriched
+from ftd.agent.kmsg_parse.parser import parse_lines
 from ftd.agent.local_api.owners import RankOwners
 from ftd.agent.save_path import FS_KINDS, Mount
+from ftd.agent.watchers.kmsg import kernel_event_to_event
 from ftd.agent.wiring import build_agent
 from ftd.bus import topics
 from ftd.bus.memory import MemoryBroker, MemoryBus
@@ -68,6 +70,28 @@ def test_only_a_named_pid_of_a_known_rank_adds_its_job_and_rank_and_nothing_is_o
         assert out is event  # nothing added, nothing copied
     assert {k: out.data[k] for k in data} == data  # what the event said stays as it said it
     assert asked == (["ranks", "mounts"] if kind in FS_KINDS else [])  # asked only where needed
+
+
+def test_a_kernel_read_only_remount_gets_its_mount_and_the_jobs_saving_there() -> None:
+    """Kernel-log filesystem events skipped the enrichment too (kmsg never went through emit): at the
+    door the device the kernel names becomes the mount, its type, and the jobs whose ranks save there."""
+    [kev] = parse_lines(["[ 90.100000] EXT4-fs (nvme0n1p1): Remounting filesystem read-only"])
+    event = kernel_event_to_event("n1", kev)
+    mounts = [
+        Mount("/dev/nvme0n1p1", "/ckpt", "ext4", frozenset({"ro"})),
+        Mount("/dev/sda1", "/", "ext4", frozenset({"rw"})),
+    ]
+    ranks = {
+        "j1": [RankInfo(rank=0, checkpoint_dir="/ckpt/j1")],
+        "j2": [RankInfo(rank=0, checkpoint_dir="/x")],
+    }
+    out = enriched(event, owner_of=lambda pid: None, ranks=lambda: ranks, mounts=lambda: mounts)
+    assert (out.kind, out.data["mount"], out.data["fstype"], out.data["jobs"]) == (
+        Kind.FS_READONLY,
+        "/ckpt",
+        "ext4",
+        ["j1"],
+    )
 
 
 def test_a_rank_that_left_is_still_the_owner_of_its_pid_for_keep_s() -> None:
