@@ -24,9 +24,10 @@ sd_notify: ``READY=1`` once subscribed and running; ``WATCHDOG=1`` from the heal
 the core tasks are alive and the event loop is responsive (a blocked loop stops the pings, and
 systemd's ``WatchdogSec`` restarts us).
 
-Inbound: job directives (``ftd/v1/nodes/{node}/directives/jobs``: the coordinator sends a job's
-directives only to the nodes that run it) are relayed to the trainers of jobs this node hosts; node
-directives (``gpu_reset``, ``collect_diagnostics``, ``preflight``) run as side tasks in
+Inbound (:mod:`ftd.agent.inbound`): receipts let the outbox forget what the coordinator took; job
+directives (``ftd/v1/nodes/{node}/directives/jobs``: the coordinator sends a job's directives only to
+the nodes that run it) are relayed to the trainers of jobs this node hosts; node directives
+(``gpu_reset``, ``collect_diagnostics``, ``preflight``) run as side tasks in
 :mod:`ftd.agent.node_actions`, each answered with an :class:`~ftd.events.Ack` on
 ``ftd/v1/nodes/{node}/acks``. What arrives on the local socket (job presence, the Slurm
 Prolog/Epilog, ``ftd health``, ``ftd preflight``, ``ftd inject``, the ranks' acks) is answered by
@@ -38,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ from ftd.agent.conditions import ConditionBook
 from ftd.agent.door import Door
 from ftd.agent.gpu_reset import GpuResetter
 from ftd.agent.hooks import NodeHooks
+from ftd.agent.inbound import Inbound
 from ftd.agent.jobs import SchedulerJobs
 from ftd.agent.local_api import LocalApi
 from ftd.agent.metrics import MetricsServer
@@ -59,16 +61,10 @@ from ftd.agent.watchers.base import Emit, Watcher
 from ftd.agent.watchers.kmsg import KmsgWatcher
 from ftd.bus import topics
 from ftd.bus.base import Bus, LastWill, Message
-from ftd.client.protocol import RUN_PARAM
 from ftd.config import AgentConfig
 from ftd.events import (
-    CoordinatorStatus,
-    DecodeError,
-    Directive,
     NodeStatus,
-    Receipt,
     Severity,
-    decode,
     encode,
 )
 from ftd.logs import get_logger
@@ -116,6 +112,7 @@ class AgentParts:
     supervisor: WatcherSupervisor
     gpu_resetter: GpuResetter
     node_actions: NodeActions
+    inbound: Inbound
     health_interval_s: float
 
     @property
@@ -147,22 +144,26 @@ class Agent:
         self.supervisor = parts.supervisor
         self.gpu_resetter = parts.gpu_resetter
         self.node_actions = parts.node_actions
+        self.inbound = parts.inbound
         self.health_interval_s = parts.health_interval_s
         self.metrics = metrics
         self._startup_problems = parts.startup_problems
         self._spool_reported = (0, 0)  # (outages, recoveries) reported so far
-        self.bad_messages = 0
         self.watcher_restarts = self.supervisor.restarts  # by watcher name
         self._reported_drops = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self._core: list[asyncio.Task[Any]] = []
-        self._side: set[asyncio.Task[Any]] = set()
         self.watchdog_pings = 0
 
     @property
     def events_by_kind(self) -> dict[str, int]:
         """Events published by kind, after storm control (the metrics)."""
         return self.door.events_by_kind
+
+    @property
+    def bad_messages(self) -> int:
+        """Bus messages that could not be decoded (ignored)."""
+        return self.inbound.bad_messages
 
     async def _report_spool(self) -> None:
         """Spool outages (once each, with the error) and recoveries, as ``agent_health`` events."""
@@ -185,92 +186,6 @@ class Agent:
                 held=len(outbox),
             )
         self._spool_reported = (outbox.spool_outages, outbox.spool_recoveries)
-
-    # --- inbound -------------------------------------------------------------------------------
-
-    def _on_receipt(self, message: Message) -> None:
-        receipt = decode(message.payload, Receipt, max_bytes=16 << 20)
-        if receipt.node != self.node:
-            raise DecodeError(f"receipt for node {receipt.node!r}")
-        self.outbox.receipted(receipt.ids)
-        if receipt.rejected:
-            self.outbox.rejected(receipt.rejected)
-
-    def _on_coordinator_status(self, message: Message) -> None:
-        if not message.payload:
-            return
-        status = decode(message.payload, CoordinatorStatus)
-        if status.state == "online":
-            resent = self.outbox.resend_unreceipted()
-            if resent:
-                log.info("coordinator_online_resending_unreceipted", events=resent)
-
-    async def _resend_overdue(self) -> None:
-        """Events whose receipt is overdue go out again (a lost receipt, a coordinator that lost them)."""
-        period = max(0.5, self.outbox.receipt_timeout_s / 4)
-        while True:
-            await asyncio.sleep(period)
-            resent = self.outbox.resend_unreceipted(self.outbox.receipt_timeout_s)
-            if resent:
-                log.warning("receipts_overdue_resending", events=resent)
-
-    async def _pump_directives(self) -> None:
-        node_topic = topics.node_directives(self.node)
-        jobs_topic = topics.node_job_directives(self.node)
-        receipts_topic = topics.node_receipts(self.node)
-        async for message in self.bus.messages():
-            if message.topic in (receipts_topic, topics.COORDINATOR_STATUS):
-                try:
-                    if message.topic == receipts_topic:
-                        self._on_receipt(message)
-                    else:
-                        self._on_coordinator_status(message)
-                except DecodeError as exc:
-                    self.bad_messages += 1
-                    log.warning("bad_bus_message_ignored", topic=message.topic, error=str(exc)[:300])
-                continue
-            try:
-                directive = decode(message.payload, Directive)
-            except DecodeError as exc:
-                self.bad_messages += 1
-                log.warning("bad_directive_ignored", topic=message.topic, error=str(exc)[:300])
-                continue
-            if message.topic == node_topic:
-                self._node_directive(directive)
-            elif message.topic == jobs_topic and directive.job is not None:
-                if (
-                    not self.local_api.hosts(directive.job)
-                    and not directive.params.get(RUN_PARAM)
-                    and directive.action != "restart"
-                ):
-                    # No rank or rank supervisor (ftd run) of the job here and no run named: a job this
-                    # node does not host. One that names its run stays pending for that run's ranks
-                    # (they register again after an agent restart: the broker kept the directive for
-                    # this session meanwhile); a restart stays pending for the job's supervisor.
-                    log.info("directive_unknown_job_ignored", job=directive.job, directive_id=directive.id)
-                    continue
-                reached = await self.local_api.deliver(directive)
-                log.info(
-                    "directive_relayed",
-                    action=directive.action,
-                    job=directive.job,
-                    ranks=reached,
-                    directive_id=directive.id,
-                )
-
-    def _node_directive(self, directive: Directive) -> None:
-        """A directive for the node itself: its handler (:mod:`ftd.agent.node_actions`) runs aside."""
-        handler = self.node_actions.handler(directive.action)
-        if handler is None:
-            log.warning("node_directive_not_supported", action=directive.action, directive_id=directive.id)
-            return
-        self._spawn(handler(directive), name=f"{directive.action}:{directive.id}")
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> None:
-        """Run ``coro`` as a side task: kept until done, cancelled by :meth:`close`."""
-        task = asyncio.create_task(coro, name=name)
-        self._side.add(task)
-        task.add_done_callback(self._side.discard)
 
     # --- supervision ---------------------------------------------------------------------------
 
@@ -315,25 +230,21 @@ class Agent:
         await self.local_api.start()
         if self.metrics is not None:
             await self.metrics.start()
-        # Only this node's own job directives: the coordinator sends a job's directives to each node
-        # the scheduler runs it on, and the broker's ACL lets a node read no other node's.
-        await self.bus.subscribe(topics.node_job_directives(self.node))
-        await self.bus.subscribe(topics.node_directives(self.node))
-        await self.bus.subscribe(topics.node_receipts(self.node))
-        await self.bus.subscribe(topics.COORDINATOR_STATUS)
+        for topic in self.inbound.topics():
+            await self.bus.subscribe(topic)
         await self.bus.start()
         await self.hooks.ended_while_away()  # Epilogs that ran while the agent was down
         self.door.publish_conditions()  # the conditions kept across the restart (or none: clears it)
         await self.hooks.republish()  # jobs the Prolog reported before a restart
         self._core = [
             asyncio.create_task(self.outbox.run(), name="outbox"),
-            asyncio.create_task(self._pump_directives(), name="directives"),
+            asyncio.create_task(self.inbound.pump(), name="directives"),
             asyncio.create_task(self.storm.run(), name="storm"),
         ]
         self._tasks = [
             *self._core,
             asyncio.create_task(self._health_loop(), name="health"),
-            asyncio.create_task(self._resend_overdue(), name="resend-overdue"),
+            asyncio.create_task(self.inbound.resend_overdue(), name="resend-overdue"),
             *(
                 asyncio.create_task(self.supervisor.supervise(w), name=f"supervise:{w.name}")
                 for w in self.watchers
@@ -374,7 +285,7 @@ class Agent:
 
     async def close(self, flush_s: float = 2.0) -> None:
         tasks, self._tasks = self._tasks, []
-        side, self._side = list(self._side), set()
+        side = list(self.inbound.side)
         outbox_task = next((t for t in tasks if t.get_name() == "outbox"), None)
         for task in [*tasks, *side]:
             if task is not outbox_task:

@@ -30,6 +30,7 @@ from ftd.agent.conditions import ConditionBook
 from ftd.agent.door import Door
 from ftd.agent.gpu_reset import GpuResetter, Runner
 from ftd.agent.hooks import NodeHooks
+from ftd.agent.inbound import Inbound
 from ftd.agent.jobs import HookMsg, SchedulerJobs
 from ftd.agent.local_api import LocalApi
 from ftd.agent.local_api.inject import InjectMsg
@@ -185,6 +186,15 @@ def build_agent(
         nvml_backend=nvml_backend,
     )
     gpu_resetter = GpuResetter(node, runner=gpu_runner)
+    node_actions = NodeActions(
+        node,
+        outbox=outbox,
+        emit=emit,
+        gpu_resetter=gpu_resetter,
+        jobs=local_api.jobs,
+        preflight_now=hooks.preflight_now,
+        diagnostics_dir=state_dir / "diagnostics",
+    )
     parts = AgentParts(
         cfg=cfg,
         node=node,
@@ -205,15 +215,8 @@ def build_agent(
         watchers=all_watchers,
         supervisor=WatcherSupervisor(stall_s, health),
         gpu_resetter=gpu_resetter,
-        node_actions=NodeActions(
-            node,
-            outbox=outbox,
-            emit=emit,
-            gpu_resetter=gpu_resetter,
-            jobs=local_api.jobs,
-            preflight_now=hooks.preflight_now,
-            diagnostics_dir=state_dir / "diagnostics",
-        ),
+        node_actions=node_actions,
+        inbound=Inbound(node, bus=bus, outbox=outbox, local_api=local_api, node_actions=node_actions),
         health_interval_s=health_interval_s,
     )
     metrics = MetricsServer(parts, cfg.metrics) if cfg.metrics.port else None
