@@ -106,6 +106,8 @@ def build_agent(
         NodeConditionWriter(cfg.kubernetes, node, conditions) if cfg.kubernetes.node_conditions else None
     )
 
+    # The local API is built first; what it calls (storm control through emit, the hooks) is built
+    # below with it, and these closures reach them once built (before anything runs).
     async def emit(event: Event) -> None:
         """Every watcher's way in: storm control, then the one door."""
         await storm.process(event)
