@@ -48,15 +48,17 @@ log = get_logger(__name__)
 
 
 class Agent(Protocol):
-    """What the collector reads of :class:`ftd.agent.app.Agent` (which imports this module)."""
+    """What the collector reads of the agent's parts (:class:`ftd.agent.app.AgentParts`)."""
 
     bus: Bus
     outbox: Outbox
     kmsg: KmsgWatcher
     watchers: list[Watcher]
     supervisor: WatcherSupervisor
-    events_by_kind: dict[str, int]
     local_api: LocalApi
+
+    @property
+    def events_by_kind(self) -> dict[str, int]: ...
 
 
 class AgentCollector:

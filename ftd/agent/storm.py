@@ -99,7 +99,7 @@ __all__ = ["Checkpoint", "Repeat", "SavedWindow", "StormControl", "StormState", 
 
 log = get_logger(__name__)
 
-#: Where storm control hands what it lets through (the agent's emit; watchers sit above storm control).
+#: Where storm control hands what it lets through (the agent's one door, :mod:`ftd.agent.door`).
 Publish = Callable[[Event], Awaitable[None]]
 
 _VOLATILE = frozenset({"line", "seq", "kernel_ts", "ts", "silent_s", "catalog_version"})
@@ -218,7 +218,7 @@ class Checkpoint(Protocol):
 
 
 class StormControl:
-    """Sits in front of ``downstream`` (normally the agent's outbox); see the module docstring.
+    """Sits in front of ``downstream`` (the agent's one door, then its outbox); see the module docstring.
 
     With a ``checkpoint``, the state it holds is restored here, and it is saved ahead of every
     publish."""

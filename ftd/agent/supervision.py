@@ -22,12 +22,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from ftd.agent.watchers.base import Watcher
-from ftd.events import Severity
+from ftd.events import Event, Kind, Severity, make_event
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["Named", "WatcherSupervisor"]
+__all__ = ["Named", "WatcherSupervisor", "health_reporter"]
 
 _BACKOFF_MIN_S = 0.5
 _BACKOFF_MAX_S = 30.0
@@ -35,6 +35,16 @@ _GOOD_RUN_S = 60.0  # a watcher that ran this long before failing starts its bac
 
 Report = Callable[..., Awaitable[None]]
 """``report(severity, **data)``: the agent's ``health_event``."""
+
+
+def health_reporter(node: str, emit: Callable[[Event], Awaitable[None]]) -> Report:
+    """``report(severity, **data)``: the agent's own trouble as an ``agent_health`` event, through
+    ``emit`` like any other (a stalled watcher, a spool outage, events dropped)."""
+
+    async def report(severity: Severity, **data: Any) -> None:
+        await emit(make_event(node, Kind.AGENT_HEALTH, severity=severity, source="agent", data=data))
+
+    return report
 
 
 class Named:

@@ -115,8 +115,9 @@ def _child(config_path: str) -> None:
     """The agent process: ``ftd agent`` with 8 fake GPUs behind the NVML watcher."""
     import signal
 
-    from ftd.agent.app import Agent, status_messages
+    from ftd.agent.app import status_messages
     from ftd.agent.watchers.nvml.fake import FakeNvml
+    from ftd.agent.wiring import build_agent
     from ftd.bus.factory import make_mqtt_bus
     from ftd.config import load_config
     from ftd.logs import configure
@@ -129,7 +130,7 @@ def _child(config_path: str) -> None:
 
     async def main() -> None:
         task = asyncio.create_task(
-            Agent(config.agent, bus=bus, node=node, nvml_backend=FakeNvml(count=8)).run()
+            build_agent(config.agent, bus=bus, node=node, nvml_backend=FakeNvml(count=8)).run()
         )
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):

@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ftd.agent.app import Agent, status_messages
+from ftd.agent.app import status_messages
+from ftd.agent.wiring import build_agent
 from ftd.bench.broker import PrivateMosquitto
 from ftd.bus import topics
 from ftd.bus.mqtt import MqttBus
@@ -86,7 +87,7 @@ async def _run(port: int, work: Path, lines: int) -> dict[str, Any]:
     await sub.start()
     await sub.wait_connected(10)
     counter = asyncio.create_task(count())
-    agent = Agent(cfg, bus=agent_bus, node=NODE)
+    agent = build_agent(cfg, bus=agent_bus, node=NODE)
     started = asyncio.Event()
     runner = asyncio.create_task(agent.run(ready=started.set))
     await started.wait()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.agent.app import Agent, status_messages
+from ftd.agent.wiring import build_agent
 from ftd.bus.base import Bus
 from ftd.bus.embedded import EmbeddedBroker
 from ftd.bus.mqtt import MqttBus
@@ -196,7 +197,7 @@ class SimCluster:
                 nvml=NvmlConfig(enabled=False),  # simulated nodes have no GPUs to watch
             )
             will, birth = status_messages(node)
-            agent = Agent(cfg, bus=self._bus(f"ftd-agent-{node}", will=will, birth=birth), node=node)
+            agent = build_agent(cfg, bus=self._bus(f"ftd-agent-{node}", will=will, birth=birth), node=node)
             self.agents[node] = agent
             self._tasks.append(asyncio.create_task(agent.run()))
         async with asyncio.timeout(15):

@@ -271,7 +271,7 @@ def test_node_publishes_only_its_own_subtree(connect: Connect) -> None:
 
 def test_coordinator_directives_reach_node_and_only_its_own(connect: Connect) -> None:
     node1 = connect("node-1")
-    # The agent's own subscriptions (ftd/agent/app.py) are granted ...
+    # The agent's own subscriptions (ftd/agent/inbound.py) are granted ...
     assert [rc.value for rc in node1.subscribe(topics.node_directives("node-1"))] == [1]
     assert [rc.value for rc in node1.subscribe(topics.node_job_directives("node-1"))] == [1]
     # ... and greedy ones may be accepted, but must not deliver other nodes' traffic.

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ftd.agent.app import Agent
+from ftd.agent.save_path import SavePathWatcher
+from ftd.agent.wiring import build_agent
 from ftd.bus import topics
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.client import Client
@@ -58,15 +59,16 @@ async def test_the_agent_reports_the_checkpoint_dir_read_only_and_back(tmp_path:
     sub = MemoryBus(broker, client_id="coordinator")
     await sub.subscribe(topics.node_event("n1", str(Kind.FS_READONLY)))
     await sub.start()
-    agent = Agent(cfg, bus=MemoryBus(broker, client_id="agent"), node="n1", stall_s=2.0)
-    assert agent.save_path.interval_s == 0.5
+    agent = build_agent(cfg, bus=MemoryBus(broker, client_id="agent"), node="n1", stall_s=2.0)
+    [watcher] = [w for w in agent.watchers if isinstance(w, SavePathWatcher)]
+    assert watcher.interval_s == 0.5
     task = asyncio.create_task(agent.run())
     ckpt = tmpfs / "run-1"
     client = Client(job="j7", rank=0, socket_path=cfg.socket_path, checkpoint_dir=str(ckpt))
     seen: list[Event] = []
     try:
         async with asyncio.timeout(20):
-            await until(lambda: bool(agent.save_path.directories()), within=20)
+            await until(lambda: bool(watcher.directories()), within=20)
             mount("-o", "remount,ro", str(tmpfs))
             async for message in sub.messages():
                 seen.append(decode(message.payload, Event))

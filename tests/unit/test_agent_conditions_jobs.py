@@ -169,8 +169,8 @@ async def test_a_job_whose_epilog_missed_the_agent_is_ended_when_it_is_back(tmp_
     import asyncio
     import contextlib
 
-    from ftd.agent.app import Agent
     from ftd.agent.jobs import JobStartMsg, SchedulerJobs
+    from ftd.agent.wiring import build_agent
     from ftd.bus import topics
     from ftd.bus.memory import MemoryBroker, MemoryBus
     from ftd.config import AgentConfig
@@ -193,7 +193,7 @@ async def test_a_job_whose_epilog_missed_the_agent_is_ended_when_it_is_back(tmp_
         state_dir=str(state),
         socket_path=str(tmp_path / "a.sock"),
     )
-    agent = Agent(cfg, bus=MemoryBus(broker, client_id="agent"))
+    agent = build_agent(cfg, bus=MemoryBus(broker, client_id="agent"))
     task = asyncio.create_task(agent.run())
     seen: dict[str, bytes] = {}
 

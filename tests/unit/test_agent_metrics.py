@@ -9,8 +9,8 @@ from pathlib import Path
 
 import aiohttp
 
-from ftd.agent.app import Agent
 from ftd.agent.watchers.kmsg import _record_lag
+from ftd.agent.wiring import build_agent
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig
 from ftd.config.schema import AgentMetricsConfig
@@ -53,7 +53,7 @@ async def test_agent_serves_its_metrics(tmp_path: Path) -> None:
         metrics=AgentMetricsConfig(port=port),
     )
     crashy = Crashy()
-    agent = Agent(cfg, bus=MemoryBus(MemoryBroker(), client_id="agent"), node="n1", watchers=[crashy])
+    agent = build_agent(cfg, bus=MemoryBus(MemoryBroker(), client_id="agent"), node="n1", watchers=[crashy])
     task = asyncio.create_task(agent.run())
     try:
         # A spare's rank supervisor (ftd run) connects: counted by role and state.

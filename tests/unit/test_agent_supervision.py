@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ftd.agent.app import Agent
+from ftd.agent.wiring import build_agent
 from ftd.bus import topics
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig
@@ -60,7 +60,7 @@ async def test_crashing_and_stalled_watchers_are_reported_and_restarted_agent_ke
     await sub.subscribe(topics.node_event("n1", "agent_health"))
     await sub.start()
     crashy, stalls = Crashy(), Stalls()
-    agent = Agent(
+    agent = build_agent(
         config(tmp_path),
         bus=MemoryBus(broker, client_id="agent"),
         node="n1",
@@ -107,7 +107,7 @@ async def test_watchdog_pings_only_while_healthy(tmp_path: Path, monkeypatch: py
     reader = asyncio.create_task(drain())
     monkeypatch.setenv("NOTIFY_SOCKET", path)
     monkeypatch.setenv("WATCHDOG_USEC", "100000")  # ping every 50 ms
-    agent = Agent(config(tmp_path), bus=MemoryBus(MemoryBroker()), node="n1", health_interval_s=0.02)
+    agent = build_agent(config(tmp_path), bus=MemoryBus(MemoryBroker()), node="n1", health_interval_s=0.02)
     task = asyncio.create_task(agent.run())
     try:
         await asyncio.sleep(0.5)

@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ftd.agent.app import Agent
+from ftd.agent.wiring import build_agent
 from ftd.bus import topics
 from ftd.bus.base import Message
 from ftd.bus.memory import MemoryBroker, MemoryBus
@@ -200,7 +200,7 @@ async def test_agent_counts_bad_directives_and_keeps_relaying(tmp_path: Path) ->
         socket_path=str(tmp_path / "a.sock"),
     )
     (tmp_path / "kmsg").touch()
-    agent = Agent(cfg, bus=MemoryBus(broker, client_id="agent"), node="node-1")
+    agent = build_agent(cfg, bus=MemoryBus(broker, client_id="agent"), node="node-1")
     task = asyncio.create_task(agent.run())
     coordinator_bus = MemoryBus(broker, client_id="coordinator")
     await coordinator_bus.start()

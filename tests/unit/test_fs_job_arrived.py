@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ftd.agent.app import Agent
+from ftd.agent.wiring import build_agent
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig
 from ftd.events import Kind, RankInfo, Severity
@@ -58,12 +58,12 @@ async def test_the_agent_tells_the_watcher_once_per_arrival(tmp_path: Path) -> N
     )
     fake = Fake()
     fs = watcher(fake, warn_pct=80, critical_pct=90)
-    agent = Agent(cfg, bus=MemoryBus(MemoryBroker()), watchers=[fs])
+    agent = build_agent(cfg, bus=MemoryBus(MemoryBroker()), watchers=[fs])
     fake.vfs.fill(95)
     await fs.poll_once()
-    await agent._on_presence("j7", [RankInfo(rank=0)])
-    await agent._on_presence("j7", [RankInfo(rank=0), RankInfo(rank=1)])  # a second rank: same job
-    await agent._on_presence("j7", [])  # it left ...
-    await agent._on_presence("j7", [RankInfo(rank=0)])  # ... and was requeued onto the same node
+    await agent.hooks.presence("j7", [RankInfo(rank=0)])
+    await agent.hooks.presence("j7", [RankInfo(rank=0), RankInfo(rank=1)])  # a second rank: same job
+    await agent.hooks.presence("j7", [])  # it left ...
+    await agent.hooks.presence("j7", [RankInfo(rank=0)])  # ... and was requeued onto the same node
     arrivals = [e.data["job"] for e in fake.events if e.data.get("reason") == "job_arrived"]
     assert arrivals == ["j7", "j7"]

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from ftd.agent.app import Agent
 from ftd.agent.gpu_reset import GpuResetter
+from ftd.agent.wiring import build_agent
 from ftd.bus import topics
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig
@@ -94,7 +94,7 @@ async def test_agent_answers_a_node_directive_with_an_ack_and_a_gpu_health_event
     await coordinator.subscribe(topics.node_acks("n1"))
     await coordinator.subscribe(topics.node_event("n1", "gpu_health"))
     await coordinator.start()
-    agent = Agent(
+    agent = build_agent(
         cfg, bus=MemoryBus(broker, client_id="agent"), node="n1", gpu_runner=FakeSmi(apps="7, GPU-aaa\n")
     )
     task = asyncio.create_task(agent.run())

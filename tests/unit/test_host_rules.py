@@ -3,8 +3,8 @@ segfault (``with_rank``): the branches the replay scenarios do not walk."""
 
 from __future__ import annotations
 
-from ftd.agent.app import with_rank
-from ftd.events import Kind
+from ftd.agent.door import enriched
+from ftd.events import Event, Kind
 from ftd.plugin import ActionRequest
 from ftd.rules import host, storage
 from ftd.testing import evaluate_rule, make_event, view_with
@@ -96,6 +96,11 @@ def test_host_decisions_by_kind_and_severity() -> None:
     )  # fmt: skip
     assert kinds(got) == [("checkpoint_restart", "j1")] and got[0].params["exclude"] == []
     assert got[0].params["signature"] == "log segfault"
+
+
+def with_rank(event: Event, pids: dict[int, tuple[str, int]]) -> Event:
+    """The agent's door (:func:`ftd.agent.door.enriched`) with ``pids`` as the registered ranks."""
+    return enriched(event, owner_of=pids.get, ranks=dict, mounts=list)
 
 
 def test_with_rank_names_the_job_of_a_registered_pid() -> None:

@@ -123,7 +123,7 @@ def test_the_cycle_finder_finds_a_loop_and_only_the_loop() -> None:
 def test_the_graph_sees_relative_lazy_and_submodule_imports() -> None:
     graph = import_graph()
     assert "ftd.catalog.log_patterns" in graph["ftd.agent.watchers.logfile"]  # absolute, module level
-    assert "ftd.agent.preflight.runner" in graph["ftd.agent.app"]  # lazy, inside a method
+    assert "ftd.agent.preflight.runner" in graph["ftd.agent.hooks"]  # lazy, inside a method
     assert "ftd.events" in graph["ftd.catalog.log_patterns"]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ftd.agent.app import Agent
+from ftd.agent.wiring import build_agent
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig
 from ftd.config.schema import AgentKubernetesConfig
@@ -56,7 +56,7 @@ async def test_the_agent_writes_its_view_as_a_node_condition(kube: FakeKubeApi, 
             node_conditions=True, host=kube.url, token_file=str(token), ca_file=None, resync_s=30
         ),
     )
-    agent = Agent(cfg, bus=MemoryBus(MemoryBroker(), client_id="agent"))
+    agent = build_agent(cfg, bus=MemoryBus(MemoryBroker(), client_id="agent"))
     task = asyncio.create_task(agent.run())
     try:
         await until(lambda: ftd_condition(kube) is not None, 10)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.agent.app import Agent
+from ftd.agent.wiring import build_agent
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.client import Client
 from ftd.config import AgentConfig, ApiConfig, Config, CoordinatorConfig
@@ -195,7 +196,7 @@ async def cluster(tmp_path: Path, *, fail_reset: bool = False, **coordinator: An
         ledger=ledger,
         extra_plugins=(ResetAfterXid48(),),
     )
-    agent = Agent(agent_cfg, bus=MemoryBus(broker, client_id="agent"), node=NODE, gpu_runner=gpu)
+    agent = build_agent(agent_cfg, bus=MemoryBus(broker, client_id="agent"), node=NODE, gpu_runner=gpu)
     tasks = [asyncio.create_task(coord.run()), asyncio.create_task(agent.run())]
     try:
         yield Cluster(coord, ledger, agent, scheduler, gpu, timeline, agent_cfg.socket_path)
@@ -341,7 +342,7 @@ async def test_a_restarted_coordinator_resumes_the_plan_where_it_stopped(tmp_pat
         state_dir=str(tmp_path / "agent2"),
         socket_path=f"{tempfile.mkdtemp(prefix='ftd-plan-', dir='/tmp')}/a.sock",
     )
-    agent = Agent(agent_cfg, bus=MemoryBus(broker, client_id="agent"), node=NODE, gpu_runner=gpu)
+    agent = build_agent(agent_cfg, bus=MemoryBus(broker, client_id="agent"), node=NODE, gpu_runner=gpu)
     tasks = [asyncio.create_task(agent.run()), asyncio.create_task(coord.run())]
     try:
         await until(lambda: coord.engine.counters["actions_started"] >= 2, 10)

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from ftd.agent.app import Agent
 from ftd.agent.metrics import MetricsServer
+from ftd.agent.wiring import build_agent
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig, ApiConfig, Config, CoordinatorConfig
 from ftd.config.schema import AgentMetricsConfig
@@ -59,7 +59,7 @@ async def metric_names(tmp_path: Path) -> set[str]:
         socket_path=str(tmp_path / "a.sock"),
         metrics=AgentMetricsConfig(port=1),
     )
-    agent = Agent(cfg, bus=MemoryBus(MemoryBroker()), node="n1")
+    agent = build_agent(cfg, bus=MemoryBus(MemoryBroker()), node="n1")
     return names | exported(generate_latest(MetricsServer(agent, cfg.metrics).registry).decode())
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ftd.agent.app import Agent
 from ftd.agent.spool import MAGIC, Outbox, Outgoing, read_spool
+from ftd.agent.wiring import build_agent
 from ftd.bus import topics
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig
@@ -131,7 +131,7 @@ async def test_agent_reports_a_corrupt_spool_and_carries_on(tmp_path: Path) -> N
     await sub.subscribe(topics.node_event("node-1", "agent_health"))
     await sub.subscribe(topics.node_event("node-1", "xid"))
     await sub.start()
-    agent = Agent(cfg, bus=MemoryBus(broker, client_id="agent"), node="node-1")
+    agent = build_agent(cfg, bus=MemoryBus(broker, client_id="agent"), node="node-1")
     task = asyncio.create_task(agent.run())
     try:
         message = await asyncio.wait_for(anext(sub.messages()), 5)
@@ -186,7 +186,9 @@ async def test_agent_on_a_full_disk_keeps_publishing_reports_the_outage_once_and
             state_dir=str(state),
             socket_path=str(tmp_path / "a.sock"),
         )
-        agent = Agent(cfg, bus=MemoryBus(broker, client_id="agent"), node="node-1", health_interval_s=0.05)
+        agent = build_agent(
+            cfg, bus=MemoryBus(broker, client_id="agent"), node="node-1", health_interval_s=0.05
+        )
         collector = asyncio.create_task(collect())
         task = asyncio.create_task(agent.run())
         try:

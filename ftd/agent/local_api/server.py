@@ -39,13 +39,14 @@ identity ``trusted_uid``), else refused with an ``error`` and counted (``hooks_r
 Rank supervisors (issue #24)
 ----------------------------
 A job's rank supervisor (``ftd run``, :mod:`ftd.supervisor`) connects like a rank but says
-``supervise`` (same rights as ``register``) and then ``supervisor_state`` on every change. The
-agent keeps it in :class:`~ftd.agent.local_api.supervisors.SupervisorBook`, publishes the job's
-presence at once on each change (the ``on_presence`` callback reads :meth:`LocalApi.supervisor`),
-delivers the job's ``restart`` and ``stop`` directives to it (``restart`` reaches no rank; pending
-ones go to a supervisor that connects later, which ignores a generation it already acted on), and
-reports a ``supervisor`` event through ``on_event`` when one is lost (its connection closed without
-the ``exited`` goodbye) or reports ``failed``.
+``supervise`` and then ``supervisor_state``; the server hands those lines and the supervisor's closed
+connection to :class:`~ftd.agent.local_api.supervising.SupervisorDesk` (the protocol: the book of
+supervisors, the presence on each change, the ``supervisor`` event for one lost or failed) and
+delivers the job's ``restart``, ``stop`` and ``release`` directives to the supervisor it keeps.
+
+Whose pid is whose: :meth:`LocalApi.owner_of` (:mod:`ftd.agent.local_api.owners`) names the rank of a
+process, registered now or whose connection closed a short while ago; the agent's one door
+(:mod:`ftd.agent.door`) adds it to a segfault that names the pid.
 
 Thread-safety: everything here runs on the agent's event loop; call it from that loop only.
 """
@@ -67,16 +68,12 @@ from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, Prefl
 from ftd.agent.local_api import registration, wire
 from ftd.agent.local_api.callbacks import CallbackQueue
 from ftd.agent.local_api.inject import PRIVILEGED_OPS, InjectMsg
+from ftd.agent.local_api.owners import Owner, RankOwners
 from ftd.agent.local_api.pending import PendingDirectives
 from ftd.agent.local_api.presence import PresenceReports
 from ftd.agent.local_api.state import Conn
-from ftd.agent.local_api.supervisors import (
-    SUPERVISOR_ACTIONS,
-    SUPERVISOR_ONLY,
-    SupervisorBook,
-    checked,
-    supervisor_event,
-)
+from ftd.agent.local_api.supervising import SupervisorDesk
+from ftd.agent.local_api.supervisors import SUPERVISOR_ACTIONS, SUPERVISOR_ONLY
 from ftd.agent.peer import ProcFs, identify, peer_cred
 from ftd.client import protocol
 from ftd.client.protocol import MAX_LINE, PROTOCOL_VERSION
@@ -122,7 +119,6 @@ class LocalApi:
         self.socket_path = socket_path
         self._on_hook = on_hook
         self._on_event = on_event
-        self._supervisors = SupervisorBook()
         self._socket_dir = os.path.dirname(os.path.abspath(socket_path))
         self.node = node
         self._on_presence = on_presence
@@ -136,6 +132,7 @@ class LocalApi:
         self._conns: set[Conn] = set()
         self._handlers: set[asyncio.Task[None]] = set()
         self._jobs: dict[str, set[Conn]] = {}
+        self._owners = RankOwners(self._live_pids)  # whose process a pid is, ranks that just left too
         self._pending = PendingDirectives(pending_ttl_s)
         self._presence = PresenceReports(
             self._ranks,
@@ -163,6 +160,17 @@ class LocalApi:
             "supervisors_failed": 0,
         }
         self._calls = CallbackQueue(self.counters)
+        self._supervisors = SupervisorDesk(
+            node,
+            counters=self.counters,
+            pending=self._pending,
+            proc=self._proc,
+            send=self._send,
+            bad=self._bad,
+            emit=self._emit,
+            presence_now=self._presence.now,
+            stopping=lambda: self._stopping,
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -232,7 +240,7 @@ class LocalApi:
         self._stopping = False
         # The supervisors' connections are gone with the agent's: they say supervise again on a
         # later start (what they said before would be stale in the presence).
-        self._supervisors = SupervisorBook()
+        self._supervisors.reset()
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(self.socket_path).st_mode):
                 os.unlink(self.socket_path)
@@ -261,6 +269,16 @@ class LocalApi:
         """Registered ranks by job, each list sorted by rank."""
         return {job: self._ranks(job) for job in sorted(self._jobs)}
 
+    def owner_of(self, pid: int) -> Owner | None:
+        """(job, rank) of the rank whose process is ``pid``: registered now, or whose connection
+        closed a short while ago (:mod:`ftd.agent.local_api.owners`: a segfault's kernel line can be
+        read after the dead rank's connection closed)."""
+        return self._owners.owner(pid)
+
+    def _live_pids(self) -> list[tuple[int, Owner]]:
+        jobs = self._jobs.items()
+        return [(c.pid, (job, c.rank)) for job, conns in jobs for c in conns if c.pid is not None]
+
     def supervisor(self, job: str) -> SupervisorInfo | None:
         """The job's rank supervisor on this node as it last reported (``lost`` once its connection
         closed without a goodbye, ``exited`` after one, until the job ends here), or None."""
@@ -268,7 +286,7 @@ class LocalApi:
 
     def supervisors(self) -> dict[str, SupervisorInfo]:
         """Every job's rank supervisor on this node, by job."""
-        return {job: info for job in self._supervisors.jobs() if (info := self._supervisors.get(job))}
+        return self._supervisors.all()
 
     def hosts(self, job: str) -> bool:
         """True while ``job`` has a rank or a rank supervisor (a spare's, even lost) on this node."""
@@ -370,8 +388,7 @@ class LocalApi:
         """The scheduler says ``job`` ended on this node: a supervisor of it gone here (lost, or
         exited) is forgotten (one still connected stays: it ends with the job's step and says
         goodbye)."""
-        if self._supervisors.forget_lost(job) is not None:
-            log.info("local_api_supervisor_forgotten", job=job, why="the job ended or started again here")
+        self._supervisors.job_ended(job)
 
     def _log_dropped(self, job: str, dropped: list[Directive], why: str) -> None:
         for directive in dropped:
@@ -407,7 +424,7 @@ class LocalApi:
         finally:
             self._conns.discard(conn)
             self._unregister(conn)
-            self._unsupervise(conn)
+            self._supervisors.closed(conn)
             writer.close()
             if task is not None:
                 self._handlers.discard(task)
@@ -488,9 +505,9 @@ class LocalApi:
         if isinstance(msg, wire.Register):
             self._register(conn, msg)
         elif isinstance(msg, wire.Supervise):
-            self._supervise(conn, msg)
+            self._supervisors.supervise(conn, msg)
         elif isinstance(msg, wire.SupervisorStateMsg):
-            self._supervisor_state(conn, msg)
+            self._supervisors.state(conn, msg)
         elif isinstance(msg, JobStartMsg | JobEndMsg | ConditionsMsg | PreflightMsg | InjectMsg):
             self._hook(conn, msg)
         elif conn.job is None:
@@ -545,130 +562,6 @@ class LocalApi:
         )
         self._presence.now(msg.job)
 
-    # --- rank supervisors (ftd run) -----------------------------------------------------------
-
-    def _supervise(self, conn: Conn, msg: wire.Supervise) -> None:
-        if conn.job is not None or conn.supervising is not None:
-            held = (
-                f"job {conn.job} rank {conn.rank}"
-                if conn.job is not None
-                else f"supervisor of {conn.supervising}"
-            )
-            self._bad(conn, protocol.SUPERVISE, f"this connection is already registered as {held}")
-            return
-        why = registration.refusal(conn, msg, self._proc)
-        cred = conn.cred
-        if why is not None:
-            self.counters["supervisors_refused"] += 1
-            log.warning(
-                "supervise_refused",
-                job=msg.job,
-                pid=cred.pid if cred else None,
-                uid=cred.uid if cred else None,
-                reason=why,
-            )
-            self._send(conn, wire.error_line(protocol.SUPERVISE, why[:500]))
-            return
-        pid = msg.pid if msg.pid is not None else msg.info.pid
-        if cred is not None and conn.identity is not None and not conn.identity.any_job:
-            pid = cred.pid  # the kernel's word, as for a rank
-        info = checked(msg.info, time.time(), pid, protocol.TEXT_MAX)
-        if isinstance(info, str):
-            self._bad(conn, protocol.SUPERVISE, info)
-            return
-        conn.supervising = msg.job
-        replaced = self._supervisors.supervise(msg.job, conn, info)
-        if replaced is not None:
-            log.warning(
-                "local_api_supervisor_replaced", job=msg.job, pid=pid, why="a new supervise for the job"
-            )
-        self.counters["supervisors"] += 1
-        self._send(conn, wire.line({**protocol.ok(protocol.SUPERVISE), "node": self.node}))
-        owed = [
-            p
-            for p in self._pending.owed_to(msg.job, -1, time.monotonic())
-            if p.directive.job == msg.job and p.directive.action in SUPERVISOR_ACTIONS
-        ]
-        for pending in owed:
-            self._send(conn, pending.line)
-        log.info(
-            "local_api_supervisor_registered",
-            job=msg.job,
-            pid=pid,
-            role=info.role,
-            slot=info.slot,
-            generation=info.generation,
-            state=info.state,
-            pending_sent=[p.directive.id for p in owed],
-        )
-        self._supervisor_changed(msg.job, None, info)
-
-    def _supervisor_state(self, conn: Conn, msg: wire.SupervisorStateMsg) -> None:
-        job = conn.supervising
-        if job is None:
-            self._bad(conn, protocol.SUPERVISOR_STATE, "not supervising: send supervise first")
-            return
-        current = self._supervisors.get(job)
-        info = checked(msg.info, time.time(), current.pid if current else msg.info.pid, protocol.TEXT_MAX)
-        if isinstance(info, str):
-            self._bad(conn, protocol.SUPERVISOR_STATE, info)
-            return
-        before = self._supervisors.update(conn, info)
-        if before is None:
-            log.info(
-                "local_api_supervisor_state_ignored", job=job, why="another connection supervises the job"
-            )
-            return
-        log.info(
-            "local_api_supervisor_state",
-            job=job,
-            role=info.role,
-            slot=info.slot,
-            generation=info.generation,
-            state=info.state,
-            was=before.state,
-            exit_code=info.exit_code,
-            reason=info.reason[:200] or None,
-        )
-        self._supervisor_changed(job, before, info)
-
-    def _supervisor_changed(self, job: str, before: SupervisorInfo | None, info: SupervisorInfo) -> None:
-        """Publish the job's presence now; a newly failed supervisor is an event."""
-        if not self._stopping:
-            self._presence.now(job)
-        failed_now = info.state == "failed" and (
-            before is None
-            or before.state != "failed"
-            or before.generation != info.generation
-            or before.reason != info.reason
-        )
-        if failed_now:
-            self.counters["supervisors_failed"] += 1
-            self._emit(supervisor_event(self.node, job, info))
-
-    def _unsupervise(self, conn: Conn) -> None:
-        job = conn.supervising
-        if job is None or self._stopping:  # the agent stops, not the supervisor: it reconnects
-            return
-        closed, info = self._supervisors.closed(conn, time.time())
-        if closed == "replaced" or info is None:
-            return
-        if closed == "lost":
-            self.counters["supervisors_lost"] += 1
-            log.warning(
-                "local_api_supervisor_lost",
-                job=job,
-                pid=info.pid,
-                role=info.role,
-                slot=info.slot,
-                generation=info.generation,
-                why="its connection closed without the exited goodbye",
-            )
-            self._emit(supervisor_event(self.node, job, info))
-        else:
-            log.info("local_api_supervisor_left", job=job, pid=info.pid, exit_code=info.exit_code)
-        self._presence.now(job)
-
     def _emit(self, event: Event) -> None:
         on_event = self._on_event
         if on_event is None:
@@ -710,6 +603,7 @@ class LocalApi:
         job = conn.job
         if job is None:
             return
+        self._owners.left(conn.pid, (job, conn.rank))
         members = self._jobs.get(job)
         if members is not None:
             members.discard(conn)

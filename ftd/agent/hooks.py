@@ -1,0 +1,162 @@
+"""What the agent answers on its local socket: job presence, the node's hooks, the ranks' acks.
+
+What: :class:`NodeHooks`, the callbacks the local API (:mod:`ftd.agent.local_api`) is built with:
+
+* :meth:`~NodeHooks.presence`: a job's ranks here changed: its retained presence goes out (with the
+  Prolog's ``allocation`` and the rank supervisor, if any; an empty payload once nothing of it is
+  left here), and a job that just arrived is told to the filesystem watchers (a still-full
+  filesystem must not take it);
+* :meth:`~NodeHooks.hook`: the Slurm Prolog/Epilog (``job_start`` / ``job_end``, and the leftover
+  processes an Epilog found, as an event), ``ftd health``'s question (the node's active conditions),
+  ``ftd preflight`` through the agent, and ``ftd inject``'s drill event (published like any other);
+* :meth:`~NodeHooks.ack`: a rank's acknowledgement, queued for the coordinator.
+
+Why apart from the daemon (:mod:`ftd.agent.app`): the app only runs the parts
+:mod:`ftd.agent.wiring` builds; what a job's arrival or a hook means on this node is this module's
+one job. Events leave through the agent's one door (:mod:`ftd.agent.door`) like all others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
+from ftd.agent.jobs import (
+    ENDED_JOBS_DIR,
+    ConditionsMsg,
+    HookMsg,
+    JobEndMsg,
+    JobStartMsg,
+    SchedulerJobs,
+    leftover_event,
+)
+from ftd.agent.local_api import LocalApi
+from ftd.agent.local_api.inject import InjectMsg, injected_event
+from ftd.agent.local_api.inject import reply as inject_reply
+from ftd.agent.spool import Outbox, Outgoing
+from ftd.agent.watchers.fs import FsWatcher
+from ftd.agent.watchers.nvml.backend import NvmlBackend
+from ftd.bus import topics
+from ftd.client import protocol
+from ftd.config import AgentConfig
+from ftd.events import Ack, Event, JobPresence, RankInfo, encode
+from ftd.logs import get_logger
+
+__all__ = ["NodeHooks"]
+
+log = get_logger(__name__)
+
+Emit = Callable[[Event], Awaitable[None]]
+
+
+class NodeHooks:
+    """The local API's callbacks for one node; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        node: str,
+        *,
+        outbox: Outbox,
+        emit: Emit,
+        local_api: LocalApi,
+        scheduler_jobs: SchedulerJobs,
+        conditions: ConditionBook,
+        fs_watchers: Sequence[FsWatcher] = (),
+        nvml_backend: NvmlBackend | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.node = node
+        self._outbox = outbox
+        self._emit = emit
+        self._local_api = local_api
+        self._scheduler_jobs = scheduler_jobs
+        self._conditions = conditions
+        self._fs_watchers = list(fs_watchers)
+        self._nvml_backend = nvml_backend  # preflight asks the same NVML the watcher does
+        self._jobs_here: set[str] = set()  # jobs with something of theirs on this node
+
+    async def presence(self, job: str, ranks: list[RankInfo]) -> None:
+        """Publish ``job``'s presence on this node (retained; empty once nothing of it is here)."""
+        topic = topics.node_job(self.node, job)
+        allocation = self._scheduler_jobs.get(job)  # the Prolog's word: the job runs here, client or not
+        supervisor = self._local_api.supervisor(job)  # its rank supervisor here (ftd run), if any
+        here = bool(ranks) or allocation is not None or supervisor is not None
+        payload = (
+            encode(
+                JobPresence(
+                    job=job,
+                    node=self.node,
+                    ranks=ranks,
+                    ts=time.time(),
+                    allocation=allocation,
+                    supervisor=supervisor,
+                )
+            )
+            if here
+            else b""
+        )
+        # Not durable: replaying a stale presence after a restart would resurrect a gone job.
+        self._outbox.put(Outgoing(topic, payload, retain=True, priority=3, durable=False))
+        if not here:
+            self._jobs_here.discard(job)
+        elif job not in self._jobs_here:  # a job arrived: a still-full filesystem must not take it
+            self._jobs_here.add(job)
+            for watcher in self._fs_watchers:
+                await watcher.job_arrived(job)
+
+    async def republish(self) -> None:
+        """Every job the Prolog reported (kept across an agent restart): its presence again."""
+        for job in self._scheduler_jobs.all():
+            await self.presence(job, self._local_api.jobs().get(job, []))
+
+    async def ended_while_away(self) -> None:
+        """End the jobs whose Epilog could not reach us (files in ``state_dir/ended-jobs``)."""
+        for job in self._scheduler_jobs.ended_while_away(Path(self.cfg.state_dir) / ENDED_JOBS_DIR):
+            log.info("job_ended_while_away", job=job)
+            await self.presence(job, self._local_api.jobs().get(job, []))
+
+    async def hook(self, msg: HookMsg | InjectMsg) -> dict[str, Any]:
+        """A node hook over the local socket (:mod:`ftd.agent.jobs`, :mod:`ftd.agent.local_api.inject`)."""
+        if isinstance(msg, InjectMsg):
+            event = injected_event(self.node, msg)
+            log.info("event_injected", kind=str(event.kind), severity=str(event.severity), id=event.id)
+            await self._emit(event)
+            return inject_reply(event)
+        if isinstance(msg, JobStartMsg):
+            self._scheduler_jobs.start(msg)
+            self._local_api.job_started(msg.job)  # directives pending for an earlier run are stale
+            await self.presence(msg.job, self._local_api.jobs().get(msg.job, []))
+            return dict(protocol.ok(protocol.JOB_START))
+        if isinstance(msg, JobEndMsg):
+            self._scheduler_jobs.end(msg.job)
+            self._local_api.job_ended(msg.job)  # a supervisor of it lost here is forgotten
+            await self.presence(msg.job, self._local_api.jobs().get(msg.job, []))
+            if msg.leftover:
+                await self._emit(leftover_event(self.node, msg))
+            return dict(protocol.ok(protocol.JOB_END))
+        if isinstance(msg, ConditionsMsg):
+            return {
+                "v": protocol.PROTOCOL_VERSION,
+                "op": protocol.CONDITIONS,
+                "node": self.node,
+                "conditions": [c.to_dict() for c in self._conditions.active()],
+            }
+        return await self.preflight_now()
+
+    async def preflight_now(self) -> dict[str, Any]:
+        """Run the node's preflight checks now (:mod:`ftd.agent.preflight`); a pass clears hardware faults."""
+        from ftd.agent.preflight.runner import run_preflight
+
+        report = await asyncio.to_thread(run_preflight, self.cfg, self._nvml_backend)
+        if report.ok:
+            self._conditions.clear_all(why="preflight passed", kinds=HARDWARE_KINDS)
+        return {"v": protocol.PROTOCOL_VERSION, "op": protocol.PREFLIGHT, **report.to_dict()}
+
+    async def ack(self, ack: Ack) -> None:
+        """A rank's acknowledgement of a directive, for the coordinator."""
+        self._outbox.put(Outgoing(topics.node_acks(self.node), encode(ack), priority=3))
