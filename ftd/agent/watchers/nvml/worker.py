@@ -76,11 +76,16 @@ class Probe:
 
         def target() -> None:
             try:
-                result = fn(self.tracker)
+                result: Any = fn(self.tracker)
+                error: BaseException | None = None
             except BaseException as exc:
-                loop.call_soon_threadsafe(_settle, self.future, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, self.future, result, None)
+                result, error = None, exc
+            try:
+                loop.call_soon_threadsafe(_settle, self.future, result, error)
+            except RuntimeError:
+                # The loop closed while the call ran (the agent stopped mid-probe): nobody awaits
+                # the answer any more, and the worker thread must not die of telling it.
+                pass
             finally:
                 self.finished.set()
 
