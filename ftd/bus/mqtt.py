@@ -264,7 +264,7 @@ class _Connection:
         try:
             await asyncio.shield(connecting)
         except asyncio.CancelledError:  # the thread still finishes: close what it opens
-            connecting.add_done_callback(lambda _: self._close_socket())
+            connecting.add_done_callback(self._connect_abandoned)
             raise
         except ValueError as exc:  # paho's word for a bad host or port
             raise ConnectionLost(str(exc)) from exc
@@ -290,6 +290,12 @@ class _Connection:
         self._misc = self._loop.create_task(self._keepalive(), name=f"mqtt-misc:{self._bus.client_id}")
         async with asyncio.timeout(timeout):
             await asyncio.shield(self._connack)
+
+    def _connect_abandoned(self, connecting: asyncio.Future[Any]) -> None:
+        """The connect thread finished after its caller was cancelled: close what it opened."""
+        if not connecting.cancelled():
+            connecting.exception()  # retrieved: nobody waits for it any more
+        self._close_socket()
 
     # --- the loop's view of the socket ---------------------------------------------------------
 
