@@ -2,16 +2,16 @@
 
 The reported freeze (one run in seventeen, under load): the agent read 150 kernel-log lines, the
 broker was SIGKILLed, and the agent then did nothing at all -- no line read, no ``bus_disconnected``,
-no reconnect -- while alive. Cause (reproduced on ftd's own paho bus before its fix; on the
-aiomqtt bus it did not recur in 26 runs): for a turn or two of the event loop after the socket saw the
+no reconnect -- while alive. Cause: for a turn or two of the event loop after the socket saw the
 loss, the bus still said "connected" (only its connection task, not yet resumed, cleared that) while
 a publish already failed at once; the outbox retried with ``wait_connected``, which returned at once,
 and so on, never yielding: the loop spun in one callback forever. The watchdog
-(:mod:`ftd.agent.watchdog`) caught it here with the stacks: ``Outbox.run`` -> ``MqttBus.publish``.
+(:mod:`ftd.agent.watchdog`) caught it here with the stacks: ``Outbox.run`` -> ``MqttBus.publish``
+(on ftd's paho bus before its fix; the aiomqtt bus before it has the same window, see the probe).
 
 * :func:`test_no_publish_is_refused_while_the_bus_says_connected`: on a real Mosquitto killed with
   SIGKILL, a publish is started on every turn of the loop; none may be refused while ``connected``
-  is still True (ftd's paho bus without ``MqttBus._lost``: 54 in one run).
+  is still True (the aiomqtt bus of 2e87ce4: 2 every run; ftd's paho bus without ``MqttBus._lost``: 3).
 * :func:`test_agent_survives_broker_sigkill_under_load`: the reported scenario, repeated: a real
   ``ftd agent`` and ``ftd coordinator`` on a real Mosquitto, 300 distinct Xid 79 lines written to the
   agent's kernel-log file at 10 ms intervals, the broker SIGKILLed after line 150 and started again
@@ -66,6 +66,11 @@ async def test_no_publish_is_refused_while_the_bus_says_connected(tmp_path: Path
         assert await bus.wait_connected(10)
         assert mosq.proc is not None
         mosq.proc.send_signal(signal.SIGKILL)
+        mosq.proc.wait(5)
+        # Blocking on purpose: the broker's FIN waits on the socket when the loop runs again, so the
+        # first attempts below meet the turns right after the bus reads it (not a pile of attempts
+        # waiting for PUBACKs that never come).
+        time.sleep(0.3)  # noqa: ASYNC251
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and (bus.connected or refused < 20):
             task = asyncio.create_task(attempt())  # one new publish on every turn of the loop
