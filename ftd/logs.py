@@ -50,7 +50,7 @@ def configure(level: str = "info", *, json: bool | None = None, stream: Any = No
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
-    # Libraries that use stdlib logging (aiomqtt, amqtt, aiohttp) go to the same stream, quieter.
+    # Libraries that use stdlib logging (paho, amqtt, aiohttp) go to the same stream, quieter.
     logging.basicConfig(stream=stream, level=max(numeric, logging.WARNING), force=True)
 
 

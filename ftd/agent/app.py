@@ -20,9 +20,9 @@ reported as ``agent_health`` and restarted with backoff; one whose ``run()`` ret
 The whole agent ends (and systemd restarts it) only if a core task dies: the outbox publisher, the
 directive pump or the storm flusher.
 
-sd_notify: ``READY=1`` once subscribed and running; ``WATCHDOG=1`` from the health loop, only while
-the core tasks are alive and the event loop is responsive (a blocked loop stops the pings, and
-systemd's ``WatchdogSec`` restarts us).
+sd_notify: ``READY=1`` once subscribed and running; ``WATCHDOG=1`` from :mod:`ftd.agent.watchdog`'s
+thread, only while the core tasks are alive and the event loop answers its heartbeat (a blocked loop
+stops the pings, its stacks go to stderr, and systemd's ``WatchdogSec`` restarts us).
 
 Inbound (:mod:`ftd.agent.inbound`): receipts let the outbox forget what the coordinator took; job
 directives (``ftd/v1/nodes/{node}/directives/jobs``: the coordinator sends a job's directives only to
@@ -57,6 +57,7 @@ from ftd.agent.node_conditions import NodeConditionWriter
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.agent.storm import StormControl
 from ftd.agent.supervision import Report, WatcherSupervisor
+from ftd.agent.watchdog import AgentWatchdog, FileKmsgProbe
 from ftd.agent.watchers.base import Emit, Watcher
 from ftd.agent.watchers.kmsg import KmsgWatcher
 from ftd.bus import topics
@@ -68,7 +69,7 @@ from ftd.events import (
     encode,
 )
 from ftd.logs import get_logger
-from ftd.sdnotify import notify, watchdog_interval_s
+from ftd.sdnotify import notify
 
 log = get_logger(__name__)
 
@@ -153,7 +154,8 @@ class Agent:
         self._reported_drops = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self._core: list[asyncio.Task[Any]] = []
-        self.watchdog_pings = 0
+        # A thread that notices a stalled loop or kernel-log reader and feeds systemd's watchdog.
+        self.watchdog = AgentWatchdog(healthy=self.healthy, kmsg=FileKmsgProbe(self.kmsg))
 
     @property
     def events_by_kind(self) -> dict[str, int]:
@@ -193,14 +195,10 @@ class Agent:
         return bool(self._core) and all(not task.done() for task in self._core)
 
     async def _health_loop(self) -> None:
-        """Stall checks, spool outages and drops reported, and the systemd watchdog ping."""
-        ping_every = watchdog_interval_s()
-        last_ping = 0.0
-        loop = asyncio.get_running_loop()
+        """Stall checks of the watchers, spool outages and drops reported (the systemd watchdog ping
+        is :mod:`ftd.agent.watchdog`'s, from outside the loop)."""
         while True:
-            before = loop.time()
             await asyncio.sleep(self.health_interval_s)
-            lag = loop.time() - before - self.health_interval_s
             now = time.monotonic()
             self.supervisor.check_stalls(self.watchers, now)
             self.outbox.check_spool()  # in a spool outage: back to durable spooling once it can be
@@ -216,13 +214,6 @@ class Agent:
                     dropped=dropped,
                     total_dropped=self.outbox.dropped,
                 )
-            if ping_every is not None and now - last_ping >= ping_every:
-                if self.healthy() and lag < ping_every:
-                    notify("WATCHDOG=1")
-                    self.watchdog_pings += 1
-                    last_ping = now
-                else:
-                    log.error("systemd_watchdog_withheld", healthy=self.healthy(), loop_lag_s=lag)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -267,6 +258,7 @@ class Agent:
         if self.outbox.replayed:
             log.info("spooled_events_republishing", entries=self.outbox.replayed)
         notify("READY=1")
+        self.watchdog.start()
         log.info(
             "agent_started",
             node=self.node,
@@ -284,6 +276,7 @@ class Agent:
             await self.close()
 
     async def close(self, flush_s: float = 2.0) -> None:
+        self.watchdog.stop()
         tasks, self._tasks = self._tasks, []
         side = list(self.inbound.side)
         outbox_task = next((t for t in tasks if t.get_name() == "outbox"), None)

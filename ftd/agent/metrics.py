@@ -17,6 +17,10 @@ What: a collector that reads the agent's live state at scrape time (nothing is c
 ``ftd_agent_events_total{kind}``           events published, by kind (after storm control)
 ``ftd_agent_supervisors{role,state}``      the jobs' rank supervisors here (``ftd run``)
 ``ftd_agent_supervisors_lost_total``       supervisors whose connection closed without a goodbye
+``ftd_agent_loop_stalls_total``            event-loop stalls the watchdog thread saw (``ftd.agent.watchdog``)
+``ftd_agent_loop_stall_longest_seconds``   the longest of them
+``ftd_agent_kmsg_stalls_total``            kernel-log reader stalls: no progress while input waited
+``ftd_agent_watchdog_pings_total``         ``WATCHDOG=1`` sent to systemd
 =========================================  =========================================================
 
 Why a port of its own: the agent has no HTTP API (its local API is a Unix socket for trainers);
@@ -38,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from ftd.agent.local_api import LocalApi
 from ftd.agent.spool import Outbox
 from ftd.agent.supervision import WatcherSupervisor
+from ftd.agent.watchdog import AgentWatchdog
 from ftd.agent.watchers.base import Watcher
 from ftd.agent.watchers.kmsg import KmsgWatcher
 from ftd.bus.base import Bus
@@ -48,7 +53,8 @@ log = get_logger(__name__)
 
 
 class Agent(Protocol):
-    """What the collector reads of the agent's parts (:class:`ftd.agent.app.AgentParts`)."""
+    """What the collector reads of the running agent (:class:`ftd.agent.app.Agent`): its parts and
+    its watchdog."""
 
     bus: Bus
     outbox: Outbox
@@ -56,6 +62,7 @@ class Agent(Protocol):
     watchers: list[Watcher]
     supervisor: WatcherSupervisor
     local_api: LocalApi
+    watchdog: AgentWatchdog
 
     @property
     def events_by_kind(self) -> dict[str, int]: ...
@@ -135,6 +142,27 @@ class AgentCollector:
             "ftd_agent_supervisors_lost",
             "Rank supervisors whose connection closed without their goodbye (killed, crashed).",
             value=a.local_api.counters["supervisors_lost"],
+        )
+        # The watchdog's counts (issue #31). While the loop is blocked nothing answers /metrics at all
+        # (Prometheus sees the target down); these say afterwards that it happened, and for how long.
+        wd = a.watchdog.stats
+        yield CounterMetricFamily(
+            "ftd_agent_loop_stalls",
+            "Stalls of the agent's event loop seen by its watchdog thread.",
+            value=wd.loop_stalls,
+        )
+        yield GaugeMetricFamily(
+            "ftd_agent_loop_stall_longest_seconds",
+            "The longest event-loop stall seen (0: none).",
+            value=wd.longest_loop_stall_s,
+        )
+        yield CounterMetricFamily(
+            "ftd_agent_kmsg_stalls",
+            "Stalls of the kernel-log reader: no progress while input waited.",
+            value=wd.kmsg_stalls,
+        )
+        yield CounterMetricFamily(
+            "ftd_agent_watchdog_pings", "WATCHDOG=1 notifications sent to systemd.", value=wd.pings
         )
 
 

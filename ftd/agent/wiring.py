@@ -221,8 +221,11 @@ def build_agent(
         inbound=Inbound(node, bus=bus, outbox=outbox, local_api=local_api, node_actions=node_actions),
         health_interval_s=health_interval_s,
     )
-    metrics = MetricsServer(parts, cfg.metrics) if cfg.metrics.port else None
-    return Agent(parts, metrics=metrics)
+    agent = Agent(parts)
+    # The collector reads the running agent (its parts, and the watchdog the agent runs over them).
+    if cfg.metrics.port:
+        agent.metrics = MetricsServer(agent, cfg.metrics)
+    return agent
 
 
 def configured_watchers(

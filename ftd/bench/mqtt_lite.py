@@ -1,6 +1,6 @@
 """A minimal MQTT 3.1.1 client session on asyncio streams, for holding thousands of idle node sessions.
 
-Why not :class:`ftd.bus.mqtt.MqttBus` (aiomqtt over paho) for each of 10,000 simulated nodes:
+Why not :class:`ftd.bus.mqtt.MqttBus` (then aiomqtt over paho) for each of 10,000 simulated nodes:
 measured on the 2-core VM with sessions held idle in one process, MqttBus costs 23 KiB and, at 5,000
 sessions, 15% of a core; this client 7.5 KiB and 10%, so the load generator leaves more of the
 machine to the broker and the coordinator being measured. An idle agent's session on the wire is

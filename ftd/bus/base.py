@@ -1,7 +1,7 @@
 """The Bus seam: what agents and the coordinator need from a message bus, and nothing more.
 
 Two implementations pass the same contract tests (``tests/contract/test_bus_contract.py``):
-:class:`ftd.bus.mqtt.MqttBus` (aiomqtt, the only module that imports it) and
+:class:`ftd.bus.mqtt.MqttBus` (paho-mqtt, the only module that imports it) and
 :class:`ftd.bus.memory.MemoryBus` (in-process, for unit tests and the simulator).
 
 Semantics, whichever the implementation:

@@ -1,5 +1,5 @@
 """A real Mosquitto with the shipped deploy config (deploy/mosquitto: ACL, per-node passwords), and
-aiomqtt clients speaking as one node or as the coordinator, for the security tests.
+MQTT clients (ftd's own bus) speaking as one node or as the coordinator, for the security tests.
 
 The broker setup is the contract test's (tests/contract/test_mosquitto_acl.py), reused: the password
 file is made with ``mosquitto_passwd``, the ACL is the shipped one plus a test-only read-everything
@@ -53,7 +53,7 @@ def deploy_broker() -> Iterator[Mosquitto]:
 
 
 def node_bus(broker: Mosquitto, user: str, **options: object) -> MqttBus:
-    """An aiomqtt bus authenticated as ``user`` (client ids are the user names on this broker)."""
+    """An MQTT bus authenticated as ``user`` (client ids are the user names on this broker)."""
     return MqttBus(
         host="127.0.0.1",
         port=broker.port,

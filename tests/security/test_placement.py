@@ -3,7 +3,7 @@ scheduler runs on that node, and read only that node's directives.
 
 Real parts: Mosquitto with the shipped deploy config and ACL (one password per node), a real Slurm
 (one slurmd: jobs run on node-1; node-2 is the node whose credentials try to speak for them), and
-the real :class:`~ftd.coordinator.daemon.Coordinator` with the Slurm scheduler. The nodes are aiomqtt
+the real :class:`~ftd.coordinator.daemon.Coordinator` with the Slurm scheduler. The nodes are MQTT
 clients with their own credentials that publish exactly what an agent (or an attacker holding a
 node's credentials) would. Findings reproduced (each failed before the fix):
 

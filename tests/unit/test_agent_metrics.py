@@ -83,6 +83,9 @@ async def test_agent_serves_its_metrics(tmp_path: Path) -> None:
         assert got["ftd_agent_spool_dropped_total"] == 0
         assert got["ftd_agent_kmsg_lag_seconds"] == 0  # a file, not /dev/kmsg
         assert got["ftd_agent_supervisors_lost_total"] == 0
+        assert got["ftd_agent_loop_stalls_total"] == 0 and got["ftd_agent_kmsg_stalls_total"] == 0
+        assert got["ftd_agent_loop_stall_longest_seconds"] == 0
+        assert got["ftd_agent_watchdog_pings_total"] == 0  # no systemd watchdog asked for here
         writer.close()
     finally:
         task.cancel()

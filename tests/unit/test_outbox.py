@@ -13,12 +13,16 @@ import errno
 import os
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ftd.agent.spool import Outbox, Outgoing, read_spool
+from ftd.agent.spool.outbox import RETRY_PAUSE_S
+from ftd.bus.base import BusUnavailable, ForwardingBus
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.bus.mqtt import MqttBus
 from tests.realparts import REQUIRE_REAL, Mosquitto
@@ -247,3 +251,51 @@ async def test_a_spool_that_cannot_be_rewritten_at_start_is_held_in_memory_until
         on_disk, _, problem = read_spool(path.read_bytes())
         assert problem is None and [e.receipt_id for e in on_disk] == [f"e{i}" for i in range(1, 11)]
         outbox.close()
+
+
+class LossNotSeenYet(ForwardingBus):
+    """Publishes fail while the bus still says "connected": the turns of the loop between a
+    connection loss seen on the socket and the bus's connection task knowing of it (issue #31)."""
+
+    def __init__(self, inner: MemoryBus) -> None:
+        super().__init__(inner)
+        self.failing = True
+        self.attempts = 0
+
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self.attempts += 1
+        if self.failing:
+            raise BusUnavailable("connection lost")
+        await super().publish(topic, payload, retain=retain)
+
+
+async def test_a_publish_failing_while_the_bus_says_connected_does_not_stop_the_loop() -> None:
+    """Before the fix the outbox retried at once (``wait_connected`` returned at once), never yielding:
+    the agent's whole event loop stopped, as in the reported freeze after a broker SIGKILL."""
+    broker = MemoryBroker()
+    inner = MemoryBus(broker, client_id="agent")
+    sub = MemoryBus(broker, client_id="sub")
+    await sub.subscribe("t")
+    await inner.start()
+    await sub.start()
+    bus = LossNotSeenYet(inner)
+    outbox = Outbox(bus, max_entries=10)
+    outbox.put(Outgoing("t", b"held"))
+    # On a spinning loop nothing here runs again: a thread ends the failure so the test can end.
+    rescue = threading.Timer(3.0, lambda: setattr(bus, "failing", False))
+    rescue.start()
+    task = asyncio.create_task(outbox.run())
+    try:
+        started = time.monotonic()
+        await asyncio.sleep(0.3)
+        elapsed = time.monotonic() - started
+        assert elapsed < 1.5, f"the event loop stopped for {elapsed:.1f} s"
+        assert 2 <= bus.attempts <= 0.3 / RETRY_PAUSE_S + 2  # retried, at a pace
+        assert outbox.sent == 0 and len(outbox) == 1  # nothing lost meanwhile
+        bus.failing = False
+        await published(outbox, 1)
+        assert await drain(sub) == [b"held"]
+    finally:
+        rescue.cancel()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

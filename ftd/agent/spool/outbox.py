@@ -65,6 +65,7 @@ log = get_logger(__name__)
 __all__ = ["Outbox", "Outgoing"]
 
 TRUNCATE_AT = 64 << 10
+RETRY_PAUSE_S = 0.05  # a publish failed while the bus said "connected": wait this long, then retry
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +335,12 @@ class Outbox:
             try:
                 await self._bus.publish(item.topic, item.payload, retain=item.retain)
             except BusUnavailable:
-                await self._bus.wait_connected(timeout=1.0)
+                # Never retry without yielding: a bus that failed a publish while it still said
+                # "connected" made this loop spin and stop the whole agent (issue #31).
+                if self._bus.connected:
+                    await asyncio.sleep(RETRY_PAUSE_S)
+                else:
+                    await self._bus.wait_connected(timeout=1.0)
                 continue
             self.sent += 1
             # The head may have been dropped or receipted while we awaited; move only what we sent.

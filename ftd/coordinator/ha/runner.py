@@ -126,7 +126,7 @@ def view_bus_maker(config: Config) -> Callable[[str], Bus] | None:
             "standby_view_disabled", reason=why_not, consequence="a takeover waits for retained status"
         )
         return None
-    from ftd.bus.factory import make_mqtt_bus  # the only aiomqtt importer: loaded when used
+    from ftd.bus.factory import make_mqtt_bus  # the only paho importer: loaded when used
 
     login = standby
     return lambda client_id: make_mqtt_bus(login, client_id=client_id, clean_session=True)
