@@ -3,9 +3,10 @@
 The process is the production coordinator (:func:`ftd.coordinator.wiring.build`, rules as shipped,
 MQTT with the ``coordinator`` password and the shipped ACL) with a :class:`FakeScheduler` that knows
 the bench's nodes and jobs (so placement checks pass as on a real cluster). It prints ``READY``, then
-``PROGRESS {json}`` every 0.2 s (nodes known and online, node_offline events decided and the wall
-time of the last decision), and on SIGTERM one ``STATS {json}``: the probe node's event -> decision
-latencies, and the actions in the ledger (kind, target, state).
+``PROGRESS {json}`` every 0.2 s (nodes known and online; the rack's nodes whose node_offline was
+decided, each counted once, and the wall time of the last; node_offline decisions of nodes outside
+the rack, which the storm must not cause), and on SIGTERM one ``STATS {json}``: the probe node's
+event -> decision latencies, and the actions in the ledger (kind, target, state).
 
 It runs as ``python -c`` (not ``ftd coordinator``) only to observe the engine: the event -> decision
 time is taken inside the process, with the wall clock the publisher stamped the event with.
@@ -41,7 +42,8 @@ async def main():
     bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
     coord = build(config, bus=bus, scheduler=sched)
     probe = layout["probe"]
-    marks = {"offline": 0, "offline_last": 0.0, "latency": []}
+    rack = set(layout["rack"])
+    marks = {"rack_decided": set(), "offline_other": 0, "offline_last": 0.0, "latency": []}
     current = []
     def observe(what, payload):
         if what == "event":
@@ -49,8 +51,11 @@ async def main():
         elif what == "decision" and current:
             event = current.pop()
             if event.kind == "node_offline":
-                marks["offline"] += 1
-                marks["offline_last"] = time.time()
+                if event.node in rack:
+                    marks["rack_decided"].add(event.node)
+                    marks["offline_last"] = time.time()
+                else:
+                    marks["offline_other"] += 1
             elif event.node == probe:
                 marks["latency"].append(time.time() - event.ts)
     coord.engine.observe(observe)
@@ -65,7 +70,8 @@ async def main():
         progress = {
             "known": len(nodes),
             "online": sum(1 for n in nodes.values() if n.online),
-            "offline_decided": marks["offline"],
+            "offline_decided": len(marks["rack_decided"]),
+            "offline_other": marks["offline_other"],
             "offline_last": marks["offline_last"],
             "probe_decided": len(marks["latency"]),
         }
@@ -75,7 +81,7 @@ async def main():
                 await stop.wait()
     db = coord.ledger.ledger._db
     actions = [list(row) for row in db.execute("SELECT kind, target, state FROM actions")]
-    offline_rows = db.execute("SELECT count(*) FROM events WHERE kind = 'node_offline'").fetchone()[0]
+    offline_nodes = {node for (node,) in db.execute("SELECT node FROM events WHERE kind = 'node_offline'")}
     task.cancel()
     try:
         await task
@@ -86,7 +92,8 @@ async def main():
         "counters": coord.summary(),
         "latency": marks["latency"],
         "actions": actions,
-        "offline_recorded": offline_rows,
+        "offline_recorded": len(offline_nodes & rack),
+        "offline_recorded_other": len(offline_nodes - rack),
     }
     print("STATS", json.dumps(stats), flush=True)
 
@@ -105,6 +112,7 @@ class ScaleCoordinator(CoordinatorProcess):
             "known": 0,
             "online": 0,
             "offline_decided": 0,
+            "offline_other": 0,
             "offline_last": 0.0,
             "probe_decided": 0,
         }
