@@ -41,6 +41,12 @@ from ftd.bench.slurm_multinode import MultiNodeSlurm
 __all__ = ["JobSpec", "RecoveryStack", "recovery_stack", "wait_for"]
 
 FTD = [sys.executable, "-m", "ftd.cli"]
+#: torchrun's restarts need this (pytorch/pytorch#135712): by default the workers share the
+#: rendezvous' TCPStore, and a restarted round read the killed round's gloo addresses from it (every
+#: worker failed connecting to dead ports and restarted again, until --max-restarts ran out; torch
+#: 2.13 here, reproduced with three plain torchrun processes on one host, no Slurm). Users of
+#: --max-restarts set it; the peer is measured as it works, not as it hangs.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 #: The spares' check: ``ftd preflight`` as installed, passing on a node without GPUs (every GPU check
 #: is unchecked there, allowed); the two checks that only import torch to find no CUDA are skipped.
 PREFLIGHT = shlex.join(
@@ -131,6 +137,7 @@ class RecoveryStack:
             "FTD_RECOVERY_DIR": str(self.out),
             "FTD_RECOVERY_STEP_S": str(spec.step_s),
             "OMP_NUM_THREADS": "1",
+            **(TORCHRUN_ENV if spec.launcher == "torchrun" else {}),
             **spec.env,
         }
         wait = f"--wait={spec.srun_wait_s} " if spec.srun_wait_s is not None else ""

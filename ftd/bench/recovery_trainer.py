@@ -160,23 +160,19 @@ def main() -> int:
         record("step", step=step, loss=round(float(loss.item()), 6))
         client.heartbeat(step)
         save, stop = coord.agree(step)
-        if save_every and step % save_every == 0 and not save:
+        periodic = bool(save_every) and step % save_every == 0 and not save
+        if save or periodic:
             path = checkpoint_path(ckpt, step)
             if rank == 0:
                 tmp = path.with_suffix(".tmp")
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
                 os.replace(tmp, path)
-            dist.barrier()  # complete on disk before any rank records it
-            record("saved", step=step, path=str(path), periodic=True)
-        if save:
-            path = checkpoint_path(ckpt, step)
-            if rank == 0:
-                tmp = path.with_suffix(".tmp")
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
-                os.replace(tmp, path)
-            dist.barrier()  # every rank acks once the checkpoint is complete
-            coord.saved(step, str(path))
-            record("saved", step=step, path=str(path))
+            dist.barrier()  # complete on disk before any rank acks or records it
+            if save:
+                coord.saved(step, str(path))
+                record("saved", step=step, path=str(path))
+            else:
+                record("saved", step=step, path=str(path), periodic=True)
         if stop:
             outcome = "stopped"
             record("stopped", step=step)
