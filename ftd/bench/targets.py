@@ -168,7 +168,8 @@ def _limit_of(limit: Limit, result: Mapping[str, Any]) -> tuple[Any, str]:
     found = list(_lookup(result, limit.path.split(".")))
     if len(found) != 1 or not _number(found[0]):
         return _MISSING, f"limit {limit.path} not measured"
-    return found[0] + limit.plus, f"limit {limit} = {_show(found[0] + limit.plus)}"
+    value = found[0] + limit.plus if limit.plus else found[0]
+    return value, f"limit {limit} = {_show(value)}"
 
 
 def _outcome(check: Check, result: Mapping[str, Any]) -> Outcome:
