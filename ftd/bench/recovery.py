@@ -23,7 +23,11 @@ broker, agents, coordinator and ledger (the Slurm cluster is shared, its nodes r
    checkpoints), and the same rank SIGKILLed (no Xid written: nothing in that stack reads it, and
    this path's agents and coordinator must not act on the job); torchrun restarts every rank on the
    same nodes. ``ratio_torchrun`` is rank_killed's ``first_step_s`` over torchrun's, measured in the
-   same run. (nvidia-resiliency-ext's launcher is not measured: it is not installed here.)
+   same run;
+6. **ft_launcher** (the other peer): the same under nvidia-resiliency-ext's launcher (``python -m
+   nvidia_resiliency_ext.fault_tolerance.launcher``, torchrun's options, ``--max-restarts 3``), when
+   that package can be imported (it is not a dependency of ftd: install it beside ftd to measure
+   it; else the path reports ``error`` and is skipped). ``ratio_ft_launcher`` likewise.
 
 Per path, :func:`ftd.bench.recovery_timeline.timeline` reads the trainers' JSON lines and the
 checkpoint_restart detail from the ledger: seconds from the fault to the ranks stopped, to the new
@@ -38,6 +42,7 @@ None figures, says so in ``error``, and fails the check.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import tempfile
@@ -161,6 +166,8 @@ class _NoAction(Exception):
 def _path(
     slurm: MultiNodeSlurm, work: Path, spec: JobSpec, fault: Fault, **coordinator_keys: Any
 ) -> dict[str, Any]:
+    if spec.launcher == "ft_launcher" and importlib.util.find_spec(NVRX) is None:
+        return {"error": f"not measured: {NVRX} (nvidia-resiliency-ext) cannot be imported here"}
     slurm.reset()
     with (
         PrivateMosquitto() as broker,
@@ -186,7 +193,12 @@ PATHS: dict[str, tuple[JobSpec, Fault]] = {
         JobSpec(name="rec-torchrun", nodes=3, spares=0, warm="", env=_PERIODIC, launcher="torchrun"),
         Fault(xid=False, kill_rank=True),
     ),
+    "ft_launcher": (
+        JobSpec(name="rec-nvrx", nodes=3, spares=0, warm="", env=_PERIODIC, launcher="ft_launcher"),
+        Fault(xid=False, kill_rank=True),
+    ),
 }
+NVRX = "nvidia_resiliency_ext"  # the ft_launcher path's package (optional: measured when importable)
 
 
 def bench_recovery(samples: int = 1, paths: list[str] | None = None) -> dict[str, Any]:
@@ -210,6 +222,7 @@ def bench_recovery(samples: int = 1, paths: list[str] | None = None) -> dict[str
                 got["ratio"] = _ratio(got.get("in_allocation", {}), got.get("requeue", {}))
                 got["ratio_cold"] = _ratio(got.get("in_allocation_cold", {}), got.get("requeue", {}))
                 got["ratio_torchrun"] = _ratio(got.get("rank_killed", {}), got.get("torchrun", {}))
+                got["ratio_ft_launcher"] = _ratio(got.get("rank_killed", {}), got.get("ft_launcher", {}))
                 rounds.append(got)
         finally:
             slurm.stop()

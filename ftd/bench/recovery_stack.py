@@ -47,6 +47,11 @@ FTD = [sys.executable, "-m", "ftd.cli"]
 #: 2.13 here, reproduced with three plain torchrun processes on one host, no Slurm). Users of
 #: --max-restarts set it; the peer is measured as it works, not as it hangs.
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+#: The peers' launchers (JobSpec.launcher -> the module run with ``python -m``).
+ELASTIC_LAUNCHERS = {
+    "torchrun": "torch.distributed.run",
+    "ft_launcher": "nvidia_resiliency_ext.fault_tolerance.launcher",
+}
 #: The spares' check: ``ftd preflight`` as installed, passing on a node without GPUs (every GPU check
 #: is unchecked there, allowed); the two checks that only import torch to find no CUDA are skipped.
 PREFLIGHT = shlex.join(
@@ -86,7 +91,8 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)  # more variables for every node's supervisor
     # "ftd": every node runs ``ftd run`` (spares, warm interpreters: the fields above); "torchrun":
     # the restart most users have today instead, ``torchrun --max-restarts`` on every training node
-    # (c10d rendezvous on node-1's loopback, no ftd in the job: its ranks have no agent socket).
+    # (c10d rendezvous on node-1's loopback, no ftd in the job: its ranks have no agent socket);
+    # "ft_launcher": nvidia-resiliency-ext's launcher (torchrun's options, its own restart logic).
     launcher: str = "ftd"
     max_restarts: int = 3
 
@@ -117,8 +123,8 @@ class RecoveryStack:
         """``sbatch --requeue -N nodes+spares``: one ``ftd run`` per node (``srun
         --kill-on-bad-exit=0``, operators.md's recipe) with the trainer as its command, or one
         ``torchrun`` per node (``spec.launcher``); returns the job id."""
-        if spec.launcher not in ("ftd", "torchrun"):
-            raise ValueError(f"unknown launcher {spec.launcher!r}: ftd or torchrun")
+        if spec.launcher not in ("ftd", *ELASTIC_LAUNCHERS):
+            raise ValueError(f"unknown launcher {spec.launcher!r}: ftd, {', '.join(ELASTIC_LAUNCHERS)}")
         total = spec.nodes + spec.spares
         launch = self._ftd_run(spec) if spec.launcher == "ftd" else self._torchrun(spec)
         node_script = self.workdir / f"node-{spec.name}-{time.monotonic_ns()}.sh"
@@ -137,7 +143,7 @@ class RecoveryStack:
             "FTD_RECOVERY_DIR": str(self.out),
             "FTD_RECOVERY_STEP_S": str(spec.step_s),
             "OMP_NUM_THREADS": "1",
-            **(TORCHRUN_ENV if spec.launcher == "torchrun" else {}),
+            **(TORCHRUN_ENV if spec.launcher != "ftd" else {}),
             **spec.env,
         }
         wait = f"--wait={spec.srun_wait_s} " if spec.srun_wait_s is not None else ""
@@ -154,10 +160,11 @@ class RecoveryStack:
         )
 
     def _torchrun(self, spec: JobSpec) -> list[str]:
-        """Each node's ``torchrun``: ``spec.nodes`` nodes of one rank, ``--max-restarts``, c10d
-        rendezvous (every node is this host: the first to bind the endpoint serves it)."""
+        """Each node's ``torchrun`` (or nvidia-resiliency-ext's launcher, which takes the same
+        options): ``spec.nodes`` nodes of one rank, ``--max-restarts``, c10d rendezvous (every node
+        is this host: the first to bind the endpoint serves it)."""
         return [
-            sys.executable, "-m", "torch.distributed.run",
+            sys.executable, "-m", ELASTIC_LAUNCHERS[spec.launcher],
             "--nnodes", str(spec.nodes),
             "--nproc-per-node", "1",
             "--max-restarts", str(spec.max_restarts),

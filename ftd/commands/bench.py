@@ -93,7 +93,7 @@ def register(sub: Any) -> None:
         type=_names,
         default=None,
         help="recovery: only these paths, comma-separated (in_allocation,in_allocation_cold,requeue,"
-        "rank_killed,torchrun); --check then misses the others' targets (not measured)",
+        "rank_killed,torchrun,ft_launcher); --check then misses the others' targets (not measured)",
     )
     parser.set_defaults(handler=_run)
 

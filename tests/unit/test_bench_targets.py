@@ -209,3 +209,16 @@ def test_recovery_paths_option_reaches_the_bench_and_unknown_paths_are_refused(
     monkeypatch.undo()
     with pytest.raises(ValueError, match="unknown recovery paths warp"):
         recovery.bench_recovery(paths=["warp"])
+
+
+def test_the_ft_launcher_peer_is_skipped_not_run_when_its_package_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ftd.bench import recovery
+
+    monkeypatch.setattr(recovery.importlib.util, "find_spec", lambda name: None)
+    spec, fault = recovery.PATHS["ft_launcher"]
+    got = recovery._path(None, Path("/nonexistent"), spec, fault)  # type: ignore[arg-type]  # never reached
+    assert got == {
+        "error": "not measured: nvidia_resiliency_ext (nvidia-resiliency-ext) cannot be imported here"
+    }
