@@ -25,7 +25,8 @@ interleaving), each with ``what``, ``t`` (wall clock), ``job``, ``rank``, ``gene
 pre-started interpreter; ``ppid``: its supervisor), ``rendezvous`` (``generations`` gathered,
 ``same``), ``resumed`` (``step``: the checkpoint it starts from, 0 for none; ``asked``:
 ``FTD_RESUME_STEP``), ``step`` (every step), ``saved`` (step, path; ``periodic``: one of the
-checkpoints taken every ``$FTD_RECOVERY_SAVE_EVERY`` steps, none by default), ``stopped``, ``exit``
+checkpoints taken every ``$FTD_RECOVERY_SAVE_EVERY`` steps, none by default, recorded by rank 0 as
+soon as it is on disk, by the others after the barrier that follows), ``stopped``, ``exit``
 (``outcome``). Knobs:
 ``$FTD_RECOVERY_STEP_S`` (seconds slept per step, 0.1), ``$FTD_RECOVERY_MAX_S`` (give up and exit 1
 after this long, 900), ``$FTD_RECOVERY_STEPS`` (the training is done at this step: every rank exits
@@ -167,11 +168,13 @@ def main() -> int:
                 tmp = path.with_suffix(".tmp")
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
                 os.replace(tmp, path)
+                if periodic:  # on disk now, whether or not the barrier below completes (a rank killed)
+                    record("saved", step=step, path=str(path), periodic=True)
             dist.barrier()  # complete on disk before any rank acks or records it
             if save:
                 coord.saved(step, str(path))
                 record("saved", step=step, path=str(path))
-            else:
+            elif rank != 0:
                 record("saved", step=step, path=str(path), periodic=True)
         if stop:
             outcome = "stopped"

@@ -180,3 +180,15 @@ def test_a_periodic_checkpoint_after_the_fault_is_not_the_agreed_save() -> None:
 def test_no_checkpoint_at_all_resumes_from_scratch_and_redoes_everything() -> None:
     got = timeline(killed_rank_generation(every=1000) + new_generation(resumed=0, start=1002.0), FAULT)
     assert got["newest_checkpoint"] == 0 and got["steps_lost"] == 0 and got["steps_redone"] == 34
+
+
+def test_a_checkpoint_on_disk_before_the_kill_counts_though_only_rank_0_recorded_it() -> None:
+    """Rank 0 records a periodic checkpoint once it is on disk; a rank killed during the barrier
+    after it keeps the others from recording it, and the restart rightly resumes from it."""
+    records = [
+        r
+        for r in killed_rank_generation(last=30)
+        if not (r["what"] == "saved" and r["step"] == 30 and r["rank"] != 0)
+    ]
+    got = timeline(records + new_generation(resumed=30, start=1002.0), FAULT)
+    assert got["newest_checkpoint"] == 30 and got["steps_lost"] == 0 and got["steps_redone"] == 0
