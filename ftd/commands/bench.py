@@ -80,7 +80,10 @@ def register(sub: Any) -> None:
         "--seconds", type=_positive, default=None, help="fairness: how long the flood lasts (15)"
     )
     parser.add_argument(
-        "--probes", type=int, default=None, help="fairness: the other node's probes during the flood (300)"
+        "--probes",
+        type=_positive_int,
+        default=None,
+        help="fairness: the other node's probes during the flood (300)",
     )
     parser.add_argument(
         "--severity",
@@ -103,6 +106,13 @@ def _names(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("name at least one path")
     return names
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
+    return value
 
 
 def _positive(text: str) -> float:

@@ -174,7 +174,10 @@ def test_an_option_of_another_bench_is_refused() -> None:
         main(["bench", "e2e", "--rate", "100"])
 
 
-@pytest.mark.parametrize("argv", [["--rate", "0"], ["--seconds", "-1"], ["--severity", "debug"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--rate", "0"], ["--seconds", "-1"], ["--severity", "debug"], ["--probes", "0"], ["--rate", "x"]],
+)
 def test_bad_fairness_options_are_refused_by_the_parser(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["bench", "fairness", *argv])
