@@ -15,39 +15,19 @@ Exact counts and steps, no timing: the bench reports the seconds (docs/architect
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from ftd.bench.recovery import FAULT_NODE, PATHS, SAVE_EVERY, measure_path
-from ftd.bench.recovery_stack import RecoveryStack, recovery_stack
-from tests.e2e.multinode_slurm import MultiNodeSlurm
-from tests.realparts import Mosquitto
+from ftd.bench.recovery_stack import RecoveryStack
+from tests.e2e import test_recovery_slurm as recovery_tests
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 pytest.importorskip("torch")
 
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiNodeSlurm]:
-    slurm = MultiNodeSlurm(tmp_path_factory.mktemp("slurm"), nodes=4).start()
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
-
-
-@pytest.fixture
-def stack(cluster: MultiNodeSlurm, mosquitto: Mosquitto, tmp_path: Path) -> Iterator[RecoveryStack]:
-    cluster.reset()
-    keys = {"save_deadline_s": 10.0, "stop_deadline_s": 30.0, "restart_deadline_s": 60.0}
-    with recovery_stack(cluster, mosquitto.port, tmp_path / "stack", coordinator_keys=keys) as built:
-        try:
-            yield built
-        finally:
-            print(built.logs())
+# The recovery tests' four-node Slurm cluster and stack: the same fixtures, defined once there.
+cluster = recovery_tests.cluster
+stack = recovery_tests.stack
 
 
 def test_a_killed_rank_is_replaced_by_the_spare_from_the_newest_checkpoint(stack: RecoveryStack) -> None:
