@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from ftd.logs import configure
 from ftd.bus.factory import make_mqtt_bus
 from ftd.coordinator.wiring import build, coordinator_will
 from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.bench.scale_coordinator import RackTally
 
 config = parse_config(open(sys.argv[1]).read())
 layout = json.loads(open(sys.argv[2]).read())
@@ -42,8 +44,8 @@ async def main():
     bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
     coord = build(config, bus=bus, scheduler=sched)
     probe = layout["probe"]
-    rack = set(layout["rack"])
-    marks = {"rack_decided": set(), "offline_other": 0, "offline_last": 0.0, "latency": []}
+    tally = RackTally(layout["rack"])
+    marks = {"latency": []}
     current = []
     def observe(what, payload):
         if what == "event":
@@ -51,11 +53,7 @@ async def main():
         elif what == "decision" and current:
             event = current.pop()
             if event.kind == "node_offline":
-                if event.node in rack:
-                    marks["rack_decided"].add(event.node)
-                    marks["offline_last"] = time.time()
-                else:
-                    marks["offline_other"] += 1
+                tally.decided(event.node, time.time())
             elif event.node == probe:
                 marks["latency"].append(time.time() - event.ts)
     coord.engine.observe(observe)
@@ -70,9 +68,9 @@ async def main():
         progress = {
             "known": len(nodes),
             "online": sum(1 for n in nodes.values() if n.online),
-            "offline_decided": len(marks["rack_decided"]),
-            "offline_other": marks["offline_other"],
-            "offline_last": marks["offline_last"],
+            "offline_decided": len(tally.rack_decided),
+            "offline_other": tally.others,
+            "offline_last": tally.last,
             "probe_decided": len(marks["latency"]),
         }
         print("PROGRESS", json.dumps(progress), flush=True)
@@ -92,13 +90,32 @@ async def main():
         "counters": coord.summary(),
         "latency": marks["latency"],
         "actions": actions,
-        "offline_recorded": len(offline_nodes & rack),
-        "offline_recorded_other": len(offline_nodes - rack),
+        "offline_recorded": len(offline_nodes & tally.rack),
+        "offline_recorded_other": len(offline_nodes - tally.rack),
     }
     print("STATS", json.dumps(stats), flush=True)
 
 asyncio.run(main())
 """
+
+
+class RackTally:
+    """The storm's node_offline decisions: the rack's nodes decided, each counted once however many
+    times it was decided, and the wall time of the last; a decision for any other node is counted
+    apart (``others``), never as one of the rack's (issue #31: it used to count any node's)."""
+
+    def __init__(self, rack: Iterable[str]) -> None:
+        self.rack = frozenset(rack)
+        self.rack_decided: set[str] = set()
+        self.others = 0
+        self.last = 0.0
+
+    def decided(self, node: str, at: float) -> None:
+        if node in self.rack:
+            self.rack_decided.add(node)
+            self.last = at
+        else:
+            self.others += 1
 
 
 class ScaleCoordinator(CoordinatorProcess):
