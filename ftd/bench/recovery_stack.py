@@ -41,6 +41,17 @@ from ftd.bench.slurm_multinode import MultiNodeSlurm
 __all__ = ["JobSpec", "RecoveryStack", "recovery_stack", "wait_for"]
 
 FTD = [sys.executable, "-m", "ftd.cli"]
+#: torchrun's restarts need this (pytorch/pytorch#135712): by default the workers share the
+#: rendezvous' TCPStore, and a restarted round read the killed round's gloo addresses from it (every
+#: worker failed connecting to dead ports and restarted again, until --max-restarts ran out; torch
+#: 2.13 here, reproduced with three plain torchrun processes on one host, no Slurm). Users of
+#: --max-restarts set it; the peer is measured as it works, not as it hangs.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+#: The peers' launchers (JobSpec.launcher -> the module run with ``python -m``).
+ELASTIC_LAUNCHERS = {
+    "torchrun": "torch.distributed.run",
+    "ft_launcher": "nvidia_resiliency_ext.fault_tolerance.launcher",
+}
 #: The spares' check: ``ftd preflight`` as installed, passing on a node without GPUs (every GPU check
 #: is unchecked there, allowed); the two checks that only import torch to find no CUDA are skipped.
 PREFLIGHT = shlex.join(
@@ -78,6 +89,12 @@ class JobSpec:
     # this long after the first one ended -- a killed supervisor would end the recovered job too.
     srun_wait_s: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # more variables for every node's supervisor
+    # "ftd": every node runs ``ftd run`` (spares, warm interpreters: the fields above); "torchrun":
+    # the restart most users have today instead, ``torchrun --max-restarts`` on every training node
+    # (c10d rendezvous on node-1's loopback, no ftd in the job: its ranks have no agent socket);
+    # "ft_launcher": nvidia-resiliency-ext's launcher (torchrun's options, its own restart logic).
+    launcher: str = "ftd"
+    max_restarts: int = 3
 
 
 @dataclass
@@ -104,35 +121,29 @@ class RecoveryStack:
 
     def submit(self, spec: JobSpec) -> str:
         """``sbatch --requeue -N nodes+spares``: one ``ftd run`` per node (``srun
-        --kill-on-bad-exit=0``, operators.md's recipe) with the trainer as its command; returns the
-        job id."""
+        --kill-on-bad-exit=0``, operators.md's recipe) with the trainer as its command, or one
+        ``torchrun`` per node (``spec.launcher``); returns the job id."""
+        if spec.launcher not in ("ftd", *ELASTIC_LAUNCHERS):
+            raise ValueError(f"unknown launcher {spec.launcher!r}: ftd, {', '.join(ELASTIC_LAUNCHERS)}")
         total = spec.nodes + spec.spares
-        ftd_run = [
-            *FTD,
-            "run",
-            "--nodes", str(spec.nodes),
-            "--spares", str(spec.spares),
-            "--master-addr", "127.0.0.1",
-            "--addr", "127.0.0.1",
-            "--master-port", str(free_port()),
-            "--preflight", spec.preflight,
-            "--stop-grace", str(spec.stop_grace_s),
-            "--exit-grace", str(spec.exit_grace_s),
-        ]  # fmt: skip
-        if spec.warm:
-            ftd_run += ["--warm", spec.warm]
-        ftd_run += ["--", sys.executable, recovery_trainer.__file__]
+        launch = self._ftd_run(spec) if spec.launcher == "ftd" else self._torchrun(spec)
         node_script = self.workdir / f"node-{spec.name}-{time.monotonic_ns()}.sh"
+        socket = (
+            f"{self.run_dir}/$SLURMD_NODENAME/agent.sock"
+            if spec.launcher == "ftd"
+            else f"{self.run_dir}/none.sock"
+        )
         node_script.write_text(
             "#!/bin/bash\n"
             # Every node's agent listens at the same agent.socket_path (here: one directory per node).
-            f'export FTD_SOCKET="{self.run_dir}/$SLURMD_NODENAME/agent.sock"\n'
-            f"exec {shlex.join(ftd_run)}\n"
+            f'export FTD_SOCKET="{socket}"\n'
+            f"exec {shlex.join(launch)}\n"
         )
         exports = {
             "FTD_RECOVERY_DIR": str(self.out),
             "FTD_RECOVERY_STEP_S": str(spec.step_s),
             "OMP_NUM_THREADS": "1",
+            **(TORCHRUN_ENV if spec.launcher != "ftd" else {}),
             **spec.env,
         }
         wait = f"--wait={spec.srun_wait_s} " if spec.srun_wait_s is not None else ""
@@ -147,6 +158,39 @@ class RecoveryStack:
         return self.slurm.sbatch(
             script, "--requeue", f"--nodes={total}", "--ntasks-per-node=1", f"--job-name={spec.name}"
         )
+
+    def _torchrun(self, spec: JobSpec) -> list[str]:
+        """Each node's ``torchrun`` (or nvidia-resiliency-ext's launcher, which takes the same
+        options): ``spec.nodes`` nodes of one rank, ``--max-restarts``, c10d rendezvous (every node
+        is this host: the first to bind the endpoint serves it)."""
+        return [
+            sys.executable, "-m", ELASTIC_LAUNCHERS[spec.launcher],
+            "--nnodes", str(spec.nodes),
+            "--nproc-per-node", "1",
+            "--max-restarts", str(spec.max_restarts),
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv-id", f"{spec.name}-{time.monotonic_ns()}",
+            "--local-addr", "127.0.0.1",
+            recovery_trainer.__file__,
+        ]  # fmt: skip
+
+    def _ftd_run(self, spec: JobSpec) -> list[str]:
+        ftd_run = [
+            *FTD,
+            "run",
+            "--nodes", str(spec.nodes),
+            "--spares", str(spec.spares),
+            "--master-addr", "127.0.0.1",
+            "--addr", "127.0.0.1",
+            "--master-port", str(free_port()),
+            "--preflight", spec.preflight,
+            "--stop-grace", str(spec.stop_grace_s),
+            "--exit-grace", str(spec.exit_grace_s),
+        ]  # fmt: skip
+        if spec.warm:
+            ftd_run += ["--warm", spec.warm]
+        return [*ftd_run, "--", sys.executable, recovery_trainer.__file__]
 
     def restart_coordinator(self, sig: int = signal.SIGKILL) -> None:
         """Kill the coordinator (SIGKILL: a crash) and start it again on the same ledger."""

@@ -12,10 +12,15 @@ starts generation 0 again with a higher restart count). Figures, in seconds afte
 - ``new_generation_started_s``: the first process of the new one started (``all_started_s``: the
   last); ``first_step_s``: the first step after the resume done on every rank.
 
-And steps: ``save_step`` (the step every rank saved after the fault: the agreed save step),
-``resumed_from`` (the checkpoint the new incarnation loaded), ``steps_lost`` (``save_step -
-resumed_from``: saved but not resumed from; 0 is the target), ``steps_discarded`` (steps the old
-incarnation ran past the save before it stopped, redone after the resume: the save margin's price),
+And steps: ``save_step`` (the step every rank saved after the fault: the agreed save step; a
+periodic checkpoint is not one), ``newest_checkpoint`` (the newest step the old incarnation saved
+and recorded, agreed or periodic; 0: none), ``resumed_from`` (the checkpoint the new incarnation
+loaded), ``steps_lost`` (saved but not resumed from: ``save_step - resumed_from``, or
+``newest_checkpoint - resumed_from`` when no save followed the fault -- a rank that really stopped
+cannot take part in one; 0 is the target), ``steps_redone`` (the old incarnation's last step minus
+``resumed_from``: training done again after the resume, whatever the reason), ``steps_discarded``
+(steps the old incarnation ran past the save before it stopped, redone after the resume: the save
+margin's price),
 ``old_generation_ranks`` (ranks of the new incarnation whose rendezvous gathered another
 generation: must be 0) and ``old_steps_after_new_start`` (steps an old process ran once a new one
 had started: must be 0). Why apart: the bench and the e2e tests read the same figures the same way,
@@ -65,9 +70,15 @@ def timeline(
 
     old_recs = by_inc.get(old, []) if old is not None else []
     new_recs = by_inc.get(new, []) if new is not None else []
-    saved = [int(r["step"]) for r in old_recs if r.get("what") == "saved" and float(r["t"]) >= fault_at]
+    saved = [
+        int(r["step"])
+        for r in old_recs
+        if r.get("what") == "saved" and float(r["t"]) >= fault_at and not r.get("periodic")
+    ]
     save_step = _one(saved)
     out["save_step"] = save_step
+    newest = max((int(r["step"]) for r in old_recs if r.get("what") == "saved"), default=0)
+    out["newest_checkpoint"] = newest
     # The old incarnation's processes: the last record of each is when it left (exit, or killed).
     last_by_pid: dict[int, float] = {}
     for r in old_recs:
@@ -91,9 +102,9 @@ def timeline(
             first_step_s = _rel(max(done), fault_at)
         out["first_step"] = first
     out["first_step_s"] = first_step_s
-    out["steps_lost"] = (
-        save_step - resumed if isinstance(save_step, int) and isinstance(resumed, int) else None
-    )
+    kept = save_step if save_step is not None else newest  # a list (saves differ) is no figure
+    out["steps_lost"] = kept - resumed if isinstance(kept, int) and isinstance(resumed, int) else None
+    out["steps_redone"] = max(old_steps) - resumed if old_steps and isinstance(resumed, int) else None
     out["steps_discarded"] = max(old_steps) - save_step if old_steps and isinstance(save_step, int) else None
     rendezvous = [r for r in new_recs if r.get("what") == "rendezvous"]
     out["ranks"] = len(rendezvous)

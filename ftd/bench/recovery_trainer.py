@@ -2,8 +2,11 @@
 
 Run by ``ftd run`` (one supervisor per node) as ``python recovery_trainer.py``: the supervisor gives
 it torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``...) plus
-``FTD_GENERATION``, ``FTD_RUN``, ``FTD_JOB_ID`` and, after a restart, ``FTD_RESUME_STEP``. It is
-the user's side of recovery, written the way the docs tell users to:
+``FTD_GENERATION``, ``FTD_RUN``, ``FTD_JOB_ID`` and, after a restart, ``FTD_RESUME_STEP``. The
+same file runs under ``torchrun --max-restarts`` (the peer ``ftd bench recovery`` compares with):
+there its generation is the highest ``TORCHELASTIC_RESTART_COUNT`` of the ranks of its rendezvous
+(each node's elastic agent counts its own restarts; the highest names the round the same way on
+every rank). It is the user's side of recovery, written the way the docs tell users to:
 
 - **resume**: from the checkpoint of ``FTD_RESUME_STEP`` when given (the step every rank saved),
   else from the newest complete checkpoint in the shared directory (a scheduler requeue);
@@ -21,7 +24,9 @@ interleaving), each with ``what``, ``t`` (wall clock), ``job``, ``rank``, ``gene
 ``restart`` (``SLURM_RESTART_COUNT``), ``node`` and ``pid``: ``process_start`` (``warm``: a
 pre-started interpreter; ``ppid``: its supervisor), ``rendezvous`` (``generations`` gathered,
 ``same``), ``resumed`` (``step``: the checkpoint it starts from, 0 for none; ``asked``:
-``FTD_RESUME_STEP``), ``step`` (every step), ``saved`` (step, path), ``stopped``, ``exit``
+``FTD_RESUME_STEP``), ``step`` (every step), ``saved`` (step, path; ``periodic``: one of the
+checkpoints taken every ``$FTD_RECOVERY_SAVE_EVERY`` steps, none by default, recorded by rank 0 as
+soon as it is on disk, by the others after the barrier that follows), ``stopped``, ``exit``
 (``outcome``). Knobs:
 ``$FTD_RECOVERY_STEP_S`` (seconds slept per step, 0.1), ``$FTD_RECOVERY_MAX_S`` (give up and exit 1
 after this long, 900), ``$FTD_RECOVERY_STEPS`` (the training is done at this step: every rank exits
@@ -75,22 +80,29 @@ def main() -> int:
     out = Path(os.environ["FTD_RECOVERY_DIR"])
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    generation = int(os.environ.get("FTD_GENERATION", "0"))
+    elastic = "FTD_GENERATION" not in os.environ and "TORCHELASTIC_RESTART_COUNT" in os.environ
+    own = int(os.environ.get("FTD_GENERATION") or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
     job = os.environ.get("FTD_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "job"
-    base = {
-        "job": job,
-        "rank": rank,
-        "generation": generation,
-        "run": os.environ.get("FTD_RUN"),
-        "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
-        "node": os.environ.get("SLURMD_NODENAME", "?"),
-        "pid": os.getpid(),
-    }
-    record = Recorder(out / "log", base)
-    warm_at = os.environ.get("FTD_WARM_READY_AT")
-    record("process_start", t=_STARTED, warm=warm_at is not None, ppid=os.getppid())
     step_s = float(os.environ.get("FTD_RECOVERY_STEP_S", "0.1"))
+    save_every = _env_int("FTD_RECOVERY_SAVE_EVERY") or 0
     give_up = time.monotonic() + float(os.environ.get("FTD_RECOVERY_MAX_S", "900"))
+
+    def recorder(generation: int) -> Recorder:
+        base = {
+            "job": job,
+            "rank": rank,
+            "generation": generation,
+            "run": os.environ.get("FTD_RUN"),
+            "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+            "node": os.environ.get("SLURMD_NODENAME", "?"),
+            "pid": os.getpid(),
+        }
+        return Recorder(out / "log", base)
+
+    warm_at = os.environ.get("FTD_WARM_READY_AT")
+    record = recorder(own)
+    if not elastic:  # under torchrun the generation is known after the rendezvous (below)
+        record("process_start", t=_STARTED, warm=warm_at is not None, ppid=os.getppid())
 
     import torch
     import torch.distributed as dist
@@ -102,9 +114,16 @@ def main() -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))  # env://: MASTER_ADDR/PORT, RANK
     gens = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(gens, torch.tensor([generation], dtype=torch.int64))
+    dist.all_gather(gens, torch.tensor([own], dtype=torch.int64))
     gathered = [int(g.item()) for g in gens]
-    record("rendezvous", generations=gathered, same=all(g == generation for g in gathered))
+    generation = own
+    if elastic:  # every rank of this rendezvous round names it by the highest restart count
+        generation = max(gathered)
+        record = recorder(generation)
+        record("process_start", t=_STARTED, warm=False, ppid=os.getppid(), restart_count=own)
+        record("rendezvous", generations=gathered, same=True)  # a new round gathers every rank anew
+    else:
+        record("rendezvous", generations=gathered, same=all(g == generation for g in gathered))
 
     torch.manual_seed(0)
     model = torch.nn.Linear(32, 1)
@@ -142,15 +161,21 @@ def main() -> int:
         record("step", step=step, loss=round(float(loss.item()), 6))
         client.heartbeat(step)
         save, stop = coord.agree(step)
-        if save:
+        periodic = bool(save_every) and step % save_every == 0 and not save
+        if save or periodic:
             path = checkpoint_path(ckpt, step)
             if rank == 0:
                 tmp = path.with_suffix(".tmp")
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
                 os.replace(tmp, path)
-            dist.barrier()  # every rank acks once the checkpoint is complete
-            coord.saved(step, str(path))
-            record("saved", step=step, path=str(path))
+                if periodic:  # on disk now, whether or not the barrier below completes (a rank killed)
+                    record("saved", step=step, path=str(path), periodic=True)
+            dist.barrier()  # complete on disk before any rank acks or records it
+            if save:
+                coord.saved(step, str(path))
+                record("saved", step=step, path=str(path))
+            elif rank != 0:
+                record("saved", step=step, path=str(path), periodic=True)
         if stop:
             outcome = "stopped"
             record("stopped", step=step)

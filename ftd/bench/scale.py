@@ -28,9 +28,11 @@ mutual-TLS connections from one Python process, each with its node's own certifi
   bus) publishes ``samples`` Xid 13 events once all sessions are held; latency = the event's ``ts`` ->
   the engine's decision in the coordinator (one machine, one clock);
 * the rack: the first ``wills`` sessions' sockets are closed at once, without DISCONNECT: the broker
-  publishes their Last Wills together. Half the jobs have a node in the rack (one straddles it):
-  each must get exactly one ``checkpoint_restart``, the others none; node_death drains nothing, so the
-  blast-radius budget holds when ``drains`` is 0.
+  publishes their Last Wills together. The storm's figures count the rack's nodes decided, each once
+  (``wills_decided``; a node_offline of a node outside the rack is reported apart,
+  ``offline_outside_rack_decided``, and decides nothing of the storm). Half the jobs have a node in
+  the rack (one straddles it): each must get exactly one ``checkpoint_restart``, the others none;
+  node_death drains nothing, so the blast-radius budget holds when ``drains`` is 0.
 
 Noise: the broker, the load generator and the coordinator share the machine's cores; the load
 generator's keepalive pings alone are ``nodes / keepalive_s`` round trips a second.
@@ -352,6 +354,7 @@ def bench_scale(
                 offline_decided = int(coordinator.progress["offline_decided"])
                 online_after = int(coordinator.progress["online"])
                 time.sleep(1.0)  # restarts requested by the last decisions reach the ledger
+                offline_other = int(coordinator.progress.get("offline_other", 0))
                 broker_end, coord_end = _usage(broker.pid), _usage(coordinator.proc.pid)
                 loop.loop.call_soon_threadsafe(stop_beats.set)
                 beats.result(30)
@@ -376,7 +379,7 @@ def bench_scale(
         },
         probe_sent=probe_sent,
         probe_s=probe_s,
-        storm=(decided_all, storm_s, offline_decided, online_after),
+        storm=(decided_all, storm_s, offline_decided, offline_other, online_after),
         grace_s=grace_s,
         beats=sessions.beats,
         stats=stats,
@@ -396,12 +399,12 @@ def _report(
     usage: dict[str, tuple[tuple[float, float], tuple[float, float]]],
     probe_sent: int,
     probe_s: float,
-    storm: tuple[bool, float, int, int],
+    storm: tuple[bool, float, int, int, int],
     grace_s: float,
     beats: int,
     stats: dict[str, Any],
 ) -> dict[str, Any]:
-    decided_all, storm_s, offline_decided, online_after = storm
+    decided_all, storm_s, offline_decided, offline_other, online_after = storm
     latency = sorted(v * 1000 for v in stats["latency"])
     # A job on several dead nodes is asked for once per node_offline; the policy gate lets the first
     # through and records the others as ``suppressed`` (same key): those are not restarts.
@@ -436,9 +439,13 @@ def _report(
         "xid_max_ms": round(latency[-1], 2) if latency else None,
         "wills": wills,
         "offline_grace_s": grace_s,
+        # The rack's nodes (the sessions cut), each counted once: a node_offline of any other node is
+        # not one of the storm's decisions (issue #31) and is reported apart.
         "wills_decided": offline_decided,
         "wills_recorded": int(stats["offline_recorded"]),
         "wills_lost": wills - offline_decided,
+        "offline_outside_rack_decided": offline_other,
+        "offline_outside_rack_recorded": int(stats["offline_recorded_other"]),
         "storm_all_decided": decided_all,
         "storm_time_to_decided_s": round(storm_s, 3),
         "storm_after_grace_s": round(storm_s - grace_s, 3),
@@ -446,6 +453,7 @@ def _report(
         "jobs": len(plan["jobs"]),
         "jobs_in_rack": len(in_rack),
         "restarts_per_job_in_rack": sorted(Counter(restarts[job] for job in in_rack).items()),
+        "jobs_in_rack_restarted_once": sum(1 for job in in_rack if restarts[job] == 1),
         "restarts_outside_rack": sum(n for job, n in restarts.items() if job not in in_rack),
         "drains": kinds.get("drain", 0),
         "actions": dict(sorted(kinds.items())),

@@ -3,9 +3,10 @@
 The process is the production coordinator (:func:`ftd.coordinator.wiring.build`, rules as shipped,
 MQTT with the ``coordinator`` password and the shipped ACL) with a :class:`FakeScheduler` that knows
 the bench's nodes and jobs (so placement checks pass as on a real cluster). It prints ``READY``, then
-``PROGRESS {json}`` every 0.2 s (nodes known and online, node_offline events decided and the wall
-time of the last decision), and on SIGTERM one ``STATS {json}``: the probe node's event -> decision
-latencies, and the actions in the ledger (kind, target, state).
+``PROGRESS {json}`` every 0.2 s (nodes known and online; the rack's nodes whose node_offline was
+decided, each counted once, and the wall time of the last; node_offline decisions of nodes outside
+the rack, which the storm must not cause), and on SIGTERM one ``STATS {json}``: the probe node's
+event -> decision latencies, and the actions in the ledger (kind, target, state).
 
 It runs as ``python -c`` (not ``ftd coordinator``) only to observe the engine: the event -> decision
 time is taken inside the process, with the wall clock the publisher stamped the event with.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from ftd.logs import configure
 from ftd.bus.factory import make_mqtt_bus
 from ftd.coordinator.wiring import build, coordinator_will
 from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.bench.scale_coordinator import RackTally
 
 config = parse_config(open(sys.argv[1]).read())
 layout = json.loads(open(sys.argv[2]).read())
@@ -41,7 +44,8 @@ async def main():
     bus = make_mqtt_bus(config.bus, client_id="ftd-coordinator", will=coordinator_will(), manual_ack=True)
     coord = build(config, bus=bus, scheduler=sched)
     probe = layout["probe"]
-    marks = {"offline": 0, "offline_last": 0.0, "latency": []}
+    tally = RackTally(layout["rack"])
+    marks = {"latency": []}
     current = []
     def observe(what, payload):
         if what == "event":
@@ -49,8 +53,7 @@ async def main():
         elif what == "decision" and current:
             event = current.pop()
             if event.kind == "node_offline":
-                marks["offline"] += 1
-                marks["offline_last"] = time.time()
+                tally.decided(event.node, time.time())
             elif event.node == probe:
                 marks["latency"].append(time.time() - event.ts)
     coord.engine.observe(observe)
@@ -65,8 +68,9 @@ async def main():
         progress = {
             "known": len(nodes),
             "online": sum(1 for n in nodes.values() if n.online),
-            "offline_decided": marks["offline"],
-            "offline_last": marks["offline_last"],
+            "offline_decided": len(tally.rack_decided),
+            "offline_other": tally.others,
+            "offline_last": tally.last,
             "probe_decided": len(marks["latency"]),
         }
         print("PROGRESS", json.dumps(progress), flush=True)
@@ -75,7 +79,7 @@ async def main():
                 await stop.wait()
     db = coord.ledger.ledger._db
     actions = [list(row) for row in db.execute("SELECT kind, target, state FROM actions")]
-    offline_rows = db.execute("SELECT count(*) FROM events WHERE kind = 'node_offline'").fetchone()[0]
+    offline_nodes = {node for (node,) in db.execute("SELECT node FROM events WHERE kind = 'node_offline'")}
     task.cancel()
     try:
         await task
@@ -86,12 +90,32 @@ async def main():
         "counters": coord.summary(),
         "latency": marks["latency"],
         "actions": actions,
-        "offline_recorded": offline_rows,
+        "offline_recorded": len(offline_nodes & tally.rack),
+        "offline_recorded_other": len(offline_nodes - tally.rack),
     }
     print("STATS", json.dumps(stats), flush=True)
 
 asyncio.run(main())
 """
+
+
+class RackTally:
+    """The storm's node_offline decisions: the rack's nodes decided, each counted once however many
+    times it was decided, and the wall time of the last; a decision for any other node is counted
+    apart (``others``), never as one of the rack's (issue #31: it used to count any node's)."""
+
+    def __init__(self, rack: Iterable[str]) -> None:
+        self.rack = frozenset(rack)
+        self.rack_decided: set[str] = set()
+        self.others = 0
+        self.last = 0.0
+
+    def decided(self, node: str, at: float) -> None:
+        if node in self.rack:
+            self.rack_decided.add(node)
+            self.last = at
+        else:
+            self.others += 1
 
 
 class ScaleCoordinator(CoordinatorProcess):
@@ -105,6 +129,7 @@ class ScaleCoordinator(CoordinatorProcess):
             "known": 0,
             "online": 0,
             "offline_decided": 0,
+            "offline_other": 0,
             "offline_last": 0.0,
             "probe_decided": 0,
         }

@@ -24,8 +24,11 @@ def test_bench_scale_small_counts_exact() -> None:
     assert result["storm_all_decided"] is True
     assert (result["wills_decided"], result["wills_recorded"], result["wills_lost"]) == (50, 50, 0)
     assert result["online_after_storm"] == 150
+    # the storm's figures are the rack's nodes: no other node went offline, none was counted
+    assert (result["offline_outside_rack_decided"], result["offline_outside_rack_recorded"]) == (0, 0)
     assert result["jobs_in_rack"] == 5
     assert result["restarts_per_job_in_rack"] == [(1, 5)]  # five jobs, one restart each
+    assert result["jobs_in_rack_restarted_once"] == 5
     assert result["restarts_outside_rack"] == 0
     assert result["drains"] == 0
     assert result["bad_messages"] == 0 and result["placement_violations"] == 0

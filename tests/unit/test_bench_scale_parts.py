@@ -101,3 +101,16 @@ def test_layout_puts_half_the_jobs_in_the_rack() -> None:
     assert len(straddling) == 1
     with pytest.raises(ValueError):
         layout(30, 25, 10, 4)
+
+
+def test_the_storm_counts_the_racks_nodes_once_each_and_no_other() -> None:
+    from ftd.bench.scale_coordinator import RackTally
+
+    tally = RackTally(["node-00000", "node-00001"])
+    tally.decided("node-00000", 10.0)
+    tally.decided("node-00000", 11.0)  # decided again (a second Last Will): still one node
+    tally.decided("node-09999", 12.0)  # not in the rack: never one of the storm's decisions
+    tally.decided("probe-node", 13.0)
+    assert tally.rack_decided == {"node-00000"} and tally.others == 2 and tally.last == 11.0
+    tally.decided("node-00001", 14.0)
+    assert len(tally.rack_decided) == 2 and tally.last == 14.0

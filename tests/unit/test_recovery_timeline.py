@@ -24,13 +24,20 @@ def rec(
     }
 
 
+def gen0_start(rank: int) -> list[dict[str, Any]]:
+    """Rank ``rank`` of generation 0 started, met the others, starting from scratch."""
+    return [
+        rec("process_start", 900.0, rank),
+        rec("rendezvous", 901.0, rank, generations=[0, 0, 0], same=True),
+        rec("resumed", 901.1, rank, step=0),
+    ]
+
+
 def old_generation(save: int = 30, last: int = 31) -> list[dict[str, Any]]:
     """Three ranks of generation 0 stepping to ``last``, saving ``save`` after the fault, exiting."""
     out: list[dict[str, Any]] = []
     for rank in range(3):
-        out.append(rec("process_start", 900.0, rank))
-        out.append(rec("rendezvous", 901.0, rank, generations=[0, 0, 0], same=True))
-        out.append(rec("resumed", 901.1, rank, step=0))
+        out += gen0_start(rank)
         for step in range(1, last + 1):
             out.append(rec("step", 990.0 + step * 0.1 - (2.0 if step <= 30 else 0), rank, step=step))
         out.append(rec("saved", 1000.2, rank, step=save))
@@ -134,3 +141,54 @@ def test_the_coordinator_detail_is_given_relative_to_the_fault() -> None:
         "stopped_s": 0.6,
         "resumed_s": 4.25,
     }
+
+
+def killed_rank_generation(every: int = 10, last: int = 34) -> list[dict[str, Any]]:
+    """Three ranks checkpointing every ``every`` steps; rank 1 SIGKILLed after step ``last`` (no
+    exit, no save after the fault), ranks 0 and 2 failing out of their collective."""
+    out: list[dict[str, Any]] = []
+    for rank in range(3):
+        out += gen0_start(rank)
+        for step in range(1, last + 1):
+            out.append(rec("step", 996.0 + step * 0.1, rank, step=step))
+            if step % every == 0:
+                out.append(rec("saved", 996.01 + step * 0.1, rank, step=step, periodic=True))
+        if rank != 1:
+            out.append(rec("exit", 1000.3, rank, step=last, outcome="timeout"))
+    return out
+
+
+def test_a_killed_rank_resumed_from_the_newest_checkpoint_loses_no_saved_step() -> None:
+    got = timeline(killed_rank_generation() + new_generation(resumed=30, start=1002.0), FAULT)
+    assert got["save_step"] is None  # no save could gather every rank after the fault
+    assert got["newest_checkpoint"] == 30
+    assert got["steps_lost"] == 0 and got["steps_redone"] == 4  # steps 31-34 trained again
+    assert got["first_step_s"] == 4.1
+
+
+def test_a_killed_rank_resumed_from_an_older_checkpoint_counts_the_lost_steps() -> None:
+    got = timeline(killed_rank_generation() + new_generation(resumed=20, start=1002.0), FAULT)
+    assert got["steps_lost"] == 10 and got["steps_redone"] == 14
+
+
+def test_a_periodic_checkpoint_after_the_fault_is_not_the_agreed_save() -> None:
+    records = killed_rank_generation(last=40)  # step 40's periodic checkpoint lands after the fault
+    got = timeline(records + new_generation(resumed=40, start=1002.0), FAULT)
+    assert got["save_step"] is None and got["newest_checkpoint"] == 40 and got["steps_lost"] == 0
+
+
+def test_no_checkpoint_at_all_resumes_from_scratch_and_redoes_everything() -> None:
+    got = timeline(killed_rank_generation(every=1000) + new_generation(resumed=0, start=1002.0), FAULT)
+    assert got["newest_checkpoint"] == 0 and got["steps_lost"] == 0 and got["steps_redone"] == 34
+
+
+def test_a_checkpoint_on_disk_before_the_kill_counts_though_only_rank_0_recorded_it() -> None:
+    """Rank 0 records a periodic checkpoint once it is on disk; a rank killed during the barrier
+    after it keeps the others from recording it, and the restart rightly resumes from it."""
+    records = [
+        r
+        for r in killed_rank_generation(last=30)
+        if not (r["what"] == "saved" and r["step"] == 30 and r["rank"] != 0)
+    ]
+    got = timeline(records + new_generation(resumed=30, start=1002.0), FAULT)
+    assert got["newest_checkpoint"] == 30 and got["steps_lost"] == 0 and got["steps_redone"] == 0
