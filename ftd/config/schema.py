@@ -849,6 +849,14 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     stop_deadline_s: Annotated[
         PositiveSeconds, _doc("How long trainers get to exit after a stop request.")
     ] = 60.0
+    save_rank_lost_grace_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "Once a rank that has not acked a save has left its agent (its process died), how much "
+            "longer the other ranks get to ack, instead of the rest of save_deadline_s: a dead rank "
+            "never acks, and its peers wait for it in a collective."
+        ),
+    ] = 5.0
     disabled_rules: Annotated[list[NonEmptyStr], _doc("Rules not loaded at all.")] = msgspec.field(
         default_factory=list
     )

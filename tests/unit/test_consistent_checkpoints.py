@@ -4,6 +4,7 @@ from the newest step every rank has."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -284,3 +285,56 @@ async def test_live_ranks_save_one_step_when_the_coordinator_picks_it(
             assert restart.state == ActionState.ESCALATED, restart.detail
             assert restart.detail["save_steps_differ"] == {"0": saved[0], "1": saved[1]}
             assert restart.detail["resume_step"] == min(saved.values())
+
+
+# --- a rank that died cannot ack: the save wait ends after a short grace (issue #31 item 8) ---------
+
+
+class JobWithADeadRank(Job):
+    """Rank 1's process is killed as the save goes out: its agent drops it from the job's presence and
+    it never acks; rank 0 waits in a collective for it and never reaches the save step either."""
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        directive = decode(payload, Directive)
+        if directive in self.directives:
+            return
+        self.directives.append(directive)
+        if directive.action == "save":
+            self.state.apply_presence("node-2", JOB, None)  # rank 1's connection closed: it is gone
+        elif directive.action == "stop":
+            self.state.apply_presence("node-1", JOB, None)
+
+
+async def test_a_rank_gone_mid_save_ends_the_wait_after_the_grace_not_the_deadline() -> None:
+    # ``ftd bench recovery`` (rank_killed): the coordinator waited the whole save deadline for a dead
+    # rank's ack -- 31-33 s against torchrun's 9-15 s. With an hour's deadline this test would hang.
+    job = JobWithADeadRank(steps={}, beats={0: 10, 1: 10})
+    executor = job.executor()
+    executor.save_deadline_s = 3600.0
+    executor.save_rank_lost_grace_s = 0.2
+    async with asyncio.timeout(30):
+        detail = await executor(record())
+    assert detail["save_ranks_gone"] == [1]
+    assert detail["save_missing"] == [0, 1]
+    assert detail["state"] == "escalated"  # no checkpoint of one step: never a success
+    assert [d.action for d in job.directives] == ["save", "stop"]
+    assert detail["stopped"] is True and job.scheduler.jobs[JOB].restarts == 1
+
+
+async def test_within_the_grace_a_surviving_ranks_late_ack_still_counts() -> None:
+    job = JobWithADeadRank(steps={}, beats={0: 10, 1: 10})
+    executor = job.executor()
+    executor.save_deadline_s = 3600.0
+    executor.save_rank_lost_grace_s = 5.0
+
+    async def late_ack() -> None:
+        await until(lambda: bool(job.directives))
+        await asyncio.sleep(0.1)
+        job.acks.record(Ack(directive_id=job.directives[0].id, job=JOB, rank=0, node="node-1", step=15))
+
+    acker = asyncio.create_task(late_ack())
+    async with asyncio.timeout(30):
+        detail = await executor(record())
+    await acker
+    assert detail["saved"] == {"0": {"step": 15, "path": None}}
+    assert detail["save_missing"] == [1] and detail["save_ranks_gone"] == [1]
