@@ -43,14 +43,16 @@ real-parts:
 	bash scripts/install-real-parts.sh
 
 # Everything, property tests at their full example counts (the ci Hypothesis profile, tests/properties.py).
-# tests/unit on every core (its tests start no Slurm or PostgreSQL: each starts what it needs on free
-# ports), then the rest one test at a time (they share one Slurm cluster per session).
+# tests/unit and tests/integration on every core (their tests share no Slurm cluster: each starts what
+# it needs on free ports), then the rest one test at a time (they share one Slurm cluster per session).
+PARALLEL_SUITES := tests/unit tests/integration
 test: $(STAMP) real-parts
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} PYTHONDONTWRITEBYTECODE= $(PY) -m pytest tests/unit -n auto $(PYTEST_ARGS)
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest --ignore=tests/unit $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(PARALLEL_SUITES) -n auto $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest $(PARALLEL_SUITES:%=--ignore=%) $(PYTEST_ARGS)
 
-# The inner loop: tests/unit only, no real parts installed, property tests with fewer examples (the dev
-# profile, unless CI or HYPOTHESIS_PROFILE says otherwise). E.g. PYTEST_ARGS='-m "not property"', '--lf'.
+# The inner loop: tests/unit only (not tests/integration: real processes and wall-clock waits), no real
+# parts installed, property tests with fewer examples (the dev profile, unless CI or HYPOTHESIS_PROFILE
+# says otherwise). E.g. PYTEST_ARGS='-m "not property"', '--lf'.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: without the cache every run compiles
 # ftd and rewrites the tests' asserts again (collection 7 s instead of 2), and so does every ftd
 # subprocess a test starts.
