@@ -44,11 +44,16 @@ real-parts:
 
 # Everything, property tests at their full example counts (the ci Hypothesis profile, tests/properties.py).
 # tests/unit and tests/integration on every core (their tests share no Slurm cluster: each starts what
-# it needs on free ports), then the rest one test at a time (they share one Slurm cluster per session).
+# it needs on free ports), then the rest (contract, e2e, chaos, security, fuzz, the plugin template) on
+# REST_WORKERS processes, a whole file per process at a time (--dist loadfile: a module's fixtures stay
+# in one process). Their tests share one Slurm cluster per process (the session fixture, on free ports:
+# two clusters side by side are fine); they mostly wait on real processes, so two processes halve the
+# wall time even on two cores. REST_WORKERS=0: one process, one test at a time.
 PARALLEL_SUITES := tests/unit tests/integration
+REST_WORKERS ?= 2
 test: $(STAMP) real-parts
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(PARALLEL_SUITES) -n auto $(PYTEST_ARGS)
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest $(PARALLEL_SUITES:%=--ignore=%) $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest $(PARALLEL_SUITES:%=--ignore=%) -n $(REST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop: tests/unit only (not tests/integration: real processes and wall-clock waits), no real
 # parts installed, property tests with fewer examples (the dev profile, unless CI or HYPOTHESIS_PROFILE
