@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
 from tests.properties import examples, profile_name
 
@@ -37,6 +37,12 @@ def test_examples_scales_with_the_loaded_profile_and_never_reaches_zero() -> Non
         assert examples(4) == 1
     finally:
         settings.load_profile(chosen)
+
+
+def test_only_the_dev_profile_forgives_slow_input_generation() -> None:
+    assert HealthCheck.too_slow in settings.get_profile("dev").suppress_health_check
+    assert HealthCheck.too_slow not in settings.get_profile("ci").suppress_health_check
+    assert settings.get_profile("dev").deadline == settings.get_profile("ci").deadline  # deadlines kept
 
 
 def _sources() -> list[Path]:
