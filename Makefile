@@ -47,8 +47,8 @@ real-parts:
 # it needs on free ports), then the rest (contract, e2e, chaos, security, fuzz, the plugin template) on
 # REST_WORKERS processes, a whole file per process at a time (--dist loadfile: a module's fixtures stay
 # in one process). Their tests share one Slurm cluster per process (the session fixture, on free ports:
-# two clusters side by side are fine); they mostly wait on real processes, so two processes halve the
-# wall time even on two cores. REST_WORKERS=0: one process, one test at a time.
+# two clusters side by side are fine); they mostly wait on real processes, so two processes about halved
+# the wall time of the files measured, on two cores. REST_WORKERS=0: one process, one test at a time.
 PARALLEL_SUITES := tests/unit tests/integration
 REST_WORKERS ?= 2
 test: $(STAMP) real-parts
