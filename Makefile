@@ -43,14 +43,21 @@ real-parts:
 	bash scripts/install-real-parts.sh
 
 # Everything, property tests at their full example counts (the ci Hypothesis profile, tests/properties.py).
-# tests/unit on every core (its tests start no Slurm or PostgreSQL: each starts what it needs on free
-# ports), then the rest one test at a time (they share one Slurm cluster per session).
+# tests/unit and tests/integration on every core (their tests share no Slurm cluster: each starts what
+# it needs on free ports), then the rest (contract, e2e, chaos, security, fuzz, the plugin template) on
+# REST_WORKERS processes, a whole file per process at a time (--dist loadfile: a module's fixtures stay
+# in one process). Their tests share one Slurm cluster per process (the session fixture, on free ports:
+# two clusters side by side are fine); they mostly wait on real processes, so two processes about halved
+# the wall time of the files measured, on two cores. REST_WORKERS=0: one process, one test at a time.
+PARALLEL_SUITES := tests/unit tests/integration
+REST_WORKERS ?= 2
 test: $(STAMP) real-parts
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} PYTHONDONTWRITEBYTECODE= $(PY) -m pytest tests/unit -n auto $(PYTEST_ARGS)
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest --ignore=tests/unit $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(PARALLEL_SUITES) -n auto $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest $(PARALLEL_SUITES:%=--ignore=%) -n $(REST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# The inner loop: tests/unit only, no real parts installed, property tests with fewer examples (the dev
-# profile, unless CI or HYPOTHESIS_PROFILE says otherwise). E.g. PYTEST_ARGS='-m "not property"', '--lf'.
+# The inner loop: tests/unit only (not tests/integration: real processes and wall-clock waits), no real
+# parts installed, property tests with fewer examples (the dev profile, unless CI or HYPOTHESIS_PROFILE
+# says otherwise). E.g. PYTEST_ARGS='-m "not property"', '--lf'.
 # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set: without the cache every run compiles
 # ftd and rewrites the tests' asserts again (collection 7 s instead of 2), and so does every ftd
 # subprocess a test starts.

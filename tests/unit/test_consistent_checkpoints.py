@@ -262,7 +262,7 @@ def two_ranks(
 async def test_live_ranks_save_one_step_when_the_coordinator_picks_it(
     tmp_path: Path, margin: int, agree: bool
 ) -> None:
-    from tests.unit.test_plan_sequencing import JOB, NODE, PCI, cluster
+    from tests.integration.test_plan_sequencing import JOB, NODE, PCI, cluster
 
     async with cluster(tmp_path, save_step_margin=margin, save_deadline_s=10.0) as env:
         saved: dict[int, int] = {}

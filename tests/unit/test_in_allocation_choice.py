@@ -12,6 +12,7 @@ from ftd.coordinator.actions.in_allocation import choose, next_generation
 from ftd.events import SupervisorInfo, make_event
 from ftd.rules import supervisor as supervisor_rule
 from ftd.testing import evaluate_rule, view_with
+from tests.properties import examples
 
 NODES = [f"n{i}" for i in range(8)]
 
@@ -46,7 +47,7 @@ def pictures(draw: st.DrawFn) -> tuple[list[str | None], dict[str, SupervisorInf
     return slots, supervisors, unfit, draw(st.booleans())
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(pictures())
 def test_every_bad_slot_gets_a_distinct_eligible_spare_or_the_job_is_requeued(
     picture: tuple[list[str | None], dict[str, SupervisorInfo], dict[str, str], bool],

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from ftd.agent.spool import MAGIC, MAGIC_V1, RECORD_MARK, Outbox, Outgoing, read_spool, scan_spool
 from ftd.bus.memory import MemoryBroker, MemoryBus
+from tests.properties import examples
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ damage = st.tuples(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     version=st.sampled_from([2, 1]),
     n=st.integers(1, 40),
