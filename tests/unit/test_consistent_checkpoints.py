@@ -338,3 +338,28 @@ async def test_within_the_grace_a_surviving_ranks_late_ack_still_counts() -> Non
     await acker
     assert detail["saved"] == {"0": {"step": 15, "path": None}}
     assert detail["save_missing"] == [1] and detail["save_ranks_gone"] == [1]
+
+
+class JobWhoseRanksAllDied(Job):
+    """Every rank left its agent as the save went out (the survivors' collective failed with the
+    killed rank and their processes ended too): nobody is left to ack."""
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        directive = decode(payload, Directive)
+        if directive in self.directives:
+            return
+        self.directives.append(directive)
+        if directive.action == "save":
+            self.state.apply_presence("node-1", JOB, None)
+            self.state.apply_presence("node-2", JOB, None)
+
+
+async def test_when_every_silent_rank_is_gone_the_save_wait_ends_without_the_grace() -> None:
+    job = JobWhoseRanksAllDied(steps={}, beats={0: 10, 1: 10})
+    executor = job.executor()
+    executor.save_deadline_s = 3600.0
+    executor.save_rank_lost_grace_s = 3600.0  # only ranks still present get the grace
+    async with asyncio.timeout(30):
+        detail = await executor(record())
+    assert detail["save_ranks_gone"] == [0, 1] and detail["save_missing"] == [0, 1]
+    assert detail["state"] == "escalated" and job.scheduler.jobs[JOB].restarts == 1

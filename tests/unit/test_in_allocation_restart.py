@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -614,3 +615,60 @@ def test_the_job_record_reports_slots_spares_and_generation() -> None:
     for node in (*SLOTS, "s1", "s2"):
         cluster.state.apply_presence(node, JOB, None)
     assert JOB not in cluster.state.jobs
+
+
+# --- a generation that finished before any of its ranks reported a step (issue #31) -----------------
+
+
+async def test_a_generation_that_finished_before_reporting_a_step_has_resumed_not_failed() -> None:
+    # ftd bench recovery, rank_killed: generation 1 trained its last steps and ended (exit 0, spares
+    # released) before its ranks' first step report; the resume watch then waited the whole
+    # resume_deadline_s and would have escalated "did not train again". With an hour's deadline this
+    # test hung.
+    cluster = Cluster()
+    for index, node in enumerate(SLOTS):
+        cluster.set(node, supervisor_info("active", index, 1, "exited", nodes=len(SLOTS), exit_code=0))
+    restart = CheckpointRestart(
+        publish=cluster.publish,
+        state=cluster.state,
+        acks=AckBook(),
+        scheduler=None,
+        save_deadline_s=1,
+        stop_deadline_s=1,
+    )
+    request = ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target=JOB, reason="xid 79")
+    record = ActionRecord(
+        id="act-9",
+        request=request,
+        state=ActionState.RUNNING,
+        detail={"path": "spare", "running_generation": 1, "slots": list(SLOTS), "restarted_at": time.time()},
+    )
+    async with asyncio.timeout(10):
+        out = await restart.in_allocation.resume(record, 3600.0)
+    assert out["finished"] is True and out["resumed_on"] == list(SLOTS)
+    assert "not_resumed" not in out and "state" not in out
+
+
+async def test_a_generation_whose_slot_failed_is_not_taken_for_finished() -> None:
+    cluster = Cluster()
+    cluster.set("n0", supervisor_info("active", 0, 1, "exited", nodes=len(SLOTS), exit_code=0))
+    cluster.set("n1", supervisor_info("active", 1, 1, "exited", nodes=len(SLOTS), exit_code=1))
+    cluster.set("n2", supervisor_info("active", 2, 1, "exited", nodes=len(SLOTS), exit_code=0))
+    restart = CheckpointRestart(
+        publish=cluster.publish,
+        state=cluster.state,
+        acks=AckBook(),
+        scheduler=None,
+        save_deadline_s=1,
+        stop_deadline_s=1,
+    )
+    restart.in_allocation.poll_s = 0.01
+    request = ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target=JOB, reason="xid 79")
+    record = ActionRecord(
+        id="act-9",
+        request=request,
+        state=ActionState.RUNNING,
+        detail={"path": "spare", "running_generation": 1, "slots": list(SLOTS), "restarted_at": 1.0},
+    )
+    out = await restart.in_allocation.resume(record, 0.5)  # restarted_at long past: the deadline
+    assert out["state"] == "escalated" and "not_resumed" in out

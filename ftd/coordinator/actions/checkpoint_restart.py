@@ -17,7 +17,8 @@ recorded in the action's detail (the in-allocation path, issue #24: ``requeue`` 
    A rank that nacks or stays silent makes the action *escalated* too: the job still has to move, so
    we go on, and the detail names the ranks whose checkpoint is missing. A silent rank that has left
    its agent (its process died: ``detail["save_ranks_gone"]``) never acks, and its peers are blocked
-   in a collective with it: the wait then ends ``save_rank_lost_grace_s`` later, not at the deadline.
+   in a collective with it: the wait then ends ``save_rank_lost_grace_s`` later, not at the deadline
+   (at once when every silent rank is gone).
    Then *stop*: a ``stop`` directive (with ``params["resume_step"]`` when known: the client offers it
    as ``Client.resume_step`` for the trainer to record where its restart reads it); wait
    (``stop_deadline_s``) until the job's ranks have left their agents (the retained job presence
@@ -320,6 +321,10 @@ class CheckpointRestart:
                 record = self._state.jobs.get(job)
                 present = record.ranks if record is not None else set()
                 gone = sorted(r for r in outcome.missing if r not in present)
+                if gone and not (outcome.missing - set(gone)):
+                    # Every silent rank is gone: nobody is left to ack, no grace to give.
+                    log.warning("save_rank_gone", job=job, ranks=gone, waiting_s=0.0, why="no rank left")
+                    return outcome, gone
                 if gone:
                     deadline = min(deadline, loop.time() + self.save_rank_lost_grace_s)
                     log.warning(

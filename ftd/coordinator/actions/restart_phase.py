@@ -304,6 +304,12 @@ class InAllocation:
                 out = {"resumed_at": now, "resumed_step": min(steps), "resumed_on": list(detail["slots"])}
                 log.info("job_trains_again", job=job, generation=generation, after_s=round(now - started, 2))
                 return out
+            if self._finished(job, generation, detail["slots"]):
+                # It trained to its end before any rank's step report came (a short last stretch):
+                # the restart worked -- never "did not train again" after a wait of the deadline.
+                detail.pop("waiting", None)
+                log.info("job_finished_after_restart", job=job, generation=generation)
+                return {"resumed_at": now, "resumed_on": list(detail["slots"]), "finished": True}
             if now >= deadline:
                 detail.pop("waiting", None)
                 sentence = (
@@ -314,6 +320,17 @@ class InAllocation:
                 log.warning("restart_not_resumed", job=job, why=sentence)
                 return {"not_resumed": sentence, "state": str(ActionState.ESCALATED)}
             await asyncio.sleep(self.poll_s)
+
+    def _finished(self, job: str, generation: int, slots: list[str]) -> bool:
+        """Every slot's supervisor reports ``generation``'s ranks exited 0 (the job's training ended)."""
+        record = self._state.jobs.get(job)
+        if record is None or not slots:
+            return False
+        infos = [record.supervisors.get(node) for node in slots]
+        return all(
+            i is not None and i.generation == generation and i.state == "exited" and i.exit_code == 0
+            for i in infos
+        )
 
     def _ranks_of(self, job: str, generation: int) -> list[RankInfo]:
         """The ranks of ``generation``: on each node, those whose run is the one that node's supervisor
