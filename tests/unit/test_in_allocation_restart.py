@@ -620,40 +620,14 @@ def test_the_job_record_reports_slots_spares_and_generation() -> None:
 # --- a generation that finished before any of its ranks reported a step (issue #31) -----------------
 
 
-async def test_a_generation_that_finished_before_reporting_a_step_has_resumed_not_failed() -> None:
-    # ftd bench recovery, rank_killed: generation 1 trained its last steps and ended (exit 0, spares
-    # released) before its ranks' first step report; the resume watch then waited the whole
-    # resume_deadline_s and would have escalated "did not train again". With an hour's deadline this
-    # test hung.
+async def resume_after_exits(
+    exit_codes: Sequence[int], restarted_at: float, deadline_s: float
+) -> dict[str, Any]:
+    """The resume watch of generation 1, whose slot supervisors report their ranks exited with
+    ``exit_codes`` and none of whose ranks reported a step."""
     cluster = Cluster()
-    for index, node in enumerate(SLOTS):
-        cluster.set(node, supervisor_info("active", index, 1, "exited", nodes=len(SLOTS), exit_code=0))
-    restart = CheckpointRestart(
-        publish=cluster.publish,
-        state=cluster.state,
-        acks=AckBook(),
-        scheduler=None,
-        save_deadline_s=1,
-        stop_deadline_s=1,
-    )
-    request = ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target=JOB, reason="xid 79")
-    record = ActionRecord(
-        id="act-9",
-        request=request,
-        state=ActionState.RUNNING,
-        detail={"path": "spare", "running_generation": 1, "slots": list(SLOTS), "restarted_at": time.time()},
-    )
-    async with asyncio.timeout(10):
-        out = await restart.in_allocation.resume(record, 3600.0)
-    assert out["finished"] is True and out["resumed_on"] == list(SLOTS)
-    assert "not_resumed" not in out and "state" not in out
-
-
-async def test_a_generation_whose_slot_failed_is_not_taken_for_finished() -> None:
-    cluster = Cluster()
-    cluster.set("n0", supervisor_info("active", 0, 1, "exited", nodes=len(SLOTS), exit_code=0))
-    cluster.set("n1", supervisor_info("active", 1, 1, "exited", nodes=len(SLOTS), exit_code=1))
-    cluster.set("n2", supervisor_info("active", 2, 1, "exited", nodes=len(SLOTS), exit_code=0))
+    for index, (node, code) in enumerate(zip(SLOTS, exit_codes, strict=True)):
+        cluster.set(node, supervisor_info("active", index, 1, "exited", nodes=len(SLOTS), exit_code=code))
     restart = CheckpointRestart(
         publish=cluster.publish,
         state=cluster.state,
@@ -664,11 +638,22 @@ async def test_a_generation_whose_slot_failed_is_not_taken_for_finished() -> Non
     )
     restart.in_allocation.poll_s = 0.01
     request = ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target=JOB, reason="xid 79")
-    record = ActionRecord(
-        id="act-9",
-        request=request,
-        state=ActionState.RUNNING,
-        detail={"path": "spare", "running_generation": 1, "slots": list(SLOTS), "restarted_at": 1.0},
-    )
-    out = await restart.in_allocation.resume(record, 0.5)  # restarted_at long past: the deadline
+    detail = {"path": "spare", "running_generation": 1, "slots": list(SLOTS), "restarted_at": restarted_at}
+    record = ActionRecord(id="act-9", request=request, state=ActionState.RUNNING, detail=detail)
+    async with asyncio.timeout(10):
+        return await restart.in_allocation.resume(record, deadline_s)
+
+
+async def test_a_generation_that_finished_before_reporting_a_step_has_resumed_not_failed() -> None:
+    # ftd bench recovery, rank_killed: generation 1 trained its last steps and ended (exit 0, spares
+    # released) before its ranks' first step report; the resume watch then waited the whole
+    # resume_deadline_s and would have escalated "did not train again". With an hour's deadline this
+    # test hung.
+    out = await resume_after_exits([0, 0, 0], restarted_at=time.time(), deadline_s=3600.0)
+    assert out["finished"] is True and out["resumed_on"] == list(SLOTS)
+    assert "not_resumed" not in out and "state" not in out
+
+
+async def test_a_generation_whose_slot_failed_is_not_taken_for_finished() -> None:
+    out = await resume_after_exits([0, 1, 0], restarted_at=1.0, deadline_s=0.5)  # the deadline is past
     assert out["state"] == "escalated" and "not_resumed" in out
