@@ -16,7 +16,8 @@ literals, adjacent ones joined; a ``.md`` file's table cells and code spans; a J
 when the shared text carries a value a peer chose: a number of two digits or more (a pid, a PCI
 address, a timestamp, a count, a source line). Text without one is the driver's or the kernel's
 fixed wording ("NVRM: fallen off the bus and is not responding to commands."), which a line of our
-own cannot avoid; the values are what make a line the peer's.
+own cannot avoid; the values are what make a line the peer's. The recorded replay scenarios
+(``.jsonl``) and JSON files are scanned too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tests.properties import examples
 MIN_PIECE = 30
 _VALUE = re.compile(r"\d{2,}")
 SCANNED = ("tests", "docs")
+_SCANNED_SUFFIXES = (".py", ".md", ".json", ".jsonl")
 _CODE_SPAN = re.compile(r"`([^`]+)`")
 
 
@@ -98,7 +100,7 @@ class CopyFinder:
 
 def scanned_files() -> list[Path]:
     return sorted(
-        p for d in SCANNED for p in (ROOT / d).rglob("*") if p.is_file() and p.suffix in (".py", ".md")
+        p for d in SCANNED for p in (ROOT / d).rglob("*") if p.is_file() and p.suffix in _SCANNED_SUFFIXES
     )
 
 

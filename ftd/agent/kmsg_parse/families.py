@@ -540,7 +540,7 @@ FAMILIES: tuple[tuple[frozenset[str], Callable[[str], Found | None]], ...] = tup
         ("failure", _md),
         ("Remounting read-only readonly Shutting shut", _readonly),
         ("error error, superblock beyond", _io_error),
-        ("nfs: [nfs] nfs4_reclaim_open_state: Lustre: LustreError:", _netfs),
+        ("nfs: [nfs] nfs4_reclaim_open_state: nfs4_reclaim_locks: Lustre: LustreError:", _netfs),
         ("failed failed, leak health unrecoverable insufficient", _mlx5),
         ("WATCHDOG:", _watchdog),
         ("infiniband efa", _efa),
