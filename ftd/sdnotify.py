@@ -34,7 +34,7 @@ def notify(message: str) -> bool:
 def watchdog_interval_s() -> float | None:
     """Half the watchdog timeout systemd asked for (``$WATCHDOG_USEC``), or None when there is none."""
     usec = os.environ.get("WATCHDOG_USEC")
-    if not usec or not usec.isdigit() or int(usec) == 0:
+    if not usec or not usec.isdecimal() or int(usec) == 0:
         return None
     return int(usec) / 2_000_000
 

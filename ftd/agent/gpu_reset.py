@@ -105,7 +105,7 @@ class GpuResetter:
         found: list[Gpu] = []
         for line in out.splitlines():
             parts = [p.strip() for p in line.split(",")]
-            if len(parts) >= 3 and parts[0].isdigit():
+            if len(parts) >= 3 and parts[0].isdecimal():
                 found.append(Gpu(int(parts[0]), _norm_pci(parts[1]), parts[2]))
         return found
 
@@ -119,7 +119,7 @@ class GpuResetter:
             if not line.strip() or "No running" in line:
                 continue
             parts = [p.strip() for p in line.split(",")]
-            if len(parts) < 2 or not parts[0].isdigit():
+            if len(parts) < 2 or not parts[0].isdecimal():
                 return f"unexpected process list line {line.strip()[:100]!r}"  # refuse rather than guess
             found.append((int(parts[0]), parts[1]))
         return found

@@ -177,7 +177,7 @@ class ProcFs:
 
     def pids(self) -> list[int]:
         try:
-            return [int(name) for name in os.listdir(self.root) if name.isdigit()]
+            return [int(name) for name in os.listdir(self.root) if name.isdecimal()]
         except OSError:
             return []
 

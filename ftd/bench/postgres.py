@@ -30,7 +30,7 @@ def find_bindir() -> Path:
     """The newest ``/usr/lib/postgresql/N/bin`` holding ``initdb`` (or ``initdb`` on PATH)."""
     found = sorted(
         glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdecimal() else 0,
     )
     if found:
         return Path(found[-1]).parent

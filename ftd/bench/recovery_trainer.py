@@ -73,7 +73,7 @@ def newest_checkpoint(ckpt: Path) -> int:
 
 def _env_int(name: str) -> int | None:
     raw = os.environ.get(name, "").strip()
-    return int(raw) if raw.lstrip("-").isdigit() else None
+    return int(raw) if raw.lstrip("-").isdecimal() else None
 
 
 def main() -> int:

@@ -152,7 +152,7 @@ def _lookup(result: Any, parts: list[str]) -> Iterator[Any]:
         return
     if isinstance(result, Mapping) and head in result:
         yield from _lookup(result[head], rest)
-    elif isinstance(result, list) and head.isdigit() and int(head) < len(result):
+    elif isinstance(result, list) and head.isdecimal() and int(head) < len(result):
         yield from _lookup(result[int(head)], rest)
     else:
         yield _MISSING

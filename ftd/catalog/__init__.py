@@ -167,7 +167,7 @@ _KNOWN_KEYS = frozenset(
 
 def _parse_entry(key: str, entry: Any) -> XidInfo:
     where = f"xid.{key}"
-    if not key.isdigit() or not 0 < int(key) < _MAX_CODE:
+    if not key.isdecimal() or not 0 < int(key) < _MAX_CODE:
         raise CatalogError(f"{where}: the table name must be an Xid code (1..{_MAX_CODE - 1})")
     if not isinstance(entry, dict):
         raise CatalogError(f"{where}: must be a table")

@@ -290,7 +290,7 @@ def run_id(env: Any) -> str | None:
         return str(explicit)[:RUN_MAX]
     if env.get("SLURM_JOB_ID"):
         count = str(env.get("SLURM_RESTART_COUNT") or "0").strip()
-        return f"slurm-restart-{count if count.isdigit() else '0'}"
+        return f"slurm-restart-{count if count.isdecimal() else '0'}"
     pod = env.get("FTD_POD_UID")
     if pod:
         return f"pod-{pod}"[:RUN_MAX]

@@ -111,7 +111,7 @@ def job_start_message(env: Mapping[str, str]) -> dict[str, Any] | None:
     return protocol.job_start(
         job,
         user=env.get("SLURM_JOB_USER", ""),
-        uid=int(uid_text) if uid_text.isdigit() else None,
+        uid=int(uid_text) if uid_text.isdecimal() else None,
         gpus=gpus_from_env(env),
         tasks=tasks_from_env(env),
         partition=env.get("SLURM_JOB_PARTITION", ""),
@@ -153,7 +153,7 @@ def job_processes(job: str, *, proc_root: str = "/proc", me: int | None = None) 
     except OSError:
         return []
     for name in names:
-        if not name.isdigit():
+        if not name.isdecimal():
             continue
         pid = int(name)
         parents[pid] = _ppid(proc, pid)
@@ -211,7 +211,7 @@ def _smi_rows(nvidia_smi: str, query: str, timeout: float) -> list[list[str]]:
 def gpu_pids(nvidia_smi: str, timeout: float) -> dict[int, str]:
     """pid -> GPU UUID of every compute process ``nvidia-smi`` lists ({} without it or on failure)."""
     rows = _smi_rows(nvidia_smi, "--query-compute-apps=pid,gpu_uuid", timeout)
-    return {int(r[0]): r[1] for r in rows if len(r) >= 2 and r[0].isdigit()}
+    return {int(r[0]): r[1] for r in rows if len(r) >= 2 and r[0].isdecimal()}
 
 
 def gpu_uuids(nvidia_smi: str, indexes: Iterable[str], timeout: float) -> set[str]:

@@ -44,7 +44,7 @@ def run_explain(args: argparse.Namespace) -> int:
 
     catalog = load_xid_catalog()
     text = str(args.code).strip()
-    info = catalog.lookup(int(text)) if text.isdigit() else None
+    info = catalog.lookup(int(text)) if text.isdecimal() else None
     if info is None:
         print(
             f"ftd xid explain: Xid {text!r} is not in the catalog (version {catalog.version}); "

@@ -67,7 +67,7 @@ def node_index(opts: Options, env: Mapping[str, str]) -> int:
     for name in ("SLURM_NODEID", "JOB_COMPLETION_INDEX"):
         raw = env.get(name, "").strip()
         if raw:
-            if not raw.isdigit():
+            if not raw.isdecimal():
                 raise SetupError(f"{name}={raw!r} is not a node index (a non-negative integer)")
             return int(raw)
     if opts.nodes + opts.spares <= 1:

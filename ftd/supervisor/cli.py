@@ -83,7 +83,7 @@ def options(args: argparse.Namespace, env: Mapping[str, str]) -> Options:
     nodes = args.nodes
     if nodes is None:
         raw = env.get("SLURM_NNODES", "").strip()
-        if not raw.isdigit():
+        if not raw.isdecimal():
             raise SetupError("--nodes not given and SLURM_NNODES not set: how many training nodes?")
         nodes = int(raw) - args.spares
     if nodes < 1:

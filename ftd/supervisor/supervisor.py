@@ -381,4 +381,4 @@ class Supervisor:
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name, "").strip()
-    return int(raw) if raw.lstrip("-").isdigit() else None
+    return int(raw) if raw.lstrip("-").isdecimal() else None

@@ -7,6 +7,8 @@ A trainer's own memory is ``RssAnon`` of /proc/PID/status; ``VmRSS`` adds file p
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -252,10 +254,15 @@ def test_the_status_parser_takes_rssanon_first_and_never_raises(lines: list[str]
         for line in text.splitlines():
             name, _, rest = line.partition(":")
             parts = rest.split()
-            if name == field and parts and parts[0].isdigit():
+            if name == field and parts and re.fullmatch(r"\d+", parts[0]):
                 return int(parts[0])
         return None
 
     anon, vmrss = first("RssAnon"), first("VmRSS")
     want = (anon, "RssAnon") if anon is not None else (vmrss, "VmRSS") if vmrss is not None else None
     assert got == want
+
+
+def test_a_digit_that_is_not_decimal_is_no_number() -> None:
+    # Hypothesis found this one: '¹'.isdigit() is True, but int('¹') raises.
+    assert parse_rss_kb("RssAnon:\t\u00b9 kB\nVmRSS:\t12 kB") == (12, "VmRSS")

@@ -182,7 +182,7 @@ def nvlink5(code: int, rest: str, extra: dict[str, Any], severity: str) -> str:
 
 
 def to_int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
+    return int(text) if text is not None and text.isdecimal() else None
 
 
 def xid_address(text: str | None, extra: dict[str, Any]) -> str | None:

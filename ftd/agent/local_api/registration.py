@@ -45,7 +45,7 @@ def socket_gid(group: str | int) -> int:
     """The gid of ``agent.socket_group``: a number, or a group name; unknown names raise ValueError."""
     if isinstance(group, int):
         return group
-    if group.isdigit():
+    if group.isdecimal():
         return int(group)
     try:
         return grp.getgrnam(group).gr_gid

@@ -84,7 +84,7 @@ def _read(path: Path) -> str | None:
 
 
 def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.lstrip("-").isdigit() else None
+    return int(text) if text is not None and text.lstrip("-").isdecimal() else None
 
 
 def _unescape(text: str) -> str:
@@ -126,7 +126,7 @@ def read_ib_ports(root: Path) -> dict[tuple[str, int], IbPort]:
     out: dict[tuple[str, int], IbPort] = {}
     for dev in sorted((root / "sys" / "class" / "infiniband").glob("*")):
         for port in sorted((dev / "ports").glob("*")):
-            if not port.name.isdigit():
+            if not port.name.isdecimal():
                 continue
             state = (_read(port / "state") or "").partition(":")[2].strip()
             phys = (_read(port / "phys_state") or "").partition(":")[2].strip()

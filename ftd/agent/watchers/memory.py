@@ -65,7 +65,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
         if not sep:
             continue
         parts = rest.split()
-        if parts and parts[0].isdigit():
+        if parts and parts[0].isdecimal():
             out[key.strip()] = int(parts[0])
     return out
 
@@ -95,7 +95,7 @@ def parse_rss_kb(text: str) -> tuple[int, str] | None:
         name, _, rest = line.partition(":")
         if name in ("RssAnon", "VmRSS") and name not in fields:  # the first of each counts
             parts = rest.split()
-            if parts and parts[0].isdigit():
+            if parts and parts[0].isdecimal():
                 fields[name] = int(parts[0])
     for name in ("RssAnon", "VmRSS"):
         if name in fields:

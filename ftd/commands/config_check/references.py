@@ -210,7 +210,7 @@ def _agent(config: Config, found: Found) -> None:
     found.check("agent.kmsg_path", agent.kmsg_path, paths.kernel_log_problem)
     found.check("agent.state_dir", agent.state_dir, paths.writable_dir_problem)
     found.check("agent.socket_path", agent.socket_path, paths.socket_problem)
-    if isinstance(agent.socket_group, str) and not agent.socket_group.isdigit():
+    if isinstance(agent.socket_group, str) and not agent.socket_group.isdecimal():
         found.check("agent.socket_group", agent.socket_group, _group_problem)
     patterns = agent.logs.patterns_file
     if patterns is not None and found.check("agent.logs.patterns_file", patterns, paths.file_problem):

@@ -112,7 +112,7 @@ class StandbyApi:
 
     def _limit(self, request: web.Request) -> int:
         raw = request.query.get("limit", "100")
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        if not raw.isdecimal() or not 1 <= int(raw) <= MAX_LIMIT:
             raise web.HTTPBadRequest(
                 text=_encoder.encode({"error": f"limit must be 1..{MAX_LIMIT}"}).decode(),
                 content_type="application/json",
