@@ -68,6 +68,9 @@ class Kind(enum.StrEnum):
     MEM_PRESSURE = "mem_pressure"
     RANK_HEARTBEAT_LOST = "rank_heartbeat_lost"
     RANK_STRAGGLER = "rank_straggler"
+    RANK_SLOW = "rank_slow"  # a rank's step time changed for good against its job's history (#33)
+    HANG_VERDICT = "hang_verdict"  # the coordinator's verdict on a hang: culprit, job-wide, unknown (#33)
+    CHECKPOINT = "checkpoint"  # a rank's checkpoint, verified or rejected against its manifest (#34)
     AGENT_HEALTH = "agent_health"
     JOB_LEFTOVER = "job_leftover"  # a job's processes still alive after its end (Slurm Epilog)
     NODE_OFFLINE = "node_offline"
@@ -108,7 +111,15 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 
 
 DirectiveAction = Literal[
-    "save", "stop", "resume", "gpu_reset", "collect_diagnostics", "preflight", "restart", "release"
+    "save",
+    "stop",
+    "resume",
+    "gpu_reset",
+    "collect_diagnostics",
+    "collect_hang_evidence",
+    "preflight",
+    "restart",
+    "release",
 ]
 """``restart`` (issue #24) goes to a job's rank supervisors (``ftd run``), never to its ranks: start
 generation ``params["generation"]`` with node slots ``params["slots"]`` (see :class:`SupervisorInfo`).
@@ -149,6 +160,8 @@ class Ack(msgspec.Struct, frozen=True, kw_only=True):
     reason: str = ""
     ts: float = 0.0
     files: list[str] = msgspec.field(default_factory=list)  # names of files stored under ``path``
+    # A node-level answer's structured result (collect_hang_evidence: {"evidence": NodeEvidence}).
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
