@@ -39,6 +39,13 @@ Client -> agent:
   goes silent at the agent.
 - ``{"v":1,"op":"ack","directive_id":"...","ok":true,"step":1200,"path":"/ckpt/1200","reason":""}``.
   No answer.
+- ``{"v":1,"op":"checkpoint","step":1200,"manifest":"/local/ckpt/step-000001200/rank-00003.manifest.json",
+  "level":"local","save_s":0.42,"bytes":104857600,"directive_id":null}`` (issue #34): the rank wrote a
+  checkpoint, asked for or not, and this is its manifest (:mod:`ftd.client.manifest`; absolute path,
+  at most :data:`PATH_MAX` characters). ``level`` is one of ``local``, ``partner``, ``shared``;
+  ``save_s`` (how long the save took, or null) and ``bytes`` (or null) are what the rank measured;
+  ``directive_id`` names the save directive it answers, when one asked for it. The agent verifies
+  the manifest's files off its event loop and reports the result as a ``checkpoint`` event. No answer.
 
 Node hooks -> agent (no ``register``; one request, one answer, then the hook closes the connection):
 
@@ -124,6 +131,16 @@ if TYPE_CHECKING:
         path: str | None
         reason: str
 
+    class CheckpointMsg(TypedDict):
+        v: int
+        op: str
+        step: int
+        manifest: str
+        level: str
+        save_s: float | None
+        bytes: int | None
+        directive_id: str | None
+
     class OkMsg(TypedDict):
         v: int
         op: str
@@ -150,6 +167,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACK",
+    "CHECKPOINT",
     "CONDITIONS",
     "DEFAULT_SOCKET",
     "DIRECTIVE",
@@ -176,6 +194,7 @@ __all__ = [
     "SUPERVISOR_STATE",
     "TEXT_MAX",
     "ack",
+    "checkpoint",
     "decode",
     "directive",
     "encode",
@@ -222,6 +241,7 @@ SAVE_PATH_PARAM = "save_path"
 REGISTER = "register"
 HEARTBEAT = "heartbeat"
 ACK = "ack"
+CHECKPOINT = "checkpoint"
 # Rank supervisor (ftd run) -> agent:
 SUPERVISE = "supervise"
 SUPERVISOR_STATE = "supervisor_state"
@@ -322,6 +342,27 @@ def ack(directive_id: str, *, ok: bool, step: int | None, path: str | None, reas
         "step": step,
         "path": path,
         "reason": reason,
+    }
+
+
+def checkpoint(
+    step: int,
+    manifest: str,
+    *,
+    level: str,
+    save_s: float | None = None,
+    nbytes: int | None = None,
+    directive_id: str | None = None,
+) -> CheckpointMsg:
+    return {
+        "v": PROTOCOL_VERSION,
+        "op": CHECKPOINT,
+        "step": step,
+        "manifest": manifest,
+        "level": level,
+        "save_s": save_s,
+        "bytes": nbytes,
+        "directive_id": directive_id,
     }
 
 
