@@ -180,6 +180,7 @@ __all__ = [
     "JOB_START",
     "MAX_LINE",
     "OK",
+    "PARTNERS",
     "PATH_MAX",
     "PATH_PATTERN",
     "PREFLIGHT",
@@ -204,6 +205,7 @@ __all__ = [
     "job_end",
     "job_start",
     "ok",
+    "partners",
     "query",
     "register",
     "run_id",
@@ -242,6 +244,7 @@ REGISTER = "register"
 HEARTBEAT = "heartbeat"
 ACK = "ack"
 CHECKPOINT = "checkpoint"
+PARTNERS = "partners"  # agent -> client (issue #34): where each node's checkpoint replicas go
 # Rank supervisor (ftd run) -> agent:
 SUPERVISE = "supervise"
 SUPERVISOR_STATE = "supervisor_state"
@@ -363,6 +366,21 @@ def checkpoint(
         "save_s": save_s,
         "bytes": nbytes,
         "directive_id": directive_id,
+    }
+
+
+def partners(job: str, partners: dict[str, str], generation: int | None = None) -> dict[str, Any]:
+    """Agent -> client: ``{"v":1,"op":"partners","job":"1234","partners":{"node-1":"node-3",...},
+    "generation":0}``, the coordinator's choice of partner node for each node of the job (a node of
+    another failure domain, never one with an active condition): a rank on node N replicates its
+    checkpoint shard to the rank with the same local rank on ``partners[N]``. Sent at registration and
+    whenever the choice changes; a client that never got one picks the next node in rank order."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "op": PARTNERS,
+        "job": job,
+        "partners": dict(partners),
+        "generation": generation,
     }
 
 
