@@ -21,6 +21,8 @@ types and oversized dumps are refused with a sentence, never an exception.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from ftd.culprit.evidence import (
@@ -35,22 +37,25 @@ from ftd.culprit.evidence import (
 MAX_INPUT = 32 * 1024 * 1024  # bytes of one dump read at most (2,000 entries take about 1 MB)
 
 
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # a bigger number is refused
+
+
 class _Entry(msgspec.Struct):
-    collective_seq_id: int | None = None
-    pg_id: int | str | None = None
+    collective_seq_id: Int64 | None = None
+    pg_id: Int64 | str | None = None
     process_group: list[str] | None = None
     profiling_name: str | None = None
     state: str | None = None
 
 
 class _PgStatus(msgspec.Struct):
-    last_enqueued_collective: str | int | None = None
-    last_started_collective: str | int | None = None
-    last_completed_collective: str | int | None = None
+    last_enqueued_collective: str | Int64 | None = None
+    last_started_collective: str | Int64 | None = None
+    last_completed_collective: str | Int64 | None = None
 
 
 class _Dump(msgspec.Struct):
-    version: str | int | float | None = None
+    version: str | Int64 | float | None = None
     entries: list[_Entry] | None = None
     pg_status: dict[str, _PgStatus] | None = None
 

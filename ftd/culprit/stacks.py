@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Annotated
 
 import msgspec
 
@@ -73,8 +74,13 @@ class _Problems:
         self.items: list[str] = []
         self.more = 0
 
-    def add(self, text: str) -> None:
-        if len(self.items) < MAX_ERRORS:
+    def add(self, text: str, *, first: bool = False) -> None:
+        if first:  # a summary goes before the details, whatever they crowded out
+            self.items.insert(0, _cut(text))
+            if len(self.items) > MAX_ERRORS:
+                self.items.pop()
+                self.more += 1
+        elif len(self.items) < MAX_ERRORS:
             self.items.append(_cut(text))
         else:
             self.more += 1
@@ -105,7 +111,7 @@ def parse_py_spy(text: str) -> tuple[list[ThreadStack], list[str]]:
         if not isinstance(text, str):
             return [], [f"py-spy dump is {type(text).__name__}, not text"]
         if len(text) > MAX_INPUT:
-            problems.add(f"py-spy dump cut at {MAX_INPUT} of {len(text)} characters")
+            problems.add(f"py-spy dump cut at {MAX_INPUT} of {len(text)} characters", first=True)
             text = text[:MAX_INPUT]
         stripped = text.lstrip()
         if not stripped:
@@ -119,7 +125,7 @@ def parse_py_spy(text: str) -> tuple[list[ThreadStack], list[str]]:
 def _bound_threads(threads: list[ThreadStack], problems: _Problems) -> list[ThreadStack]:
     threads.sort(key=lambda t: not t.main)  # stable: the main thread first, the others as printed
     if len(threads) > MAX_THREADS:
-        problems.add(f"{len(threads)} threads, kept the first {MAX_THREADS}")
+        problems.add(f"{len(threads)} threads, kept the first {MAX_THREADS}", first=True)
         threads = threads[:MAX_THREADS]
     return threads
 
@@ -209,20 +215,23 @@ def _text_frame(body: str) -> Frame | None:
     return Frame(function=_cut(function), file=_cut(file), line=line, native=_is_native(function, file))
 
 
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]  # a bigger number is refused
+
+
 class _JsonFrame(msgspec.Struct):
     name: str = ""
     filename: str = ""
     short_filename: str | None = None
-    line: int | None = None
+    line: Int64 | None = None
     module: str | None = None
 
 
 class _JsonThread(msgspec.Struct):
     frames: list[_JsonFrame] = []
     thread_name: str | None = None
-    thread_id: int | None = None
-    os_thread_id: int | None = None
-    pid: int | None = None
+    thread_id: Int64 | None = None
+    os_thread_id: Int64 | None = None
+    pid: Int64 | None = None
     active: bool | None = None
 
 
