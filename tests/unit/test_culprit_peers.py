@@ -22,7 +22,7 @@ def test_lines_that_name_a_peer() -> None:
         GLOO_REAL: "127.0.0.1",
         "Read error [10.1.2.3]:40001: Connection reset by peer": "10.1.2.3",
         "gloo: Connect timeout [10.1.2.4]:23456": "10.1.2.4",
-        "node-1:77:88 [0] misc/socket.cc:484 NCCL WARN Connect to 10.0.0.2<43210> failed : Connection refused": (
+        "n1:77:88 [0] misc/socket.cc:484 NCCL WARN Connect to 10.0.0.2<43210> failed : Connection refused": (
             "10.0.0.2"
         ),
         "NCCL WARN socketProgressOpt: Call to recv from 10.0.0.7<58744> failed : Connection reset by peer": (

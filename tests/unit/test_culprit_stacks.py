@@ -63,7 +63,7 @@ def test_native_text_dump_keeps_native_frames_and_long_cpp_names() -> None:
     assert any(f.function == "c10d::Work::wait" and f.file == "libtorch_cpu.so" for f in natives)
     pybind = [f for f in natives if f.function.startswith("pybind11::cpp_function::initialize")]
     assert pybind and len(pybind[0].function) <= MAX_TEXT and pybind[0].function.endswith("...")
-    assert [f.function for f in main.frames if not f.native][0] == "all_reduce"
+    assert next(f.function for f in main.frames if not f.native) == "all_reduce"
     assert in_collective(main)
     # the innermost Python frame is where the rank stands, not libc's address
     assert place(main) == "all_reduce (torch/distributed/distributed_c10d.py)"
