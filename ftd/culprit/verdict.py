@@ -21,6 +21,9 @@ source               weight  claim
 ``ras``              weak    the ranks NCCL RAS reports missing
 ``peer_error``       weak    the nodes (ranks, where known) that other ranks' errors name by address
 ``last_step``        weak    the ranks whose last reported step is behind the others'
+``heartbeat``        weak    the ranks whose last heartbeat is more than 3 times, and 10 s, older
+                             than the median rank's (a client's heartbeat thread beats on in a
+                             collective; a stopped or dead process's does not)
 ``unanswered``       weak    nodes that did not answer the collection at all (never enough alone)
 ===================  ======  ==========================================================================
 
@@ -43,6 +46,7 @@ The fusion:
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 
@@ -54,6 +58,7 @@ from ftd.culprit.flight import last_enqueued
 
 MAX_EVIDENCE = 256  # evidence items kept in a verdict
 MAX_ERRORS = 64  # error lines kept in a verdict
+STALE_BEAT_S = 10.0  # a heartbeat this much older than the median one (and 3 times as old) is stale
 _BAD_STATES = ("stopped", "zombie", "gone")
 
 
@@ -251,6 +256,25 @@ def _last_step(job: _Job) -> Claim | None:
     )
 
 
+def _heartbeat(job: _Job) -> Claim | None:
+    """Ranks whose last heartbeat is far older than the others' (a client's heartbeat thread goes on
+    beating while its rank waits in a collective; a stopped or dead process's does not)."""
+    ages = {rank: r.beat_age_s for rank, r in job.ranks.items() if r.beat_age_s is not None}
+    if len(ages) < 2:
+        return None
+    median = statistics.median(ages.values())
+    limit = max(3 * median, median + STALE_BEAT_S)
+    stale = {rank for rank, age in ages.items() if age > limit}
+    if not stale or len(stale) * 2 > len(ages):
+        return None
+    return Claim(
+        source="heartbeat",
+        strong=False,
+        ranks=frozenset(stale),
+        says=f"{job.who(stale)} stopped sending heartbeats long before the others ({median:.0f} s ago)",
+    )
+
+
 def _unanswered(job: _Job) -> tuple[Claim | None, list[str]]:
     unanswered = sorted(set(job.evidence.unanswered_nodes))
     lines = list(unanswered)
@@ -383,6 +407,7 @@ def _fuse(evidence: JobEvidence) -> Verdict:
             _ras(job),
             _peers(job),
             _last_step(job),
+            _heartbeat(job),
             unanswered_claim,
         )
         if c is not None
