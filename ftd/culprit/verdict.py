@@ -11,7 +11,8 @@ source               weight  claim
                              are known) wait inside a collective; weak when the others do not
 ``flight_recorder``  strong  per process group, the ranks whose last issued collective seq is behind the
                              highest any rank issued there (they never reached the collective the
-                             others wait in)
+                             others wait in), when they are no more than the ranks ahead; weak when
+                             most ranks are behind one (that one may have issued a stray collective)
 ``stacks``           strong  the ranks whose main thread is *outside* collective communication while the
                              rest wait *inside* one, when they are no more than those inside (with 2
                              ranks, one out and one in is enough); weak otherwise, and weak for a
@@ -119,7 +120,12 @@ def _process_state(job: _Job) -> Claim | None:
     strong = not others_seen or others_seen <= job.inside
     states = Counter(known[r] for r in bad)
     what = " and ".join(f"{state}" for state in sorted(states))
-    rest = "the others wait inside a collective" if strong else "the others are not all in a collective"
+    if not others_seen:
+        rest = "the others are alive"
+    elif strong:
+        rest = "the others wait inside a collective"
+    else:
+        rest = "the others are not all in a collective"
     return Claim(
         source="process_state",
         strong=strong,
@@ -136,11 +142,13 @@ def _flight(job: _Job) -> Claim | None:
         for pg, seq in last_enqueued(r.flight).items():
             per_pg.setdefault(pg, {})[rank] = seq
     behind: set[int] = set()
+    recorded: set[int] = set()
     detail = ""
     for pg in sorted(per_pg):
         seqs = per_pg[pg]
         if len(seqs) < 2:
             continue
+        recorded |= set(seqs)
         top = max(seqs.values())
         late = {rank for rank, seq in seqs.items() if seq < top}
         if late:
@@ -152,7 +160,7 @@ def _flight(job: _Job) -> Claim | None:
         return None
     return Claim(
         source="flight_recorder",
-        strong=True,
+        strong=len(behind) * 2 <= len(recorded),  # behind the others: no more than those ahead
         ranks=frozenset(behind),
         says=f"{job.who(behind)} {_is(behind)} behind in the collective sequence{detail}",
     )

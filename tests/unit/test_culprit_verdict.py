@@ -142,6 +142,16 @@ def test_a_rank_stuck_before_the_collective_is_named_by_stacks_and_flight_record
     assert any(not e.against and e.source == "stacks" for e in verdict.evidence)  # the others cleared
 
 
+def test_most_ranks_behind_one_is_only_weak() -> None:
+    flights = {
+        0: "flight_gloo_r0_waiting.json",
+        1: "flight_gloo_r1_behind.json",
+        2: "flight_gloo_r1_behind.json",
+    }
+    verdict = fuse(job({"node-a": [0, 1, 2]}, flights=flights))
+    assert (verdict.kind, verdict.confident, verdict.culprit_ranks) == ("culprit", False, [1, 2])
+
+
 def test_two_ranks_one_in_one_out_is_enough() -> None:
     verdict = fuse(job({"node-a": [0], "node-b": [1]}, dumps={1: BEFORE}))
     assert (verdict.kind, verdict.confident, verdict.culprit_nodes) == ("culprit", True, ["node-b"])
