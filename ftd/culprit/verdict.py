@@ -61,6 +61,16 @@ MAX_EVIDENCE = 256  # evidence items kept in a verdict
 MAX_ERRORS = 64  # error lines kept in a verdict
 STALE_BEAT_S = 10.0  # a heartbeat this much older than the median one (and 3 times as old) is stale
 _BAD_STATES = ("stopped", "zombie", "gone")
+_SOURCE_NAMES = {
+    "process_state": "the process states",
+    "flight_recorder": "the flight recorder",
+    "stacks": "the stacks",
+    "ras": "NCCL RAS",
+    "peer_error": "peer connection errors",
+    "last_step": "the last steps",
+    "heartbeat": "the heartbeats",
+    "unanswered": "the silent nodes",
+}
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -463,8 +473,8 @@ def _fuse(evidence: JobEvidence) -> Verdict:
         )
     strong = [c for c in claims if c.strong]
     lead = strong[0] if strong else claims[0]
-    others = [c.source for c in claims if c is not lead]
-    agree = f"; {', '.join(others)} agree{'s' if len(others) == 1 else ''}" if others else ""
+    others = [_SOURCE_NAMES.get(c.source, c.source) for c in claims if c is not lead]
+    agree = f"; confirmed by {', '.join(others)}" if others else ""
     hedge = "" if strong else " (weak evidence only, so nothing acts on it)"
     return base.verdict(
         "culprit", f"Culprit{hedge}: {lead.says}{agree}.", confident=bool(strong), ranks=ranks, nodes=nodes

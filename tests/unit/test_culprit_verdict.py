@@ -137,7 +137,7 @@ def test_a_rank_stuck_before_the_collective_is_named_by_stacks_and_flight_record
     assert verdict.culprit_ranks == [2] and verdict.culprit_nodes == ["node-c"]
     sources = {e.source for e in verdict.evidence if e.against}
     assert sources == {"stacks", "flight_recorder"}
-    assert "behind in the collective sequence" in verdict.why and "stacks agrees" in verdict.why
+    assert "behind in the collective sequence" in verdict.why and "confirmed by the stacks" in verdict.why
     assert any(e.source == "stacks" and "load_batch (train.py)" in e.says for e in verdict.evidence)
     assert any(not e.against and e.source == "stacks" for e in verdict.evidence)  # the others cleared
 
