@@ -82,9 +82,7 @@ def _choose_step(inv: list[dict[str, Any]]) -> int | None:
 def _reachable(inv: list[dict[str, Any]], rank: int, step: int) -> bool:
     mine = inv[rank]
     return (
-        step in mine["local"]
-        or step in mine["shared"]
-        or any(rank in i["held"].get(step, []) for i in inv)
+        step in mine["local"] or step in mine["shared"] or any(rank in i["held"].get(step, []) for i in inv)
     )
 
 
@@ -186,9 +184,13 @@ def _fetch_partner_copies(
         if rank == h:
             path = os.path.join(step_dir(partner_root, step), mf.manifest_name(r))
             m, why = mf.verify(path)
-            files = [] if m is None or why else [
-                (f.path, os.path.join(os.path.dirname(path), f.path), f.size, f.sha256) for f in m.files
-            ]
+            files = (
+                []
+                if m is None or why
+                else [
+                    (f.path, os.path.join(os.path.dirname(path), f.path), f.size, f.sha256) for f in m.files
+                ]
+            )
             exchange(group, step, files, r, [], local_dir)
         elif rank == r:
             got = exchange(group, step, [], None, [h], local_dir).get(h)
@@ -218,8 +220,9 @@ def copy_into(target: Any, loaded: Any) -> None:
             if k in loaded:
                 copy_into(v, loaded[k])
     elif isinstance(target, (list, tuple)):
-        for t, lv in zip(target, loaded):
-            copy_into(t, lv)
+        for i, t in enumerate(target):
+            if i < len(loaded):
+                copy_into(t, loaded[i])
     elif isinstance(target, torch.Tensor):
         local = target.to_local() if hasattr(target, "to_local") else target
         with torch.no_grad():
