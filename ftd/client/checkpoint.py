@@ -365,6 +365,13 @@ class CheckpointTier:
         ).start()
         return blocked
 
+    def prepare(self, state: dict[str, Any]) -> None:
+        """Allocate the staging buffers for ``state`` now (before the loop): the first save then
+        blocks only for the copy (allocating and touching 1 GB of host memory costs more than the
+        copy itself). Writes nothing."""
+        self._idle.wait()
+        self._staging.snapshot(state)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the background work (local, partner and shared); True when all of it is done."""
         deadline = None if timeout is None else time.monotonic() + timeout
