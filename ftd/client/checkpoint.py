@@ -76,6 +76,7 @@ _log = logging.getLogger("ftd.client")
 STATE_FILE = "state.pt"
 PARTNER = "partner"
 _CHUNK = 64 * 1024 * 1024
+HISTORY = 256  # saves kept in CheckpointTier.history
 
 
 def step_dir(root: str, step: int) -> str:
@@ -403,6 +404,7 @@ class CheckpointTier:
             record["error"] = str(exc)
         finally:
             self.history.append(record)
+            del self.history[:-HISTORY]
             self._idle.set()
             if self.on_done is not None:
                 self.on_done(record)
