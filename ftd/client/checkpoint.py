@@ -451,7 +451,7 @@ class CheckpointTier:
             rel = mf.FileEntry(f"rank-{self.rank:05d}/{STATE_FILE}", entry.size, entry.sha256)
             save_s = time.perf_counter() - t0
             manifest = self._manifest(step_dir(self.local_dir, step), step, self.rank, "local", save_s, [rel])
-        except OSError as exc:
+        except Exception as exc:  # a disk error, or a state torch.save cannot pickle: said and nacked
             return self._local_failed(step, ids, record, f"local save failed: {exc}")
         record["local_s"] = save_s
         self._report(step, manifest, "local", save_s, entry.size, ids)

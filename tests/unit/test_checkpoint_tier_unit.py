@@ -162,3 +162,16 @@ def test_load_resume_single_process(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("FTD_RESUME_PATH")
     with pytest.raises(RuntimeError, match="step 15"):
         load_resume(str(tmp_path / "l"), str(tmp_path / "s"))
+
+
+def test_a_state_that_cannot_be_saved_is_nacked_not_left_pending(tmp_path: Path) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+
+    client = _client()
+    client._on_directive({"id": "d2", "action": "save", "job": "j"}, 0)
+    tier = CheckpointTier(client, str(tmp_path), None)
+    tier.save(4, {"model": {"w": torch.ones(2)}, "extra": {"handle": threading.Lock()}})
+    assert tier.wait(60)
+    [ack] = _sent(client)
+    assert ack["op"] == "ack" and ack["ok"] is False and "local save failed" in ack["reason"]
+    assert not (tmp_path / "step-000000004" / "rank-00000.manifest.json").exists()
