@@ -354,8 +354,8 @@ class CheckpointTier:
             return time.perf_counter() - t0
         self._idle.clear()
         try:
+            staged, nbytes = self._staging.snapshot(state)  # raises before any save is taken
             ids = self.client.take_pending_saves() if self.client is not None else []
-            staged, nbytes = self._staging.snapshot(state)
         except BaseException:
             self._idle.set()
             raise
