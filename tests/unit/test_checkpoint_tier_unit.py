@@ -78,10 +78,21 @@ def test_a_save_while_the_previous_still_runs_waits_then_is_skipped(
     tier.save(1, _state())
     tier.save(2, _state())  # the first is held: this one waits 0.05 s, then is skipped and said
     assert tier.history[-1]["step"] == 2 and "still runs" in tier.history[-1]["skipped"]
+    # Stuck: the next save is skipped at once, not after another busy_wait_s (it would block training
+    # once per save for as long as the partner or the disk does not answer).
+    tier.busy_wait_s = 3600.0
+    third = threading.Thread(target=tier.save, args=(3, _state()))
+    third.start()
+    third.join(30)
+    assert not third.is_alive(), "a save waited again for a save already known stuck"
+    assert tier.history[-1]["step"] == 3 and "skipped" in tier.history[-1]
     held_write.set()
     assert tier.wait(60)
-    assert [h["step"] for h in tier.history] == [2, 1]
+    assert [h["step"] for h in tier.history] == [2, 3, 1]
     assert not (tmp_path / "step-000000002").exists()
+    # once the stuck save ended, saves run again (without the partner level)
+    tier.save(4, _state())
+    assert tier.wait(60) and tier.history[-1]["step"] == 4 and "local_s" in tier.history[-1]
 
 
 def test_a_directive_is_acked_with_the_manifest_after_it_is_written(tmp_path: Path) -> None:
@@ -175,3 +186,17 @@ def test_a_state_that_cannot_be_saved_is_nacked_not_left_pending(tmp_path: Path)
     [ack] = _sent(client)
     assert ack["op"] == "ack" and ack["ok"] is False and "local save failed" in ack["reason"]
     assert not (tmp_path / "step-000000004" / "rank-00000.manifest.json").exists()
+
+
+def test_a_snapshot_that_fails_is_said_and_skipped(tmp_path: Path) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+
+    client = _client()
+    client._on_directive({"id": "d3", "action": "save", "job": "j"}, 0)
+    tier = CheckpointTier(client, str(tmp_path), None)
+    tier.save(6, {"model": {"w": torch.empty(4, device="meta")}})  # no data to copy: copy_ raises
+    assert "the snapshot failed" in tier.history[-1]["skipped"]
+    assert client.should_save(), "the directive was taken by a save that never happened"
+    tier.save(7, _state())  # the tier still works, and this save answers the directive
+    assert tier.wait(60)
+    assert [m["op"] for m in _sent(client)] == ["checkpoint", "ack"]
