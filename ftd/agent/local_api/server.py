@@ -64,6 +64,7 @@ from typing import Any
 
 import msgspec
 
+from ftd.agent.checkpoints import CheckpointReport, verify_report
 from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
 from ftd.agent.local_api import registration, wire
 from ftd.agent.local_api.callbacks import CallbackQueue
@@ -514,6 +515,8 @@ class LocalApi:
             self._bad(conn, wire.OPS[type(msg)], "not registered")
         elif isinstance(msg, wire.Heartbeat):
             self._heartbeat(conn, msg)
+        elif isinstance(msg, wire.CheckpointMsg):
+            self._checkpoint(conn, msg)
         else:
             self._ack(conn, msg)
 
@@ -628,6 +631,45 @@ class LocalApi:
             conn.step = msg.step
             assert conn.job is not None
             self._presence.moved(conn.job)
+
+    def _checkpoint(self, conn: Conn, msg: wire.CheckpointMsg) -> None:
+        """A rank's checkpoint report: verified in a worker, then one ``checkpoint`` event (#34)."""
+        assert conn.job is not None and conn.rank is not None
+        self.counters["checkpoints"] = self.counters.get("checkpoints", 0) + 1
+        ident = conn.identity
+        report = CheckpointReport(
+            node=self.node,
+            job=conn.job,
+            rank=conn.rank,
+            step=msg.step,
+            manifest=msg.manifest,
+            level=msg.level,
+            save_s=msg.save_s,
+            nbytes=msg.bytes,
+            directive_id=msg.directive_id,
+            uid=conn.cred.uid
+            if conn.cred is not None and not (ident is not None and ident.any_job)
+            else None,
+        )
+
+        async def check() -> None:
+            event = await verify_report(report)
+            if not event.data.get("ok"):
+                self.counters["checkpoints_rejected"] = self.counters.get("checkpoints_rejected", 0) + 1
+            log.info(
+                "local_api_checkpoint",
+                job=report.job,
+                rank=report.rank,
+                step=report.step,
+                level=report.level,
+                ok=event.data.get("ok"),
+                reason=event.data.get("reason") or None,
+            )
+            self._emit(event)
+
+        task = asyncio.create_task(check(), name="ftd-localapi-checkpoint")
+        self._hook_tasks.add(task)
+        task.add_done_callback(self._hook_tasks.discard)
 
     def _ack(self, conn: Conn, msg: wire.AckMsg) -> None:
         assert conn.job is not None
