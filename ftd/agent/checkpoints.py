@@ -3,7 +3,9 @@
 What: a rank reports every checkpoint it wrote (the ``checkpoint`` op of :mod:`ftd.client.protocol`:
 step, manifest path, level, save time, size); :func:`verify_report` reads the manifest and every file
 it names (:func:`ftd.client.manifest.verify`: existence, size, SHA-256) and returns the ``checkpoint``
-event the agent publishes through its one door, ``ok`` or the reason it was rejected.
+event the agent publishes through its one door, ``ok`` or the reason it was rejected. A save
+directive's acknowledgement that names a manifest (the tier acks with it) is relayed only once
+:func:`verify_ack` found it whole; otherwise it reaches the coordinator as a failed save, with why.
 
 Why here and this way: the coordinator counts a checkpoint only when the agent of the node holding it
 says every file is whole, so a save interrupted at any point, a truncated shard or a flipped byte never
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from ftd.client import manifest as mf
 from ftd.events import Event, Kind, Severity, make_event
 
-__all__ = ["MAX_CONCURRENT", "CheckpointReport", "verify_report"]
+__all__ = ["MAX_CONCURRENT", "CheckpointReport", "names_manifest", "verify_ack", "verify_report"]
 
 MAX_CONCURRENT = 2  # manifests hashed at once (each streams its files in 4 MiB chunks)
 _slots: asyncio.Semaphore | None = None
@@ -67,12 +69,12 @@ def _check(report: CheckpointReport) -> tuple[mf.Manifest | None, str]:
     manifest, why = mf.verify(report.manifest)
     if manifest is None or why:
         return manifest, why
-    if manifest.step != report.step:
+    if report.step >= 0 and manifest.step != report.step:
         return (
             manifest,
             f"{report.manifest}: the manifest is for step {manifest.step}, the rank said {report.step}",
         )
-    if manifest.level != report.level:
+    if report.level and manifest.level != report.level:
         return (
             manifest,
             f"{report.manifest}: the manifest is level {manifest.level}, the rank said {report.level}",
@@ -80,6 +82,26 @@ def _check(report: CheckpointReport) -> tuple[mf.Manifest | None, str]:
     if manifest.job and manifest.job != report.job:
         return manifest, f"{report.manifest}: the manifest is job {manifest.job}'s, not job {report.job}'s"
     return manifest, ""
+
+
+def names_manifest(path: str | None) -> bool:
+    """Whether a save's acknowledgement names a manifest (the tier acks with it), so the agent
+    verifies it before the acknowledgement counts."""
+    return path is not None and os.path.isabs(path) and path.endswith(mf.MANIFEST_SUFFIX)
+
+
+async def verify_ack(report: CheckpointReport) -> str:
+    """Why the manifest a save's acknowledgement names does not verify, or "" when it does (``step``
+    -1 or ``level`` "" in ``report``: not compared). In a worker; never raises."""
+    global _slots
+    if _slots is None:
+        _slots = asyncio.Semaphore(MAX_CONCURRENT)
+    async with _slots:
+        try:
+            _manifest, why = await asyncio.to_thread(_check, report)
+        except Exception as exc:
+            why = f"{report.manifest}: verification failed: {type(exc).__name__}: {exc}"
+    return why
 
 
 async def verify_report(report: CheckpointReport) -> Event:

@@ -211,3 +211,36 @@ async def test_the_local_api_verifies_a_reported_checkpoint_and_emits_one_event(
         await peer.close()
     finally:
         await api.stop()
+
+
+async def test_a_save_ack_naming_a_manifest_counts_only_once_it_verified(
+    api: LocalApi, rec: Recorder, ckdir: str
+) -> None:
+    """The tier acks a save directive with its manifest: a whole one is relayed as sent, a damaged one
+    reaches the coordinator as a failed save saying why; an ack naming no manifest is relayed as
+    before (jobs that save their own way)."""
+    peer = await Peer.open(api)
+    await peer.register("j1", 1)
+    good = write_checkpoint(ckdir, 100, 1)
+    bad = write_checkpoint(ckdir, 200, 1)
+    flip_byte(os.path.join(os.path.dirname(bad), "rank-00001", "state.pt"), 7)
+    for directive, step, path in (("d-good", 100, good), ("d-bad", 200, bad), ("d-own", 300, "/ck/300")):
+        await peer.send(
+            {
+                "v": 1,
+                "op": "ack",
+                "directive_id": directive,
+                "ok": True,
+                "step": step,
+                "path": path,
+                "reason": "",
+            }
+        )
+    await until(lambda: len(rec.acks) == 3)
+    acks = {a.directive_id: a for a in rec.acks}
+    assert (acks["d-good"].ok, acks["d-good"].path) == (True, good)
+    assert acks["d-bad"].ok is False and "did not verify" in acks["d-bad"].reason
+    assert "SHA-256" in acks["d-bad"].reason
+    assert (acks["d-own"].ok, acks["d-own"].path) == (True, "/ck/300")
+    assert api.counters["acks_unverified"] == 1
+    await peer.close()

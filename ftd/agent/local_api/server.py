@@ -64,7 +64,7 @@ from typing import Any
 
 import msgspec
 
-from ftd.agent.checkpoints import CheckpointReport, verify_report
+from ftd.agent.checkpoints import CheckpointReport, names_manifest, verify_ack, verify_report
 from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
 from ftd.agent.local_api import registration, wire
 from ftd.agent.local_api.callbacks import CallbackQueue
@@ -693,15 +693,55 @@ class LocalApi:
             return
         self.counters["acks"] += 1
         self._pending.answered(msg.directive_id, conn.job, conn.rank)
+        if msg.ok and names_manifest(msg.path):  # counts only once its files verified (issue #34)
+            self._verify_then_relay(conn, msg)
+            return
+        self._relay_ack(conn, msg)
+
+    def _verify_then_relay(self, conn: Conn, msg: wire.AckMsg) -> None:
+        assert conn.job is not None and conn.rank is not None and msg.path is not None
+        ident = conn.identity
+        report = CheckpointReport(
+            node=self.node,
+            job=conn.job,
+            rank=conn.rank,
+            step=msg.step if msg.step is not None else -1,
+            manifest=msg.path,
+            level="",
+            save_s=None,
+            nbytes=None,
+            directive_id=msg.directive_id,
+            uid=conn.cred.uid
+            if conn.cred is not None and not (ident is not None and ident.any_job)
+            else None,
+        )
+
+        async def check() -> None:
+            why = await verify_ack(report)
+            if why:
+                self.counters["acks_unverified"] = self.counters.get("acks_unverified", 0) + 1
+                log.warning("save_ack_unverified", job=report.job, rank=report.rank, why=why[:300])
+                self._relay_ack(conn, msg, ok=False, reason=f"the checkpoint did not verify: {why}"[:500])
+            else:
+                self._relay_ack(conn, msg)
+
+        task = asyncio.create_task(check(), name="ftd-localapi-ack-verify")
+        self._hook_tasks.add(task)
+        task.add_done_callback(self._hook_tasks.discard)
+
+    def _relay_ack(
+        self, conn: Conn, msg: wire.AckMsg, *, ok: bool | None = None, reason: str | None = None
+    ) -> None:
+        assert conn.job is not None and conn.rank is not None
         ack = Ack(
             directive_id=msg.directive_id,
             job=conn.job,
             rank=conn.rank,
             node=self.node,
-            ok=msg.ok,
+            ok=msg.ok if ok is None else ok,
             step=msg.step,
             path=msg.path,
-            reason=msg.reason,
+            reason=msg.reason if reason is None else reason,
             ts=time.time(),
         )
         log.info(
