@@ -334,6 +334,14 @@ class LocalApi:
             return 0
         self.counters["directives"] += 1
         body = protocol.directive(msgspec.to_builtins(directive))
+        partners = directive.params.get("partners")
+        if directive.action == "partners" and directive.job is not None and isinstance(partners, dict):
+            generation = directive.params.get("generation")
+            body = protocol.partners(  # the trainer protocol's own op (issue #34), not a directive
+                directive.job,
+                {str(k): str(v) for k, v in partners.items()},
+                generation if isinstance(generation, int) else None,
+            )
         # A restart or release is for the supervisor (a restart starts a new run): never bound to the
         # ranks' runs.
         runs = None if directive.action in SUPERVISOR_ONLY else self._runs_of(directive)
