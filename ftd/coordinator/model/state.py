@@ -21,9 +21,10 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ftd.coordinator.model.checkpoints import CheckpointCatalogue
 from ftd.culprit.evidence import MAX_TEXT, PeerBlame
 from ftd.culprit.peers import normalize_address, resolve_peer
-from ftd.events import Event, JobPresence, NodeStatus, Severity
+from ftd.events import Event, JobPresence, Kind, NodeStatus, Severity
 from ftd.plugin.save_path import FilesystemBook
 from ftd.plugin.view import (
     HISTORY_LIMIT,
@@ -65,6 +66,8 @@ class ClusterState:
         self.address_book: dict[str, str] = {}
         # job -> the newest peer blames its ranks' logs made (a line naming another rank by address)
         self.peer_blames: dict[str, deque[PeerBlame]] = {}
+        # each job's verified checkpoints per step and level, and the resume choice (issue #34)
+        self.checkpoints = CheckpointCatalogue()
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -219,6 +222,8 @@ class ClusterState:
     def apply_event(self, event: Event) -> None:
         """Fold an event into the history (called by the engine after the rules decided on it)."""
         self._node(event.node)
+        if event.kind == Kind.CHECKPOINT:
+            self.checkpoints.note(event)
         uuid = event.data.get("uuid")
         gpu: GpuRecord | None = None
         if isinstance(uuid, str) and uuid:
