@@ -21,8 +21,9 @@ communication hook does: :mod:`ftd.client.torch`). So there are two series:
 Each series goes through :class:`ChangeDetector`: a warm-up of ``warmup`` samples sets the baseline
 (median) and its noise (MAD, floored), then a one-sided CUSUM of the excess over the baseline of the
 median of the last three samples (a lone outlier -- a save, a garbage collection, a loaded machine's
-hiccup -- does not count at all), each contribution clipped so that a few can never alarm alone; it alarms when the sum passes ``h`` and stays alarmed until the sum
-drains back to zero. The change point (``since``) is the last sample at which the sum was zero.
+hiccup -- does not count at all), each contribution clipped so that a few can never alarm alone. It
+alarms when the sum passes ``h`` and stays alarmed until the sum drains back to zero; the change
+point (``since``) is the last sample at which the sum was zero.
 
 :func:`attribute` turns the alarms into findings: ranks of at most half the job's nodes alarmed ->
 each such node (``scope = "node"`` when every rank it runs is slow, ``"gpu"`` when only some are,
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 Scope = Literal["node", "gpu", "job"]
+_MAX_DRIFT = math.log(2) / 2 - 0.05
 
 
 @dataclass(frozen=True)
@@ -61,12 +63,12 @@ class DetectorSettings:
     series that was perfectly steady in its warm-up does not alarm on the first wobble; ``h``: the
     alarm threshold of the CUSUM, in log units (at least ``h_sigmas`` times the warm-up noise)."""
 
-    warmup: int = 20
+    warmup: int = 30
     min_change: float = 0.25
     noise_floor: float = 0.05
     h: float = 1.5
     h_sigmas: float = 10.0
-    drift_sigmas: float = 1.5
+    drift_sigmas: float = 2.0
 
     def __post_init__(self) -> None:
         if self.warmup < 3:
@@ -149,7 +151,8 @@ class ChangeDetector:
         s = self.settings
         self.baseline = median
         self.scale = max(mad, s.noise_floor)
-        self._k = max(math.log1p(s.min_change) / 2, s.drift_sigmas * self.scale)
+        # The drift grows with the noise, but never past half of a 2x change: that one is always found.
+        self._k = max(math.log1p(s.min_change) / 2, min(s.drift_sigmas * self.scale, _MAX_DRIFT))
         self._h = max(s.h, s.h_sigmas * self.scale)
         self._warm = []
 

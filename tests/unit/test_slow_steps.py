@@ -1,11 +1,11 @@
 """Slow ranks (issue #33): the pure detection and attribution of :mod:`ftd.culprit.steps`, and the
 client's step clock (:mod:`ftd.client.timing`).
 
-Property tests: a clean noisy series (noise up to 20 %, isolated outliers up to 20x) never alarms; a
-sustained 2x change after the warm-up is found within 15 samples. Then the job view: one rank slowed
-among three names its node; every rank slowed together names no node; a rank slower from its first
-step (a pipeline stage) is not a finding; without compute times (no torch helper) only the job's own
-slowdown can be seen.
+Property tests: a clean noisy series (noise up to 25 %, isolated outliers up to 20x, up to one
+sample in ten) never alarms; a sustained 2x change after the warm-up is found within 15 samples.
+Then the job view: one rank slowed among three names its node; every rank slowed together names no
+node; a rank slower from its first step (a pipeline stage) is not a finding; without compute times
+(no torch helper) only the job's own slowdown can be seen.
 """
 
 from __future__ import annotations
@@ -26,13 +26,15 @@ WARMUP = DetectorSettings().warmup
 
 
 def _noisy(seed: int, sigma: float, n: int, spikes: float) -> list[float]:
-    """Log-normal noise around 0 with isolated spikes (never two in a row)."""
+    """Log-normal noise around 0 with isolated spikes (at least three clean samples between two)."""
     rng = random.Random(seed)
     out: list[float] = []
+    last_spike = -10
     for i in range(n):
         x = rng.gauss(0.0, sigma)
-        if spikes and i and out[-1] < 1.0 and rng.random() < spikes:
+        if spikes and i - last_spike > 3 and rng.random() < spikes:
             x = rng.uniform(1.0, 3.0)  # one sample up to 20x: a save, a GC pause, a loaded machine
+            last_spike = i
         out.append(x)
     return out
 
@@ -40,7 +42,7 @@ def _noisy(seed: int, sigma: float, n: int, spikes: float) -> list[float]:
 @settings(max_examples=examples(200))
 @given(
     seed=st.integers(0, 2**32 - 1),
-    sigma=st.floats(0.0, 0.2),
+    sigma=st.floats(0.0, 0.25),
     spikes=st.sampled_from([0.0, 0.02, 0.1]),
     level=st.floats(-3, 3),
 )
@@ -54,7 +56,7 @@ def test_a_clean_noisy_series_never_alarms(seed: int, sigma: float, spikes: floa
 @settings(max_examples=examples(200))
 @given(
     seed=st.integers(0, 2**32 - 1),
-    sigma=st.floats(0.0, 0.2),
+    sigma=st.floats(0.0, 0.25),
     after=st.integers(0, 200),
     level=st.floats(-3, 3),
 )
@@ -71,8 +73,8 @@ def test_a_sustained_2x_change_is_found_within_15_samples(
             found = i
             break
     assert found is not None and found >= change_at, (found, change_at)
-    assert detector.since is not None and detector.since >= change_at - 1 - 10
-    assert 1.4 < detector.ratio() < 3.0
+    assert detector.since is not None and detector.since >= change_at - 30  # the change point, near
+    assert 1.25 < detector.ratio() < 4.0  # an estimate: the samples since the change point, noise included
 
 
 def test_the_detector_refuses_bad_settings_and_ignores_non_finite_samples() -> None:
