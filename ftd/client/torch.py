@@ -194,4 +194,7 @@ def time_collectives(model: Any, client: Client, process_group: Any = None) -> N
 
         return future.then(done)
 
+    # DDP refuses a hook whose annotations are not the GradBucket and Future classes themselves, and
+    # postponed annotations are strings: it gets none.
+    hook.__annotations__.clear()
     model.register_comm_hook(process_group, hook)

@@ -365,6 +365,11 @@ class JobSteps:
             throttled=throttled,
         )
 
+    def warm(self) -> bool:
+        """Whether the job's own series and every rank's with compute times have their baseline."""
+        ranks = [r.detector for r in self.ranks.values() if r.compute is not None]
+        return self.job.warm and all(d.warm for d in ranks)
+
     def measured(self) -> bool:
         """Whether every rank reports its compute (the torch helper): ranks can be told apart."""
         return bool(self.ranks) and all(r.compute is not None for r in self.ranks.values())

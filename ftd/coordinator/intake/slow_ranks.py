@@ -33,9 +33,12 @@ from collections.abc import Callable, Sequence
 from ftd.config.schema import SlowRanksConfig
 from ftd.culprit.steps import DetectorSettings, Finding, JobSteps
 from ftd.events import Event, JobPresence, Kind, Severity
+from ftd.logs import get_logger
 from ftd.plugin.view import FaultRecord
 
 __all__ = ["SlowRanks"]
+
+log = get_logger(__name__)
 
 _REPEATS_KEPT = 64  # episodes remembered per node (the window bounds them too)
 _THROTTLE_FRESH_S = 600.0  # a throttle event older than this says nothing about the GPU now
@@ -61,6 +64,7 @@ class SlowRanks:
         self._active: dict[str, set[tuple[str, str | None]]] = {}  # job -> (scope, node) on now
         self._nodes: dict[str, dict[str, bool]] = {}  # job -> node -> has ranks
         self.repeats: dict[str, deque[float]] = {}  # node -> its slow episodes' times
+        self._warm: set[str] = set()  # jobs whose baselines are set (logged once: slow_ranks_warm)
 
     def observe(self, node: str, job: str, presence: JobPresence | None) -> list[Event]:
         """Take one node's presence of ``job`` (None or no ranks: the job left the node)."""
@@ -88,10 +92,14 @@ class SlowRanks:
         self._nodes.setdefault(job, {})[node] = True
         if not steps.observe(node, ranks, now):
             return []
+        if job not in self._warm and steps.warm():
+            self._warm.add(job)
+            log.info("slow_ranks_warm", job=job, ranks=len(steps.ranks), measured=steps.measured())
         return self._report(job, steps, now)
 
     def _forget(self, job: str) -> None:
         self.jobs.pop(job, None)
+        self._warm.discard(job)
         self._active.pop(job, None)
         self._nodes.pop(job, None)
 
