@@ -4,6 +4,8 @@ heartbeat without timing (an older client) is what it always was. Real unix sock
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from ftd.agent.local_api import LocalApi
@@ -50,3 +52,21 @@ async def test_hostile_timing_is_an_error_and_the_connection_stays(
     await until(lambda: any(r[1] and r[1][0].step == 4 for r in rec.presence), within=10)
     assert rec.presence[-1][1][0].timing == StepTiming(steps=1, step_s=0.5)
     await peer.close()
+
+
+async def test_a_real_client_sends_its_step_timing_with_its_heartbeats(api: LocalApi) -> None:
+    from ftd.client import Client
+
+    client = Client(job="j1", rank=0, socket_path=api.socket_path, heartbeat_interval=0.05)
+    try:
+        await until(lambda: client.connected)
+        for step in range(20):
+            client.heartbeat(step)
+            client.waited(0.001)  # what the torch helper reports of its collectives
+            await asyncio.sleep(0.01)
+        await until(lambda: (api.jobs()["j1"][0].timing or StepTiming()).steps == 19, within=10)
+        timing = api.jobs()["j1"][0].timing
+        assert timing is not None and timing.step_s > 0 and timing.compute_s is not None
+        assert 0 < timing.compute_s < timing.step_s
+    finally:
+        client.close()
