@@ -113,6 +113,8 @@ class SlowRanks:
             if key in active:
                 continue  # one event per episode
             events.append(self._event(job, steps, finding, now))
+        for scope, node in sorted(active - keys, key=str):
+            log.info("rank_slow_over", job=job, scope=scope, node=node)
         active.clear()
         active.update(keys)  # an episode that ended re-arms
         return events
