@@ -37,7 +37,11 @@ from tests.e2e.shipped_stack import _log_records
 from tests.e2e.stack import wait_until
 from tests.realparts import Mosquitto, free_port
 
-pytestmark = [pytest.mark.real, pytest.mark.slow]
+# Room for the start, the baselines, the clean stretch and the trials (FTD_SLOW_* make them longer).
+_BUDGET_S = (
+    360 + float(os.environ.get("FTD_SLOW_CLEAN_S", "60")) + 150 * int(os.environ.get("FTD_SLOW_TRIALS", "2"))
+)
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(_BUDGET_S)]
 
 NODES = ("node-1", "node-2", "node-3")
 JOB = "slow-1"
