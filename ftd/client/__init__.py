@@ -29,7 +29,8 @@ Why it looks like this:
 - **Cheap per step**: :meth:`Client.should_save` and :meth:`Client.should_stop` only read or
   write attributes (well under a microsecond each; see ``ftd.bench.client``);
   :meth:`Client.heartbeat` also times the step (one clock read and a few additions, about a
-  microsecond on the loaded 2-core development machine: :mod:`ftd.client.timing`). The I/O thread sends at most one heartbeat per ``heartbeat_interval``
+  microsecond on the loaded 2-core development machine: :mod:`ftd.client.timing`). The I/O
+  thread sends at most one heartbeat per ``heartbeat_interval``
   (0.2 s), and only if ``heartbeat()`` was called since the previous one, so a hung training loop
   goes silent at the agent, which is how hangs are detected.
 
