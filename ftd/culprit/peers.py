@@ -76,14 +76,16 @@ def parse_peer_error(line: str) -> str | None:
     return None
 
 
-def resolve_peer(address: str, addresses: Mapping[str, str]) -> str | None:
+def resolve_peer(address: str, addresses: Mapping[str, str], *, normalized: bool = False) -> str | None:
     """The node that owns ``address``, given each node's addresses (IPs and host names -> node); a
     fully-qualified name also matches its short name (``node-2.cluster`` -> ``node-2``). A loopback
-    address resolves only where a node announced it (agents announce none: every node has them)."""
+    address resolves only where a node announced it (agents announce none: every node has them).
+    ``normalized``: the keys are :func:`normalize_address`'s already (a book kept that way), so no
+    table is rebuilt per call."""
     if not isinstance(address, str) or not address:
         return None
     wanted = normalize_address(address)
-    table = {normalize_address(key): node for key, node in addresses.items()}
+    table = addresses if normalized else {normalize_address(key): node for key, node in addresses.items()}
     node = table.get(wanted)
     if node is None and "." in wanted and not _is_ip(wanted):
         node = table.get(wanted.split(".", 1)[0])
