@@ -164,3 +164,40 @@ async def test_a_resumed_action_does_not_ask_again_and_bad_answers_are_refused(t
     assert len(sent) == asked and out["verdict"]["kind"] in ("unknown", "job_wide", "culprit")
     assert out["state"] == "escalated" and not out["verdict"]["confident"]
     assert topics.node_directives("node-a").endswith("node-a/directives")
+
+
+def test_actions_show_renders_the_verdict_its_sources_and_the_tree() -> None:
+    from ftd.commands.actions import render_show
+
+    action = {
+        "id": "act-9",
+        "kind": "diagnose_hang",
+        "target": "j1",
+        "state": "succeeded",
+        "rule": "hang",
+        "reason": "hang suspected",
+        "detail": {
+            "phases_done": ["collect", "verdict"],
+            "verdict": {
+                "kind": "culprit",
+                "confident": True,
+                "why": "rank 1 on node-b is stopped",
+                "culprit_nodes": ["node-b"],
+                "culprit_ranks": [1],
+                "evidence": [
+                    {"source": "process_state", "says": "rank 1 is stopped", "node": "node-b", "rank": 1}
+                ],
+                "unanswered": [],
+            },
+            "tree": "train (t.py)  [2] ranks 0-1\n  barrier (t.py)  [1] rank 0",
+            "node_evidence": {
+                "node-b": {"path": "/var/lib/ftd/diagnostics/act-9", "ranks": [{"files": ["a", "b"]}]}
+            },
+        },
+    }
+    text = render_show(action, None)
+    assert "VERDICT" in text and "culprit (confident): rank 1 on node-b is stopped" in text
+    assert "[process_state] against node node-b rank 1: rank 1 is stopped" in text
+    assert "raw files on node-b: /var/lib/ftd/diagnostics/act-9 (2 files)" in text
+    assert "    barrier (t.py)  [1] rank 0" in text
+    assert "VERDICT" not in render_show({**action, "kind": "notify", "detail": {}}, None)
