@@ -34,6 +34,7 @@ NodeName = Annotated[
 
 SCHEDULERS = ("slurm", "none", "kubernetes")
 PINNED_JOB_POLICIES = ("hold", "stop")  # ftd.coordinator.actions.pinned
+HANG_UNCLEAR_POLICIES = ("restart", "stop")  # ftd.rules.hang: a hang whose culprit is not known
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 NODE_LABELS = ("rack", "nvlink_domain")
 
@@ -958,6 +959,21 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     slow_ranks: Annotated[
         SlowRanksConfig, _doc("Slow ranks: found from step timing, attributed, acted on with a cost model.")
     ] = msgspec.field(default_factory=SlowRanksConfig)
+    hang_evidence_deadline_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "How long agents get to answer a collect_hang_evidence directive (diagnose_hang: py-spy, "
+            "process state, flight recorder and NCCL RAS of every rank of a hung job); the verdict follows."
+        ),
+    ] = 15.0
+    hang_unclear: Annotated[
+        str,
+        _doc(
+            "A hang whose verdict names no culprit with confidence (job-wide, unknown): 'restart' the job "
+            "in place (no node excluded), or 'stop' it without a restart; either way it is notified.",
+            extra={"choices": HANG_UNCLEAR_POLICIES},
+        ),
+    ] = "restart"
     offline_grace: Annotated[
         OfflineGraceConfig,
         _doc("How long a node that left (agent stopped or Last Will) may take to come back before acting."),

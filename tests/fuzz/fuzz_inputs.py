@@ -57,9 +57,7 @@ def fuzz_bus(data: bytes) -> None:
                 ledger_path=":memory:", scheduler="none", api=ApiConfig(enabled=False)
             )
         )
-        _coordinator = build(
-            config, bus=MemoryBus(MemoryBroker()), scheduler=None, ledger=Ledger(":memory:")
-        )
+        _coordinator = build(config, bus=MemoryBus(MemoryBroker()), scheduler=None, ledger=Ledger(":memory:"))
     provider = atheris.FuzzedDataProvider(data)
     suffix = _SUFFIXES[provider.ConsumeIntInRange(0, len(_SUFFIXES) - 1)]
     node = provider.ConsumeUnicodeNoSurrogates(8) or "n"
