@@ -275,4 +275,9 @@ TARGETS: dict[str, Targets] = {
             _c("rounds.*.ratio_torchrun", "<=", 1.0),
         ),
     ),
+    "checkpoint": Targets(
+        "training blocked per save <= 10% of a synchronous, durable `torch.save` of the same state "
+        "(100 MB and 1 GB)",
+        (_c("blocked.100MB.ratio", "<=", 0.1), _c("blocked.1000MB.ratio", "<=", 0.1)),
+    ),
 }

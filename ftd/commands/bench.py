@@ -32,6 +32,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "dashboard": ("ftd.bench.dashboard", "bench_dashboard"),
     "scale": ("ftd.bench.scale", "bench_scale"),
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
+    "checkpoint": ("ftd.bench.checkpoint", "bench_checkpoint"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -41,6 +42,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "dashboard": ("samples", "nodes"),
     "recovery": ("samples", "paths"),
     "fairness": ("rate", "seconds", "probes", "severity"),
+    "checkpoint": ("cases", "sizes", "samples"),
 }
 
 
@@ -54,7 +56,10 @@ def register(sub: Any) -> None:
         help="exit 1 when a documented target is missed or a judged figure was not measured",
     )
     parser.add_argument(
-        "--samples", type=int, default=None, help="samples (e2e, scale, dashboard; recovery: rounds)"
+        "--samples",
+        type=int,
+        default=None,
+        help="samples (e2e, scale, dashboard; recovery: rounds; checkpoint: saves per size)",
     )
     parser.add_argument(
         "--nodes",
@@ -98,7 +103,26 @@ def register(sub: Any) -> None:
         help="recovery: only these paths, comma-separated (in_allocation,in_allocation_cold,requeue,"
         "rank_killed,torchrun,ft_launcher); --check then misses the others' targets (not measured)",
     )
+    parser.add_argument(
+        "--cases",
+        type=_names,
+        default=None,
+        help="checkpoint: only these cases, comma-separated (blocked,partner); default every one",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="checkpoint: state sizes in MB, comma-separated (10,100,1000)",
+    )
     parser.set_defaults(handler=_run)
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [_positive_int(n.strip()) for n in text.split(",") if n.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError("name at least one size")
+    return sizes
 
 
 def _names(text: str) -> list[str]:

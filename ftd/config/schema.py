@@ -398,6 +398,14 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     kmsg_from_start: Annotated[
         bool, _doc("Report records already in the kernel log at first start (else only new ones).")
     ] = False
+    addresses: Annotated[
+        Annotated[list[NonEmptyStr], msgspec.Meta(max_length=64)] | None,
+        _doc(
+            "This node's IP addresses and host names, announced in its status so the coordinator can "
+            "resolve a peer another node's communication error names by address to this node; unset: "
+            "discovered (host name, interface addresses; loopback and link-local left out)."
+        ),
+    ] = None
 
     nvml: Annotated[NvmlConfig, _doc("GPU health through NVML.")] = msgspec.field(default_factory=NvmlConfig)
     logs: Annotated[LogsConfig, _doc("Training logs.")] = msgspec.field(default_factory=LogsConfig)
