@@ -300,3 +300,19 @@ async def test_the_verification_backlog_is_bounded_and_drains(
         await peer.close()
     finally:
         await api.stop()
+
+
+def test_verification_works_in_every_event_loop_it_is_used_in(ckdir: str) -> None:
+    """The worker bound is per event loop: an agent started again in the same process (or a second
+    loop) verifies as well, with more reports than workers (a semaphore bound to the first loop
+    raised RuntimeError in the second, and the reports got no event)."""
+    from ftd.agent.checkpoints import MAX_CONCURRENT
+
+    path = write_checkpoint(ckdir, 100, 1)
+
+    async def many() -> list[Event]:
+        return await asyncio.gather(*(verify_report(report(path)) for _ in range(MAX_CONCURRENT + 3)))
+
+    for _ in range(2):
+        events = asyncio.run(many())
+        assert len(events) == MAX_CONCURRENT + 3 and all(e.data["ok"] for e in events)
