@@ -754,3 +754,25 @@ def test_a_resume_that_crashes_on_every_slot_quarantines_its_checkpoint_and_one_
     choice = cluster.state.checkpoints.choose(JOB)
     assert choice is not None and choice.step == 150 and "step 200 quarantined" in choice.why
     assert record.detail["quarantined"] == {"200": "every slot failed resuming from it (n0, n1, n2)"}
+
+
+async def test_a_quarantine_outlives_a_coordinator_restart(tmp_path: Path) -> None:
+    """The step a resume crashed on is in its action's detail in the ledger: a new coordinator over
+    the same ledger quarantines it again at load, so its next restart does not resume from it."""
+    path = tmp_path / "ledger.sqlite"
+    store = SqliteStore(Ledger(path))
+    record = request()
+    record.state = ActionState.FAILED
+    record.detail["quarantined"] = {"200": "every slot failed resuming from it (n0, n1, n2)"}
+    await store.save_action(record)
+    await store.close()
+    cluster = Cluster()
+    engine = await engine_over(cluster, path, executor(cluster))
+    for step in (150, 200):
+        for shard, node in enumerate(SLOTS):
+            verified(cluster, node, step, shard, "local")
+    choice = cluster.state.checkpoints.choose(JOB)
+    assert choice is not None and choice.step == 150 and "step 200 quarantined" in choice.why
+    assert cluster.state.checkpoints.quarantined(JOB) == record.detail["quarantined"]
+    await engine.close()
+    await engine.ledger.close()
