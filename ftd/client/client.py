@@ -167,6 +167,64 @@ class Client(Connection, LocalTriggers):
         """Answer every pending ``save`` with a failure (``reason`` says why) and clear it."""
         self._answer(ok=False, step=self._step, path=None, reason=reason)
 
+    def report_checkpoint(
+        self,
+        step: int,
+        path: str,
+        *,
+        save_s: float | None = None,
+        level: str = "local",
+        directive_id: str | None = None,
+        world_size: int | None = None,
+        generation: int = 0,
+    ) -> str | None:
+        """Every save known (issue #34): tell the agent this rank wrote the checkpoint of ``step``,
+        asked for or not. ``path`` is a manifest the rank wrote (:mod:`ftd.client.manifest`) or the
+        checkpoint's directory, for whose files this writes the manifest now (the rank's own
+        directory: every regular file under it is listed). ``directive_id`` names the save directive
+        it answers (None: the pending ones, if any; ``""``: none). Returns the manifest's path, or None
+        when the path could not be reported (logged; fail-open: never raises into training code)."""
+        try:
+            from ftd.client.saves import manifest_for  # lazy: keeps `import ftd.client` light
+
+            world = world_size or env_int("WORLD_SIZE", "SLURM_NTASKS") or 1
+            manifest, nbytes = manifest_for(
+                path,
+                step=step,
+                job=self.job,
+                rank=self.rank,
+                world_size=world,
+                generation=generation,
+                level=level,
+                save_s=save_s,
+            )
+            if directive_id is None:
+                with self._lock:
+                    ids: list[str | None] = list(self._saves) or [None]
+            else:  # "" answers no directive
+                ids = [directive_id or None]
+            for did in ids:
+                msg = protocol.checkpoint(
+                    step, manifest, level=level, save_s=save_s, nbytes=nbytes, directive_id=did
+                )
+                self._outbox.append(protocol.encode(msg))
+            self._wake()
+            return manifest
+        except Exception as exc:  # fail-open
+            _log.warning("ftd client: could not report the checkpoint of step %s at %s: %s", step, path, exc)
+            return None
+
+    def pending_save_ids(self) -> list[str]:
+        """The ids of the ``save`` directives pending now (the checkpoint tier names them)."""
+        with self._lock:
+            return list(self._saves)
+
+    @property
+    def partners(self) -> dict[str, str] | None:
+        """The coordinator's partner node for each node of the job (the ``partners`` op), or None
+        when the agent has not sent one: where the checkpoint tier replicates this rank's shard."""
+        return self._partners
+
     def _answer(
         self,
         *,
@@ -179,28 +237,52 @@ class Client(Connection, LocalTriggers):
         """Answer pending saves (every one, or the ids in ``only``: the deadline nack) and clear the
         local triggers with them (removing the save-switch file)."""
         try:
-            with self._lock:
-                if only is None:
-                    saves = list(self._saves)
-                    self._saves.clear()
-                    local = bool(self._local_saves)
-                    self._local_saves.clear()
-                else:
-                    saves = [did for did in only if self._saves.pop(did, None) is not None]
-                    local = False
-                self._save_at = save_at(self._saves)
-                self._save = bool(self._saves) or bool(self._local_saves)
-                if not self._save and not self._stop:
-                    self._signal.clear()
-            if local and self._save_file_seen and self.save_file:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.save_file)
-                self._save_file_seen = False
-            for did in saves:
+            saves = self._take_saves(only)
+            self.answer_taken(saves, ok=ok, step=step, path=path, reason=reason)
+        except Exception:  # fail-open: never raise into training code
+            _log.debug("ftd client: answer failed", exc_info=True)
+
+    def take_pending_saves(self) -> list[str]:
+        """Clear every pending save (directives and local triggers, as an answer does) without
+        answering yet; returns the directive ids, to answer with :meth:`answer_taken` once the
+        checkpoint is written (the checkpoint tier: ``should_save`` turns False when its snapshot is
+        taken, the ack follows when its manifest is on disk)."""
+        try:
+            return self._take_saves(None)
+        except Exception:
+            _log.debug("ftd client: taking the pending saves failed", exc_info=True)
+            return []
+
+    def _take_saves(self, only: list[str] | None) -> list[str]:
+        with self._lock:
+            if only is None:
+                saves = list(self._saves)
+                self._saves.clear()
+                local = bool(self._local_saves)
+                self._local_saves.clear()
+            else:
+                saves = [did for did in only if self._saves.pop(did, None) is not None]
+                local = False
+            self._save_at = save_at(self._saves)
+            self._save = bool(self._saves) or bool(self._local_saves)
+            if not self._save and not self._stop:
+                self._signal.clear()
+        if local and self._save_file_seen and self.save_file:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.save_file)
+            self._save_file_seen = False
+        return saves
+
+    def answer_taken(
+        self, ids: list[str], *, ok: bool, step: int | None, path: str | None, reason: str = ""
+    ) -> None:
+        """Answer the save directives ``ids`` (from :meth:`take_pending_saves`)."""
+        try:
+            for did in ids:
                 self._outbox.append(
                     protocol.encode(protocol.ack(did, ok=ok, step=step, path=path, reason=reason))
                 )
-            if saves:
+            if ids:
                 self._wake()
         except Exception:  # fail-open: never raise into training code
             _log.debug("ftd client: answer failed", exc_info=True)

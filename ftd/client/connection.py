@@ -212,6 +212,10 @@ class Connection(RankState):
             self._on_directive(msg, arrived_ns)
         elif op == protocol.OK and msg.get("re") == protocol.REGISTER:
             return True
+        elif op == protocol.PARTNERS:
+            partners = msg.get("partners")
+            if isinstance(partners, dict) and msg.get("job") in (None, self.job):
+                self._partners = {str(k): str(v) for k, v in partners.items() if isinstance(v, str)}
         elif op == protocol.ERROR:
             if msg.get("re") == protocol.REGISTER:
                 raise _Rejected(str(msg.get("error")))

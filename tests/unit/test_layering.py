@@ -65,6 +65,8 @@ _CLIENT_FRAMEWORKS = {
     "torch.py": {"torch"},
     "lightning.py": {"lightning", "pytorch_lightning", "torch"},
     "hf.py": {"transformers", "torch"},
+    "checkpoint.py": {"torch"},  # the checkpoint tier (issue #34)
+    "resume.py": {"torch"},
 }
 
 

@@ -1,0 +1,713 @@
+"""The PyTorch checkpoint tier (issue #34): training blocks for a snapshot, the rest runs behind it.
+
+A few lines in a DDP (or FSDP, same world size) loop::
+
+    from ftd.client import Client
+    from ftd.client.checkpoint import CheckpointTier, capture_rng
+
+    client = Client()
+    tier = CheckpointTier(client, "/local/ckpt", "/shared/ckpt/job42", every_k_flush=10, keep=2)
+    for step in range(start, steps):
+        train_step()
+        client.heartbeat(step)
+        if step % 500 == 0 or client.should_save():
+            tier.save(step, {"model": model.state_dict(), "optim": opt.state_dict(),
+                             "extra": {"step": step, "loader": loader_position, "rng": capture_rng()}})
+    tier.close()
+
+:meth:`CheckpointTier.save` copies every tensor of ``state`` into CPU staging buffers kept from one
+save to the next (pinned when the tensor is on a GPU; a DTensor's local shard), and returns: that copy
+is all training waits for. A background thread then, per save:
+
+1. **local**: probes ``local_dir`` (:func:`ftd.client.levels.probe`: read-only, full, not
+   responding), writes ``{local_dir}/step-{step:09d}/rank-{rank:05d}/state.pt`` with ``torch.save``
+   (temp file, fsync, rename; SHA-256 computed while writing), writes the manifest last
+   (:mod:`ftd.client.manifest`), reports it (``checkpoint`` op, level ``local``) and acks the save
+   directives pending when the snapshot was taken, with the manifest's path;
+2. **partner**: sends the shard's files to the partner rank over a gloo process group of the tier's
+   own (no shared filesystem needed) and receives the shard of the rank it is partner of, written
+   under ``{local_dir}/partner/step-.../rank-{src}/`` with its own manifest, level ``partner``,
+   reported. The partner is the rank with the same place on the partner node (the coordinator's
+   choice, the ``partners`` op, as rank 0 saw it when the tier started; else the next node); on one
+   node, the next rank (protects against a lost process, not a lost node);
+3. **shared**: every ``every_k_flush``-th save is copied to ``{shared_dir}/step-.../`` by a second
+   thread (a slow or hung shared filesystem delays only that copy; a flush due while the previous one
+   still runs is skipped and said), level ``shared``, reported;
+4. **retention**: each level keeps the newest ``keep`` complete checkpoints of this rank and never
+   deletes the newest one whose manifest verifies (:func:`ftd.client.retention.plan`).
+
+Saves never overlap: a ``save`` while the previous one's local write and replication still run
+*waits* for them (every rank must take part in every exchange, so skipping on one rank would
+desynchronise the pairs); past ``busy_wait_s`` the save is skipped and said, and replication stops
+for the rest of the run. A level that cannot take a save is skipped and said; nothing here raises
+into training code after construction (construction fails loudly on a bad argument).
+
+Without torch.distributed (one process), the tier writes plain ``torch.save`` files (local and
+shared) with no partner level. Resume: :mod:`ftd.client.resume`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ftd.client import Client
+from ftd.client import manifest as mf
+from ftd.client.environment import env_int
+from ftd.client.levels import probe
+from ftd.client.retention import plan
+
+__all__ = ["STATE_FILE", "CheckpointTier", "capture_rng", "restore_rng", "rank_dir", "step_dir"]
+
+_log = logging.getLogger("ftd.client")
+STATE_FILE = "state.pt"
+PARTNER = "partner"
+_CHUNK = 64 * 1024 * 1024
+
+
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"step-{step:09d}")
+
+
+def rank_dir(root: str, step: int, rank: int) -> str:
+    return os.path.join(step_dir(root, step), f"rank-{rank:05d}")
+
+
+def capture_rng() -> dict[str, Any]:
+    """The RNG states a resumed job needs to draw the same numbers: torch (CPU and CUDA) and Python's
+    ``random`` (tensors and plain values only, so ``torch.load(weights_only=True)`` reads them)."""
+    import random
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": _plain(random.getstate())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    import random
+
+    torch.set_rng_state(state["torch"])
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _plain(obj: Any) -> Any:
+    return [_plain(x) for x in obj] if isinstance(obj, tuple) else obj
+
+
+# --- the snapshot --------------------------------------------------------------------------------
+
+
+class _Staging:
+    """CPU buffers reused from one save to the next, keyed by where a tensor sits in the state."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.nbytes = 0
+
+    def stage(self, obj: Any, key: str = "") -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj, key)
+        if isinstance(obj, dict):
+            return {k: self.stage(v, f"{key}/{k}") for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            staged = [self.stage(v, f"{key}/{i}") for i, v in enumerate(obj)]
+            return staged if isinstance(obj, list) else tuple(staged)
+        return obj  # ints, floats, strings, None: immutable
+
+    def _tensor(self, t: torch.Tensor, key: str) -> torch.Tensor:
+        local = t.to_local() if hasattr(t, "to_local") else t  # DTensor: this rank's shard
+        src = local.detach()
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+            pin = src.device.type == "cuda"
+            buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pin)
+            self.buffers[key] = buf
+        buf.copy_(src, non_blocking=src.device.type == "cuda")
+        self.nbytes += buf.numel() * buf.element_size()
+        return buf
+
+    def snapshot(self, state: Any) -> tuple[Any, int]:
+        self.nbytes = 0
+        staged = self.stage(state)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the non-blocking copies are done before the write reads them
+        return staged, self.nbytes
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+class _HashingFile:
+    """A file torch.save writes through: size and SHA-256 computed on the way (no second read)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha.update(view)
+        self.size += len(view)
+        written: int = self.f.write(view)
+        return written
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _write_state(directory: str, staged: Any) -> mf.FileEntry:
+    os.makedirs(directory, exist_ok=True)
+    target = os.path.join(directory, STATE_FILE)
+    tmp = f"{target}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as raw:
+        out = _HashingFile(raw)
+        torch.save(staged, out)
+        raw.flush()
+        os.fsync(raw.fileno())
+    os.replace(tmp, target)
+    _fsync_dir(directory)
+    return mf.FileEntry(STATE_FILE, out.size, out.sha.hexdigest())
+
+
+def _copy_hashing(src: str, dst: str) -> tuple[int, str]:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tmp = f"{dst}.tmp.{os.getpid()}"
+    sha = hashlib.sha256()
+    size = 0
+    with open(src, "rb") as fin, open(tmp, "wb") as fout:
+        while True:
+            chunk = fin.read(_CHUNK)
+            if not chunk:
+                break
+            sha.update(chunk)
+            size += len(chunk)
+            fout.write(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    os.replace(tmp, dst)
+    return size, sha.hexdigest()
+
+
+def _remove_rank(root: str, step: int, rank: int) -> None:
+    shutil.rmtree(rank_dir(root, step, rank), ignore_errors=True)
+    try:
+        os.unlink(os.path.join(step_dir(root, step), mf.manifest_name(rank)))
+    except FileNotFoundError:
+        pass
+    try:
+        os.rmdir(step_dir(root, step))  # only when empty (other ranks' files stay)
+    except OSError:
+        pass
+
+
+def steps_in(root: str) -> list[int]:
+    """The steps that have a ``step-NNNNNNNNN`` directory under ``root``."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    steps = []
+    for name in names:
+        if name.startswith("step-") and name[5:].isdecimal() and len(name) == 14:
+            steps.append(int(name[5:]))
+    return sorted(steps)
+
+
+def _retain(root: str, rank: int, keep: int, pinned: set[int]) -> list[int]:
+    """Apply :func:`plan` to ``rank``'s checkpoints under ``root``; returns the steps deleted."""
+    listed = []
+    for step in steps_in(root):
+        manifest = os.path.join(step_dir(root, step), mf.manifest_name(rank))
+        if not os.path.exists(manifest) and not os.path.isdir(rank_dir(root, step, rank)):
+            continue
+        m, why = mf.verify(manifest, hashes=False)
+        listed.append((step, m is not None and not why and m.rank == rank))
+    deleted = [s for s in plan(listed, keep) if s not in pinned]
+    for step in deleted:
+        _remove_rank(root, step, rank)
+    return deleted
+
+
+# --- the tier ------------------------------------------------------------------------------------
+
+
+class CheckpointTier:
+    """Asynchronous local save, partner replica, shared flush and retention for one rank.
+
+    ``local_dir``: node-local storage (NVMe). ``shared_dir``: the job's shared checkpoint directory
+    (None: no shared level). ``every_k_flush``: flush every K-th save to ``shared_dir``. ``keep``:
+    complete checkpoints kept per level. ``partner``: replicate to the partner rank (needs an
+    initialised torch.distributed; a gloo group of the tier's own is created here, collectively, so
+    every rank must construct the tier). ``busy_wait_s``: longest a save waits for the previous
+    one's background work before it is skipped. ``transfer_timeout_s``: the tier group's timeout.
+    ``generation``: the job's restart count, written in the manifests (default ``$FTD_GENERATION``).
+    """
+
+    def __init__(
+        self,
+        client: Client | None,
+        local_dir: str,
+        shared_dir: str | None = None,
+        *,
+        every_k_flush: int = 10,
+        keep: int = 2,
+        partner: bool = True,
+        busy_wait_s: float = 600.0,
+        transfer_timeout_s: float = 600.0,
+        probe_timeout_s: float = 5.0,
+        generation: int | None = None,
+        on_done: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        if every_k_flush < 1 or keep < 1:
+            raise ValueError("every_k_flush and keep must be >= 1")
+        self.client = client
+        self.local_dir = os.path.abspath(local_dir)
+        self.shared_dir = os.path.abspath(shared_dir) if shared_dir else None
+        self.every_k_flush = every_k_flush
+        self.keep = keep
+        self.busy_wait_s = busy_wait_s
+        self.probe_timeout_s = probe_timeout_s
+        self.on_done = on_done
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else (client.rank if client else 0)
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.job = client.job if client else "default"
+        self.generation = generation if generation is not None else (env_int("FTD_GENERATION") or 0)
+        self._staging = _Staging()
+        self._saves = 0
+        self._idle = threading.Event()
+        self._idle.set()
+        self._flush_idle = threading.Event()
+        self._flush_idle.set()
+        self._pinned: set[int] = set()
+        self._lock = threading.Lock()
+        #: Why replication stopped (None: it runs). Set once an exchange failed or a save was skipped.
+        self.partner_broken: str | None = None
+        #: One dict per finished save: step, blocked_s, per-level seconds or the reason it was skipped.
+        self.history: list[dict[str, Any]] = []
+        self.group: Any = None
+        self.send_to: int | None = None
+        self.recv_from: list[int] = []
+        if partner and self.distributed and self.world_size > 1:
+            self.group = dist.new_group(
+                backend="gloo", timeout=datetime.timedelta(seconds=transfer_timeout_s)
+            )
+            self._choose_partners()
+
+    # --- partners ------------------------------------------------------------------------------
+
+    def _choose_partners(self) -> None:
+        hosts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(hosts, socket.gethostname(), group=self.group)
+        wanted: list[Any] = [self.client.partners if self.client is not None else None]
+        dist.broadcast_object_list(wanted, src=0, group=self.group)
+        targets = partner_ranks([str(h) for h in hosts], wanted[0] or {})
+        self.send_to = targets[self.rank]
+        self.recv_from = [src for src, dst in enumerate(targets) if dst == self.rank]
+
+    # --- save ----------------------------------------------------------------------------------
+
+    def save(self, step: int, state: dict[str, Any]) -> float:
+        """Snapshot ``state`` and hand it to the background thread; returns the seconds training was
+        blocked (waiting for the previous save included). Every rank saves the same steps."""
+        t0 = time.perf_counter()
+        if not self._idle.wait(self.busy_wait_s):
+            reason = f"the save of an earlier step still runs after {self.busy_wait_s:g}s"
+            _log.warning("ftd checkpoint: step %s skipped: %s", step, reason)
+            self.partner_broken = self.partner_broken or f"a save was skipped ({reason})"
+            self.history.append({"step": step, "skipped": reason})
+            return time.perf_counter() - t0
+        self._idle.clear()
+        try:
+            ids = self.client.take_pending_saves() if self.client is not None else []
+            staged, nbytes = self._staging.snapshot(state)
+        except BaseException:
+            self._idle.set()
+            raise
+        blocked = time.perf_counter() - t0
+        self._saves += 1
+        flush = self.shared_dir is not None and self._saves % self.every_k_flush == 0
+        threading.Thread(
+            target=self._background,
+            args=(step, staged, nbytes, ids, blocked, flush),
+            name=f"ftd-ckpt-{step}",
+            daemon=True,
+        ).start()
+        return blocked
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the background work (local, partner and shared); True when all of it is done."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ok = self._idle.wait(timeout)
+        rest = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return ok and self._flush_idle.wait(rest)
+
+    def close(self, timeout: float | None = None) -> None:
+        self.wait(timeout)
+
+    # --- background ----------------------------------------------------------------------------
+
+    def _background(
+        self, step: int, staged: Any, nbytes: int, ids: list[str], blocked: float, flush: bool
+    ) -> None:
+        record: dict[str, Any] = {"step": step, "blocked_s": blocked, "bytes": nbytes}
+        try:
+            local_manifest = self._save_local(step, staged, nbytes, ids, record)
+            del staged
+            if self.group is not None and self.partner_broken is None:
+                self._replicate(step, local_manifest, record)
+            if flush and local_manifest is not None:
+                self._start_flush(step, local_manifest, record)
+            with self._lock:
+                pinned = set(self._pinned)
+            _retain(self.local_dir, self.rank, self.keep, pinned)
+        except BaseException as exc:  # a thread's failure is said, never raised into training
+            _log.warning("ftd checkpoint: step %s: %s", step, exc, exc_info=True)
+            record["error"] = str(exc)
+        finally:
+            self.history.append(record)
+            self._idle.set()
+            if self.on_done is not None:
+                self.on_done(record)
+
+    def _manifest(self, directory: str, step: int, rank: int, level: str, save_s: float, files: Any) -> str:
+        return mf.write(
+            directory,
+            mf.Manifest(
+                job=self.job,
+                step=step,
+                rank=rank,
+                world_size=self.world_size,
+                generation=self.generation,
+                level=level,
+                created=time.time(),
+                save_s=save_s,
+                files=tuple(files),
+            ),
+        )
+
+    def _report(
+        self, step: int, manifest: str, level: str, save_s: float, nbytes: int, ids: list[str]
+    ) -> None:
+        if self.client is None:
+            return
+        for did in ids or [""]:
+            self.client.report_checkpoint(
+                step, manifest, save_s=save_s, level=level, directive_id=did, world_size=self.world_size
+            )
+
+    def _save_local(
+        self, step: int, staged: Any, nbytes: int, ids: list[str], record: dict[str, Any]
+    ) -> str | None:
+        t0 = time.perf_counter()
+        why = probe(self.local_dir, need=nbytes, timeout_s=self.probe_timeout_s)
+        if why:
+            return self._local_failed(step, ids, record, f"local level skipped: {why}")
+        try:
+            entry = _write_state(rank_dir(self.local_dir, step, self.rank), staged)
+            rel = mf.FileEntry(f"rank-{self.rank:05d}/{STATE_FILE}", entry.size, entry.sha256)
+            save_s = time.perf_counter() - t0
+            manifest = self._manifest(step_dir(self.local_dir, step), step, self.rank, "local", save_s, [rel])
+        except OSError as exc:
+            return self._local_failed(step, ids, record, f"local save failed: {exc}")
+        record["local_s"] = save_s
+        self._report(step, manifest, "local", save_s, entry.size, ids)
+        if self.client is not None and ids:
+            self.client.answer_taken(ids, ok=True, step=step, path=manifest)
+        return manifest
+
+    def _local_failed(self, step: int, ids: list[str], record: dict[str, Any], reason: str) -> None:
+        _log.warning("ftd checkpoint: step %s: %s", step, reason)
+        record["local"] = reason
+        if self.client is not None and ids:
+            self.client.answer_taken(ids, ok=False, step=step, path=None, reason=reason)
+        return None
+
+    # --- partner -------------------------------------------------------------------------------
+
+    def _replicate(self, step: int, local_manifest: str | None, record: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        files: list[tuple[str, str, int, str]] = []  # (relative path, full path, size, sha256)
+        if local_manifest is not None:
+            m = mf.read(local_manifest)
+            base = os.path.dirname(local_manifest)
+            files = [(f.path, os.path.join(base, f.path), f.size, f.sha256) for f in m.files]
+        root = os.path.join(self.local_dir, PARTNER)
+        why = probe(root, timeout_s=self.probe_timeout_s) if self.recv_from else ""
+        try:
+            received = exchange(
+                self.group, step, files, self.send_to, self.recv_from, root, accept=not why
+            )
+        except Exception as exc:
+            self.partner_broken = f"the exchange of step {step} failed: {exc}"
+            _log.warning("ftd checkpoint: partner level stopped: %s", self.partner_broken)
+            record["partner"] = self.partner_broken
+            return
+        if why:
+            record["partner"] = f"partner level skipped: {why}"
+            _log.warning("ftd checkpoint: step %s: %s", step, record["partner"])
+            return
+        save_s = time.perf_counter() - t0
+        for src, entries in received.items():
+            if entries is None:
+                continue
+            manifest = self._manifest(step_dir(root, step), step, src, "partner", save_s, entries)
+            self._report(step, manifest, "partner", save_s, sum(e.size for e in entries), [])
+            with self._lock:
+                pinned = set(self._pinned)
+            _retain(root, src, self.keep, pinned)
+        record["partner_s"] = save_s
+
+    # --- shared --------------------------------------------------------------------------------
+
+    def _start_flush(self, step: int, local_manifest: str, record: dict[str, Any]) -> None:
+        if not self._flush_idle.is_set():
+            record["shared"] = "shared flush skipped: the previous flush still runs"
+            _log.warning("ftd checkpoint: step %s: %s", step, record["shared"])
+            return
+        self._flush_idle.clear()
+        with self._lock:
+            self._pinned.add(step)
+        threading.Thread(
+            target=self._flush, args=(step, local_manifest, record), name=f"ftd-flush-{step}", daemon=True
+        ).start()
+
+    def _flush(self, step: int, local_manifest: str, record: dict[str, Any]) -> None:
+        assert self.shared_dir is not None
+        t0 = time.perf_counter()
+        try:
+            m = mf.read(local_manifest)
+            need = sum(f.size for f in m.files)
+            why = probe(self.shared_dir, need=need, timeout_s=self.probe_timeout_s)
+            if why:
+                record["shared"] = f"shared level skipped: {why}"
+                _log.warning("ftd checkpoint: step %s: %s", step, record["shared"])
+                return
+            src_base = os.path.dirname(local_manifest)
+            dst_base = step_dir(self.shared_dir, step)
+            entries = []
+            for f in m.files:
+                size, sha = _copy_hashing(os.path.join(src_base, f.path), os.path.join(dst_base, f.path))
+                if size != f.size or sha != f.sha256:
+                    raise OSError(f"{f.path} changed while it was copied (local copy corrupt?)")
+                entries.append(mf.FileEntry(f.path, size, sha))
+            _fsync_dir(os.path.join(dst_base, f"rank-{self.rank:05d}"))
+            save_s = time.perf_counter() - t0
+            manifest = self._manifest(dst_base, step, self.rank, "shared", save_s, entries)
+            record["shared_s"] = save_s
+            self._report(step, manifest, "shared", save_s, need, [])
+            _retain(self.shared_dir, self.rank, self.keep, set())
+        except Exception as exc:
+            record["shared"] = f"shared flush failed: {exc}"
+            _log.warning("ftd checkpoint: step %s: %s", step, record["shared"])
+        finally:
+            with self._lock:
+                self._pinned.discard(step)
+            self._flush_idle.set()
+
+
+def partner_ranks(hosts: list[str], partners: dict[str, str]) -> list[int | None]:
+    """For each rank (``hosts[rank]`` its node), the rank it replicates to: the rank with the same
+    place on the partner node (``partners[node]``, else the next node in rank order); with one node,
+    the next rank. None: nowhere (a world of one)."""
+    world = len(hosts)
+    if world < 2:
+        return [None] * world
+    nodes: list[str] = []
+    members: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        if host not in members:
+            nodes.append(host)
+            members[host] = []
+        members[host].append(rank)
+    if len(nodes) == 1:
+        return [(r + 1) % world for r in range(world)]
+    out: list[int | None] = []
+    for rank, host in enumerate(hosts):
+        target = partners.get(host)
+        if target not in members or target == host:
+            target = nodes[(nodes.index(host) + 1) % len(nodes)]
+        place = members[host].index(rank)
+        peers = members[target]
+        out.append(peers[place % len(peers)])
+    return out
+
+
+# --- moving a shard's files between ranks (gloo, no shared filesystem) ---------------------------
+
+
+class _Sender:
+    def __init__(self, files: list[tuple[str, int]]) -> None:
+        self.files = files  # (full path, size)
+        self.index = 0
+        self.handle: Any = None
+        self.left = sum(size for _, size in files)
+
+    def chunk(self) -> torch.Tensor | None:
+        if self.left <= 0:
+            return None
+        want = min(self.left, _CHUNK)
+        data = bytearray()
+        while len(data) < want and self.index < len(self.files):
+            path, _size = self.files[self.index]
+            if self.handle is None:
+                self.handle = open(path, "rb")  # noqa: SIM115 (closed when the file is done)
+            piece = self.handle.read(want - len(data))
+            if not piece:
+                self.handle.close()
+                self.handle = None
+                self.index += 1
+                continue
+            data += piece
+        if len(data) < want:  # a file shrank since its manifest: pad; the receiver's hash check refuses it
+            data += bytearray(want - len(data))
+        self.left -= want
+        return torch.frombuffer(data, dtype=torch.uint8)
+
+
+class _Receiver:
+    def __init__(self, root: str, entries: list[dict[str, Any]], accept: bool) -> None:
+        self.root = root
+        self.entries = entries
+        self.accept = accept
+        self.index = 0
+        self.handle: Any = None
+        self.sha = hashlib.sha256()
+        self.got = 0
+        self.left = sum(int(e["size"]) for e in entries)
+        self.done: list[mf.FileEntry] = []
+        self.ok = True
+
+    def take(self, data: memoryview) -> None:
+        self.left -= len(data)
+        pos = 0
+        while pos < len(data):
+            e = self.entries[self.index]
+            size = int(e["size"])
+            if self.handle is None and self.accept:
+                path = os.path.join(self.root, e["path"])
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self.handle = open(f"{path}.tmp.{os.getpid()}", "wb")  # noqa: SIM115
+            n = min(size - self.got, len(data) - pos)
+            piece = data[pos : pos + n]
+            self.sha.update(piece)
+            if self.handle is not None:
+                self.handle.write(piece)
+            self.got += n
+            pos += n
+            if self.got == size:
+                self._finish(e)
+        while self.index < len(self.entries) and int(self.entries[self.index]["size"]) == 0:
+            self._finish(self.entries[self.index])
+
+    def _finish(self, e: dict[str, Any]) -> None:
+        if self.handle is None and self.accept:  # an empty file
+            path = os.path.join(self.root, e["path"])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.handle = open(f"{path}.tmp.{os.getpid()}", "wb")  # noqa: SIM115
+        digest = self.sha.hexdigest()
+        if self.handle is not None:
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+            self.handle.close()
+            self.handle = None
+            path = os.path.join(self.root, e["path"])
+            if digest == e["sha256"]:
+                os.replace(f"{path}.tmp.{os.getpid()}", path)
+                self.done.append(mf.FileEntry(e["path"], int(e["size"]), digest))
+            else:
+                os.unlink(f"{path}.tmp.{os.getpid()}")
+                self.ok = False
+        self.sha = hashlib.sha256()
+        self.got = 0
+        self.index += 1
+
+
+def exchange(
+    group: Any,
+    step: int,
+    files: list[tuple[str, str, int, str]],
+    send_to: int | None,
+    recv_from: list[int],
+    root: str,
+    *,
+    accept: bool = True,
+) -> dict[int, list[mf.FileEntry] | None]:
+    """Send ``files`` (relative path, full path, size, sha256) to rank ``send_to`` and receive the
+    files of every rank in ``recv_from``, written under ``step_dir(root, step)``; both sides of every
+    pair call this for the same step. Returns, per source rank, the received entries (each checked
+    against its sender's SHA-256) or None when that rank sent nothing whole."""
+    meta = json.dumps(
+        {"step": step, "files": [{"path": p, "size": s, "sha256": h} for p, _, s, h in files]}
+    ).encode()
+    pending = []
+    lengths = {src: torch.zeros(1, dtype=torch.int64) for src in recv_from}
+    if send_to is not None:
+        pending.append(dist.isend(torch.tensor([len(meta)], dtype=torch.int64), send_to, group=group))
+    pending += [dist.irecv(t, src, group=group) for src, t in lengths.items()]
+    for w in pending:
+        w.wait()
+    metas = {src: torch.empty(int(t.item()), dtype=torch.uint8) for src, t in lengths.items()}
+    pending = []
+    if send_to is not None:
+        pending.append(dist.isend(torch.frombuffer(bytearray(meta), dtype=torch.uint8), send_to, group=group))
+    pending += [dist.irecv(t, src, group=group) for src, t in metas.items()]
+    for w in pending:
+        w.wait()
+    receivers: dict[int, _Receiver] = {}
+    for src, t in metas.items():
+        info = json.loads(bytes(t.numpy()) if t.numel() else b"{}")
+        entries = info.get("files", []) if info.get("step") == step else []
+        for e in entries:
+            mf._relative(e.get("path"), f"rank {src}'s shard")
+        receivers[src] = _Receiver(step_dir(root, step), entries, accept and info.get("step") == step)
+    sender = _Sender([(full, size) for _, full, size, _ in files]) if send_to is not None else None
+    while (sender is not None and sender.left > 0) or any(r.left > 0 for r in receivers.values()):
+        pending = []
+        if sender is not None:
+            chunk = sender.chunk()
+            if chunk is not None:
+                pending.append(dist.isend(chunk, send_to, group=group))
+        bufs = {}
+        for src, r in receivers.items():
+            if r.left > 0:
+                bufs[src] = torch.empty(min(r.left, _CHUNK), dtype=torch.uint8)
+                pending.append(dist.irecv(bufs[src], src, group=group))
+        for w in pending:
+            w.wait()
+        for src, buf in bufs.items():
+            receivers[src].take(memoryview(buf.numpy()))
+    out: dict[int, list[mf.FileEntry] | None] = {}
+    for src, r in receivers.items():
+        whole = r.ok and r.accept and len(r.done) == len(r.entries) and bool(r.entries)
+        out[src] = r.done if whole else None
+    return out

@@ -1,0 +1,85 @@
+"""One rank of the checkpoint-tier test (tests/e2e/test_checkpoint_tier.py): real torch.distributed
+(gloo, CPU), a DDP model, real files. ``save``: train, save with the tier at steps 2 and 4 (the shared
+flush every 2nd save), dump what was saved. ``resume``: load_resume, dump what was loaded.
+
+Usage: ckpt_rank.py PHASE RANK WORLD STORE TMP OUT
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ftd.client import Client
+from ftd.client.checkpoint import CheckpointTier, capture_rng
+from ftd.client.resume import load_resume
+
+
+def digest(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    return {
+        k: hashlib.sha256(v.detach().contiguous().numpy().tobytes()).hexdigest() for k, v in state.items()
+    }
+
+
+def main() -> None:
+    phase, rank, world, store, tmp, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:]
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 8)))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    local = os.path.join(tmp, f"node{rank}", "local")
+    shared = os.path.join(tmp, "shared")
+    client = Client(job="ckpt-test", rank=rank, connect=False)
+    result: dict[str, object] = {"rank": rank}
+    if phase == "save":
+        tier = CheckpointTier(client, local, shared, every_k_flush=2, keep=2)
+        saved = {}
+        blocked = []
+        for step in range(1, 6):
+            opt.zero_grad()
+            model(torch.randn(32, 256)).sum().backward()
+            opt.step()
+            if step % 2 == 0:
+                sd = model.module.state_dict()
+                blocked.append(
+                    tier.save(
+                        step,
+                        {
+                            "model": sd,
+                            "optim": opt.state_dict(),
+                            "extra": {"step": step, "rng": capture_rng()},
+                        },
+                    )
+                )
+                saved[step] = digest(sd)
+        assert tier.wait(300), "the background work did not finish"
+        result.update(
+            saved=saved,
+            blocked=blocked,
+            history=tier.history,
+            partner_broken=tier.partner_broken,
+            reports=[json.loads(m) for m in client._outbox],
+        )
+    else:
+        resumed = load_resume(local, shared)
+        if resumed is not None:
+            result.update(
+                step=resumed.step,
+                level=resumed.level,
+                manifest=resumed.manifest,
+                loaded=digest(resumed.state["model"]),
+                extra_step=resumed.state["extra"]["step"],
+            )
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(result, f, default=str)
+
+
+if __name__ == "__main__":
+    main()
