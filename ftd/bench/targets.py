@@ -275,4 +275,17 @@ TARGETS: dict[str, Targets] = {
             _c("rounds.*.ratio_torchrun", "<=", 1.0),
         ),
     ),
+    "checkpoint": Targets(
+        "fault cases: every resume from a checkpoint verified for every rank at the level it names, "
+        "never newer than the newest verified, never a hang; a node killed mid-save: every rank at one "
+        "step, from the fast levels (no shared-directory read), at most one save interval lost",
+        (
+            _c("cases.*.right", "==", True),
+            _c("summary.*.hangs", "==", 0),
+            _c("summary.*.newer_than_verified", "==", 0),
+            _c("summary.*.errors", "==", 0),
+            _c("summary.kill_mid_save.fast_level", "==", Figure("summary.kill_mid_save.runs")),
+            _c("summary.kill_mid_save.within_interval", "==", Figure("summary.kill_mid_save.runs")),
+        ),
+    ),
 }

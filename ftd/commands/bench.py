@@ -32,6 +32,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "dashboard": ("ftd.bench.dashboard", "bench_dashboard"),
     "scale": ("ftd.bench.scale", "bench_scale"),
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
+    "checkpoint": ("ftd.bench.checkpoint_cases", "bench_checkpoint"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -41,6 +42,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "dashboard": ("samples", "nodes"),
     "recovery": ("samples", "paths"),
     "fairness": ("rate", "seconds", "probes", "severity"),
+    "checkpoint": ("cases", "runs"),
 }
 
 
@@ -98,6 +100,14 @@ def register(sub: Any) -> None:
         help="recovery: only these paths, comma-separated (in_allocation,in_allocation_cold,requeue,"
         "rank_killed,torchrun,ft_launcher); --check then misses the others' targets (not measured)",
     )
+    parser.add_argument(
+        "--cases",
+        type=_names,
+        default=None,
+        help="checkpoint: only these cases, comma-separated (kill_mid_save,local_deleted,flip_byte,"
+        "truncate,missing_manifest)",
+    )
+    parser.add_argument("--runs", type=_positive_int, default=None, help="checkpoint: runs of each case (1)")
     parser.set_defaults(handler=_run)
 
 
