@@ -31,8 +31,10 @@ to break) says so in ``error``.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -46,7 +48,7 @@ from ftd.bench.recovery_stack import JobSpec, RecoveryStack, recovery_stack, wai
 from ftd.bench.recovery_timeline import incarnation
 from ftd.bench.slurm_multinode import MultiNodeSlurm
 
-__all__ = ["CASES", "SPEC", "bench_checkpoint", "run_case", "summarize"]
+__all__ = ["CASES", "SPEC", "bench_faults", "run_case", "summarize"]
 
 SAVE_EVERY = 5  # steps between saves
 FLUSH_EVERY = 4  # every 4th save also goes to the shared directory
@@ -167,6 +169,7 @@ def run_case(
         injected=injected,
         resume_s=resume_s,
         verified_before={str(s): {str(k): sorted(v) for k, v in r.items()} for s, r in verified.items()},
+        per_rank={str(rank): [step, level] for rank, (step, level) in sorted(resumed.items())},
         resume_failed=len(failures),
         resume_failed_why=failures[-1] if failures else None,
     )
@@ -213,8 +216,10 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def bench_checkpoint(cases: list[str] | None = None, runs: int = 1) -> dict[str, Any]:
-    """Each case of ``cases`` (all by default) ``runs`` times, each on a fresh stack and job."""
+def bench_faults(cases: list[str] | None = None, runs: int = 1) -> dict[str, Any]:
+    """Each case of ``cases`` (all by default) ``runs`` times, each on a fresh stack and job; each run's
+    outcome is also printed to stderr as one JSON line as soon as it is known (a long batch stopped
+    half-way keeps what it measured)."""
     chosen = list(cases or CASES)
     unknown = sorted(set(chosen) - set(CASES))
     if unknown:
@@ -228,12 +233,13 @@ def bench_checkpoint(cases: list[str] | None = None, runs: int = 1) -> dict[str,
             for i in range(runs):
                 for case in chosen:
                     results.append(_one(slurm, work / f"r{i}-{case}", case, seed=i, **keys))
+                    print(json.dumps(results[-1], default=str), file=sys.stderr, flush=True)
         finally:
             slurm.stop()
     return {
-        "cases": results,
+        "results": results,
         "summary": summarize(results),
-        "runs": len(results),
+        "count": len(results),
         "machine": {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)},
         "setup": (
             f"4 slurmd nodes on one host, {RANKS} training ranks (gloo on CPU) + 1 spare under ftd run, "

@@ -92,8 +92,11 @@ Layout (one job per module; this package face only re-exports): :mod:`ftd.client
 :mod:`ftd.client.triggers` (signals, switch files, memory guard), :mod:`ftd.client.state` (the
 fields they share and the threading rules), :mod:`ftd.client.directive`, :mod:`ftd.client.memory`,
 :mod:`ftd.client.files` and :mod:`ftd.client.environment` (helpers), :mod:`ftd.client.protocol`
-(the wire format); the framework adapters :mod:`ftd.client.torch`, :mod:`ftd.client.lightning` and
-:mod:`ftd.client.hf` import their framework and are never imported from here.
+(the wire format); :mod:`ftd.client.manifest`, :mod:`ftd.client.saves`, :mod:`ftd.client.levels`
+and :mod:`ftd.client.retention` (checkpoint manifests, reporting a save, probing a save level,
+retention); the framework adapters :mod:`ftd.client.torch`, :mod:`ftd.client.lightning`,
+:mod:`ftd.client.hf` and the PyTorch checkpoint tier :mod:`ftd.client.checkpoint` /
+:mod:`ftd.client.resume` import their framework and are never imported from here.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ shared) with no partner level. Resume: :mod:`ftd.client.resume`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -69,12 +70,13 @@ from ftd.client.environment import env_int
 from ftd.client.levels import probe
 from ftd.client.retention import plan
 
-__all__ = ["STATE_FILE", "CheckpointTier", "capture_rng", "restore_rng", "rank_dir", "step_dir"]
+__all__ = ["STATE_FILE", "CheckpointTier", "capture_rng", "rank_dir", "restore_rng", "step_dir"]
 
 _log = logging.getLogger("ftd.client")
 STATE_FILE = "state.pt"
 PARTNER = "partner"
 _CHUNK = 64 * 1024 * 1024
+HISTORY = 256  # saves kept in CheckpointTier.history
 
 
 def step_dir(root: str, step: int) -> str:
@@ -91,7 +93,7 @@ def capture_rng() -> dict[str, Any]:
     import random
 
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": _plain(random.getstate())}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_started():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -105,6 +107,10 @@ def restore_rng(state: dict[str, Any]) -> None:
         random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _cuda_started() -> bool:
+    return torch.cuda.is_available() and bool(torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
 
 
 def _plain(obj: Any) -> Any:
@@ -146,7 +152,7 @@ class _Staging:
     def snapshot(self, state: Any) -> tuple[Any, int]:
         self.nbytes = 0
         staged = self.stage(state)
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if _cuda_started():
             torch.cuda.synchronize()  # the non-blocking copies are done before the write reads them
         return staged, self.nbytes
 
@@ -190,7 +196,7 @@ def _write_state(directory: str, staged: Any) -> mf.FileEntry:
     tmp = f"{target}.tmp.{os.getpid()}"
     with open(tmp, "wb") as raw:
         out = _HashingFile(raw)
-        torch.save(staged, out)
+        torch.save(staged, out)  # type: ignore[arg-type]  # a file-like object with write/flush
         raw.flush()
         os.fsync(raw.fileno())
     os.replace(tmp, target)
@@ -219,14 +225,10 @@ def _copy_hashing(src: str, dst: str) -> tuple[int, str]:
 
 def _remove_rank(root: str, step: int, rank: int) -> None:
     shutil.rmtree(rank_dir(root, step, rank), ignore_errors=True)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(step_dir(root, step), mf.manifest_name(rank)))
-    except FileNotFoundError:
-        pass
-    try:
+    with contextlib.suppress(OSError):
         os.rmdir(step_dir(root, step))  # only when empty (other ranks' files stay)
-    except OSError:
-        pass
 
 
 def steps_in(root: str) -> list[int]:
@@ -364,6 +366,13 @@ class CheckpointTier:
         ).start()
         return blocked
 
+    def prepare(self, state: dict[str, Any]) -> None:
+        """Allocate the staging buffers for ``state`` now (before the loop): the first save then
+        blocks only for the copy (allocating and touching 1 GB of host memory costs more than the
+        copy itself). Writes nothing."""
+        self._idle.wait()
+        self._staging.snapshot(state)
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the background work (local, partner and shared); True when all of it is done."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -395,6 +404,7 @@ class CheckpointTier:
             record["error"] = str(exc)
         finally:
             self.history.append(record)
+            del self.history[:-HISTORY]
             self._idle.set()
             if self.on_done is not None:
                 self.on_done(record)
@@ -445,7 +455,7 @@ class CheckpointTier:
             self.client.answer_taken(ids, ok=True, step=step, path=manifest)
         return manifest
 
-    def _local_failed(self, step: int, ids: list[str], record: dict[str, Any], reason: str) -> None:
+    def _local_failed(self, step: int, ids: list[str], record: dict[str, Any], reason: str) -> str | None:
         _log.warning("ftd checkpoint: step %s: %s", step, reason)
         record["local"] = reason
         if self.client is not None and ids:
@@ -464,9 +474,7 @@ class CheckpointTier:
         root = os.path.join(self.local_dir, PARTNER)
         why = probe(root, timeout_s=self.probe_timeout_s) if self.recv_from else ""
         try:
-            received = exchange(
-                self.group, step, files, self.send_to, self.recv_from, root, accept=not why
-            )
+            received = exchange(self.group, step, files, self.send_to, self.recv_from, root, accept=not why)
         except Exception as exc:
             self.partner_broken = f"the exchange of step {step} failed: {exc}"
             _log.warning("ftd checkpoint: partner level stopped: %s", self.partner_broken)
@@ -675,14 +683,16 @@ def exchange(
         pending.append(dist.isend(torch.tensor([len(meta)], dtype=torch.int64), send_to, group=group))
     pending += [dist.irecv(t, src, group=group) for src, t in lengths.items()]
     for w in pending:
-        w.wait()
+        if w is not None:
+            w.wait()
     metas = {src: torch.empty(int(t.item()), dtype=torch.uint8) for src, t in lengths.items()}
     pending = []
     if send_to is not None:
         pending.append(dist.isend(torch.frombuffer(bytearray(meta), dtype=torch.uint8), send_to, group=group))
     pending += [dist.irecv(t, src, group=group) for src, t in metas.items()]
     for w in pending:
-        w.wait()
+        if w is not None:
+            w.wait()
     receivers: dict[int, _Receiver] = {}
     for src, t in metas.items():
         info = json.loads(bytes(t.numpy()) if t.numel() else b"{}")
@@ -703,9 +713,10 @@ def exchange(
                 bufs[src] = torch.empty(min(r.left, _CHUNK), dtype=torch.uint8)
                 pending.append(dist.irecv(bufs[src], src, group=group))
         for w in pending:
-            w.wait()
+            if w is not None:
+                w.wait()
         for src, buf in bufs.items():
-            receivers[src].take(memoryview(buf.numpy()))
+            receivers[src].take(memoryview(buf.numpy()).cast("B"))  # type: ignore[arg-type]
     out: dict[int, list[mf.FileEntry] | None] = {}
     for src, r in receivers.items():
         whole = r.ok and r.accept and len(r.done) == len(r.entries) and bool(r.entries)

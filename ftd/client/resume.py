@@ -55,15 +55,25 @@ def _own(root: str | None, rank: int, step: int) -> str | None:
     return path if os.path.exists(path) else None
 
 
+def _whole(root: str | None, rank: int, step: int) -> bool:
+    """This rank's manifest at ``step`` under ``root`` is there and its files have their sizes (the
+    cheap check, to choose a step; the chosen one is verified with hashes before it is loaded)."""
+    path = _own(root, rank, step)
+    if path is None:
+        return False
+    m, why = mf.verify(path, hashes=False)
+    return m is not None and not why and m.rank == rank and m.step == step
+
+
 def _inventory(local_dir: str, shared_dir: str | None, rank: int, world: int) -> dict[str, Any]:
-    """What this rank can offer, by existence of manifests (verified later, for the chosen step)."""
-    local = [s for s in steps_in(local_dir) if _own(local_dir, rank, s)]
-    shared = [s for s in steps_in(shared_dir) if _own(shared_dir, rank, s)] if shared_dir else []
+    """The steps this rank can offer: its own local and shared copies, the partner copies it holds."""
+    local = [s for s in steps_in(local_dir) if _whole(local_dir, rank, s)]
+    shared = [s for s in steps_in(shared_dir) if _whole(shared_dir, rank, s)] if shared_dir else []
     partner_root = os.path.join(local_dir, PARTNER)
     held: dict[int, list[int]] = {}
     for s in steps_in(partner_root):
         for r in range(world):
-            if _own(partner_root, r, s):
+            if _whole(partner_root, r, s):
                 held.setdefault(s, []).append(r)
     return {"local": local, "shared": shared, "held": held}
 
@@ -82,9 +92,7 @@ def _choose_step(inv: list[dict[str, Any]]) -> int | None:
 def _reachable(inv: list[dict[str, Any]], rank: int, step: int) -> bool:
     mine = inv[rank]
     return (
-        step in mine["local"]
-        or step in mine["shared"]
-        or any(rank in i["held"].get(step, []) for i in inv)
+        step in mine["local"] or step in mine["shared"] or any(rank in i["held"].get(step, []) for i in inv)
     )
 
 
@@ -186,9 +194,13 @@ def _fetch_partner_copies(
         if rank == h:
             path = os.path.join(step_dir(partner_root, step), mf.manifest_name(r))
             m, why = mf.verify(path)
-            files = [] if m is None or why else [
-                (f.path, os.path.join(os.path.dirname(path), f.path), f.size, f.sha256) for f in m.files
-            ]
+            files = (
+                []
+                if m is None or why
+                else [
+                    (f.path, os.path.join(os.path.dirname(path), f.path), f.size, f.sha256) for f in m.files
+                ]
+            )
             exchange(group, step, files, r, [], local_dir)
         elif rank == r:
             got = exchange(group, step, [], None, [h], local_dir).get(h)
@@ -218,8 +230,9 @@ def copy_into(target: Any, loaded: Any) -> None:
             if k in loaded:
                 copy_into(v, loaded[k])
     elif isinstance(target, (list, tuple)):
-        for t, lv in zip(target, loaded):
-            copy_into(t, lv)
+        for i, t in enumerate(target):
+            if i < len(loaded):
+                copy_into(t, loaded[i])
     elif isinstance(target, torch.Tensor):
         local = target.to_local() if hasattr(target, "to_local") else target
         with torch.no_grad():

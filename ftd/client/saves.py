@@ -57,7 +57,9 @@ def manifest_for(
         raise mf.ManifestError(f"level must be one of {', '.join(mf.LEVELS)}, got {level!r}")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise mf.ManifestError(f"step must be an integer >= 0, got {step!r}")
-    full = os.path.abspath(path)
+    if not isinstance(path, str) or not os.path.isabs(path) or "\x00" in path:
+        raise mf.ManifestError(f"{path!r}: a checkpoint must be reported by its absolute path")
+    full = os.path.normpath(path)
     if os.path.isfile(full):
         m = mf.read(full)
         return full, sum(f.size for f in m.files)

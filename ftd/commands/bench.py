@@ -32,7 +32,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "dashboard": ("ftd.bench.dashboard", "bench_dashboard"),
     "scale": ("ftd.bench.scale", "bench_scale"),
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
-    "checkpoint": ("ftd.bench.checkpoint_cases", "bench_checkpoint"),
+    "checkpoint": ("ftd.bench.checkpoint", "bench_checkpoint"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -42,7 +42,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "dashboard": ("samples", "nodes"),
     "recovery": ("samples", "paths"),
     "fairness": ("rate", "seconds", "probes", "severity"),
-    "checkpoint": ("cases", "runs"),
+    "checkpoint": ("cases", "sizes", "samples", "runs"),
 }
 
 
@@ -56,7 +56,10 @@ def register(sub: Any) -> None:
         help="exit 1 when a documented target is missed or a judged figure was not measured",
     )
     parser.add_argument(
-        "--samples", type=int, default=None, help="samples (e2e, scale, dashboard; recovery: rounds)"
+        "--samples",
+        type=int,
+        default=None,
+        help="samples (e2e, scale, dashboard; recovery: rounds; checkpoint: saves per size)",
     )
     parser.add_argument(
         "--nodes",
@@ -104,11 +107,26 @@ def register(sub: Any) -> None:
         "--cases",
         type=_names,
         default=None,
-        help="checkpoint: only these cases, comma-separated (kill_mid_save,local_deleted,flip_byte,"
-        "truncate,missing_manifest)",
+        help="checkpoint: only these cases, comma-separated (blocked,partner; the fault cases "
+        "kill_mid_save,local_deleted,flip_byte,truncate,missing_manifest); default every one",
     )
-    parser.add_argument("--runs", type=_positive_int, default=None, help="checkpoint: runs of each case (1)")
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="checkpoint: state sizes in MB, comma-separated (10,100,1000)",
+    )
+    parser.add_argument(
+        "--runs", type=_positive_int, default=None, help="checkpoint: runs of each fault case (1)"
+    )
     parser.set_defaults(handler=_run)
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [_positive_int(n.strip()) for n in text.split(",") if n.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError("name at least one size")
+    return sizes
 
 
 def _names(text: str) -> list[str]:

@@ -88,7 +88,7 @@ def test_save_replicate_flush_and_resume_from_the_partner(tmp_path: Path) -> Non
     shutil.rmtree(tmp_path / "node1/local/step-000000004")
     shutil.rmtree(tmp_path / "node1/local/step-000000002")
     resumed = _run("resume", tmp_path)
-    for out, before in zip(resumed, saved):
+    for out, before in zip(resumed, saved, strict=True):
         assert out["step"] == 4 and out["extra_step"] == 4
         assert out["loaded"] == before["saved"]["4"], "load_resume did not load the tensors saved"
     assert resumed[0]["level"] == "local"
