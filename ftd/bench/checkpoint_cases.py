@@ -21,8 +21,9 @@ resumed from:
 
 Right after the fault, before the restart, :func:`~ftd.bench.checkpoint_faults.scan` records which
 steps every rank could load from verified copies on the nodes still in the job and in the shared
-directory (node-2's disk left with node-2; scanned again the moment the ranks resume, for the steps
-trained before the fault, since a shared flush may finish in between). Then
+directory (node-2's disk left with node-2; scanned again the moment the ranks resume, for the copies
+the old generation wrote of steps trained before the fault, since a save or shared flush in flight
+may finish in between). Then
 :func:`~ftd.bench.checkpoint_faults.judge` says whether the resume was right (one step on every rank,
 verified at the level each named, never newer than the newest verified), the steps lost, the level,
 and whether it hung (no resume within ``recover_timeout_s``). A case that cannot be set up (nothing
@@ -150,7 +151,7 @@ def run_case(
     except TimeoutError:
         hang = True
     resume_s = None if hang else round(time.monotonic() - started, 2)
-    for step, ranks in verified_steps(scan(reachable())).items():
+    for step, ranks in verified_steps(scan(reachable(), generation=old[1])).items():
         if last_step is not None and step <= last_step and step not in verified:
             verified[step] = ranks
     resumed = _resumed(stack, job, old)

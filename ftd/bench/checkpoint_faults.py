@@ -82,10 +82,13 @@ def _manifests(root: Path) -> Iterable[Path]:
                 yield Path(directory) / name
 
 
-def scan(roots: Iterable[Path], *, hashes: bool = True) -> dict[tuple[int, str], Copy]:
+def scan(
+    roots: Iterable[Path], *, hashes: bool = True, generation: int | None = None
+) -> dict[tuple[int, str], Copy]:
     """Every checkpoint copy under ``roots`` (a node's local directory, the shared one...), keyed by
-    (step, level): each manifest verified against its files. A manifest that cannot be read counts
-    for no step (its reason is kept under step -1, level ``unreadable``)."""
+    (step, level): each manifest verified against its files (``generation``: only the copies that
+    generation wrote). A manifest that cannot be read counts for no step (its reason is kept under
+    step -1, level ``unreadable``)."""
     ranks: dict[tuple[int, str], set[int]] = {}
     worlds: dict[tuple[int, str], int] = {}
     problems: dict[tuple[int, str], list[str]] = {}
@@ -94,6 +97,8 @@ def scan(roots: Iterable[Path], *, hashes: bool = True) -> dict[tuple[int, str],
             continue
         for path in _manifests(root):
             found, reason = manifest.verify(str(path), hashes=hashes)
+            if found is not None and generation is not None and found.generation != generation:
+                continue
             key = (found.step, found.level) if found is not None else (-1, "unreadable")
             ranks.setdefault(key, set())
             problems.setdefault(key, [])

@@ -118,6 +118,12 @@ def test_deleting_a_local_directory_leaves_the_partner_and_shared_copies(tmp_pat
     assert verified_steps(scan(roots.values())) == {10: {0: frozenset({"shared"}), 1: frozenset({"shared"})}}
 
 
+def test_a_scan_can_keep_one_generation(tmp_path: Path) -> None:
+    roots = tree(tmp_path)  # generation 0
+    assert verified_steps(scan(roots.values(), generation=1)) == {}
+    assert set(verified_steps(scan(roots.values(), generation=0))) == {10, 20}
+
+
 def test_nothing_to_break_is_said(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(InjectError):
