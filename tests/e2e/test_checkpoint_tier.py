@@ -62,9 +62,9 @@ def test_save_replicate_flush_and_resume_from_the_partner(tmp_path: Path) -> Non
         assert out["partner_broken"] is None
         assert [h["step"] for h in out["history"]] == [2, 4]
         assert all("error" not in h for h in out["history"]), out["history"]
-        # The background work is off the training thread: nothing like a write is in the blocked time.
-        for h in out["history"]:
-            assert h["blocked_s"] < h["local_s"] + h["partner_s"] + 1.0
+        # Off the training thread (proved deterministically in tests/unit/test_checkpoint_tier_unit.py);
+        # here the blocked time is only recorded: timings are the bench's business.
+        assert all(isinstance(h["blocked_s"], float) for h in out["history"])
         for step in (2, 4):
             _manifest(
                 tmp_path / f"node{rank}/local/step-{step:09d}/rank-{rank:05d}.manifest.json",

@@ -1,0 +1,202 @@
+"""The checkpoint tier in one process (torch, CPU, real files): the write happens off the training
+thread, a save that finds the previous one still running waits and, past ``busy_wait_s``, is skipped
+and said; a save directive is answered after the manifest is on disk and names it; a level that
+cannot take a save is skipped, the directive nacked with the reason, and training not blocked."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftd.client import Client
+from ftd.client import manifest as mf
+
+torch = pytest.importorskip("torch")
+
+
+def _state(value: float = 1.0) -> dict[str, Any]:
+    return {"model": {"w": torch.full((64, 64), value)}, "extra": {"step": 7, "names": ["a", "b"]}}
+
+
+def _client() -> Client:
+    return Client(job="j", rank=0, connect=False)
+
+
+def _sent(client: Client) -> list[dict[str, Any]]:
+    return [json.loads(m) for m in client._outbox]
+
+
+@pytest.fixture
+def held_write(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The local write waits for this event: the test holds the background thread mid-save."""
+    from ftd.client import checkpoint
+
+    release = threading.Event()
+    real = checkpoint._write_state
+
+    def slow(directory: str, staged: Any) -> mf.FileEntry:
+        assert release.wait(60), "the test never released the write"
+        return real(directory, staged)
+
+    monkeypatch.setattr(checkpoint, "_write_state", slow)
+    return release
+
+
+def test_save_returns_before_the_write_and_the_snapshot_is_a_copy(
+    tmp_path: Path, held_write: threading.Event
+) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+
+    tier = CheckpointTier(None, str(tmp_path / "local"), str(tmp_path / "shared"), every_k_flush=1)
+    state = _state(1.0)
+    tier.save(7, state)  # returns although the write is held
+    assert tier.history == [] and not tier.wait(0.05)
+    state["model"]["w"].fill_(99.0)  # training goes on and changes the tensors in place
+    held_write.set()
+    assert tier.wait(60)
+    local = tmp_path / "local/step-000000007/rank-00000.manifest.json"
+    m, why = mf.verify(str(local))
+    assert why == "" and m is not None and m.level == "local"
+    loaded = torch.load(local.parent / "rank-00000/state.pt", weights_only=True)
+    assert torch.equal(loaded["model"]["w"], torch.full((64, 64), 1.0)), (
+        "the save saw training's later change"
+    )
+    assert loaded["extra"] == {"step": 7, "names": ["a", "b"]}
+    assert mf.verify(str(tmp_path / "shared/step-000000007/rank-00000.manifest.json"))[1] == ""
+
+
+def test_a_save_while_the_previous_still_runs_waits_then_is_skipped(
+    tmp_path: Path, held_write: threading.Event
+) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+
+    tier = CheckpointTier(None, str(tmp_path), None, busy_wait_s=0.05)
+    tier.save(1, _state())
+    tier.save(2, _state())  # the first is held: this one waits 0.05 s, then is skipped and said
+    assert tier.history[-1]["step"] == 2 and "still runs" in tier.history[-1]["skipped"]
+    # Stuck: the next save is skipped at once, not after another busy_wait_s (it would block training
+    # once per save for as long as the partner or the disk does not answer).
+    tier.busy_wait_s = 3600.0
+    third = threading.Thread(target=tier.save, args=(3, _state()))
+    third.start()
+    third.join(30)
+    assert not third.is_alive(), "a save waited again for a save already known stuck"
+    assert tier.history[-1]["step"] == 3 and "skipped" in tier.history[-1]
+    held_write.set()
+    assert tier.wait(60)
+    assert [h["step"] for h in tier.history] == [2, 3, 1]
+    assert not (tmp_path / "step-000000002").exists()
+    # once the stuck save ended, saves run again (without the partner level)
+    tier.save(4, _state())
+    assert tier.wait(60) and tier.history[-1]["step"] == 4 and "local_s" in tier.history[-1]
+
+
+def test_a_directive_is_acked_with_the_manifest_after_it_is_written(tmp_path: Path) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+
+    client = _client()
+    client._on_directive({"id": "d1", "action": "save", "job": "j"}, 0)
+    tier = CheckpointTier(client, str(tmp_path), None)
+    assert client.should_save()
+    tier.save(3, _state())
+    assert not client.should_save(), "the save stayed pending after the snapshot"
+    assert tier.wait(60)
+    manifest = str(tmp_path / "step-000000003/rank-00000.manifest.json")
+    sent = _sent(client)
+    assert [(m["op"], m.get("directive_id")) for m in sent] == [("checkpoint", "d1"), ("ack", "d1")]
+    assert sent[0]["manifest"] == manifest and sent[0]["level"] == "local" and sent[0]["bytes"] > 0
+    assert sent[1]["ok"] is True and sent[1]["path"] == manifest and sent[1]["step"] == 3
+
+
+def test_a_level_that_cannot_take_the_save_is_skipped_and_the_directive_nacked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ftd.client import checkpoint
+
+    monkeypatch.setattr(checkpoint, "probe", lambda path, need=0, timeout_s=5.0: f"{path}: full (test)")
+    client = _client()
+    client._on_directive({"id": "d9", "action": "save", "job": "j"}, 0)
+    tier = checkpoint.CheckpointTier(client, str(tmp_path / "l"), str(tmp_path / "s"), every_k_flush=1)
+    tier.save(5, _state())
+    assert tier.wait(60)
+    assert "full (test)" in tier.history[-1]["local"]
+    [ack] = _sent(client)
+    assert ack["op"] == "ack" and ack["ok"] is False and "full (test)" in ack["reason"]
+    assert not (tmp_path / "l/step-000000005").exists()
+
+
+def test_retention_keeps_the_newest_saves(tmp_path: Path) -> None:
+    from ftd.client.checkpoint import CheckpointTier, steps_in
+
+    tier = CheckpointTier(None, str(tmp_path / "l"), str(tmp_path / "s"), every_k_flush=2, keep=2)
+    for step in range(1, 7):
+        tier.save(step, _state(step))
+        assert tier.wait(60)
+    assert steps_in(str(tmp_path / "l")) == [5, 6]
+    assert steps_in(str(tmp_path / "s")) == [4, 6]
+
+
+def test_load_resume_single_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+    from ftd.client.resume import load_resume
+
+    for name in ("FTD_RESUME_STEP", "FTD_RESUME_PATH", "FTD_RESUME_LEVEL", "RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    assert load_resume(str(tmp_path / "l"), str(tmp_path / "s")) is None
+    tier = CheckpointTier(None, str(tmp_path / "l"), str(tmp_path / "s"), every_k_flush=1, keep=3)
+    for step in (10, 20):
+        tier.save(step, _state(step))
+        assert tier.wait(60)
+    r = load_resume(str(tmp_path / "l"), str(tmp_path / "s"))
+    assert r is not None and (r.step, r.level) == (20, "local")
+    assert torch.equal(r.state["model"]["w"], torch.full((64, 64), 20.0))
+    # the local copy corrupt: the shared one is loaded, never the corrupt bytes
+    state = tmp_path / "l/step-000000020/rank-00000/state.pt"
+    data = bytearray(state.read_bytes())
+    data[-100] ^= 1
+    state.write_bytes(bytes(data))
+    r = load_resume(str(tmp_path / "l"), str(tmp_path / "s"))
+    assert r is not None and (r.step, r.level) == (20, "shared")
+    # the coordinator's choice wins
+    monkeypatch.setenv("FTD_RESUME_STEP", "10")
+    monkeypatch.setenv("FTD_RESUME_PATH", str(tmp_path / "s/step-000000010"))
+    monkeypatch.setenv("FTD_RESUME_LEVEL", "shared")
+    r = load_resume(str(tmp_path / "l"), str(tmp_path / "s"))
+    assert r is not None and (r.step, r.level) == (10, "shared")
+    assert r.manifest == str(tmp_path / "s/step-000000010/rank-00000.manifest.json")
+    # a step nobody has: a clear error, not a fresh start
+    monkeypatch.setenv("FTD_RESUME_STEP", "15")
+    monkeypatch.delenv("FTD_RESUME_PATH")
+    with pytest.raises(RuntimeError, match="step 15"):
+        load_resume(str(tmp_path / "l"), str(tmp_path / "s"))
+
+
+def test_a_state_that_cannot_be_saved_is_nacked_not_left_pending(tmp_path: Path) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+
+    client = _client()
+    client._on_directive({"id": "d2", "action": "save", "job": "j"}, 0)
+    tier = CheckpointTier(client, str(tmp_path), None)
+    tier.save(4, {"model": {"w": torch.ones(2)}, "extra": {"handle": threading.Lock()}})
+    assert tier.wait(60)
+    [ack] = _sent(client)
+    assert ack["op"] == "ack" and ack["ok"] is False and "local save failed" in ack["reason"]
+    assert not (tmp_path / "step-000000004" / "rank-00000.manifest.json").exists()
+
+
+def test_a_snapshot_that_fails_is_said_and_skipped(tmp_path: Path) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+
+    client = _client()
+    client._on_directive({"id": "d3", "action": "save", "job": "j"}, 0)
+    tier = CheckpointTier(client, str(tmp_path), None)
+    tier.save(6, {"model": {"w": torch.empty(4, device="meta")}})  # no data to copy: copy_ raises
+    assert "the snapshot failed" in tier.history[-1]["skipped"]
+    assert client.should_save(), "the directive was taken by a save that never happened"
+    tier.save(7, _state())  # the tier still works, and this save answers the directive
+    assert tier.wait(60)
+    assert [m["op"] for m in _sent(client)] == ["checkpoint", "ack"]
