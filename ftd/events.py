@@ -120,11 +120,15 @@ DirectiveAction = Literal[
     "preflight",
     "restart",
     "release",
+    "partners",
 ]
 """``restart`` (issue #24) goes to a job's rank supervisors (``ftd run``), never to its ranks: start
 generation ``params["generation"]`` with node slots ``params["slots"]`` (see :class:`SupervisorInfo`).
 ``release`` goes to the supervisors of a job whose training ended: one holding no slot (a spare, a
-node swapped out) exits 0, so the job step or the Kubernetes Job can complete."""
+node swapped out) exits 0, so the job step or the Kubernetes Job can complete. ``partners`` (issue
+#34) carries the coordinator's checkpoint partner node for each node of a job
+(``params["partners"]``); the agent hands it to the job's ranks as the trainer protocol's
+``partners`` op."""
 
 
 class Directive(msgspec.Struct, frozen=True, kw_only=True):

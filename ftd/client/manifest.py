@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "FORMAT",
     "LEVELS",
+    "MANIFEST_SUFFIX",
     "FileEntry",
     "Manifest",
     "ManifestError",
@@ -83,8 +84,11 @@ class Manifest(NamedTuple):
         }
 
 
+MANIFEST_SUFFIX = ".manifest.json"
+
+
 def manifest_name(rank: int) -> str:
-    return f"rank-{rank:05d}.manifest.json"
+    return f"rank-{rank:05d}{MANIFEST_SUFFIX}"
 
 
 def sha256_of(path: str) -> str:

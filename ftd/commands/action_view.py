@@ -9,7 +9,8 @@ What: pure functions over the API's JSON (``ActionOut``, ``JobOut``, ``/v1/summa
   and ``save_failed`` once the save is over; ``?/N`` while it is waiting, N the job's ranks);
 - :func:`deadline`: when a running action counts as stuck (the coordinator's ``deadlines``);
 - :func:`why`: the failure, suppression, escalation or log-only reason, one line;
-- :func:`state_text`: ``running: <what it waits for>`` or the state.
+- :func:`state_text`: ``running: <what it waits for>`` or the state;
+- :func:`resumed_from`: the checkpoint a restart resumes from, its level and why (issue #34).
 
 Why one module: the two commands must agree on what they show.
 """
@@ -103,3 +104,16 @@ def running_text(action: dict[str, Any], jobs: dict[str, dict[str, Any]], deadli
     if (due := deadline(action, deadlines)) != "-":
         parts.append(f"deadline {due}")
     return f"{text} ({', '.join(parts)})"
+
+
+def resumed_from(action: dict[str, Any]) -> str:
+    """``step 1200 (partner): why`` for a restart that chose a verified checkpoint; ``step 1200 (the
+    save's acknowledgements)`` for one that did not; "" when the action has no resume step."""
+    detail = _detail(action)
+    chosen = detail.get("resume")
+    if isinstance(chosen, dict) and chosen.get("step") is not None:
+        return f"step {chosen['step']} ({chosen.get('level') or '?'}): {chosen.get('why') or ''}".rstrip(": ")
+    if isinstance(chosen, dict):
+        return f"no verified checkpoint: {chosen.get('why') or ''}".rstrip(": ")
+    step = detail.get("resume_step")
+    return f"step {step} (the save's acknowledgements)" if step is not None else ""

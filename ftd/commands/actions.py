@@ -143,6 +143,9 @@ def history(action: dict[str, Any]) -> list[str]:
         lines.append(f"{'':19}  phase {done} done")
     if action.get("state") == "running" and detail.get("phase"):
         lines.append(f"{'':19}  phase {detail['phase']} under way")
+    resumed = view.resumed_from(action)
+    if resumed:
+        lines.append(f"{'':19}  resumes from {resumed}")
     last = f"{_when(action.get('updated'))}  {view.state_text(action)}"
     reason = view.why(action)
     lines.append(last + (f": {reason}" if reason else ""))

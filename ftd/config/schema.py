@@ -857,6 +857,14 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             "never acks, and its peers wait for it in a collective."
         ),
     ] = 5.0
+    checkpoint_age_limit_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "How old a job's newest verified checkpoint (at any level) may grow before the "
+            "FtdCheckpointStale alert fires (exported as ftd_checkpoint_age_limit_seconds); only jobs "
+            "that report their checkpoints (issue #34) are judged."
+        ),
+    ] = 7200.0
     disabled_rules: Annotated[list[NonEmptyStr], _doc("Rules not loaded at all.")] = msgspec.field(
         default_factory=list
     )

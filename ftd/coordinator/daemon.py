@@ -54,9 +54,11 @@ from ftd.bus.base import Bus, BusUnavailable, LastWill, Message
 from ftd.config import Config
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.directive import SentDirectives
+from ftd.coordinator.actions.partners import CheckpointPartners
 from ftd.coordinator.actions.release import SpareRelease
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.decide.engine import Engine
+from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.intake.admission import BATCH_CHUNK, Admission, Refused, Verdict
 from ftd.coordinator.intake.fairness import readable_ids
 from ftd.coordinator.intake.offline_grace import BRIDGE_DOWN, OfflineGrace, Pending
@@ -177,6 +179,8 @@ class Coordinator:
         self._status_seen: set[str] = set()  # nodes whose status this coordinator has read
         self.rack_bridges = RackBridges()  # which rack broker each node is on, whose bridge is down
         self.spare_release = SpareRelease(bus.publish)  # a finished ftd run job's spares exit
+        racks = {n: v["rack"] for n, v in labels_from_config(config.coordinator).items() if "rack" in v}
+        self.checkpoint_partners = CheckpointPartners(bus.publish, racks)  # where replicas go (#34)
         self.services = services
         self.api: Service | None = None  # the HTTP API + dashboard, once started (None when disabled)
         self.loaded = False  # the engine's and the reconciler's memory read from the ledger (load())
@@ -599,6 +603,8 @@ class Coordinator:
         self.state.apply_presence(node, job, presence)
         await self.presence_memory.observe(node, job, presence)
         await self.spare_release.check(job, self.state.jobs.get(job))
+        bad = {n for n, reasons in self.state.conditions.items() if reasons}
+        await self.checkpoint_partners.check(job, self.state.jobs.get(job), bad)
         return True
 
     async def _on_conditions(self, levels: tuple[str, ...], message: Message) -> bool:

@@ -106,6 +106,8 @@ def rank_env(
     local_rank: int,
     master_addr: str,
     resume_step: int | None,
+    resume_level: str | None = None,
+    resume_path: str | None = None,
 ) -> dict[str, str]:
     """The variables one rank of ``generation`` on slot ``slot`` gets (over the supervisor's own)."""
     if opts.job is None:
@@ -128,6 +130,10 @@ def rank_env(
         out["FTD_SOCKET"] = opts.socket
     if resume_step is not None:
         out["FTD_RESUME_STEP"] = str(resume_step)
+        if resume_level:  # the coordinator's verified choice (issue #34): which level, and its root
+            out["FTD_RESUME_LEVEL"] = resume_level
+        if resume_path:
+            out["FTD_RESUME_PATH"] = resume_path
     return out
 
 
@@ -142,6 +148,8 @@ class Restart:
     out: list[str]
     path: str
     runs: dict[str, str] = field(default_factory=dict)  # node -> its supervisor's run, when known
+    resume_level: str | None = None  # local / partner / shared: the level the coordinator chose
+    resume_path: str | None = None  # that level's checkpoint root
 
 
 def parse_restart(params: Mapping[str, Any]) -> Restart | str:
@@ -165,8 +173,18 @@ def parse_restart(params: Mapping[str, Any]) -> Restart | str:
     runs = params.get("runs") or {}
     if not isinstance(runs, dict) or not all(isinstance(v, str) for v in runs.values()):
         return f"runs {runs!r} is not a map of node names to runs"
+    level = params.get("resume_level")
+    root = params.get("resume_path")
     return Restart(
-        gen, list(slots), addr, resume, list(out), path if isinstance(path, str) else "", dict(runs)
+        gen,
+        list(slots),
+        addr,
+        resume,
+        list(out),
+        path if isinstance(path, str) else "",
+        dict(runs),
+        resume_level=level if isinstance(level, str) and level in ("local", "partner", "shared") else None,
+        resume_path=root if isinstance(root, str) and root.startswith("/") else None,
     )
 
 

@@ -262,7 +262,15 @@ class Supervisor:
         if what == "active":
             assert slot is not None
             check = self.opts.preflight is not None and (self.role != "active" or self.preflight is None)
-            self._start_generation(restart.generation, slot, restart.master_addr, restart.resume_step, check)
+            self._start_generation(
+                restart.generation,
+                slot,
+                restart.master_addr,
+                restart.resume_step,
+                check,
+                resume_level=restart.resume_level,
+                resume_path=restart.resume_path,
+            )
         elif what == "out":
             self._stop_ranks()
             self._report(role="out", slot=None, state="stopped", reason="", exit_deadline=None)
@@ -275,7 +283,15 @@ class Supervisor:
             group.stop(self.opts.stop_grace_s)
 
     def _start_generation(
-        self, generation: int, slot: int, master_addr: str, resume_step: int | None, check: bool
+        self,
+        generation: int,
+        slot: int,
+        master_addr: str,
+        resume_step: int | None,
+        check: bool,
+        *,
+        resume_level: str | None = None,
+        resume_path: str | None = None,
     ) -> None:
         self._stop_ranks()
         self.stop_asked, self.exit_deadline = False, None
@@ -299,6 +315,8 @@ class Supervisor:
                     local_rank=local,
                     master_addr=master_addr,
                     resume_step=resume_step,
+                    resume_level=resume_level,
+                    resume_path=resume_path,
                 ),
             }
             for local in range(self.opts.nproc)

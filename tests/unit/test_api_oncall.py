@@ -281,3 +281,43 @@ def test_the_action_view_renders_whatever_phases_it_is_given() -> None:
     assert _node_check([custom], {"site_reboot": ["ask", "reboot", "check"]}) == [
         ["running: reboot (2 of 3)", "", ""]
     ]
+
+
+_RESUMED = [
+    {"detail": {"resume": {"step": 150, "level": "partner", "path": "/ck", "why": "newest verified"}}},
+    {
+        "detail": {
+            "resume": {"step": None, "why": "no checkpoint verified on every rank can be read"},
+            "resume_step": 9,
+        }
+    },
+    {"detail": {"resume_step": 120}},
+    {"detail": {}},
+]
+_RESUMED_TEXT = [
+    "step 150 (partner): newest verified",
+    "no verified checkpoint: no checkpoint verified on every rank can be read",
+    "step 120 (the save's acknowledgements)",
+    "",
+]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_dashboard_and_the_cli_say_which_checkpoint_a_restart_resumes_from() -> None:
+    """Issue #34: the restart's checkpoint, level and why, in the same words on the page and in
+    ``ftd actions show``."""
+    from ftd.commands.action_view import resumed_from
+
+    script = (
+        "const { resumedFrom } = require(process.argv[1]);"
+        "console.log(JSON.stringify(JSON.parse(process.argv[2]).map((a) => resumedFrom(a.detail))));"
+    )
+    out = subprocess.run(
+        ["node", "-e", script, str(WEB_DIR / "app.js"), json.dumps(_RESUMED)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert json.loads(out.stdout) == _RESUMED_TEXT
+    assert [resumed_from(a) for a in _RESUMED] == _RESUMED_TEXT

@@ -45,7 +45,7 @@ from ftd.events import (
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.rules import xid_catalog
 from ftd.supervisor import cli as run_cmd
-from ftd.supervisor.assignment import rank_env
+from ftd.supervisor.assignment import Options, Restart, parse_restart, rank_env
 from ftd.testing import evaluate_rule
 from tests.unit.helpers import supervisor_info
 
@@ -657,3 +657,122 @@ async def test_a_generation_that_finished_before_reporting_a_step_has_resumed_no
 async def test_a_generation_whose_slot_failed_is_not_taken_for_finished() -> None:
     out = await resume_after_exits([0, 1, 0], restarted_at=1.0, deadline_s=0.5)  # the deadline is past
     assert out["state"] == "escalated" and "not_resumed" in out
+
+
+def verified(cluster: Cluster, node: str, step: int, shard: int, level: str, ok: bool = True) -> None:
+    """What an agent publishes once it verified (or rejected) a rank's manifest (issue #34)."""
+    data = {
+        "job": JOB,
+        "rank": shard,
+        "shard_rank": shard,
+        "step": step,
+        "level": level,
+        "ok": ok,
+        "world_size": len(SLOTS),
+        "root": f"/ck/{level}",
+        "reason": "" if ok else "corrupt",
+    }
+    cluster.state.apply_event(
+        make_event(node, Kind.CHECKPOINT, severity=Severity.INFO, source="agent", data=data)
+    )
+
+
+async def test_the_restart_resumes_from_the_newest_checkpoint_every_rank_can_read() -> None:
+    """Issue #34: the new generation is told the newest step verified on every rank whose copies the
+    restart can read (n1 is swapped out: its shard comes from its partner copy on n2), not the step
+    the acks named, and ftd run passes step, level and path to the ranks."""
+    cluster = Cluster()
+    for shard, node in enumerate(SLOTS):
+        verified(cluster, node, 150, shard, "local")
+        verified(cluster, node, 200, shard, "local")
+    verified(cluster, "n2", 150, 1, "partner")  # n1's shard of step 150, replicated to n2
+    verified(cluster, "n0", 200, 0, "partner", ok=False)  # a rejected copy never counts
+    detail = await run(executor(cluster), request(exclude=["n1"]))
+    assert detail["path"] == "spare" and detail["out"] == ["n1"]
+    assert detail["resume"]["step"] == 150 and detail["resume"]["level"] == "partner"
+    assert "no readable verified copy of shard(s) 1" in detail["resume"]["why"]  # step 200's shard 1 is on n1
+    assert detail["resume_step"] == 150 and detail["resume_from_acks"] == 100
+    params = cluster.sent[0][1].params
+    assert (params["resume_step"], params["resume_level"], params["resume_path"]) == (
+        150,
+        "partner",
+        "/ck/partner",
+    )
+    parsed = parse_restart(params)
+    assert isinstance(parsed, Restart)
+    options = Options(command=["python", "train.py"], nodes=3, spares=1)
+    env = rank_env(
+        options,
+        generation=1,
+        slot=1,
+        local_rank=0,
+        master_addr="h",
+        resume_step=parsed.resume_step,
+        resume_level=parsed.resume_level,
+        resume_path=parsed.resume_path,
+    )
+    assert (env["FTD_RESUME_STEP"], env["FTD_RESUME_LEVEL"], env["FTD_RESUME_PATH"]) == (
+        "150",
+        "partner",
+        "/ck/partner",
+    )
+
+
+async def test_a_quarantined_step_is_never_resumed_from() -> None:
+    cluster = Cluster()
+    for step in (150, 200):
+        for shard, node in enumerate(SLOTS):
+            verified(cluster, node, step, shard, "local")
+    cluster.state.checkpoints.quarantine(JOB, 200, "the generation that resumed from it crashed")
+    detail = await run(executor(cluster), request(exclude=["n1"]))
+    # n1's local copies are unreadable (swapped out) and there is no partner or shared copy
+    assert detail["resume"] == {"step": None, "why": "no checkpoint verified on every rank can be read"}
+    assert detail["resume_step"] == 100  # the acks' step stands; nothing verified is offered
+    assert "resume_level" not in cluster.sent[0][1].params
+    cluster2 = Cluster()
+    for step in (150, 200):
+        for shard, node in enumerate(SLOTS):
+            verified(cluster2, node, step, shard, "shared")
+    cluster2.state.checkpoints.quarantine(JOB, 200, "the generation that resumed from it crashed")
+    detail = await run(executor(cluster2), request(exclude=["n1"]))
+    assert detail["resume"]["step"] == 150 and detail["resume"]["level"] == "shared"
+    assert "step 200 quarantined" in detail["resume"]["why"]
+
+
+def test_a_resume_that_crashes_on_every_slot_quarantines_its_checkpoint_and_one_slot_does_not() -> None:
+    cluster = Cluster()
+    for step in (150, 200):
+        for shard, node in enumerate(SLOTS):
+            verified(cluster, node, step, shard, "local")
+    phase = executor(cluster).in_allocation
+    record = request()
+    record.detail["resume"] = {"step": 200, "level": "local", "path": "/ck/local", "why": "newest"}
+    phase._quarantine_if_resume_crashed(record, list(SLOTS), {"n1": "exited 1"})  # one slot: a node's trouble
+    assert cluster.state.checkpoints.choose(JOB) is not None
+    assert cluster.state.checkpoints.choose(JOB).step == 200  # type: ignore[union-attr]
+    phase._quarantine_if_resume_crashed(record, list(SLOTS), dict.fromkeys(SLOTS, "exited 1"))
+    choice = cluster.state.checkpoints.choose(JOB)
+    assert choice is not None and choice.step == 150 and "step 200 quarantined" in choice.why
+    assert record.detail["quarantined"] == {"200": "every slot failed resuming from it (n0, n1, n2)"}
+
+
+async def test_a_quarantine_outlives_a_coordinator_restart(tmp_path: Path) -> None:
+    """The step a resume crashed on is in its action's detail in the ledger: a new coordinator over
+    the same ledger quarantines it again at load, so its next restart does not resume from it."""
+    path = tmp_path / "ledger.sqlite"
+    store = SqliteStore(Ledger(path))
+    record = request()
+    record.state = ActionState.FAILED
+    record.detail["quarantined"] = {"200": "every slot failed resuming from it (n0, n1, n2)"}
+    await store.save_action(record)
+    await store.close()
+    cluster = Cluster()
+    engine = await engine_over(cluster, path, executor(cluster))
+    for step in (150, 200):
+        for shard, node in enumerate(SLOTS):
+            verified(cluster, node, step, shard, "local")
+    choice = cluster.state.checkpoints.choose(JOB)
+    assert choice is not None and choice.step == 150 and "step 200 quarantined" in choice.why
+    assert cluster.state.checkpoints.quarantined(JOB) == record.detail["quarantined"]
+    await engine.close()
+    await engine.ledger.close()

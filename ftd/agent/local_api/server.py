@@ -64,6 +64,7 @@ from typing import Any
 
 import msgspec
 
+from ftd.agent.checkpoints import CheckpointReport, names_manifest, verify_ack, verify_report
 from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
 from ftd.agent.local_api import registration, wire
 from ftd.agent.local_api.callbacks import CallbackQueue
@@ -333,6 +334,14 @@ class LocalApi:
             return 0
         self.counters["directives"] += 1
         body = protocol.directive(msgspec.to_builtins(directive))
+        partners = directive.params.get("partners")
+        if directive.action == "partners" and directive.job is not None and isinstance(partners, dict):
+            generation = directive.params.get("generation")
+            body = protocol.partners(  # the trainer protocol's own op (issue #34), not a directive
+                directive.job,
+                {str(k): str(v) for k, v in partners.items()},
+                generation if isinstance(generation, int) else None,
+            )
         # A restart or release is for the supervisor (a restart starts a new run): never bound to the
         # ranks' runs.
         runs = None if directive.action in SUPERVISOR_ONLY else self._runs_of(directive)
@@ -514,6 +523,8 @@ class LocalApi:
             self._bad(conn, wire.OPS[type(msg)], "not registered")
         elif isinstance(msg, wire.Heartbeat):
             self._heartbeat(conn, msg)
+        elif isinstance(msg, wire.CheckpointMsg):
+            self._checkpoint(conn, msg)
         else:
             self._ack(conn, msg)
 
@@ -629,6 +640,45 @@ class LocalApi:
             assert conn.job is not None
             self._presence.moved(conn.job)
 
+    def _checkpoint(self, conn: Conn, msg: wire.CheckpointMsg) -> None:
+        """A rank's checkpoint report: verified in a worker, then one ``checkpoint`` event (#34)."""
+        assert conn.job is not None and conn.rank is not None
+        self.counters["checkpoints"] = self.counters.get("checkpoints", 0) + 1
+        ident = conn.identity
+        report = CheckpointReport(
+            node=self.node,
+            job=conn.job,
+            rank=conn.rank,
+            step=msg.step,
+            manifest=msg.manifest,
+            level=msg.level,
+            save_s=msg.save_s,
+            nbytes=msg.bytes,
+            directive_id=msg.directive_id,
+            uid=conn.cred.uid
+            if conn.cred is not None and not (ident is not None and ident.any_job)
+            else None,
+        )
+
+        async def check() -> None:
+            event = await verify_report(report)
+            if not event.data.get("ok"):
+                self.counters["checkpoints_rejected"] = self.counters.get("checkpoints_rejected", 0) + 1
+            log.info(
+                "local_api_checkpoint",
+                job=report.job,
+                rank=report.rank,
+                step=report.step,
+                level=report.level,
+                ok=event.data.get("ok"),
+                reason=event.data.get("reason") or None,
+            )
+            self._emit(event)
+
+        task = asyncio.create_task(check(), name="ftd-localapi-checkpoint")
+        self._hook_tasks.add(task)
+        task.add_done_callback(self._hook_tasks.discard)
+
     def _ack(self, conn: Conn, msg: wire.AckMsg) -> None:
         assert conn.job is not None
         target = self._pending.job_of(msg.directive_id, conn.job)  # unknown here: the coordinator checks
@@ -651,15 +701,55 @@ class LocalApi:
             return
         self.counters["acks"] += 1
         self._pending.answered(msg.directive_id, conn.job, conn.rank)
+        if msg.ok and names_manifest(msg.path):  # counts only once its files verified (issue #34)
+            self._verify_then_relay(conn, msg)
+            return
+        self._relay_ack(conn, msg)
+
+    def _verify_then_relay(self, conn: Conn, msg: wire.AckMsg) -> None:
+        assert conn.job is not None and conn.rank is not None and msg.path is not None
+        ident = conn.identity
+        report = CheckpointReport(
+            node=self.node,
+            job=conn.job,
+            rank=conn.rank,
+            step=msg.step if msg.step is not None else -1,
+            manifest=msg.path,
+            level="",
+            save_s=None,
+            nbytes=None,
+            directive_id=msg.directive_id,
+            uid=conn.cred.uid
+            if conn.cred is not None and not (ident is not None and ident.any_job)
+            else None,
+        )
+
+        async def check() -> None:
+            why = await verify_ack(report)
+            if why:
+                self.counters["acks_unverified"] = self.counters.get("acks_unverified", 0) + 1
+                log.warning("save_ack_unverified", job=report.job, rank=report.rank, why=why[:300])
+                self._relay_ack(conn, msg, ok=False, reason=f"the checkpoint did not verify: {why}"[:500])
+            else:
+                self._relay_ack(conn, msg)
+
+        task = asyncio.create_task(check(), name="ftd-localapi-ack-verify")
+        self._hook_tasks.add(task)
+        task.add_done_callback(self._hook_tasks.discard)
+
+    def _relay_ack(
+        self, conn: Conn, msg: wire.AckMsg, *, ok: bool | None = None, reason: str | None = None
+    ) -> None:
+        assert conn.job is not None and conn.rank is not None
         ack = Ack(
             directive_id=msg.directive_id,
             job=conn.job,
             rank=conn.rank,
             node=self.node,
-            ok=msg.ok,
+            ok=msg.ok if ok is None else ok,
             step=msg.step,
             path=msg.path,
-            reason=msg.reason,
+            reason=msg.reason if reason is None else reason,
             ts=time.time(),
         )
         log.info(

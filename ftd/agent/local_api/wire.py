@@ -1,6 +1,6 @@
 """This end of the trainer protocol: the messages a client sends, decoded and typed; replies encoded.
 
-What: msgspec structs for ``register``, ``heartbeat``, ``ack`` and the rank supervisor's
+What: msgspec structs for ``register``, ``heartbeat``, ``ack``, ``checkpoint`` and the rank supervisor's
 ``supervise`` / ``supervisor_state`` (the node hooks' messages are
 :mod:`ftd.agent.jobs`'), one decoder for all of them, and the encoders of the lines this end sends.
 The protocol itself (version 1: one JSON object per line, names and limits) is
@@ -31,7 +31,7 @@ A line that does not decode, however it is malformed (not UTF-8, not JSON, neste
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -46,6 +46,7 @@ __all__ = [
     "OPS",
     "AckMsg",
     "BadLine",
+    "CheckpointMsg",
     "ClientMsg",
     "Heartbeat",
     "Register",
@@ -94,6 +95,20 @@ class AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=prot
     reason: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] = ""
 
 
+class CheckpointMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.CHECKPOINT):
+    """A rank wrote a checkpoint (issue #34): its manifest, checked by :mod:`ftd.agent.checkpoints`."""
+
+    v: int = PROTOCOL_VERSION
+    step: NonNegInt
+    manifest: CheckpointDir
+    level: Literal["local", "partner", "shared"]
+    save_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    bytes: NonNegInt | None = None
+    directive_id: Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.DIRECTIVE_ID_MAX)] | None = (
+        None
+    )
+
+
 class Supervise(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.SUPERVISE):
     """A rank supervisor's first message (``ftd run``, issue #24): it supervises ``job`` here."""
 
@@ -112,11 +127,14 @@ class SupervisorStateMsg(
     info: SupervisorInfo
 
 
-ClientMsg = Register | Heartbeat | AckMsg | Supervise | SupervisorStateMsg | HookMsg | InjectMsg
+ClientMsg = (
+    Register | Heartbeat | AckMsg | CheckpointMsg | Supervise | SupervisorStateMsg | HookMsg | InjectMsg
+)
 OPS: dict[type[Any], str] = {
     Register: protocol.REGISTER,
     Heartbeat: protocol.HEARTBEAT,
     AckMsg: protocol.ACK,
+    CheckpointMsg: protocol.CHECKPOINT,
     Supervise: protocol.SUPERVISE,
     SupervisorStateMsg: protocol.SUPERVISOR_STATE,
     JobStartMsg: protocol.JOB_START,

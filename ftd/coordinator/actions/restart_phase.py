@@ -169,6 +169,7 @@ class InAllocation:
                     out["waiting"] = WAITING
                 return out
             log.warning("restart_slots_failed", job=job, generation=generation, failed=failed)
+            self._quarantine_if_resume_crashed(record, slots, failed)
             unfit = dict(detail.get("unfit") or {})
             unfit.update(failed)
             tries = list(detail.get("restart_failures") or [])
@@ -216,6 +217,44 @@ class InAllocation:
             allow_unchecked=self._unchecked(record),
         )
 
+    def _choose_checkpoint(self, record: ActionRecord) -> None:
+        """Where the new generation resumes from (issue #34): the newest checkpoint verified on every
+        rank that the restart can read, from the agents' ``checkpoint`` reports; the nodes swapped out,
+        excluded or unfit count as lost (their disks are not read). Only for a job that reports its
+        checkpoints: for the others, the step from the save's acknowledgements stands, as before.
+        ``detail["resume"]`` says step, level, path and why; ``resume_step`` follows it."""
+        detail = record.detail
+        job = record.request.target
+        lost = set(detail.get("out") or []) | set(detail.get("unfit") or {})
+        lost |= set(record.request.params.get("exclude") or [])
+        choice = self._state.checkpoints.choose(job, lost)
+        if choice is None:
+            if job in self._state.checkpoints.jobs():
+                detail["resume"] = {"step": None, "why": "no checkpoint verified on every rank can be read"}
+            return
+        acked = detail.get("resume_step")
+        if "resume_from_acks" not in detail:
+            detail["resume_from_acks"] = acked
+        detail["resume"] = choice.as_params()
+        detail["resume_step"] = choice.step
+        log.info("resume_checkpoint_chosen", job=job, acked_step=acked, **choice.as_params())
+
+    def _quarantine_if_resume_crashed(
+        self, record: ActionRecord, slots: list[str], failed: dict[str, Any]
+    ) -> None:
+        """Every slot of a generation that resumed from a verified checkpoint failed: the checkpoint
+        is suspect, not the nodes (one slot failing is a node's trouble). The step is quarantined so
+        the next attempt resumes from the previous verified one (issue #34)."""
+        resume = record.detail.get("resume")
+        step = resume.get("step") if isinstance(resume, dict) else None
+        if not isinstance(step, int) or not slots or set(slots) - set(failed):
+            return
+        why = f"every slot failed resuming from it ({', '.join(sorted(failed))})"
+        self._state.checkpoints.quarantine(record.request.target, step, why)
+        quarantined = record.detail.setdefault("quarantined", {})
+        quarantined[str(step)] = why
+        log.warning("checkpoint_quarantined", job=record.request.target, step=step, why=why)
+
     def _superseded(self, job: str, generation: int) -> bool:
         record = self._state.jobs.get(job)
         return record is not None and (record.generation or 0) > generation
@@ -226,6 +265,9 @@ class InAllocation:
         state = self._state.jobs.get(job)
         slots = [str(n) for n in detail["slots"]]
         head = state.supervisors.get(slots[0]) if state and slots else None
+        self._choose_checkpoint(record)
+        chosen = detail.get("resume")
+        resume: dict[str, Any] = chosen if isinstance(chosen, dict) else {}
         params = {
             "generation": generation,
             "slots": slots,
@@ -236,6 +278,9 @@ class InAllocation:
             # Each node's supervisor run: one of a later run (the job requeued meanwhile) ignores it.
             "runs": {n: s.run for n, s in sorted(state.supervisors.items()) if s.run} if state else {},
         }
+        if resume.get("level"):  # the verified checkpoint chosen (issue #34): ftd run tells the ranks
+            params["resume_level"] = resume["level"]
+            params["resume_path"] = resume.get("path") or ""
         directive = directive_for(
             record,
             "restart",

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ftd.coordinator.model.checkpoints import LEVELS as CHECKPOINT_LEVELS
 from ftd.coordinator.model.deadlines import stuck_after_s
 from ftd.events import Kind
 from ftd.logs import get_logger
@@ -107,6 +108,7 @@ class MetricsCollector:
         yield GaugeMetricFamily(
             "ftd_jobs", "Jobs with ranks registered at an agent.", value=len(c.state.jobs)
         )
+        yield from self._checkpoints(c)
         if c.ha is not None:  # active/standby (ftd.coordinator.ha.runner): leader, epoch, lease age
             yield from c.ha.metrics()
 
@@ -148,6 +150,40 @@ class MetricsCollector:
         for (kind, state), n in sorted(self._totals.counts.items()):
             finished.add_metric([kind, state], n)
         yield finished
+
+    def _checkpoints(self, c: Coordinator) -> Iterator[Metric]:
+        """Each running job's newest verified checkpoint per level (issue #34), and the limit. The
+        training job is the label ``job_id``: ``job`` is Prometheus's own (the scrape job)."""
+        now = time.time()
+        catalogue = c.state.checkpoints
+        age = GaugeMetricFamily(
+            "ftd_job_checkpoint_age_seconds",
+            "Seconds since the job's newest checkpoint verified on every rank at this level was "
+            "complete (jobs that report their checkpoints only).",
+            labels=["job_id", "level"],
+        )
+        save = GaugeMetricFamily(
+            "ftd_job_checkpoint_save_seconds",
+            "How long the job's newest reported save took (the slowest rank's own measure).",
+            labels=["job_id"],
+        )
+        for job in catalogue.jobs():
+            if job not in c.state.jobs:
+                continue
+            for level in CHECKPOINT_LEVELS:
+                newest = catalogue.newest_verified(job, level)
+                if newest is not None:
+                    age.add_metric([job, level], max(0.0, now - newest[1]))
+            seconds = catalogue.save_seconds(job)
+            if seconds is not None:
+                save.add_metric([job], seconds)
+        yield age
+        yield save
+        yield GaugeMetricFamily(
+            "ftd_checkpoint_age_limit_seconds",
+            "coordinator.checkpoint_age_limit_s: how old a job's newest verified checkpoint may grow.",
+            value=c.config.coordinator.checkpoint_age_limit_s,
+        )
 
     def _nodes(self, c: Coordinator) -> Iterator[Metric]:
         by_state = dict.fromkeys(_NODE_STATES, 0)

@@ -140,6 +140,12 @@ class Engine:
             requeued_at = record.detail.get("requeued_at") or record.detail.get("restarted_at")
             if record.request.targets_job and isinstance(requeued_at, int | float):
                 self.state.note_restart(record.request.target, float(requeued_at))
+        for record in [*await ledger.unfinished(), *recent]:  # checkpoints a resume crashed on (#34)
+            quarantined = record.detail.get("quarantined")
+            if record.request.targets_job and isinstance(quarantined, dict):
+                for step, why in quarantined.items():
+                    if str(step).isdecimal():
+                        self.state.checkpoints.quarantine(record.request.target, int(step), str(why))
         for event in reversed(await ledger.events(limit=self.HISTORY_EVENTS)):
             if event.node != NOTICE_NODE:  # the coordinator's notes about itself: not a node's past
                 self.state.apply_event(event)

@@ -21,7 +21,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ftd.events import Event, JobPresence, NodeStatus, Severity
+from ftd.coordinator.model.checkpoints import CheckpointCatalogue
+from ftd.events import Event, JobPresence, Kind, NodeStatus, Severity
 from ftd.plugin.save_path import FilesystemBook
 from ftd.plugin.view import (
     HISTORY_LIMIT,
@@ -58,6 +59,8 @@ class ClusterState:
         self.restarts: dict[str, deque[float]] = {}
         # the nodes ftd drained (kept with mark_drained: the gate reads it per drain, not a scan)
         self._drained_by_ftd: set[str] = set()
+        # each job's verified checkpoints per step and level, and the resume choice (issue #34)
+        self.checkpoints = CheckpointCatalogue()
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -153,6 +156,8 @@ class ClusterState:
     def apply_event(self, event: Event) -> None:
         """Fold an event into the history (called by the engine after the rules decided on it)."""
         self._node(event.node)
+        if event.kind == Kind.CHECKPOINT:
+            self.checkpoints.note(event)
         uuid = event.data.get("uuid")
         gpu: GpuRecord | None = None
         if isinstance(uuid, str) and uuid:

@@ -114,6 +114,17 @@ async function actionPhases() {
 }
 
 // "2 of 4" ranks acked the save, or "" when the action saves nothing.
+// The checkpoint a restart resumes from (issue #34): the coordinator's verified choice, or the acks' step.
+function resumedFrom(detail) {
+  if (!detail) return "";
+  const chosen = detail.resume;
+  if (chosen && chosen.step !== null && chosen.step !== undefined) {
+    return "step " + chosen.step + " (" + (chosen.level || "?") + ")" + (chosen.why ? ": " + chosen.why : "");
+  }
+  if (chosen) return "no verified checkpoint" + (chosen.why ? ": " + chosen.why : "");
+  return detail.resume_step !== null && detail.resume_step !== undefined ? "step " + detail.resume_step + " (the save's acknowledgements)" : "";
+}
+
 function ranksAcked(detail) {
   if (!detail || !Array.isArray(detail.ranks) || detail.ranks.length === 0) return "";
   const acked = detail.saved ? Object.keys(detail.saved).length : 0;
@@ -344,6 +355,7 @@ async function showAction(id) {
     ["ranks acked", ranksAcked(action.detail) || "—"],
     ["deadline", deadline && FLYING.includes(action.state) ? time(deadline) + (deadline * 1000 < Date.now() ? " (passed: stuck)" : "") : "—"],
     ["why", actionWhy(action) || "—"],
+    ["resumes from", resumedFrom(action.detail) || "—"],
     ["reason", action.reason],
     ["rule", action.rule],
     ["created", time(action.created) + " · updated " + time(action.updated)],
@@ -444,7 +456,7 @@ function wire() {
 
 if (typeof module !== "undefined" && module.exports) {
   // loaded by node (the unit tests), not a browser
-  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy };
+  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom };
 } else {
   wire();
   refresh();
