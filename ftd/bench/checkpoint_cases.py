@@ -13,8 +13,9 @@ resumed from:
 - ``kill_mid_save``: the moment node-2's rank has taken a save's snapshot (its background write and
   replica running), its training process and node-2's agent are SIGKILLed; nothing else is written
   (the node went silent: its agent's Last Will);
-- ``local_deleted``: node-2's local checkpoint directory is deleted, then its rank SIGKILLed with an
-  Xid 79 in its kernel log (the node is replaced by the spare, which has no local copy);
+- ``local_deleted``: node-2's rank SIGKILLed, its local checkpoint directory deleted (partner copies
+  of others included), then an Xid 79 in its kernel log (the node is replaced by the spare, which
+  has no local copy);
 - ``flip_byte`` / ``truncate`` / ``missing_manifest``: node-2's rank is SIGKILLed (no save can
   gather every rank any more), then the newest local copy of rank 0, on node-1, which stays in the
   job, is broken, then Xid 79 is written on node-2.
@@ -124,9 +125,10 @@ def run_case(
         injected["save_step"] = _mid_save(stack, job, 1, 60)
         fault_at = kill_rank(stack, job, FAULT_NODE)
         _kill_agent(stack, FAULT_NODE)
-    elif case == "local_deleted":
-        injected.update(inject(case, local / FAULT_NODE))
+    elif case == "local_deleted":  # the node dies, its disk with it (deleted once nothing writes there)
         fault_at = kill_rank(stack, job, FAULT_NODE)
+        wait_for(lambda: _quiet(stack, job, 1), 30, "the killed rank's records to stop")
+        injected.update(inject(case, local / FAULT_NODE))
         stack.kernel(FAULT_NODE, XID79)
     else:
         assert case in CORRUPTIONS

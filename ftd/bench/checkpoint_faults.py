@@ -160,7 +160,12 @@ def inject(case: str, root: Path, *, rank: int | None = None, seed: int = 0) -> 
     if case == "local_deleted":
         if not root.exists():
             raise InjectError(f"{root} does not exist")
-        shutil.rmtree(root)
+        for _ in range(10):  # a thread of the dying process may still be writing there
+            shutil.rmtree(root, ignore_errors=True)
+            if not root.exists():
+                break
+        if root.exists():
+            raise InjectError(f"{root} could not be deleted")
         return {"case": case, "path": str(root)}
     if case not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {case!r}: one of {', '.join(CORRUPTIONS)}, local_deleted")

@@ -9,8 +9,8 @@ saving through the checkpoint tier (:mod:`ftd.bench.checkpoint_cases`):
   the nodes that stayed, the partner replica for the spare), never from the save that was cut;
 - ``flip_byte``: one byte of rank 0's newest local shard inverted after node-2's rank was killed: the
   resume never loads that shard (rank 0 takes a verified copy: its partner's or the shared one, or an
-  older step), and no rank hangs. Expected to fail today (strict xfail, the reason names the defect in
-  ``load_resume`` this case found).
+  older step), and no rank hangs. (Before the coordinator chose the resume step, ckpt-verify, the ranks'
+  own choice in ``load_resume`` picked the broken step and raised on every rank: a hang.)
 """
 
 from __future__ import annotations
@@ -66,14 +66,6 @@ def test_a_node_killed_mid_save_resumes_every_rank_from_a_verified_fast_copy(sta
     assert out["steps_lost"] == out["last_step"] - out["resumed_step"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect in ftd.client.resume.load_resume (ckpt-tier, seen 13:45 UTC): it picks the newest step "
-    "whose manifests exist and raises on every rank when one rank's copy of it fails its SHA-256 and no "
-    "other copy of that rank is reachable (the partner's replica left with node-2, no shared flush of "
-    "that step), instead of falling back to the newest older step every rank can load: generation 1 "
-    "exits and the job never trains again (a hang). Strict: passes once load_resume falls back.",
-)
 def test_a_flipped_byte_is_never_loaded(stack: RecoveryStack) -> None:
     # a resume here takes 1-2 s once the Xid is written; 90 s without one is a hang
     out = run_case(stack, "flip_byte", seed=1, recover_timeout_s=90)
