@@ -16,9 +16,10 @@ resumed from:
 - ``local_deleted``: node-2's rank SIGKILLed, its local checkpoint directory deleted (partner copies
   of others included), then an Xid 79 in its kernel log (the node is replaced by the spare, which
   has no local copy);
-- ``flip_byte`` / ``truncate`` / ``missing_manifest``: node-2's rank is SIGKILLed (no save can
-  gather every rank any more), then the newest local copy of rank 0, on node-1, which stays in the
-  job, is broken, then Xid 79 is written on node-2.
+- ``flip_byte`` / ``truncate`` / ``missing_manifest``: node-2's rank is SIGKILLed between two saves
+  (no save can gather every rank any more), the agents' verification of the newest step on every
+  rank is awaited (``catalogued``), then rank 0's local copy of it, on node-1, which stays in the
+  job, is broken (a copy damaged after it was verified), then Xid 79 is written on node-2.
 
 Right after the fault, before the restart, :func:`~ftd.bench.checkpoint_faults.scan` records which
 steps every rank could load from verified copies on the nodes still in the job and in the shared
@@ -132,9 +133,20 @@ def run_case(
         stack.kernel(FAULT_NODE, XID79)
     else:
         assert case in CORRUPTIONS
+        # killed between saves (its newest save replicated), so the coordinator can know the newest
+        # step as verified on every rank before rank 0's copy of it is broken: the case is then
+        # "a copy broken after it was verified", every run the same
+        wait_for(lambda: _quiet(stack, job, 1), 30, "rank 1 between two saves", poll=0.01)
         fault_at = kill_rank(stack, job, FAULT_NODE)
         # rank 0's background work for a save in flight ends (or the peers block in the collective)
         wait_for(lambda: _quiet(stack, job, 0), 30, "rank 0's save in flight to finish")
+        mine = scan([local / KEEP_NODE], hashes=False).values()
+        newest = max((c.step for c in mine if c.level == "local" and 0 in c.verified_ranks), default=0)
+        try:
+            wait_for(lambda: _catalogued(stack, job, newest), 20, f"step {newest} verified on every rank")
+            injected["catalogued"] = True
+        except TimeoutError:
+            injected["catalogued"] = False
         injected.update(inject(case, local / KEEP_NODE, rank=0, seed=seed))
         stack.kernel(FAULT_NODE, XID79)
     # What the job can still load: node-2 has left it (killed, or replaced by the spare), so its disk
@@ -177,6 +189,20 @@ def run_case(
         resume_failed_why=failures[-1] if failures else None,
     )
     return outcome
+
+
+def _catalogued(stack: RecoveryStack, job: str, step: int) -> bool:
+    """Whether the agents verified a copy of ``step`` of every rank on a node that stays in the job
+    (the ledger's checkpoint events: what the coordinator's catalogue is built from)."""
+    ranks = {
+        int(e["data"]["shard_rank"])
+        for e in stack.events("checkpoint")
+        if e["data"].get("job") == job
+        and e["data"].get("step") == step
+        and e["data"].get("ok")
+        and e.get("node") != FAULT_NODE
+    }
+    return ranks >= set(range(RANKS))
 
 
 def _quiet(stack: RecoveryStack, job: str, rank: int) -> bool:
