@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from ftd.bench.recovery_stack import JobSpec, RecoveryStack, recovery_stack, wai
 from ftd.bench.recovery_timeline import incarnation
 from ftd.bench.slurm_multinode import MultiNodeSlurm
 
-__all__ = ["CASES", "SPEC", "bench_faults", "run_case", "summarize"]
+__all__ = ["CASES", "NO_SHARED", "SPEC", "bench_faults", "run_case", "summarize"]
 
 SAVE_EVERY = 5  # steps between saves
 FLUSH_EVERY = 4  # every 4th save also goes to the shared directory
@@ -107,13 +108,24 @@ def _resumed(stack: RecoveryStack, job: str, after: tuple[int, int]) -> dict[int
     return newer[max(full)] if full else {}
 
 
+#: SPEC with no shared flush: a broken local copy has no shared copy to fall back on (only the partner's)
+NO_SHARED = replace(
+    SPEC, name="ckpt-faults-noshared", env={**SPEC.env, "FTD_RECOVERY_FLUSH_EVERY": "1000000"}
+)
+
+
 def run_case(
-    stack: RecoveryStack, case: str, *, seed: int = 0, recover_timeout_s: float = 180.0
+    stack: RecoveryStack,
+    case: str,
+    *,
+    seed: int = 0,
+    recover_timeout_s: float = 180.0,
+    spec: JobSpec = SPEC,
 ) -> dict[str, Any]:
     """One run of ``case`` on a fresh job of ``stack`` (see the module docstring)."""
     if case not in CASES:
         raise ValueError(f"unknown case {case!r}: {', '.join(CASES)}")
-    job = stack.submit(SPEC)
+    job = stack.submit(spec)
     steady(stack, job, RANKS, 240)
     # two saves finished on the kept rank: an older verified checkpoint exists to fall back to
     wait_for(lambda: len(_done_steps(stack, job, 0)) >= 2, 120, "two finished saves on rank 0")

@@ -9,8 +9,7 @@ saving through the checkpoint tier (:mod:`ftd.bench.checkpoint_cases`):
   the nodes that stayed, the partner replica for the spare), never from the save that was cut;
 - ``flip_byte``: one byte of rank 0's newest local shard inverted after node-2's rank was killed: the
   resume never loads that shard (rank 0 takes a verified copy: its partner's or the shared one, or an
-  older step), and no rank hangs. (Before the coordinator chose the resume step, ckpt-verify, the ranks'
-  own choice in ``load_resume`` picked the broken step and raised on every rank: a hang.)
+  older step), and no rank hangs. Expected to fail today: strict xfail, its reason names the defect.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ftd.bench.checkpoint_cases import run_case
+from ftd.bench.checkpoint_cases import NO_SHARED, run_case
 from ftd.bench.recovery_stack import RecoveryStack, recovery_stack
 from tests.e2e.multinode_slurm import MultiNodeSlurm
 from tests.realparts import Mosquitto
@@ -66,10 +65,20 @@ def test_a_node_killed_mid_save_resumes_every_rank_from_a_verified_fast_copy(sta
     assert out["steps_lost"] == out["last_step"] - out["resumed_step"]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect found by this case (14:00 UTC, ckpt-tier + ckpt-verify merged): a copy damaged after "
+    "the agent verified it is still in the coordinator's catalogue, the restart asks every rank for "
+    "that step (FTD_RESUME_STEP), rank 0's copy fails its SHA-256 and its replica left with node-2, "
+    "and load_resume raises on every rank instead of falling back to the newest older step every rank "
+    "can load: generation 1 exits, the job never trains again (a hang). Strict: passes once fixed.",
+)
 def test_a_flipped_byte_is_never_loaded(stack: RecoveryStack) -> None:
     # a resume here takes 1-2 s once the Xid is written; 90 s without one is a hang
-    out = run_case(stack, "flip_byte", seed=1, recover_timeout_s=90)
+    # no shared flush: rank 0's only other copy is its replica, which left with node-2
+    out = run_case(stack, "flip_byte", seed=1, recover_timeout_s=90, spec=NO_SHARED)
     print(out)
+    assert out["injected"]["catalogued"], "the broken step was never verified on every rank"
     assert not out["hang"], out
     broken = out["injected"]["step"]
     assert out["right"], out["why"]
