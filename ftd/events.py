@@ -168,6 +168,18 @@ class Ack(msgspec.Struct, frozen=True, kw_only=True):
     data: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+class StepTiming(msgspec.Struct, frozen=True, kw_only=True):
+    """A rank's step timing counters as its client measured them (issue #33), cumulative since the
+    client started, so a lost or throttled report loses nothing: the coordinator takes differences.
+    ``steps``: steps timed; ``step_s``: their total duration; ``compute_s``: of that, the total time
+    before the step's first collective (the rank's own work), only where the training code marks its
+    collectives (the torch helper's DDP hook); None: not measured."""
+
+    steps: int = 0
+    step_s: float = 0.0
+    compute_s: float | None = None
+
+
 class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     rank: int
     local_rank: int | None = None
@@ -181,6 +193,7 @@ class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     # save, as its client registered them (issue #23); None: not declared (an older client).
     checkpoint_dir: str | None = None
     fallback_checkpoint_dir: str | None = None
+    timing: StepTiming | None = None  # step timing counters (issue #33); None: an older client
 
 
 SupervisorRole = Literal["active", "spare", "out"]
@@ -277,7 +290,11 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     ``rack_broker``: the rack broker the agent is connected to in a bridged broker tier (its
     ``[bus] rack_broker``; empty: the core broker itself). When that rack's bridge goes down the
     coordinator treats the node as gone (``ftd.coordinator.intake.rack_bridges``); a node naming the
-    wrong rack only mislabels itself."""
+    wrong rack only mislabels itself.
+
+    ``addresses``: the node's IP addresses and host names (issue #33), so that the coordinator can
+    resolve a peer another rank's communication error names by address ("Connection closed by peer
+    [10.0.0.2]") to this node; empty in the Last Will and from older agents."""
 
     schema: int = SCHEMA_VERSION
     node: str
@@ -285,6 +302,7 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     ts: float = 0.0
     agent_version: str = ""
     rack_broker: str = ""
+    addresses: list[str] = msgspec.field(default_factory=list)
 
 
 class CoordinatorStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import weakref
 from dataclasses import dataclass
 
 from ftd.client import manifest as mf
@@ -31,7 +32,16 @@ from ftd.events import Event, Kind, Severity, make_event
 __all__ = ["MAX_CONCURRENT", "CheckpointReport", "names_manifest", "verify_ack", "verify_report"]
 
 MAX_CONCURRENT = 2  # manifests hashed at once (each streams its files in 4 MiB chunks)
-_slots: asyncio.Semaphore | None = None
+# One bound per event loop: an asyncio.Semaphore belongs to the loop it first waited in.
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _workers() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    slots = _slots.get(loop)
+    if slots is None:
+        slots = _slots[loop] = asyncio.Semaphore(MAX_CONCURRENT)
+    return slots
 
 
 @dataclass(frozen=True)
@@ -93,10 +103,7 @@ def names_manifest(path: str | None) -> bool:
 async def verify_ack(report: CheckpointReport) -> str:
     """Why the manifest a save's acknowledgement names does not verify, or "" when it does (``step``
     -1 or ``level`` "" in ``report``: not compared). In a worker; never raises."""
-    global _slots
-    if _slots is None:
-        _slots = asyncio.Semaphore(MAX_CONCURRENT)
-    async with _slots:
+    async with _workers():
         try:
             _manifest, why = await asyncio.to_thread(_check, report)
         except Exception as exc:
@@ -106,11 +113,8 @@ async def verify_ack(report: CheckpointReport) -> str:
 
 async def verify_report(report: CheckpointReport) -> Event:
     """The ``checkpoint`` event for ``report``: verified in a worker thread; never raises for bad input."""
-    global _slots
-    if _slots is None:
-        _slots = asyncio.Semaphore(MAX_CONCURRENT)
     started = time.monotonic()
-    async with _slots:
+    async with _workers():
         try:
             manifest, why = await asyncio.to_thread(_check, report)
         except Exception as exc:  # a filesystem error the checks did not foresee: rejected, said

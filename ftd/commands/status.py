@@ -94,6 +94,16 @@ def _spares(job: dict[str, Any]) -> str:
     return ",".join(names) or "none"
 
 
+def _checkpoint(job: dict[str, Any]) -> str:
+    """The job's newest checkpoint verified on every rank, as ``STEP/LEVEL`` (the fastest level holding
+    that step; ``/v1/jobs``' ``checkpoints``, issue #34), or ``-`` for a job that reports none."""
+    levels = [(lv, c["step"]) for lv, c in (job.get("checkpoints") or {}).items() if isinstance(c, dict)]
+    if not levels:
+        return "-"
+    level, step = max(levels, key=lambda item: item[1])  # the first (fastest) level on a tie
+    return f"{int(step)}/{level}"
+
+
 def render(data: dict[str, Any], url: str, title: str = "") -> str:
     health, nodes, jobs, actions = data["health"], data["nodes"], data["jobs"], data["actions"]
     online = sum(1 for n in nodes if n["online"])
@@ -123,13 +133,14 @@ def render(data: dict[str, Any], url: str, title: str = "") -> str:
         "",
         f"JOBS ({len(jobs)})",
         table(
-            ["job", "nodes", "ranks", "last step", "client", "user", "gen", "spares"],
+            ["job", "nodes", "ranks", "last step", "checkpoint", "client", "user", "gen", "spares"],
             [
                 [
                     j["id"],
                     ",".join(j["nodes"]) or "-",
                     str(len(j["ranks"])),
                     "-" if j["last_step"] is None else str(j["last_step"]),
+                    _checkpoint(j),
                     _client(j),
                     _user(j),
                     "-" if j.get("generation") is None else str(j["generation"]),

@@ -24,6 +24,8 @@ KEYS = [
     "FTD_GENERATION",
     "FTD_JOB_ID",
     "FTD_RESUME_STEP",
+    "FTD_RESUME_LEVEL",
+    "FTD_RESUME_PATH",
     "FTD_SOCKET",
     "FTD_WARM_READY_AT",
 ]

@@ -204,6 +204,8 @@ async def test_restart_starts_the_generation_with_its_env_once(h: Harness) -> No
             "FTD_GENERATION": "1",
             "FTD_JOB_ID": "j1",
             "FTD_RESUME_STEP": "40",
+            "FTD_RESUME_LEVEL": None,  # the restart named no verified checkpoint (issue #34)
+            "FTD_RESUME_PATH": None,
             "FTD_SOCKET": api.socket_path,
             "FTD_WARM_READY_AT": None,
         }

@@ -110,6 +110,8 @@ json = true
                 "slots": ["node-1"],
                 "master_addr": "10.0.0.2",
                 "resume_step": 3,
+                "resume_level": "partner",  # the coordinator's verified choice (issue #34)
+                "resume_path": "/local/ckpt",
                 "out": ["node-9"],
                 "path": "spare",
             },
@@ -121,6 +123,7 @@ json = true
         await until("the rank's record", lambda: (out / "g1-r0.json").exists())
         record = json.loads((out / "g1-r0.json").read_text())
         assert (record["RANK"], record["MASTER_PORT"], record["FTD_RESUME_STEP"]) == ("0", "29501", "3")
+        assert (record["FTD_RESUME_LEVEL"], record["FTD_RESUME_PATH"]) == ("partner", "/local/ckpt")
 
         supervisor.send_signal(signal.SIGKILL)
         await asyncio.wait_for(supervisor.wait(), WITHIN)

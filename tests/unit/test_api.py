@@ -201,6 +201,8 @@ async def test_nodes_jobs_gpus(env: Env) -> None:
             "spares": [],
             "slots": [],
             "generation": None,
+            "checkpoints": {},
+            "quarantined": {},
         }
     ]
     assert await (await env.client.get("/v1/gpus")).json() == []

@@ -3,6 +3,7 @@ LocalApi on a real unix socket, raw protocol lines."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -244,3 +245,74 @@ async def test_a_save_ack_naming_a_manifest_counts_only_once_it_verified(
     assert (acks["d-own"].ok, acks["d-own"].path) == (True, "/ck/300")
     assert api.counters["acks_unverified"] == 1
     await peer.close()
+
+
+async def test_the_verification_backlog_is_bounded_and_drains(
+    sockdir: str, rec: Recorder, ckdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank flooding the agent with reports while verifications are slow: past the backlog a report
+    is answered with an error (counted) and a manifest-naming ack is relayed as a failed save, never
+    queued; once the workers are done, reports are taken again."""
+    from ftd.agent.local_api import server
+
+    release = asyncio.Event()
+    started: list[str] = []
+    events: list[Event] = []
+
+    async def slow(report: CheckpointReport) -> Event:
+        started.append(report.manifest)
+        await release.wait()
+        return await verify_report(report)
+
+    async def on_event(event: Event) -> None:
+        events.append(event)
+
+    monkeypatch.setattr(server, "MAX_VERIFY_BACKLOG", 2)
+    monkeypatch.setattr(server, "verify_report", slow)
+    api = LocalApi(os.path.join(sockdir, "a.sock"), "node1", rec.on_presence, rec.on_ack, on_event=on_event)
+    await api.start()
+    try:
+        peer = await Peer.open(api)
+        await peer.register("j1", 1)
+        paths = [write_checkpoint(ckdir, step, 1) for step in (100, 200, 300, 400)]
+
+        def op(step: int, path: str) -> dict[str, Any]:
+            return {"v": 1, "op": "checkpoint", "step": step, "manifest": path, "level": "local"}
+
+        await peer.send(op(100, paths[0]))
+        await peer.send(op(200, paths[1]))
+        await until(lambda: len(started) == 2, within=60)
+        await peer.send(op(300, paths[2]))
+        answer = await peer.recv()
+        assert answer["op"] == "error" and answer["re"] == "checkpoint"
+        assert "2 checkpoints already being verified" in answer["error"]
+        ack = {"v": 1, "op": "ack", "directive_id": "d1", "ok": True, "step": 400, "path": paths[3]}
+        await peer.send(ack)
+        await until(lambda: len(rec.acks) == 1, within=60)
+        assert rec.acks[0].ok is False and "already being verified" in (rec.acks[0].reason or "")
+        assert api.counters["checkpoints_dropped"] == 1 and not events
+        release.set()
+        await until(lambda: len(events) == 2, within=60)
+        await peer.send(op(300, paths[2]))  # the backlog drained: taken again
+        await until(lambda: len(events) == 3, within=60)
+        assert sorted(e.data["step"] for e in events) == [100, 200, 300]
+        assert all(e.data["ok"] for e in events)
+        await peer.close()
+    finally:
+        await api.stop()
+
+
+def test_verification_works_in_every_event_loop_it_is_used_in(ckdir: str) -> None:
+    """The worker bound is per event loop: an agent started again in the same process (or a second
+    loop) verifies as well, with more reports than workers (a semaphore bound to the first loop
+    raised RuntimeError in the second, and the reports got no event)."""
+    from ftd.agent.checkpoints import MAX_CONCURRENT
+
+    path = write_checkpoint(ckdir, 100, 1)
+
+    async def many() -> list[Event]:
+        return await asyncio.gather(*(verify_report(report(path)) for _ in range(MAX_CONCURRENT + 3)))
+
+    for _ in range(2):
+        events = asyncio.run(many())
+        assert len(events) == MAX_CONCURRENT + 3 and all(e.data["ok"] for e in events)

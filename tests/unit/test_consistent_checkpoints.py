@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 from ftd.agent.local_api import LocalApi
 from ftd.client import Client
 from ftd.coordinator.actions.acks import AckBook
-from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart, resume_step, save_at_step
+from ftd.coordinator.actions.checkpoint_restart import (
+    CheckpointRestart,
+    resume_step,
+    save_at_step,
+    save_level,
+)
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import Ack, Directive, JobPresence, Kind, RankInfo, decode, make_event
@@ -27,6 +32,15 @@ from tests.unit.helpers import until
 
 JOB = "77"
 _NO_RANKS = JobRecord("none")
+
+
+def test_a_save_before_a_stop_asks_for_the_fast_level_unless_told_otherwise() -> None:
+    assert save_level({}, stop=True) == "local"
+    assert save_level({}, stop=False) is None  # a save-only action: the tier's own schedule stands
+    assert save_level({"save_level": "shared"}, stop=True) == "shared"
+    assert save_level({"save_level": "partner"}, stop=False) == "partner"
+    assert save_level({"save_level": "tape"}, stop=True) == "local"  # not a level: ignored
+    assert save_level({"save_level": 3}, stop=False) is None
 
 
 def test_save_at_step_is_margin_steps_past_the_furthest_rank() -> None:
@@ -104,7 +118,8 @@ async def test_ranks_that_acked_different_steps_escalate_and_resume_from_the_old
     assert detail["requeued"] == {"scheduler": "fake", "exclude": ["node-2"]}
     assert detail["stopped_at"] <= detail["requeued_at"]
     save = job.directives[0]
-    assert save.action == "save" and save.params == {"save_at_step": 996}  # 991 + margin 5
+    # 991 + margin 5, at the fast level (the job stops after the save, issue #34)
+    assert save.action == "save" and save.params == {"save_at_step": 996, "level": "local"}
     stop = job.directives[1]
     assert stop.action == "stop" and stop.params == {"resume_step": 996}  # the trainer is told
     assert job.scheduler.jobs[JOB].restarts == 1

@@ -25,8 +25,8 @@ def test_status_prints_nodes_jobs_and_actions(capsys: pytest.CaptureFixture[str]
     node2 = next(line for line in lines if line.startswith("node-2"))
     assert node2.split()[:3] == ["node-2", "offline", "yes"] and "ftd: xid 79 gpu 0000:3b:00.0" in node2
     job = next(line for line in lines if line.startswith("42 "))
-    # client: ranks registered; no Prolog user; no rank supervisor (gen, spares)
-    assert job.split() == ["42", "node-1", "2", "7", "yes", "-", "-", "-"]
+    # no checkpoint reported; client: ranks registered; no Prolog user; no rank supervisor (gen, spares)
+    assert job.split() == ["42", "node-1", "2", "7", "-", "yes", "-", "-", "-"]
     assert any("act-known" in line and "drain_node" in line and "succeeded" in line for line in lines)
     assert set(data) == {"health", "nodes", "jobs", "actions", "ha"}
     assert data["ha"] == {"role": "single", "ledger": "sqlite", "leader": None, "epoch": None}

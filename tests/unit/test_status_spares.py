@@ -49,9 +49,30 @@ def test_status_prints_the_generation_and_the_spares_with_their_preflight() -> N
     data = {"health": {"version": "x", "bus_connected": True}, "nodes": [], "jobs": jobs, "actions": []}
     text = render(data, "http://coordinator")
     line = next(row for row in text.splitlines() if row.startswith("9 "))
-    assert line.split() == ["9", "a,b", "2", "40", "yes", "-", "2", "c,d(failed)"]
+    assert line.split() == ["9", "a,b", "2", "40", "-", "yes", "-", "2", "c,d(failed)"]
     header = next(row for row in text.splitlines() if row.startswith("JOB "))
     assert header.split()[-2:] == ["GEN", "SPARES"]
     spent = dict(jobs[0], spares=[])
     used_up = render({**data, "jobs": [spent]}, "http://coordinator")
     assert next(r for r in used_up.splitlines() if r.startswith("9 ")).split()[-1] == "none"
+
+
+def test_status_prints_the_newest_checkpoint_verified_on_every_rank() -> None:
+    """Issue #34: the CHECKPOINT column is the newest step verified on every rank, at the fastest
+    level that holds it; a rank's rejected copy keeps its step out."""
+    from ftd.events import Kind, Severity, make_event
+
+    state = supervised()
+    for step, level, ranks_ok in ((30, "shared", (0, 1)), (30, "local", (0, 1)), (35, "local", (0,))):
+        for rank in (0, 1):
+            data = {"job": "9", "rank": rank, "step": step, "level": level, "world_size": 2}
+            data.update(ok=rank in ranks_ok, root=f"/ck/{level}", reason="" if rank in ranks_ok else "bad")
+            node = ("a", "b")[rank]
+            state.apply_event(make_event(node, Kind.CHECKPOINT, severity=Severity.INFO, data=data))
+    jobs = msgspec.to_builtins(jobs_out(state, []))
+    data = {"health": {"version": "x", "bus_connected": True}, "nodes": [], "jobs": jobs, "actions": []}
+    text = render(data, "http://coordinator")
+    line = next(row for row in text.splitlines() if row.startswith("9 "))
+    assert line.split()[4] == "30/local"
+    header = next(row for row in text.splitlines() if row.startswith("JOB "))
+    assert header.split()[5] == "CHECKPOINT"

@@ -59,7 +59,7 @@ import os
 import stat
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import msgspec
@@ -78,7 +78,7 @@ from ftd.agent.local_api.supervisors import SUPERVISOR_ACTIONS, SUPERVISOR_ONLY
 from ftd.agent.peer import ProcFs, identify, peer_cred
 from ftd.client import protocol
 from ftd.client.protocol import MAX_LINE, PROTOCOL_VERSION
-from ftd.events import Ack, Directive, Event, RankInfo, SupervisorInfo
+from ftd.events import Ack, Directive, Event, RankInfo, StepTiming, SupervisorInfo
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
@@ -88,6 +88,9 @@ __all__ = ["AckCallback", "EventCallback", "HookCallback", "LocalApi", "Presence
 MAX_WRITE_BUFFER = 1024 * 1024
 """A client that lets more than this pile up unread is disconnected (it reconnects and re-registers)."""
 MAX_CONNECTIONS = 4096
+#: Checkpoint manifests verified or waiting for a worker at once (issue #34); a report beyond it is
+#: answered with an error and a save's acknowledgement relayed as a failed save, never queued.
+MAX_VERIFY_BACKLOG = 64
 _STOP = frozenset({"stop"})
 
 
@@ -142,6 +145,7 @@ class LocalApi:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._hook_tasks: set[asyncio.Task[None]] = set()
+        self._verifying = 0  # checkpoint manifests being verified or waiting for a worker (issue #34)
         self._stopping = False
         self.counters: dict[str, int] = {
             "connections": 0,
@@ -635,6 +639,9 @@ class LocalApi:
         conn.beaten = True
         conn.last_beat = time.time()
         conn.last_beat_mono = time.monotonic()
+        if msg.timing is not None:  # rides along with the step's (throttled) presence report
+            t = msg.timing
+            conn.timing = StepTiming(steps=t.steps, step_s=t.step_s, compute_s=t.compute_s)
         if msg.step != conn.step:
             conn.step = msg.step
             assert conn.job is not None
@@ -644,6 +651,10 @@ class LocalApi:
         """A rank's checkpoint report: verified in a worker, then one ``checkpoint`` event (#34)."""
         assert conn.job is not None and conn.rank is not None
         self.counters["checkpoints"] = self.counters.get("checkpoints", 0) + 1
+        if self._verifying >= MAX_VERIFY_BACKLOG:  # bounded: a flood of reports never queues unbounded
+            self.counters["checkpoints_dropped"] = self.counters.get("checkpoints_dropped", 0) + 1
+            self._bad(conn, "checkpoint", f"{MAX_VERIFY_BACKLOG} checkpoints already being verified here")
+            return
         ident = conn.identity
         report = CheckpointReport(
             node=self.node,
@@ -675,9 +686,7 @@ class LocalApi:
             )
             self._emit(event)
 
-        task = asyncio.create_task(check(), name="ftd-localapi-checkpoint")
-        self._hook_tasks.add(task)
-        task.add_done_callback(self._hook_tasks.discard)
+        self._verification(check(), "ftd-localapi-checkpoint")
 
     def _ack(self, conn: Conn, msg: wire.AckMsg) -> None:
         assert conn.job is not None
@@ -708,6 +717,11 @@ class LocalApi:
 
     def _verify_then_relay(self, conn: Conn, msg: wire.AckMsg) -> None:
         assert conn.job is not None and conn.rank is not None and msg.path is not None
+        if self._verifying >= MAX_VERIFY_BACKLOG:  # never queued unbounded; the save counts as failed
+            self.counters["acks_unverified"] = self.counters.get("acks_unverified", 0) + 1
+            why = f"not verified: {MAX_VERIFY_BACKLOG} checkpoints already being verified on this node"
+            self._relay_ack(conn, msg, ok=False, reason=why)
+            return
         ident = conn.identity
         report = CheckpointReport(
             node=self.node,
@@ -733,9 +747,19 @@ class LocalApi:
             else:
                 self._relay_ack(conn, msg)
 
-        task = asyncio.create_task(check(), name="ftd-localapi-ack-verify")
+        self._verification(check(), "ftd-localapi-ack-verify")
+
+    def _verification(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run one manifest's verification as a task, counted in the backlog until it ends."""
+        self._verifying += 1
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._verifying -= 1
+            self._hook_tasks.discard(task)
+
+        task = asyncio.create_task(work, name=name)
         self._hook_tasks.add(task)
-        task.add_done_callback(self._hook_tasks.discard)
+        task.add_done_callback(done)
 
     def _relay_ack(
         self, conn: Conn, msg: wire.AckMsg, *, ok: bool | None = None, reason: str | None = None

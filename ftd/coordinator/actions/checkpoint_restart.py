@@ -68,6 +68,15 @@ directory is on a read-only, full or unresponsive filesystem; a save there would
 ``Client.save_path``). ``params["requeue"] = False`` stops without requeueing (an application failure
 that would fail again): ``detail["requeued"]`` is None and ``detail["note"]`` says so.
 
+The level (issue #34): the save before a stop (the job stopped for a drain, a swap, a restart, a
+preemption) asks ``params["level"] = "local"``, the fast level: a checkpoint tier acknowledges once the
+rank's manifest is written there, and the agent relays that acknowledgement only once it verified the
+manifest (:mod:`ftd.agent.checkpoints`), so the stop waits for a local write, never a flush to the
+shared directory. ``params["save_level"]`` (``local``, ``partner``, ``shared``) overrides it; a save
+that does not stop the job (action kind ``checkpoint``) names no level unless asked (the tier's own
+schedule stands). ``detail["save_level"]`` says which was asked. A trainer saving its own way ignores
+the param, as before.
+
 Directive ids derive from the action id, so a resumed action re-sends the *same* directives and
 agents and trainers ignore the repeats.
 """
@@ -92,6 +101,7 @@ from ftd.coordinator.actions.restart_phase import (
 )
 from ftd.coordinator.actions.scheduler import JobInfo, Scheduler, SchedulerError, job_holder
 from ftd.coordinator.actions.slurm_signal import ClientlessFallback
+from ftd.coordinator.model.checkpoints import LEVELS
 from ftd.coordinator.model.plan import merge_state
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import DirectiveAction, RankInfo, encode
@@ -262,6 +272,9 @@ class CheckpointRestart:
         if isinstance(asked.get("save_path"), str) and asked["save_path"]:
             params["save_path"] = detail["save_path"] = asked["save_path"]
         detail["save_at_step"] = target
+        level = save_level(asked, stop)
+        if level is not None:  # issue #34: a save before ftd acts goes to the fast level
+            params["level"] = detail["save_level"] = level
         save_id = await self._send(record, "save", self.save_deadline_s, params)
         outcome, gone = await self._wait_save(job, save_id, ranks)
         if gone:
@@ -560,3 +573,12 @@ def not_resumed(
     if seen.state == "RUNNING":
         return f"{head} it is RUNNING{where} but no rank registered {waited}"
     return f"{head} it is still {seen.state}{why} {waited}"
+
+
+def save_level(asked: dict[str, Any], stop: bool) -> str | None:
+    """The checkpoint level a save directive asks for: ``asked["save_level"]`` when it names one,
+    else ``local`` (the fast level) when the job stops after the save, else none."""
+    level = asked.get("save_level")
+    if isinstance(level, str) and level in LEVELS:
+        return level
+    return "local" if stop else None

@@ -27,6 +27,7 @@ from typing import Literal
 
 from ftd.coordinator.api.wire import JobOut, NodeAction, NodeOut, NodesQuery, SummaryOut, action_out
 from ftd.coordinator.ledger.store import LedgerStore
+from ftd.coordinator.model.checkpoints import LEVELS as CHECKPOINT_LEVELS
 from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionRecord, ActionState
 
@@ -274,6 +275,8 @@ def jobs_out(state: ClusterState, in_flight: Iterable[ActionRecord]) -> list[Job
                 spares=j.spares,
                 slots=j.slots,
                 generation=j.generation,
+                checkpoints=checkpoints_of(state, j.id),
+                quarantined=dict(state.checkpoints.quarantined(j.id)),
             )
         )
     # a job ftd requeued has no ranks until it trains again: still shown while its action follows it
@@ -290,6 +293,16 @@ def jobs_out(state: ClusterState, in_flight: Iterable[ActionRecord]) -> list[Job
                     action=action.id,
                 )
             )
+    return out
+
+
+def checkpoints_of(state: ClusterState, job: str) -> dict[str, dict[str, float]]:
+    """level -> {"step", "verified_at"} of the job's newest checkpoint verified on every rank."""
+    out: dict[str, dict[str, float]] = {}
+    for level in CHECKPOINT_LEVELS:
+        newest = state.checkpoints.newest_verified(job, level)
+        if newest is not None:
+            out[level] = {"step": newest[0], "verified_at": newest[1]}
     return out
 
 

@@ -254,6 +254,10 @@ class JobOut(msgspec.Struct, frozen=True, kw_only=True):
     spares: list[str] = msgspec.field(default_factory=list)
     slots: list[str | None] = msgspec.field(default_factory=list)
     generation: int | None = None
+    # Issue #34: per level, the newest checkpoint verified on every rank ({"step", "verified_at"}),
+    # and the steps quarantined with why; empty for a job that does not report its checkpoints.
+    checkpoints: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
+    quarantined: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class ActionOut(msgspec.Struct, frozen=True, kw_only=True):
