@@ -156,12 +156,19 @@ CASES: dict[str, Callable[[list[int], str, int], dict[str, Any]]] = {
 
 
 def bench_checkpoint(
-    cases: list[str] | None = None, sizes: list[int] | None = None, samples: int | None = None
+    cases: list[str] | None = None,
+    sizes: list[int] | None = None,
+    samples: int | None = None,
+    runs: int | None = None,
 ) -> dict[str, Any]:
-    chosen = cases or list(CASES)
-    unknown = sorted(set(chosen) - set(CASES))
+    """The cases named (default every one): those of :data:`CASES`, and the fault cases
+    (:mod:`ftd.bench.checkpoint_cases`, real Slurm and a DDP job; ``runs`` of each), under ``faults``."""
+    from ftd.bench.checkpoint_faults import CASES as FAULT_CASES
+
+    chosen = cases or [*CASES, *FAULT_CASES]
+    unknown = sorted(set(chosen) - set(CASES) - set(FAULT_CASES))
     if unknown:
-        known = ", ".join(CASES)
+        known = ", ".join([*CASES, *FAULT_CASES])
         raise SystemExit(f"ftd bench checkpoint: unknown case(s) {', '.join(unknown)} (known: {known})")
     sizes = sizes or list(SIZES_MB)
     rounds = samples or 3
@@ -169,7 +176,13 @@ def bench_checkpoint(
     try:
         result: dict[str, Any] = {"sizes_mb": sizes, "rounds": rounds, "load": round(os.getloadavg()[0], 2)}
         for name in chosen:
-            result[name] = CASES[name](sizes, root, rounds)
+            if name in CASES:
+                result[name] = CASES[name](sizes, root, rounds)
+        faults = [name for name in chosen if name in FAULT_CASES]
+        if faults:
+            from ftd.bench.checkpoint_cases import bench_faults
+
+            result["faults"] = bench_faults(faults, runs or 1)
         return result
     finally:
         shutil.rmtree(root, ignore_errors=True)

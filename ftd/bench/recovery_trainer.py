@@ -34,6 +34,16 @@ after this long, 900), ``$FTD_RECOVERY_STEPS`` (the training is done at this ste
 ``$FTD_RECOVERY_BLOCK_AT`` (generation 0 only: every rank blocks at that step opening that FIFO for
 reading, which nobody writes -- a job-wide hang, a shared file system that stopped answering; recorded
 as ``blocking``).
+
+With ``$FTD_RECOVERY_TIER=1`` (the checkpoint bench's fault cases, issue #34) it saves through the
+checkpoint tier instead (:class:`ftd.client.checkpoint.CheckpointTier`: a snapshot, then the local
+write under ``$FTD_RECOVERY_DIR/local/<node>``, the partner replica and every
+``$FTD_RECOVERY_FLUSH_EVERY``-th save flushed to the shared ``<job>-ckpt``) and resumes with
+:func:`ftd.client.resume.load_resume` (``FTD_RESUME_*`` when the restart set them, else the newest
+step every rank can get); ``$FTD_RECOVERY_STATE_MB`` adds that much state (a tensor saved with the
+model) so a save's background work takes a while. It records ``resumed`` with the ``level`` each
+rank loaded from (or ``resume_failed`` with the reason), ``save_started`` when a save's snapshot is
+taken and ``tier_done`` when its local write and replica are done (``detail``: the tier's record).
 """
 
 from __future__ import annotations
@@ -134,18 +144,26 @@ def main() -> int:
     ckpt = out / f"{job}-ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
     asked = _env_int("FTD_RESUME_STEP")
-    start = asked if asked is not None else newest_checkpoint(ckpt)
-    if start and not checkpoint_path(ckpt, start).exists():
-        record("resume_missing", step=start)  # the agreed step has no checkpoint: the newest one
-        start = newest_checkpoint(ckpt)
-    if start:
-        state = torch.load(checkpoint_path(ckpt, start), weights_only=True)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-    record("resumed", step=start, asked=asked)
+    client = Client()  # job from FTD_JOB, rank from RANK, run from FTD_RUN, socket from FTD_SOCKET
+    tier = None
+    if os.environ.get("FTD_RECOVERY_TIER") == "1":
+        tier, start = _tier_resume(out, ckpt, model, opt, client, record, asked)
+        if tier is None:
+            client.close()
+            dist.destroy_process_group()
+            return 1
+    else:
+        start = asked if asked is not None else newest_checkpoint(ckpt)
+        if start and not checkpoint_path(ckpt, start).exists():
+            record("resume_missing", step=start)  # the agreed step has no checkpoint: the newest one
+            start = newest_checkpoint(ckpt)
+        if start:
+            state = torch.load(checkpoint_path(ckpt, start), weights_only=True)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+        record("resumed", step=start, asked=asked)
     net = DistributedDataParallel(model)
 
-    client = Client()  # job from FTD_JOB, rank from RANK, run from FTD_RUN, socket from FTD_SOCKET
     coord = TorchCoordinator(client)
     outcome, step = "timeout", start
     last_step = _env_int("FTD_RECOVERY_STEPS")
@@ -170,7 +188,16 @@ def main() -> int:
         client.heartbeat(step)
         save, stop = coord.agree(step)
         periodic = bool(save_every) and step % save_every == 0 and not save
-        if save or periodic:
+        if tier is not None and (save or periodic):
+            blocked = tier.save(step, _tier_state(model, opt, step))
+            record("save_started", step=step, blocked_s=round(blocked, 6), periodic=periodic)
+            if save:  # asked by the coordinator: on disk before the ack
+                tier.wait(120)
+                from ftd.client.checkpoint import step_dir
+
+                coord.saved(step, step_dir(tier.local_dir, step))
+                record("saved", step=step, path=step_dir(tier.local_dir, step))
+        elif save or periodic:
             path = checkpoint_path(ckpt, step)
             if rank == 0:
                 tmp = path.with_suffix(".tmp")
@@ -188,11 +215,61 @@ def main() -> int:
             outcome = "stopped"
             record("stopped", step=step)
             break
+    if tier is not None:
+        tier.close(60)
     client.close()
     record("exit", step=step, outcome=outcome)
     del net  # DDP's reducer holds the process group
     dist.destroy_process_group()
     return 0 if outcome in ("stopped", "done") else 1
+
+
+_PAD: dict[str, Any] = {}
+
+
+def _tier_state(model: Any, opt: Any, step: int) -> dict[str, Any]:
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "extra": {"step": step, **_PAD}}
+
+
+def _tier_resume(
+    out: Path, shared: Path, model: Any, opt: Any, client: Any, record: Recorder, asked: int | None
+) -> tuple[Any, int]:
+    """Resume with the checkpoint tier and start it (collective: every rank); (None, 0) when the
+    resume failed (recorded)."""
+    import torch
+
+    from ftd.client.checkpoint import CheckpointTier
+    from ftd.client.resume import load_resume
+
+    mb = float(os.environ.get("FTD_RECOVERY_STATE_MB", "0") or 0)
+    if mb > 0:
+        _PAD["pad"] = torch.randn(int(mb * 2**20) // 4)
+    local = out / "local" / os.environ.get("SLURMD_NODENAME", "node")
+    try:
+        resumed = load_resume(str(local), str(shared))
+    except RuntimeError as exc:
+        record("resume_failed", why=str(exc)[:2000], asked=asked)
+        return None, 0
+    start = 0
+    if resumed is not None:
+        model.load_state_dict(resumed.state["model"])
+        opt.load_state_dict(resumed.state["optim"])
+        start = resumed.step
+    record(
+        "resumed",
+        step=start,
+        asked=asked,
+        level=resumed.level if resumed else None,
+        manifest=resumed.manifest if resumed else None,
+        env_level=os.environ.get("FTD_RESUME_LEVEL"),
+    )
+
+    def done(detail: dict[str, Any]) -> None:
+        record("tier_done", step=detail.get("step"), detail=json.loads(json.dumps(detail, default=str)))
+
+    flush = _env_int("FTD_RECOVERY_FLUSH_EVERY") or 10
+    tier = CheckpointTier(client, str(local), str(shared), every_k_flush=flush, keep=3, on_done=done)
+    return tier, start
 
 
 if __name__ == "__main__":

@@ -277,7 +277,23 @@ TARGETS: dict[str, Targets] = {
     ),
     "checkpoint": Targets(
         "training blocked per save <= 10% of a synchronous, durable `torch.save` of the same state "
-        "(100 MB and 1 GB)",
-        (_c("blocked.100MB.ratio", "<=", 0.1), _c("blocked.1000MB.ratio", "<=", 0.1)),
+        "(100 MB and 1 GB); fault cases: every resume from a checkpoint verified for every rank at the "
+        "level it names, never newer than the newest verified, never a hang; a node killed mid-save: "
+        "every rank at one step, from the fast levels (no shared-directory read), at most one save "
+        "interval lost",
+        (
+            _c("blocked.100MB.ratio", "<=", 0.1),
+            _c("blocked.1000MB.ratio", "<=", 0.1),
+            _c("faults.results.*.right", "==", True),
+            _c("faults.summary.*.hangs", "==", 0),
+            _c("faults.summary.*.newer_than_verified", "==", 0),
+            _c("faults.summary.*.errors", "==", 0),
+            _c("faults.summary.kill_mid_save.fast_level", "==", Figure("faults.summary.kill_mid_save.runs")),
+            _c(
+                "faults.summary.kill_mid_save.within_interval",
+                "==",
+                Figure("faults.summary.kill_mid_save.runs"),
+            ),
+        ),
     ),
 }

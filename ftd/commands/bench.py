@@ -42,7 +42,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "dashboard": ("samples", "nodes"),
     "recovery": ("samples", "paths"),
     "fairness": ("rate", "seconds", "probes", "severity"),
-    "checkpoint": ("cases", "sizes", "samples"),
+    "checkpoint": ("cases", "sizes", "samples", "runs"),
 }
 
 
@@ -107,13 +107,17 @@ def register(sub: Any) -> None:
         "--cases",
         type=_names,
         default=None,
-        help="checkpoint: only these cases, comma-separated (blocked,partner); default every one",
+        help="checkpoint: only these cases, comma-separated (blocked,partner; the fault cases "
+        "kill_mid_save,local_deleted,flip_byte,truncate,missing_manifest); default every one",
     )
     parser.add_argument(
         "--sizes",
         type=_sizes,
         default=None,
         help="checkpoint: state sizes in MB, comma-separated (10,100,1000)",
+    )
+    parser.add_argument(
+        "--runs", type=_positive_int, default=None, help="checkpoint: runs of each fault case (1)"
     )
     parser.set_defaults(handler=_run)
 

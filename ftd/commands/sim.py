@@ -109,7 +109,10 @@ def register(subparsers: Any) -> None:
         help="faults from a recording (`ftd events export` JSON lines) instead of the mix; the set-up "
         "comes from --trace's --scenario",
     )
-    g.add_argument("--scenario", help="a set-up named in the mix file (llama3: meta, fast; opt175b: opt)")
+    g.add_argument(
+        "--scenario",
+        help="a set-up named in the mix file (llama3: meta, fast, ftd-spares, measured; opt175b: opt)",
+    )
     g.add_argument("--config", metavar="PATH", help="coordinator config (rules, policy); default: built-in")
     g.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
     g.add_argument("--seeds", type=int, default=3, help="traces to average over (default 3)")

@@ -21,7 +21,7 @@ def _needs_torch() -> None:
 
 
 class FakeClient:
-    """The four Client members TorchCoordinator uses, scriptable per step."""
+    """The Client members TorchCoordinator uses, scriptable per step."""
 
     def __init__(self) -> None:
         self.save = False
@@ -29,9 +29,13 @@ class FakeClient:
         self.stop = False
         self.acks: list[tuple[int, str | None]] = []
         self.beats: list[int | None] = []
+        self.waits: list[float] = []
 
     def heartbeat(self, step: int | None = None) -> None:
         self.beats.append(step)
+
+    def waited(self, seconds: float) -> None:  # time blocked in a collective (issue #33's step timing)
+        self.waits.append(seconds)
 
     def should_save(self) -> bool:
         return self.save or self.directive
