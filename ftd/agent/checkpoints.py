@@ -126,7 +126,7 @@ async def verify_report(report: CheckpointReport) -> Event:
         "step": report.step,
         "level": report.level,
         "manifest": report.manifest,
-        "root": os.path.dirname(os.path.dirname(report.manifest)),
+        "root": os.path.dirname(report.manifest),  # the checkpoint's (step's) directory
         "ok": ok,
         "reason": why[:500],
         "save_s": report.save_s,

@@ -18,11 +18,14 @@ local directory; the ``shared`` copy. Every manifest is verified (sizes and SHA-
 :func:`ftd.client.manifest.verify`) before its state is loaded; nothing unverified is loaded.
 
 Collective when torch.distributed is initialised: every rank calls it with the same arguments.
-Raises RuntimeError (the same on every rank) when the asked step cannot be loaded by some rank.
+When some rank cannot load the asked step (a copy damaged after it verified: a flipped byte, a
+truncation, a deleted directory), every rank takes the newest older step they can all load instead,
+and says so in the log; RuntimeError (the same on every rank) only when no step is left.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, NamedTuple
 
@@ -34,6 +37,8 @@ from ftd.client.checkpoint import PARTNER, STATE_FILE, exchange, rank_dir, step_
 from ftd.client.environment import env, env_int
 
 __all__ = ["Resumed", "copy_into", "load_resume"]
+
+_log = logging.getLogger("ftd.client")
 
 
 class Resumed(NamedTuple):
@@ -78,12 +83,14 @@ def _inventory(local_dir: str, shared_dir: str | None, rank: int, world: int) ->
     return {"local": local, "shared": shared, "held": held}
 
 
-def _choose_step(inv: list[dict[str, Any]]) -> int | None:
+def _choose_step(inv: list[dict[str, Any]], below: int | None = None) -> int | None:
     world = len(inv)
     candidates: set[int] = set()
     for i in inv:
         candidates.update(i["local"], i["shared"], i["held"])
     for step in sorted(candidates, reverse=True):
+        if below is not None and step >= below:
+            continue
         if all(_reachable(inv, r, step) for r in range(world)):
             return step
     return None
@@ -123,6 +130,45 @@ def load_resume(
     step = asked if asked is not None else _choose_step(gathered)
     if step is None:
         return None
+    refused: list[str] = []
+    while True:
+        chosen, bad = _load_step(
+            step, rank, world, local_dir, shared_dir, gathered, group, hint_path, hint_level
+        )
+        if not bad:
+            break
+        # A copy damaged after it verified (a flipped byte, a truncation, a deleted file): no rank
+        # loads this step. Every rank saw the same ``bad`` (gathered), so all take the same older step,
+        # instead of raising on every rank and failing the restart for good (issue #34).
+        refused.append(f"step {step}: no verified checkpoint of rank(s) {bad} at any level")
+        _log.warning("ftd resume: %s; trying an older step", refused[-1])
+        hint_path = None  # the coordinator's path named the refused step
+        step = _choose_step(gathered, below=step)
+        if step is None:
+            raise RuntimeError("no checkpoint every rank can load: " + "; ".join(refused))
+    assert chosen is not None
+    level, manifest = chosen
+    m = mf.read(manifest)
+    base = os.path.dirname(manifest)
+    state_file = next((f.path for f in m.files if f.path.endswith(STATE_FILE)), m.files[0].path)
+    state = torch.load(os.path.join(base, state_file), map_location=map_location, weights_only=weights_only)
+    return Resumed(step, level, manifest, state)
+
+
+def _load_step(
+    step: int,
+    rank: int,
+    world: int,
+    local_dir: str,
+    shared_dir: str | None,
+    gathered: list[Any],
+    group: Any,
+    hint_path: str | None,
+    hint_level: str,
+) -> tuple[tuple[str, str] | None, list[int]]:
+    """This rank's verified manifest of ``step`` and the ranks (every rank's view, agreed through
+    the group) that have none at any level. Collective when distributed."""
+    distributed = dist.is_available() and dist.is_initialized()
 
     # The coordinator's path first, then local, then the partner copy (fetched), then shared.
     order: list[tuple[str, str | None]] = []
@@ -157,16 +203,7 @@ def load_resume(
         dist.all_gather_object(failed_all, chosen is None, group=group)
     else:
         failed_all = failed
-    if any(failed_all):
-        bad = [r for r, f in enumerate(failed_all) if f]
-        raise RuntimeError(f"step {step}: no verified checkpoint of rank(s) {bad} at any level")
-    assert chosen is not None
-    level, manifest = chosen
-    m = mf.read(manifest)
-    base = os.path.dirname(manifest)
-    state_file = next((f.path for f in m.files if f.path.endswith(STATE_FILE)), m.files[0].path)
-    state = torch.load(os.path.join(base, state_file), map_location=map_location, weights_only=weights_only)
-    return Resumed(step, level, manifest, state)
+    return chosen, [r for r, f in enumerate(failed_all) if f]
 
 
 def _fetch_partner_copies(

@@ -9,7 +9,8 @@ saving through the checkpoint tier (:mod:`ftd.bench.checkpoint_cases`):
   the nodes that stayed, the partner replica for the spare), never from the save that was cut;
 - ``flip_byte``: one byte of rank 0's newest local shard inverted after node-2's rank was killed: the
   resume never loads that shard (rank 0 takes a verified copy: its partner's or the shared one, or an
-  older step), and no rank hangs. Expected to fail today: strict xfail, its reason names the defect.
+  older step), and no rank hangs. It found the defect fixed in ftd/client/resume.py: a copy damaged
+  after it verified made load_resume raise on every rank instead of taking an older step.
 """
 
 from __future__ import annotations
@@ -65,14 +66,6 @@ def test_a_node_killed_mid_save_resumes_every_rank_from_a_verified_fast_copy(sta
     assert out["steps_lost"] == out["last_step"] - out["resumed_step"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect found by this case (14:00 UTC, ckpt-tier + ckpt-verify merged): a copy damaged after "
-    "the agent verified it is still in the coordinator's catalogue, the restart asks every rank for "
-    "that step (FTD_RESUME_STEP), rank 0's copy fails its SHA-256 and its replica left with node-2, "
-    "and load_resume raises on every rank instead of falling back to the newest older step every rank "
-    "can load: generation 1 exits, the job never trains again (a hang). Strict: passes once fixed.",
-)
 def test_a_flipped_byte_is_never_loaded(stack: RecoveryStack) -> None:
     # a resume here takes 1-2 s once the Xid is written; 90 s without one is a hang
     # no shared flush: rank 0's only other copy is its replica, which left with node-2

@@ -86,7 +86,7 @@ async def test_a_whole_checkpoint_verifies(ckdir: str) -> None:
     assert event.kind == Kind.CHECKPOINT and event.severity == Severity.INFO
     assert event.data["ok"] is True and event.data["reason"] == ""
     assert (event.data["shard_rank"], event.data["world_size"], event.data["files"]) == (1, 2, 1)
-    assert event.data["root"] == ckdir
+    assert event.data["root"] == os.path.join(ckdir, "step-000000100")
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete_shard", "delete_manifest", "link"])

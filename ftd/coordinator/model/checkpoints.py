@@ -37,7 +37,7 @@ class Copy:
 
     node: str
     level: str
-    root: str  # the level's checkpoint root on that node (the step directories' parent)
+    root: str  # the checkpoint's directory on that node (the step's, holding the manifests)
     ts: float
 
 
@@ -54,7 +54,7 @@ class _Step:
 class ResumeChoice:
     step: int
     level: str  # the slowest level any shard is read from
-    root: str  # that level's root, for FTD_RESUME_PATH
+    root: str  # that level's checkpoint directory, for FTD_RESUME_PATH
     why: str
 
     def as_params(self) -> dict[str, Any]:
