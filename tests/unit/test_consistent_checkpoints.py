@@ -25,7 +25,7 @@ from ftd.coordinator.actions.checkpoint_restart import (
 )
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import Ack, Directive, JobPresence, Kind, RankInfo, decode, make_event
+from ftd.events import Ack, Directive, JobPresence, Kind, NodeStatus, RankInfo, decode, make_event
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.plugin.view import JobRecord
 from tests.unit.helpers import until
@@ -378,3 +378,32 @@ async def test_when_every_silent_rank_is_gone_the_save_wait_ends_without_the_gra
         detail = await executor(record())
     assert detail["save_ranks_gone"] == [0, 1] and detail["save_missing"] == [0, 1]
     assert detail["state"] == "escalated" and job.scheduler.jobs[JOB].restarts == 1
+
+
+class JobWhoseNodeDied(Job):
+    """node-2 is killed with its agent as the save goes out (the checkpoint bench's kill case): its
+    Last Will marks it offline, but its rank's presence stays retained on the bus."""
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        directive = decode(payload, Directive)
+        if directive in self.directives:
+            return
+        self.directives.append(directive)
+        if directive.action == "save":
+            self.state.apply_status(NodeStatus(node="node-2", state="offline", ts=2.0))
+        elif directive.action == "stop":
+            self.state.apply_presence("node-1", JOB, None)
+
+
+async def test_a_rank_whose_node_went_offline_is_gone_for_the_save_and_the_stop() -> None:
+    job = JobWhoseNodeDied(steps={}, beats={0: 10, 1: 10})
+    job.state.apply_status(NodeStatus(node="node-1", state="online", ts=1.0))
+    job.state.apply_status(NodeStatus(node="node-2", state="online", ts=1.0))
+    executor = job.executor()
+    executor.save_deadline_s = executor.stop_deadline_s = 3600.0  # with the old wait: an hour each
+    executor.save_rank_lost_grace_s = 0.2
+    async with asyncio.timeout(30):
+        detail = await executor(record())
+    assert detail["save_ranks_gone"] == [1] and detail["save_missing"] == [0, 1]
+    assert detail["stopped"] is True and job.scheduler.jobs[JOB].restarts == 1
+    assert JOB in job.state.jobs and 1 in job.state.jobs[JOB].ranks  # its presence is still there

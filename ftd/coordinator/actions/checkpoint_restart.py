@@ -317,7 +317,8 @@ class CheckpointRestart:
     async def _wait_save(self, job: str, save_id: str, ranks: list[int]) -> tuple[AckOutcome, list[int]]:
         """Every rank's answer to the save, up to ``save_deadline_s`` -- but once a rank that has not
         answered has left its agent (the job's presence no longer lists it: its process ended), at most
-        ``save_rank_lost_grace_s`` more: a dead rank never acks, and in a synchronous job its peers are
+        ``save_rank_lost_grace_s`` more (a rank on a node gone offline counts as left: :meth:`_live_ranks`):
+        a dead rank never acks, and in a synchronous job its peers are
         blocked in a collective with it, so they never reach the save step either. Waiting the whole
         deadline made a killed rank's recovery slower than torchrun's restart (``ftd bench recovery``,
         rank_killed: 31-33 s against 9-15 s, issue #31). Returns the outcome and the ranks gone."""
@@ -331,8 +332,7 @@ class CheckpointRestart:
             if not outcome.missing or loop.time() >= deadline:
                 return outcome, gone
             if not gone:
-                record = self._state.jobs.get(job)
-                present = record.ranks if record is not None else set()
+                present = self._live_ranks(job)
                 gone = sorted(r for r in outcome.missing if r not in present)
                 if gone and not (outcome.missing - set(gone)):
                     # Every silent rank is gone: nobody is left to ack, no grace to give.
@@ -533,11 +533,26 @@ class CheckpointRestart:
             log.warning("requeue_exclusion_refused", job=job, pinned=list(move.nodes), why=move.why)
         return move
 
+    def _live_ranks(self, job: str) -> set[int]:
+        """The job's ranks whose agent could still answer for them: on a node that is not offline. A
+        node's agent killed with its ranks (kill -9 of the node, a Last Will) leaves their presence
+        retained on the bus; waiting for them to ack a save or to leave cost the checkpoint bench's
+        kill case the whole save and stop deadlines (71 s, issue #34)."""
+        record = self._state.jobs.get(job)
+        if record is None:
+            return set()
+        live: set[int] = set()
+        for node, ranks in record.ranks_by_node.items():
+            known = self._state.nodes.get(node)
+            if known is None or known.online or not known.last_change:  # never heard: not offline
+                live.update(r.rank for r in ranks)
+        return live
+
     async def _wait_job_gone(self, job: str) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.stop_deadline_s
         # The ranks gone (the Prolog's allocation of the job may stay until the job itself ends).
-        while (left := self._state.jobs.get(job)) is not None and left.ranks:
+        while self._live_ranks(job):
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.05)
