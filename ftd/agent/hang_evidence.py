@@ -229,11 +229,14 @@ async def flight_record(
 
 
 def _debug_file(env: Mapping[str, str], pid: int, node: str, target: Path, stem: str) -> tuple[str, str]:
-    """Copy the tail of the rank's NCCL_DEBUG_FILE; (file kept or '', error or '')."""
+    """Copy the tail of the rank's NCCL_DEBUG_FILE; (file kept or '', error or ''). NCCL expands
+    ``%h`` to the host's own name up to its first dot (not ftd's node name: on the H200 device check
+    the two differed and the file was not found) and ``%p`` to the process id."""
     pattern = env.get("NCCL_DEBUG_FILE")
     if not pattern:
         return "", ""
-    path = Path(pattern.replace("%h", node).replace("%p", str(pid)))
+    host = socket.gethostname().split(".")[0]
+    path = Path(pattern.replace("%h", host).replace("%p", str(pid)))
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)

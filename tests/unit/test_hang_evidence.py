@@ -74,7 +74,9 @@ def test_every_rank_collected_stopped_one_named(
 ) -> None:
     good, stopped = sleepers
     (tmp_path / "fr_rank_1").write_bytes((DUMPS / "flight_gloo_r1_behind.json").read_bytes())
-    (tmp_path / f"nccl-node-a-{good.pid}.log").write_text("NCCL INFO comm 0x1 rank 0 nranks 2\n")
+    # NCCL names it after the host (up to the first dot), not after ftd's node name (H200 device check)
+    host = socket.gethostname().split(".")[0]
+    (tmp_path / f"nccl-{host}-{good.pid}.log").write_text("NCCL INFO comm 0x1 rank 0 nranks 2\n")
     os.kill(stopped.pid, signal.SIGSTOP)
     try:
         now = time.time()
