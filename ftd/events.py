@@ -273,7 +273,11 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     ``rack_broker``: the rack broker the agent is connected to in a bridged broker tier (its
     ``[bus] rack_broker``; empty: the core broker itself). When that rack's bridge goes down the
     coordinator treats the node as gone (``ftd.coordinator.intake.rack_bridges``); a node naming the
-    wrong rack only mislabels itself."""
+    wrong rack only mislabels itself.
+
+    ``addresses``: the node's IP addresses and host names (issue #33), so that the coordinator can
+    resolve a peer another rank's communication error names by address ("Connection closed by peer
+    [10.0.0.2]") to this node; empty in the Last Will and from older agents."""
 
     schema: int = SCHEMA_VERSION
     node: str
@@ -281,6 +285,7 @@ class NodeStatus(msgspec.Struct, frozen=True, kw_only=True):
     ts: float = 0.0
     agent_version: str = ""
     rack_broker: str = ""
+    addresses: list[str] = msgspec.field(default_factory=list)
 
 
 class CoordinatorStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,16 +74,25 @@ from ftd.sdnotify import notify
 log = get_logger(__name__)
 
 
-def status_messages(node: str, rack_broker: str = "") -> tuple[LastWill, Message]:
+def status_messages(
+    node: str, rack_broker: str = "", addresses: Sequence[str] = ()
+) -> tuple[LastWill, Message]:
     """The Last Will (offline) and birth (online) messages for ``node``'s MQTT session; both name the
-    rack broker the agent is on (``[bus] rack_broker``; empty: the core broker)."""
+    rack broker the agent is on (``[bus] rack_broker``; empty: the core broker); the birth also the
+    node's ``addresses`` (:mod:`ftd.agent.addresses`), so the coordinator can name it from a peer's
+    error."""
     topic = topics.node_status(node)
     offline = encode(
         NodeStatus(node=node, state="offline", agent_version=__version__, rack_broker=rack_broker)
     )
     online = encode(
         NodeStatus(
-            node=node, state="online", ts=time.time(), agent_version=__version__, rack_broker=rack_broker
+            node=node,
+            state="online",
+            ts=time.time(),
+            agent_version=__version__,
+            rack_broker=rack_broker,
+            addresses=list(addresses),
         )
     )
     return LastWill(topic, offline, retain=True), Message(topic, online, retain=True)

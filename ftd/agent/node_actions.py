@@ -5,7 +5,10 @@ by ``action``: ``gpu_reset`` goes to :class:`~ftd.agent.gpu_reset.GpuResetter`, 
 both a ``gpu_health`` event and an :class:`~ftd.events.Ack` on ``ftd/v1/nodes/{node}/acks``;
 ``collect_diagnostics`` runs :func:`~ftd.agent.diagnostics.collect_diagnostics` (py-spy dumps of the
 job's ranks on this node under ``{state_dir}/diagnostics/{action id}/``), answered with the result's
-Ack; ``preflight`` runs the node's preflight checks (the coordinator's return to service) and is
+Ack; ``collect_hang_evidence`` runs :func:`~ftd.agent.hang_evidence.collect_hang_evidence` (every
+rank of the job on this node at once: process state, stacks, flight recorder, NCCL RAS), answered with
+one Ack whose ``data["evidence"]`` is the node's evidence; ``preflight`` runs the node's preflight
+checks (the coordinator's return to service) and is
 answered with the verdict, recorded as a ``gpu_health`` event (``signal = "preflight"``); a
 re-delivered preflight directive gets the first verdict again, not a second run.
 
@@ -22,6 +25,7 @@ from typing import Any
 
 from ftd.agent.diagnostics import collect_diagnostics
 from ftd.agent.gpu_reset import GpuResetter
+from ftd.agent.hang_evidence import collect_hang_evidence, evidence_ack
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.bus import topics
 from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, RankInfo, Severity, encode, make_event
@@ -60,6 +64,7 @@ class NodeActions:
             "gpu_reset": self.gpu_reset,
             "collect_diagnostics": self.collect_diagnostics,
             "preflight": self.preflight,
+            "collect_hang_evidence": self.collect_hang_evidence,
         }
 
     def handler(self, action: str) -> Handler | None:
@@ -127,3 +132,19 @@ class NodeActions:
             summary=result.summary,
         )
         self._answer(result.to_ack(directive, self.node))
+
+    async def collect_hang_evidence(self, directive: Directive) -> None:
+        """Everything this node can say about a hung job (issue #33), in one Ack (``data["evidence"]``)."""
+        job = directive.job or directive.params.get("job")
+        ranks = self._jobs().get(str(job), []) if job else []
+        evidence = await collect_hang_evidence(directive, ranks, self._diagnostics_dir, node=self.node)
+        ack = evidence_ack(directive, self.node, evidence)
+        log.info(
+            "hang_evidence_collected",
+            directive_id=directive.id,
+            job=job,
+            ranks=len(evidence.ranks),
+            collected_s=evidence.collected_s,
+            summary=ack.reason,
+        )
+        self._answer(ack)

@@ -98,13 +98,14 @@ def _agent(args: argparse.Namespace) -> int:
         return 2
 
     async def main(ready: Ready) -> None:
+        from ftd.agent.addresses import node_addresses
         from ftd.agent.app import status_messages
         from ftd.agent.wiring import build_agent
         from ftd.bus.factory import make_mqtt_bus
 
         node = config.agent.resolved_node()
         rack_broker = config.bus.rack_broker or ""
-        will, birth = status_messages(node, rack_broker)
+        will, birth = status_messages(node, rack_broker, node_addresses(config.agent))
         bus = make_mqtt_bus(config.bus, client_id=f"ftd-agent-{node}", will=will, birth=birth)
         await build_agent(config.agent, bus=bus, node=node, rack_broker=rack_broker).run(ready)
 

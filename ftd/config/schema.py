@@ -34,6 +34,7 @@ NodeName = Annotated[
 
 SCHEDULERS = ("slurm", "none", "kubernetes")
 PINNED_JOB_POLICIES = ("hold", "stop")  # ftd.coordinator.actions.pinned
+HANG_UNCLEAR_POLICIES = ("restart", "stop")  # ftd.rules.hang: a hang whose culprit is not known
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 NODE_LABELS = ("rack", "nvlink_domain")
 
@@ -398,6 +399,14 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     kmsg_from_start: Annotated[
         bool, _doc("Report records already in the kernel log at first start (else only new ones).")
     ] = False
+    addresses: Annotated[
+        Annotated[list[NonEmptyStr], msgspec.Meta(max_length=64)] | None,
+        _doc(
+            "This node's IP addresses and host names, announced in its status so the coordinator can "
+            "resolve a peer another node's communication error names by address to this node; unset: "
+            "discovered (host name, interface addresses; loopback and link-local left out)."
+        ),
+    ] = None
 
     nvml: Annotated[NvmlConfig, _doc("GPU health through NVML.")] = msgspec.field(default_factory=NvmlConfig)
     logs: Annotated[LogsConfig, _doc("Training logs.")] = msgspec.field(default_factory=LogsConfig)
@@ -890,6 +899,21 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     diagnostics_deadline_s: Annotated[
         PositiveSeconds, _doc("How long agents get to answer a collect_diagnostics directive.")
     ] = 60.0
+    hang_evidence_deadline_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "How long agents get to answer a collect_hang_evidence directive (diagnose_hang: py-spy, "
+            "process state, flight recorder and NCCL RAS of every rank of a hung job); the verdict follows."
+        ),
+    ] = 15.0
+    hang_unclear: Annotated[
+        str,
+        _doc(
+            "A hang whose verdict names no culprit with confidence (job-wide, unknown): 'restart' the job "
+            "in place (no node excluded), or 'stop' it without a restart; either way it is notified.",
+            extra={"choices": HANG_UNCLEAR_POLICIES},
+        ),
+    ] = "restart"
     offline_grace: Annotated[
         OfflineGraceConfig,
         _doc("How long a node that left (agent stopped or Last Will) may take to come back before acting."),

@@ -42,6 +42,7 @@ from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.coordinator.upkeep.return_service import ReturnToService
+from ftd.events import Event
 from ftd.logs import get_logger
 from ftd.plugin.settings import RuleSettings
 
@@ -105,6 +106,11 @@ def build(
         inputs=InputBook(window_s=summary_window_s, limits=limits),
     )
     directives = SentDirectives(bus.publish)
+    engines: list[Engine] = []  # the engine, once built: diagnose_hang hands its verdict event to it
+
+    async def to_engine(event: Event) -> object:
+        return await engines[0].handle_event(event)
+
     builtin = BuiltinExecutors(
         ExecutorContext(
             config=config,
@@ -115,6 +121,7 @@ def build(
             scheduler=scheduler,
             job_moved=placement.forget,
             save_action=store.save_action,
+            emit_event=to_engine,
         )
     )
     plugins = make_plugin_manager(
@@ -138,6 +145,7 @@ def build(
         executors=executors,
         rule_settings=RuleSettings.from_policy(cfg.policy),
     )
+    engines.append(engine)
     # ftd's drains from the ledger before any event is decided; kept in step with the scheduler
     reconciler = Reconciler(
         state=state,

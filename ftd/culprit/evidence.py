@@ -20,6 +20,7 @@ import msgspec
 MAX_THREADS = 64  # threads kept per rank (the main thread first)
 MAX_FRAMES = 256  # frames kept per thread (innermost first; the cut drops the outermost)
 MAX_FLIGHT_ENTRIES = 512  # flight-recorder entries kept per rank (the newest)
+MAX_FLIGHT_PGS = 64  # process groups kept per rank in a flight record's pg_status
 MAX_TEXT = 512  # characters kept of any one string (a function name, a file, an error)
 
 ProcessState = Literal["running", "sleeping", "disk", "stopped", "zombie", "gone", "unknown"]
@@ -49,9 +50,20 @@ class FlightEntry(msgspec.Struct, frozen=True, kw_only=True):
     state: str = ""  # "scheduled", "started" or "completed"
 
 
+class FlightPgStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """The flight recorder's own summary of one process group on one rank (its ``pg_status``): the
+    last collective seq this rank enqueued, started and completed there (None: none, or not tracked --
+    gloo reports no "started")."""
+
+    last_enqueued: int | None = None
+    last_started: int | None = None
+    last_completed: int | None = None
+
+
 class FlightRecord(msgspec.Struct, frozen=True, kw_only=True):
     entries: list[FlightEntry]  # oldest first, at most MAX_FLIGHT_ENTRIES (the newest kept)
     version: str = ""  # the dump's own version field
+    pg_status: dict[str, FlightPgStatus] = msgspec.field(default_factory=dict)  # pg id -> summary
 
 
 class RankEvidence(msgspec.Struct, frozen=True, kw_only=True):

@@ -41,6 +41,7 @@ class ActionKind(enum.StrEnum):
     GPU_RESET = "gpu_reset"
     NOTIFY = "notify"
     COLLECT_DIAGNOSTICS = "collect_diagnostics"
+    DIAGNOSE_HANG = "diagnose_hang"  # a hung job's evidence from every node, the verdict (issue #33)
 
     @property
     def targets_job(self) -> bool:
@@ -56,7 +57,7 @@ class ActionKind(enum.StrEnum):
             return False
 
 
-_JOB_KINDS = frozenset({ActionKind.CHECKPOINT_RESTART, ActionKind.CHECKPOINT})
+_JOB_KINDS = frozenset({ActionKind.CHECKPOINT_RESTART, ActionKind.CHECKPOINT, ActionKind.DIAGNOSE_HANG})
 
 
 class ActionState(enum.StrEnum):

@@ -52,18 +52,27 @@ def gpu_name(event: Event) -> str:
 
 
 def restart_jobs(
-    jobs: list[str], event: Event, reason: str, *, exclude: bool, params: dict[str, Any] | None = None
+    jobs: list[str],
+    event: Event,
+    reason: str,
+    *,
+    exclude: bool,
+    params: dict[str, Any] | None = None,
+    node: str | None = None,
 ) -> list[ActionRequest]:
+    """Restart each job; ``exclude`` leaves out ``node`` (default: the event's node; another node when
+    the event blames it, e.g. the peer a connection error names)."""
+    node = node or event.node
     return [
         ActionRequest(
             kind=ActionKind.CHECKPOINT_RESTART,
             target=job,
-            reason=f"{reason} on {event.node}",
+            reason=f"{reason} on {node}",
             params={
                 "severity": str(event.severity),
                 **(params or {}),
-                "node": event.node,
-                "exclude": [event.node] if exclude else [],
+                "node": node,
+                "exclude": [node] if exclude else [],
             },
         )
         for job in jobs
@@ -85,10 +94,13 @@ def save_jobs(
     ]
 
 
-def drain(event: Event, reason: str, params: dict[str, Any] | None = None) -> ActionRequest:
+def drain(
+    event: Event, reason: str, params: dict[str, Any] | None = None, *, node: str | None = None
+) -> ActionRequest:
+    """Drain ``node`` (default: the event's node)."""
     return ActionRequest(
         kind=ActionKind.DRAIN_NODE,
-        target=event.node,
+        target=node or event.node,
         reason=reason,
         params={"severity": str(event.severity), **(params or {})},
     )

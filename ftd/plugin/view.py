@@ -27,6 +27,7 @@ class NodeRecord:
     last_change: float = 0.0
     drained_by_ftd: bool = False
     drain_reason: str = ""
+    addresses: list[str] = field(default_factory=list)  # its IPs and host names, as its agent announced
 
 
 class FaultRecord(NamedTuple):
@@ -247,6 +248,11 @@ class ClusterView(Protocol):
     def job_restarts(self, job: str) -> Sequence[float]:
         """When ftd restarted ``job`` (its requeue through the scheduler returned), oldest first: a
         fault of the job after one of these is a new occurrence of its problem, not the same incident."""
+        ...
+
+    def node_of_address(self, address: str) -> str | None:
+        """The node whose agent announced ``address`` (an IP or host name another node's error names,
+        ``data.peer_address``), None when no node did (issue #33: peer naming)."""
         ...
 
     def filesystem_troubles(self) -> Mapping[str, Mapping[str, FaultRecord]]:

@@ -55,8 +55,16 @@ NCCL_CONTEXT_ONLY = frozenset({"nccl_warn", "ib_async_event"})
 IB_HARDWARE_PATTERNS = frozenset({"ib_device_fatal", "ib_port_error"})
 
 
+#: Communication failures that name the other end by address (gloo and NCCL alike): NCCL-family
+#: failures whose decision targets the node the address resolves to (issue #33: peer naming).
+PEER_PATTERNS = frozenset({"peer_connection_lost"})
+
+
 def is_nccl_pattern(pattern: str | None) -> bool:
-    """An NCCL or IB failure pattern (``nccl_*``, ``ib_*``; not the context-only ones)."""
+    """An NCCL or IB failure pattern (``nccl_*``, ``ib_*``, :data:`PEER_PATTERNS`; not the context-only
+    ones)."""
+    if pattern in PEER_PATTERNS:
+        return True
     return (
         isinstance(pattern, str)
         and pattern.startswith(("nccl_", "ib_"))

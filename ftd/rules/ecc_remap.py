@@ -51,6 +51,7 @@ def _yes(value: Any) -> bool:
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.ROW_REMAP, Kind.ECC})
 
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind not in (Kind.ROW_REMAP, Kind.ECC) or already_judged(event):

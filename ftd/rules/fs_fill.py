@@ -63,7 +63,7 @@ def eta_of(event: Event) -> float | None:
 
 
 def describe(event: Event) -> str:
-    """"filesystem /ckpt inodes at 97%, full in ~5m" — the fuller resource, and the forecast."""
+    """ "filesystem /ckpt inodes at 97%, full in ~5m" — the fuller resource, and the forecast."""
     data = event.data
     mount = data.get("mount") or data.get("path") or "?"
     resource = "inodes" if data.get("resource") == "inodes" else "bytes"
@@ -102,6 +102,7 @@ def _still_critical(event: Event, view: ClusterView) -> dict[str, Any] | None:
 
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.FS_FILL, Kind.LOG_PATTERN})
+
 
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:

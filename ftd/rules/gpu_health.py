@@ -54,6 +54,7 @@ def signal_of(event: Event) -> str:
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.GPU_MISSING, Kind.GPU_HEALTH})
 
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind not in (Kind.GPU_MISSING, Kind.GPU_HEALTH) or already_judged(event):

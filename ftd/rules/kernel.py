@@ -33,6 +33,7 @@ def _extra(event: Event) -> dict[str, Any]:
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.PCIE_AER, Kind.OOM_KILL, Kind.HUNG_TASK})
 
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if already_judged(event):

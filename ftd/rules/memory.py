@@ -37,6 +37,7 @@ def _leaked_before(event: Event, view: ClusterView, job: str) -> bool:
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.MEM_PRESSURE})
 
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind != Kind.MEM_PRESSURE or already_judged(event):

@@ -16,6 +16,11 @@ cause): an ``ib_link`` down there, an
 ``ib_device_fatal`` / ``ib_port_error`` line in
 its logs, or an Xid/SXid/GPU event that
 implicates hardware
+the same, ``peer_connection_lost`` included,     the same, judged on the node the line names
+when the line names another node by address     (``data.peer_address``, resolved through the addresses
+(``data.peer_address``: "Connection closed by   agents announce): hardware evidence *there* excludes and
+peer [ADDR]", "Connect to ADDR failed")         drains that node, not the reporter; without it, the
+                                                restart in place names it (``params.peer_node``)
 the same with no job on the node                nothing (recorded)
 ``ib_link`` (a port went down)                  notify (the NCCL failure that follows decides; the site pack
                                                 ``rules/nccl_ib.toml`` handles a flapping port)
@@ -41,11 +46,21 @@ EVIDENCE_WINDOW_S = 900.0
 _EVIDENCE_KINDS = HARDWARE_KINDS | {"ib_link", "log_pattern"}
 
 
-def _evidence(event: Event, view: ClusterView) -> FaultRecord | None:
-    """The latest hardware evidence on the event's node within the window, if any."""
+def _blamed(event: Event, view: ClusterView) -> str | None:
+    """The other node a communication error names by address (``data.peer_address``, resolved through
+    the addresses agents announce), None when it names none, an unknown one, or its own node."""
+    address = event.data.get("peer_address")
+    if not isinstance(address, str) or not address:
+        return None
+    node = view.node_of_address(address)
+    return node if node is not None and node != event.node else None
+
+
+def _evidence(event: Event, view: ClusterView, node: str | None = None) -> FaultRecord | None:
+    """The latest hardware evidence on ``node`` (default: the event's) within the window, if any."""
     found = [
         r
-        for r in recent(view, event.node, event.ts, EVIDENCE_WINDOW_S)
+        for r in recent(view, node or event.node, event.ts, EVIDENCE_WINDOW_S)
         if r.kind in _EVIDENCE_KINDS
         and (
             (r.kind == "ib_link" and not r.linked)
@@ -85,9 +100,30 @@ def ftd_evaluate(event: Event, view: ClusterView, settings: RuleSettings) -> lis
     jobs = jobs_of(event, view)
     if not jobs:
         return None  # an NCCL failure with no job on the node: nothing to restart (recorded)
-    evidence = _evidence(event, view)
+    blamed = _blamed(event, view)
+    target = blamed or event.node
+    evidence = _evidence(event, view, target)
     if evidence is None:
-        return app_fault_actions(event, view, jobs, pattern, settings.app_faults) or None
-    reason = f"{pattern} on {event.node} with hardware evidence: {_label(evidence)}"
+        actions = app_fault_actions(event, view, jobs, pattern, settings.app_faults)
+        if blamed is not None:  # said in the decision: the restart is in place, the suspect named
+            actions = [
+                ActionRequest(
+                    kind=a.kind,
+                    target=a.target,
+                    reason=f"{a.reason} (the line names {blamed})",
+                    params={**a.params, "peer_node": blamed},
+                    rule=a.rule,
+                    event_id=a.event_id,
+                )
+                for a in actions
+            ]
+        return actions or None
+    named = f" naming {blamed}" if blamed is not None else ""
+    reason = f"{pattern} on {event.node}{named} with hardware evidence on {target}: {_label(evidence)}"
     params = {"pattern": pattern, "evidence": evidence.event_id, "severity": "critical"}
-    return [*restart_jobs(jobs, event, reason, exclude=True, params=params), drain(event, reason, params)]
+    if blamed is not None:
+        params["peer_node"] = blamed
+    return [
+        *restart_jobs(jobs, event, reason, exclude=True, params=params, node=target),
+        drain(event, reason, params, node=target),
+    ]

@@ -18,6 +18,7 @@ from ftd.plugin.helpers import notify
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.RANK_STRAGGLER})
 
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind != Kind.RANK_STRAGGLER:

@@ -29,6 +29,7 @@ def is_fatal(event: Event) -> bool:
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.SXID})
 
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind != Kind.SXID or already_judged(event) or not is_fatal(event):

@@ -25,6 +25,7 @@ from ftd.plugin.helpers import already_judged, gpu_name, gpu_params, jobs_of, no
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.THERMAL})
 
+
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind != Kind.THERMAL or already_judged(event) or event.data.get("active") is not True:

@@ -32,8 +32,6 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 GRACE = "\n[coordinator.offline_grace]\nlast_will_s = 4\nclean_stop_s = 60\n"
 
 
-
-
 @pytest.fixture
 def stack(slurm: SlurmCluster, tmp_path: Path):  # type: ignore[no-untyped-def]
     with make_shipped_stack(slurm, tmp_path, coordinator_extra=GRACE) as built:
@@ -72,9 +70,7 @@ def test_a_clean_agent_restart_is_not_a_node_death(stack: ShippedStack) -> None:
         wait_until(lambda: len(records(log, "training", run=0)) >= trained + 10, 60, "training on")
         time.sleep(6)  # past last_will_s: nothing is pending that could still fire
 
-        assert [
-            r for r in stack.coordinator_records("action_decided") if r.get("rule") == "node_death"
-        ] == []
+        assert [r for r in stack.coordinator_records("action_decided") if r.get("rule") == "node_death"] == []
         assert stack.ledger_events("node_offline") == []
         assert records(log, "left_loop") == [] and records(log, "started", run=1) == []
         assert stack.coordinator_records("offline_grace_cancelled"), "the grace's end is logged"
@@ -97,9 +93,7 @@ def test_a_dead_agent_past_the_grace_is_still_a_node_death(stack: ShippedStack) 
         assert len(offline) == 1 and offline[0]["data"]["jobs"] == [job], offline
         assert offline[0]["data"]["grace_s"] == 4 and offline[0]["data"]["why"] == "last_will", offline
         wait_until(
-            lambda: [
-                r for r in stack.coordinator_records("action_decided") if r.get("rule") == "node_death"
-            ],
+            lambda: [r for r in stack.coordinator_records("action_decided") if r.get("rule") == "node_death"],
             30,
             "node_death to act",
         )

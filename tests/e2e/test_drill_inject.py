@@ -29,7 +29,6 @@ from tests.realparts import SlurmCluster
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
-
 @pytest.fixture
 def stack(slurm: SlurmCluster, tmp_path: Path):  # type: ignore[no-untyped-def]
     with make_shipped_stack(slurm, tmp_path) as built:

@@ -28,7 +28,6 @@ XID13 = (
 )
 
 
-
 @pytest.fixture
 def stack(slurm: SlurmCluster, tmp_path: Path):  # type: ignore[no-untyped-def]
     with make_shipped_stack(slurm, tmp_path) as built:

@@ -11,6 +11,8 @@ Targets:
   raise.
 * ``bus`` — the coordinator's message handling on an arbitrary topic suffix and payload: every bad
   input is counted, none escapes as an exception.
+* ``culprit`` — the hang-evidence parsers (issue #33) on arbitrary bytes: a py-spy dump (text or
+  JSON), a flight-recorder dump and a log line that may name a peer; each answers, none raises.
 
 Any exception is a crash libFuzzer reports with the input that caused it.
 """
@@ -29,6 +31,9 @@ with atheris.instrument_imports(include=["ftd"]):  # coverage of ftd's code, not
     from ftd.coordinator.daemon import Coordinator
     from ftd.coordinator.ledger.sqlite import Ledger
     from ftd.coordinator.wiring import build
+    from ftd.culprit.flight import parse_flight_json
+    from ftd.culprit.peers import parse_peer_error
+    from ftd.culprit.stacks import merge_tree, parse_py_spy, render_tree
 
 _parser = KmsgParser()
 _SUFFIXES = ("events/xid", "events/batch", "status", "jobs/7", "acks", "events/ecc", "directives", "x")
@@ -52,9 +57,7 @@ def fuzz_bus(data: bytes) -> None:
                 ledger_path=":memory:", scheduler="none", api=ApiConfig(enabled=False)
             )
         )
-        _coordinator = build(
-            config, bus=MemoryBus(MemoryBroker()), scheduler=None, ledger=Ledger(":memory:")
-        )
+        _coordinator = build(config, bus=MemoryBus(MemoryBroker()), scheduler=None, ledger=Ledger(":memory:"))
     provider = atheris.FuzzedDataProvider(data)
     suffix = _SUFFIXES[provider.ConsumeIntInRange(0, len(_SUFFIXES) - 1)]
     node = provider.ConsumeUnicodeNoSurrogates(8) or "n"
@@ -62,7 +65,17 @@ def fuzz_bus(data: bytes) -> None:
     _coordinator.handle_message(Message(topic, provider.ConsumeBytes(4096)))
 
 
-TARGETS = {"kmsg": fuzz_kmsg, "bus": fuzz_bus}
+def fuzz_culprit(data: bytes) -> None:
+    text = data.decode("utf-8", errors="replace")
+    threads, problems = parse_py_spy(text)
+    assert isinstance(problems, list)
+    render_tree(merge_tree({0: threads, 1: threads[:1]}))
+    record, error = parse_flight_json(data)
+    assert (record is None) != (error == "")
+    parse_peer_error(text)
+
+
+TARGETS = {"kmsg": fuzz_kmsg, "bus": fuzz_bus, "culprit": fuzz_culprit}
 
 if __name__ == "__main__":
     target = TARGETS[sys.argv[1]]

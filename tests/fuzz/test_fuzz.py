@@ -15,7 +15,7 @@ REPO = HARNESS.parents[2]
 pytestmark = [pytest.mark.property]
 
 
-@pytest.mark.parametrize("target", ["kmsg", "bus"])
+@pytest.mark.parametrize("target", ["kmsg", "bus", "culprit"])
 def test_fuzz_target_survives(target: str, tmp_path: Path) -> None:
     pytest.importorskip("atheris", reason="atheris is a dev dependency (pip install 'ftd-daemon[dev]')")
     extra = []

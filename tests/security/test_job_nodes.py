@@ -115,4 +115,3 @@ async def test_kubernetes_job_nodes_are_the_live_pods_node_names(kube: object) -
     assert await kube.job_nodes("job7") == ("node-2", "node-3")  # not the finished pod's, not another ns
     assert await kube.job_nodes("job8") == ()
     assert await kube.job_nodes("not a label value!") == ()
-

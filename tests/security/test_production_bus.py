@@ -169,4 +169,3 @@ exec {sys.executable} {REPO}/tests/e2e/trainer_job.py
         shutil.rmtree(run_dir, ignore_errors=True)
         for daemon in (agent, coordinator):
             print(f"----- {daemon.name} log (tail)\n{daemon.log()[-3000:]}")
-

@@ -64,9 +64,7 @@ def _registrations(agent: Daemon) -> list[dict[str, Any]]:
 
 
 def _sbatch_as(user: User, cluster: SlurmCluster, script: str, shared: Path) -> str:
-    argv = user.argv(
-        "sbatch", "--parsable", "--requeue", f"--chdir={shared}", f"--output={shared}/%j.out"
-    )
+    argv = user.argv("sbatch", "--parsable", "--requeue", f"--chdir={shared}", f"--output={shared}/%j.out")
     env = {"PATH": "/usr/bin:/bin", "SLURM_CONF": str(cluster.conf_path)}
     done = subprocess.run(argv, input=script, env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr

@@ -139,6 +139,7 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.CHECKPOINT,
         ActionKind.GPU_RESET,
         ActionKind.COLLECT_DIAGNOSTICS,
+        ActionKind.DIAGNOSE_HANG,
         ActionKind.DRAIN_NODE,
         ActionKind.RESUME_NODE,
         ActionKind.NOTIFY,  # without a webhook it writes the log
@@ -158,6 +159,7 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.CHECKPOINT,
         ActionKind.GPU_RESET,
         ActionKind.COLLECT_DIAGNOSTICS,
+        ActionKind.DIAGNOSE_HANG,
         ActionKind.NOTIFY,
         "preflight",
     }

@@ -65,10 +65,16 @@ def test_every_builtin_is_registered() -> None:
         (74, {}, [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),  # WORKFLOW_NVLINK_ERR
         (142, {}, [("notify", "node-1")]),  # CONTACT_SUPPORT: a human looks, no drain
         (150, {}, [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),  # NVLink5 MSE: fatal
-        (149, {"message": "NVRM: Xid (PCI:0000:3b:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04"},
-         [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),
-        (149, {"message": "NVRM: Xid (PCI:0000:3b:00): 149, NETIR_LINK_EVT Nonfatal XC0 i0 Link 04"},
-         [("notify", "node-1")]),
+        (
+            149,
+            {"message": "NVRM: Xid (PCI:0000:3b:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04"},
+            [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")],
+        ),
+        (
+            149,
+            {"message": "NVRM: Xid (PCI:0000:3b:00): 149, NETIR_LINK_EVT Nonfatal XC0 i0 Link 04"},
+            [("notify", "node-1")],
+        ),
         (43, {}, []),  # IGNORE: recorded only
         (154, {"action": "RESET_GPU"}, [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),
         (154, {"action": "RESTART_BM"}, [("checkpoint_restart", "j1"), ("drain_node", "node-1")]),
@@ -178,20 +184,13 @@ def test_fs_fill_saves_without_stopping_then_stops_before_full() -> None:
     assert evaluate_rule(fs_fill, cleared, view) == []
 
 
-def test_hang_collects_diagnostics_then_restarts() -> None:
+def test_hang_symptoms_ask_for_one_diagnosis_per_job() -> None:
     view = view_with(jobs={"j1": ["node-1", "node-2"], "j2": ["node-1"]})
     lost = make_event("node-2", "rank_heartbeat_lost", data={"job": "j1", "rank": 1})
-    assert kinds(evaluate_rule(hang, lost, view)) == [
-        ("collect_diagnostics", "node-2"),
-        ("checkpoint_restart", "j1"),
-    ]
+    assert kinds(evaluate_rule(hang, lost, view)) == [("diagnose_hang", "j1")]
     stale = make_event("node-1", "log_stale", data={"path": "/logs/train.log"})
     actions = evaluate_rule(hang, stale, view)
-    assert kinds(actions) == [
-        ("collect_diagnostics", "node-1"),
-        ("checkpoint_restart", "j1"),
-        ("checkpoint_restart", "j2"),
-    ]
+    assert kinds(actions) == [("diagnose_hang", "j1"), ("diagnose_hang", "j2")]
     assert "/logs/train.log" in actions[0].reason
 
 

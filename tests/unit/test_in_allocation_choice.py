@@ -23,6 +23,7 @@ def eligible(info: SupervisorInfo, *, allow_unchecked: bool) -> bool:
     checked = info.preflight == "ok" or (allow_unchecked and info.preflight is None)
     return info.role == "spare" and info.state == "idle" and checked
 
+
 spare_info = st.builds(
     SupervisorInfo,
     role=st.sampled_from(["spare", "out", "active"]),

@@ -493,8 +493,17 @@ NVLINK5_CASES: list[tuple[str, dict[str, Any]]] = [
         "[ 84211.337104] NVRM: Xid (PCI:0007:41:00): 149, NETIR_LINK_EVT  Fatal   XC0 i0 Link 03 "
         "(0x02143a05 0x00000000 0x00000000 0x00000000 0x00000000 0x00000001)",
         dict(
-            code=149, pci="0007:41:00.0", severity="critical", nvlink5_unit="NETIR_LINK_EVT", fatal=True,
-            link=3, xc=0, instance=0, intr_info="0x02143a05", error_status="0x00000000", sub_code=0x21,
+            code=149,
+            pci="0007:41:00.0",
+            severity="critical",
+            nvlink5_unit="NETIR_LINK_EVT",
+            fatal=True,
+            link=3,
+            xc=0,
+            instance=0,
+            intr_info="0x02143a05",
+            error_status="0x00000000",
+            sub_code=0x21,
         ),
     ),
     (
@@ -511,7 +520,12 @@ NVLINK5_CASES: list[tuple[str, dict[str, Any]]] = [
         "NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 "
         "(0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)",
         dict(
-            code=144, severity="warning", nvlink5_unit="SAW_MVB", fatal=False, link=0, sub_code=0,
+            code=144,
+            severity="warning",
+            nvlink5_unit="SAW_MVB",
+            fatal=False,
+            link=0,
+            sub_code=0,
             error_status="0x00000008",
         ),
     ),

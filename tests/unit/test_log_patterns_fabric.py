@@ -33,9 +33,10 @@ LINES = [
         "opcode 0, len 0, vendor err 129 (Send)",
         "ib_transport_retry_exceeded",
     ),
-    ("NCCL WARN NET/IB : Got completion with error 12, opcode 1, len 21845, vendor err 129", (
-        "ib_transport_retry_exceeded"
-    )),
+    (
+        "NCCL WARN NET/IB : Got completion with error 12, opcode 1, len 21845, vendor err 129",
+        ("ib_transport_retry_exceeded"),
+    ),
     (
         "node7:1:2 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1234> with status=RNR retry "
         "counter exceeded(13) opcode=1 len=0 vendor err 135 (Recv)",
@@ -47,9 +48,10 @@ LINES = [
         "ib_completion_error",
     ),
     ("node7:1:2 [0] NCCL WARN NET/IB : mlx5_2:1 Got async event : port error", "ib_port_error"),
-    ("node7:1:2 [0] NCCL WARN NET/IB : mlx5_2:1 Got async event : local catastrophic error", (
-        "ib_device_fatal"
-    )),
+    (
+        "node7:1:2 [0] NCCL WARN NET/IB : mlx5_2:1 Got async event : local catastrophic error",
+        ("ib_device_fatal"),
+    ),
     ("node7:1:2 [0] NCCL WARN NET/IB : mlx5_2:1 Got async event : GID table change", "ib_async_event"),
     ("node7:1:2 [0] NCCL WARN Call to ibv_poll_cq() returned -1", "ib_poll_cq_error"),
     ("mlx5: node7: got completion with error:", "ib_completion_error"),

@@ -114,10 +114,14 @@ async def test_with_the_nvml_dbe_naming_the_gpu_it_is_xid_48s_reset(tmp_path: Pa
     )
     requests = decide(event, (dbe,))
     kernel = decide(xid(48, event.ts, uuid="GPU-1"))
-    assert plan(requests) == plan(kernel) == [
-        ("checkpoint_restart", "j1", "xid_catalog"),
-        ("gpu_reset", NODE, "xid_catalog"),
-    ]
+    assert (
+        plan(requests)
+        == plan(kernel)
+        == [
+            ("checkpoint_restart", "j1", "xid_catalog"),
+            ("gpu_reset", NODE, "xid_catalog"),
+        ]
+    )
     assert requests[1].params["pci"] == kernel[1].params["pci"] == PCI
     assert requests[1].params["uuid"] == "GPU-1"
     assert requests[0].params["exclude"] == kernel[0].params["exclude"] == [NODE]
@@ -129,10 +133,14 @@ async def test_the_device_unavailable_line_is_xid_79s_drain(tmp_path: Path, line
     assert (event.data["pattern"], event.data["xid"]) == ("cuda_device_unavailable", 79)
     requests = decide(event)
     kernel = decide(make_event(NODE, "gpu_fallen_off_bus", severity="critical", data={}, ts=event.ts))
-    assert plan(requests) == plan(kernel) == [
-        ("checkpoint_restart", "j1", "xid_catalog"),
-        ("drain_node", NODE, "xid_catalog"),
-    ]
+    assert (
+        plan(requests)
+        == plan(kernel)
+        == [
+            ("checkpoint_restart", "j1", "xid_catalog"),
+            ("drain_node", NODE, "xid_catalog"),
+        ]
+    )
     assert requests[0].params["exclude"] == [NODE]
     assert (requests[1].params["code"], requests[1].params["bucket"]) == (79, "RESTART_BM")
 

@@ -60,7 +60,7 @@ def test_replay_prints_verdicts_and_a_summary(tmp_path: Path, capsys: pytest.Cap
     ]
     assert drains[1]["policy"].startswith("blast radius") and drains[1]["event_id"] == "e1"
     kinds = {(a["rule"], a["kind"], a["target"]) for a in doc["actions"]}
-    assert ("hang", "collect_diagnostics", "node-1") in kinds
+    assert ("hang", "diagnose_hang", "j1") in kinds
     summary = {(row["rule"], row["kind"]): row for row in doc["summary"]}
     assert summary[("xid_catalog", "drain_node")]["suppressed"] == 2
 

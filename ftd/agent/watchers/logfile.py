@@ -14,7 +14,8 @@
   :mod:`ftd.catalog.log_patterns`: name, regex, severity. A match emits ``log_pattern`` with
   ``file``, ``line`` (1-based, counted from the start of the file when known; ``None`` for a large
   file joined at its end), ``offset``, ``pattern`` and ``text`` (the line, truncated to 512
-  characters), and ``xid`` when the table says which Xid the line reports. Per (file, pattern) at
+  characters), ``xid`` when the table says which Xid the line reports, and ``peer_address`` when the
+  line blames another rank by address (:func:`ftd.culprit.peers.parse_peer_error`). Per (file, pattern) at
   most one event per ``rate_limit_s``; the next event carries the number suppressed in between
   (``suppressed``).
 * **Stale**: a followed log that has not grown for ``stale_after_s`` is a hang suspect: one
@@ -38,6 +39,7 @@ from ftd.agent.follow import FileFollower, Rotation
 from ftd.agent.watchers.base import Emit
 from ftd.catalog.log_patterns import LogPattern, load_patterns
 from ftd.config import LogsConfig
+from ftd.culprit.peers import parse_peer_error
 from ftd.events import Kind, Severity, make_event
 from ftd.logs import get_logger
 
@@ -322,6 +324,9 @@ class LogWatcher:
         }
         if pattern.xid is not None:
             data["xid"] = pattern.xid  # the Xid this line reports (rule xid_catalog decides it so)
+        peer = parse_peer_error(text)
+        if peer is not None:
+            data["peer_address"] = peer  # the other end this line blames (issue #33: peer naming)
         event = make_event(self.node, pattern.kind, severity=pattern.severity, source="logs", data=data)
         await self._emit(event)
 

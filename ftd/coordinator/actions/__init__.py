@@ -5,8 +5,9 @@
 offers its own, so the coordinator has one way to learn executors (and a plugin that claims a kind
 already taken fails start-up the same way, whoever came first).
 
-Always registered: ``checkpoint_restart``, ``gpu_reset`` and ``collect_diagnostics`` (bus directives to
-agents). ``drain_node`` / ``resume_node`` go through whichever scheduler ``coordinator.scheduler``
+Always registered: ``checkpoint_restart``, ``gpu_reset``, ``collect_diagnostics`` and ``diagnose_hang``
+(bus directives to agents; diagnose_hang hands its verdict to the rules through ``emit_event``).
+``drain_node`` / ``resume_node`` go through whichever scheduler ``coordinator.scheduler``
 selects (Slurm, Kubernetes) and are absent with none. ``notify`` is always registered: it posts to
 each webhook configured (``coordinator.notify``: ``webhook_url``/``url_file`` and ``destinations``, in
 its format), else it writes one ``notification`` warning line to the log and the action ends ``logged``.
@@ -21,6 +22,7 @@ from ftd.config import Config
 from ftd.config.schema import SlurmConfig
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
+from ftd.coordinator.actions.diagnose_hang import DiagnoseHang, EmitEvent
 from ftd.coordinator.actions.diagnostics import CollectDiagnostics
 from ftd.coordinator.actions.directive import NodeSend
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
@@ -50,6 +52,8 @@ class ExecutorContext:
     #: Persist an action record mid-phase (the ledger): checkpoint_restart records each generation it
     #: starts inside an allocation before sending it, so a restarted coordinator resumes that one.
     save_action: Callable[[ActionRecord], Awaitable[None]] | None = None
+    #: Hand a coordinator-sourced event to the rules (the engine's handle_event): diagnose_hang's verdict.
+    emit_event: EmitEvent | None = None
 
 
 def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
@@ -87,6 +91,14 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         ),
         ActionKind.COLLECT_DIAGNOSTICS: CollectDiagnostics(
             send=ctx.send_to_node, state=ctx.state, acks=ctx.acks, deadline_s=cfg.diagnostics_deadline_s
+        ),
+        ActionKind.DIAGNOSE_HANG: DiagnoseHang(
+            send=ctx.send_to_node,
+            state=ctx.state,
+            acks=ctx.acks,
+            deadline_s=cfg.hang_evidence_deadline_s,
+            emit=ctx.emit_event,
+            unclear=cfg.hang_unclear,
         ),
     }
     executors[ActionKind.NOTIFY] = Notify(cfg.notify, ctx.state)  # without a webhook: the log

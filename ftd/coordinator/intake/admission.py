@@ -39,6 +39,8 @@ from ftd.logs import get_logger
 
 log = get_logger(__name__)
 
+#: Kinds only the coordinator itself writes (a hang's verdict: the rules exclude nodes on it).
+COORDINATOR_KINDS = frozenset({Kind.HANG_VERDICT})
 MAX_BATCH_BYTES = 4 << 20  # a batched event message larger than this is rejected unread
 BATCH_CHUNK = 256  # events of a batch checked or handled between two yields to the event loop
 #: A batch up to this size is decoded in one call (well under a millisecond); a larger one in chunks
@@ -101,6 +103,10 @@ class Admission:
         events = await self._decode_batch(node, message) if batch else [self._decode_one(node, message)]
         verdict = Verdict(node)
         forged = self._foreign_job_claims(events, verdict.rejected)
+        for event in events:  # the coordinator's own kinds: a node cannot speak for it
+            if event.kind in COORDINATOR_KINDS:
+                forged.add(event.id)
+                verdict.rejected[event.id] = f"coordinator_only: {event.kind} comes from the coordinator"
         verdict.events = self.triage([e for e in events if e.id not in forged] if forged else events)
         return verdict
 

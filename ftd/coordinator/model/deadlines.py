@@ -35,4 +35,6 @@ def stuck_after_s(kind: str, cfg: CoordinatorConfig) -> float:
         return cfg.gpu_reset_deadline_s + cfg.return_to_service.preflight_deadline_s + MARGIN_S
     if kind == ActionKind.COLLECT_DIAGNOSTICS:
         return cfg.diagnostics_deadline_s + MARGIN_S
+    if kind == ActionKind.DIAGNOSE_HANG:
+        return cfg.hang_evidence_deadline_s + MARGIN_S
     return DEFAULT_S

@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ftd.culprit.evidence import MAX_TEXT, PeerBlame
+from ftd.culprit.peers import normalize_address, resolve_peer
 from ftd.events import Event, JobPresence, NodeStatus, Severity
 from ftd.plugin.save_path import FilesystemBook
 from ftd.plugin.view import (
@@ -34,6 +36,7 @@ from ftd.plugin.view import (
 )
 
 _WARNING_RANK = Severity.WARNING.rank
+PEER_BLAMES_KEPT = 32  # per job, the newest (issue #33: the hang collection reads them)
 
 
 class ClusterState:
@@ -58,6 +61,10 @@ class ClusterState:
         self.restarts: dict[str, deque[float]] = {}
         # the nodes ftd drained (kept with mark_drained: the gate reads it per drain, not a scan)
         self._drained_by_ftd: set[str] = set()
+        # address (normalised) -> the node whose agent announced it (NodeStatus.addresses, issue #33)
+        self.address_book: dict[str, str] = {}
+        # job -> the newest peer blames its ranks' logs made (a line naming another rank by address)
+        self.peer_blames: dict[str, deque[PeerBlame]] = {}
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -74,7 +81,66 @@ class ClusterState:
         changed = node.online != online
         node.online = online
         node.last_change = status.ts or time.time()
+        if status.addresses:  # a Last Will or an older agent says none: the last announced stay
+            self._set_addresses(node, status.addresses)
         return changed
+
+    def _set_addresses(self, node: NodeRecord, addresses: Sequence[str]) -> None:
+        for old in node.addresses:
+            if self.address_book.get(normalize_address(old)) == node.name:
+                del self.address_book[normalize_address(old)]
+        node.addresses = [a[:MAX_TEXT] for a in addresses[:64] if isinstance(a, str) and a]
+        for address in node.addresses:
+            self.address_book[normalize_address(address)] = node.name
+
+    def node_of_address(self, address: str) -> str | None:
+        """The node that announced ``address`` (a full host name also matches its short name)."""
+        if not isinstance(address, str):
+            return None
+        return resolve_peer(address, self.address_book, normalized=True)
+
+    def _note_peer_blame(self, event: Event, address: str) -> None:
+        """A log line of ``event``'s node blames ``address``: kept per job (newest
+        :data:`PEER_BLAMES_KEPT`), resolved to the node, and to the rank when the job has exactly one
+        there."""
+        job = event.data.get("job")
+        jobs = [str(job)] if isinstance(job, str | int) and not isinstance(job, bool) and str(job) else []
+        jobs = jobs or self.jobs_on_node(event.node)
+        reporter_rank = event.data.get("rank")
+        text = event.data.get("text")
+        node = self.node_of_address(address)
+        for name in jobs:
+            rank = None
+            record = self.jobs.get(name)
+            if node is not None and record is not None:
+                ranks = record.ranks_by_node.get(node, [])
+                rank = ranks[0].rank if len(ranks) == 1 else None
+            blame = PeerBlame(
+                address=address[:MAX_TEXT],
+                reporter_node=event.node,
+                reporter_rank=reporter_rank if type(reporter_rank) is int else None,
+                node=node,
+                rank=rank,
+                line=text[:MAX_TEXT] if isinstance(text, str) else "",
+            )
+            self.peer_blames.setdefault(name, deque(maxlen=PEER_BLAMES_KEPT)).append(blame)
+
+    def job_peer_blames(self, job: str) -> list[PeerBlame]:
+        """The job's recent peer blames, oldest first; one recorded before its node was known (the
+        ledger's history replayed at start-up) is resolved now, where it can be."""
+        out = []
+        for blame in self.peer_blames.get(job, ()):
+            if blame.node is None and (node := self.node_of_address(blame.address)) is not None:
+                blame = PeerBlame(
+                    address=blame.address,
+                    reporter_node=blame.reporter_node,
+                    reporter_rank=blame.reporter_rank,
+                    node=node,
+                    rank=blame.rank,
+                    line=blame.line,
+                )
+            out.append(blame)
+        return out
 
     def apply_presence(self, node: str, job: str, presence: JobPresence | None) -> None:
         """A node's retained presence of ``job``: its registered ranks, from the scheduler's Prolog its
@@ -176,6 +242,9 @@ class ClusterState:
             self._recent_data[event.node] = deque(maxlen=HISTORY_LIMIT)
         recent.append(fields)
         self._recent_data[event.node].append(event.data)
+        peer = event.data.get("peer_address")
+        if isinstance(peer, str) and peer:
+            self._note_peer_blame(event, peer)
         fault = as_record(fields, event.data)
         self.filesystems.note(fault)  # the save path: which filesystems are in trouble where (#23)
         if event.severity.rank < Severity.ERROR.rank:

@@ -16,6 +16,10 @@ policy gate and the ledger:
    <the reset's reason>; ...``), with ``params.severity = critical`` so the drain cooldown of step 1
    does not hold it back.
 
+A node a rule drains as a *suspect* (``drain_node`` with ``params.suspect``: the ``hang`` rule's
+culprit of a hang, issue #33) takes the same way back without a reset: once its drain is done,
+``preflight``, then ``resume_node`` or the drain for RMA.
+
 A reset that did not work is left to the reset's own escalation (reboot, or drain for RMA): nothing
 comes back without a passing preflight. A preflight the policy gate holds back (or a dry run) gives
 no verdict: the node stays drained, for a human.
@@ -74,6 +78,14 @@ class ReturnToService:
         kind, node = record.request.kind, record.request.target
         if kind == ActionKind.GPU_RESET and record.request.rule in self.rules:
             self._reset(node, record)
+        elif (
+            kind == ActionKind.DRAIN_NODE
+            and record.request.params.get("suspect") is True
+            and record.request.rule in self.rules
+            and node not in self._nodes
+            and record.state in (ActionState.PENDING, ActionState.RUNNING)
+        ):
+            self._suspect(node, record)
         elif kind == ActionKind.DRAIN_NODE and node in self._nodes:
             track = self._nodes[node]
             if record.id == track.drain_id and record.state.finished:
@@ -140,6 +152,13 @@ class ReturnToService:
             return
         track.history.append(f"{track.reset_done} done")
         self._maybe_preflight(node)
+
+    def _suspect(self, node: str, record: ActionRecord) -> None:
+        """A rule drained ``node`` as a suspect (a hang's culprit): no reset, back after a preflight."""
+        track = self._nodes[node] = _Node(record.id, record.request.reason, record.request.rule)
+        track.history.append(record.request.reason)
+        track.drain_id = record.id
+        track.reset_done = "suspect drain"
 
     def _later_drain(self, node: str, request: ActionRequest) -> None:
         async def go() -> None:

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from ftd.sim.goodput.faults import Signal
 
 JOB = "train"
+#: How long a hang's diagnosis (diagnose_hang: every node's evidence, then the verdict) takes before the
+#: rules act on its verdict; tests/e2e/test_hang_culprit.py measures it on real parts.
+DIAGNOSE_S = 5.0
 BASE_TS = 1_700_000_000.0  # the simulated run's t = 0 as an epoch (events carry real-looking times)
 
 
@@ -41,6 +44,7 @@ class Decision:
     drain: bool = False  # an allowed drain_node of the node
     reset: bool = False  # an allowed gpu_reset of the node
     verdicts: list[tuple[str, str]] = field(default_factory=list)  # (kind, verdict) of every action
+    delay_s: float = 0.0  # time spent diagnosing before the restart was decided (a hang's verdict)
 
 
 def node_name(node: int) -> str:
@@ -128,7 +132,40 @@ class EngineBridge:
             elif request.kind == "gpu_reset" and request.target == event.node:
                 decision.reset = True
         await self.sandbox.settle()
+        if ("diagnose_hang", "allowed") in decision.verdicts:
+            decision = await self._diagnosed(event, decision)
         return decision
+
+    async def _diagnosed(self, event: Event, decision: Decision) -> Decision:
+        """The verdict of a hang's diagnosis, fed as the coordinator would: the simulated fault is on the
+        node whose rank went silent (one rank per node), and the evidence names it."""
+        verdict = Event(
+            id=f"sim-{next(self._ids)}",
+            ts=event.ts + DIAGNOSE_S,
+            node=event.node,
+            kind=Kind.HANG_VERDICT,
+            severity=Severity.ERROR,
+            source="coordinator",
+            data={
+                "job": JOB,
+                "verdict": "culprit",
+                "confident": True,
+                "why": "simulated: the silent rank's node",
+                "culprit_nodes": [event.node],
+                "unclear": "restart",
+            },
+        )
+        after = await self.feed(verdict)
+        return Decision(
+            restart=decision.restart or after.restart,
+            exclude=decision.exclude or after.exclude,
+            drain=decision.drain or after.drain,
+            reset=decision.reset or after.reset,
+            verdicts=decision.verdicts + after.verdicts,
+            delay_s=DIAGNOSE_S + after.delay_s
+            if after.restart and not decision.restart
+            else decision.delay_s,
+        )
 
     async def close(self) -> None:
         """Stop what still runs: the run is over, how its last actions end does not count."""

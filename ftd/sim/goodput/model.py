@@ -390,7 +390,7 @@ class Simulation:
                 decision_drain = decision_drain or decision.drain
                 decision_reset = decision_reset or decision.reset
                 if decision.restart and decided is None:
-                    decided = signal.at_s + p.ftd_detect_s
+                    decided = signal.at_s + p.ftd_detect_s + decision.delay_s
                     decision_exclude = decision.exclude
         parts: list[tuple[str, float]] = []
         keep = False

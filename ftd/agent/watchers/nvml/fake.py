@@ -75,7 +75,6 @@ class FakeGpu:
             key = f"{scope}_{kind}_{location}"
             self.ecc[key] = self.ecc.get(key, 0) + n
 
-
     def with_nvlink(self, links: int = 18) -> FakeGpu:
         """Give this GPU ``links`` active NVLink links and zeroed error counters."""
         self.nvlink_links = dict.fromkeys(range(links), True)
