@@ -164,6 +164,18 @@ class Ack(msgspec.Struct, frozen=True, kw_only=True):
     data: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
+class StepTiming(msgspec.Struct, frozen=True, kw_only=True):
+    """A rank's step timing counters as its client measured them (issue #33), cumulative since the
+    client started, so a lost or throttled report loses nothing: the coordinator takes differences.
+    ``steps``: steps timed; ``step_s``: their total duration; ``compute_s``: of that, the total time
+    before the step's first collective (the rank's own work), only where the training code marks its
+    collectives (the torch helper's DDP hook); None: not measured."""
+
+    steps: int = 0
+    step_s: float = 0.0
+    compute_s: float | None = None
+
+
 class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     rank: int
     local_rank: int | None = None
@@ -177,6 +189,7 @@ class RankInfo(msgspec.Struct, frozen=True, kw_only=True):
     # save, as its client registered them (issue #23); None: not declared (an older client).
     checkpoint_dir: str | None = None
     fallback_checkpoint_dir: str | None = None
+    timing: StepTiming | None = None  # step timing counters (issue #33); None: an older client
 
 
 SupervisorRole = Literal["active", "spare", "out"]

@@ -110,9 +110,18 @@ class Client(Connection, LocalTriggers):
     # --- per-step calls (hot path) -------------------------------------------------------------
 
     def heartbeat(self, step: int | None = None) -> None:
-        """Record progress; the I/O thread forwards it (at most every ``heartbeat_interval``)."""
+        """Record progress; the I/O thread forwards it (at most every ``heartbeat_interval``) with
+        the rank's step timing (:mod:`ftd.client.timing`)."""
+        with contextlib.suppress(Exception):  # fail-open: never raise into training code
+            self._clock.beat(step)
         self._step = step
         self._beat = True
+
+    def waited(self, seconds: float) -> None:
+        """The rank spent ``seconds`` blocked in a collective this step (waiting for its peers): the
+        rest of the step is its own work, which is what tells a slow rank from its peers (issue #33).
+        The torch helper reports DDP's gradient all-reduce and its own (:mod:`ftd.client.torch`)."""
+        self._clock.waited(seconds)
 
     def should_save(self) -> bool:
         """True while a save is wanted and not yet answered: a ``save`` directive, SIGUSR1, the

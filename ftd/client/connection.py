@@ -182,7 +182,7 @@ class Connection(RankState):
                     self._nack_overdue()
                     if self._beat:
                         self._beat = False
-                        sock.sendall(protocol.encode(protocol.heartbeat(self._step)))
+                        sock.sendall(protocol.encode(protocol.heartbeat(self._step, self._clock.snapshot())))
             if self._closed.is_set():
                 return registered
 

@@ -36,7 +36,10 @@ Client -> agent:
   still pending for that job, or ``{"v":1,"op":"error","re":"register","error":...}``.
 - ``{"v":1,"op":"heartbeat","step":1200}`` (``step`` may be null). No answer. The client sends
   one only when the training loop has called ``heartbeat()`` since the last one, so a hung loop
-  goes silent at the agent.
+  goes silent at the agent. Once a step was timed it adds ``"timing":{"steps":1180,"step_s":354.2,
+  "compute_s":301.7}`` (issue #33, :mod:`ftd.client.timing`): cumulative counters of the steps timed,
+  their total duration and, of that, the time before each step's first collective (null where the
+  training code marks no collective). The agent puts the latest in the rank's presence.
 - ``{"v":1,"op":"ack","directive_id":"...","ok":true,"step":1200,"path":"/ckpt/1200","reason":""}``.
   No answer.
 - ``{"v":1,"op":"checkpoint","step":1200,"manifest":"/local/ckpt/step-000001200/rank-00003.manifest.json",
@@ -117,7 +120,10 @@ if TYPE_CHECKING:
         run: str | None
         startup_timeout_s: float | None
 
-    class HeartbeatMsg(TypedDict):
+    class _HeartbeatTiming(TypedDict, total=False):
+        timing: dict[str, Any]  # sent only once a step was timed
+
+    class HeartbeatMsg(_HeartbeatTiming):
         v: int
         op: str
         step: int | None
@@ -332,8 +338,11 @@ def generation_run(base: str | None, generation: int) -> str:
     return f"{base[: RUN_MAX - len(suffix) - 1]}.{suffix}"
 
 
-def heartbeat(step: int | None) -> HeartbeatMsg:
-    return {"v": PROTOCOL_VERSION, "op": HEARTBEAT, "step": step}
+def heartbeat(step: int | None, timing: dict[str, Any] | None = None) -> HeartbeatMsg:
+    msg: HeartbeatMsg = {"v": PROTOCOL_VERSION, "op": HEARTBEAT, "step": step}
+    if timing is not None:  # a client that timed nothing sends the bytes it always sent
+        msg["timing"] = timing
+    return msg
 
 
 def ack(directive_id: str, *, ok: bool, step: int | None, path: str | None, reason: str) -> AckMsg:

@@ -19,6 +19,7 @@ from ftd.client import protocol
 from ftd.client.environment import DEFAULT_JOB, env, env_int
 from ftd.client.files import read_step
 from ftd.client.protocol import DEFAULT_SOCKET
+from ftd.client.timing import StepClock
 
 TYPE_CHECKING = False  # not imported from typing: keeps `import ftd.client` light
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ class RankState:
         # step >= it. None: at once (no such param, or a directive without one is pending too).
         self._save_at: int | None = None
         self._beat = False
+        self._clock = StepClock()  # step timing sent with heartbeats (issue #33)
         # Why a save is wanted besides directives ("signal", "save_file", "memory"): set from signal
         # handlers too, so it is touched without the lock (a set.add is atomic under the GIL).
         self._local_saves: set[str] = set()

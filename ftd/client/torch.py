@@ -29,6 +29,17 @@ step but answer with the checkpoint it already wrote. :meth:`TorchCoordinator.sa
 a checkpoint ("owed" to a directive) for ``owed_ttl_s`` seconds and :meth:`agree` acks the late
 directive with it.
 
+Slow ranks (issue #33): a rank's step lasts as long as its slowest peer's, so what tells a slow
+rank is the time it spends *waiting* in collectives (the slow one waits least). :func:`time_collectives`
+registers a DDP communication hook (the default all-reduce, timed) on a ``DistributedDataParallel``
+model: the last gradient bucket of each backward is where a rank blocks for its peers, and the time
+from its launch to its completion is reported with :meth:`Client.waited <ftd.client.Client.waited>`;
+:meth:`TorchCoordinator.agree` reports its own all-reduce the same way. The client sends the
+resulting compute time with its heartbeats (:mod:`ftd.client.timing`)::
+
+    model = DistributedDataParallel(net)
+    time_collectives(model, client)
+
 Without an initialised process group (single process) ``agree`` returns the local flags. A failing
 collective is *not* swallowed: it means the job's process group is broken, and hiding that would
 desynchronise the ranks' collectives; the training step's own collectives would fail the same way.
@@ -45,7 +56,7 @@ import torch.distributed as dist
 
 from ftd.client import Client
 
-__all__ = ["TorchCoordinator", "agree"]
+__all__ = ["TorchCoordinator", "agree", "time_collectives"]
 
 SAVE_NONE, SAVE_LOCAL, SAVE_DIRECTIVE = 0, 1, 2
 
@@ -129,9 +140,11 @@ class TorchCoordinator:
             buf[0], buf[1] = save, stop
         else:
             buf.copy_(torch.tensor([save, stop], dtype=torch.int32), non_blocking=False)
+        began = time.monotonic()
         dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=self.group)
         self.reductions += 1
         agreed_save, agreed_stop = (int(v) for v in buf.tolist())
+        self.client.waited(time.monotonic() - began)  # blocked for the slowest peer (issue #33)
         self._peer_directive = agreed_save == SAVE_DIRECTIVE and save != SAVE_DIRECTIVE
         return agreed_save != SAVE_NONE, bool(agreed_stop)
 
@@ -159,3 +172,29 @@ def coordinator_for(client: Client, group: Any = None) -> TorchCoordinator:
     if coordinator is None or coordinator.group is not group:
         coordinator = _COORDINATORS[client] = TorchCoordinator(client, group)
     return coordinator
+
+
+def time_collectives(model: Any, client: Client, process_group: Any = None) -> None:
+    """Register on the ``DistributedDataParallel`` ``model`` a communication hook that all-reduces the
+    gradients as DDP's default does (averaged over ``process_group``, the default group when None) and
+    reports to ``client`` how long the step's last bucket took from its launch to its completion:
+    where a rank blocks at the end of its backward pass until the slowest rank has caught up. Call
+    it once, before the first step (DDP accepts one hook per model)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    def hook(state: Any, bucket: Any) -> Any:
+        future = allreduce_hook(state, bucket)
+        if not bucket.is_last():
+            return future
+        launched = time.monotonic()
+
+        def done(fut: Any) -> Any:
+            client.waited(time.monotonic() - launched)
+            return fut.value()
+
+        return future.then(done)
+
+    # DDP refuses a hook whose annotations are not the GradBucket and Future classes themselves, and
+    # postponed annotations are strings: it gets none.
+    hook.__annotations__.clear()
+    model.register_comm_hook(process_group, hook)

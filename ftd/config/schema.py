@@ -846,6 +846,55 @@ class OfflineGraceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     ] = 120.0
 
 
+class SlowRanksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Slow ranks (issue #33, ``ftd.coordinator.intake.slow_ranks``): a sustained change of a rank's
+    step time against its job's own history, attributed to a node or to the job, acted on with a cost
+    model (the ``slow_rank`` rule)."""
+
+    enabled: Annotated[bool, _doc("Watch the ranks' step timing for slow ranks.")] = True
+    warmup_samples: Annotated[
+        int,
+        _doc(
+            "Timing samples (about one a second per rank) that set a rank's and a job's baseline "
+            "before anything can be found.",
+            ge=3,
+            le=10000,
+        ),
+    ] = 30
+    min_change: Annotated[
+        float,
+        _doc(
+            "The smallest sustained slowdown worth finding, as a fraction (0.25: 25 % slower).", gt=0, le=10
+        ),
+    ] = 0.25
+    swap_cost_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "What swapping a node for a hot spare costs the job, in seconds of its time (the save, "
+            "the restart, the first step again). The default is ftd bench recovery's path without a "
+            "spare (the scheduler requeue, 9.8-10.0 s on the development machine); measure yours."
+        ),
+    ] = 10.0
+    remaining_s: Annotated[
+        PositiveSeconds,
+        _doc("The time a job is assumed to have left when the scheduler does not say (its time limit)."),
+    ] = 3600.0
+    exclude_after: Annotated[
+        int,
+        _doc(
+            "Slow episodes of one node within repeat_window_s after which the node is drained "
+            "(excluded from every job); 0: never.",
+            ge=0,
+        ),
+    ] = 3
+    repeat_window_s: Annotated[
+        PositiveSeconds, _doc("Window over which exclude_after counts a node's slow episodes.")
+    ] = 86400.0
+    max_jobs: Annotated[
+        int, _doc("Jobs whose step history is kept (the least recently updated is forgotten).", ge=1)
+    ] = 4096
+
+
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The cluster coordinator (``ftd coordinator``)."""
 
@@ -914,6 +963,9 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             extra={"choices": HANG_UNCLEAR_POLICIES},
         ),
     ] = "restart"
+    slow_ranks: Annotated[
+        SlowRanksConfig, _doc("Slow ranks: found from step timing, attributed, acted on with a cost model.")
+    ] = msgspec.field(default_factory=SlowRanksConfig)
     offline_grace: Annotated[
         OfflineGraceConfig,
         _doc("How long a node that left (agent stopped or Last Will) may take to come back before acting."),

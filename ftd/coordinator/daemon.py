@@ -64,6 +64,7 @@ from ftd.coordinator.intake.placement import NeedPlacement, Placement
 from ftd.coordinator.intake.presence_memory import PresenceMemory
 from ftd.coordinator.intake.rack_bridges import RackBridges, bridge_up
 from ftd.coordinator.intake.receipts import ReceiptOutbox
+from ftd.coordinator.intake.slow_ranks import SlowRanks
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.leadership import HaStatus
 from ftd.coordinator.model.state import ClusterState
@@ -174,6 +175,7 @@ class Coordinator:
         self.return_to_service = return_to_service
         self.receipts = ReceiptOutbox(bus)
         self.offline_grace = OfflineGrace(config.coordinator.offline_grace)
+        self.slow_ranks = SlowRanks(config.coordinator.slow_ranks, node_events=state.node_events)
         self._status_seen: set[str] = set()  # nodes whose status this coordinator has read
         self.rack_bridges = RackBridges()  # which rack broker each node is on, whose bridge is down
         self.spare_release = SpareRelease(bus.publish)  # a finished ftd run job's spares exit
@@ -598,6 +600,9 @@ class Coordinator:
             return True
         self.state.apply_presence(node, job, presence)
         await self.presence_memory.observe(node, job, presence)
+        for event in self.slow_ranks.observe(node, job, presence):  # issue #33: step timing
+            log.warning("rank_slow", job=job, node=event.node, scope=event.data.get("scope"))
+            await self.engine.handle_event(event)
         await self.spare_release.check(job, self.state.jobs.get(job))
         return True
 

@@ -77,7 +77,7 @@ from ftd.agent.local_api.supervisors import SUPERVISOR_ACTIONS, SUPERVISOR_ONLY
 from ftd.agent.peer import ProcFs, identify, peer_cred
 from ftd.client import protocol
 from ftd.client.protocol import MAX_LINE, PROTOCOL_VERSION
-from ftd.events import Ack, Directive, Event, RankInfo, SupervisorInfo
+from ftd.events import Ack, Directive, Event, RankInfo, StepTiming, SupervisorInfo
 from ftd.logs import get_logger
 
 log = get_logger(__name__)
@@ -624,6 +624,9 @@ class LocalApi:
         conn.beaten = True
         conn.last_beat = time.time()
         conn.last_beat_mono = time.monotonic()
+        if msg.timing is not None:  # rides along with the step's (throttled) presence report
+            t = msg.timing
+            conn.timing = StepTiming(steps=t.steps, step_s=t.step_s, compute_s=t.compute_s)
         if msg.step != conn.step:
             conn.step = msg.step
             assert conn.job is not None

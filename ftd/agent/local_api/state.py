@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 
 from ftd.agent.peer import JobIdentity, PeerCred
-from ftd.events import RankInfo
+from ftd.events import RankInfo, StepTiming
 
 __all__ = ["Conn"]
 
@@ -38,6 +38,7 @@ class Conn:
     cred: PeerCred | None = None  # SO_PEERCRED at connect (None where the OS has none)
     identity: JobIdentity | None = None
     supervising: str | None = None  # the job of a rank supervisor's connection (``ftd run``)
+    timing: StepTiming | None = None  # the rank's latest step timing counters (issue #33)
 
     def info(self) -> RankInfo:
         return RankInfo(
@@ -49,4 +50,5 @@ class Conn:
             run=self.run,
             checkpoint_dir=self.checkpoint_dir,
             fallback_checkpoint_dir=self.fallback_checkpoint_dir,
+            timing=self.timing,
         )

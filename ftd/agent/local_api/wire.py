@@ -80,9 +80,22 @@ class Register(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=pr
     fallback_checkpoint_dir: CheckpointDir | None = None
 
 
+#: A cumulative step timing counter (issue #33): finite, never negative, at most ~30,000 years of steps.
+TimingSeconds = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
+
+
+class HeartbeatTiming(msgspec.Struct, frozen=True, kw_only=True):
+    """A heartbeat's step timing counters (:mod:`ftd.client.timing`)."""
+
+    steps: Annotated[int, msgspec.Meta(ge=0, le=1 << 53)] = 0
+    step_s: TimingSeconds = 0.0
+    compute_s: TimingSeconds | None = None
+
+
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.HEARTBEAT):
     v: int = PROTOCOL_VERSION
     step: int | None = None
+    timing: HeartbeatTiming | None = None
 
 
 class AckMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.ACK):

@@ -1,0 +1,141 @@
+"""Slow ranks at the coordinator (issue #33): job presence with step timing -> ``rank_slow`` events
+(:mod:`ftd.coordinator.intake.slow_ranks`) -> the ``straggler`` rule's cost model.
+
+The ranks' counters are what a synchronous job's clients would send (``tests.unit.test_slow_steps``'s
+simulator): every step as long as the slowest rank's compute, each rank's compute its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ftd.config import SlowRanksConfig
+from ftd.coordinator.intake.slow_ranks import SlowRanks
+from ftd.coordinator.model.state import ClusterState
+from ftd.events import Event, JobPresence, Kind, RankInfo, StepTiming
+from ftd.rules import straggler
+from ftd.testing import evaluate_rule, make_event
+from tests.unit.test_slow_steps import _Sim
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _feed(
+    sim: _Sim, slow: SlowRanks, clock: _Clock, seconds: int, *, job: str = "j1", node_of=lambda r: f"n{r + 1}"
+) -> list[Event]:
+    events: list[Event] = []
+    for _ in range(seconds):
+        sim.second()
+        clock.t += 1
+        by_node: dict[str, list[RankInfo]] = {}
+        for rank in sim.totals:
+            by_node.setdefault(node_of(rank), []).extend(sim.view(rank))
+        for node, ranks in sorted(by_node.items()):
+            events += slow.observe(node, job, JobPresence(job=job, node=node, ranks=ranks))
+    return events
+
+
+def _kinds(requests: list) -> list[tuple[str, str]]:
+    return [(str(r.kind), r.target) for r in requests]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_slow_rank_is_one_event_naming_its_node_and_the_rule_swaps_it(seed: int) -> None:
+    clock = _Clock()
+    slow = SlowRanks(SlowRanksConfig(), clock=clock)
+    sim = _Sim(seed, {0: 0.1, 1: 0.1, 2: 0.1})
+    assert _feed(sim, slow, clock, 60) == []
+    sim.compute[2] = 0.2
+    events = _feed(sim, slow, clock, 60)
+    assert len(events) == 1, [e.data for e in events]  # one per episode
+    [event] = events
+    assert (event.kind, event.node, event.source) == (Kind.RANK_SLOW, "n3", "coordinator")
+    data = event.data
+    assert data["scope"] == "node" and data["ranks"] == [2] and data["measured"] is True
+    assert 1.5 < data["slowdown"] < 2.6 and data["gpus"] == 3 and data["repeats"] == 1
+    assert data["expected_loss_s"] == pytest.approx((1 - 1 / data["slowdown"]) * 3600, abs=1)
+    assert data["swap_cost_s"] == 10.0
+    requests = evaluate_rule(straggler, event)
+    assert _kinds(requests) == [("notify", "n3"), ("checkpoint_restart", "j1")]
+    assert requests[1].params["exclude"] == ["n3"]
+
+
+def test_a_loss_below_the_swap_cost_only_notifies_and_repeats_drain() -> None:
+    clock = _Clock()
+    cfg = SlowRanksConfig(remaining_s=5.0, exclude_after=2)  # 5 s left: never worth a swap
+    slow = SlowRanks(cfg, clock=clock)
+    sim = _Sim(7, {0: 0.1, 1: 0.1, 2: 0.1})
+    _feed(sim, slow, clock, 60)
+    found = []
+    for _ in range(2):  # two episodes of node n2
+        sim.compute[1] = 0.2
+        found += _feed(sim, slow, clock, 40)
+        sim.compute[1] = 0.1
+        assert _feed(sim, slow, clock, 60) == []  # back to normal: the episode ends, nothing new
+    assert [(e.node, e.data["repeats"]) for e in found] == [("n2", 1), ("n2", 2)]
+    assert _kinds(evaluate_rule(straggler, found[0])) == [("notify", "n2")]
+    assert _kinds(evaluate_rule(straggler, found[1])) == [("notify", "n2"), ("drain_node", "n2")]
+
+
+def test_every_rank_slowed_together_is_the_job_and_never_excludes_a_node() -> None:
+    clock = _Clock()
+    slow = SlowRanks(SlowRanksConfig(exclude_after=1), clock=clock)
+    sim = _Sim(3, {0: 0.1, 1: 0.1, 2: 0.1})
+    _feed(sim, slow, clock, 60)
+    sim.compute = {r: 0.2 for r in sim.compute}
+    events = _feed(sim, slow, clock, 60)
+    assert [(e.data["scope"], e.data.get("not_node")) for e in events] == [("job", True)]
+    assert "repeats" not in events[0].data
+    assert _kinds(evaluate_rule(straggler, events[0])) == [("notify", events[0].node)]
+
+
+def test_a_throttled_gpu_is_named_and_one_rank_of_a_node_is_its_gpu() -> None:
+    clock = _Clock()
+    state = ClusterState()
+    thermal = make_event(
+        "n2", Kind.THERMAL, data={"active": True, "throttle_reasons": ["hw_thermal_slowdown"]}, ts=clock.t
+    )
+    state.apply_event(thermal)
+    slow = SlowRanks(SlowRanksConfig(), node_events=state.node_events, clock=clock)
+    sim = _Sim(5, {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.1})
+    two_per_node = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}.__getitem__
+    _feed(sim, slow, clock, 60, node_of=two_per_node)
+    sim.compute[3] = 0.2
+    [event] = _feed(sim, slow, clock, 60, node_of=two_per_node)
+    assert (event.node, event.data["scope"], event.data["ranks"]) == ("n2", "gpu", [3])
+    assert event.data["throttle_reasons"] == ["hw_thermal_slowdown"]
+
+
+def test_memory_is_bounded_and_a_job_that_left_is_forgotten() -> None:
+    clock = _Clock()
+    slow = SlowRanks(SlowRanksConfig(max_jobs=2), clock=clock)
+    timing = StepTiming(steps=1, step_s=0.1, compute_s=0.05)
+    for job in ("a", "b", "c"):
+        slow.observe("n1", job, JobPresence(job=job, node="n1", ranks=[RankInfo(rank=0, timing=timing)]))
+    assert list(slow.jobs) == ["b", "c"]
+    slow.observe("n1", "c", None)
+    assert list(slow.jobs) == ["b"]
+    # an older client (no timing) costs nothing
+    slow.observe("n1", "d", JobPresence(job="d", node="n1", ranks=[RankInfo(rank=0)]))
+    assert "d" not in slow.jobs
+    off = SlowRanks(SlowRanksConfig(enabled=False), clock=clock)
+    assert (
+        off.observe("n1", "a", JobPresence(job="a", node="n1", ranks=[RankInfo(rank=0, timing=timing)])) == []
+    )
+    assert not off.jobs
+
+
+def test_hostile_figures_in_a_rank_slow_event_only_notify() -> None:
+    for data in (
+        {},
+        {"job": 5, "expected_loss_s": "lots"},
+        {"job": "j1", "expected_loss_s": True, "swap_cost_s": 1, "repeats": "9"},
+    ):
+        requests = evaluate_rule(straggler, make_event("n1", Kind.RANK_SLOW, data=data))
+        assert _kinds(requests) == [("notify", "n1")], data
