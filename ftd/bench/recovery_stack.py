@@ -268,7 +268,7 @@ class RecoveryStack:
         return "\n".join(parts)
 
 
-def _agent_config(port: int, node: str, kmsg: Path, state: Path, socket: Path) -> str:
+def _agent_config(port: int, node: str, kmsg: Path, state: Path, socket: Path, extra: str = "") -> str:
     return f"""[bus]
 host = "127.0.0.1"
 port = {port}
@@ -285,6 +285,7 @@ socket_path = "{socket}"
 [log]
 level = "info"
 json = true
+{extra}
 """
 
 
@@ -325,11 +326,12 @@ def recovery_stack(
     *,
     coordinator_keys: dict[str, Any] | None = None,
     coordinator_extra: str = "",
+    agent_extra: str = "",
     start_timeout_s: float = 60.0,
 ) -> Iterator[RecoveryStack]:
     """Agents on every node of ``slurm`` and a coordinator, on the broker at ``broker_port``.
     ``coordinator_keys``: keys of ``[coordinator]`` (save/stop deadlines...); ``coordinator_extra``:
-    more TOML tables at the end of its config."""
+    more TOML tables at the end of its config; ``agent_extra``: the same for every agent's."""
     keys = {"save_deadline_s": 30.0, "stop_deadline_s": 30.0, **(coordinator_keys or {})}
     workdir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="ftd-rec-", dir="/tmp"))  # unix socket paths must be short
@@ -352,7 +354,12 @@ def recovery_stack(
             agents[node] = Daemon(
                 f"agent-{node}",
                 _agent_config(
-                    broker_port, node, kmsg[node], workdir / f"state-{node}", run_dir / node / "agent.sock"
+                    broker_port,
+                    node,
+                    kmsg[node],
+                    workdir / f"state-{node}",
+                    run_dir / node / "agent.sock",
+                    agent_extra,
                 ),
                 workdir,
             )

@@ -31,6 +31,15 @@ soon as it is on disk, by the others after the barrier that follows), ``stopped`
 ``$FTD_RECOVERY_STEP_S`` (seconds slept per step, 0.1), ``$FTD_RECOVERY_MAX_S`` (give up and exit 1
 after this long, 900), ``$FTD_RECOVERY_STEPS`` (the training is done at this step: every rank exits
 0 there, outcome ``done``; unset: it trains until stopped).
+
+For ``ftd bench culprit`` (issue #33), two more knobs: ``$FTD_RECOVERY_TIME_COLLECTIVES=1`` times the
+gradients' all-reduce with the torch helper's DDP hook (:func:`ftd.client.torch.time_collectives`: the
+step timing slow-rank detection reads), and ``$FTD_RECOVERY_FAULT_DIR``: before each step the rank
+looks for ``<dir>/<its pid>.json`` (the bench writes it; a new process never finds its predecessor's),
+``{"fault": "stuck"}`` (it sleeps forever before its next forward pass and all-reduce), ``{"fault":
+"fifo", "path": P}`` (it opens the FIFO ``P``, which nobody writes: blocked in ``open``) or ``{"fault":
+"slow", "sleep_s": S}`` (``S`` more seconds slept per step from then on); each recorded once as
+``fault``.
 """
 
 from __future__ import annotations
@@ -69,6 +78,40 @@ def newest_checkpoint(ckpt: Path) -> int:
     """The newest step with a complete checkpoint (written by rename, so present means complete)."""
     steps = [int(p.stem.split("-")[1]) for p in ckpt.glob("step-*.pt")]
     return max(steps, default=0)
+
+
+def stuck_before_collective() -> None:
+    """The ``stuck`` fault: never returns (py-spy shows this frame above the training loop)."""
+    while True:
+        time.sleep(3600)
+
+
+def read_never_answering_path(path: str) -> None:
+    """The ``fifo`` fault: blocks in ``open`` of a FIFO nobody writes (a job-wide stall)."""
+    with open(path, "rb") as f:
+        f.read()
+
+
+def injected_fault(fault_dir: str, record: Recorder, seen: dict[str, Any]) -> float:
+    """Apply the fault the bench asked of this process (module docstring); the extra seconds to sleep
+    per step."""
+    if "fault" not in seen:
+        path = Path(fault_dir) / f"{os.getpid()}.json"
+        if not path.exists():
+            return 0.0
+        try:
+            seen["fault"] = json.loads(path.read_text())
+        except ValueError:
+            return 0.0  # being written: the next step reads it
+        record("fault", **seen["fault"])
+    fault = seen["fault"]
+    if fault.get("fault") == "stuck":
+        stuck_before_collective()
+    elif fault.get("fault") == "fifo":
+        read_never_answering_path(str(fault["path"]))
+    elif fault.get("fault") == "slow":
+        return float(fault.get("sleep_s", 0.0))
+    return 0.0
 
 
 def _env_int(name: str) -> int | None:
@@ -143,21 +186,28 @@ def main() -> int:
     net = DistributedDataParallel(model)
 
     client = Client()  # job from FTD_JOB, rank from RANK, run from FTD_RUN, socket from FTD_SOCKET
+    if os.environ.get("FTD_RECOVERY_TIME_COLLECTIVES") == "1":
+        from ftd.client.torch import time_collectives
+
+        time_collectives(net, client)
     coord = TorchCoordinator(client)
+    fault_dir = os.environ.get("FTD_RECOVERY_FAULT_DIR", "")
+    fault_seen: dict[str, Any] = {}
     outcome, step = "timeout", start
     last_step = _env_int("FTD_RECOVERY_STEPS")
     while time.monotonic() < give_up:
         if last_step is not None and step >= last_step:
             outcome = "done"
             break
+        extra_s = injected_fault(fault_dir, record, fault_seen) if fault_dir else 0.0
         step += 1
         gen = torch.Generator().manual_seed(step * 1000 + rank)
         loss = net(torch.randn(16, 32, generator=gen)).pow(2).mean()
         opt.zero_grad()
         loss.backward()  # the gradients' all-reduce: every rank of the generation takes part
         opt.step()
-        if step_s:
-            time.sleep(step_s)
+        if step_s or extra_s:
+            time.sleep(step_s + extra_s)
         record("step", step=step, loss=round(float(loss.item()), 6))
         client.heartbeat(step)
         save, stop = coord.agree(step)

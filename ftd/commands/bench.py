@@ -32,6 +32,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "dashboard": ("ftd.bench.dashboard", "bench_dashboard"),
     "scale": ("ftd.bench.scale", "bench_scale"),
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
+    "culprit": ("ftd.bench.culprit", "bench_culprit"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -41,6 +42,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "dashboard": ("samples", "nodes"),
     "recovery": ("samples", "paths"),
     "fairness": ("rate", "seconds", "probes", "severity"),
+    "culprit": ("runs", "cases", "seed"),
 }
 
 
@@ -98,6 +100,16 @@ def register(sub: Any) -> None:
         help="recovery: only these paths, comma-separated (in_allocation,in_allocation_cold,requeue,"
         "rank_killed,torchrun,ft_launcher); --check then misses the others' targets (not measured)",
     )
+    parser.add_argument(
+        "--runs", type=_positive_int, default=None, help="culprit: runs per case, each a new victim (1)"
+    )
+    parser.add_argument(
+        "--cases",
+        type=_names,
+        default=None,
+        help="culprit: only these cases, comma-separated (stopped,stuck,slowed,slowed_all,job_wide,clean)",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="culprit: the victims' random seed (0)")
     parser.set_defaults(handler=_run)
 
 
