@@ -14,6 +14,12 @@ agents, coordinator and ledger, with a victim rank drawn from ``--seed``:
 - ``job_wide``: every rank opens a FIFO nobody writes (a path that never answers);
 - ``clean``: nothing; the job is watched as long as a hang case would be.
 
+And ``e2e_during_collection``: ``ftd bench e2e``'s measurement (Xid line -> the client has ``save``)
+twice on its own stack, alone and while hang-evidence collections keep running on the same coordinator
+(:func:`ftd.bench.e2e.bench_e2e` ``during_collection``): ``p99_ratio`` is the second p99 over the
+first. The hung ranks it starts (two Python processes a second) load this host's CPUs too, so the ratio
+bounds the collections' cost from above: it includes the CPU they take, not only event-loop blocking.
+
 What is read, all from the coordinator's ledger and the trainers' own records (never inferred from
 what was injected): ``detect_s`` (fault -> the first hang symptom the agents raised, or the first
 ``rank_slow``), ``verdict_s`` (that symptom -> the ``hang_verdict`` event the ``diagnose_hang`` action
@@ -39,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.bench.broker import PrivateMosquitto
+from ftd.bench.e2e import bench_e2e
 from ftd.bench.recovery import recovered, steady
 from ftd.bench.recovery_stack import JobSpec, RecoveryStack, recovery_stack, wait_for
 from ftd.bench.recovery_timeline import incarnation, timeline
@@ -46,7 +53,7 @@ from ftd.bench.slurm_multinode import MultiNodeSlurm
 
 __all__ = ["CASES", "bench_culprit", "measure_case", "summarize"]
 
-CASES = ("stopped", "stuck", "slowed", "slowed_all", "job_wide", "clean")
+CASES = ("stopped", "stuck", "slowed", "slowed_all", "job_wide", "clean", "e2e_during_collection")
 HANG_CASES = frozenset({"stopped", "stuck", "job_wide"})
 ONE_CULPRIT = frozenset({"stopped", "stuck"})
 SLOW_CASES = frozenset({"slowed", "slowed_all"})
@@ -58,8 +65,9 @@ HANG_PATTERNS = frozenset({"nccl_watchdog_timeout", "nccl_watchdog_stuck"})
 SLOW_WARM_STEPS = 120  # the slow-rank detector's baseline (warmup samples) is set before the slowdown
 VERDICT_TIMEOUT_S = 120.0  # fault -> hang_verdict, beyond which the case is reported as no verdict
 SLOW_WINDOW_S = 90.0  # how long a slowed case is watched for rank_slow (the target is 60 s)
-CLEAN_WINDOW_S = 45.0  # how long a clean case is watched (the hang cases' verdicts come well within)
+CLEAN_WINDOW_S = 30.0  # how long a clean case is watched (hang verdicts came within 10 s of a fault here)
 RECOVER_TIMEOUT_S = 180.0
+E2E_SAMPLES = 200
 
 AGENT_EXTRA = f"""
 [agent.heartbeat]
@@ -307,6 +315,22 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def e2e_during_collection(samples: int = E2E_SAMPLES) -> dict[str, Any]:
+    """``ftd bench e2e`` alone, then while collections run (module docstring)."""
+    alone = bench_e2e(samples=samples)
+    during = bench_e2e(samples=samples, during_collection=True)
+    return {
+        "alone_p99_ms": alone["p99_ms"],
+        "p99_ms": during["p99_ms"],
+        "p99_ratio": round(during["p99_ms"] / alone["p99_ms"], 3) if alone["p99_ms"] > 0 else None,
+        "alone_p50_ms": alone["p50_ms"],
+        "p50_ms": during["p50_ms"],
+        "samples": during["samples"],
+        "diagnoses": during.get("diagnoses"),
+        "samples_during_collection": during.get("samples_during_collection"),
+    }
+
+
 def _one_run(slurm: MultiNodeSlurm, work: Path, case: str, victim: int) -> dict[str, Any]:
     slurm.reset()
     fault_dir = work / "faults"
@@ -337,10 +361,14 @@ def bench_culprit(runs: int = 1, cases: list[str] | None = None, seed: int = 0) 
         slurm = MultiNodeSlurm(work / "slurm", nodes=RANKS + 1).start()
         try:
             for case in chosen:
+                if case == "e2e_during_collection":
+                    continue
                 got = [_one_run(slurm, work / f"{case}-{i}", case, rng.randrange(RANKS)) for i in range(runs)]
                 result["cases"][case] = {**summarize(got), "each": got}
         finally:
             slurm.stop()
+    if "e2e_during_collection" in chosen:
+        result["e2e_during_collection"] = e2e_during_collection()
     result["machine"] = {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
     result["setup"] = (
         f"4 slurmd nodes on one host, {RANKS} training ranks (1 per node, gloo on CPU) + 1 spare under "

@@ -107,7 +107,8 @@ def register(sub: Any) -> None:
         "--cases",
         type=_names,
         default=None,
-        help="culprit: only these cases, comma-separated (stopped,stuck,slowed,slowed_all,job_wide,clean)",
+        help="culprit: only these cases, comma-separated (stopped,stuck,slowed,slowed_all,job_wide,clean,"
+        "e2e_during_collection); --check then misses the others' targets (not measured)",
     )
     parser.add_argument("--seed", type=int, default=None, help="culprit: the victims' random seed (0)")
     parser.set_defaults(handler=_run)
