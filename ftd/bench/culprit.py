@@ -68,6 +68,7 @@ SLOW_WINDOW_S = 90.0  # how long a slowed case is watched for rank_slow (the tar
 CLEAN_WINDOW_S = 30.0  # how long a clean case is watched (hang verdicts came within 10 s of a fault here)
 RECOVER_TIMEOUT_S = 180.0
 E2E_SAMPLES = 200
+_NOT_RUN = frozenset({"suppressed", "dry_run", "rejected", "awaiting_approval"})  # the policy gate said no
 
 AGENT_EXTRA = f"""
 [agent.heartbeat]
@@ -235,7 +236,11 @@ def read_outcome(
     symptoms = _symptoms(stack, job, fault_at)
     slow = [e for e in _job_events(stack, "rank_slow", job) if float(e["ts"]) >= fault_at]
     verdicts = [e for e in _job_events(stack, "hang_verdict", job) if float(e["ts"]) >= fault_at]
-    actions = [a for a in stack.actions() if a["created"] is None or float(a["created"]) >= fault_at - 1]
+    actions = [  # taken since the fault: what the policy gate stopped was not done
+        a
+        for a in stack.actions()
+        if (a["created"] is None or float(a["created"]) >= fault_at - 1) and a["state"] not in _NOT_RUN
+    ]
     restarts = [a for a in actions if a["kind"] == "checkpoint_restart" and a["target"] == job]
     excluded = {str(n) for a in restarts for n in a["request"].get("params", {}).get("exclude") or []}
     drained = {str(a["target"]) for a in actions if a["kind"] == "drain_node"}
