@@ -166,6 +166,11 @@ def _settled(stack: RecoveryStack, job: str) -> bool:
     )
 
 
+def _fault_times(stack: RecoveryStack, job: str, since: float) -> list[float]:
+    """When the job's ranks said their fault file took hold (their ``fault`` records)."""
+    return [float(r["t"]) for r in stack.records(job, "fault") if float(r["t"]) >= since]
+
+
 def _restarted(stack: RecoveryStack, job: str) -> bool:
     return any(a["kind"] == "checkpoint_restart" and a["target"] == job for a in stack.actions())
 
@@ -191,6 +196,10 @@ def measure_case(stack: RecoveryStack, case: str, victim: int, fault_dir: Path) 
     ranks = _ranks(stack, job)
     victim_node = str(ranks[victim]["node"])
     fault_at = inject(stack, job, case, victim, fault_dir)
+    if case not in ("stopped", "clean"):  # a fault file takes hold at the rank's next step: when it said so
+        since = fault_at
+        if _until(lambda: _fault_times(stack, job, since), 30, "the fault to take hold") is None:
+            fault_at = min(_fault_times(stack, job, since))
     last_step = max(
         (int(r["step"]) for r in stack.records(job, "step") if float(r["t"]) <= fault_at), default=0
     )
