@@ -38,7 +38,8 @@ step timing slow-rank detection reads), and ``$FTD_RECOVERY_FAULT_DIR``: before 
 looks for ``<dir>/<its pid>.json`` (the bench writes it; a new process never finds its predecessor's),
 ``{"fault": "stuck"}`` (it sleeps forever before its next forward pass and all-reduce), ``{"fault":
 "fifo", "path": P}`` (it opens the FIFO ``P``, which nobody writes: blocked in ``open``) or ``{"fault":
-"slow", "sleep_s": S}`` (``S`` more seconds slept per step from then on); each recorded once as
+"slow", "sleep_s": S}`` (``S`` more seconds slept per step from then on, before the forward pass: the
+other ranks then wait for it in the timed all-reduce); each recorded once as
 ``fault``.
 """
 
@@ -200,14 +201,18 @@ def main() -> int:
             outcome = "done"
             break
         extra_s = injected_fault(fault_dir, record, fault_seen) if fault_dir else 0.0
+        if (
+            extra_s
+        ):  # before the forward pass (data loading, say): the others wait in the gradients' all-reduce
+            time.sleep(extra_s)
         step += 1
         gen = torch.Generator().manual_seed(step * 1000 + rank)
         loss = net(torch.randn(16, 32, generator=gen)).pow(2).mean()
         opt.zero_grad()
         loss.backward()  # the gradients' all-reduce: every rank of the generation takes part
         opt.step()
-        if step_s or extra_s:
-            time.sleep(step_s + extra_s)
+        if step_s:
+            time.sleep(step_s)
         record("step", step=step, loss=round(float(loss.item()), 6))
         client.heartbeat(step)
         save, stop = coord.agree(step)
