@@ -27,9 +27,10 @@ handed to the rules), the verdict (kind, confident, culprit nodes and ranks), ``
 one culprit: confident, naming exactly the victim's node; a slowed rank: ``rank_slow`` naming its node;
 job-wide, all slowed and clean: no node blamed), the actions (``exclusions``: nodes excluded by a
 checkpoint_restart or drained; ``swaps``: checkpoint_restarts that excluded a node; ``restarts``),
-and steps lost (the last step any rank trained before the fault minus the step the next generation
-resumed from). A case whose verdict never came says ``verdict: null`` and ``right: false`` with its
-``error``. ``--check`` judges the per-case counts against :data:`ftd.bench.targets.TARGETS`.
+and steps lost (the last step the old generation trained minus the step the new one resumed from:
+training done twice; ``last_step`` is the last step trained before the fault). A case whose verdict
+never came says ``verdict: null`` and ``right: false`` (with its ``error`` when a wait timed out).
+``--check`` judges the per-case counts against :data:`ftd.bench.targets.TARGETS`.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ SAVE_EVERY = 10
 HEARTBEAT_TIMEOUT_S = 5.0
 HANG_SYMPTOMS = frozenset({"rank_heartbeat_lost", "log_stale"})
 HANG_PATTERNS = frozenset({"nccl_watchdog_timeout", "nccl_watchdog_stuck"})
-SLOW_WARM_STEPS = 120  # the slow-rank detector's baseline (warmup samples) is set before the slowdown
+SLOW_CLEAN_S = 10.0  # clean training after the slow-rank detector's baseline is set, before the slowdown
 VERDICT_TIMEOUT_S = 120.0  # fault -> hang_verdict, beyond which the case is reported as no verdict
-SLOW_WINDOW_S = 90.0  # how long a slowed case is watched for rank_slow (the target is 60 s)
+SLOW_WINDOW_S = 60.0  # how long a slowed case is watched for rank_slow (the target is 60 s)
 CLEAN_WINDOW_S = 30.0  # how long a clean case is watched (hang verdicts came within 10 s of a fault here)
 RECOVER_TIMEOUT_S = 180.0
 E2E_SAMPLES = 200
@@ -179,20 +180,11 @@ def measure_case(stack: RecoveryStack, case: str, victim: int, fault_dir: Path) 
     """One run of ``case`` on ``stack`` (module docstring): submit, train, inject, watch, read."""
     job = stack.submit(_spec(case, fault_dir))
     steady(stack, job, RANKS, 240)
-    if case in SLOW_CASES:  # the detector's baseline is the job's own history: let it form first
-        wait_for(
-            lambda: (
-                min(
-                    max(
-                        (int(r["step"]) for r in stack.records(job, "step") if int(r["rank"]) == k), default=0
-                    )
-                    for k in range(RANKS)
-                )
-                >= SLOW_WARM_STEPS
-            ),
-            240,
-            f"{SLOW_WARM_STEPS} steps before the slowdown",
-        )
+    if case in SLOW_CASES:
+        # The detector's baseline is the job's own history (coordinator.slow_ranks.warmup_samples
+        # presences, at most one a second): it must be set before the slowdown, then a clean stretch.
+        stack.coordinator.wait_log("slow_ranks_warm", 240)
+        time.sleep(SLOW_CLEAN_S)
     ranks = _ranks(stack, job)
     victim_node = str(ranks[victim]["node"])
     fault_at = inject(stack, job, case, victim, fault_dir)
@@ -231,7 +223,6 @@ def measure_case(stack: RecoveryStack, case: str, victim: int, fault_dir: Path) 
         end = time.monotonic() + CLEAN_WINDOW_S
         wait_for(lambda: time.monotonic() > end, CLEAN_WINDOW_S + 5, "the clean window", poll=1.0)
     out.update(read_outcome(stack, job, case, fault_at, victim_node))
-    out["steps_lost"] = last_step - out["resumed_from"] if isinstance(out.get("resumed_from"), int) else None
     if error:
         out["error"] = error
     return out
@@ -284,6 +275,8 @@ def read_outcome(
     restart = restarts[-1] if restarts else None
     figures = timeline(stack.records(job), fault_at, restart["detail"] if restart else None)
     out["resumed_from"] = figures.get("resumed_from") if figures.get("new") else None
+    # trained by the old generation and done again by the new one (a slowed rank's job saves first: 0)
+    out["steps_lost"] = figures.get("steps_redone") if figures.get("new") else None
     out["first_step_s"] = figures.get("first_step_s")
     return out
 
