@@ -375,7 +375,10 @@ def bench_culprit(runs: int = 1, cases: list[str] | None = None, seed: int = 0) 
         finally:
             slurm.stop()
     if "e2e_during_collection" in chosen:
-        result["e2e_during_collection"] = e2e_during_collection()
+        try:
+            result["e2e_during_collection"] = e2e_during_collection()
+        except (RuntimeError, TimeoutError, OSError) as exc:  # the cases' figures stand: say what failed
+            result["e2e_during_collection"] = {"p99_ratio": None, "error": str(exc)[:2000]}
     result["machine"] = {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
     result["setup"] = (
         f"4 slurmd nodes on one host, {RANKS} training ranks (1 per node, gloo on CPU) + 1 spare under "

@@ -131,7 +131,7 @@ def _spawn(role: str, config_text: str, work: Path, name: str = "") -> subproces
     )
 
 
-def open_fifo_writer(fifo: Path, timeout: float = 20.0) -> int:
+def open_fifo_writer(fifo: Path, timeout: float = 60.0) -> int:
     """Open the FIFO for writing once the agent has it open for reading."""
     deadline = time.monotonic() + timeout
     while True:
