@@ -30,7 +30,10 @@ soon as it is on disk, by the others after the barrier that follows), ``stopped`
 (``outcome``). Knobs:
 ``$FTD_RECOVERY_STEP_S`` (seconds slept per step, 0.1), ``$FTD_RECOVERY_MAX_S`` (give up and exit 1
 after this long, 900), ``$FTD_RECOVERY_STEPS`` (the training is done at this step: every rank exits
-0 there, outcome ``done``; unset: it trains until stopped).
+0 there, outcome ``done``; unset: it trains until stopped), ``$FTD_RECOVERY_BLOCK_FIFO`` with
+``$FTD_RECOVERY_BLOCK_AT`` (generation 0 only: every rank blocks at that step opening that FIFO for
+reading, which nobody writes -- a job-wide hang, a shared file system that stopped answering; recorded
+as ``blocking``).
 
 For ``ftd bench culprit`` (issue #33), two more knobs: ``$FTD_RECOVERY_TIME_COLLECTIVES=1`` times the
 gradients' all-reduce with the torch helper's DDP hook (:func:`ftd.client.torch.time_collectives`: the
@@ -196,16 +199,19 @@ def main() -> int:
     fault_seen: dict[str, Any] = {}
     outcome, step = "timeout", start
     last_step = _env_int("FTD_RECOVERY_STEPS")
+    block_fifo, block_at = os.environ.get("FTD_RECOVERY_BLOCK_FIFO", ""), _env_int("FTD_RECOVERY_BLOCK_AT")
     while time.monotonic() < give_up:
         if last_step is not None and step >= last_step:
             outcome = "done"
             break
         extra_s = injected_fault(fault_dir, record, fault_seen) if fault_dir else 0.0
-        if (
-            extra_s
-        ):  # before the forward pass (data loading, say): the others wait in the gradients' all-reduce
+        if extra_s:  # before the forward pass (data loading): the others wait in the gradients' all-reduce
             time.sleep(extra_s)
         step += 1
+        if block_fifo and generation == 0 and step == block_at:
+            record("blocking", step=step, fifo=block_fifo)
+            with open(block_fifo, "rb") as blocked:  # nobody writes it: blocks here, on every rank
+                blocked.read(1)
         gen = torch.Generator().manual_seed(step * 1000 + rank)
         loss = net(torch.randn(16, 32, generator=gen)).pow(2).mean()
         opt.zero_grad()

@@ -9,7 +9,10 @@ What: pure functions over the API's JSON (``ActionOut``, ``JobOut``, ``/v1/summa
   and ``save_failed`` once the save is over; ``?/N`` while it is waiting, N the job's ranks);
 - :func:`deadline`: when a running action counts as stuck (the coordinator's ``deadlines``);
 - :func:`why`: the failure, suppression, escalation or log-only reason, one line;
-- :func:`state_text`: ``running: <what it waits for>`` or the state.
+- :func:`state_text`: ``running: <what it waits for>`` or the state;
+- :func:`verdict_lines`: a ``diagnose_hang``'s verdict (issue #33): the sentence, the culprit, each
+  piece of evidence with its source, who did not answer, the merged stack tree and where each node
+  kept its raw files.
 
 Why one module: the two commands must agree on what they show.
 """
@@ -103,3 +106,36 @@ def running_text(action: dict[str, Any], jobs: dict[str, dict[str, Any]], deadli
     if (due := deadline(action, deadlines)) != "-":
         parts.append(f"deadline {due}")
     return f"{text} ({', '.join(parts)})"
+
+
+def verdict_lines(action: dict[str, Any]) -> list[str]:
+    """A diagnose_hang's verdict as lines ([] for any other action, or before the verdict)."""
+    detail = _detail(action)
+    verdict = detail.get("verdict")
+    if not isinstance(verdict, dict):
+        return []
+    sure = "confident" if verdict.get("confident") else "not confident"
+    lines = [f"{verdict.get('kind')} ({sure}): {verdict.get('why')}"]
+    if verdict.get("culprit_nodes") or verdict.get("culprit_ranks"):
+        nodes = ", ".join(str(n) for n in verdict.get("culprit_nodes") or []) or "-"
+        ranks = ", ".join(str(r) for r in verdict.get("culprit_ranks") or []) or "-"
+        lines.append(f"culprit nodes {nodes}; ranks {ranks}")
+    for item in verdict.get("evidence") or []:
+        if isinstance(item, dict):
+            where = " ".join(f"{k} {item[k]}" for k in ("node", "rank") if item.get(k) is not None)
+            side = "against" if item.get("against", True) else "clears"
+            lines.append(f"  [{item.get('source')}] {side} {where or 'the job'}: {item.get('says')}")
+    if verdict.get("unanswered"):
+        lines.append("did not answer: " + ", ".join(str(u) for u in verdict["unanswered"]))
+    for error in verdict.get("errors") or []:
+        lines.append(f"  ! {error}")
+    evidence = detail.get("node_evidence")
+    if isinstance(evidence, dict):
+        for node, ev in sorted(evidence.items()):
+            if isinstance(ev, dict):
+                kept = sum(len(r.get("files") or []) for r in ev.get("ranks") or [] if isinstance(r, dict))
+                lines.append(f"raw files on {node}: {ev.get('path')} ({kept} files)")
+    tree = detail.get("tree")
+    if isinstance(tree, str) and tree:
+        lines += ["merged stacks (main threads):", *("  " + line for line in tree.splitlines())]
+    return lines

@@ -161,6 +161,11 @@ def render_show(action: dict[str, Any], plan: dict[str, Any] | None) -> str:
         "HISTORY (the ledger's record)",
         *("  " + line for line in history(action)),
         "",
+        *(
+            ["VERDICT", *("  " + line for line in verdict), ""]
+            if (verdict := view.verdict_lines(action))
+            else []
+        ),
         "DETAIL",
         *(
             "  " + line

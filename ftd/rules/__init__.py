@@ -37,7 +37,9 @@ repeat_offender    a second hardware incident of the same signature on one GPU w
                    a GPU that arrives with faults from another node: notify (see ``_incidents``)
 fs_fill            forecast or warning: save (no stop); critical crossing: save, stop, requeue
                    excluding the node; ENOSPC on a still-critical fs: move the job off again
-hang               heartbeat lost / log stale: diagnostics, restart in place
+hang               heartbeat lost / log stale / NCCL watchdog timeout: one diagnose_hang of the job; on its
+                   verdict: a confident culprit -> restart without it (no save) and drain it as a
+                   suspect; else restart in place or stop (``coordinator.hang_unclear``), never exclude
 node_death         node offline with jobs: restart them excluding the node
 straggler          a rank far behind: notify
 shared_fs          a shared filesystem's outage (``netfs`` down, a shared mount read-only): one notify when

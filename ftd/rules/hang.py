@@ -31,8 +31,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, Severity, hookimpl
+from ftd.plugin import ActionKind, ActionRequest, ClusterView, Event, Kind, Severity, fault_of, hookimpl
 from ftd.plugin.helpers import already_judged, jobs_of
+from ftd.rules._incidents import INCIDENT_WINDOW_S, app_signature, in_open_incident, incident_starts
 
 #: The only kinds this rule decides on (the coordinator skips it for the others).
 EVENT_KINDS = frozenset({Kind.RANK_HEARTBEAT_LOST, Kind.LOG_STALE, Kind.LOG_PATTERN, Kind.HANG_VERDICT})
@@ -55,6 +56,24 @@ def _symptom(event: Event) -> str | None:
     return None
 
 
+def _seen_already(event: Event, view: ClusterView, job: str) -> bool:
+    """A watchdog line of an incident already seen (another rank's or node's line of the same hang)."""
+    signature = app_signature(fault_of(event))
+    if event.kind != Kind.LOG_PATTERN or signature is None:
+        return False
+    past = [
+        r
+        for node in sorted(set(view.job_nodes(job)) | {event.node})
+        for r in view.node_events(node)
+        if event.ts - INCIDENT_WINDOW_S <= r.ts <= event.ts
+        and app_signature(r) == signature
+        and r.concerns(job)
+        and r.event_id != event.id
+    ]
+    restarts = view.job_restarts(job)
+    return in_open_incident(incident_starts(past, restarts=restarts), event.ts, restarts=restarts)
+
+
 def _diagnose(event: Event, view: ClusterView, reason: str) -> list[ActionRequest]:
     rank = event.data.get("rank")
     return [
@@ -69,6 +88,7 @@ def _diagnose(event: Event, view: ClusterView, reason: str) -> list[ActionReques
             },
         )
         for job in jobs_of(event, view)
+        if not _seen_already(event, view, job)
     ]
 
 

@@ -119,3 +119,24 @@ async def test_a_held_back_preflight_gives_no_verdict() -> None:
     await finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
     await finish(rts, reset, ActionState.SUCCEEDED)
     assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT]  # neither resumed nor drained for RMA
+
+
+async def test_a_suspect_drained_by_an_opted_in_rule_returns_only_after_its_preflight() -> None:
+    engine = Engine()
+    rts = ReturnToService(engine.submit, rules=["hang"])
+    request = ActionRequest(
+        kind=ActionKind.DRAIN_NODE, target="n1", reason="hang culprit", rule="hang", params={"suspect": True}
+    )
+    drain = ActionRecord(id="d1", request=request, state=ActionState.PENDING)
+    await observe(rts, drain)
+    assert engine.submitted == []  # nothing before the drain is done
+    await finish(rts, drain, ActionState.SUCCEEDED)
+    assert engine.kinds() == [PREFLIGHT]
+    assert engine.submitted[0].request.params["after"] == "suspect drain"
+    await finish(rts, engine.submitted[0], ActionState.FAILED, preflight="nccl_allreduce: timed out")
+    rma = engine.submitted[-1].request
+    assert rma.kind == ActionKind.DRAIN_NODE and rma.params["rma"] is True and "hang culprit" in rma.reason
+    # the same suspect drain from a rule not opted in: the node waits for a human
+    other = ReturnToService(Engine().submit, rules=["xid_catalog"])
+    await observe(other, ActionRecord(id="d2", request=request, state=ActionState.PENDING))
+    assert other._nodes == {}

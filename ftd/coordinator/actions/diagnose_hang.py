@@ -143,15 +143,7 @@ class DiagnoseHang:
         return detail
 
     def _peer_blames(self, job: str) -> list[PeerBlame]:
-        job_record = self._state.jobs.get(job)
-        blames = getattr(job_record, "peer_blames", None) or []  # JobRecord.peer_blames (culprit-core)
-        out: list[PeerBlame] = []
-        for blame in blames:
-            try:
-                out.append(blame if isinstance(blame, PeerBlame) else msgspec.convert(blame, PeerBlame))
-            except msgspec.ValidationError:
-                continue
-        return out
+        return self._state.job_peer_blames(job)
 
     async def _verdict(self, record: ActionRecord) -> dict[str, Any]:
         job = record.request.target

@@ -348,6 +348,16 @@ async function showAction(id) {
     ["rule", action.rule],
     ["created", time(action.created) + " · updated " + time(action.updated)],
   ];
+  const verdict = action.detail && action.detail.verdict;
+  if (verdict && typeof verdict === "object") {  // diagnose_hang (issue #33): the verdict and its evidence
+    facts.push(["verdict", verdict.kind + (verdict.confident ? " (confident)" : " (not confident)") + ": " + verdict.why]);
+    if ((verdict.culprit_nodes || []).length) facts.push(["culprit", verdict.culprit_nodes.join(", ")]);
+    for (const item of verdict.evidence || []) {
+      facts.push(["evidence: " + item.source, (item.node ? item.node + (item.rank != null ? " rank " + item.rank : "") + ": " : "") + item.says]);
+    }
+    if ((verdict.unanswered || []).length) facts.push(["did not answer", verdict.unanswered.join(", ")]);
+    if (action.detail.tree) facts.push(["merged stacks", action.detail.tree]);
+  }
   const dl = document.getElementById("action-facts");
   dl.replaceChildren(...facts.flatMap(([k, v]) => [el("dt", k), el("dd", v)]));
   if (action.state === "awaiting_approval") {
