@@ -47,6 +47,7 @@ desynchronise the ranks' collectives; the training step's own collectives would 
 
 from __future__ import annotations
 
+import collections
 import time
 import weakref
 from typing import Any
@@ -179,14 +180,39 @@ def time_collectives(model: Any, client: Client, process_group: Any = None) -> N
     gradients as DDP's default does (averaged over ``process_group``, the default group when None) and
     reports to ``client`` how long the step's last bucket took from its launch to its completion:
     where a rank blocks at the end of its backward pass until the slowest rank has caught up. Call
-    it once, before the first step (DDP accepts one hook per model)."""
+    it once, before the first step (DDP accepts one hook per model).
+
+    CPU tensors (gloo): wall-clock time from the launch to the future's completion. CUDA tensors:
+    the GPU's own time, from a CUDA event recorded at the launch to one recorded once the all-reduce
+    is done on the stream (an NCCL future completes as soon as the work is queued, so the CPU's clock
+    would say nothing); read a step later, when the events have completed, never waited for."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+    pending: collections.deque[tuple[Any, Any]] = collections.deque(maxlen=64)
+
+    def settle() -> None:
+        while pending and pending[0][1].query():
+            start, end = pending.popleft()
+            client.waited(start.elapsed_time(end) / 1000.0)
+
     def hook(state: Any, bucket: Any) -> Any:
-        future = allreduce_hook(state, bucket)
         if not bucket.is_last():
-            return future
+            return allreduce_hook(state, bucket)
+        if bucket.buffer().is_cuda:
+            settle()
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            future = allreduce_hook(state, bucket)
+
+            def recorded(fut: Any) -> Any:
+                end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                end.record()  # on the stream the result is ready on: after the all-reduce
+                pending.append((start, end))
+                return fut.value()
+
+            return future.then(recorded)
         launched = time.monotonic()
+        future = allreduce_hook(state, bucket)
 
         def done(fut: Any) -> Any:
             client.waited(time.monotonic() - launched)

@@ -27,8 +27,10 @@ point (``since``) is the last sample at which the sum was zero.
 
 :func:`attribute` turns the alarms into findings: ranks of at most half the job's nodes alarmed ->
 each such node (``scope = "node"`` when every rank it runs is slow, ``"gpu"`` when only some are,
-naming the local ranks and the GPU's throttle reasons where NVML gave them); ranks of more than half
-the nodes, or only the job's own series -> ``scope = "job"``: not a node, no node is to blame.
+naming the local ranks and, where NVML says a GPU of the node throttles, that GPU and its reasons:
+the one whose index is a slow rank's local rank when there is one, else every throttled GPU there);
+ranks of more than half the nodes, or only the job's own series -> ``scope = "job"``: not a node,
+no node is to blame.
 """
 
 from __future__ import annotations
@@ -48,12 +50,15 @@ __all__ = [
     "JobSteps",
     "RankAlarm",
     "Scope",
+    "Throttled",
     "attribute",
     "peer_ratio",
 ]
 
 Scope = Literal["node", "gpu", "job"]
 _MAX_DRIFT = math.log(2) / 2 - 0.05
+Throttled = Mapping[str, Mapping["int | None", Sequence[str]]]
+"""Per node, per GPU index (None: not known), the throttle reasons NVML reports on now."""
 
 
 @dataclass(frozen=True)
@@ -195,11 +200,12 @@ def attribute(
     *,
     job_ratio: float | None = None,
     job_since: float | None = None,
-    throttled: Mapping[str, Sequence[str]] | None = None,
+    throttled: Throttled | None = None,
 ) -> list[Finding]:
     """Findings from the alarmed ranks of one job (``ranks_by_node``: every rank of the job by node)
-    and the job's own alarm (``job_ratio`` set when it is on). ``throttled``: per node, the GPU throttle
-    reasons NVML reported (named in a ``gpu`` finding's detail). Sorted by node; ``[]``: nothing."""
+    and the job's own alarm (``job_ratio`` set when it is on). ``throttled``: per node, per GPU index
+    (None: not known), the throttle reasons NVML reports on now (named in a finding's detail).
+    Sorted by node; ``[]``: nothing."""
     nodes = {n for n, ranks in ranks_by_node.items() if ranks}
     by_node: dict[str, list[RankAlarm]] = {}
     for alarm in alarms:
@@ -213,9 +219,11 @@ def attribute(
             detail: dict[str, object] = {
                 "local_ranks": [a.local_rank for a in slow if a.local_rank is not None],
             }
-            reasons = list((throttled or {}).get(node, ()))
-            if reasons:
-                detail["throttle_reasons"] = reasons
+            gpus = (throttled or {}).get(node, {})
+            mine = {a.local_rank for a in slow} & set(gpus)
+            named = sorted(mine if mine else gpus, key=lambda i: -1 if i is None else i)
+            if named:
+                detail["throttled_gpus"] = [{"gpu": i, "reasons": list(gpus[i])} for i in named]
             findings.append(
                 Finding(
                     scope="node" if everyone else "gpu",
@@ -340,7 +348,7 @@ class JobSteps:
         steps = [r.step for r in recent if r.step is not None]
         return statistics.median(steps) if steps else None
 
-    def findings(self, throttled: Mapping[str, Sequence[str]] | None = None) -> list[Finding]:
+    def findings(self, throttled: Throttled | None = None) -> list[Finding]:
         """What is slow in this job now (see :func:`attribute`)."""
         alarms = [
             RankAlarm(

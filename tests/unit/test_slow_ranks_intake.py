@@ -7,6 +7,7 @@ simulator): every step as long as the slowest rank's compute, each rank's comput
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from ftd.config import SlowRanksConfig
@@ -27,7 +28,14 @@ class _Clock:
 
 
 def _feed(
-    sim: _Sim, slow: SlowRanks, clock: _Clock, seconds: int, *, job: str = "j1", node_of=lambda r: f"n{r + 1}"
+    sim: _Sim,
+    slow: SlowRanks,
+    clock: _Clock,
+    seconds: int,
+    *,
+    job: str = "j1",
+    node_of=lambda r: f"n{r + 1}",
+    local_rank=lambda r: 0,
 ) -> list[Event]:
     events: list[Event] = []
     for _ in range(seconds):
@@ -35,7 +43,9 @@ def _feed(
         clock.t += 1
         by_node: dict[str, list[RankInfo]] = {}
         for rank in sim.totals:
-            by_node.setdefault(node_of(rank), []).extend(sim.view(rank))
+            by_node.setdefault(node_of(rank), []).extend(
+                msgspec.structs.replace(info, local_rank=local_rank(rank)) for info in sim.view(rank)
+            )
         for node, ranks in sorted(by_node.items()):
             events += slow.observe(node, job, JobPresence(job=job, node=node, ranks=ranks))
     return events
@@ -98,18 +108,25 @@ def test_every_rank_slowed_together_is_the_job_and_never_excludes_a_node() -> No
 def test_a_throttled_gpu_is_named_and_one_rank_of_a_node_is_its_gpu() -> None:
     clock = _Clock()
     state = ClusterState()
-    thermal = make_event(
-        "n2", Kind.THERMAL, data={"active": True, "throttle_reasons": ["hw_thermal_slowdown"]}, ts=clock.t
-    )
-    state.apply_event(thermal)
+    hot = {"active": True, "throttle_reasons": ["hw_thermal_slowdown"]}
+    for index, data in ((0, hot), (1, hot), (1, {"active": False, "throttle_reasons": []})):
+        state.apply_event(make_event("n2", Kind.THERMAL, data={"index": index, **data}, ts=clock.t))
+    state.apply_event(make_event("n1", Kind.THERMAL, data={"index": 0, **hot}, ts=clock.t - 3600))  # stale
     slow = SlowRanks(SlowRanksConfig(), node_events=state.node_events, clock=clock)
     sim = _Sim(5, {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.1})
-    two_per_node = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}.__getitem__
-    _feed(sim, slow, clock, 60, node_of=two_per_node)
-    sim.compute[3] = 0.2
-    [event] = _feed(sim, slow, clock, 60, node_of=two_per_node)
+    node_of = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+    local_rank = {0: 0, 1: 1, 2: 0, 3: 1}
+    _feed(sim, slow, clock, 60, node_of=node_of.__getitem__, local_rank=local_rank.__getitem__)
+    sim.compute[3] = 0.2  # node n2's local rank 1: its GPU 1 stopped throttling, GPU 0 still does
+    [event] = _feed(sim, slow, clock, 60, node_of=node_of.__getitem__, local_rank=local_rank.__getitem__)
     assert (event.node, event.data["scope"], event.data["ranks"]) == ("n2", "gpu", [3])
-    assert event.data["throttle_reasons"] == ["hw_thermal_slowdown"]
+    assert event.data["local_ranks"] == [1]
+    assert event.data["throttled_gpus"] == [{"gpu": 0, "reasons": ["hw_thermal_slowdown"]}]  # not its own
+    sim.compute[3] = 0.1
+    assert _feed(sim, slow, clock, 60, node_of=node_of.__getitem__, local_rank=local_rank.__getitem__) == []
+    sim.compute[0] = 0.2  # node n1's rank 0: its GPU's throttling is an hour old
+    events = _feed(sim, slow, clock, 60, node_of=node_of.__getitem__, local_rank=local_rank.__getitem__)
+    assert [(e.node, e.data["ranks"], "throttled_gpus" in e.data) for e in events] == [("n1", [0], False)]
 
 
 def test_memory_is_bounded_and_a_job_that_left_is_forgotten() -> None:

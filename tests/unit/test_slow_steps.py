@@ -118,10 +118,10 @@ def test_one_rank_of_a_node_is_its_gpu_and_every_rank_of_it_is_the_node() -> Non
     one = attribute(
         [RankAlarm(rank=3, node="n2", ratio=2.0, since=5.0, local_rank=1)],
         NODES,
-        throttled={"n2": ["hw_slowdown"]},
+        throttled={"n2": {0: ["sw_power_cap"], 1: ["hw_slowdown"]}},
     )
     assert [(f.scope, f.node, f.ranks) for f in one] == [("gpu", "n2", [3])]
-    assert one[0].detail == {"local_ranks": [1], "throttle_reasons": ["hw_slowdown"]}
+    assert one[0].detail == {"local_ranks": [1], "throttled_gpus": [{"gpu": 1, "reasons": ["hw_slowdown"]}]}
     both = attribute(
         [RankAlarm(rank=r, node="n2", ratio=2.0, since=5.0) for r in (2, 3)],
         NODES,

@@ -6,8 +6,9 @@ Where the figures come from: every rank's client sends cumulative step timing co
 heartbeats, its agent puts the latest in the job's presence (at most once a second per job and node,
 with the step), and :meth:`SlowRanks.observe` hands each presence to the job's
 :class:`~ftd.culprit.steps.JobSteps` (pure detection and attribution). Where a node's GPU reports an
-alerting throttle reason (the NVML watcher's latest ``thermal`` event on that node says it is active),
-a ``gpu`` finding names the reasons.
+alerting throttle reason (the NVML watcher's latest ``thermal`` event of that GPU says it is active,
+within the last ten minutes), a finding names it: the GPU whose index is the slow rank's local rank
+where there is one (``throttled_gpus``: index and reasons).
 
 What the event carries (data): ``job``, ``scope`` (``node``: every rank of the node is slow; ``gpu``:
 some of them, its GPU or NIC; ``job``: the whole job is slower, not a node -- its ``node`` is then the
@@ -113,24 +114,35 @@ class SlowRanks:
             if key in active:
                 continue  # one event per episode
             events.append(self._event(job, steps, finding, now))
+        for scope, node in sorted(active - keys, key=str):
+            log.info("rank_slow_over", job=job, scope=scope, node=node)
         active.clear()
         active.update(keys)  # an episode that ended re-arms
         return events
 
-    def _throttled(self, nodes: list[str]) -> dict[str, list[str]]:
-        """Per node, the GPU throttle reasons its NVML watcher's latest ``thermal`` event says are on."""
+    def _throttled(self, nodes: list[str]) -> dict[str, dict[int | None, list[str]]]:
+        """Per node, per GPU index, the throttle reasons its latest ``thermal`` event says are on."""
         if self._node_events is None:
             return {}
-        out: dict[str, list[str]] = {}
+        out: dict[str, dict[int | None, list[str]]] = {}
         now = self._clock()
         for node in nodes:
+            seen: set[int | None] = set()
             for record in reversed(self._node_events(node)):
-                if record.kind != Kind.THERMAL or now - record.ts > _THROTTLE_FRESH_S:
+                if now - record.ts > _THROTTLE_FRESH_S:
+                    break  # oldest first: nothing older is fresh either
+                if record.kind != Kind.THERMAL:
                     continue
+                gpu = record.data.get("index", record.data.get("gpu"))
+                index = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
+                if index in seen:
+                    continue  # an older event of a GPU whose latest one was read
+                seen.add(index)
                 reasons = record.data.get("throttle_reasons")
                 if record.data.get("active") and isinstance(reasons, list):
-                    out[node] = [str(r) for r in reasons][:16]
-                break
+                    out.setdefault(node, {})[index] = [str(r)[:64] for r in reasons][:16]
+                if len(seen) >= 64:
+                    break
         return out
 
     def _repeats(self, node: str, now: float) -> int:
