@@ -106,6 +106,8 @@ def _parse(text: str | bytes) -> tuple[FlightRecord | None, str]:
         dump = _DECODER.decode(data)
     except msgspec.DecodeError as exc:  # includes ValidationError: wrong types, numbers over 64 bits
         return None, _cut(f"flight-recorder JSON refused: {exc}")
+    except RecursionError:  # deep nesting in a field skipped (pg_config, sizes)
+        return None, "flight-recorder JSON refused: nested too deeply"
     raw = dump.entries or []
     if len(raw) > MAX_FLIGHT_ENTRIES:
         raw = raw[-MAX_FLIGHT_ENTRIES:]

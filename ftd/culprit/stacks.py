@@ -244,6 +244,9 @@ def _parse_json(text: str, problems: _Problems) -> list[ThreadStack]:
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError: wrong types land here too
         problems.add(f"py-spy JSON refused: {exc}")
         return []
+    except RecursionError:  # deep nesting in a field skipped (a frame's "locals")
+        problems.add("py-spy JSON refused: nested too deeply")
+        return []
     threads: list[ThreadStack] = []
     for item in raw:
         tid = item.os_thread_id if item.os_thread_id is not None else item.thread_id

@@ -11,7 +11,8 @@ source               weight  claim
                              are known) wait inside a collective; weak when the others do not
 ``flight_recorder``  strong  per process group, the ranks whose last issued collective seq is behind the
                              highest any rank issued there (they never reached the collective the
-                             others wait in)
+                             others wait in), when they are no more than the ranks ahead; weak when
+                             most ranks are behind one (that one may have issued a stray collective)
 ``stacks``           strong  the ranks whose main thread is *outside* collective communication while the
                              rest wait *inside* one, when they are no more than those inside (with 2
                              ranks, one out and one in is enough); weak otherwise, and weak for a
@@ -21,6 +22,9 @@ source               weight  claim
 ``ras``              weak    the ranks NCCL RAS reports missing
 ``peer_error``       weak    the nodes (ranks, where known) that other ranks' errors name by address
 ``last_step``        weak    the ranks whose last reported step is behind the others'
+``heartbeat``        weak    the ranks whose last heartbeat is more than 3 times, and 10 s, older
+                             than the median rank's (a client's heartbeat thread beats on in a
+                             collective; a stopped or dead process's does not)
 ``unanswered``       weak    nodes that did not answer the collection at all (never enough alone)
 ===================  ======  ==========================================================================
 
@@ -43,6 +47,7 @@ The fusion:
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 
@@ -54,7 +59,18 @@ from ftd.culprit.flight import last_enqueued
 
 MAX_EVIDENCE = 256  # evidence items kept in a verdict
 MAX_ERRORS = 64  # error lines kept in a verdict
+STALE_BEAT_S = 10.0  # a heartbeat this much older than the median one (and 3 times as old) is stale
 _BAD_STATES = ("stopped", "zombie", "gone")
+_SOURCE_NAMES = {
+    "process_state": "the process states",
+    "flight_recorder": "the flight recorder",
+    "stacks": "the stacks",
+    "ras": "NCCL RAS",
+    "peer_error": "peer connection errors",
+    "last_step": "the last steps",
+    "heartbeat": "the heartbeats",
+    "unanswered": "the silent nodes",
+}
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,7 +130,12 @@ def _process_state(job: _Job) -> Claim | None:
     strong = not others_seen or others_seen <= job.inside
     states = Counter(known[r] for r in bad)
     what = " and ".join(f"{state}" for state in sorted(states))
-    rest = "the others wait inside a collective" if strong else "the others are not all in a collective"
+    if not others_seen:
+        rest = "the others are alive"
+    elif strong:
+        rest = "the others wait inside a collective"
+    else:
+        rest = "the others are not all in a collective"
     return Claim(
         source="process_state",
         strong=strong,
@@ -131,11 +152,13 @@ def _flight(job: _Job) -> Claim | None:
         for pg, seq in last_enqueued(r.flight).items():
             per_pg.setdefault(pg, {})[rank] = seq
     behind: set[int] = set()
+    recorded: set[int] = set()
     detail = ""
     for pg in sorted(per_pg):
         seqs = per_pg[pg]
         if len(seqs) < 2:
             continue
+        recorded |= set(seqs)
         top = max(seqs.values())
         late = {rank for rank, seq in seqs.items() if seq < top}
         if late:
@@ -147,7 +170,7 @@ def _flight(job: _Job) -> Claim | None:
         return None
     return Claim(
         source="flight_recorder",
-        strong=True,
+        strong=len(behind) * 2 <= len(recorded),  # behind the others: no more than those ahead
         ranks=frozenset(behind),
         says=f"{job.who(behind)} {_is(behind)} behind in the collective sequence{detail}",
     )
@@ -248,6 +271,25 @@ def _last_step(job: _Job) -> Claim | None:
         strong=False,
         ranks=frozenset(late),
         says=f"{job.who(late)} reported an older step than the others' {top}",
+    )
+
+
+def _heartbeat(job: _Job) -> Claim | None:
+    """Ranks whose last heartbeat is far older than the others' (a client's heartbeat thread goes on
+    beating while its rank waits in a collective; a stopped or dead process's does not)."""
+    ages = {rank: r.beat_age_s for rank, r in job.ranks.items() if r.beat_age_s is not None}
+    if len(ages) < 2:
+        return None
+    median = statistics.median(ages.values())
+    limit = max(3 * median, median + STALE_BEAT_S)
+    stale = {rank for rank, age in ages.items() if age > limit}
+    if not stale or len(stale) * 2 > len(ages):
+        return None
+    return Claim(
+        source="heartbeat",
+        strong=False,
+        ranks=frozenset(stale),
+        says=f"{job.who(stale)} stopped sending heartbeats long before the others ({median:.0f} s ago)",
     )
 
 
@@ -383,6 +425,7 @@ def _fuse(evidence: JobEvidence) -> Verdict:
             _ras(job),
             _peers(job),
             _last_step(job),
+            _heartbeat(job),
             unanswered_claim,
         )
         if c is not None
@@ -430,8 +473,8 @@ def _fuse(evidence: JobEvidence) -> Verdict:
         )
     strong = [c for c in claims if c.strong]
     lead = strong[0] if strong else claims[0]
-    others = [c.source for c in claims if c is not lead]
-    agree = f"; {', '.join(others)} agree{'s' if len(others) == 1 else ''}" if others else ""
+    others = [_SOURCE_NAMES.get(c.source, c.source) for c in claims if c is not lead]
+    agree = f"; confirmed by {', '.join(others)}" if others else ""
     hedge = "" if strong else " (weak evidence only, so nothing acts on it)"
     return base.verdict(
         "culprit", f"Culprit{hedge}: {lead.says}{agree}.", confident=bool(strong), ranks=ranks, nodes=nodes

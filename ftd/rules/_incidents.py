@@ -63,11 +63,12 @@ PEER_PATTERNS = frozenset({"peer_connection_lost"})
 def is_nccl_pattern(pattern: str | None) -> bool:
     """An NCCL or IB failure pattern (``nccl_*``, ``ib_*``, :data:`PEER_PATTERNS`; not the context-only
     ones)."""
+    if not isinstance(pattern, str):
+        return False
     if pattern in PEER_PATTERNS:
         return True
     return (
-        isinstance(pattern, str)
-        and pattern.startswith(("nccl_", "ib_"))
+        pattern.startswith(("nccl_", "ib_"))
         and not pattern.endswith(("_info", "_warn", "_debug"))
         and pattern not in NCCL_CONTEXT_ONLY
     )

@@ -55,6 +55,10 @@ def test_hostile_dumps_are_refused_clearly() -> None:
     cases = {
         "[" * 50_000 + "]" * 50_000: "not a JSON object",
         '{"entries": ' + "[" * 50_000 + "]" * 50_000 + "}": "refused",
+        '{"pg_config": '
+        + "[" * 200_000
+        + "]" * 200_000
+        + ', "entries": [{"collective_seq_id": 1}]}': "deeply",
         '{"entries": [{"collective_seq_id": ' + "9" * 400 + "}]}": "refused",
         '{"entries": [{"collective_seq_id": "seven"}]}': "refused",
         '{"entries": {"a": 1}}': "refused",

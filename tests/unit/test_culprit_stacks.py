@@ -166,6 +166,7 @@ def test_json_with_too_many_frames_and_threads_is_cut() -> None:
 def test_hostile_json_is_refused_with_a_reason() -> None:
     for text in (
         "[" * 100_000 + "]" * 100_000,
+        '[{"frames": [{"name": "f", "locals": ' + "[" * 200_000 + "]" * 200_000 + "}]}]",
         '[{"frames": [{"name": "f", "line": 1.5}]}]',
         '[{"frames": "not a list"}]',
         '{"frames": []}',

@@ -57,6 +57,7 @@ def job(
     blames: list[PeerBlame] = (),  # type: ignore[assignment]
     ras: dict[str, RasStatus] | None = None,
     errors: dict[int, dict[str, str]] | None = None,
+    beats: dict[int, float] | None = None,
 ) -> JobEvidence:
     """A job on ``layout`` (node -> ranks); every rank of an answering node is sleeping in all_reduce
     unless told otherwise."""
@@ -77,6 +78,7 @@ def job(
                     stacks=stacks(dump) if dump else [],
                     flight=flight(flights[rank]) if rank in flights else None,
                     errors=errors.get(rank, {}),
+                    beat_age_s=(beats or {}).get(rank),
                 )
             )
         nodes[node] = NodeEvidence(node=node, job="7", ranks=evidence, ras=(ras or {}).get(node))
@@ -106,6 +108,19 @@ def test_a_sigstopped_rank_is_the_culprit_with_confidence() -> None:
     assert verdict.tree is not None and [c.ranks for c in verdict.tree.children][-1] == [3]
 
 
+def test_a_stopped_ranks_silent_heartbeat_agrees() -> None:
+    beats = {0: 0.4, 1: 0.3, 2: 0.5, 3: 95.0}
+    verdict = fuse(job(TWO_NODES, dumps={3: None}, states={3: "stopped"}, beats=beats))
+    assert (verdict.kind, verdict.confident, verdict.culprit_ranks) == ("culprit", True, [3])
+    assert {e.source for e in verdict.evidence if e.against} == {"process_state", "heartbeat"}
+
+
+def test_a_silent_heartbeat_alone_is_weak() -> None:
+    verdict = fuse(job(TWO_NODES, beats={0: 0.4, 1: 0.3, 2: 0.5, 3: 95.0}))
+    assert (verdict.kind, verdict.confident, verdict.culprit_ranks) == ("culprit", False, [3])
+    assert fuse(job(TWO_NODES, beats={0: 30.0, 1: 31.0, 2: 29.0, 3: 35.0})).kind == "unknown"
+
+
 def test_a_rank_stuck_before_the_collective_is_named_by_stacks_and_flight_recorder() -> None:
     verdict = fuse(
         job(
@@ -122,9 +137,19 @@ def test_a_rank_stuck_before_the_collective_is_named_by_stacks_and_flight_record
     assert verdict.culprit_ranks == [2] and verdict.culprit_nodes == ["node-c"]
     sources = {e.source for e in verdict.evidence if e.against}
     assert sources == {"stacks", "flight_recorder"}
-    assert "behind in the collective sequence" in verdict.why and "stacks agrees" in verdict.why
+    assert "behind in the collective sequence" in verdict.why and "confirmed by the stacks" in verdict.why
     assert any(e.source == "stacks" and "load_batch (train.py)" in e.says for e in verdict.evidence)
     assert any(not e.against and e.source == "stacks" for e in verdict.evidence)  # the others cleared
+
+
+def test_most_ranks_behind_one_is_only_weak() -> None:
+    flights = {
+        0: "flight_gloo_r0_waiting.json",
+        1: "flight_gloo_r1_behind.json",
+        2: "flight_gloo_r1_behind.json",
+    }
+    verdict = fuse(job({"node-a": [0, 1, 2]}, flights=flights))
+    assert (verdict.kind, verdict.confident, verdict.culprit_ranks) == ("culprit", False, [1, 2])
 
 
 def test_two_ranks_one_in_one_out_is_enough() -> None:
