@@ -10,6 +10,13 @@ once its presence is on the bus, an Xid 13 line (RESTART_APP: checkpoint-and-res
 written to the FIFO, and the latency is the time until the client's I/O thread has the ``save``
 directive (both ends use ``time.perf_counter_ns`` in this process). The client then acks, gets
 ``stop``, and leaves; the next sample starts when the coordinator has seen it go.
+
+``during_collection=True`` (``ftd bench culprit``'s "collection never blocks the coordinator's event
+loop", issue #33) measures the same while hang-evidence collections run: a second agent
+(``bench-hung``, 1 s heartbeat timeout) on the same broker and coordinator gets a new hung job every
+``HUNG_EVERY_S`` (a real process whose client beats once and then sleeps), so the coordinator keeps
+starting ``diagnose_hang`` actions (its agent py-spies the process, the coordinator fuses the verdict,
+the hang rule restarts the job, which never answers) throughout the samples; ``diagnoses`` counts them.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +40,19 @@ from ftd.bus.mqtt import MqttBus
 from ftd.client import Client
 
 NODE = "bench-node"
+HUNG_NODE = "bench-hung"
+HUNG_EVERY_S = 0.5
+#: A hung rank: registers, beats once, then sleeps in the main thread (its client's I/O thread lives on).
+HUNG_RANK = (
+    "import sys, time\n"
+    "from ftd.client import Client\n"
+    "c = Client(job=sys.argv[1], rank=0, socket_path=sys.argv[2])\n"
+    "deadline = time.monotonic() + 30\n"
+    "while not c.connected and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+    "c.heartbeat(1)\n"
+    "time.sleep(3600)\n"
+)
 
 
 def _config(port: int, work: Path, fifo: Path) -> tuple[str, str]:
@@ -50,16 +72,66 @@ def _config(port: int, work: Path, fifo: Path) -> tuple[str, str]:
     return agent, coordinator
 
 
-def _spawn(role: str, config_text: str, work: Path) -> subprocess.Popen[bytes]:
-    path = work / f"{role}.toml"
+def _hung_agent_config(port: int, work: Path) -> str:
+    return (
+        f'[bus]\nhost = "127.0.0.1"\nport = {port}\n\n[log]\nlevel = "warning"\njson = true\n'
+        f'\n[agent]\nnode = "{HUNG_NODE}"\nkmsg_path = "{work}/hung-kmsg"\nstate_dir = "{work}/hung-agent"\n'
+        f'socket_path = "{work}/hung.sock"\n'
+        "\n[agent.heartbeat]\ntimeout_s = 1.0\ncheck_interval_s = 0.25\n"
+    )
+
+
+class _Hangs:
+    """Starts a new hung rank on ``bench-hung`` every ``HUNG_EVERY_S`` until stopped (module docstring)."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ftd-bench-hangs", daemon=True)
+
+    def __enter__(self) -> _Hangs:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            argv = [sys.executable, "-c", HUNG_RANK, f"hung-{i}", str(self.work / "hung.sock")]
+            self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            i += 1
+            self._stop.wait(HUNG_EVERY_S)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for proc in self.procs:
+            proc.kill()
+        for proc in self.procs:
+            proc.wait(10)
+
+
+def _collections(ledger: Path, since: float, until: float) -> list[tuple[float, float]]:
+    """The diagnose_hang actions the coordinator ran between ``since`` and ``until`` (wall clock):
+    each one's (created, updated)."""
+    with contextlib.closing(sqlite3.connect(ledger, timeout=10)) as db:
+        rows = db.execute(
+            "SELECT created, updated FROM actions WHERE kind = 'diagnose_hang' AND created BETWEEN ? AND ?",
+            (since, until),
+        ).fetchall()
+    return [(float(a), float(b)) for a, b in rows]
+
+
+def _spawn(role: str, config_text: str, work: Path, name: str = "") -> subprocess.Popen[bytes]:
+    path = work / f"{name or role}.toml"
     path.write_text(config_text)
-    log = (work / f"{role}.log").open("ab")
+    log = (work / f"{name or role}.log").open("ab")
     return subprocess.Popen(
         [sys.executable, "-m", "ftd.cli", role, "--config", str(path)], stdout=log, stderr=log
     )
 
 
-def open_fifo_writer(fifo: Path, timeout: float = 20.0) -> int:
+def open_fifo_writer(fifo: Path, timeout: float = 60.0) -> int:
     """Open the FIFO for writing once the agent has it open for reading."""
     deadline = time.monotonic() + timeout
     while True:
@@ -126,7 +198,14 @@ class _PresenceWatch:
         await self.bus.stop()
 
 
-async def _measure(port: int, work: Path, fifo_fd: int, samples: int, warmup: int) -> list[float]:
+async def _measure(
+    port: int,
+    work: Path,
+    fifo_fd: int,
+    samples: int,
+    warmup: int,
+    spans: list[tuple[float, float]] | None = None,
+) -> list[float]:
     watch = _PresenceWatch(port)
     await watch.start()
     await watch.wait_coordinator()
@@ -153,6 +232,8 @@ async def _measure(port: int, work: Path, fifo_fd: int, samples: int, warmup: in
                 raise RuntimeError(f"sample {i}: expected a save directive, got {got!r}; see {work}/*.log")
             if i >= warmup:
                 latencies.append((directive.received_ns - started) / 1e6)
+                if spans is not None:  # the sample's wall-clock span, to match with the collections
+                    spans.append((time.time() - latencies[-1] / 1e3, time.time()))
             client.ack_saved(1, None)
             await asyncio.to_thread(client.wait, 10)  # the stop
             client.close()
@@ -167,17 +248,34 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-def bench_e2e(samples: int = 200, warmup: int = 10) -> dict[str, Any]:
+def bench_e2e(samples: int = 200, warmup: int = 10, during_collection: bool = False) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ftd-bench-", dir="/tmp") as tmp, PrivateMosquitto() as broker:
         work = Path(tmp)
         fifo = work / "kmsg.fifo"
         os.mkfifo(fifo)
         agent_conf, coordinator_conf = _config(broker.port, work, fifo)
         procs = [_spawn("coordinator", coordinator_conf, work), _spawn("agent", agent_conf, work)]
+        if during_collection:
+            (work / "hung-kmsg").touch()
+            procs.append(_spawn("agent", _hung_agent_config(broker.port, work), work, "hung-agent"))
         fd = -1
         try:
             fd = open_fifo_writer(fifo)
-            latencies = asyncio.run(_measure(broker.port, work, fd, samples, warmup))
+            if during_collection:
+                with _Hangs(work):
+                    time.sleep(HUNG_EVERY_S * 2)  # the first collections are under way before sampling
+                    since = time.time()
+                    spans: list[tuple[float, float]] = []
+                    latencies = asyncio.run(_measure(broker.port, work, fd, samples, warmup, spans))
+                    ran = _collections(work / "ledger.sqlite", since, time.time())
+                    extra["diagnoses"] = len(ran)
+                    extra["samples_during_collection"] = sum(
+                        1 for a, b in spans if any(a <= end and b >= start for start, end in ran)
+                    )
+                    extra["hung_every_s"] = HUNG_EVERY_S
+            else:
+                latencies = asyncio.run(_measure(broker.port, work, fd, samples, warmup))
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -196,4 +294,5 @@ def bench_e2e(samples: int = 200, warmup: int = 10) -> dict[str, Any]:
         "mean_ms": round(statistics.fmean(latencies), 3),
         "samples": len(latencies),
         "broker": "mosquitto (loopback)",
+        **extra,
     }

@@ -44,6 +44,16 @@ step every rank can get); ``$FTD_RECOVERY_STATE_MB`` adds that much state (a ten
 model) so a save's background work takes a while. It records ``resumed`` with the ``level`` each
 rank loaded from (or ``resume_failed`` with the reason), ``save_started`` when a save's snapshot is
 taken and ``tier_done`` when its local write and replica are done (``detail``: the tier's record).
+
+For ``ftd bench culprit`` (issue #33), two more knobs: ``$FTD_RECOVERY_TIME_COLLECTIVES=1`` times the
+gradients' all-reduce with the torch helper's DDP hook (:func:`ftd.client.torch.time_collectives`: the
+step timing slow-rank detection reads), and ``$FTD_RECOVERY_FAULT_DIR``: before each step the rank
+looks for ``<dir>/<its pid>.json`` (the bench writes it; a new process never finds its predecessor's),
+``{"fault": "stuck"}`` (it sleeps forever before its next forward pass and all-reduce), ``{"fault":
+"fifo", "path": P}`` (it opens the FIFO ``P``, which nobody writes: blocked in ``open``) or ``{"fault":
+"slow", "sleep_s": S}`` (``S`` more seconds slept per step from then on, before the forward pass: the
+other ranks then wait for it in the timed all-reduce); each recorded once as
+``fault``.
 """
 
 from __future__ import annotations
@@ -82,6 +92,40 @@ def newest_checkpoint(ckpt: Path) -> int:
     """The newest step with a complete checkpoint (written by rename, so present means complete)."""
     steps = [int(p.stem.split("-")[1]) for p in ckpt.glob("step-*.pt")]
     return max(steps, default=0)
+
+
+def stuck_before_collective() -> None:
+    """The ``stuck`` fault: never returns (py-spy shows this frame above the training loop)."""
+    while True:
+        time.sleep(3600)
+
+
+def read_never_answering_path(path: str) -> None:
+    """The ``fifo`` fault: blocks in ``open`` of a FIFO nobody writes (a job-wide stall)."""
+    with open(path, "rb") as f:
+        f.read()
+
+
+def injected_fault(fault_dir: str, record: Recorder, seen: dict[str, Any]) -> float:
+    """Apply the fault the bench asked of this process (module docstring); the extra seconds to sleep
+    per step."""
+    if "fault" not in seen:
+        path = Path(fault_dir) / f"{os.getpid()}.json"
+        if not path.exists():
+            return 0.0
+        try:
+            seen["fault"] = json.loads(path.read_text())
+        except ValueError:
+            return 0.0  # being written: the next step reads it
+        record("fault", **seen["fault"])
+    fault = seen["fault"]
+    if fault.get("fault") == "stuck":
+        stuck_before_collective()
+    elif fault.get("fault") == "fifo":
+        read_never_answering_path(str(fault["path"]))
+    elif fault.get("fault") == "slow":
+        return float(fault.get("sleep_s", 0.0))
+    return 0.0
 
 
 def _env_int(name: str) -> int | None:
@@ -164,7 +208,13 @@ def main() -> int:
         record("resumed", step=start, asked=asked)
     net = DistributedDataParallel(model)
 
+    if os.environ.get("FTD_RECOVERY_TIME_COLLECTIVES") == "1":
+        from ftd.client.torch import time_collectives
+
+        time_collectives(net, client)
     coord = TorchCoordinator(client)
+    fault_dir = os.environ.get("FTD_RECOVERY_FAULT_DIR", "")
+    fault_seen: dict[str, Any] = {}
     outcome, step = "timeout", start
     last_step = _env_int("FTD_RECOVERY_STEPS")
     block_fifo, block_at = os.environ.get("FTD_RECOVERY_BLOCK_FIFO", ""), _env_int("FTD_RECOVERY_BLOCK_AT")
@@ -172,6 +222,9 @@ def main() -> int:
         if last_step is not None and step >= last_step:
             outcome = "done"
             break
+        extra_s = injected_fault(fault_dir, record, fault_seen) if fault_dir else 0.0
+        if extra_s:  # before the forward pass (data loading): the others wait in the gradients' all-reduce
+            time.sleep(extra_s)
         step += 1
         if block_fifo and generation == 0 and step == block_at:
             record("blocking", step=step, fifo=block_fifo)

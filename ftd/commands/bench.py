@@ -33,6 +33,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "scale": ("ftd.bench.scale", "bench_scale"),
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
     "checkpoint": ("ftd.bench.checkpoint", "bench_checkpoint"),
+    "culprit": ("ftd.bench.culprit", "bench_culprit"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -43,6 +44,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "recovery": ("samples", "paths"),
     "fairness": ("rate", "seconds", "probes", "severity"),
     "checkpoint": ("cases", "sizes", "samples", "runs"),
+    "culprit": ("runs", "cases", "seed"),
 }
 
 
@@ -108,7 +110,9 @@ def register(sub: Any) -> None:
         type=_names,
         default=None,
         help="checkpoint: only these cases, comma-separated (blocked,partner; the fault cases "
-        "kill_mid_save,local_deleted,flip_byte,truncate,missing_manifest); default every one",
+        "kill_mid_save,local_deleted,flip_byte,truncate,missing_manifest); culprit: only these cases "
+        "(stopped,stuck,slowed,slowed_all,job_wide,clean,e2e_during_collection); default every one "
+        "(--check then misses the others' targets: not measured)",
     )
     parser.add_argument(
         "--sizes",
@@ -117,8 +121,12 @@ def register(sub: Any) -> None:
         help="checkpoint: state sizes in MB, comma-separated (10,100,1000)",
     )
     parser.add_argument(
-        "--runs", type=_positive_int, default=None, help="checkpoint: runs of each fault case (1)"
+        "--runs",
+        type=_positive_int,
+        default=None,
+        help="checkpoint: runs of each fault case; culprit: runs per case, each a new victim (1)",
     )
+    parser.add_argument("--seed", type=int, default=None, help="culprit: the victims' random seed (0)")
     parser.set_defaults(handler=_run)
 
 

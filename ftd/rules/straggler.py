@@ -29,7 +29,6 @@ from ftd.plugin.helpers import drain, notify, number, restart_jobs
 EVENT_KINDS = frozenset({Kind.RANK_STRAGGLER, Kind.RANK_SLOW})
 
 
-
 @hookimpl
 def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind == Kind.RANK_SLOW:

@@ -1,0 +1,72 @@
+"""``ftd bench culprit`` end to end (issue #33 item 5), one run of two cases through the bench's own code
+(:func:`ftd.bench.culprit.measure_case`): real Slurm with four ``slurmd`` nodes on this host, real
+Mosquitto, an ``ftd agent`` per node, ``ftd coordinator``, and a real DDP job (gloo, CPU) under ``srun
+... ftd run --nodes 3 --spares 1``.
+
+- ``stopped``: a random rank SIGSTOPped; the verdict names its node (confident culprit), that node and
+  only it is excluded (one swap onto the spare), and the job trains again from a checkpoint;
+- ``clean``: nothing injected; no verdict, no diagnosis, no exclusion, no swap, no restart.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ftd.bench.culprit import AGENT_EXTRA, RANKS, measure_case, summarize
+from ftd.bench.recovery_stack import RecoveryStack, recovery_stack
+from tests.e2e.multinode_slurm import MultiNodeSlurm
+from tests.realparts import Mosquitto
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiNodeSlurm]:
+    slurm = MultiNodeSlurm(tmp_path_factory.mktemp("slurm"), nodes=RANKS + 1).start()
+    try:
+        yield slurm
+    finally:
+        slurm.stop()
+
+
+@pytest.fixture
+def stack(cluster: MultiNodeSlurm, mosquitto: Mosquitto, tmp_path: Path) -> Iterator[RecoveryStack]:
+    cluster.reset()
+    with recovery_stack(cluster, mosquitto.port, tmp_path / "stack", agent_extra=AGENT_EXTRA) as built:
+        try:
+            yield built
+        finally:
+            print(built.logs())
+
+
+def test_a_stopped_rank_is_named_and_only_its_node_excluded(stack: RecoveryStack, tmp_path: Path) -> None:
+    victim = random.Random().randrange(RANKS)
+    (tmp_path / "faults").mkdir()
+    got = measure_case(stack, "stopped", victim, tmp_path / "faults")
+    print(got)
+    assert "error" not in got, got
+    assert got["symptom"] is not None and got["detect_s"] is not None
+    verdict = got["verdict"]
+    assert verdict is not None, got
+    assert verdict["verdict"] == "culprit" and verdict["confident"] is True
+    assert verdict["culprit_nodes"] == [got["victim_node"]] and verdict["culprit_ranks"] == [victim]
+    assert got["excluded_nodes"] == [got["victim_node"]] and got["exclusions"] == 1
+    assert got["swaps"] == 1
+    assert isinstance(got["resumed_from"], int) and isinstance(got["steps_lost"], int)
+    assert got["right"] is True
+    assert summarize([got])["wrong"] == 0
+
+
+def test_a_clean_run_is_left_alone(stack: RecoveryStack, tmp_path: Path) -> None:
+    (tmp_path / "faults").mkdir()
+    got = measure_case(stack, "clean", 0, tmp_path / "faults")
+    print(got)
+    assert "error" not in got, got
+    assert got["verdict"] is None and got["symptom"] is None and got["diagnoses"] == 0
+    assert got["exclusions"] == 0 and got["swaps"] == 0 and got["restarts"] == 0
+    assert got["right"] is True
