@@ -407,3 +407,29 @@ async def test_a_rank_whose_node_went_offline_is_gone_for_the_save_and_the_stop(
     assert detail["save_ranks_gone"] == [1] and detail["save_missing"] == [0, 1]
     assert detail["stopped"] is True and job.scheduler.jobs[JOB].restarts == 1
     assert JOB in job.state.jobs and 1 in job.state.jobs[JOB].ranks  # its presence is still there
+
+
+class HungJob(Job):
+    """Both ranks hang (a SIGSTOPped rank and its peer stuck in the collective): a stop never makes
+    them leave."""
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        directive = decode(payload, Directive)
+        if directive not in self.directives:
+            self.directives.append(directive)
+
+
+async def test_a_hung_job_restarted_on_a_verdict_does_not_wait_the_stop_deadline_for_its_ranks() -> None:
+    # ftd bench culprit: 30 s of a hung job's 37 s recovery were this wait for ranks that cannot stop.
+    job = HungJob(steps={}, beats={0: 10, 1: 10})
+    executor = job.executor()
+    executor.stop_deadline_s = 3600.0
+    async with asyncio.timeout(30):
+        detail = await executor(record(save=False, no_save_reason="hung", hang_verdict="culprit"))
+    assert detail["stopped"] is False and "restart ends them" in detail["stop_not_awaited"]
+    assert detail.get("state") != "escalated" and job.scheduler.jobs[JOB].restarts == 1
+    # a hang the rule chose to stop, not restart: the stop is waited for (and escalated if it fails)
+    job = HungJob(steps={}, beats={0: 10, 1: 10})
+    executor = job.executor()
+    detail = await executor(record(save=False, no_save_reason="hung", hang_verdict="unknown", requeue=False))
+    assert detail["stopped"] is False and detail["state"] == "escalated" and "stop_not_awaited" not in detail
