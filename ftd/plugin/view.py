@@ -28,6 +28,7 @@ class NodeRecord:
     drained_by_ftd: bool = False
     drain_reason: str = ""
     addresses: list[str] = field(default_factory=list)  # its IPs and host names, as its agent announced
+    status: str = ""  # its agent's last status: online, offline (a Last Will), stopped (a clean stop)
 
 
 class FaultRecord(NamedTuple):

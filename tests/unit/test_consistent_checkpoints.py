@@ -390,7 +390,7 @@ class JobWhoseNodeDied(Job):
             return
         self.directives.append(directive)
         if directive.action == "save":
-            self.state.apply_status(NodeStatus(node="node-2", state="offline", ts=2.0))
+            self.state.apply_status(NodeStatus(node="node-2", state="offline", ts=time.time()))
         elif directive.action == "stop":
             self.state.apply_presence("node-1", JOB, None)
 
@@ -402,6 +402,7 @@ async def test_a_rank_whose_node_went_offline_is_gone_for_the_save_and_the_stop(
     executor = job.executor()
     executor.save_deadline_s = executor.stop_deadline_s = 3600.0  # with the old wait: an hour each
     executor.save_rank_lost_grace_s = 0.2
+    executor.last_will_grace_s = 0.0  # the Last Will's grace (10 s by default) already over
     async with asyncio.timeout(30):
         detail = await executor(record())
     assert detail["save_ranks_gone"] == [1] and detail["save_missing"] == [0, 1]
@@ -433,3 +434,30 @@ async def test_a_hung_job_restarted_on_a_verdict_does_not_wait_the_stop_deadline
     executor = job.executor()
     detail = await executor(record(save=False, no_save_reason="hung", hang_verdict="unknown", requeue=False))
     assert detail["stopped"] is False and detail["state"] == "escalated" and "stop_not_awaited" not in detail
+
+
+class JobWhoseAgentRestarts(JobWhoseNodeDied):
+    """node-2's agent stops cleanly (a restart) as the save goes out: it is coming back."""
+
+    async def publish(self, topic: str, payload: bytes) -> None:
+        directive = decode(payload, Directive)
+        if directive in self.directives:
+            return
+        self.directives.append(directive)
+        if directive.action == "save":
+            self.state.apply_status(NodeStatus(node="node-2", state="stopped", ts=time.time()))
+
+
+async def test_a_rank_whose_agent_restarts_or_left_within_the_grace_is_still_waited_for() -> None:
+    for job in (
+        JobWhoseAgentRestarts(steps={}, beats={0: 10, 1: 10}),
+        JobWhoseNodeDied(steps={}, beats={0: 10, 1: 10}),
+    ):
+        executor = job.executor()
+        executor.save_deadline_s = 1.0
+        executor.save_rank_lost_grace_s = 0.2
+        executor.last_will_grace_s = 3600.0  # a Last Will this recent may be a network blip
+        async with asyncio.timeout(30):
+            detail = await executor(record())
+        assert "save_ranks_gone" not in detail, detail  # the whole save deadline was given
+        assert detail["save_missing"] == [0, 1]

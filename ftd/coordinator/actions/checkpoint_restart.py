@@ -116,6 +116,7 @@ DEFAULT_RESUME_DEADLINE_S = 600.0
 DEFAULT_SAVE_RANK_LOST_GRACE_S = 5.0
 #: How often the save wait looks whether a silent rank has left (acks themselves wake it at once).
 _GONE_POLL_S = 0.25
+DEFAULT_LAST_WILL_GRACE_S = 10.0  # coordinator.offline_grace.last_will_s's default
 HUNG_STOP_WAIT_S = 2.0  # how long a hung job's ranks get to leave before its restart goes on anyway
 
 __all__ = ["WAITING", "CheckpointRestart", "not_resumed", "resume_step", "save_at_step"]
@@ -161,6 +162,7 @@ class CheckpointRestart:
         allow_unchecked_spares: bool = False,
         pinned_policy: str = DEFAULT_PINNED_POLICY,
         save_rank_lost_grace_s: float = DEFAULT_SAVE_RANK_LOST_GRACE_S,
+        last_will_grace_s: float = DEFAULT_LAST_WILL_GRACE_S,
     ) -> None:
         self._publish = publish
         self._state = state
@@ -173,6 +175,7 @@ class CheckpointRestart:
         # Once a rank that has not acked has left its agent (its process ended), how much longer the
         # others get: the dead rank never acks, and its peers wait for it in a collective.
         self.save_rank_lost_grace_s = save_rank_lost_grace_s
+        self.last_will_grace_s = last_will_grace_s
         self.resume_deadline_s = resume_deadline_s  # 0: an in-place requeue is not followed
         self.resume_poll_s = resume_poll_s
         self.pinned_policy = pinned_policy  # a pinned job whose node stays in service: hold or stop
@@ -546,17 +549,25 @@ class CheckpointRestart:
         return move
 
     def _live_ranks(self, job: str) -> set[int]:
-        """The job's ranks whose agent could still answer for them: on a node that is not offline. A
-        node's agent killed with its ranks (kill -9 of the node, a Last Will) leaves their presence
-        retained on the bus; waiting for them to ack a save or to leave cost the checkpoint bench's
-        kill case the whole save and stop deadlines (71 s, issue #34)."""
+        """The job's ranks that may still answer: all but those on a node whose agent's Last Will
+        (``offline``) is older than ``last_will_grace_s`` (``coordinator.offline_grace.last_will_s``,
+        the grace after which the node's jobs are moved anyway). A node killed with its agent leaves
+        its ranks' presence retained on the bus; waiting for them to ack a save or to leave cost the
+        checkpoint bench's kill case the whole save and stop deadlines (71 s, issue #34). An agent
+        stopped cleanly (``stopped``: a restart) is coming back: its ranks are still waited for."""
         record = self._state.jobs.get(job)
         if record is None:
             return set()
+        now = time.time()
         live: set[int] = set()
         for node, ranks in record.ranks_by_node.items():
             known = self._state.nodes.get(node)
-            if known is None or known.online or not known.last_change:  # never heard: not offline
+            dead = (
+                known is not None
+                and known.status == "offline"
+                and now - known.last_change >= self.last_will_grace_s
+            )
+            if not dead:
                 live.update(r.rank for r in ranks)
         return live
 

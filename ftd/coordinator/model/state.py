@@ -83,6 +83,7 @@ class ClusterState:
         online = status.state == "online"
         changed = node.online != online
         node.online = online
+        node.status = str(status.state)
         node.last_change = status.ts or time.time()
         if status.addresses:  # a Last Will or an older agent says none: the last announced stay
             self._set_addresses(node, status.addresses)
