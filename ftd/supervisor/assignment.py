@@ -53,6 +53,7 @@ class Options:
     stop_grace_s: float = 10.0
     exit_grace_s: float = 300.0
     run: str = ""  # the launcher's run of this supervisor (ftd.client.protocol.run_id; "": unknown)
+    prefix: bool = True  # each rank's output lines start with "[node rank R] " (issue #33)
 
 
 class SetupError(ValueError):

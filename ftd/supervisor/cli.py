@@ -66,7 +66,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--preflight", default="ftd preflight", help="command run before a spare takes a slot ('none': skip)"
     )
     p.add_argument("--warm", default="", help="modules a pre-started interpreter imports (comma list)")
+    p.add_argument(
+        "--no-prefix",
+        dest="prefix",
+        action="store_false",
+        help="leave the ranks' output as it is (default: every line starts with '[NODE rank R] ')",
+    )
     p.add_argument("--stop-grace", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL")
+
     p.add_argument("--exit-grace", type=float, default=300.0, help="seconds to wait for a restart")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the training command")
 
@@ -103,6 +110,7 @@ def options(args: argparse.Namespace, env: Mapping[str, str]) -> Options:
         node=args.node or env.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0],
         preflight=preflight,
         warm=[m.strip() for m in args.warm.split(",") if m.strip()],
+        prefix=args.prefix,
         stop_grace_s=args.stop_grace,
         exit_grace_s=args.exit_grace,
         run=run_id(env) or "",

@@ -15,7 +15,10 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
+
+from ftd.supervisor import output
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,11 +54,32 @@ class RankGroup:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start_cold(
-        self, command: Sequence[str], envs: Sequence[Mapping[str, str]], cwd: str | None = None
+        self,
+        command: Sequence[str],
+        envs: Sequence[Mapping[str, str]],
+        cwd: str | None = None,
+        *,
+        labels: Sequence[bytes] | None = None,
     ) -> None:
-        """Start one process of ``command`` per environment in ``envs`` (each in its own session)."""
-        for env in envs:
-            self.procs.append(subprocess.Popen(list(command), env=dict(env), cwd=cwd, start_new_session=True))
+        """Start one process of ``command`` per environment in ``envs`` (each in its own session).
+        ``labels``: one per process, put in front of every line of its stdout and stderr
+        (:mod:`ftd.supervisor.output`); None: the ranks write to this process's own streams."""
+        for index, env in enumerate(envs):
+            if labels is None:
+                proc = subprocess.Popen(list(command), env=dict(env), cwd=cwd, start_new_session=True)
+            else:
+                proc = subprocess.Popen(
+                    list(command),
+                    env=dict(env),
+                    cwd=cwd,
+                    start_new_session=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                assert proc.stdout is not None and proc.stderr is not None
+                output.pump(labels[index], proc.stdout)
+                output.pump(labels[index], proc.stderr, sys.stderr.buffer)
+            self.procs.append(proc)
 
     def adopt(self, proc: subprocess.Popen[bytes]) -> None:
         """Take a rank started elsewhere (a pre-started interpreter given its script)."""

@@ -25,6 +25,7 @@ import queue
 import signal
 import time
 
+from ftd.supervisor import output
 from ftd.supervisor.agent_link import AgentLink
 from ftd.supervisor.assignment import (
     Options,
@@ -329,7 +330,12 @@ class Supervisor:
                     give(proc, self.opts.command, envs[index], os.getcwd())
                     group.adopt(proc)
             else:
-                group.start_cold(self.opts.command, envs)
+                labels = (
+                    [output.label(self.node_name(), env["RANK"]) for env in envs]
+                    if self.opts.prefix
+                    else None
+                )
+                group.start_cold(self.opts.command, envs, labels=labels)
         except OSError as exc:
             group.stop(self.opts.stop_grace_s)
             self._report(state="failed", reason=f"cannot start {self.opts.command[0]}: {exc}")
