@@ -67,12 +67,12 @@ def test_every_builtin_is_registered() -> None:
         (150, {}, [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")]),  # NVLink5 MSE: fatal
         (
             149,
-            {"message": "NVRM: Xid (PCI:0000:3b:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 04"},
+            {"message": "NVRM: Xid (PCI:0000:8a:00): 149, Fatal link event on XC2 i1 Link 17"},
             [("checkpoint_restart", "j1"), ("gpu_reset", "node-1")],
         ),
         (
             149,
-            {"message": "NVRM: Xid (PCI:0000:3b:00): 149, NETIR_LINK_EVT Nonfatal XC0 i0 Link 04"},
+            {"message": "NVRM: Xid (PCI:0000:8a:00): 149, Nonfatal link event on XC2 i1 Link 17"},
             [("notify", "node-1")],
         ),
         (43, {}, []),  # IGNORE: recorded only

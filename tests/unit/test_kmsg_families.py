@@ -198,7 +198,11 @@ CASES: list[tuple[str, Kind, dict[str, Any], str]] = [
         Kind.SOFT_LOCKUP, {"cpu": 6, "process": "VM Thread"}, "warning",
     ),
     (
-        "BUG: unable to handle kernel NULL pointer dereference at 00000000000001c8",
+        "BUG: unable to handle kernel NULL pointer dereference at           (null)",
+        Kind.KERNEL_OOPS, {"what": "null_deref"}, "critical",
+    ),
+    (  # the wording of kernels 4.20 and later (read as a generic "bug", error, before)
+        "BUG: kernel NULL pointer dereference, address: 0000000000000048",
         Kind.KERNEL_OOPS, {"what": "null_deref"}, "critical",
     ),
     ("kernel BUG at mm/slub.c:305!", Kind.KERNEL_OOPS, {"what": "bug"}, "critical"),

@@ -417,7 +417,10 @@ def _lockup(msg: str) -> Found | None:
 
 
 _OOPS_RE = re.compile(
-    r"(?:^|\] )(?:(BUG: unable to handle (?:kernel )?(NULL pointer dereference|paging request|page fault))"
+    # both wordings: "BUG: unable to handle kernel NULL pointer dereference at ..." (older kernels) and
+    # "BUG: kernel NULL pointer dereference, address: ..." (4.20 and later)
+    r"(?:^|\] )(?:(BUG: (?:unable to handle )?(?:kernel )?"
+    r"(NULL pointer dereference|paging request|page fault))"
     r"|kernel BUG at ([^\s!]{1,160})!"
     r"|(Oops|general protection fault|divide error|invalid opcode|stack segment|double fault)\b"
     r"[^\[]{0,200}\[#(\d{1,6})\]"
