@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import stat
 import time
@@ -647,6 +648,27 @@ class LocalApi:
             assert conn.job is not None
             self._presence.moved(conn.job)
 
+    def _report(
+        self, conn: Conn, step: int, manifest: str, level: str, directive_id: str | None
+    ) -> CheckpointReport:
+        """What a rank said of a checkpoint, with who said it: the manifest is followed only as the
+        rank's own user (its connection's uid), unless the connection may speak for any job."""
+        assert conn.job is not None and conn.rank is not None
+        ident = conn.identity
+        trusted = conn.cred is None or (ident is not None and ident.any_job)
+        return CheckpointReport(
+            node=self.node,
+            job=conn.job,
+            rank=conn.rank,
+            step=step,
+            manifest=manifest,
+            level=level,
+            save_s=None,
+            nbytes=None,
+            directive_id=directive_id,
+            uid=None if trusted or conn.cred is None else conn.cred.uid,
+        )
+
     def _checkpoint(self, conn: Conn, msg: wire.CheckpointMsg) -> None:
         """A rank's checkpoint report: verified in a worker, then one ``checkpoint`` event (#34)."""
         assert conn.job is not None and conn.rank is not None
@@ -655,21 +677,8 @@ class LocalApi:
             self.counters["checkpoints_dropped"] = self.counters.get("checkpoints_dropped", 0) + 1
             self._bad(conn, "checkpoint", f"{MAX_VERIFY_BACKLOG} checkpoints already being verified here")
             return
-        ident = conn.identity
-        report = CheckpointReport(
-            node=self.node,
-            job=conn.job,
-            rank=conn.rank,
-            step=msg.step,
-            manifest=msg.manifest,
-            level=msg.level,
-            save_s=msg.save_s,
-            nbytes=msg.bytes,
-            directive_id=msg.directive_id,
-            uid=conn.cred.uid
-            if conn.cred is not None and not (ident is not None and ident.any_job)
-            else None,
-        )
+        report = self._report(conn, msg.step, msg.manifest, msg.level, msg.directive_id)
+        report = dataclasses.replace(report, save_s=msg.save_s, nbytes=msg.bytes)
 
         async def check() -> None:
             event = await verify_report(report)
@@ -722,21 +731,8 @@ class LocalApi:
             why = f"not verified: {MAX_VERIFY_BACKLOG} checkpoints already being verified on this node"
             self._relay_ack(conn, msg, ok=False, reason=why)
             return
-        ident = conn.identity
-        report = CheckpointReport(
-            node=self.node,
-            job=conn.job,
-            rank=conn.rank,
-            step=msg.step if msg.step is not None else -1,
-            manifest=msg.path,
-            level="",
-            save_s=None,
-            nbytes=None,
-            directive_id=msg.directive_id,
-            uid=conn.cred.uid
-            if conn.cred is not None and not (ident is not None and ident.any_job)
-            else None,
-        )
+        step = msg.step if msg.step is not None else -1
+        report = self._report(conn, step, msg.path, "", msg.directive_id)  # level, step -1: not compared
 
         async def check() -> None:
             why = await verify_ack(report)
