@@ -296,8 +296,7 @@ def is_collective_frame(frame: Frame) -> bool:
     text = f"{frame.function} {frame.file}".lower()
     if any(mark in text for mark in COLLECTIVE_MARKS):
         return True
-    name = frame.function.rsplit(".", 1)[-1].rsplit("::", 1)[-1].lower()
-    return name in COLLECTIVE_FUNCTIONS
+    return _function_name(frame) in COLLECTIVE_FUNCTIONS
 
 
 def in_collective(thread: ThreadStack) -> bool:
@@ -305,9 +304,18 @@ def in_collective(thread: ThreadStack) -> bool:
     return any(is_collective_frame(frame) for frame in thread.frames)
 
 
+def _function_name(frame: Frame) -> str:
+    return frame.function.rsplit(".", 1)[-1].rsplit("::", 1)[-1].lower()
+
+
 def collective(thread: ThreadStack) -> str | None:
-    """The outermost collective frame's label: which collective the thread is in (``all_reduce
-    (torch/distributed/distributed_c10d.py)``), None when it is in none."""
+    """Which collective the thread is in (``all_reduce (torch/distributed/distributed_c10d.py)``): the
+    outermost frame named as a collective (``all_gather_object`` rather than the ``all_gather`` it calls),
+    else the outermost frame of the collective layers; None when it is in none. Wrappers such as
+    torch's ``_exception_logger`` sit outside every collective alike, so they cannot say which one."""
+    for frame in reversed(thread.frames):
+        if _function_name(frame) in COLLECTIVE_FUNCTIONS:
+            return label(frame)
     for frame in reversed(thread.frames):
         if is_collective_frame(frame):
             return label(frame)

@@ -16,7 +16,8 @@ source               weight  claim
 ``stacks``           strong  the ranks whose main thread is *outside* collective communication while the
                              rest wait *inside* one, when they are no more than those inside (with 2
                              ranks, one out and one in is enough); weak otherwise, and weak for a
-                             minority waiting in a different collective than the rest
+                             minority waiting in a different collective than the rest (stopped, zombie
+                             and gone ranks left out of that count: their stacks are where they froze)
 ``stacks``           --      every rank outside, all in the same frame: the *job-wide* claim (a shared
                              file system that does not answer, a data loader, a deadlock)
 ``ras``              weak    the ranks NCCL RAS reports missing
@@ -201,7 +202,7 @@ def _stacks(job: _Job) -> tuple[Claim | None, str | None]:
         spots = {st.place(job.threads[r]) for r in outside}
         return None, (spots.pop() if len(spots) == 1 else None)
     groups: dict[str, set[int]] = {}
-    for rank in inside:
+    for rank in inside - _frozen(job):  # a stopped rank's stack is where it froze, not where it waits
         groups.setdefault(st.collective(job.threads[rank]) or "?", set()).add(rank)
     if len(groups) > 1:
         ordered = sorted(groups.values(), key=len)
@@ -217,6 +218,12 @@ def _stacks(job: _Job) -> tuple[Claim | None, str | None]:
                 None,
             )
     return None, None
+
+
+def _frozen(job: _Job) -> set[int]:
+    """Ranks whose process is stopped, a zombie or gone: their stacks say where they froze, not where they
+    wait, so they are no part of which collective the waiting ranks are in."""
+    return {rank for rank, r in job.ranks.items() if r.answered and r.state in _BAD_STATES}
 
 
 def _ras(job: _Job) -> Claim | None:

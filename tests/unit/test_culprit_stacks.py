@@ -47,7 +47,7 @@ def test_text_dump_of_a_rank_waiting_in_all_reduce() -> None:
         function="all_reduce", file="torch/distributed/distributed_c10d.py", line=3252, native=False
     )
     assert in_collective(main)
-    assert collective(main) == "_exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py)"
+    assert collective(main) == "all_reduce (torch/distributed/distributed_c10d.py)"  # not the wrapper
 
 
 def test_text_dump_of_a_rank_stuck_before_the_collective() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -265,3 +266,42 @@ def test_any_mix_of_evidence_gives_a_sound_verdict(n_nodes: int, per_node: int, 
     if verdict.confident and verdict.kind == "culprit":
         assert len(verdict.culprit_nodes) == 1 or len(verdict.culprit_nodes) * 2 <= n_nodes
         assert any(e.source in {"process_state", "flight_recorder", "stacks"} for e in verdict.evidence)
+
+
+def _in_barrier(evidence: JobEvidence, rank: int) -> JobEvidence:
+    """``evidence`` with ``rank`` waiting in ``barrier`` instead of ``all_reduce``."""
+    nodes = {}
+    for name, node in evidence.nodes.items():
+        ranks = []
+        for r in node.ranks:
+            if r.rank == rank:
+                threads = [
+                    msgspec.structs.replace(
+                        t,
+                        frames=[
+                            msgspec.structs.replace(f, function="barrier")
+                            if f.function == "all_reduce"
+                            else f
+                            for f in t.frames
+                        ],
+                    )
+                    for t in r.stacks
+                ]
+                r = msgspec.structs.replace(r, stacks=threads)
+            ranks.append(r)
+        nodes[name] = msgspec.structs.replace(node, ranks=ranks)
+    return msgspec.structs.replace(evidence, nodes=nodes)
+
+
+def test_a_stopped_ranks_frozen_stack_does_not_count_among_the_waiting() -> None:
+    # CI, 2026-12-04: rank 2 SIGSTOPped inside all_reduce, rank 1 waits in the same all_reduce, and
+    # rank 0 -- whose part of the ring had completed -- already waits in the next collective. The
+    # stopped rank's frozen stack made rank 1 a majority and rank 0 "in another collective", a weak
+    # claim that contradicted the process state: unknown, and the node was not excluded.
+    layout = {"node-1": [0], "node-2": [1], "node-3": [2]}
+    verdict = fuse(_in_barrier(job(layout, states={2: "stopped"}), 0))
+    assert (verdict.kind, verdict.confident, verdict.culprit_ranks) == ("culprit", True, [2])
+    assert verdict.culprit_nodes == ["node-3"]
+    # ranks that are all alive keep the claim: one of three in another collective is still said
+    alive = fuse(_in_barrier(job(layout), 0))
+    assert (alive.kind, alive.confident, alive.culprit_ranks) == ("culprit", False, [0])
