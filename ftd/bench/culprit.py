@@ -22,7 +22,9 @@ bounds the collections' cost from above: it includes the CPU they take, not only
 
 What is read, all from the coordinator's ledger and the trainers' own records (never inferred from
 what was injected): ``detect_s`` (fault -> the first hang symptom the agents raised, or the first
-``rank_slow``), ``verdict_s`` (that symptom -> the ``hang_verdict`` event the ``diagnose_hang`` action
+``rank_slow``: its node, scope, ranks, slowdown, and the time left the cost model weighed with where it
+came from -- the job runs with ``sbatch --time`` :data:`TIME_LIMIT_MIN`, so ``scheduler``),
+``verdict_s`` (that symptom -> the ``hang_verdict`` event the ``diagnose_hang`` action
 handed to the rules), the verdict (kind, confident, culprit nodes and ranks), ``right`` (a hang with
 one culprit: confident, naming exactly the victim's node; a slowed rank: ``rank_slow`` naming its node;
 job-wide, all slowed and clean: no node blamed), the actions (``exclusions``: nodes excluded by a
@@ -65,6 +67,7 @@ HANG_SYMPTOMS = frozenset({"rank_heartbeat_lost", "log_stale"})
 HANG_PATTERNS = frozenset({"nccl_watchdog_timeout", "nccl_watchdog_stuck"})
 SLOW_CLEAN_S = 10.0  # clean training after the slow-rank detector's baseline is set, before the slowdown
 VERDICT_TIMEOUT_S = 120.0  # fault -> hang_verdict, beyond which the case is reported as no verdict
+TIME_LIMIT_MIN = 120  # the job's sbatch --time: the slow-rank cost model weighs the time it has left
 SLOW_WINDOW_S = 60.0  # how long a slowed case is watched for rank_slow (the target is 60 s)
 CLEAN_WINDOW_S = 30.0  # how long a clean case is watched (hang verdicts came within 10 s of a fault here)
 RECOVER_TIMEOUT_S = 180.0
@@ -83,6 +86,7 @@ def _spec(case: str, fault_dir: Path) -> JobSpec:
         name=f"culprit-{case}",
         nodes=RANKS,
         spares=1,
+        time_limit_min=TIME_LIMIT_MIN,
         env={
             "FTD_RECOVERY_FAULT_DIR": str(fault_dir),
             "FTD_RECOVERY_TIME_COLLECTIVES": "1",
@@ -270,6 +274,8 @@ def read_outcome(
             "scope": data.get("scope"),
             "ranks": data.get("ranks"),
             "slowdown": data.get("slowdown"),
+            "remaining_s": data.get("remaining_s"),
+            "remaining_from": data.get("remaining_from"),
         }
     out["right"] = _right(case, out, victim_node)
     restart = restarts[-1] if restarts else None

@@ -95,6 +95,7 @@ class JobSpec:
     # "ft_launcher": nvidia-resiliency-ext's launcher (torchrun's options, its own restart logic).
     launcher: str = "ftd"
     max_restarts: int = 3
+    time_limit_min: int | None = None  # sbatch --time (None: the partition's, unlimited here)
 
 
 @dataclass
@@ -155,8 +156,9 @@ class RecoveryStack:
                 "",
             ]
         )
+        limit = [f"--time={spec.time_limit_min}"] if spec.time_limit_min is not None else []
         return self.slurm.sbatch(
-            script, "--requeue", f"--nodes={total}", "--ntasks-per-node=1", f"--job-name={spec.name}"
+            script, "--requeue", f"--nodes={total}", "--ntasks-per-node=1", f"--job-name={spec.name}", *limit
         )
 
     def _torchrun(self, spec: JobSpec) -> list[str]:

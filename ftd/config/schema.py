@@ -877,7 +877,10 @@ class SlowRanksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     ] = 10.0
     remaining_s: Annotated[
         PositiveSeconds,
-        _doc("The time a job is assumed to have left when the scheduler does not say (its time limit)."),
+        _doc(
+            "The time a job is assumed to have left when the scheduler does not say (no time limit, "
+            "no scheduler, a lookup that failed); Slurm jobs use their TimeLimit minus RunTime."
+        ),
     ] = 3600.0
     exclude_after: Annotated[
         int,

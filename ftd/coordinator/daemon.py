@@ -67,6 +67,7 @@ from ftd.coordinator.intake.presence_memory import PresenceMemory
 from ftd.coordinator.intake.rack_bridges import RackBridges, bridge_up
 from ftd.coordinator.intake.receipts import ReceiptOutbox
 from ftd.coordinator.intake.slow_ranks import SlowRanks
+from ftd.coordinator.intake.time_left import JobTimeLeft
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.leadership import HaStatus
 from ftd.coordinator.model.state import ClusterState
@@ -177,7 +178,12 @@ class Coordinator:
         self.return_to_service = return_to_service
         self.receipts = ReceiptOutbox(bus)
         self.offline_grace = OfflineGrace(config.coordinator.offline_grace)
-        self.slow_ranks = SlowRanks(config.coordinator.slow_ranks, node_events=state.node_events)
+        self.time_left = JobTimeLeft(scheduler)  # each job's time before its limit (the cost model)
+        self.slow_ranks = SlowRanks(
+            config.coordinator.slow_ranks,
+            node_events=state.node_events,
+            remaining_for=self.time_left.remaining,
+        )
         self._status_seen: set[str] = set()  # nodes whose status this coordinator has read
         self.rack_bridges = RackBridges()  # which rack broker each node is on, whose bridge is down
         self.spare_release = SpareRelease(bus.publish)  # a finished ftd run job's spares exit
@@ -354,6 +360,7 @@ class Coordinator:
             await self.api.stop()
         await self.engine.close()
         await self.placement.close()
+        await self.time_left.close()
         await self._flush()  # what was folded or refused last is in the ledger, not only in memory
         if self.bus.connected:
             with contextlib.suppress(BusUnavailable):
@@ -604,6 +611,8 @@ class Coordinator:
             return True
         self.state.apply_presence(node, job, presence)
         await self.presence_memory.observe(node, job, presence)
+        if presence is not None and presence.ranks and self.slow_ranks.cfg.enabled:
+            self.time_left.want(job)  # the time limit the slow-rank cost model weighs, looked up aside
         for event in self.slow_ranks.observe(node, job, presence):  # issue #33: step timing
             log.warning("rank_slow", job=job, node=event.node, scope=event.data.get("scope"))
             await self.engine.handle_event(event)

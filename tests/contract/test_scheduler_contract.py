@@ -41,15 +41,26 @@ class Backend:
         assert isinstance(self.sched, FakeScheduler)
         return self.sched
 
-    async def running_job(self, *, requeue: bool = True) -> str:
+    async def running_job(self, *, requeue: bool = True, minutes: int | None = None) -> str:
+        """A running job; ``minutes``: its time limit (``sbatch --time``), None for none."""
         if self.cluster is None:
             job = f"{len(self.fake.jobs) + 100}"
-            self.fake.add_job(job, ["node-1"], requeue=requeue)
+            limit = None if minutes is None else minutes * 60.0
+            self.fake.add_job(job, ["node-1"], requeue=requeue, time_limit_s=limit)
             return job
-        flag = "--requeue" if requeue else "--no-requeue"
-        job = await asyncio.to_thread(self.cluster.sbatch, None, flag, wrap="sleep 300")
+        flags = ["--requeue" if requeue else "--no-requeue"]
+        if minutes is not None:
+            flags.append(f"--time={minutes}")
+        job = await asyncio.to_thread(self.cluster.sbatch, None, *flags, wrap="sleep 300")
         await self.wait_job(job, "RUNNING")
         return job
+
+    async def cancel(self, job: str) -> None:
+        if self.cluster is None:
+            self.fake.finish_job(job, "CANCELLED")
+            return
+        await asyncio.to_thread(self.cluster.run, "scancel", job)
+        await self.wait_job(job, "CANCELLED")
 
     async def finished_job(self) -> str:
         if self.cluster is None:
@@ -129,6 +140,21 @@ async def test_drain_node_with_running_job_keeps_job(backend: Backend) -> None:
     assert (await backend.sched.job_info(job)).state == "RUNNING"
     await backend.sched.resume("node-1")
     assert not (await backend.sched.node_info("node-1")).drained
+
+
+async def test_a_running_jobs_time_left_is_its_limit_minus_its_run_time(backend: Backend) -> None:
+    job = await backend.running_job(minutes=10)
+    await asyncio.sleep(1.2)
+    first = (await backend.sched.job_info(job)).time_left_s
+    assert first is not None and 540 <= first < 600, first
+    await asyncio.sleep(1.2)
+    later = (await backend.sched.job_info(job)).time_left_s
+    assert later is not None and later < first  # it counts down
+    await backend.sched.requeue(job, exclude=["node-1"])  # kept pending: its only node excluded
+    assert (await backend.wait_job(job, "PENDING")).time_left_s is None  # not running: no clock
+    await backend.cancel(job)
+    unlimited = await backend.running_job()
+    assert (await backend.sched.job_info(unlimited)).time_left_s is None  # no limit: not known, not 0
 
 
 async def test_requeue_running_job_with_exclusion(backend: Backend) -> None:

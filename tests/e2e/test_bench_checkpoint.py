@@ -30,15 +30,6 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 pytest.importorskip("torch")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiNodeSlurm]:
-    slurm = MultiNodeSlurm(tmp_path_factory.mktemp("slurm"), nodes=4).start()
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
-
-
 @pytest.fixture
 def stack(cluster: MultiNodeSlurm, mosquitto: Mosquitto, tmp_path: Path) -> Iterator[RecoveryStack]:
     cluster.reset()

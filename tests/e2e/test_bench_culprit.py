@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ftd.bench.culprit import AGENT_EXTRA, RANKS, measure_case, summarize
+from ftd.bench.culprit import AGENT_EXTRA, RANKS, TIME_LIMIT_MIN, measure_case, summarize
 from ftd.bench.recovery_stack import RecoveryStack, recovery_stack
 from tests.e2e.multinode_slurm import MultiNodeSlurm
 from tests.realparts import Mosquitto
@@ -25,13 +25,7 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 pytest.importorskip("torch")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiNodeSlurm]:
-    slurm = MultiNodeSlurm(tmp_path_factory.mktemp("slurm"), nodes=RANKS + 1).start()
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
+SLURM_NODES = RANKS + 1  # the cluster fixture (tests/e2e/conftest.py): a spare beside the job
 
 
 @pytest.fixture
@@ -70,3 +64,18 @@ def test_a_clean_run_is_left_alone(stack: RecoveryStack, tmp_path: Path) -> None
     assert got["verdict"] is None and got["symptom"] is None and got["diagnoses"] == 0
     assert got["exclusions"] == 0 and got["swaps"] == 0 and got["restarts"] == 0
     assert got["right"] is True
+
+
+def test_a_slowed_rank_is_found_and_weighed_against_the_jobs_real_time_limit(
+    stack: RecoveryStack, tmp_path: Path
+) -> None:
+    victim = random.Random().randrange(RANKS)
+    (tmp_path / "faults").mkdir()
+    got = measure_case(stack, "slowed", victim, tmp_path / "faults")
+    print(got)
+    assert "error" not in got, got
+    slow = got["rank_slow"]
+    assert slow["node"] == got["victim_node"] and got["right"] is True, got
+    # the cost model weighed the time Slurm says the job has left (sbatch --time), not the assumption
+    assert slow["remaining_from"] == "scheduler", slow
+    assert 0 < slow["remaining_s"] <= TIME_LIMIT_MIN * 60, slow

@@ -40,15 +40,6 @@ TRAINING = ["node-1", "node-2", "node-3"]
 VERDICT_WITHIN_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiNodeSlurm]:
-    slurm = MultiNodeSlurm(tmp_path_factory.mktemp("slurm"), nodes=4).start()
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
-
-
 @pytest.fixture
 def stack(cluster: MultiNodeSlurm, mosquitto: Mosquitto, tmp_path: Path) -> Iterator[RecoveryStack]:
     cluster.reset()

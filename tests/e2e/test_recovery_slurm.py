@@ -48,15 +48,6 @@ pytest.importorskip("torch")
 SWAPPED = ["node-1", "node-4", "node-3"]  # node-2's slot (1) given to the spare
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiNodeSlurm]:
-    slurm = MultiNodeSlurm(tmp_path_factory.mktemp("slurm"), nodes=4).start()
-    try:
-        yield slurm
-    finally:
-        slurm.stop()
-
-
 @pytest.fixture
 def stack(cluster: MultiNodeSlurm, mosquitto: Mosquitto, tmp_path: Path) -> Iterator[RecoveryStack]:
     cluster.reset()

@@ -156,3 +156,20 @@ def test_hostile_figures_in_a_rank_slow_event_only_notify() -> None:
     ):
         requests = evaluate_rule(straggler, make_event("n1", Kind.RANK_SLOW, data=data))
         assert _kinds(requests) == [("notify", "n1")], data
+
+
+def test_the_schedulers_time_left_weighs_the_swap_and_says_where_it_came_from() -> None:
+    """A job 8 s from its time limit is not worth a swap, whatever remaining_s assumes; a job the
+    scheduler said nothing about falls back to remaining_s, and the event says which it used."""
+    left: dict[str, float | None] = {"j1": 8.0, "j2": None}
+    for job, expect_swap, source in (("j1", False, "scheduler"), ("j2", True, "config")):
+        clock = _Clock()
+        slow = SlowRanks(SlowRanksConfig(), clock=clock, remaining_for=left.get)
+        sim = _Sim(5, {0: 0.1, 1: 0.1, 2: 0.1})
+        _feed(sim, slow, clock, 60, job=job)
+        sim.compute[2] = 0.2
+        [event] = _feed(sim, slow, clock, 60, job=job)
+        assert event.data["remaining_from"] == source
+        assert event.data["remaining_s"] == (8.0 if source == "scheduler" else 3600.0)
+        kinds = [k for k, _ in _kinds(evaluate_rule(straggler, event))]
+        assert ("checkpoint_restart" in kinds) is expect_swap, (job, kinds)

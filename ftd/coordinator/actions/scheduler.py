@@ -39,6 +39,7 @@ Semantics every implementation keeps (the coordinator retries after a crash, so 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -109,6 +110,7 @@ class JobInfo:
     reason: str | None = None  # why it is pending, if the scheduler says
     required: tuple[str, ...] = ()  # nodes it was pinned to (Slurm's ReqNodeList: sbatch -w)
     held: bool = False  # pending and held: it starts only once released
+    time_left_s: float | None = None  # running: its time limit minus its run time; None: no limit known
 
 
 @runtime_checkable
@@ -167,6 +169,7 @@ class _FakeJob:
     requeue_allowed: bool = True
     held: bool = False
     required: tuple[str, ...] = ()
+    ends_at: float | None = None  # time.time() when its time limit runs out (None: no limit)
 
 
 @dataclass
@@ -207,12 +210,18 @@ class FakeScheduler:
         state: str = "RUNNING",
         requeue: bool = True,
         required: Sequence[str] = (),
+        time_limit_s: float | None = None,
     ) -> None:
-        """A job on ``nodes``; ``required``: the nodes it is pinned to (Slurm's ``sbatch -w``)."""
+        """A job on ``nodes``; ``required``: the nodes it is pinned to (Slurm's ``sbatch -w``);
+        ``time_limit_s``: its time limit from now (``sbatch --time``), None for none."""
         for node in (*nodes, *required):
             self.nodes.setdefault(node, _FakeNode())
         self.jobs[job] = _FakeJob(
-            state=state, nodes=tuple(nodes), requeue_allowed=requeue, required=tuple(required)
+            state=state,
+            nodes=tuple(nodes),
+            requeue_allowed=requeue,
+            required=tuple(required),
+            ends_at=None if time_limit_s is None else time.time() + time_limit_s,
         )
 
     def finish_job(self, job: str, state: str = "COMPLETED") -> None:
@@ -293,7 +302,12 @@ class FakeScheduler:
 
     async def job_info(self, job: str) -> JobInfo:
         j = self._job(job)
-        return JobInfo(job, j.state, j.nodes, j.excluded, j.restarts, required=j.required, held=j.held)
+        left = None
+        if j.ends_at is not None and j.state == "RUNNING":
+            left = max(0.0, j.ends_at - time.time())
+        return JobInfo(
+            job, j.state, j.nodes, j.excluded, j.restarts, required=j.required, held=j.held, time_left_s=left
+        )
 
     async def list_nodes(self) -> list[NodeInfo]:
         return [await self.node_info(name) for name in sorted(self.nodes)]

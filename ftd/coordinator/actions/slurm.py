@@ -128,6 +128,41 @@ def parse_oneliner(line: str) -> dict[str, str]:
     return result
 
 
+_DURATION_RE = re.compile(r"^(?:([0-9]{1,6})-)?(?:([0-9]{1,9}):)?(?:([0-9]{1,9}):)?([0-9]{1,9})$")
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in a Slurm duration as ``scontrol`` prints ``TimeLimit``/``RunTime`` (``[days-]hours:
+    minutes:seconds``, ``minutes:seconds``, ``minutes``, ``days-hours``...); None for ``UNLIMITED``,
+    ``Partition_Limit``, ``NONE`` and anything else that is not a duration. Never raises."""
+    if not isinstance(text, str):
+        return None
+    m = _DURATION_RE.match(text.strip())
+    if m is None:
+        return None
+    days, a, b, last = m.groups()
+    if days is not None and b is None:  # days-hours, days-hours:minutes (Slurm's --time forms)
+        hours, minutes, seconds = (int(a), int(last), 0) if a is not None else (int(last), 0, 0)
+    elif b is not None:  # hours:minutes:seconds
+        hours, minutes, seconds = int(a or 0), int(b), int(last)
+    elif a is not None:  # minutes:seconds
+        hours, minutes, seconds = 0, int(a), int(last)
+    else:  # minutes
+        hours, minutes, seconds = 0, int(last), 0
+    return float(((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def time_left(rec: dict[str, str]) -> float | None:
+    """A running job's time limit minus its run time (``TimeLimit`` - ``RunTime``), at least 0; None
+    when the job has no limit, is not running, or either field cannot be read."""
+    if rec.get("JobState") not in _ACTIVE_STATES:
+        return None
+    limit, ran = parse_duration(rec.get("TimeLimit", "")), parse_duration(rec.get("RunTime", ""))
+    if limit is None or ran is None:
+        return None
+    return max(0.0, limit - ran)
+
+
 def _node_info(rec: dict[str, str]) -> NodeInfo:
     """A node's record of ``scontrol show node -o`` as :class:`NodeInfo`. ``State`` is e.g.
     ``IDLE+DRAIN``, ``DOWN+NOT_RESPONDING``, ``MIXED+DRAIN+FAIL`` (``*`` marks not responding in
@@ -277,6 +312,7 @@ class SlurmScheduler:
             reason=None if reason in _NULLS else reason,
             required=expand_hostlist(rec.get("ReqNodeList", "")),
             held=rec.get("JobState") == "PENDING" and reason in HELD_REASONS,
+            time_left_s=time_left(rec),
         )
 
     async def job_nodes(self, job: str) -> tuple[str, ...]:

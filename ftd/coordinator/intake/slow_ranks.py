@@ -15,8 +15,10 @@ some of them, its GPU or NIC; ``job``: the whole job is slower, not a node -- it
 job's first node, and ``not_node`` is true), ``ranks``, ``slowdown`` (2.0: twice as slow), ``since``
 (when the change started), ``measured`` (whether every rank reported its compute, i.e. the torch
 helper: without it only the job's own slowdown can be seen), and the cost model's inputs: ``gpus`` (the
-job's ranks), ``remaining_s`` (:attr:`SlowRanksConfig.remaining_s` unless the job's presence says
-better), ``expected_loss_s`` = (1 - 1/slowdown) x remaining (the job's time lost if nothing is done),
+job's ranks), ``remaining_s`` (the job's time left before its scheduler time limit, from
+:class:`~ftd.coordinator.intake.time_left.JobTimeLeft`; :attr:`SlowRanksConfig.remaining_s` when the
+scheduler has not said -- ``remaining_from`` says which: ``scheduler`` or ``config``),
+``expected_loss_s`` = (1 - 1/slowdown) x remaining (the job's time lost if nothing is done),
 ``swap_cost_s`` (:attr:`SlowRanksConfig.swap_cost_s`), both also x GPUs (``*_gpu_s``), ``repeats`` (this
 node's slow episodes within ``repeat_window_s``, this one included) and ``exclude_after``.
 
@@ -55,9 +57,11 @@ class SlowRanks:
         cfg: SlowRanksConfig,
         *,
         node_events: NodeEvents | None = None,
+        remaining_for: Callable[[str], float | None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.cfg = cfg
+        self._remaining_for = remaining_for  # job -> seconds before its time limit (None: not known)
         self.settings = DetectorSettings(warmup=cfg.warmup_samples, min_change=cfg.min_change)
         self._node_events = node_events
         self._clock = clock
@@ -156,7 +160,8 @@ class SlowRanks:
         cfg = self.cfg
         gpus = len(steps.ranks)
         slowdown = round(max(finding.ratio, 1.0), 3)
-        remaining = cfg.remaining_s
+        known = self._remaining_for(job) if self._remaining_for is not None else None
+        remaining = known if known is not None else cfg.remaining_s
         loss = (1 - 1 / slowdown) * remaining
         node = finding.node
         data: dict[str, object] = {
@@ -167,7 +172,8 @@ class SlowRanks:
             "since": finding.since,
             "measured": steps.measured(),
             "gpus": gpus,
-            "remaining_s": remaining,
+            "remaining_s": round(remaining, 3),
+            "remaining_from": "scheduler" if known is not None else "config",
             "expected_loss_s": round(loss, 3),
             "expected_loss_gpu_s": round(loss * gpus, 3),
             "swap_cost_s": cfg.swap_cost_s,
