@@ -51,8 +51,9 @@ def _symptom(event: Event) -> str | None:
     if event.kind == Kind.LOG_STALE:
         path = event.data.get("path")
         return f"hang suspected: {str(path)[:200] + ' ' if path else subject}log stale"
-    if event.kind == Kind.LOG_PATTERN and event.data.get("pattern") in HANG_PATTERNS:
-        return f"hang suspected: {event.data['pattern']} in {subject or 'a '}log"
+    pattern = event.data.get("pattern")
+    if event.kind == Kind.LOG_PATTERN and isinstance(pattern, str) and pattern in HANG_PATTERNS:
+        return f"hang suspected: {pattern} in {subject or 'a '}log"
     return None
 
 
