@@ -64,7 +64,8 @@ def _one(word: str) -> str:
 def _wheel_name() -> str:
     """The wheel of ftd-daemon as `make dist` writes it (PEP 427: the name's - and . become _)."""
     dist = re.search(r"^dist:.*?\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), flags=re.M)
-    assert dist and "-m build" in dist.group(1) and "--outdir dist ." in dist.group(1)
+    assert dist and "-m build" in dist.group(1) and "--outdir $(DIST) ." in dist.group(1)
+    assert re.search(r"^DIST\s*\?=\s*dist$", (REPO / "Makefile").read_text(), flags=re.M)  # by default
     version = re.search(r'__version__ = "([^"]+)"', (REPO / "ftd" / "__init__.py").read_text())
     assert version
     name = re.sub(r"[-_.]+", "_", PYPROJECT["project"]["name"])
