@@ -10,8 +10,9 @@ NCCL checks skipped because torch is missing or sees no CUDA GPU are named in th
 documented install has no torch, and a bare "passed" would hide that the GPUs were never exercised.
 Fail closed: when no check could run at all (NVML failing, nothing else installed or configured) it
 exits 3 with ``preflight could not check this node: ...``, which a gate treats as a failure, unless
-the site opts out explicitly (``--allow-unchecked`` or ``agent.preflight.allow_unchecked``). Usable as a Slurm Prolog gate (a
-failing Prolog drains the node) and run by the agent for the coordinator's return to service.
+the site opts out explicitly (``--allow-unchecked`` or ``agent.preflight.allow_unchecked``). Usable as
+a Slurm Prolog gate (a failing Prolog drains the node) and run by the agent for the coordinator's
+return to service.
 
 ``--config`` reads the agent's configuration (``agent.nvml.expected_gpus``, ``agent.state_dir`` for
 the inventory, ``agent.preflight``); without it the defaults apply.
