@@ -118,3 +118,20 @@ def test_make_dist_builds_both_and_the_client_wheel_installs_alone(tmp_path: Pat
     where, coordinator = ran.stdout.splitlines()
     assert Path(where).is_relative_to(fresh), where  # the installed copy, not the checkout's
     assert coordinator == "None"  # the client alone: no daemon in a training image
+
+
+def test_the_release_workflow_publishes_both_on_a_tag_with_trusted_publishing() -> None:
+    """.github/workflows/release.yml (never run here): a tag builds with ``make dist`` and publishes
+    dist/ (both projects) through PyPI's trusted publishing, with no stored token."""
+    import yaml  # type: ignore[import-untyped]
+
+    path = REPO / ".github" / "workflows" / "release.yml"
+    flow = yaml.safe_load(path.read_text())
+    assert flow[True] == {"push": {"tags": ["v*"]}}  # YAML 1.1 reads the key `on` as True
+    build, publish = flow["jobs"]["build"], flow["jobs"]["publish"]
+    runs = [step.get("run", "") for step in build["steps"]]
+    assert "make dist" in runs
+    assert publish["needs"] == "build" and publish["permissions"] == {"id-token": "write"}
+    (upload,) = [s for s in publish["steps"] if s.get("uses", "").startswith("pypa/gh-action-pypi-publish@")]
+    assert upload["with"] == {"packages-dir": "dist/"}
+    assert "secrets." not in path.read_text()  # trusted publishing: no password, no API token
