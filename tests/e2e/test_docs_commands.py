@@ -32,6 +32,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -198,10 +199,12 @@ class ServedDemo:
         self.port = free_port()
         self.config = workdir / "coordinator.toml"
         self.config.write_text(f"[coordinator.api]\nport = {self.port}\n")
+        # stderr to a file, stdout drained once served: a full pipe would stall the demo
+        self.stderr = (workdir / "demo.stderr").open("w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ftd.cli", "demo", "--serve", "--port", str(self.port)],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self.stderr,
             text=True,
             cwd=REPO,
             env=_env(),
@@ -212,12 +215,13 @@ class ServedDemo:
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
-            assert line, "".join(seen) + (self.proc.stderr.read() if self.proc.stderr else "")
+            assert line, "".join(seen) + (workdir / "demo.stderr").read_text()[-3000:]
             seen.append(line)
             if url in line:
                 break
         else:
             raise AssertionError("the demo never served: " + "".join(seen))
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
         with urllib.request.urlopen(f"{url}v1/actions", timeout=10) as response:
             actions = json.load(response)
         listed = actions.get("actions", actions) if isinstance(actions, dict) else actions
@@ -228,10 +232,11 @@ class ServedDemo:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
-                self.proc.communicate(timeout=30)
+                self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.communicate()
+                self.proc.wait()
+        self.stderr.close()
 
 
 @pytest.fixture(scope="module")
