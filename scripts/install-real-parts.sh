@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the real parts the tests start themselves (docs/architecture.md §12): Mosquitto, munge, Slurm 22.05,
-# PostgreSQL, Prometheus.
+# PostgreSQL, Prometheus, and kubectl (kustomize, for the Kubernetes overlays' test).
 #
 # Idempotent: does nothing when every binary is already there, and (re)creates only what is missing.
 # The tests run their own mosquitto/slurmctld/slurmd on free loopback ports with private configs, so
@@ -72,12 +72,15 @@ $SUDO chown munge:munge /run/munge
 tools=()
 have node || tools+=(nodejs)
 have strace || tools+=(strace)
+# kubectl: its kustomize builds every documented overlay of deploy/kubernetes
+# (tests/integration/test_k8s_kustomize.py); Debian's package is kubernetes-client.
+have kubectl || tools+=(kubernetes-client)
 if ((${#tools[@]})); then
   echo "install-real-parts: installing ${tools[*]}"
   $SUDO apt-get update
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${tools[@]}"
 else
-  echo "install-real-parts: node and strace are installed"
+  echo "install-real-parts: node, strace and kubectl are installed"
 fi
 
 # --------------------------------------------------------------------------------------------------

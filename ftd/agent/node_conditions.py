@@ -15,7 +15,7 @@ alone. ``lastTransitionTime`` changes only when the status flips; ``lastHeartbea
 write. Written when the conditions change and every ``resync_s`` (a heartbeat, like NPD's). The
 bearer token is re-read from ``token_file`` on every write (projected tokens rotate). Errors (API
 down, 403 because the RBAC is missing) are logged, counted and retried at the next round: the agent
-never stops over them. RBAC: ``nodes/status`` ``patch`` (deploy/kubernetes/agent.yaml).
+never stops over them. RBAC: ``nodes/status`` ``patch`` (deploy/kubernetes/base/agent.yaml).
 """
 
 from __future__ import annotations

@@ -4,11 +4,15 @@ What: runs the node checks of :mod:`ftd.agent.preflight` (GPU count and UUIDs ag
 health, ECC and row remapping, a device memory allocation and small compute with torch, ``dcgmi diag
 -r 1`` with DCGM, a single-node NCCL all-reduce, the site's own commands) and exits 0 when none
 failed, else 1 with one line ``preflight failed: CHECK: reason``. A check whose tool or GPU is
-absent is skipped with the reason (``-v`` lists every check). Fail closed: when no check could run at
-all (NVML failing, nothing else installed or configured) it exits 3 with ``preflight could not check
-this node: ...``, which a gate treats as a failure, unless the site opts out explicitly
-(``--allow-unchecked`` or ``agent.preflight.allow_unchecked``). Usable as a Slurm Prolog gate (a
-failing Prolog drains the node) and run by the agent for the coordinator's return to service.
+absent is skipped with the reason (``-v`` lists every check); on a node with GPUs, the compute and
+NCCL checks skipped because torch is missing or sees no CUDA GPU are named in the passing line too
+(``... skipped; not checked on this GPU node: gpu_compute: torch is not installed; ...``): the
+documented install has no torch, and a bare "passed" would hide that the GPUs were never exercised.
+Fail closed: when no check could run at all (NVML failing, nothing else installed or configured) it
+exits 3 with ``preflight could not check this node: ...``, which a gate treats as a failure, unless
+the site opts out explicitly (``--allow-unchecked`` or ``agent.preflight.allow_unchecked``). Usable as
+a Slurm Prolog gate (a failing Prolog drains the node) and run by the agent for the coordinator's
+return to service.
 
 ``--config`` reads the agent's configuration (``agent.nvml.expected_gpus``, ``agent.state_dir`` for
 the inventory, ``agent.preflight``); without it the defaults apply.

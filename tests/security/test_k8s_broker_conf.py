@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def configmap() -> dict[str, str]:
-    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "mosquitto.yaml").read_text()):
+    for doc in yaml.safe_load_all((REPO / "deploy" / "kubernetes" / "base" / "mosquitto.yaml").read_text()):
         if doc and doc["kind"] == "ConfigMap":
             data: dict[str, str] = doc["data"]
             return data

@@ -30,7 +30,16 @@ from ftd.config import parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "kubernetes"
-FILES = sorted(p for p in DEPLOY.glob("*.yaml") if p.name != "kustomization.yaml")  # its own test
+# the base's manifests (deploy/kubernetes/base) and the alternatives, templates and examples beside it;
+# the kustomizations have their own tests (test_k8s_install.py, tests/integration/test_k8s_kustomize.py)
+FILES = sorted(
+    (
+        p
+        for p in [*DEPLOY.glob("*.yaml"), *(DEPLOY / "base").glob("*.yaml")]
+        if p.name != "kustomization.yaml"
+    ),
+    key=lambda p: p.name,
+)
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
 SINGLE, HA = "coordinator.yaml", "coordinator-ha.yaml"  # the coordinator: one replica, or two
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")

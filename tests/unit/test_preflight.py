@@ -37,7 +37,29 @@ def test_a_healthy_node_passes_and_its_inventory_is_recorded(tmp_path: Path) -> 
     # no torch GPU, no DCGM, no commands here: skipped with their reasons, never failed
     assert got["gpu_compute"] == got["dcgm_diag"] == got["nccl_allreduce"] == got["commands"] == SKIP
     assert json.loads((tmp_path / "gpu-inventory.json").read_text()) == sorted(g.uuid for g in fake.gpus)
-    assert report.reason == "3 check(s) passed, 4 skipped"
+    assert report.reason.startswith("3 check(s) passed, 4 skipped")
+
+
+def test_a_gpu_node_without_torch_says_the_compute_and_nccl_checks_did_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The documented install has no torch (issue #32 item 7): on a GPU node the verdict still passes
+    on the NVML checks, but its one line (what ``ftd preflight`` prints and what the return-to-service
+    gate records) says which GPU checks could not run and why, instead of a bare "passed"."""
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # `import torch` raises ImportError
+    report = run_preflight(config(tmp_path, expected=2), FakeNvml(2))
+    assert report.ok, report
+    assert report.reason == (
+        "3 check(s) passed, 4 skipped; not checked on this GPU node: gpu_compute: torch is not "
+        "installed; nccl_allreduce: torch is not installed (docs/operators.md: the full preflight)"
+    )
+    # a node without GPUs, or a site that turned the checks off, gets no such note
+    off = AgentConfig(
+        state_dir=str(tmp_path),
+        nvml=NvmlConfig(expected_gpus=2),
+        preflight=PreflightConfig(gpu_compute=False, nccl=False),
+    )
+    assert run_preflight(off, FakeNvml(2)).reason == "3 check(s) passed, 4 skipped"
 
 
 @pytest.mark.parametrize(

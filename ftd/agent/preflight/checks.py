@@ -160,14 +160,20 @@ def ecc_remap(backend: NvmlBackend | None, gpus: Sequence[GpuIdentity]) -> Check
     return CheckResult(name, PASS)
 
 
+# Why a torch check could not run (the documented install has no torch; a CPU build, or one built for a
+# newer CUDA than the driver, sees no GPU): the runner names these in its verdict on a GPU node.
+NO_TORCH = "torch is not installed"
+NO_CUDA = "torch sees no CUDA GPU"
+
+
 def _torch_cuda() -> tuple[Any, str]:
     """torch when it is installed and sees a CUDA GPU, else (None, why not)."""
     try:
         import torch
     except ImportError:
-        return None, "torch is not installed"
+        return None, NO_TORCH
     if not torch.cuda.is_available():
-        return None, "torch sees no CUDA GPU"
+        return None, NO_CUDA
     return torch, ""
 
 

@@ -139,7 +139,7 @@ def run_preflight(
         with contextlib.suppress(OSError):
             checks.record_inventory(inventory, gpus)
     ran = sum(1 for r in results if r.status != "skip")
-    passed = f"{ran} check(s) passed, {len(results) - ran} skipped"
+    passed = f"{ran} check(s) passed, {len(results) - ran} skipped" + _gpu_checks_not_run(results, gpus)
     if ran == 0:
         allowed = pf.allow_unchecked if allow_unchecked is None else allow_unchecked
         if allowed:
@@ -151,6 +151,17 @@ def run_preflight(
         )
         return Report(False, reason, results, unchecked=True)
     return Report(True, passed, results)
+
+
+def _gpu_checks_not_run(results: list[CheckResult], gpus: Collection[object]) -> str:
+    """``"; not checked on this GPU node: ..."`` for each check that could not use the GPUs NVML found
+    because torch is missing or sees no CUDA GPU (the documented install has no torch: the compute and
+    NCCL checks of the return-to-service gate need it), or ``""``. A check the site turned off
+    (``agent.preflight``) is not named: the site said so itself."""
+    missed = [f"{r.name}: {r.reason}" for r in results if r.reason in (checks.NO_TORCH, checks.NO_CUDA)]
+    if not gpus or not missed:
+        return ""
+    return f"; not checked on this GPU node: {'; '.join(missed)} (docs/operators.md: the full preflight)"
 
 
 __all__ = ["CHECKS", "EXIT_FAILED", "EXIT_UNCHECKED", "Report", "run_preflight"]

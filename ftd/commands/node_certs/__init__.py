@@ -8,7 +8,7 @@ account's requests whose CN is the node the API server recorded for the requesti
 them with the node CA, and denies everything else with a reason (:mod:`.signer`, the rule in
 :mod:`.review`). Why here (commands, not a daemon): each is a small program of its own; the
 coordinator's and the agent's processes are unchanged and keep no CA key. Install:
-deploy/kubernetes (agent.yaml, coordinator.yaml), docs/operators.md "Install on Kubernetes".
+deploy/kubernetes/base (agent.yaml, node-certs.yaml), docs/operators.md "Install on Kubernetes".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ selector) and, for each,
     a request that fails the rule gets a ``Failed`` condition instead, with the reason;
   * denied, failed or issued: left alone.
 A 409 (someone wrote the object meanwhile) is left for the next round; the node CA's key is read
-from a Secret only this container mounts (deploy/kubernetes/coordinator.yaml).
+from a Secret only this container mounts (deploy/kubernetes/base/node-certs.yaml).
 """
 
 from __future__ import annotations
