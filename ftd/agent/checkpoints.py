@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from ftd.client import manifest as mf
 from ftd.events import Event, Kind, Severity, make_event
 
-__all__ = ["MAX_CONCURRENT", "CheckpointReport", "names_manifest", "verify_ack", "verify_report"]
+__all__ = [
+    "MAX_CONCURRENT",
+    "CheckpointReport",
+    "VerifiedCopies",
+    "names_manifest",
+    "verify_ack",
+    "verify_report",
+]
 
 MAX_CONCURRENT = 2  # manifests hashed at once (each streams its files in 4 MiB chunks)
 # One bound per event loop: an asyncio.Semaphore belongs to the loop it first waited in.
@@ -149,3 +156,97 @@ async def verify_report(report: CheckpointReport) -> Event:
         source="agent",
         data=data,
     )
+
+
+@dataclass(frozen=True)
+class _Copy:
+    job: str
+    rank: int  # the rank that reported it
+    shard_rank: int  # the shard it holds (another rank's, for a partner copy)
+    step: int
+    level: str
+    manifest: str
+
+
+class VerifiedCopies:
+    """The copies this node verified, so that one deleted since is said (issue #34).
+
+    The tier's retention deletes old steps, an operator may ``rm`` a directory: the coordinator's
+    catalogue must not keep offering a copy that is gone as the checkpoint a restart resumes from.
+    After each report of a rank, :meth:`gone` looks (in a worker thread, the files may be on a network
+    file system) whether the manifests of the copies it verified before, for the same job, rank and
+    level, are still there, and returns one ``checkpoint`` event with ``deleted: true`` for each that
+    is not. Bounded: the newest :data:`KEPT` copies per job, rank and level; forgotten on agent restart
+    (a copy deleted meanwhile is then found only when a restart cannot load it, and the step before it
+    is taken).
+    """
+
+    KEPT = 64
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self._copies: dict[tuple[str, int, str], dict[str, _Copy]] = {}
+
+    def note(self, event: Event) -> None:
+        """Remember a verified copy (a ``checkpoint`` event with ``ok``; others are ignored)."""
+        data = event.data
+        if event.kind != Kind.CHECKPOINT or data.get("ok") is not True or data.get("deleted"):
+            return
+        job, rank, step, level, manifest = (data.get(k) for k in ("job", "rank", "step", "level", "manifest"))
+        shard = data.get("shard_rank", rank)
+        if not (
+            isinstance(job, str)
+            and isinstance(rank, int)
+            and isinstance(shard, int)
+            and isinstance(step, int)
+            and isinstance(level, str)
+            and isinstance(manifest, str)
+        ):
+            return
+        copies = self._copies.setdefault((job, rank, level), {})
+        copies.pop(manifest, None)
+        copies[manifest] = _Copy(job, rank, shard, step, level, manifest)
+        while len(copies) > self.KEPT:
+            del copies[next(iter(copies))]
+
+    def forget_job(self, job: str) -> None:
+        for key in [k for k in self._copies if k[0] == job]:
+            del self._copies[key]
+
+    async def gone(self, job: str, rank: int, level: str) -> list[Event]:
+        """``deleted`` events for the copies of (``job``, ``rank``, ``level``) whose manifest is gone."""
+        copies = self._copies.get((job, rank, level))
+        if not copies:
+            return []
+        listed = list(copies.values())
+        async with _workers():
+            try:
+                missing = await asyncio.to_thread(
+                    lambda: [c for c in listed if not os.path.lexists(c.manifest)]
+                )
+            except Exception:  # unreadable now is not gone: look again after the next report
+                return []
+        events = []
+        for copy in missing:
+            copies.pop(copy.manifest, None)
+            events.append(
+                make_event(
+                    self.node,
+                    Kind.CHECKPOINT,
+                    severity=Severity.INFO,
+                    source="agent",
+                    data={
+                        "job": copy.job,
+                        "rank": copy.rank,
+                        "shard_rank": copy.shard_rank,
+                        "step": copy.step,
+                        "level": copy.level,
+                        "manifest": copy.manifest,
+                        "root": os.path.dirname(copy.manifest),
+                        "ok": False,
+                        "deleted": True,
+                        "reason": f"{copy.manifest}: deleted since it verified (retention, or by hand)",
+                    },
+                )
+            )
+        return events

@@ -114,3 +114,27 @@ def test_the_api_shows_each_level_s_newest_verified_step_and_quarantines() -> No
         "shared": {"step": 10, "verified_at": 1010.0},
     }
     assert state.checkpoints.quarantined("j") == {"20": "resume crashed"}
+
+
+def test_a_deleted_copy_is_no_longer_a_resume_point_and_no_rejection() -> None:
+    book = CheckpointCatalogue()
+    for step in (10, 20):
+        for shard in (0, 1):
+            book.note(report(f"n{shard}", step, shard))
+            book.note(report("s", step, shard, "shared"))
+    book.quarantine("j", 20, "generation failed")
+    assert (book.choose("j").step, book.choose("j").level) == (10, "local")  # type: ignore[union-attr]
+    book.note(report("n1", 10, 1, ok=False, deleted=True))  # retention deleted n1's local copy
+    choice = book.choose("j")
+    assert choice is not None and (choice.step, choice.level) == (10, "shared")  # the shared copy is left
+    book.note(report("s", 10, 1, "shared", ok=False, deleted=True))
+    assert book.choose("j") is None  # shard 1 of step 10 is nowhere now
+    assert book.quarantined("j") == {"20": "generation failed"}  # deletions quarantine nothing
+    # a deletion of a copy never known, or of another node's copy, changes nothing
+    book.note(report("n9", 10, 0, ok=False, deleted=True))
+    book.note(report("n0", 99, 0, ok=False, deleted=True))
+    assert book.newest_verified("j", "local") is None and 99 not in book._jobs["j"]
+    for shard in (0, 1):  # every copy of step 10 deleted: the step is forgotten
+        book.note(report(f"n{shard}", 10, shard, ok=False, deleted=True))
+        book.note(report("s", 10, shard, "shared", ok=False, deleted=True))
+    assert 10 not in book._jobs["j"]

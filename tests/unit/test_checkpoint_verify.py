@@ -316,3 +316,43 @@ def test_verification_works_in_every_event_loop_it_is_used_in(ckdir: str) -> Non
     for _ in range(2):
         events = asyncio.run(many())
         assert len(events) == MAX_CONCURRENT + 3 and all(e.data["ok"] for e in events)
+
+
+async def test_a_verified_copy_deleted_since_is_said_at_the_ranks_next_report(
+    sockdir: str, rec: Recorder, ckdir: str
+) -> None:
+    """The tier's retention (or an operator's rm) deletes step 100 after it verified: the rank's next
+    report brings one ``deleted`` event for it, so the coordinator stops offering it as a resume point."""
+    events: list[Event] = []
+
+    async def on_event(event: Event) -> None:
+        events.append(event)
+
+    api = LocalApi(os.path.join(sockdir, "a.sock"), "node1", rec.on_presence, rec.on_ack, on_event=on_event)
+    await api.start()
+    try:
+        peer = await Peer.open(api)
+        await peer.register("j1", 1)
+
+        async def reported(step: int, path: str, count: int) -> None:
+            await peer.send({"v": 1, "op": "checkpoint", "step": step, "manifest": path, "level": "local"})
+            await until(lambda: len(events) == count)
+
+        first = write_checkpoint(ckdir, 100, 1)
+        await reported(100, first, 1)
+        second = write_checkpoint(ckdir, 200, 1)
+        await reported(200, second, 2)  # step 100 still there: nothing said about it
+        shutil.rmtree(os.path.dirname(first))
+        await reported(300, write_checkpoint(ckdir, 300, 1), 4)
+        deleted = [e for e in events if e.data.get("deleted")]
+        assert [(e.data["step"], e.data["shard_rank"], e.data["level"], e.data["ok"]) for e in deleted] == [
+            (100, 1, "local", False)
+        ]
+        assert deleted[0].node == "node1" and api.counters["checkpoints_deleted"] == 1
+        assert api.counters.get("checkpoints_rejected", 0) == 0  # a deletion is no rejection
+        await reported(400, write_checkpoint(ckdir, 400, 1), 5)  # said once, not at every report
+        api.job_ended("j1")
+        assert api.verified_copies._copies == {}
+        await peer.close()
+    finally:
+        await api.stop()

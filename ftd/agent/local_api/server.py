@@ -65,7 +65,13 @@ from typing import Any
 
 import msgspec
 
-from ftd.agent.checkpoints import CheckpointReport, names_manifest, verify_ack, verify_report
+from ftd.agent.checkpoints import (
+    CheckpointReport,
+    VerifiedCopies,
+    names_manifest,
+    verify_ack,
+    verify_report,
+)
 from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
 from ftd.agent.local_api import registration, wire
 from ftd.agent.local_api.callbacks import CallbackQueue
@@ -147,6 +153,7 @@ class LocalApi:
         self._tasks: list[asyncio.Task[None]] = []
         self._hook_tasks: set[asyncio.Task[None]] = set()
         self._verifying = 0  # checkpoint manifests being verified or waiting for a worker (issue #34)
+        self.verified_copies = VerifiedCopies(node)  # to say which verified copies were deleted since
         self._stopping = False
         self.counters: dict[str, int] = {
             "connections": 0,
@@ -396,13 +403,14 @@ class LocalApi:
         """The scheduler says ``job`` starts (again) on this node (the Prolog's ``job_start``):
         whatever was pending for an earlier run of it is stale, and so is a supervisor lost then."""
         self._log_dropped(job, self._pending.drop(job), "the job started again on this node")
-        self.job_ended(job)
+        self._supervisors.job_ended(job)  # the copies verified here stay known: it may resume from them
 
     def job_ended(self, job: str) -> None:
         """The scheduler says ``job`` ended on this node: a supervisor of it gone here (lost, or
         exited) is forgotten (one still connected stays: it ends with the job's step and says
-        goodbye)."""
+        goodbye). The checkpoint copies verified here for it are no longer watched for deletion."""
         self._supervisors.job_ended(job)
+        self.verified_copies.forget_job(job)
 
     def _log_dropped(self, job: str, dropped: list[Directive], why: str) -> None:
         for directive in dropped:
@@ -684,6 +692,7 @@ class LocalApi:
             event = await verify_report(report)
             if not event.data.get("ok"):
                 self.counters["checkpoints_rejected"] = self.counters.get("checkpoints_rejected", 0) + 1
+            self.verified_copies.note(event)
             log.info(
                 "local_api_checkpoint",
                 job=report.job,
@@ -694,6 +703,16 @@ class LocalApi:
                 reason=event.data.get("reason") or None,
             )
             self._emit(event)
+            for deleted in await self.verified_copies.gone(report.job, report.rank, report.level):
+                self.counters["checkpoints_deleted"] = self.counters.get("checkpoints_deleted", 0) + 1
+                log.info(
+                    "local_api_checkpoint_deleted",
+                    job=report.job,
+                    rank=report.rank,
+                    step=deleted.data.get("step"),
+                    level=report.level,
+                )
+                self._emit(deleted)
 
         self._verification(check(), "ftd-localapi-checkpoint")
 

@@ -14,6 +14,10 @@ which saves completed on every rank), and it must be cheap: a job with 1,000 che
 in well under a second (one pass over the job's steps, newest first). It is plain data, rebuilt from
 the ledger's recent events at start-up like the rest of :class:`~ftd.coordinator.model.state.ClusterState`.
 
+A copy the agent says was deleted since it verified (``deleted: true``: the tier's retention, or an
+operator's ``rm``; :class:`ftd.agent.checkpoints.VerifiedCopies`) is dropped: not a rejection, not a
+quarantine, just no longer a place to resume from.
+
 Bounded: :data:`STEPS_KEPT` newest steps per job (older ones are forgotten, not deleted anywhere).
 """
 
@@ -77,6 +81,9 @@ class CheckpointCatalogue:
         if not isinstance(job, str) or step is None or level not in LEVELS:
             return
         steps = self._jobs.setdefault(job, {})
+        if data.get("deleted") is True:  # a copy that verified and is gone since: no longer a choice
+            self._deleted(steps, step, event.node, level, _nonneg(data.get("shard_rank", data.get("rank"))))
+            return
         entry = steps.get(step)
         if entry is None:
             entry = steps[step] = _Step()
@@ -103,6 +110,17 @@ class CheckpointCatalogue:
         save_s = data.get("save_s")
         if isinstance(save_s, int | float) and not isinstance(save_s, bool):
             entry.save_s = max(entry.save_s or 0.0, float(save_s))
+
+    @staticmethod
+    def _deleted(steps: dict[int, _Step], step: int, node: str, level: str, shard: int | None) -> None:
+        entry = steps.get(step)
+        if entry is None or shard is None:
+            return
+        entry.copies[shard] = [
+            c for c in entry.copies.get(shard, []) if not (c.node == node and c.level == level)
+        ]
+        if not any(entry.copies.values()) and not entry.rejected:
+            del steps[step]
 
     def quarantine(self, job: str, step: int, why: str) -> None:
         self._quarantined.setdefault(job, {})[step] = why[:300]
