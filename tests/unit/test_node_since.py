@@ -3,9 +3,15 @@ and the action beside it is the one awaiting an operator's approval before any o
 
 from __future__ import annotations
 
+from ftd.bus import topics
+from ftd.bus.base import Message
+from ftd.bus.memory import MemoryBroker, MemoryBus
+from ftd.config import Config, CoordinatorConfig
 from ftd.coordinator.api.views import NodeIndex
+from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import NodeStatus
+from ftd.coordinator.wiring import build
+from ftd.events import NodeConditions, NodeStatus, encode
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
 
@@ -65,3 +71,25 @@ def test_the_action_awaiting_approval_is_shown_before_others() -> None:
     out = index(state, (held, running), (suppressed, held)).node_out("n1")
     assert out.action is not None and out.action.id == "held"
     assert out.state == "acting" and out.since == 1_000.0
+
+
+async def test_a_condition_began_when_its_agent_published_it() -> None:
+    """Through the coordinator's own handling of the agent's retained ``conditions/ftd``: the time in
+    the message (when the agent's set changed), kept while any condition stays, gone when cleared."""
+    config = Config(coordinator=CoordinatorConfig(ledger_path=":memory:", scheduler="none"))
+    coordinator = build(config, bus=MemoryBus(MemoryBroker()), scheduler=None, ledger=Ledger(":memory:"))
+    topic = topics.node_condition("n1", topics.FTD_CONDITIONS)
+
+    async def publish(ts: float, conditions: list[str]) -> None:
+        payload = encode(NodeConditions(node="n1", ts=ts, conditions=conditions))
+        assert await coordinator.handle_message(Message(topic, payload, retain=True))
+
+    try:
+        coordinator.state.apply_status(NodeStatus(node="n1", state="online", ts=100.0))
+        await publish(2_000.0, ["xid 48: double-bit ECC"])
+        await publish(3_000.0, ["xid 48: double-bit ECC", "xid 63: row remap pending"])
+        assert index(coordinator.state).node_out("n1").since == 2_000.0
+        await publish(4_000.0, [])
+        assert index(coordinator.state).node_out("n1").since is None
+    finally:
+        await coordinator.engine.close()
