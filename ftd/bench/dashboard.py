@@ -33,11 +33,11 @@ def _ms(values: list[float]) -> dict[str, float]:
 async def _seed(coordinator: Any, nodes: int) -> int:
     from ftd.events import JobPresence, NodeStatus, RankInfo
     from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
+    from ftd.sim.seed import seed_online
 
     state, ledger = coordinator.state, coordinator.ledger
     names = [f"gpu-{i:05d}" for i in range(nodes)]
-    for name in names:
-        state.apply_status(NodeStatus(node=name, state="online", ts=1000.0))
+    seed_online(state, names, ts=1000.0)  # as `ftd demo --nodes N` seeds the nodes beyond its agents
     for j in range(min(300, nodes // RACK)):
         for k in range(8):
             node = names[j * RACK + k]
@@ -71,16 +71,14 @@ async def _bench(nodes: int, samples: int) -> dict[str, Any]:
 
     from ftd.bus.memory import MemoryBroker, MemoryBus
     from ftd.config import ApiConfig, Config, CoordinatorConfig
-    from ftd.config.schema import NodeLabelsConfig
     from ftd.coordinator.actions.scheduler import FakeScheduler
     from ftd.coordinator.api.server import Api
     from ftd.coordinator.ledger.sqlite import Ledger
     from ftd.coordinator.wiring import build
+    from ftd.sim.seed import rack_labels
 
     names = [f"gpu-{i:05d}" for i in range(nodes)]
-    labels = [
-        NodeLabelsConfig(nodes=names[r : r + RACK], rack=f"r{r // RACK:03d}") for r in range(0, nodes, RACK)
-    ]
+    labels = rack_labels(names, RACK)
     config = Config(
         coordinator=CoordinatorConfig(ledger_path=":memory:", scheduler="slurm", node_labels=labels)
     )

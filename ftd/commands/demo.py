@@ -14,6 +14,10 @@ With ``--json`` the last line printed is one JSON object: ``{"scenario", "detect
 With ``--serve`` the cluster stays up after the scenario: the coordinator's API and dashboard answer
 at the URL printed (``--port``, default 8788, on 127.0.0.1) until Ctrl-C or SIGTERM; ``ftd status
 --url`` reads it like a real one.
+
+The first 4 nodes run real agents (the job's two, the spare it restarts on, one more); with more
+``--nodes`` the others are seeded into the coordinator's state as online nodes in racks of 32, with no
+process or connection each, so ``--nodes 10000`` shows the dashboard at scale in seconds.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ SCENARIOS = {
     "xid13": Scenario("xid13", XID_LINES["xid13"], expect_drain=False, expect_restart=True),
     "xid43": Scenario("xid43", XID_LINES["xid43"], expect_drain=False, expect_restart=False),
 }
+AGENTS = 4  # nodes that run a real agent; the others are seeded (ftd.sim.seed)
 
 
 def register(sub: Any) -> None:
@@ -61,7 +66,12 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="xid79")
-    parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (>= 3)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=4,
+        help=f"simulated nodes (>= 3); the first {AGENTS} run real agents, the others are seeded",
+    )
     parser.add_argument("--json", action="store_true", help="end with one JSON summary line")
     parser.add_argument(
         "--serve",
@@ -89,7 +99,13 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     configure("warning", json=True)  # the timeline is the demo's output; logs only for trouble
     serve_port = args.port if args.serve else None
-    summary = asyncio.run(run_demo(SCENARIOS[args.scenario], args.nodes, serve_port=serve_port))
+    from ftd.sim.cluster import SimStartError
+
+    try:
+        summary = asyncio.run(run_demo(SCENARIOS[args.scenario], args.nodes, serve_port=serve_port))
+    except SimStartError as exc:
+        print(f"ftd demo: the simulated cluster did not come up: {exc}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     return 0 if summary["ok"] else 1
@@ -113,7 +129,7 @@ async def run_demo(
             out.write(line)
             out.flush()
 
-    cluster = SimCluster(nodes=nodes, timeline=say, api_port=serve_port)
+    cluster = SimCluster(nodes=nodes, timeline=say, api_port=serve_port, agents=AGENTS)
     detected_at: dict[str, float] = {}
     actions: dict[str, ActionRecord] = {}
 
@@ -138,8 +154,11 @@ async def run_demo(
     job, job_nodes = "1001", cluster.node_names[:2]
     faulty = job_nodes[1]
     try:
-        say("demo", f"starting embedded broker, coordinator and {nodes} agents")
+        seeded = cluster.seeded_nodes
+        say("demo", f"starting embedded broker, coordinator and {len(cluster.agent_nodes)} agents")
         await cluster.start()
+        if seeded:
+            say("demo", f"{len(seeded)} more nodes seeded online, no agent each ({seeded[0]}..{seeded[-1]})")
         assert cluster.coordinator is not None
         cluster.coordinator.engine.observe(observe)
         say("demo", f"job {job} running: rank 0 on {job_nodes[0]}, rank 1 on {faulty}")

@@ -633,7 +633,10 @@ class Coordinator:
         if summary.node != levels[1]:
             raise DecodeError(f"conditions of node {summary.node!r} published under node {levels[1]!r}")
         self.state.apply_conditions(
-            summary.node, [c[:300] for c in summary.conditions[:64]], [k[:40] for k in summary.kinds[:64]]
+            summary.node,
+            [c[:300] for c in summary.conditions[:64]],
+            [k[:40] for k in summary.kinds[:64]],
+            since=summary.ts or None,
         )
         return True
 

@@ -6,6 +6,13 @@ agent's unix socket, the bus is MQTT on an embedded broker (or any broker given)
 scheduler, which is the in-process :class:`FakeScheduler` (Slurm is not needed to watch ftd work).
 
 Used by ``ftd demo`` and by tests that want the full loop without subprocesses.
+
+A large cluster (``agents`` fewer than ``nodes``): the first ``agents`` nodes run real agents, the
+others are seeded into the coordinator's state (:mod:`ftd.sim.seed`) with no process, socket or bus
+connection each, in racks of 32. :meth:`SimCluster.start` waits on the real readiness -- the
+coordinator's ready callback, each agent online at the coordinator -- for ``start_timeout_s``
+(generous: a loaded machine is slow, not broken) and fails at once, naming it, when the coordinator
+or an agent stops while starting; a timeout names what did not come up (:class:`SimStartError`).
 """
 
 from __future__ import annotations
@@ -30,8 +37,14 @@ from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.wiring import build, coordinator_will
+from ftd.sim.seed import rack_labels, seed_online
 
 Timeline = Callable[[str, str], None]  # (who, what)
+START_TIMEOUT_S = 120.0  # how long start() waits for the coordinator and the agents to come up
+
+
+class SimStartError(RuntimeError):
+    """The simulated cluster did not come up: the message names what (the coordinator, which agents)."""
 
 
 class StepSync:
@@ -135,10 +148,16 @@ class SimCluster:
         timeline: Timeline | None = None,
         save_deadline_s: float = 10.0,
         api_port: int | None = None,
+        agents: int | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="ftd-sim-", dir="/tmp")
         self.workdir = workdir or Path(self._tmp.name if self._tmp else ".")
         self.node_names = [f"node-{i}" for i in range(1, nodes + 1)]
+        # the nodes that run a real agent (all by default); the others are seeded (ftd.sim.seed)
+        self.agent_nodes = self.node_names[: nodes if agents is None else max(0, min(agents, nodes))]
+        self.seeded_nodes = self.node_names[len(self.agent_nodes) :]
+        self.start_timeout_s = start_timeout_s
         self.timeline = timeline or (lambda who, what: None)
         self.broker_port = broker_port
         self.scheduler = FakeScheduler()
@@ -154,6 +173,7 @@ class SimCluster:
                 # a simulation takes no API port unless asked (`ftd demo --serve --port N`): never
                 # silently the operator's 8787
                 api=ApiConfig(enabled=api_port is not None, port=api_port or ApiConfig().port),
+                node_labels=rack_labels(self.node_names) if self.seeded_nodes else [],
             )
         )
         self.broker: EmbeddedBroker | None = None
@@ -185,8 +205,8 @@ class SimCluster:
             ledger=Ledger(self.config.coordinator.ledger_path),
         )
         ready = asyncio.Event()
-        self._tasks.append(asyncio.create_task(self.coordinator.run(ready.set)))
-        for node in self.node_names:
+        self._tasks.append(asyncio.create_task(self.coordinator.run(ready.set), name="the coordinator"))
+        for node in self.agent_nodes:
             (self.workdir / node).mkdir(parents=True, exist_ok=True)
             self.kmsg_path(node).touch()
             cfg = AgentConfig(
@@ -199,10 +219,34 @@ class SimCluster:
             will, birth = status_messages(node)
             agent = build_agent(cfg, bus=self._bus(f"ftd-agent-{node}", will=will, birth=birth), node=node)
             self.agents[node] = agent
-            self._tasks.append(asyncio.create_task(agent.run()))
-        async with asyncio.timeout(15):
-            await ready.wait()
-        await self.wait_for(lambda: set(self.coordinator_state.online_nodes()) >= set(self.node_names), 15)
+            self._tasks.append(asyncio.create_task(agent.run(), name=f"the agent of {node}"))
+        deadline = time.monotonic() + self.start_timeout_s
+        await self._come_up(ready.is_set, lambda: "the coordinator (ledger, API, bus)", deadline)
+        seed_online(self.coordinator_state, self.seeded_nodes)
+
+        def missing() -> list[str]:
+            online = set(self.coordinator_state.online_nodes())
+            return [n for n in self.agent_nodes if n not in online]
+
+        def agents_missing() -> str:
+            gone = missing()
+            shown = ", ".join(gone[:10]) + (f" and {len(gone) - 10} more" if len(gone) > 10 else "")
+            return f"{len(gone)} of {len(self.agent_nodes)} agents online at the coordinator ({shown})"
+
+        await self._come_up(lambda: not missing(), agents_missing, deadline)
+
+    async def _come_up(self, up: Callable[[], bool], what: Callable[[], str], deadline: float) -> None:
+        """Wait until ``up()``; SimStartError naming ``what()`` at ``deadline``, or at once naming the
+        task (the coordinator, an agent) that ended while starting, with its error."""
+        while not up():
+            for task in self._tasks:
+                if task.done():
+                    error = None if task.cancelled() else task.exception()
+                    why = f": {type(error).__name__}: {error}" if error is not None else ""
+                    raise SimStartError(f"{task.get_name()} stopped while the cluster was starting{why}")
+            if time.monotonic() > deadline:
+                raise SimStartError(f"not up after {self.start_timeout_s:g} s: {what()}")
+            await asyncio.sleep(0.02)
 
     @property
     def coordinator_state(self) -> Any:

@@ -122,6 +122,15 @@ def render_ms(url: str, timeout_s: float = 30.0) -> float:
     (``data-rendered-ms``, the page's own ``performance.now()``), in a headless Chromium driven over
     the DevTools protocol in real time: ``--virtual-time-budget`` (what ``--dump-dom`` needs) does not
     count the time spent waiting for the network, so it cannot time a page."""
+    probe = "(document.body && document.body.dataset.renderedMs) || ''"
+    return float(page_value(url, probe, timeout_s))
+
+
+def page_value(url: str, probe: str, timeout_s: float = 30.0) -> Any:
+    """The first non-empty value of the JavaScript expression ``probe``, evaluated every 50 ms in
+    the page at ``url`` in a real headless Chromium (1280x800, driven over the DevTools protocol in
+    real time; the viewport set to exactly 1280x800, which ``--window-size`` alone leaves smaller);
+    AssertionError if it stays empty for ``timeout_s``."""
     binary = require_binary("chromium", package="chromium")
     flags = [f for f in FLAGS if not f.startswith("--virtual-time-budget")]
     deadline = time.monotonic() + timeout_s
@@ -134,7 +143,7 @@ def render_ms(url: str, timeout_s: float = 30.0) -> float:
             start_new_session=True,  # its helper processes too are stopped below, by its group
         )
         try:
-            return asyncio.run(_first_screen_ms(browser, url, deadline))
+            return asyncio.run(_evaluate_until(browser, url, probe, deadline))
         finally:
             os.killpg(browser.pid, signal.SIGTERM)
             browser.wait(10)
@@ -142,7 +151,7 @@ def render_ms(url: str, timeout_s: float = 30.0) -> float:
                 browser.stderr.close()
 
 
-async def _first_screen_ms(browser: subprocess.Popen[str], url: str, deadline: float) -> float:
+async def _evaluate_until(browser: subprocess.Popen[str], url: str, probe: str, deadline: float) -> Any:
     assert browser.stderr is not None
     port = None
     while port is None and time.monotonic() < deadline:
@@ -165,14 +174,20 @@ async def _first_screen_ms(browser: subprocess.Popen[str], url: str, deadline: f
                     if answer.get("id") == calls:
                         return answer
 
+            await call(
+                "Emulation.setDeviceMetricsOverride",
+                width=1280,
+                height=800,
+                deviceScaleFactor=1,
+                mobile=False,
+            )
             await call("Page.navigate", url=url)
-            probe = "(document.body && document.body.dataset.renderedMs) || ''"
             while time.monotonic() < deadline:
                 answer = await call("Runtime.evaluate", expression=probe, returnByValue=True)
                 if value := answer["result"]["result"].get("value"):
-                    return float(value)
+                    return value
                 await asyncio.sleep(0.05)
-    raise AssertionError("the first screen was not filled in time")
+    raise AssertionError(f"the page never answered {probe[:80]!r} in time")
 
 
 def problems_panel(html: str) -> str:

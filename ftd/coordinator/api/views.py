@@ -13,10 +13,12 @@ awaits approval) or ``healthy``. Its *severity* orders the problems panel: ``cri
 an active condition), ``warning`` (drained by ftd, an action in flight), ``info`` (unavailable by
 someone else), ``ok``. A *problem* is any node that is not ``ok``.
 
-The action shown beside a node is the one in flight on it (a running or held action, from the
-engine's memory) or else the newest the ledger holds among its recent actions: a node action
+The action shown beside a node is the one awaiting approval on it (a human must act), else the one in
+flight (pending or running), else the newest the ledger holds among its recent actions: a node action
 targets the node; a job action (checkpoint_restart) belongs to the nodes it excludes and the nodes
-its job ran on.
+its job ran on. A problem node's ``since`` is when its problem began
+(:meth:`ClusterState.problem_since`, or its action in flight's creation if earlier), not its last
+status change.
 """
 
 from __future__ import annotations
@@ -86,10 +88,12 @@ def action_nodes(record: ActionRecord) -> set[str]:
 def actions_by_node(
     in_flight: Iterable[ActionRecord], recent: Sequence[ActionRecord]
 ) -> dict[str, ActionRecord]:
-    """Node -> the action to show beside it: one in flight (newest first) before the newest of
-    ``recent`` (newest first, as the ledger lists them)."""
+    """Node -> the action to show beside it: one awaiting approval, then one pending or running (each
+    newest first), before the newest of ``recent`` (newest first, as the ledger lists them)."""
     out: dict[str, ActionRecord] = {}
-    flying = sorted(in_flight, key=lambda r: r.created, reverse=True)
+    flying = sorted(
+        in_flight, key=lambda r: (r.state == ActionState.AWAITING_APPROVAL, r.created), reverse=True
+    )
     for record in (*flying, *recent):
         for node in action_nodes(record):
             out.setdefault(node, record)
@@ -228,6 +232,14 @@ class NodeIndex:
         end = None if query.limit is None else query.offset + query.limit
         return len(ordered), [self.node_out(n) for n in ordered[query.offset : end]]
 
+    def since(self, name: str) -> float | None:
+        """When the node's problem began: its state's problems, or its action in flight's creation."""
+        times = [t for t in (self.state.problem_since(name),) if t is not None]
+        action = self.by_node.get(name)
+        if action is not None and action.state in IN_FLIGHT and action.created:
+            times.append(action.created)
+        return min(times) if times else None
+
     def node_out(self, name: str) -> NodeOut:
         node = self.state.nodes[name]
         action = self.by_node.get(name)
@@ -244,6 +256,7 @@ class NodeIndex:
             severity=self.severity(name),
             labels=dict(self.labels.get(name, {})),
             action=node_action(action) if action is not None else None,
+            since=self.since(name),
         )
 
 

@@ -180,6 +180,9 @@ class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
     labels: dict[str, str] = msgspec.field(default_factory=dict)  # coordinator.node_labels (rack, ...)
     # the action in flight on the node, else the newest the ledger recently holds for it
     action: NodeAction | None = None
+    # when the node's problem began (the earliest of: offline, drained, unavailable, a condition, its
+    # action in flight), seconds since the epoch; None for a healthy node
+    since: float | None = None
 
 
 class NodeAction(msgspec.Struct, frozen=True, kw_only=True):

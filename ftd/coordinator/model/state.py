@@ -68,6 +68,9 @@ class ClusterState:
         self.peer_blames: dict[str, deque[PeerBlame]] = {}
         # each job's verified checkpoints per step and level, and the resume choice (issue #34)
         self.checkpoints = CheckpointCatalogue()
+        # node -> each of its problems ("drained", "unavailable", "condition") -> when it began, so
+        # the dashboard says when a node's problem began, not when its status last changed
+        self.trouble_since: dict[str, dict[str, float]] = {}
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -177,9 +180,13 @@ class ClusterState:
             record.supervisors.pop(node, None)
         self._node(node)
 
-    def apply_conditions(self, node: str, reasons: list[str], kinds: Sequence[str] = ()) -> None:
+    def apply_conditions(
+        self, node: str, reasons: list[str], kinds: Sequence[str] = (), since: float | None = None
+    ) -> None:
         """The node's active critical conditions (its agent's ``conditions/ftd``) and the event kind of
-        each (``kinds``, same order; "unknown" where the agent did not say); [] clears them."""
+        each (``kinds``, same order; "unknown" where the agent did not say); [] clears them.
+        ``since``: when the agent published them (the first set's time is kept while any stays)."""
+        self._trouble(node, "condition", bool(reasons), since, keep=True)
         if reasons:
             self.conditions[node] = list(reasons)
             known = list(kinds[: len(reasons)])
@@ -188,9 +195,11 @@ class ClusterState:
             self.conditions.pop(node, None)
             self.condition_kinds.pop(node, None)
 
-    def mark_drained(self, node: str, reason: str, drained: bool = True) -> None:
+    def mark_drained(self, node: str, reason: str, drained: bool = True, since: float | None = None) -> None:
         """ftd drained ``node`` (or, ``drained=False``, it is back in service): counted in ftd's
-        blast-radius budget. Persisted and reconciled by :mod:`ftd.coordinator.upkeep.reconcile`."""
+        blast-radius budget. Persisted and reconciled by :mod:`ftd.coordinator.upkeep.reconcile`.
+        ``since``: when it was drained, where known (the ledger's drain); else now, the first time."""
+        self._trouble(node, "drained", drained, since)
         record = self._node(node)
         record.drained_by_ftd = drained
         record.drain_reason = reason if drained else ""
@@ -199,13 +208,40 @@ class ClusterState:
         else:
             self._drained_by_ftd.discard(node)
 
-    def mark_unavailable(self, node: str, why: str | None) -> None:
+    def mark_unavailable(self, node: str, why: str | None, since: float | None = None) -> None:
         """Someone else (an operator, the scheduler) drained or downed ``node`` -- ``why`` -- or gave it
-        back (``None``): capacity out of service, but never counted in ftd's drain budget."""
+        back (``None``): capacity out of service, but never counted in ftd's drain budget. ``since``:
+        when, where known (the ledger's drain); else now, the first time."""
+        self._trouble(node, "unavailable", why is not None, since)
         if why is None:
             self.unavailable.pop(node, None)
         else:
             self.unavailable[node] = why
+
+    def _trouble(self, node: str, facet: str, on: bool, since: float | None, keep: bool = False) -> None:
+        """Note when one of a node's problems began (``on``) or forget it (over). A known ``since``
+        replaces the first-seen time unless ``keep`` (a condition set republished on each change)."""
+        facets = self.trouble_since.get(node)
+        if not on:
+            if facets is not None:
+                facets.pop(facet, None)
+                if not facets:
+                    del self.trouble_since[node]
+            return
+        facets = self.trouble_since.setdefault(node, {})
+        if facet not in facets:
+            facets[facet] = since or time.time()
+        elif since and not keep:
+            facets[facet] = since
+
+    def problem_since(self, node: str) -> float | None:
+        """When the node's current problem began: the earliest of its problems still on (offline since
+        its last status change, drained, unavailable, a condition); None when it has none."""
+        times = list(self.trouble_since.get(node, {}).values())
+        record = self.nodes.get(node)
+        if record is not None and not record.online and record.last_change:
+            times.append(record.last_change)
+        return min(times) if times else None
 
     def note_restart(self, job: str, ts: float) -> None:
         """ftd restarted ``job`` at ``ts`` (its requeue returned): a fault of the job after this is

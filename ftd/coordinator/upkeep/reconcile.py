@@ -147,9 +147,9 @@ class Reconciler:
         """Put the ledger's drains back into the cluster state; watch the jobs requeued lately."""
         for drain in await self.ledger.drains():
             if drain.origin == FTD:
-                self.state.mark_drained(drain.node, drain.reason)
+                self.state.mark_drained(drain.node, drain.reason, since=drain.since)
             else:
-                self.state.mark_unavailable(drain.node, _why(drain.state, drain.reason))
+                self.state.mark_unavailable(drain.node, _why(drain.state, drain.reason), since=drain.since)
         since = self.clock() - REQUEUE_LOOKBACK_S
         recent = await self.ledger.recent(since)
         for record in recent:
@@ -289,7 +289,7 @@ class Reconciler:
                 if drain.state != info.state:
                     kept = Drain(name, FTD, drain.reason, drain.since, info.state, drain.action_id)
                     await self.ledger.save_drain(kept)
-                self.state.mark_drained(name, drain.reason)
+                self.state.mark_drained(name, drain.reason, since=drain.since)
                 return None
             await self.ledger.save_drain(Drain(name, FTD, reason, self.clock(), info.state))
             self.state.mark_unavailable(name, None)

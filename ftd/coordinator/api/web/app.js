@@ -31,6 +31,51 @@ function time(ts) {
   return new Date(ts * 1000).toLocaleTimeString([], { hour12: false });
 }
 
+// A moment with its date (local time) and how long ago: "2026-12-04 16:02:11 (3 h 5 min ago)".
+// ``now`` in seconds. Pure, so node can test it.
+function dateTime(ts, now) {
+  if (!ts) return "";
+  const d = new Date(ts * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  const day = `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())}`;
+  const clock = `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+  const age = Math.max(0, Math.round(now - ts));
+  let ago;
+  if (age < 60) ago = `${age} s`;
+  else if (age < 3600) ago = `${Math.floor(age / 60)} min`;
+  else if (age < 86400) ago = `${Math.floor(age / 3600)} h ${Math.floor((age % 3600) / 60)} min`;
+  else ago = `${Math.floor(age / 86400)} d ${Math.floor((age % 86400) / 3600)} h`;
+  return `${day} ${clock} (${ago} ago)`;
+}
+
+// An event's data as a line an operator reads: "code 79 · pci 0000:3b:00.0 · message …", nested
+// values compact, empty ones left out, cut at ``max`` characters. Pure, so node can test it.
+function eventText(data, max = 400) {
+  if (data === null || data === undefined) return "";
+  if (typeof data !== "object") return String(data).slice(0, max);
+  const parts = [];
+  for (const [key, value] of Object.entries(data)) {
+    if (value === null || value === undefined || value === "" || (Array.isArray(value) && value.length === 0)) continue;
+    let text;
+    if (typeof value === "object") {
+      text = Array.isArray(value) && value.every((v) => typeof v !== "object")
+        ? value.join(", ")
+        : Object.entries(value).map(([k, v]) => k + "=" + (typeof v === "object" ? JSON.stringify(v) : v)).join(", ");
+    } else text = String(value);
+    parts.push(key.replace(/_/g, " ") + " " + text);
+  }
+  const line = parts.join(" · ");
+  return line.length > max ? line.slice(0, max - 1) + "…" : line;
+}
+
+// The jobs panel folds the jobs that train (as healthy nodes are folded): every other state, one
+// this page does not know included, is a problem and listed. Pure, so node can test it.
+function foldJobs(jobs) {
+  const problems = jobs.filter((j) => j.state !== "training");
+  return { problems, training: jobs.length - problems.length };
+}
+const JOB_CLASSES = ["saving", "restarting", "pending-after-requeue", "awaiting-approval", "training"];
+
 function fill(id, rows, columns, empty) {
   const body = document.querySelector("#" + id + " tbody");
   const fresh = document.createElement("tbody");
@@ -193,12 +238,19 @@ function renderProblems(page) {
     actionCell(n.action),
     [n.action && n.action.why, n.action && n.action.reason, n.drain_reason, n.unavailable].filter(Boolean).join(" · "),
     n.jobs.join(", "),
-    time(n.last_change),
+    sinceCell(n),
   ]), 8, "no node needs a look");
   const last = Math.min(offset + page.rows.length, page.total);
   document.getElementById("page").textContent = page.total ? `${offset + 1}–${last} of ${page.total}` : "0 of 0";
   document.getElementById("prev").disabled = offset === 0;
   document.getElementById("next").disabled = last >= page.total;
+}
+
+// When the node's problem began, with its date; "unknown" (never a blank) for a problem the API gave
+// no start for; nothing for a healthy node.
+function sinceCell(n) {
+  if (n.since) return el("td", dateTime(n.since, Date.now() / 1000), "when");
+  return el("td", n.severity === "ok" ? "" : "unknown (the coordinator did not say)", "muted");
 }
 
 function renderSummary(s) {
@@ -232,7 +284,7 @@ function renderSummary(s) {
 }
 
 function decideCell(action) {
-  const td = el("td");
+  const td = el("td", undefined, "buttons");
   if (action.state !== "awaiting_approval") return td;
   const approve = el("button", "approve", "approve");
   approve.onclick = () => decide(action.id, "approve");
@@ -264,17 +316,23 @@ async function decide(id, verb) {
   if (openAction === id) showAction(id);
 }
 
+const JOB_ROWS = 50; // jobs with a problem listed; the rest counted
+
 function renderJobs(jobs) {
-  const busy = jobs.filter((j) => j.state !== "training");
-  const training = jobs.filter((j) => j.state === "training");
-  const rows = [...busy, ...training].slice(0, 200);
+  const { problems, training } = foldJobs(jobs);
+  const rows = problems.slice(0, JOB_ROWS);
   const counts = {};
   for (const j of jobs) counts[j.state] = (counts[j.state] || 0) + 1;
-  document.getElementById("jobs-summary").textContent =
-    Object.entries(counts).map(([k, v]) => `${v} ${k}`).join(" · ") + (jobs.length > rows.length ? ` (first ${rows.length} shown)` : "");
-  fill("jobs", rows.map((j) => [
-    j.id, pill(j.state, "job-" + j.state.replace(/ /g, "-")), j.nodes.join(", "), j.ranks.length, j.last_step === null ? "" : j.last_step,
-  ]), 5, "no jobs registered");
+  document.getElementById("jobs-summary").textContent = Object.entries(counts).map(([k, v]) => `${v} ${k}`).join(" · ");
+  const cells = rows.map((j) => {
+    const slug = String(j.state).replace(/[ _]/g, "-");
+    return [j.id, pill(j.state, JOB_CLASSES.includes(slug) ? "job-" + slug : "sev-warning"),
+      j.nodes.join(", "), j.ranks.length, j.last_step === null ? "" : j.last_step];
+  });
+  if (problems.length > rows.length) cells.push(["…", `${problems.length - rows.length} more`, "", "", ""]);
+  fill("jobs", cells, 5, jobs.length ? "no job needs a look" : "no jobs registered");
+  document.getElementById("jobs-folded").textContent =
+    training ? `${training} training jobs are counted here, not listed` : "";
 }
 
 async function refreshProblems() {
@@ -319,7 +377,8 @@ async function refresh() {
       time(a.created), actionCell(a), a.target, pill(a.state), a.rule, a.reason,
     ]), 6, "no actions yet");
     fill("events", events.map((e) => {
-      const data = el("td", JSON.stringify(e.data), "data");
+      const data = el("td", eventText(e.data), "data");
+      data.title = JSON.stringify(e.data); // the raw data, on hover
       return [time(e.ts), e.node, e.kind, pill(e.severity), data];
     }), 5, "no events yet");
     document.getElementById("updated").textContent = "updated " + time(Date.now() / 1000);
@@ -466,7 +525,7 @@ function wire() {
 
 if (typeof module !== "undefined" && module.exports) {
   // loaded by node (the unit tests), not a browser
-  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom };
+  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom, dateTime, eventText, foldJobs };
 } else {
   wire();
   refresh();

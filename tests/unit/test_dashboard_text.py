@@ -1,0 +1,59 @@
+"""The dashboard's own words (issue #32), run in node over the page's script: an event's data read as
+text, not JSON; when a problem began with its date; the jobs that train folded, every other job state
+(one the page does not know included, such as a requeued job pending) listed as a problem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+
+from ftd.coordinator.api.dashboard import WEB_DIR
+
+pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+
+
+def run(expression: str, *args: Any) -> Any:
+    """``expression`` over app.js's exports (``app``) and ``args`` (``a``), in node, TZ=UTC."""
+    script = (
+        "const app = require(process.argv[1]); const a = JSON.parse(process.argv[2]);"
+        f"console.log(JSON.stringify({expression}));"
+    )
+    out = subprocess.run(
+        ["node", "-e", script, str(WEB_DIR / "app.js"), json.dumps(list(args))],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+        env={"TZ": "UTC", "PATH": "/usr/bin:/bin"},
+    )
+    return json.loads(out.stdout)
+
+
+def test_event_data_reads_as_text() -> None:
+    data = {"code": 79, "pci": "0000:3b:00.0", "message": "", "gpus": [0, 1], "extra": {"a": 1}, "x": None}
+    assert run("app.eventText(a[0])", data) == "code 79 · pci 0000:3b:00.0 · gpus 0, 1 · extra a=1"
+    assert run("app.eventText(a[0], 10)", {"message": "x" * 50}) == "message x…"
+    assert run("app.eventText(a[0])", None) == ""
+
+
+def test_since_has_its_date_and_age() -> None:
+    began = 1_796_400_000.0  # 2026-12-04 16:00:00 UTC
+    assert (
+        run("app.dateTime(a[0], a[1])", began, began + 3 * 3600 + 300)
+        == "2026-12-04 16:00:00 (3 h 5 min ago)"
+    )
+    assert run("app.dateTime(a[0], a[1])", began, began + 2 * 86400) == "2026-12-04 16:00:00 (2 d 0 h ago)"
+    assert run("app.dateTime(a[0], a[1])", None, began) == ""
+
+
+def test_training_jobs_fold_and_every_other_state_is_a_problem() -> None:
+    jobs = [{"id": str(i), "state": "training"} for i in range(300)]
+    jobs += [{"id": "a", "state": "pending_requeue"}, {"id": "b", "state": "pending after requeue"}]
+    jobs += [{"id": "c", "state": "saving"}, {"id": "d", "state": "allocated"}]
+    folded = run("app.foldJobs(a[0])", jobs)
+    assert folded["training"] == 300
+    assert [j["id"] for j in folded["problems"]] == ["a", "b", "c", "d"]
