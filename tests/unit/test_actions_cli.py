@@ -108,7 +108,8 @@ async def test_status_problems_shows_only_what_needs_a_look(
     served.coordinator.state.mark_drained("node-2", "ftd: xid 79")
     code, out, _ = await ftd(capsys, "status", "--config", str(served.config), "--problems")
     assert code == 0
-    assert "NODES WITH PROBLEMS (2: 1 online, 1 drained by ftd)" in out  # node-3: online, a condition
+    # node-3: online, a condition
+    assert "NODES WITH PROBLEMS (2: 1 online, 1 offline, 1 drained by ftd, 0 unavailable)" in out
     nodes = [line.split()[0] for line in out.split("\nJOBS (")[0].splitlines() if line.startswith("node-")]
     assert nodes == ["node-2", "node-3"]
     actions_part = out.split("ACTIONS IN FLIGHT OR FAILED")[1]
@@ -121,12 +122,32 @@ async def test_status_problems_shows_only_what_needs_a_look(
     assert data["jobs"] == []  # job 42 runs on node-1, which is fine
 
 
+async def test_status_problems_leaves_out_a_failed_drain_its_retry_did(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """act-fail (drain_node node-4, failed) drained by a later retry: not a problem any more; a failed
+    action on another target, or one whose later attempt failed too, still is."""
+    ledger = served.coordinator.ledger
+    code, out, _ = await ftd(capsys, "status", "--url", served.url, "--problems")
+    assert "act-fail" in out.split("ACTIONS IN FLIGHT OR FAILED")[1]
+    await ledger.save_action(_record("act-retry-bad", "drain_node", "node-4", ActionState.FAILED))
+    code, out, _ = await ftd(capsys, "status", "--url", served.url, "--problems")
+    actions_part = out.split("ACTIONS IN FLIGHT OR FAILED")[1]
+    assert "act-fail" in actions_part and "act-retry-bad" in actions_part
+    await ledger.save_action(_record("act-retry", "drain_node", "node-4", ActionState.SUCCEEDED))
+    code, out, _ = await ftd(capsys, "status", "--url", served.url, "--problems")
+    assert code == 0
+    actions_part = out.split("ACTIONS IN FLIGHT OR FAILED")[1]
+    assert "act-fail" not in actions_part and "act-retry-bad" not in actions_part, actions_part
+    assert "act-run" in actions_part and "act-reset" in actions_part  # in flight: still shown
+
+
 async def test_status_node_shows_one_node(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = await ftd(capsys, "status", "--url", served.url, "--node", "node-1")
     assert code == 0
     assert _row(out, "node-1")[:3] == ["node-1", "online", "no"]
     assert "node-2" not in out.split("\nJOBS (")[0]
-    assert _row(out, "42")[:3] == ["42", "node-1", "2"]
+    assert _row(out, "42")[:4] == ["42", "saving", "node-1", "2"]
     events = out.split("LATEST EVENTS ON node-1 (1)")[1]
     assert " e1 " in events and "xid" in events
     assert "act-run" in out and "act-reset" in out and "act-fail" not in out

@@ -203,6 +203,7 @@ async def test_nodes_jobs_gpus(env: Env) -> None:
             "generation": None,
             "checkpoints": {},
             "quarantined": {},
+            "moved": None,
         }
     ]
     assert await (await env.client.get("/v1/gpus")).json() == []

@@ -273,7 +273,7 @@ function renderJobs(jobs) {
   document.getElementById("jobs-summary").textContent =
     Object.entries(counts).map(([k, v]) => `${v} ${k}`).join(" · ") + (jobs.length > rows.length ? ` (first ${rows.length} shown)` : "");
   fill("jobs", rows.map((j) => [
-    j.id, pill(j.state, "job-" + j.state.replace(/ /g, "-")), j.nodes.join(", "), j.ranks.length, j.last_step === null ? "" : j.last_step,
+    j.id, pill(j.state, "job-" + j.state.replace(/ /g, "-")), j.moved ? j.moved.why : j.nodes.join(", "), j.ranks.length, j.last_step === null ? "" : j.last_step,
   ]), 5, "no jobs registered");
 }
 
