@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from ftd.cli import main
+from ftd.commands import action_view as view
 from ftd.commands import api_client
+from ftd.commands.actions import STATES
 from ftd.config import ApiConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api import Api
@@ -169,6 +171,11 @@ async def test_actions_list_and_show(served: Served, capsys: pytest.CaptureFixtu
         capsys, "actions", "list", "--url", served.url, "--state", "failed,logged", "--json"
     )
     assert sorted(a["id"] for a in json.loads(out)) == ["act-fail", "act-log"]
+    # a state no action has: an error that lists the states, not an empty table (issue #32)
+    code, out, err = await ftd(capsys, "actions", "list", "--url", served.url, "--state", "failed,bogus")
+    assert code == 2 and out == "", out
+    assert "unknown state(s) bogus; the states are pending, running, awaiting_approval, succeeded" in err
+    assert set(STATES) == {str(s) for s in ActionState}  # the list is every state there is
 
     code, out, _ = await ftd(capsys, "actions", "show", "--config", str(served.config), "act-run")
     assert code == 0
@@ -207,7 +214,50 @@ async def test_approve_and_reject_with_the_configured_token(
     approved = await served.coordinator.ledger.action(held[0].id)
     assert approved is not None and approved.state == ActionState.SUCCEEDED
     code, _, err = await ftd(capsys, "actions", "approve", "--config", str(served.config), held[1].id)
-    assert code == 1 and "HTTP 404" in err  # no longer awaiting approval
+    assert code == 1 and "HTTP 409" in err and "it was already suppressed" in err, err
+    code, _, err = await ftd(capsys, "actions", "approve", "--config", str(served.config), held[0].id)
+    assert code == 1 and f"{held[0].id} is not awaiting approval: it already succeeded" in err, err
+    # who approved, and when, is in the history `actions show` prints (issue #32: it was not)
+    code, out, _ = await ftd(capsys, "actions", "show", "--config", str(served.config), held[0].id)
+    history = out.split("HISTORY (the ledger's record)")[1].split("DETAIL")[0]
+    assert "approved by ana" in history, history
+    code, out, _ = await ftd(capsys, "actions", "show", "--config", str(served.config), held[1].id)
+    assert "rejected by " in out.split("HISTORY (the ledger's record)")[1].split("DETAIL")[0]
+
+
+async def test_an_approval_without_by_is_recorded_as_the_login_name(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API token names no user: the CLI says who runs it, not "operator" (issue #32)."""
+    monkeypatch.setenv("LOGNAME", "oncall-kim")  # what getpass reads first, as a login shell sets it
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    engine = served.coordinator.engine
+    held = await engine.submit(ActionRequest(kind="drain_node", target="node-3", reason="bad GPU"))
+    code, _, _ = await ftd(capsys, "actions", "approve", "--config", str(served.config), held.id)
+    assert code == 0
+    record = await served.coordinator.ledger.action(held.id)
+    assert record is not None and record.detail["approved_by"] == "oncall-kim"
+    # `sudo ftd actions approve` (the token file is root's): the user who ran sudo, not root
+    monkeypatch.setenv("LOGNAME", "root")
+    monkeypatch.setenv("SUDO_USER", "oncall-lee")
+    held = await engine.submit(ActionRequest(kind="gpu_reset", target="node-4", reason="bad GPU"))
+    assert held.state == ActionState.AWAITING_APPROVAL, held
+    code, _, _ = await ftd(capsys, "actions", "reject", "--config", str(served.config), held.id)
+    record = await served.coordinator.ledger.action(held.id)
+    assert code == 0 and record is not None and record.detail["rejected_by"] == "oncall-lee"
+
+
+def test_why_is_a_sentence_never_a_python_dict() -> None:
+    """An escalated restart of a pinned job: its why was printed as a dict (issue #32)."""
+    refused = {"nodes": ["node-2"], "why": "job 7 is pinned to node-2 and node-2 is out of service"}
+    action = {"state": "escalated", "detail": {"exclude_refused": refused, "pinned": refused}}
+    assert view.why(action) == refused["why"]
+    reset = {"state": "escalated", "detail": {"escalation": "reboot"}}
+    assert view.why(reset) == view.ESCALATIONS["reboot"]
+    assert view.ESCALATIONS["reboot"].startswith("the reset did not clear the fault")
+    odd = {"state": "escalated", "detail": {"why": {"seen_state": "PENDING", "nodes": ["a", "b"]}}}
+    assert view.why(odd) == "seen state PENDING; nodes a, b"
+    assert "{" not in view.why(odd) and "'" not in view.why(odd)
 
 
 async def test_events_list_and_tail(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
