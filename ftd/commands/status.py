@@ -15,8 +15,9 @@ nodes offline, drained (by ftd or the scheduler) or with an active condition (th
 ``/v1/nodes?problems=true``, filtered again here for an older coordinator), the jobs on them and
 the jobs ftd moved, and the actions in flight, failed or escalated (a failed or escalated one that a
 later action of the same kind on the same target did is left out). ``--node NAME`` shows that node,
-its jobs, the actions on it or its jobs and its latest events. ``--json`` prints one JSON object
-``{"health", "nodes", "jobs", "actions", "ha"}`` (plus ``"events"`` with ``--node``) instead.
+its jobs (and those ftd moved off it), the actions on it or its jobs and its latest events.
+``--json`` prints one JSON object ``{"health", "nodes", "jobs", "actions", "ha"}`` (plus
+``"events"`` with ``--node``) instead.
 
 Which coordinator: ``--url``, else ``coordinator.api`` from ``--config``, ``$FTD_CONFIG`` or
 ``/etc/ftd/coordinator.toml`` (:mod:`ftd.commands.api_client`); with none of them the command says
@@ -131,9 +132,16 @@ def job_state(job: dict[str, Any]) -> str:
     state = str(job.get("state") or "-")
     moved = job.get("moved")
     if isinstance(moved, dict) and state == "pending after requeue":
-        excluding = moved.get("excluding") or []
+        excluding = _excluding(job)
         state += f", excluding {','.join(excluding)}" if excluding else " in place"
     return state
+
+
+def _excluding(job: dict[str, Any]) -> list[str]:
+    """The nodes a job ftd moved was requeued without ([] for any other job)."""
+    moved = job.get("moved")
+    excluding = moved.get("excluding") if isinstance(moved, dict) else None
+    return [str(n) for n in excluding] if isinstance(excluding, list) else []
 
 
 def _moved_lines(jobs: list[dict[str, Any]]) -> list[str]:
@@ -272,7 +280,7 @@ def collect(api: ApiTarget, args: argparse.Namespace) -> dict[str, Any]:
         nodes = [n for n in nodes if n["name"] == args.node]
         if not nodes:
             raise LookupError(f"node {args.node!r} is not known to the coordinator at {api.url}")
-        jobs = [j for j in jobs if args.node in j["nodes"]]
+        jobs = [j for j in jobs if args.node in j["nodes"] or args.node in _excluding(j)]
         targets = {args.node} | {str(j["id"]) for j in jobs}
         recent = api.get(f"/v1/actions?limit={max(limit, 200)}")
         actions = [

@@ -157,6 +157,21 @@ async def test_status_node_shows_one_node(served: Served, capsys: pytest.Capture
     assert code == 2 and "node 'node-9' is not known" in err
 
 
+async def test_status_shows_a_job_ftd_moved_on_the_node_it_left(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Job 77, requeued without node-4 and pending: in the jobs table, --problems and node-4's view."""
+    served.coordinator.state.moved.note("77", time.time(), ["node-4"], "act-cr")
+    for argv in ([], ["--problems"], ["--node", "node-4"]):
+        code, out, _ = await ftd(capsys, "status", "--url", served.url, *argv)
+        assert code == 0
+        row = next(line for line in out.splitlines() if line.startswith("77 "))
+        assert "pending after requeue, excluding node-4" in row, (argv, out)
+        assert "job 77: pending after requeue, excluding node-4 (action act-cr, since " in out
+    code, out, _ = await ftd(capsys, "status", "--url", served.url, "--node", "node-1")
+    assert not any(line.startswith("77 ") for line in out.splitlines())
+
+
 async def test_actions_list_and_show(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = await ftd(capsys, "actions", "list", "--config", str(served.config))
     assert code == 0
