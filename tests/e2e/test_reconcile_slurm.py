@@ -357,12 +357,22 @@ def test_a_job_ftd_moved_stays_in_view_while_it_is_pending(cluster: Cluster) -> 
         cluster,
     )
     assert cluster.slurm.job(job).get("JobState") == "PENDING"
-    time.sleep(1.5)  # its ranks' and its Prolog's presence gone, a reconciliation round or more
+
+    def shown() -> dict[str, Any]:
+        [out] = [j for j in cluster.get("/v1/jobs") if j["id"] == job]  # never missing: the defect
+        return out
+
+    def pending_elsewhere() -> bool:  # no rank left anywhere, and the scheduler asked about it
+        job_out = shown()
+        return job_out["nodes"] == [] and (job_out["moved"] or {}).get("scheduler_state") == "PENDING"
+
+    wait_until(pending_elsewhere, 10, "no rank left and a reconciliation round", cluster)
     actions = cluster.get("/v1/actions?limit=200")
     [action] = [a for a in actions if a["kind"] == "checkpoint_restart" and a["target"] == job]
-    [shown] = [j for j in cluster.get("/v1/jobs") if j["id"] == job]
-    assert shown["state"] == "pending after requeue", shown
-    moved = shown["moved"]
+    assert action["state"] == "succeeded"  # the action is over: only the moved record shows the job
+    shown_job = shown()
+    assert shown_job["state"] == "pending after requeue" and shown_job["ranks"] == [], shown_job
+    moved = shown_job["moved"]
     assert moved["excluding"] == ["node-1"] and moved["action"] == action["id"], moved
     assert moved["scheduler_state"] == "PENDING" and moved["since"] > 0, moved
     assert f"pending after requeue, excluding node-1 (action {action['id']}" in moved["why"], moved
