@@ -328,3 +328,21 @@ async def test_a_moved_job_leaves_the_view_when_a_rank_registers_or_it_ends(
     sched.finish_job("78", "CANCELLED")
     await coord.reconciler.reconcile()
     assert [(j.id, j.state, j.moved) for j in jobs_out(coord.state, [])] == [("77", "training", None)]
+
+
+async def test_a_restart_that_saw_its_job_train_again_does_not_show_it_pending(coord: Coordinator) -> None:
+    """An in-place restart followed until the job trained again finishes after the ranks registered:
+    its last record must not put the job back as pending after requeue."""
+    detail: dict[str, Any] = {"requeued": {"scheduler": "fake", "exclude": []}, "requeued_at": 990.0}
+    request = ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target="77", reason="hang")
+    running = ActionRecord(id="act-cr", request=request, state=ActionState.RUNNING, detail=dict(detail))
+    await coord.reconciler.observe("action", running)
+    assert coord.state.moved.get("77") is not None
+    ranks = [RankInfo(rank=0, step=1, run="slurm-restart-1")]
+    coord.state.apply_presence("node-1", "77", JobPresence(job="77", node="node-1", ranks=ranks))
+    assert coord.state.moved.get("77") is None
+    done = ActionRecord(
+        id="act-cr", request=request, state=ActionState.SUCCEEDED, detail={**detail, "resumed_at": 995.0}
+    )
+    await coord.reconciler.observe("action", done)
+    assert coord.state.moved.get("77") is None

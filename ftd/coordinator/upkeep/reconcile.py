@@ -239,7 +239,8 @@ class Reconciler:
             since = float(at) if isinstance(at, int | float) else record.updated or self.clock()
             exclude = requeued.get("exclude") if isinstance(requeued, dict) else None
             excluding = [str(n) for n in exclude] if isinstance(exclude, list) else []
-            self.state.moved.note(job, since, excluding, record.id)  # in view until it trains again
+            if not record.detail.get("resumed_at"):  # (a followed restart that saw it train: done)
+                self.state.moved.note(job, since, excluding, record.id)  # shown until it trains again
 
     # --- the rounds -----------------------------------------------------------------------------
 
