@@ -73,10 +73,12 @@ def deadline(action: dict[str, Any], deadlines: dict[str, float] | None = None) 
 def why(action: dict[str, Any]) -> str:
     """The one line that says why the action did not simply succeed ('' when it did)."""
     detail = _detail(action)
-    for key in ("error", "policy", "not_resumed", "exclude_refused", "why", "escalation", "note"):
+    for key in ("error", "policy", "not_resumed", "exclude_refused", "pinned", "why", "escalation", "note"):
         value = detail.get(key)
         if value:
-            return value if isinstance(value, str) else str(value)
+            if key == "escalation" and isinstance(value, str):
+                return ESCALATIONS.get(value, f"escalated: {value}")
+            return sentence(value)
     undelivered = detail.get("undelivered")
     if isinstance(undelivered, list) and undelivered:
         return "; ".join(
@@ -86,6 +88,30 @@ def why(action: dict[str, Any]) -> str:
         missing, failed = detail.get("save_missing") or [], detail.get("save_failed") or {}
         return f"save: no ack from ranks {missing}, failed {failed}"
     return ""
+
+
+#: What a GPU reset's ``detail["escalation"]`` words mean (:mod:`ftd.coordinator.actions.gpu_reset`).
+ESCALATIONS = {
+    "reboot": "the reset did not clear the fault, so ftd asked the scheduler to reboot the node",
+    "drain": "the reset did not clear the fault, so ftd drained the node",
+    "reboot+drain": "the fault was still there after the reboot, so ftd drained the node for repair",
+}
+
+
+def sentence(value: Any) -> str:
+    """A detail's value as words for one line: a record's own ``why`` sentence (the exclusion a
+    pinned job refused, a hold), ``key value`` pairs otherwise; never a Python ``repr``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        said = value.get("why")
+        if isinstance(said, str) and said:
+            return said
+        pairs = [(k, v) for k, v in value.items() if v not in (None, "")]
+        return "; ".join(f"{k.replace('_', ' ')} {sentence(v)}" for k, v in pairs)
+    if isinstance(value, list | tuple):
+        return ", ".join(sentence(v) for v in value)
+    return str(value)
 
 
 def state_text(action: dict[str, Any]) -> str:

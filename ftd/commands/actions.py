@@ -12,10 +12,13 @@ What (all through the coordinator's HTTP API, found as :mod:`ftd.commands.api_cl
   belongs to (``/v1/plans/PLAN``: every action one event's rules asked for, in order, with states);
 - ``approve ID [--by NAME]`` / ``reject ID [--reason TEXT] [--by NAME]``: decide an action held
   for approval (``POST /v1/actions/ID/approve|reject``) with the API token (``--token-file``, else
-  the config's ``coordinator.api.token_file``), then print its new state.
+  the config's ``coordinator.api.token_file``), then print its new state. ``--by`` defaults to the
+  login name running the command: the API token is one shared secret and names no user, so who
+  decided is what the caller says (recorded, and shown in ``show``'s history).
 
 Exit 0; 1 when the API cannot be reached or refuses (the message names the URL and the API's
-reason, e.g. an action that is not awaiting approval); 2 when nothing says which coordinator.
+reason, e.g. an action that already succeeded); 2 when nothing says which coordinator, or
+``--state`` names a state no action has (the message lists them).
 """
 
 from __future__ import annotations
@@ -29,6 +32,35 @@ from typing import Any
 
 from ftd.commands import action_view as view
 from ftd.commands.api_client import ApiFailure, ApiTarget, add_target_options, resolve
+
+#: Every state an action can be in (:class:`ftd.plugin.actions.ActionState`), for ``--state``.
+STATES = (
+    "pending",
+    "running",
+    "awaiting_approval",
+    "succeeded",
+    "escalated",
+    "failed",
+    "suppressed",
+    "dry_run",
+    "logged",
+)
+
+
+def default_by() -> str:
+    """Who decides, when ``--by`` does not say: the user behind ``sudo`` (the token file is root's:
+    the documented way is ``sudo ftd actions approve``), else the login name running the command
+    (the API token is one shared secret: it names no user), else ``operator``."""
+    import getpass
+    import os
+
+    behind_sudo = os.environ.get("SUDO_USER", "")
+    if behind_sudo and behind_sudo != "root":
+        return behind_sudo
+    try:
+        return getpass.getuser() or "operator"
+    except (OSError, KeyError):  # no login name and no passwd entry (a container's odd uid)
+        return "operator"
 
 
 def register(sub: Any) -> None:
@@ -54,9 +86,9 @@ def register(sub: Any) -> None:
         p = verbs.add_parser(verb, help=f"{verb} an action awaiting approval (needs the API token)")
         add_target_options(p, token=True)
         p.add_argument("id", help="action id")
-        p.add_argument("--by", default="operator", help="who decides (recorded; default operator)")
+        p.add_argument("--by", default=None, help="who decides (recorded; default: your login name)")
         if verb == "reject":
-            p.add_argument("--reason", default="rejected by operator", help="why (recorded)")
+            p.add_argument("--reason", default="no reason given", help="why (recorded)")
         p.set_defaults(handler=run_decide, verb=verb)
 
 
@@ -107,6 +139,13 @@ def run_list(args: argparse.Namespace) -> int:
         return api
     limit = max(1, min(int(args.limit), 1000))
     states = {s.strip() for s in (args.state or "").split(",") if s.strip()}
+    unknown = sorted(states - set(STATES))
+    if unknown:
+        print(
+            f"ftd actions list: unknown state(s) {', '.join(unknown)}; the states are {', '.join(STATES)}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         actions = api.get(f"/v1/actions?limit={limit}")
         actions = [
@@ -139,6 +178,10 @@ def history(action: dict[str, Any]) -> list[str]:
     lines = [
         f"{_when(action.get('created'))}  requested by {action.get('rule') or '-'}: {action.get('reason')}"
     ]
+    if detail.get("approved_by"):  # held for approval, then approved (an older ledger has no time)
+        lines.append(f"{_when(detail.get('approved_at')):19}  approved by {detail['approved_by']}")
+    if detail.get("rejected_by"):
+        lines.append(f"{_when(detail.get('rejected_at')):19}  rejected by {detail['rejected_by']}")
     for done in detail.get("phases_done") or []:
         lines.append(f"{'':19}  phase {done} done")
     if action.get("state") == "running" and detail.get("phase"):
@@ -218,7 +261,7 @@ def run_decide(args: argparse.Namespace) -> int:
     api = resolve(args, f"actions {verb}")
     if isinstance(api, int):
         return api
-    body: dict[str, Any] = {"by": args.by}
+    body: dict[str, Any] = {"by": args.by or default_by()}
     if verb == "reject":
         body["reason"] = args.reason
     try:

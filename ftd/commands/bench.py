@@ -49,7 +49,15 @@ OPTIONS: dict[str, tuple[str, ...]] = {
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("bench", help="run a benchmark", description=__doc__)
+    parser = sub.add_parser(
+        "bench",
+        help="run a benchmark",
+        description="Run one benchmark and judge it against its targets. The figures are printed with "
+        "the benchmark's documented targets (docs/architecture.md, section 10) and the verdict on each; "
+        "with --json the last line is one JSON object, the figures plus the verdict. With --check the "
+        "command exits 1 when a target is missed or a figure it is judged on was not measured (a check "
+        "that could not run is not a pass), 0 when every target is met.",
+    )
     parser.add_argument("name", choices=sorted(BENCHES))
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     parser.add_argument(

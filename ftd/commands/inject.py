@@ -25,12 +25,28 @@ from typing import Any
 
 from ftd.events import Kind, Severity
 
+#: ``--help``'s text: the docstring's content as an operator's terminal shows it (plain text).
+DESCRIPTION = """\
+Have this node's agent report a synthetic event, for drills and for testing rules end to end.
+
+    sudo ftd inject --config /etc/ftd/agent.toml xid --data '{"code": 13, "pci": "0000:3b:00.0"}'
+
+The event goes to the node's running agent over its local socket (agent.socket_path of the config,
+or --socket / $FTD_SOCKET) and the agent publishes it itself, through storm control, its spool and
+its own bus session: the path a real kernel-log Xid takes. It never logs in to the broker as the
+node (that would take the agent's session over and turn the drill into a node death). Only root or
+the agent's own user may inject. The event is marked source = "inject", so the ledger and the API
+show it for what it is; the coordinator's rules treat it like any other event, which is the point of
+a drill (set coordinator.policy.dry_run, or use a dry-run rule, to rehearse without acting). No agent
+running: exit 2 with a sentence saying so.
+"""
+
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "inject",
         help="have this node's agent report a synthetic event (a drill)",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(

@@ -36,7 +36,12 @@ inventory of failure domains). Those nodes start online and in service; nodes se
 are added. With neither, the cluster is only the nodes seen in the events, and the report says so
 (a 4-node replay of a 500-node ledger would budget drains over 4 nodes).
 
-Input: the ledger's export (``ftd events export``), or ``ftd parse kmsg`` output directly: a line
+Input: a raw kernel log (dmesg, ``dmesg -T``, ``journalctl -k``, syslog, a ``/dev/kmsg`` dump: the
+file's first line is not JSON) is read through the agent's own kernel-log parser, every line, and
+each record it finds is wrapped as the agent wraps it (source kmsg, node ``--node``, ``ts`` the
+kernel timestamp, ``id`` ``kmsg-LINE``); the report says how many lines and events (the agent's storm
+control, which folds repeats into one summary on the node, is not applied). Else JSON lines: the
+ledger's export (``ftd events export``), or ``ftd parse kmsg`` output directly: a line
 without the envelope's ``id``/``node``/``source`` but with the parser's ``line`` and ``kind`` is
 wrapped as the agent would wrap it (``source`` kmsg, node ``--node``, default node-1; ``ts`` the
 kernel timestamp when the log had one). Any other line missing ``id``, ``node``, ``ts``,
@@ -85,7 +90,13 @@ def register(subparsers: Any) -> None:
         description="Replay recorded events (JSON lines) through the rules and the policy gate; "
         "print what would have happened. Nothing is executed.",
     )
-    test.add_argument("--events", required=True, metavar="FILE", help="JSON lines of events ('-': stdin)")
+    test.add_argument(
+        "--events",
+        required=True,
+        metavar="FILE",
+        help="JSON lines of events (ftd events export, ftd parse kmsg) or a raw kernel log "
+        "(dmesg, journalctl -k, syslog); '-': stdin",
+    )
     test.add_argument(
         "--config",
         metavar="PATH",
@@ -215,6 +226,10 @@ class Report:
     outcomes: list[Outcome] = field(default_factory=list)
     filled: int = 0  # lines completed with defaults (ftd parse kmsg output, or no id/node/ts)
     cluster: str = ""  # where the cluster's nodes came from
+    input: str = ""  # "json lines" or "kernel log" (the first line says which)
+    kernel_lines: int = 0  # lines of a raw kernel log read
+    kernel_events: int = 0  # the events the agent's kernel-log parser found in them
+    kernel_node: str = ""  # the node a kernel log's events are replayed as (--node)
     nodes: int = 0  # the cluster's size at the start (0: only the nodes seen in the events)
 
     def summary(self) -> list[dict[str, Any]]:
@@ -366,10 +381,22 @@ def read_events(
 
     done = 0
     last_ts = 0.0
+    kernel: KernelLog | None = None
     for lineno, raw in enumerate(stream, 1):
         done += len(raw)
         line = raw.strip()
         if not line:
+            continue
+        if kernel is None and report.input != "json lines" and not line.startswith(b"{"):
+            kernel = KernelLog(node)  # the first line is not JSON: a raw kernel log
+            report.input, report.kernel_node = "kernel log", node
+        report.input = report.input or "json lines"
+        if kernel is not None:
+            for event in kernel.feed(raw, lineno):
+                report.kernel_events += 1
+                yield event
+            report.kernel_lines += 1
+            progress.update(done, report.events)
             continue
         try:
             event = decode(line, Event)
@@ -384,7 +411,42 @@ def read_events(
         last_ts = max(last_ts, event.ts)
         yield event
         progress.update(done, report.events)
+    if kernel is not None:
+        for event in kernel.flush():  # a multi-line record the log ended in
+            report.kernel_events += 1
+            yield event
     progress.update(done, report.events, force=True)
+
+
+class KernelLog:
+    """A raw kernel log (dmesg, ``dmesg -T``, ``journalctl -k``, syslog, a ``/dev/kmsg`` dump) read
+    through the agent's own kernel-log parser and wrapped as the agent wraps what it finds (source
+    kmsg, node ``--node``, ``ts`` the kernel's timestamp when the line had one, else the previous
+    event's): a line the parser finds nothing in is not an event, as on the node."""
+
+    def __init__(self, node: str) -> None:
+        from ftd.agent.kmsg_parse import KmsgParser
+
+        self.node = node
+        self.parser = KmsgParser()
+        self.last_ts = 0.0
+
+    def _wrap(self, found: list[Any]) -> list[Event]:
+        from ftd.agent.watchers.kmsg import kernel_event_to_event
+
+        out = []
+        for n, kev in enumerate(found):
+            ts = kev.ts if kev.ts is not None else self.last_ts
+            self.last_ts = max(self.last_ts, ts)
+            event_id = f"kmsg-{kev.line}" if n == 0 else f"kmsg-{kev.line}.{n}"  # unique per record
+            out.append(kernel_event_to_event(self.node, kev, event_id=event_id, ts=ts))
+        return out
+
+    def feed(self, raw: bytes, lineno: int) -> list[Event]:
+        return self._wrap(self.parser.feed(raw.decode("utf-8", errors="replace"), lineno))
+
+    def flush(self) -> list[Event]:
+        return self._wrap(self.parser.flush())
 
 
 def completed(line: bytes, lineno: int, node: str, last_ts: float) -> Event:
@@ -448,6 +510,11 @@ def render_text(report: Report, out: IO[str]) -> None:
         out.write(
             f"\n{report.filled} line(s) completed with defaults (ftd parse kmsg output or no id/node/ts)"
         )
+    if report.input == "kernel log":
+        out.write(
+            f"\ninput: a kernel log: {report.kernel_lines} line(s), {report.kernel_events} event(s) found "
+            f"by the agent's kernel-log parser (as node {report.kernel_node})"
+        )
     out.write(f"\ncluster: {report.cluster}")
     out.write(
         f"\n{report.events} events replayed, {len(report.outcomes)} actions requested, "
@@ -469,6 +536,11 @@ def report_json(report: Report) -> dict[str, Any]:
         "actions": [asdict(o) for o in report.outcomes],
         "summary": report.summary(),
         "filled": report.filled,
+        "input": {
+            "format": report.input or "json lines",
+            "kernel_lines": report.kernel_lines,
+            "kernel_events": report.kernel_events,
+        },
         "cluster": {"source": report.cluster, "nodes": report.nodes},
     }
 

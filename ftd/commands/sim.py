@@ -55,7 +55,7 @@ PARAM_FLAGS = (
 BOOL_FLAGS = (
     (
         "in_allocation",
-        "the job runs under `ftd run`: ftd restarts it in its allocation while a spare is left",
+        "the job runs under ftd run: ftd restarts it in its allocation while a spare is left",
     ),
     ("warm_spares", "the supervisors keep pre-started interpreters (ftd run --warm)"),
     ("spares_return", "a node the job left rejoins its allocation as a hot spare once repaired"),
@@ -106,7 +106,7 @@ def register(subparsers: Any) -> None:
     g.add_argument(
         "--events",
         metavar="FILE",
-        help="faults from a recording (`ftd events export` JSON lines) instead of the mix; the set-up "
+        help="faults from a recording (the JSON lines of ftd events export) instead of the mix; the set-up "
         "comes from --trace's --scenario",
     )
     g.add_argument(

@@ -6,12 +6,18 @@ What: reads the coordinator's HTTP API (``/healthz``, ``/v1/nodes``, ``/v1/jobs`
 leader, its lease epoch and the lease's age) and three tables: nodes (online/offline, drained by ftd
 and why, jobs, conditions), jobs (nodes, ranks, last step; for a job run by ``ftd run`` its
 generation and hot spares) and recent actions (a running one with its phase, the ranks' acks and its
-deadline: :mod:`ftd.commands.action_view`). ``--problems`` shows only
+deadline: :mod:`ftd.commands.action_view`). A node's state is the coordinator's (offline, drained by
+ftd, unavailable: drained or down by someone else, with the scheduler's reason, condition, or
+online), and the header counts online, offline, drained and unavailable nodes. A job ftd requeued
+and that does not train again yet stays in the jobs table as "pending after requeue, excluding
+NODES", with a line saying since when and which action moved it (issue #32). ``--problems`` shows only
 nodes offline, drained (by ftd or the scheduler) or with an active condition (the API's
-``/v1/nodes?problems=true``, filtered again here for an older coordinator), the jobs on them, and
-the actions in flight, failed or escalated. ``--node NAME`` shows that node, its jobs, the actions on
-it or its jobs and its latest events. ``--json`` prints one JSON object ``{"health", "nodes",
-"jobs", "actions", "ha"}`` (plus ``"events"`` with ``--node``) instead.
+``/v1/nodes?problems=true``, filtered again here for an older coordinator), the jobs on them and
+the jobs ftd moved, and the actions in flight, failed or escalated (a failed or escalated one that a
+later action of the same kind on the same target did is left out). ``--node NAME`` shows that node,
+its jobs (and those ftd moved off it), the actions on it or its jobs and its latest events.
+``--json`` prints one JSON object ``{"health", "nodes", "jobs", "actions", "ha"}`` (plus
+``"events"`` with ``--node``) instead.
 
 Which coordinator: ``--url``, else ``coordinator.api`` from ``--config``, ``$FTD_CONFIG`` or
 ``/etc/ftd/coordinator.toml`` (:mod:`ftd.commands.api_client`); with none of them the command says
@@ -104,10 +110,50 @@ def _checkpoint(job: dict[str, Any]) -> str:
     return f"{int(step)}/{level}"
 
 
+def node_state(node: dict[str, Any]) -> str:
+    """The node's one state as the coordinator judges it (offline, drained by ftd, unavailable:
+    drained or down by someone else, an active condition), ``online`` otherwise; an older
+    coordinator that sends no state: online or offline."""
+    state = node.get("state")
+    if isinstance(state, str) and state and state not in ("healthy", "acting"):
+        return state
+    return "online" if node["online"] else "offline"
+
+
+def _drained(node: dict[str, Any]) -> str:
+    """Who took the node out of service: ``ftd``, ``other`` (an operator, the scheduler), ``no``."""
+    if node["drained"]:
+        return "ftd"
+    return "other" if node.get("unavailable") else "no"
+
+
+def job_state(job: dict[str, Any]) -> str:
+    """What the job is doing (``/v1/jobs``' state); a job ftd moved says which nodes it excludes."""
+    state = str(job.get("state") or "-")
+    moved = job.get("moved")
+    if isinstance(moved, dict) and state == "pending after requeue":
+        excluding = _excluding(job)
+        state += f", excluding {','.join(excluding)}" if excluding else " in place"
+    return state
+
+
+def _excluding(job: dict[str, Any]) -> list[str]:
+    """The nodes a job ftd moved was requeued without ([] for any other job)."""
+    moved = job.get("moved")
+    excluding = moved.get("excluding") if isinstance(moved, dict) else None
+    return [str(n) for n in excluding] if isinstance(excluding, list) else []
+
+
+def _moved_lines(jobs: list[dict[str, Any]]) -> list[str]:
+    """One line per job ftd requeued and that does not train again yet: since when, which action."""
+    return [f"job {j['id']}: {j['moved']['why']}" for j in jobs if isinstance(j.get("moved"), dict)]
+
+
 def render(data: dict[str, Any], url: str, title: str = "") -> str:
     health, nodes, jobs, actions = data["health"], data["nodes"], data["jobs"], data["actions"]
     online = sum(1 for n in nodes if n["online"])
     drained = sum(1 for n in nodes if n["drained"])
+    unavailable = sum(1 for n in nodes if n.get("unavailable") and not n["drained"])
     by_id = data.get("every_job") or {str(j["id"]): j for j in jobs}  # the ranks a save expects
     deadlines = data.get("deadlines") or {}
     out = [
@@ -115,15 +161,16 @@ def render(data: dict[str, Any], url: str, title: str = "") -> str:
         f"bus {'connected' if health.get('bus_connected') else 'DISCONNECTED'}",
         _ha_line(data.get("ha")),
         "",
-        f"NODES{title} ({len(nodes)}: {online} online, {drained} drained by ftd)",
+        f"NODES{title} ({len(nodes)}: {online} online, {len(nodes) - online} offline, "
+        f"{drained} drained by ftd, {unavailable} unavailable)",
         table(
             ["node", "state", "drained", "reason", "jobs", "conditions"],
             [
                 [
                     n["name"],
-                    "online" if n["online"] else "offline",
-                    "yes" if n["drained"] else "no",
-                    n["drain_reason"] or "-",
+                    node_state(n),
+                    _drained(n),
+                    n["drain_reason"] or n.get("unavailable") or "-",
                     ",".join(n["jobs"]) or "-",
                     "; ".join(n.get("conditions") or []) or "-",  # what `ftd health` reports there
                 ]
@@ -133,10 +180,11 @@ def render(data: dict[str, Any], url: str, title: str = "") -> str:
         "",
         f"JOBS ({len(jobs)})",
         table(
-            ["job", "nodes", "ranks", "last step", "checkpoint", "client", "user", "gen", "spares"],
+            ["job", "state", "nodes", "ranks", "last step", "checkpoint", "client", "user", "gen", "spares"],
             [
                 [
                     j["id"],
+                    job_state(j),
                     ",".join(j["nodes"]) or "-",
                     str(len(j["ranks"])),
                     "-" if j["last_step"] is None else str(j["last_step"]),
@@ -149,6 +197,7 @@ def render(data: dict[str, Any], url: str, title: str = "") -> str:
                 for j in jobs
             ],
         ),
+        *_moved_lines(jobs),
         "",
         f"{'ACTIONS IN FLIGHT OR FAILED' if title else 'RECENT ACTIONS'} ({len(actions)})",
         table(
@@ -185,6 +234,20 @@ def is_problem(node: dict[str, Any]) -> bool:
     )
 
 
+def superseded(action: dict[str, Any], recent: list[dict[str, Any]]) -> bool:
+    """A failed or escalated action that a later one of the same kind on the same target did
+    (a drain retried by the unacted-condition retry, a restart asked again): no longer a problem."""
+    if action["state"] not in view.TROUBLE:
+        return False
+    return any(
+        other["kind"] == action["kind"]
+        and other["target"] == action["target"]
+        and other["state"] == "succeeded"
+        and (other.get("created") or 0) > (action.get("created") or 0)
+        for other in recent
+    )
+
+
 def _ha_line(ha: dict[str, Any] | None) -> str:
     if ha is None or ha.get("role") == "single":
         return "single coordinator (sqlite ledger)"
@@ -209,14 +272,15 @@ def collect(api: ApiTarget, args: argparse.Namespace) -> dict[str, Any]:
     if args.problems:
         nodes = [n for n in nodes if is_problem(n)]
         names = {n["name"] for n in nodes}
-        jobs = [j for j in jobs if names & set(j["nodes"])]
+        jobs = [j for j in jobs if names & set(j["nodes"]) or j.get("moved")]
         recent = api.get(f"/v1/actions?limit={max(limit, 200)}")
-        actions = [a for a in recent if a["state"] in PROBLEM_ACTION_STATES][:limit]
+        actions = [a for a in recent if a["state"] in PROBLEM_ACTION_STATES and not superseded(a, recent)]
+        actions = actions[:limit]
     elif args.node:
         nodes = [n for n in nodes if n["name"] == args.node]
         if not nodes:
             raise LookupError(f"node {args.node!r} is not known to the coordinator at {api.url}")
-        jobs = [j for j in jobs if args.node in j["nodes"]]
+        jobs = [j for j in jobs if args.node in j["nodes"] or args.node in _excluding(j)]
         targets = {args.node} | {str(j["id"]) for j in jobs}
         recent = api.get(f"/v1/actions?limit={max(limit, 200)}")
         actions = [

@@ -42,8 +42,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help="supervise this node's training ranks (restarts in the allocation, hot spares)",
-        description="Start and watch this node's ranks; the agent relays restarts (issue #24). "
-        "Usage: ftd run [options] -- python train.py ...",
+        description="Start and watch this node's training ranks. The node's agent relays the "
+        "coordinator's restarts: a new generation of the ranks in the same allocation, or a hot spare "
+        "taking a failed node's slot. Usage: ftd run [options] -- python train.py ...",
     )
     add_arguments(p)
     p.set_defaults(handler=run)

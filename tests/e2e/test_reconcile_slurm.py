@@ -15,7 +15,11 @@ The two failures of the report (issue #10), reproduced before the fix:
   too, past its budget.
 
 And a job ftd requeued that stays PENDING (excluded from node-1, the only node with a slurmd) past
-``pending_alert_s`` (3 s here) raises one alert.
+``pending_alert_s`` (3 s here) raises one alert; meanwhile ``ftd status``, ``--problems`` and
+``/v1/jobs`` keep it in view as "pending after requeue, excluding node-1" (issue #32 item 5: it
+vanished from them once the restart's action finished) until it is cancelled. A node an operator
+drains (``scontrol update state=drain reason=...``) is shown by ``ftd status`` as unavailable with
+Slurm's reason and counted in the header (issue #32 item 6: it showed as online with no reason).
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +42,7 @@ from typing import Any
 
 import pytest
 
+from ftd.bench.slurm_cluster import free_port
 from ftd.bus import topics
 from ftd.bus.mqtt import MqttBus
 from tests.e2e.daemons import REPO, Daemon
@@ -55,6 +63,25 @@ class Cluster:
     sockets: dict[str, str]
     ledger: Path
     workdir: Path
+    api: str
+
+    def get(self, path: str) -> Any:
+        """The coordinator API's JSON answer to ``path``."""
+        with urllib.request.urlopen(self.api + path, timeout=5) as response:
+            return json.load(response)
+
+    def status(self, *args: str) -> str:
+        """``ftd status`` (the real command) against the coordinator's API."""
+        done = subprocess.run(
+            [sys.executable, "-m", "ftd.cli", "status", "--url", self.api, *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
 
     def submit_trainer(self) -> str:
         """tests/e2e/trainer_job.py as a --requeue batch job on node-1, talking to node-1's agent."""
@@ -137,7 +164,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, cluster
         time.sleep(0.1)
 
 
-def coordinator_config(mosquitto: Mosquitto, slurm: SlurmCluster, ledger: Path) -> str:
+def coordinator_config(mosquitto: Mosquitto, slurm: SlurmCluster, ledger: Path, api_port: int) -> str:
     return f"""
 [bus]
 host = "127.0.0.1"
@@ -161,7 +188,7 @@ max_drained_fraction = 0.5
 min_drain_budget = 1
 
 [coordinator.api]
-enabled = false
+port = {api_port}
 
 [log]
 level = "info"
@@ -194,7 +221,8 @@ json = true
 def cluster(slurm: SlurmCluster, mosquitto: Mosquitto, tmp_path: Path) -> Iterator[Cluster]:
     run_dir = Path(tempfile.mkdtemp(prefix="ftd-rec-", dir="/tmp"))  # short unix socket paths
     ledger = tmp_path / "ledger.sqlite"
-    coordinator = Daemon("coordinator", coordinator_config(mosquitto, slurm, ledger), tmp_path)
+    api_port = free_port()
+    coordinator = Daemon("coordinator", coordinator_config(mosquitto, slurm, ledger, api_port), tmp_path)
     agents: dict[str, Daemon] = {}
     kmsg: dict[str, Path] = {}
     sockets: dict[str, str] = {}
@@ -205,7 +233,8 @@ def cluster(slurm: SlurmCluster, mosquitto: Mosquitto, tmp_path: Path) -> Iterat
         sockets[node] = socket
         config = agent_config(mosquitto, node, kmsg[node], state, socket)
         agents[node] = Daemon(f"agent-{node}", config, tmp_path / node)
-    built = Cluster(slurm, mosquitto, coordinator, agents, kmsg, sockets, ledger, tmp_path)
+    api = f"http://127.0.0.1:{api_port}"
+    built = Cluster(slurm, mosquitto, coordinator, agents, kmsg, sockets, ledger, tmp_path, api)
     coordinator.start()
     for agent in agents.values():
         agent.start()
@@ -312,3 +341,61 @@ def test_requeued_job_stuck_pending_raises_one_alert(cluster: Cluster) -> None:
     time.sleep(2.5)  # more rounds: still one alert
     assert len(cluster.notes("job_pending")) == 1
     assert cluster.slurm.job(job).get("JobState") == "PENDING"
+
+
+def test_a_job_ftd_moved_stays_in_view_while_it_is_pending(cluster: Cluster) -> None:
+    job = cluster.submit_trainer()
+    cluster.slurm.wait_job_state(job, "RUNNING", 30)
+    cluster.wait_registered(job)
+
+    cluster.xid79("node-1")  # save, stop, drain node-1, requeue without node-1: nowhere to run
+    finished = "the checkpoint_restart to finish"
+    wait_until(
+        lambda: [a["state"] for a in cluster.actions("checkpoint_restart", job)] == ["succeeded"],
+        40,
+        finished,
+        cluster,
+    )
+    assert cluster.slurm.job(job).get("JobState") == "PENDING"
+
+    def shown() -> dict[str, Any]:
+        [out] = [j for j in cluster.get("/v1/jobs") if j["id"] == job]  # never missing: the defect
+        return out
+
+    def pending_elsewhere() -> bool:  # no rank left anywhere, and the scheduler asked about it
+        job_out = shown()
+        return job_out["nodes"] == [] and (job_out["moved"] or {}).get("scheduler_state") == "PENDING"
+
+    wait_until(pending_elsewhere, 10, "no rank left and a reconciliation round", cluster)
+    actions = cluster.get("/v1/actions?limit=200")
+    [action] = [a for a in actions if a["kind"] == "checkpoint_restart" and a["target"] == job]
+    assert action["state"] == "succeeded"  # the action is over: only the moved record shows the job
+    shown_job = shown()
+    assert shown_job["state"] == "pending after requeue" and shown_job["ranks"] == [], shown_job
+    moved = shown_job["moved"]
+    assert moved["excluding"] == ["node-1"] and moved["action"] == action["id"], moved
+    assert moved["scheduler_state"] == "PENDING" and moved["since"] > 0, moved
+    assert f"pending after requeue, excluding node-1 (action {action['id']}" in moved["why"], moved
+    line = next(x for x in cluster.status().splitlines() if x.startswith(f"{job} "))
+    assert "pending after requeue, excluding node-1" in line, line
+    assert any(x.startswith(f"{job} ") for x in cluster.status("--problems").splitlines())
+
+    cluster.slurm.run("scancel", job)  # finished with: no longer shown
+    wait_until(
+        lambda: job not in {j["id"] for j in cluster.get("/v1/jobs")}, 10, "the cancelled job gone", cluster
+    )
+
+
+def test_a_node_an_operator_drained_is_shown_unavailable_with_its_reason(cluster: Cluster) -> None:
+    cluster.slurm.run("scontrol", "update", "nodename=node-2", "state=drain", "reason=fan replaced")
+    wait_until(
+        lambda: cluster.get("/v1/nodes?problems=true") != [], 10, "the coordinator to see the drain", cluster
+    )
+    text = cluster.status()
+    assert "NODES (2: 2 online, 0 offline, 0 drained by ftd, 1 unavailable)" in text, text
+    line = next(x for x in text.splitlines() if x.startswith("node-2 "))
+    assert line.split()[:3] == ["node-2", "unavailable", "other"], line
+    assert "fan replaced" in line, line
+    problems = cluster.status("--problems")
+    assert any(x.startswith("node-2 ") for x in problems.splitlines()), problems
+    assert not any(x.startswith("node-1 ") for x in problems.splitlines()), problems

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from ftd.cli import main
+from ftd.commands import action_view as view
 from ftd.commands import api_client
+from ftd.commands.actions import STATES
 from ftd.config import ApiConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api import Api
@@ -108,7 +110,8 @@ async def test_status_problems_shows_only_what_needs_a_look(
     served.coordinator.state.mark_drained("node-2", "ftd: xid 79")
     code, out, _ = await ftd(capsys, "status", "--config", str(served.config), "--problems")
     assert code == 0
-    assert "NODES WITH PROBLEMS (2: 1 online, 1 drained by ftd)" in out  # node-3: online, a condition
+    # node-3: online, a condition
+    assert "NODES WITH PROBLEMS (2: 1 online, 1 offline, 1 drained by ftd, 0 unavailable)" in out
     nodes = [line.split()[0] for line in out.split("\nJOBS (")[0].splitlines() if line.startswith("node-")]
     assert nodes == ["node-2", "node-3"]
     actions_part = out.split("ACTIONS IN FLIGHT OR FAILED")[1]
@@ -121,17 +124,52 @@ async def test_status_problems_shows_only_what_needs_a_look(
     assert data["jobs"] == []  # job 42 runs on node-1, which is fine
 
 
+async def test_status_problems_leaves_out_a_failed_drain_its_retry_did(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """act-fail (drain_node node-4, failed) drained by a later retry: not a problem any more; a failed
+    action on another target, or one whose later attempt failed too, still is."""
+    ledger = served.coordinator.ledger
+    code, out, _ = await ftd(capsys, "status", "--url", served.url, "--problems")
+    assert "act-fail" in out.split("ACTIONS IN FLIGHT OR FAILED")[1]
+    await ledger.save_action(_record("act-retry-bad", "drain_node", "node-4", ActionState.FAILED))
+    code, out, _ = await ftd(capsys, "status", "--url", served.url, "--problems")
+    actions_part = out.split("ACTIONS IN FLIGHT OR FAILED")[1]
+    assert "act-fail" in actions_part and "act-retry-bad" in actions_part
+    await ledger.save_action(_record("act-retry", "drain_node", "node-4", ActionState.SUCCEEDED))
+    code, out, _ = await ftd(capsys, "status", "--url", served.url, "--problems")
+    assert code == 0
+    actions_part = out.split("ACTIONS IN FLIGHT OR FAILED")[1]
+    assert "act-fail" not in actions_part and "act-retry-bad" not in actions_part, actions_part
+    assert "act-run" in actions_part and "act-reset" in actions_part  # in flight: still shown
+
+
 async def test_status_node_shows_one_node(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = await ftd(capsys, "status", "--url", served.url, "--node", "node-1")
     assert code == 0
     assert _row(out, "node-1")[:3] == ["node-1", "online", "no"]
     assert "node-2" not in out.split("\nJOBS (")[0]
-    assert _row(out, "42")[:3] == ["42", "node-1", "2"]
+    assert _row(out, "42")[:4] == ["42", "saving", "node-1", "2"]
     events = out.split("LATEST EVENTS ON node-1 (1)")[1]
     assert " e1 " in events and "xid" in events
     assert "act-run" in out and "act-reset" in out and "act-fail" not in out
     code, _, err = await ftd(capsys, "status", "--url", served.url, "--node", "node-9")
     assert code == 2 and "node 'node-9' is not known" in err
+
+
+async def test_status_shows_a_job_ftd_moved_on_the_node_it_left(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Job 77, requeued without node-4 and pending: in the jobs table, --problems and node-4's view."""
+    served.coordinator.state.moved.note("77", time.time(), ["node-4"], "act-cr")
+    for argv in ([], ["--problems"], ["--node", "node-4"]):
+        code, out, _ = await ftd(capsys, "status", "--url", served.url, *argv)
+        assert code == 0
+        row = next(line for line in out.splitlines() if line.startswith("77 "))
+        assert "pending after requeue, excluding node-4" in row, (argv, out)
+        assert "job 77: pending after requeue, excluding node-4 (action act-cr, since " in out
+    code, out, _ = await ftd(capsys, "status", "--url", served.url, "--node", "node-1")
+    assert not any(line.startswith("77 ") for line in out.splitlines())
 
 
 async def test_actions_list_and_show(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,6 +186,11 @@ async def test_actions_list_and_show(served: Served, capsys: pytest.CaptureFixtu
         capsys, "actions", "list", "--url", served.url, "--state", "failed,logged", "--json"
     )
     assert sorted(a["id"] for a in json.loads(out)) == ["act-fail", "act-log"]
+    # a state no action has: an error that lists the states, not an empty table (issue #32)
+    code, out, err = await ftd(capsys, "actions", "list", "--url", served.url, "--state", "failed,bogus")
+    assert code == 2 and out == "", out
+    assert "unknown state(s) bogus; the states are pending, running, awaiting_approval, succeeded" in err
+    assert set(STATES) == {str(s) for s in ActionState}  # the list is every state there is
 
     code, out, _ = await ftd(capsys, "actions", "show", "--config", str(served.config), "act-run")
     assert code == 0
@@ -186,7 +229,50 @@ async def test_approve_and_reject_with_the_configured_token(
     approved = await served.coordinator.ledger.action(held[0].id)
     assert approved is not None and approved.state == ActionState.SUCCEEDED
     code, _, err = await ftd(capsys, "actions", "approve", "--config", str(served.config), held[1].id)
-    assert code == 1 and "HTTP 404" in err  # no longer awaiting approval
+    assert code == 1 and "HTTP 409" in err and "it was already suppressed" in err, err
+    code, _, err = await ftd(capsys, "actions", "approve", "--config", str(served.config), held[0].id)
+    assert code == 1 and f"{held[0].id} is not awaiting approval: it already succeeded" in err, err
+    # who approved, and when, is in the history `actions show` prints (issue #32: it was not)
+    code, out, _ = await ftd(capsys, "actions", "show", "--config", str(served.config), held[0].id)
+    history = out.split("HISTORY (the ledger's record)")[1].split("DETAIL")[0]
+    assert "approved by ana" in history, history
+    code, out, _ = await ftd(capsys, "actions", "show", "--config", str(served.config), held[1].id)
+    assert "rejected by " in out.split("HISTORY (the ledger's record)")[1].split("DETAIL")[0]
+
+
+async def test_an_approval_without_by_is_recorded_as_the_login_name(
+    served: Served, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API token names no user: the CLI says who runs it, not "operator" (issue #32)."""
+    monkeypatch.setenv("LOGNAME", "oncall-kim")  # what getpass reads first, as a login shell sets it
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    engine = served.coordinator.engine
+    held = await engine.submit(ActionRequest(kind="drain_node", target="node-3", reason="bad GPU"))
+    code, _, _ = await ftd(capsys, "actions", "approve", "--config", str(served.config), held.id)
+    assert code == 0
+    record = await served.coordinator.ledger.action(held.id)
+    assert record is not None and record.detail["approved_by"] == "oncall-kim"
+    # `sudo ftd actions approve` (the token file is root's): the user who ran sudo, not root
+    monkeypatch.setenv("LOGNAME", "root")
+    monkeypatch.setenv("SUDO_USER", "oncall-lee")
+    held = await engine.submit(ActionRequest(kind="gpu_reset", target="node-4", reason="bad GPU"))
+    assert held.state == ActionState.AWAITING_APPROVAL, held
+    code, _, _ = await ftd(capsys, "actions", "reject", "--config", str(served.config), held.id)
+    record = await served.coordinator.ledger.action(held.id)
+    assert code == 0 and record is not None and record.detail["rejected_by"] == "oncall-lee"
+
+
+def test_why_is_a_sentence_never_a_python_dict() -> None:
+    """An escalated restart of a pinned job: its why was printed as a dict (issue #32)."""
+    refused = {"nodes": ["node-2"], "why": "job 7 is pinned to node-2 and node-2 is out of service"}
+    action = {"state": "escalated", "detail": {"exclude_refused": refused, "pinned": refused}}
+    assert view.why(action) == refused["why"]
+    reset = {"state": "escalated", "detail": {"escalation": "reboot"}}
+    assert view.why(reset) == view.ESCALATIONS["reboot"]
+    assert view.ESCALATIONS["reboot"].startswith("the reset did not clear the fault")
+    odd = {"state": "escalated", "detail": {"why": {"seen_state": "PENDING", "nodes": ["a", "b"]}}}
+    assert view.why(odd) == "seen state PENDING; nodes a, b"
+    assert "{" not in view.why(odd) and "'" not in view.why(odd)
 
 
 async def test_events_list_and_tail(served: Served, capsys: pytest.CaptureFixture[str]) -> None:

@@ -203,6 +203,7 @@ async def test_nodes_jobs_gpus(env: Env) -> None:
             "generation": None,
             "checkpoints": {},
             "quarantined": {},
+            "moved": None,
         }
     ]
     assert await (await env.client.get("/v1/gpus")).json() == []
@@ -399,10 +400,23 @@ async def test_drain_waits_for_approval_reject_closes_it_approve_runs_it(approva
     assert done["state"] == "succeeded" and done["detail"]["approved_by"] == "alice"
     assert [args for op, args in scheduler.calls if op == "drain"] == [("node-1", "ftd: flaky gpu")]
 
-    # Only held actions can be decided: neither a finished nor a rejected one is waiting for anybody.
-    for action in (first, second):
-        resp = await client.post(f"/v1/actions/{action['id']}/approve", headers=AUTH)
-        assert resp.status == 404 and "awaiting approval" in (await resp.json())["error"]
+    assert done["detail"]["approved_at"] > 0
+    rejected = await (await client.get(f"/v1/actions/{first['id']}")).json()
+    assert rejected["detail"]["rejected_by"] == "operator" and rejected["detail"]["rejected_at"] > 0
+
+    # Only held actions can be decided: the answer says what the action is instead (issue #32: it
+    # was a 404 "not awaiting approval" for an action that had succeeded).
+    said = {
+        first["id"]: "it was already suppressed (rejected, or held back by the policy gate)",
+        second["id"]: "it already succeeded",
+    }
+    for action_id, state in said.items():
+        for verb in ("approve", "reject"):
+            resp = await client.post(f"/v1/actions/{action_id}/{verb}", headers=AUTH)
+            error = (await resp.json())["error"]
+            assert resp.status == 409 and error == f"{action_id} is not awaiting approval: {state}", error
+    resp = await client.post("/v1/actions/act-none/approve", headers=AUTH)
+    assert resp.status == 404  # an unknown id is still unknown
 
 
 # --- metrics, dashboard, OpenAPI ----------------------------------------------------------------

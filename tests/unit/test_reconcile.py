@@ -18,13 +18,14 @@ import pytest
 
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.scheduler import FakeScheduler
+from ftd.coordinator.api.views import jobs_out
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.plugins import make_plugin_manager
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.coordinator.ledger.sqlite import NOTICE_NODE, Ledger, SqliteStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.reconcile import Reconciler
-from ftd.events import Kind, NodeStatus
+from ftd.events import JobAllocation, JobPresence, Kind, NodeStatus, RankInfo
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 
 NODES = ("node-1", "node-2", "node-3", "node-4")
@@ -269,3 +270,79 @@ async def test_requeued_jobs_are_found_again_after_a_restart(sched: FakeSchedule
     finally:
         await second.engine.close()
         second.ledger.close()
+
+
+async def test_a_moved_job_stays_in_the_jobs_view_until_it_trains_again(
+    coord: Coordinator, sched: FakeScheduler
+) -> None:
+    """Issue #32: the restart's action is over, the job has no rank nor allocation anywhere, yet it is
+    shown as pending after requeue (excluding its bad node, since when, which action) until it runs."""
+    sched.add_job("77", ["node-1"])
+    await sched.requeue("77", exclude=["node-1"])
+    requeue = ActionRecord(
+        id="act-cr",
+        request=ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target="77", reason="xid 79"),
+        state=ActionState.SUCCEEDED,
+        detail={"requeued": {"scheduler": "fake", "exclude": ["node-1"]}, "requeued_at": 990.0},
+        updated=1000.0,
+    )
+    await coord.reconciler.observe("action", requeue)
+    [job] = jobs_out(coord.state, [])
+    assert (job.id, job.state, job.nodes, job.action) == ("77", "pending after requeue", [], None)
+    assert job.moved is not None
+    assert (job.moved.since, job.moved.excluding, job.moved.action) == (990.0, ["node-1"], "act-cr")
+    assert job.moved.why.startswith("pending after requeue, excluding node-1 (action act-cr, since ")
+    await coord.reconciler.reconcile()
+    [job] = jobs_out(coord.state, [])
+    assert job.moved is not None and job.moved.scheduler_state == "PENDING"
+    assert "the scheduler says PENDING" in job.moved.why
+
+    # an allocation its Prolog reported before the requeue does not make it run again
+    old = JobAllocation(user="alice", started=900.0)
+    coord.state.apply_presence("node-1", "77", JobPresence(job="77", node="node-1", allocation=old))
+    [job] = jobs_out(coord.state, [])
+    assert job.state == "pending after requeue" and job.moved is not None
+
+    sched.start_job("77", ["node-2"])
+    await coord.reconciler.reconcile()
+    assert jobs_out(coord.state, [])[0].moved is None  # runs again: no longer pending after requeue
+
+
+async def test_a_moved_job_leaves_the_view_when_a_rank_registers_or_it_ends(
+    coord: Coordinator, sched: FakeScheduler
+) -> None:
+    for job in ("77", "78"):
+        sched.add_job(job, ["node-1"])
+        await sched.requeue(job, exclude=["node-1"])
+        record = ActionRecord(
+            id=f"act-{job}",
+            request=ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target=job, reason="xid 79"),
+            state=ActionState.SUCCEEDED,
+            detail={"requeued": {"scheduler": "fake", "exclude": ["node-1"]}, "requeued_at": 990.0},
+            updated=1000.0,
+        )
+        await coord.reconciler.observe("action", record)
+    assert [j.state for j in jobs_out(coord.state, [])] == ["pending after requeue"] * 2
+    ranks = [RankInfo(rank=0, step=1)]
+    coord.state.apply_presence("node-2", "77", JobPresence(job="77", node="node-2", ranks=ranks))
+    sched.finish_job("78", "CANCELLED")
+    await coord.reconciler.reconcile()
+    assert [(j.id, j.state, j.moved) for j in jobs_out(coord.state, [])] == [("77", "training", None)]
+
+
+async def test_a_restart_that_saw_its_job_train_again_does_not_show_it_pending(coord: Coordinator) -> None:
+    """An in-place restart followed until the job trained again finishes after the ranks registered:
+    its last record must not put the job back as pending after requeue."""
+    detail: dict[str, Any] = {"requeued": {"scheduler": "fake", "exclude": []}, "requeued_at": 990.0}
+    request = ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target="77", reason="hang")
+    running = ActionRecord(id="act-cr", request=request, state=ActionState.RUNNING, detail=dict(detail))
+    await coord.reconciler.observe("action", running)
+    assert coord.state.moved.get("77") is not None
+    ranks = [RankInfo(rank=0, step=1, run="slurm-restart-1")]
+    coord.state.apply_presence("node-1", "77", JobPresence(job="77", node="node-1", ranks=ranks))
+    assert coord.state.moved.get("77") is None
+    done = ActionRecord(
+        id="act-cr", request=request, state=ActionState.SUCCEEDED, detail={**detail, "resumed_at": 995.0}
+    )
+    await coord.reconciler.observe("action", done)
+    assert coord.state.moved.get("77") is None

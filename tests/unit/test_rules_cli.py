@@ -189,3 +189,46 @@ def test_parse_kmsg_output_is_accepted(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["rules", "test", "--no-entry-points", "--events", str(parsed), "--node", "gpu-7"]) == 0
     out = capsys.readouterr().out
     assert "3 line(s) completed with defaults" in out and "missing required field" not in out
+
+
+RAW_DMESG = (
+    "[    0.000000] Linux version 6.1.0-18-amd64 (builder@example) #1 SMP\n"
+    "[    2.114000] pci 0000:3b:00.0: [10de:2330] type 00 class 0x030200\n"
+    "[   14.520000] nvidia: loading out-of-tree module taints kernel.\n"
+    "[   15.031000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.15\n"
+    "[   98.200000] systemd[1]: Started ftd-agent.service.\n"
+    "[  100.500000] " + FALLEN_OFF.format(bus="3b") + "[  101.250000] eth0: link up, 100 Gbps, full duplex\n"
+    "[  130.000000] " + FALLEN_OFF.format(bus="5e")
+)
+
+
+def test_a_raw_kernel_log_is_read_through_the_agents_parser(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #32: a dmesg file was eight bad lines ("Expected object"), 0 events and exit 0."""
+    log = tmp_path / "dmesg.txt"
+    log.write_text(RAW_DMESG)
+    drains, doc = _drains(["--events", str(log), "--node", "gpu-7"], capsys)
+    assert doc["bad_lines"] == [] and doc["events"] == 2, doc
+    assert doc["input"] == {"format": "kernel log", "kernel_lines": 8, "kernel_events": 2}
+    assert drains == [("gpu-7", "allowed"), ("gpu-7", "suppressed")]
+    first = next(a for a in doc["actions"] if a["kind"] == "drain_node")
+    assert first["event_id"] == "kmsg-6" and first["ts"] == 100.5 and "0000:3b:00.0" in first["reason"]
+    capsys.readouterr()
+    assert main(["rules", "test", "--no-entry-points", "--events", str(log), "--node", "gpu-7"]) == 0
+    out = capsys.readouterr().out
+    assert "0 bad line(s)" in out and "Expected object" not in out, out
+    assert "input: a kernel log: 8 line(s), 2 event(s) found by the agent's kernel-log parser" in out
+    assert "2 events replayed" in out
+
+
+def test_a_json_file_with_a_raw_line_keeps_it_a_bad_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first line decides: JSON lines stay JSON lines, a line that is not one is reported."""
+    events = tmp_path / "events.jsonl"
+    event = make_event("node-1", "xid", severity="critical", data={"code": 79}, ts=1000, id="e0")
+    events.write_bytes(msgspec.json.encode(event) + b"\n[  100.5] " + FALLEN_OFF.format(bus="3b").encode())
+    _, doc = _drains(["--events", str(events)], capsys)
+    assert doc["events"] == 1 and [b["line"] for b in doc["bad_lines"]] == [2]  # type: ignore[index]
+    assert doc["input"] == {"format": "json lines", "kernel_lines": 0, "kernel_events": 0}

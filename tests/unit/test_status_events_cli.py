@@ -20,13 +20,13 @@ def test_status_prints_nodes_jobs_and_actions(capsys: pytest.CaptureFixture[str]
         text = capsys.readouterr().out
         assert main(["status", "--url", url + "/", "--json"]) == 0
         data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert "NODES (2: 1 online, 1 drained by ftd)" in text
+    assert "NODES (2: 1 online, 1 offline, 1 drained by ftd, 0 unavailable)" in text
     lines = text.splitlines()
     node2 = next(line for line in lines if line.startswith("node-2"))
-    assert node2.split()[:3] == ["node-2", "offline", "yes"] and "ftd: xid 79 gpu 0000:3b:00.0" in node2
+    assert node2.split()[:3] == ["node-2", "offline", "ftd"] and "ftd: xid 79 gpu 0000:3b:00.0" in node2
     job = next(line for line in lines if line.startswith("42 "))
     # no checkpoint reported; client: ranks registered; no Prolog user; no rank supervisor (gen, spares)
-    assert job.split() == ["42", "node-1", "2", "7", "-", "yes", "-", "-", "-"]
+    assert job.split() == ["42", "training", "node-1", "2", "7", "-", "yes", "-", "-", "-"]
     assert any("act-known" in line and "drain_node" in line and "succeeded" in line for line in lines)
     assert set(data) == {"health", "nodes", "jobs", "actions", "ha"}
     assert data["ha"] == {"role": "single", "ledger": "sqlite", "leader": None, "epoch": None}

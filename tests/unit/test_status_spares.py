@@ -49,7 +49,7 @@ def test_status_prints_the_generation_and_the_spares_with_their_preflight() -> N
     data = {"health": {"version": "x", "bus_connected": True}, "nodes": [], "jobs": jobs, "actions": []}
     text = render(data, "http://coordinator")
     line = next(row for row in text.splitlines() if row.startswith("9 "))
-    assert line.split() == ["9", "a,b", "2", "40", "-", "yes", "-", "2", "c,d(failed)"]
+    assert line.split() == ["9", "training", "a,b", "2", "40", "-", "yes", "-", "2", "c,d(failed)"]
     header = next(row for row in text.splitlines() if row.startswith("JOB "))
     assert header.split()[-2:] == ["GEN", "SPARES"]
     spent = dict(jobs[0], spares=[])
@@ -73,6 +73,6 @@ def test_status_prints_the_newest_checkpoint_verified_on_every_rank() -> None:
     data = {"health": {"version": "x", "bus_connected": True}, "nodes": [], "jobs": jobs, "actions": []}
     text = render(data, "http://coordinator")
     line = next(row for row in text.splitlines() if row.startswith("9 "))
-    assert line.split()[4] == "30/local"
+    assert line.split()[5] == "30/local"
     header = next(row for row in text.splitlines() if row.startswith("JOB "))
-    assert header.split()[5] == "CHECKPOINT"
+    assert header.split()[6] == "CHECKPOINT"

@@ -192,7 +192,7 @@ ROUTES: tuple[Route, ...] = (
         params=_ACTION,
         body=ApproveRequest,
         ok=(200, ActionOut, ""),
-        extra=(400, 404),
+        extra=(400, 404, 409),
     ),
     Route(
         "POST",
@@ -203,7 +203,7 @@ ROUTES: tuple[Route, ...] = (
         params=_ACTION,
         body=RejectRequest,
         ok=(200, ActionOut, ""),
-        extra=(400, 404),
+        extra=(400, 404, 409),
     ),
     Route(
         "POST",
@@ -250,6 +250,7 @@ _STATUS_TEXT = {
     401: "Missing or wrong token",
     403: "Mutating calls are disabled (no token configured)",
     404: "Unknown id",
+    409: "The action is not awaiting approval (the message says what it is: already succeeded, ...)",
     421: "The Host header names no host this API serves (DNS rebinding protection)",
     429: "Too many failed token checks from this address: retry after Retry-After seconds",
 }

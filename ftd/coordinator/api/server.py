@@ -376,6 +376,8 @@ class Api:
     async def _decide(self, request: web.Request, verb: str, body_type: type[Any]) -> web.Response:
         record = await self._record(request)
         body = await read_body(request, body_type, required=False)
+        if record.state != ActionState.AWAITING_APPROVAL:  # decided, or never held: say what it is
+            raise ApiError(409, f"{record.id} is not awaiting approval: {not_held(record.state)}")
         engine = self.coordinator.engine
         try:
             if verb == "approve":
@@ -447,6 +449,19 @@ class Api:
         body = await read_body(request, wire.RestartRequest, required=True)
         exclude = {"exclude": sorted(set(body.exclude))}
         return await self._manual(ActionKind.CHECKPOINT_RESTART, job, body, exclude)
+
+
+def not_held(state: ActionState) -> str:
+    """What an action that is not awaiting approval is, in words an approver understands."""
+    if state in (ActionState.PENDING, ActionState.RUNNING):
+        return f"it is already {state} (approved, or never held)"
+    if state == ActionState.DRY_RUN:
+        return "it was only recorded (dry run): there is nothing to approve"
+    if state == ActionState.LOGGED:
+        return "it was already logged"
+    if state == ActionState.SUPPRESSED:
+        return "it was already suppressed (rejected, or held back by the policy gate)"
+    return f"it already {state}"  # succeeded, failed, escalated
 
 
 async def start_api(coordinator: Coordinator) -> Api | None:

@@ -27,7 +27,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
-from ftd.coordinator.api.wire import JobOut, NodeAction, NodeOut, NodesQuery, SummaryOut, action_out
+from ftd.coordinator.api.wire import (
+    JobOut,
+    MovedOut,
+    NodeAction,
+    NodeOut,
+    NodesQuery,
+    SummaryOut,
+    action_out,
+)
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.checkpoints import LEVELS as CHECKPOINT_LEVELS
 from ftd.coordinator.model.state import ClusterState
@@ -269,11 +277,30 @@ def job_actions(in_flight: Iterable[ActionRecord]) -> dict[str, ActionRecord]:
     return out
 
 
+def moved_out(state: ClusterState, job: str) -> MovedOut | None:
+    """What a job ftd requeued and that does not train again yet says (issue #32), or None."""
+    moved = state.moved.get(job)
+    if moved is None:
+        return None
+    return MovedOut(
+        since=moved.since,
+        excluding=list(moved.excluding),
+        action=moved.action,
+        scheduler_state=moved.scheduler_state,
+        scheduler_reason=moved.scheduler_reason,
+        why=moved.why(),
+    )
+
+
 def jobs_out(state: ClusterState, in_flight: Iterable[ActionRecord]) -> list[JobOut]:
     acting = job_actions(in_flight)
     out: list[JobOut] = []
     for j in sorted(state.jobs.values(), key=lambda j: j.id):
         action = acting.get(j.id)
+        moved = None if j.ranks_by_node else moved_out(state, j.id)
+        shown = job_state(bool(j.ranks_by_node), action)
+        if moved is not None and shown == "allocated":  # an allocation left from before the requeue
+            shown = "pending after requeue"
         out.append(
             JobOut(
                 id=j.id,
@@ -282,7 +309,7 @@ def jobs_out(state: ClusterState, in_flight: Iterable[ActionRecord]) -> list[Job
                 last_step=j.last_step,
                 ranks_by_node={n: sorted(r.rank for r in ranks) for n, ranks in j.ranks_by_node.items()},
                 allocations=dict(sorted(j.allocations.items())),
-                state=job_state(bool(j.ranks_by_node), action),
+                state=shown,
                 action=action.id if action is not None and action.state in IN_FLIGHT else None,
                 supervisors=dict(sorted(j.supervisors.items())),
                 spares=j.spares,
@@ -290,22 +317,32 @@ def jobs_out(state: ClusterState, in_flight: Iterable[ActionRecord]) -> list[Job
                 generation=j.generation,
                 checkpoints=checkpoints_of(state, j.id),
                 quarantined=dict(state.checkpoints.quarantined(j.id)),
+                moved=moved,
             )
         )
-    # a job ftd requeued has no ranks until it trains again: still shown while its action follows it
-    for job, action in sorted(acting.items()):
-        if job not in state.jobs and action.state in IN_FLIGHT:
-            out.append(
-                JobOut(
-                    id=job,
-                    nodes=[],
-                    ranks=[],
-                    last_step=None,
-                    ranks_by_node={},
-                    state=job_state(False, action),
-                    action=action.id,
-                )
+    # a job ftd requeued has no ranks until it trains again: still shown while its action follows it,
+    # and after, while it waits in the scheduler's queue (state.moved, until it trains again)
+    waiting: dict[str, ActionRecord | None] = {
+        job: action for job, action in acting.items() if action.state in IN_FLIGHT
+    }
+    for moved_job in state.moved:
+        waiting.setdefault(moved_job.job, None)
+    for job, flying in sorted(waiting.items()):
+        if job in state.jobs:
+            continue
+        out.append(
+            JobOut(
+                id=job,
+                nodes=[],
+                ranks=[],
+                last_step=None,
+                ranks_by_node={},
+                state=job_state(False, flying) if flying is not None else "pending after requeue",
+                action=flying.id if flying is not None else None,
+                checkpoints=checkpoints_of(state, job),
+                moved=moved_out(state, job),
             )
+        )
     return out
 
 

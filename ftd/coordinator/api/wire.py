@@ -261,6 +261,19 @@ class JobOut(msgspec.Struct, frozen=True, kw_only=True):
     # and the steps quarantined with why; empty for a job that does not report its checkpoints.
     checkpoints: dict[str, dict[str, float]] = msgspec.field(default_factory=dict)
     quarantined: dict[str, str] = msgspec.field(default_factory=dict)
+    # Issue #32: a job ftd requeued that does not train again yet (state "pending after requeue"):
+    # since when, the nodes excluded, the action that moved it and what the scheduler says; None
+    # for every other job.
+    moved: MovedOut | None = None
+
+
+class MovedOut(msgspec.Struct, frozen=True, kw_only=True):
+    since: float  # when ftd requeued it
+    excluding: list[str]  # the nodes the requeue excluded ([]: requeued in place)
+    action: str  # the checkpoint_restart that moved it
+    scheduler_state: str  # what the scheduler last said ("" before the reconciler asked it)
+    scheduler_reason: str  # why it is pending, as the scheduler says
+    why: str  # one sentence: "pending after requeue, excluding node-3 (action ..., since ...)"
 
 
 class ActionOut(msgspec.Struct, frozen=True, kw_only=True):

@@ -334,6 +334,7 @@ class Engine:
             raise KeyError(f"no action {action_id!r} is awaiting approval")
         verdict = self.gate.decide(record.request, self.state, approving=record.id)
         record.detail["approved_by"] = by or "operator"
+        record.detail["approved_at"] = self.clock()
         if verdict.allowed:
             record.state = ActionState.PENDING
             record.detail.pop("policy", None)
@@ -362,6 +363,8 @@ class Engine:
             raise KeyError(f"no action {action_id!r} is awaiting approval")
         record.state = ActionState.SUPPRESSED
         record.detail["policy"] = f"rejected by {by or 'operator'}: {reason or 'no reason given'}"
+        record.detail["rejected_by"] = by or "operator"
+        record.detail["rejected_at"] = self.clock()
         self.gate.finished(record)
         self.counters["actions_suppressed"] += 1
         await self.ledger.save_action(record)

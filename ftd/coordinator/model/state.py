@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ftd.coordinator.model.checkpoints import CheckpointCatalogue
+from ftd.coordinator.model.moved import MovedJobs
 from ftd.culprit.evidence import MAX_TEXT, PeerBlame
 from ftd.culprit.peers import normalize_address, resolve_peer
 from ftd.events import Event, JobPresence, Kind, NodeStatus, Severity
@@ -71,6 +72,8 @@ class ClusterState:
         # node -> each of its problems ("drained", "unavailable", "condition") -> when it began, so
         # the dashboard says when a node's problem began, not when its status last changed
         self.trouble_since: dict[str, dict[str, float]] = {}
+        # the jobs ftd requeued that do not train again yet (shown as pending after requeue, #32)
+        self.moved = MovedJobs()
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -166,6 +169,10 @@ class ClusterState:
             return
         if record is None:
             record = self.jobs[job] = JobRecord(job)
+        if presence.ranks:
+            self.moved.trains_again(job)
+        elif allocation is not None and allocation.started > 0:
+            self.moved.trains_again(job, allocation.started)  # its Prolog: started (again?) here
         if presence.ranks:
             record.ranks_by_node[node] = list(presence.ranks)
         else:

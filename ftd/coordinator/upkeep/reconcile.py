@@ -33,6 +33,9 @@ scheduler (Slurm, Kubernetes) it acts on.
   requeue raises one alert: a ``job_pending`` note in the ledger (node
   :data:`~ftd.coordinator.ledger.store.NOTICE_NODE`), a warning in the log, and a ``notify`` action to the
   webhook when one is configured. Requeued jobs are found again in the ledger after a restart.
+  Until it runs again (or ends, or the scheduler forgets it) such a job is kept in the cluster
+  state's :class:`~ftd.coordinator.model.moved.MovedJobs` with what the scheduler says of it, so
+  the API and ``ftd status`` keep showing it as "pending after requeue, excluding ..." (issue #32).
 * **Restarts that did not resume**: a ``checkpoint_restart`` escalated because the job requeued in
   place did not train again (``detail.not_resumed``, :mod:`ftd.coordinator.actions.checkpoint_restart`)
   is notified once, with that sentence (a ``notify`` action, rule ``resume_watch``).
@@ -62,6 +65,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ftd.coordinator.actions.checkpoint_restart import ENDED
 from ftd.coordinator.actions.scheduler import NodeInfo, Scheduler, SchedulerError
 from ftd.coordinator.ledger.store import NOTICE_NODE, Drain, LedgerStore
 from ftd.coordinator.model.state import ClusterState
@@ -226,10 +230,17 @@ class Reconciler:
             return
         if record.state not in _FINISHED and not record.detail.get("requeued"):
             return  # a restart still following its job (resume phase) was requeued already: watched
-        if record.detail.get("requeued"):
+        requeued = record.detail.get("requeued")
+        if requeued:
             job = record.request.target
             self.requeued[job] = max(self.requeued.get(job, 0.0), record.updated or self.clock())
             self.alerted.discard(job)
+            at = record.detail.get("requeued_at")
+            since = float(at) if isinstance(at, int | float) else record.updated or self.clock()
+            exclude = requeued.get("exclude") if isinstance(requeued, dict) else None
+            excluding = [str(n) for n in exclude] if isinstance(exclude, list) else []
+            if not record.detail.get("resumed_at"):  # (a followed restart that saw it train: done)
+                self.state.moved.note(job, since, excluding, record.id)  # shown until it trains again
 
     # --- the rounds -----------------------------------------------------------------------------
 
@@ -366,11 +377,16 @@ class Reconciler:
                 info = await self.scheduler.job_info(job)
             except SchedulerError:
                 del self.requeued[job]  # unknown now (purged): nothing to watch
+                self.state.moved.trains_again(job)  # nor to show
                 continue
-            if info.state != "PENDING":
+            self.state.moved.scheduler_says(job, info.state, info.reason or "")
+            if info.state == "RUNNING" or info.state in ENDED:
                 del self.requeued[job]
                 self.alerted.discard(job)
+                self.state.moved.trains_again(job)  # running again, or ended
                 continue
+            if info.state != "PENDING":
+                continue  # on its way (REQUEUED, CONFIGURING, ...): watched at the next round
             waited = now - since
             if waited < self.pending_alert_s or job in self.alerted:
                 continue

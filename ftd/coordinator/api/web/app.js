@@ -327,7 +327,7 @@ function renderJobs(jobs) {
   const cells = rows.map((j) => {
     const slug = String(j.state).replace(/[ _]/g, "-");
     return [j.id, pill(j.state, JOB_CLASSES.includes(slug) ? "job-" + slug : "sev-warning"),
-      j.nodes.join(", "), j.ranks.length, j.last_step === null ? "" : j.last_step];
+      j.moved ? j.moved.why : j.nodes.join(", "), j.ranks.length, j.last_step === null ? "" : j.last_step];
   });
   if (problems.length > rows.length) cells.push(["…", `${problems.length - rows.length} more`, "", "", ""]);
   fill("jobs", cells, 5, jobs.length ? "no job needs a look" : "no jobs registered");
