@@ -5,25 +5,23 @@ text, not JSON; when a problem began with its date; the jobs that train folded, 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from typing import Any
 
-import pytest
-
 from ftd.coordinator.api.dashboard import WEB_DIR
+from tests.realparts import require_binary
 
-pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 
-
-def run(expression: str, *args: Any) -> Any:
-    """``expression`` over app.js's exports (``app``) and ``args`` (``a``), in node, TZ=UTC."""
+def run(expression: str, *args: Any, before: str = "") -> Any:
+    """``expression`` over app.js's exports (``app``) and ``args`` (``a``), in node, TZ=UTC; ``before``:
+    statements run first (a browser global the function needs)."""
+    node = require_binary("node", package="nodejs")
     script = (
-        "const app = require(process.argv[1]); const a = JSON.parse(process.argv[2]);"
+        f"{before}const app = require(process.argv[1]); const a = JSON.parse(process.argv[2]);"
         f"console.log(JSON.stringify({expression}));"
     )
     out = subprocess.run(
-        ["node", "-e", script, str(WEB_DIR / "app.js"), json.dumps(list(args))],
+        [node, "-e", script, str(WEB_DIR / "app.js"), json.dumps(list(args))],
         capture_output=True,
         text=True,
         timeout=30,
@@ -57,3 +55,22 @@ def test_training_jobs_fold_and_every_other_state_is_a_problem() -> None:
     folded = run("app.foldJobs(a[0])", jobs)
     assert folded["training"] == 300
     assert [j["id"] for j in folded["problems"]] == ["a", "b", "c", "d"]
+
+
+def test_an_approval_records_the_name_asked_once_per_tab() -> None:
+    """The API token names nobody: the page asks a name, keeps it for the tab, sends NAME@dashboard
+    (what the API's ``by`` accepts: letters, digits, ._-@, at most 64)."""
+    browser = (
+        "const store = {}; let asked = 0;"
+        "globalThis.sessionStorage = {getItem: (k) => store[k] || null,"
+        " setItem: (k, v) => { store[k] = v; }};"
+        "globalThis.window = {prompt: () => { asked += 1; return a0; }};"
+    )
+    twice = "[app.approver(), app.approver(), asked]"
+    typed = "' Alice Smith <alice@example.org>'"
+    assert run(twice, before=f"const a0 = {typed};" + browser) == [
+        "AliceSmithaliceexample.org@dashboard"
+    ] * 2 + [1]
+    assert run(twice, before="const a0 = null;" + browser) == ["", "", 2]  # cancelled: nothing sent
+    long = run("app.approver()", before=f"const a0 = {'x' * 200!r};" + browser)
+    assert long == "x" * 50 + "@dashboard"

@@ -7,7 +7,7 @@
 const REFRESH_MS = 2000;
 const PAGE = 100; // problem rows per page
 const TOKEN_KEY = "ftd.api.token"; // sessionStorage: gone when the tab closes
-const BY = "dashboard"; // recorded as who approved or rejected (api:dashboard)
+const BY_KEY = "ftd.approver"; // sessionStorage: the name recorded with this tab's approvals
 // Each action kind's phases come from the coordinator (GET /v1/action-phases: its executors' own
 // definition, plugins' included), read once and kept; the page holds no copy of its own.
 let actionPhasesByKind = null;
@@ -294,10 +294,26 @@ function decideCell(action) {
   return td;
 }
 
+// Who approves: the API token is one shared secret naming nobody, so the dashboard asks once per
+// tab and sends it as "by" (recorded in the action's history as "NAME@dashboard").
+function approver() {
+  let name = "";
+  try { name = sessionStorage.getItem(BY_KEY) || ""; } catch (err) { /* no storage: ask every time */ }
+  if (!name) {
+    const typed = window.prompt("Your name, recorded with the approval:", "");
+    if (typed === null) return "";
+    name = typed.replace(/[^A-Za-z0-9._-]/g, "").replace(/^[^A-Za-z0-9]+/, "").slice(0, 50);
+    if (!name) { say("an approval needs a name to record", true); return ""; }
+    try { sessionStorage.setItem(BY_KEY, name); } catch (err) { /* asked again next time */ }
+  }
+  return name + "@dashboard";
+}
+
 async function decide(id, verb) {
   const secret = token();
   if (!secret) { say("approving needs the API token: type it in the header (kept for this tab only)", true); return; }
-  const body = { by: BY };
+  const body = { by: approver() };
+  if (!body.by) return;
   if (verb === "reject") {
     const reason = window.prompt("Why reject " + id + "?", "rejected by operator");
     if (reason === null) return;
@@ -525,7 +541,7 @@ function wire() {
 
 if (typeof module !== "undefined" && module.exports) {
   // loaded by node (the unit tests), not a browser
-  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom, dateTime, eventText, foldJobs };
+  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom, dateTime, eventText, foldJobs, approver };
 } else {
   wire();
   refresh();
