@@ -85,7 +85,13 @@ def _subject(event: Event) -> str:
 
 
 def reason_of(event: Event) -> str:
-    """One short line saying what is wrong (the drain reason ``ftd health`` gives Slurm)."""
+    """One short line saying what is wrong (the drain reason ``ftd health`` gives Slurm); a drill's
+    (``ftd inject``: ``data.drill``) ends with `` (drill)``, so everyone who sees it knows."""
+    reason = _reason(event)
+    return f"{reason} (drill)" if event.data.get("drill") is True else reason
+
+
+def _reason(event: Event) -> str:
     data = event.data
     kind = str(event.kind)
     subject = _subject(event)

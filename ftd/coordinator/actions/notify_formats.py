@@ -5,13 +5,15 @@ rule, event, severity) once; :func:`render` shapes them for a destination's ``fo
 
 - ``generic``: ftd's own document (``source``, ``action_id``, ``action``, ``target``, ``node``,
   ``job``, ``reason``, ``rule``, ``event_id``, ``event``, ``params``, ``ts``, ``severity``,
-  ``text``), as it always was (plus ``severity``);
+  ``drill``, ``text``), as it always was (plus ``severity`` and ``drill``: true for a rehearsal,
+  ``ftd inject``);
 - ``slack``: ``text`` (the fallback line every Slack/Mattermost incoming webhook shows) and
   ``blocks`` (a section with the message, a context line with node, job, rule and action id);
 - ``alertmanager``: the JSON Alertmanager itself posts to webhook receivers (``version`` "4",
   ``status`` "firing", ``receiver``, ``groupKey``, ``groupLabels``, ``commonLabels``,
   ``commonAnnotations``, ``externalURL``, ``truncatedAlerts`` and one alert with ``labels``
-  (``alertname`` ftd_<action>, ``severity``, ``node``, ``job``, ``rule``, ``source`` ftd),
+  (``alertname`` ftd_<action>, ``severity``, ``node``, ``job``, ``rule``, ``source`` ftd, ``drill``
+  "true" for a rehearsal),
   ``annotations`` (``summary``, ``description``), ``startsAt`` (RFC 3339), ``endsAt`` zero,
   ``generatorURL``, ``fingerprint``), so a site can point ftd at a receiver it already feeds
   from Alertmanager (a paging bridge, a ticket system).
@@ -65,6 +67,7 @@ def summary(record: ActionRecord, *, is_job: bool, now: float | None = None) -> 
         "params": params,
         "ts": time.time() if now is None else now,
         "severity": severity_of(record),
+        "drill": params.get("drill") is True,  # a rehearsal (ftd inject): the reason starts "drill:"
         "text": f"ftd: {action} {target}: {req.reason}",
     }
 
@@ -72,6 +75,8 @@ def summary(record: ActionRecord, *, is_job: bool, now: float | None = None) -> 
 def slack(body: dict[str, Any]) -> dict[str, Any]:
     """A Slack-compatible incoming-webhook message (Mattermost reads ``text`` and ``blocks`` alike)."""
     facts = [f"*{k}* {body[k]}" for k in ("node", "job", "rule", "severity") if body.get(k)]
+    if body.get("drill"):
+        facts.insert(0, "*drill*")
     facts.append(f"action `{body['action_id']}`")
     return {
         "text": body["text"],
@@ -103,6 +108,8 @@ def alertmanager(body: dict[str, Any], *, receiver: str = "ftd") -> dict[str, An
     for key in ("node", "job", "rule"):
         if body.get(key):
             labels[key] = str(body[key])
+    if body.get("drill"):
+        labels["drill"] = "true"
     annotations = {
         "summary": body["text"],
         "description": body["reason"],

@@ -67,7 +67,7 @@ from typing import Any
 
 import pluggy
 
-from ftd.coordinator.decide import fallback, save_path
+from ftd.coordinator.decide import drill, fallback, save_path
 from ftd.coordinator.decide.plugins import call_each, evaluate
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.coordinator.ledger.store import NOTICE_NODE, LedgerStore
@@ -215,7 +215,10 @@ class Engine:
             await self._notify("rule_error", (event, rule, error))
         for rule, seconds in result.slow:
             log.warning("slow_rule", rule=rule, seconds=round(seconds, 4), event_id=event.id)
-        records = await self._submit_all(result.requests, event_id=event.id) if result.requests else []
+        requests = result.requests
+        if requests and drill.is_drill(event):  # a drill's actions say so wherever they show
+            requests = [drill.marked(r) for r in requests]
+        records = await self._submit_all(requests, event_id=event.id) if requests else []
         await self._notify("decision", time.perf_counter() - received)
         return records
 
