@@ -12,6 +12,8 @@ The names an operator alerts on (deploy/prometheus/ftd-alerts.yml):
 ======================================  ==========================================================
 ``ftd_bus_connected``                    1 while the coordinator's MQTT connection is up
 ``ftd_last_event_timestamp_seconds``     wall clock of the last event recorded (0: none yet)
+``ftd_start_timestamp_seconds``          wall clock this coordinator (its term, with HA) started: the
+                                         silence alert counts from it while no event has come
 ``ftd_actions{kind,state}``              actions now pending, running or awaiting approval
 ``ftd_actions_awaiting_approval``        actions held for a human
 ``ftd_actions_stuck``                    running past their kind's deadline (``model.deadlines``)
@@ -102,6 +104,11 @@ class MetricsCollector:
             "ftd_last_event_timestamp_seconds",
             "Wall clock (Unix seconds) of the last event recorded; 0 when none since start.",
             value=c.engine.last_event_at,
+        )
+        yield GaugeMetricFamily(
+            "ftd_start_timestamp_seconds",
+            "Wall clock (Unix seconds) this coordinator started recording events.",
+            value=c.engine.started_at,
         )
         yield from self._actions(c)
         yield from self._nodes(c)

@@ -125,6 +125,7 @@ class Engine:
         self.clock = gate.clock
         self.awaiting: dict[str, ActionRecord] = {}  # action id -> held for a human's approval
         self.last_event_at = 0.0  # wall clock of the last event recorded (0: none since start)
+        self.started_at = time.time()  # wall clock it started: silence is counted from here until an event
         self._decisions = asyncio.Lock()  # one decision at a time (see the module docstring)
 
     async def load(self) -> None:
