@@ -48,11 +48,16 @@ def severity_of(record: ActionRecord) -> str:
 
 
 def summary(record: ActionRecord, *, is_job: bool, now: float | None = None) -> dict[str, Any]:
-    """ftd's generic notification document (the ``generic`` format)."""
+    """ftd's generic notification document (the ``generic`` format). ``node`` is a node's name or
+    null, never a job id: ``params.node`` when given, else the target unless it is a job (``is_job``:
+    a job the state knows, or the one ``params.job`` names)."""
     req = record.request
     params = dict(req.params)
     target = req.target
     action = str(params.get("action") or req.kind)
+    # A notification about a job names it in params.job; its target is then the job, never a node,
+    # even when the job is not in the state any more (pending after ftd requeued it, ended).
+    is_job = is_job or (isinstance(params.get("job"), str) and params.get("job") == target)
     return {
         "source": "ftd",
         "action_id": record.id,

@@ -42,7 +42,12 @@ def instead(request: ActionRequest, executors: Container[str]) -> ActionRequest 
         kind=ActionKind.NOTIFY,
         target=target if not request.targets_job else str(request.params.get("node") or target),
         reason=f"{subject} should be {_past(request.kind)} ({request.reason}), but {why}",
-        params={**request.params, "instead_of": str(request.kind), "target": target},
+        params={
+            **request.params,
+            "instead_of": str(request.kind),
+            "target": target,
+            **({"job": target} if request.targets_job else {}),  # a job's: its notification names it
+        },
         rule=request.rule,
         event_id=request.event_id,
     )
