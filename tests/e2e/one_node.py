@@ -4,7 +4,7 @@ test appends to) and ``ftd coordinator`` (``scheduler = "none"``) as subprocesse
 
 :func:`one_node` builds it (a context manager; ``agent_extra`` / ``coordinator_extra`` are TOML
 appended to the daemons' configs, ``coordinator_keys`` more keys of ``[coordinator]``;
-``api_port`` turns the coordinator's HTTP API on).
+``api_port`` turns the coordinator's HTTP API on; ``agent_env`` is added to the agent's environment).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def one_node(
     coordinator_extra: str = "",
     coordinator_keys: str = "",
     api_port: int | None = None,
+    agent_env: dict[str, str] | None = None,
 ) -> Iterator[Node]:
     """Start the agent and the coordinator; stop them (and print their logs' tails) on exit."""
     run_dir = Path(tempfile.mkdtemp(prefix="ftd-node-", dir="/tmp"))  # unix socket paths must be short
@@ -96,6 +97,7 @@ socket_path = "{socket_path}"
 {logs}
 {agent_extra}""",
         tmp_path,
+        env=agent_env,
         cwd=REPO,
     )
     coordinator = Daemon(

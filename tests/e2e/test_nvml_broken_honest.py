@@ -2,9 +2,10 @@
 
 Real parts: Mosquitto, ``ftd agent`` and ``ftd coordinator`` as subprocesses, and this machine's
 missing NVML (no libnvidia-ml: the agent's real NVML backend fails to initialise, as on a GPU node
-whose driver is broken or whose container lacks the library). Whether the node has GPUs is read
-from a root the test lays out (``agent.nvml.gpu_root``): ``proc/driver/nvidia/gpus/<pci>`` and
-``dev/nvidia0``, what the NVIDIA driver creates, or nothing.
+whose driver is broken or whose container lacks the library; on a machine whose NVML works, the
+agent is started with ``pynvml`` shadowed by a module that fails to import, the library missing).
+Whether the node has GPUs is read from a root the test lays out (``agent.nvml.gpu_root``):
+``proc/driver/nvidia/gpus/<pci>`` and ``dev/nvidia0``, what the NVIDIA driver creates, or nothing.
 
 Before the fix the agent logged one warning and kept ``ftd_agent_watcher_up{watcher="nvml"} 1``: no
 condition, nothing in ``ftd status``, no alert. Now, on a node with GPUs, the watcher is
@@ -27,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from ftd.agent.watchers.nvml.real import RealNvml
 from tests.e2e.daemons import REPO
 from tests.e2e.one_node import Node, one_node
 from tests.e2e.stack import wait_until
@@ -46,13 +48,30 @@ def gpu_root(tmp_path: Path, *, gpus: bool) -> Path:
     return root
 
 
+def without_nvml(tmp_path: Path) -> dict[str, str]:
+    """The agent's environment: as it is where NVML does not work; with ``pynvml`` hidden where it does."""
+    try:
+        backend = RealNvml()
+        backend.init()
+        backend.shutdown()
+    except Exception:
+        return {}
+    shadow = tmp_path / "no-nvml"
+    shadow.mkdir()
+    (shadow / "pynvml.py").write_text('raise ImportError("libnvidia-ml hidden by the test")\n')
+    return {"PYTHONPATH": f"{shadow}:{REPO}"}
+
+
 def started(mosquitto: Mosquitto, tmp_path: Path, *, gpus: bool) -> Any:
     metrics = free_port()
     extra = (
         f'[agent.nvml]\ngpu_root = "{gpu_root(tmp_path, gpus=gpus)}"\n\n'
         f'[agent.metrics]\nhost = "127.0.0.1"\nport = {metrics}\n'
     )
-    return one_node(mosquitto, tmp_path, agent_extra=extra, api_port=free_port()), metrics
+    stack = one_node(
+        mosquitto, tmp_path, agent_extra=extra, api_port=free_port(), agent_env=without_nvml(tmp_path)
+    )
+    return stack, metrics
 
 
 def scrape(port: int) -> str:
