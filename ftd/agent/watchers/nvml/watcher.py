@@ -185,7 +185,7 @@ class NvmlWatcher:
                             "gpus": gpus[:8],
                         },
                     )
-            else:
+            elif not told:  # (GPUs seen before and gone now: stays unavailable, the condition stays)
                 where = "" if self.cfg.gpu_root == "/" else f" under {self.cfg.gpu_root}"
                 self._health = WatcherHealth(
                     "idle", f"no NVIDIA GPU on this node{where}, and NVML unavailable: {reason}"[:300]
