@@ -1,8 +1,10 @@
 """The node's active critical conditions, kept by the agent for ``ftd health`` and preflight.
 
 What: every event the agent publishes passes :meth:`ConditionBook.observe`. A critical event opens
-a *condition* keyed by kind and subject (the GPU's PCI address or UUID, the mount, the job); it stays
-active until what it is about says it is over:
+a *condition* keyed by kind and subject (the GPU's PCI address or UUID, the mount, the job), and so
+does a watcher that should watch and cannot (``agent_health`` with ``problem =
+"watcher_unavailable"``, keyed by the watcher: NVML broken on a node with GPUs, whose state is then
+unknown, never healthy); it stays active until what it is about says it is over:
 
 * ``fs_fill``: the watcher reports the mount's level back at ``ok`` or ``warning``;
 * any kind: an ``info`` event of the same kind and subject (a GPU reset's ``reset_ok`` /
@@ -14,8 +16,8 @@ active until what it is about says it is over:
   is alive any more (checked on each read);
 * a passing preflight (:meth:`clear_all`, hardware conditions only) or a reboot: the book is saved
   in ``state_dir`` with the kernel's boot id and forgotten when the boot id changes (an Xid 79 stays
-  a reason to keep the node out across an agent restart, not across a reboot). ``fs_fill``
-  conditions are not saved: the filesystem watcher reports the level again when it starts.
+  a reason to keep the node out across an agent restart, not across a reboot). ``fs_fill`` and
+  ``agent_health`` conditions are not saved: their watchers report them again when they start.
 
 Why: Slurm's ``HealthCheckProgram`` (``ftd health --slurm``) must keep a node out of service on its
 own, even while the coordinator is down, and must answer in well under a second: it asks the agent
@@ -42,7 +44,8 @@ MAX_CONDITIONS = 256
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _GPU_KINDS = frozenset({Kind.XID, Kind.GPU_FALLEN_OFF_BUS, Kind.GPU_HEALTH, Kind.ECC, Kind.ROW_REMAP})
 _RESET_DONE = frozenset({"reset_ok", "healthy"})
-_NOT_SAVED = frozenset({Kind.FS_FILL})
+_NOT_SAVED = frozenset({Kind.FS_FILL, Kind.AGENT_HEALTH})  # their watchers report them again at start
+WATCHER_UNAVAILABLE = "watcher_unavailable"  # agent_health problem that is a condition
 _LIFETIME_SIGNALS = frozenset({"sram_threshold"})  # a reset does not end these (lifetime counters)
 
 
@@ -73,6 +76,8 @@ def boot_id(path: str = BOOT_ID) -> str:
 
 def _subject(event: Event) -> str:
     data = event.data
+    if event.kind == Kind.AGENT_HEALTH and isinstance(data.get("watcher"), str):
+        return str(data["watcher"])
     if event.kind == Kind.FS_FILL:
         return str(data.get("path") or "-")
     if event.kind == Kind.JOB_LEFTOVER:
@@ -85,7 +90,13 @@ def _subject(event: Event) -> str:
 
 
 def reason_of(event: Event) -> str:
-    """One short line saying what is wrong (the drain reason ``ftd health`` gives Slurm)."""
+    """One short line saying what is wrong (the drain reason ``ftd health`` gives Slurm); a drill's
+    (``ftd inject``: ``data.drill``) ends with `` (drill)``, so everyone who sees it knows."""
+    reason = _reason(event)
+    return f"{reason} (drill)" if event.data.get("drill") is True else reason
+
+
+def _reason(event: Event) -> str:
     data = event.data
     kind = str(event.kind)
     subject = _subject(event)
@@ -99,6 +110,8 @@ def reason_of(event: Event) -> str:
         if "expected" in data:
             return f"gpu missing: {data.get('found')} of {data.get('expected')} GPUs"
         return f"gpu missing: {data.get('reason') or subject}"
+    if event.kind == Kind.AGENT_HEALTH and isinstance(data.get("reason"), str):
+        return str(data["reason"])[:300]
     if event.kind == Kind.JOB_LEFTOVER:
         return f"job {subject} left GPU processes {','.join(str(p) for p in data.get('gpu_pids', []))}"
     detail = data.get("signal") or data.get("problem") or data.get("reason") or ""
@@ -175,6 +188,8 @@ class ConditionBook:
                     changed = self._drop(cond.key) or changed
         elif event.severity == Severity.INFO:
             changed = self._drop(key)
+        elif event.kind == Kind.AGENT_HEALTH and data.get("problem") == WATCHER_UNAVAILABLE:
+            changed = self._set(event, key, subject, [])  # a watcher that should watch and cannot
         elif event.kind == Kind.JOB_LEFTOVER:
             pids = [p for p in data.get("gpu_pids", []) if isinstance(p, int)]
             if pids:

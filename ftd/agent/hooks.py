@@ -35,7 +35,7 @@ from ftd.agent.jobs import (
     leftover_event,
 )
 from ftd.agent.local_api import LocalApi
-from ftd.agent.local_api.inject import InjectMsg, injected_event
+from ftd.agent.local_api.inject import INJECT, DrillError, InjectMsg, injected_event
 from ftd.agent.local_api.inject import reply as inject_reply
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.agent.watchers.fs import FsWatcher
@@ -123,7 +123,10 @@ class NodeHooks:
     async def hook(self, msg: HookMsg | InjectMsg) -> dict[str, Any]:
         """A node hook over the local socket (:mod:`ftd.agent.jobs`, :mod:`ftd.agent.local_api.inject`)."""
         if isinstance(msg, InjectMsg):
-            event = injected_event(self.node, msg)
+            try:
+                event = injected_event(self.node, msg)
+            except DrillError as exc:  # bad input: a sentence back, nothing sent
+                return dict(protocol.error(INJECT, str(exc)))
             log.info("event_injected", kind=str(event.kind), severity=str(event.severity), id=event.id)
             await self._emit(event)
             return inject_reply(event)

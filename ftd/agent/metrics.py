@@ -12,7 +12,11 @@ What: a collector that reads the agent's live state at scrape time (nothing is c
 ``ftd_agent_kmsg_lines_total``             kernel log lines/records read
 ``ftd_agent_kmsg_lag_seconds``             how late the newest /dev/kmsg record was when read
 ``ftd_agent_kmsg_overruns_total``          /dev/kmsg records lost before they were read
-``ftd_agent_watcher_up{watcher}``          1 while the watcher's task runs
+``ftd_agent_watcher_up{watcher}``          1 while the watcher's task runs and it can watch (0: its
+                                           task is down, or it is ``unavailable``: NVML broken on a
+                                           node with GPUs)
+``ftd_agent_watcher_state{watcher,state,reason}``  1, for the watcher's state: ``running``, ``idle``
+                                           (nothing to watch here), ``unavailable``, ``down``
 ``ftd_agent_watcher_restarts_total{watcher}``  restarts after a crash or a stall
 ``ftd_agent_events_total{kind}``           events published, by kind (after storm control)
 ``ftd_agent_supervisors{role,state}``      the jobs' rank supervisors here (``ftd run``)
@@ -43,7 +47,7 @@ from ftd.agent.local_api import LocalApi
 from ftd.agent.spool import Outbox
 from ftd.agent.supervision import WatcherSupervisor
 from ftd.agent.watchdog import AgentWatchdog
-from ftd.agent.watchers.base import Watcher
+from ftd.agent.watchers.base import Watcher, WatcherHealth, health_of
 from ftd.agent.watchers.kmsg import KmsgWatcher
 from ftd.bus.base import Bus
 from ftd.config.schema import AgentMetricsConfig
@@ -112,14 +116,25 @@ class AgentCollector:
             "/dev/kmsg records overwritten before they were read.",
             value=kmsg.overruns,
         )
-        up = GaugeMetricFamily("ftd_agent_watcher_up", "1 while the watcher runs.", labels=["watcher"])
+        up = GaugeMetricFamily(
+            "ftd_agent_watcher_up", "1 while the watcher runs and can watch.", labels=["watcher"]
+        )
+        states = GaugeMetricFamily(
+            "ftd_agent_watcher_state",
+            "1 for the watcher's state (running, idle: nothing to watch, unavailable, down) and why.",
+            labels=["watcher", "state", "reason"],
+        )
         restarts = CounterMetricFamily(
             "ftd_agent_watcher_restarts", "Watcher restarts after a crash or a stall.", labels=["watcher"]
         )
         for watcher in a.watchers:
-            up.add_metric([watcher.name], 1 if a.supervisor.running(watcher.name) else 0)
+            running = a.supervisor.running(watcher.name)
+            health = health_of(watcher) if running else WatcherHealth("down", "its task is not running")
+            up.add_metric([watcher.name], 1 if health.state in ("running", "idle") else 0)
+            states.add_metric([watcher.name, health.state, health.reason[:200]], 1)
             restarts.add_metric([watcher.name], a.supervisor.restarts.get(watcher.name, 0))
         yield up
+        yield states
         yield restarts
         events = CounterMetricFamily(
             "ftd_agent_events", "Events published, by kind (after storm control).", labels=["kind"]

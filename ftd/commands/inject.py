@@ -6,12 +6,16 @@ end to end.
 The event is handed to the node's running agent over its local socket (``agent.socket_path`` of the
 config, or ``--socket`` / ``$FTD_SOCKET``; the ``inject`` op, :mod:`ftd.agent.local_api.inject`) and
 published by the agent itself, through storm control, its spool and its own bus session: exactly
-the path a real kernel-log Xid takes. It never logs in to the broker as the node: with the shipped
+the path a real kernel-log Xid takes. An ``xid``, ``sxid`` or ``gpu_fallen_off_bus`` drill is
+written as the driver's kernel line (``data.line``, or one made from ``code`` and ``pci``) and read
+by the agent's own kernel-log parser, so it has the real fault's severity (the Xid catalogue's:
+critical for Xid 79), fields and condition. It never logs in to the broker as the node: with the shipped
 broker config (``use_username_as_clientid``) that would take the agent's session over, fire its
 Last Will and turn the drill into a node death. Only root or the agent's own user may inject. The
-event is marked ``source = "inject"`` so the ledger and the API show it for what it is; the
-coordinator's rules treat it like any other event -- that is the point of a drill (use
-``coordinator.policy.dry_run`` or a dry-run rule to rehearse without acting). No agent running:
+event is marked ``source = "inject"`` and ``data.drill = true``; the node's condition says
+``(drill)``, the actions it causes start their reason with ``drill:`` and carry ``params.drill``, and
+notifications say so. The coordinator's rules treat it like any other event -- that is the point of
+a drill (use ``coordinator.policy.dry_run`` or a dry-run rule to rehearse without acting). No agent running:
 exit 2 with a sentence saying so.
 """
 
@@ -66,7 +70,10 @@ def register(sub: Any) -> None:
         "--severity",
         choices=[s.value for s in Severity],
         default=None,
-        help="default: error for xid/sxid/gpu_fallen_off_bus, else warning",
+        help=(
+            "default: the real kernel line's for xid/sxid/gpu_fallen_off_bus (the Xid catalogue's), "
+            "else warning; another one rehearses less than the real fault"
+        ),
     )
     parser.add_argument("--data", default="{}", metavar="JSON", help="the event's data object")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the agent's answer")
@@ -93,11 +100,10 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    loud = {Kind.XID, Kind.SXID, Kind.GPU_FALLEN_OFF_BUS}
-    severity = args.severity or (Severity.ERROR if Kind(args.kind) in loud else Severity.WARNING)
+    severity = Severity(args.severity) if args.severity else None
     path = args.socket or os.environ.get(protocol.SOCKET_ENV) or config.agent.socket_path
     try:
-        event_id = inject(path, Kind(args.kind), Severity(severity), data, args.timeout)
+        event_id = inject(path, Kind(args.kind), severity, data, args.timeout)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         return _fail(f"no agent answers at {path} (is ftd-agent running on this node?): {exc}")
     except PermissionError as exc:
@@ -108,19 +114,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def inject(socket_path: str, kind: Kind, severity: Severity, data: dict[str, Any], timeout: float) -> str:
+def inject(
+    socket_path: str, kind: Kind, severity: Severity | None, data: dict[str, Any], timeout: float
+) -> str:
     """Hand one event to the agent at ``socket_path``; returns its id once the agent has it (spooled
-    and on its way). Raises OSError/TimeoutError, or ValueError with the agent's refusal."""
+    and on its way). ``severity`` None: the agent gives the real fault's. Raises OSError/TimeoutError,
+    or ValueError with the agent's refusal."""
     from ftd.client.ask import ask
     from ftd.client.protocol import PROTOCOL_VERSION
 
-    message = {
+    message: dict[str, Any] = {
         "v": PROTOCOL_VERSION,
         "op": "inject",
         "kind": kind.value,
-        "severity": severity.value,
         "data": data,
     }
+    if severity is not None:
+        message["severity"] = severity.value
     reply = ask(socket_path, message, timeout)
     if reply.get("op") != "inject" or not isinstance(reply.get("id"), str):
         raise ValueError(str(reply.get("error") or reply)[:500])

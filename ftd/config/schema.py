@@ -131,6 +131,15 @@ class NvmlConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         int, _doc("NVLink error-counter increase between two polls that is reported (gpu_health).", ge=1)
     ] = 1
     xid_events: Annotated[bool, _doc("Receive Xid errors through NVML's event API.")] = True
+    gpu_root: Annotated[
+        NonEmptyStr,
+        _doc(
+            "Root under which the agent looks for NVIDIA GPUs when NVML does not work "
+            "(proc/driver/nvidia/gpus, dev/nvidia*, sys/bus/pci/devices): with GPUs there it is a node "
+            "condition, without it is not a problem. A container with the host's /proc, /dev and /sys "
+            "mounted elsewhere names that mount."
+        ),
+    ] = "/"
     ecc_correctable_rate_per_hour: Annotated[
         float,
         _doc(

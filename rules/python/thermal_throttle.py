@@ -1,4 +1,4 @@
-"""Sustained GPU thermal throttling (NVML): notify when it starts, save the jobs' work when it lasts.
+"""GPU thermal throttling that comes and goes: save the jobs' work when it lasts on and off.
 
 Install: copy this file into a directory named in ``coordinator.rule_dirs`` (for example
 ``/etc/ftd/rules/python/thermal_throttle.py`` with ``rule_dirs = ["/etc/ftd/rules/python"]``),
@@ -7,6 +7,15 @@ replay recorded events through it (``ftd rules test --events events.jsonl --conf
 ``thermal_throttle``: list it in ``coordinator.policy.dry_run_rules`` to run it in shadow mode first,
 or in ``coordinator.disabled_rules`` to turn it off. It imports :mod:`ftd.plugin` and the standard
 library only.
+
+What it adds to the built-in ``thermal`` rule, and what it leaves to it: the built-in rule already
+notifies when a GPU starts throttling or crosses ``agent.nvml.temperature_c``, and saves the node's
+jobs (plus a notify) when the agent reports a throttle that stayed set without a gap for
+``agent.nvml.thermal_sustained_s`` (``data.sustained = true``). This rule never notifies about an
+onset (that paged twice for every hot GPU, issue #32) and never repeats the built-in's save: it
+covers the case the agent's own measure misses, a GPU hovering at its slowdown temperature, in and
+out of throttling every few minutes, which never stays set long enough to be "sustained" for the
+agent but costs the job as much.
 
 What the agent reports (its NVML watcher, ``source = "nvml"``, data ``uuid``, ``index``, ``pci``):
 a ``thermal`` event when a throttle reason worth an alert is newly set (severity warning,
@@ -18,11 +27,13 @@ nothing more is sent. A ``thermal`` event without ``throttle_reasons`` is the te
 =============================================  ====================================================
 situation                                      action
 =============================================  ====================================================
-a GPU starts throttling for heat (a reason in  notify on the node, once per episode
-:data:`THERMAL_REASONS`)
-the same GPU has been throttling for           checkpoint (save, keep running) of every job on the
+a GPU starts throttling for heat (a reason in  nothing here: an episode opens (the built-in
+:data:`THERMAL_REASONS`)                       ``thermal`` rule notifies)
+the same GPU's episode has lasted              checkpoint (save, keep running) of every job on the
 :data:`SUSTAINED_S`, as seen at any later      node, or a notify when none runs there; once per
 event from that node                           episode
+the agent said the episode is sustained        nothing more here, for this episode: the built-in
+(``data.sustained``)                           rule saved the jobs and notified
 =============================================  ====================================================
 
 An episode starts with the first throttling event of a GPU and ends once the GPU has been free of
@@ -33,8 +44,7 @@ Why "as seen at a later event": a rule is a pure function of the events it is gi
 timers: the hook contract in :mod:`ftd.plugin.hookspecs`), and the agent sends nothing while a
 throttle merely persists. So the rule judges the duration whenever the node speaks again: the GPU
 flapping in and out of throttling, another GPU heating up, the slowed rank reported as a straggler,
-a log pattern. A throttle that persists in total silence is not escalated; its onset notify is the
-operator's signal.
+a log pattern.
 
 Why checkpoint and not restart or drain: throttling is most often the room or the airflow (a failed
 fan, a hot aisle), not the GPU; the job only runs slower. Saving now makes a later failure cheap.
@@ -107,15 +117,14 @@ class ThermalThrottle:
             if not node_episodes:
                 del self.episodes[event.node]
             return []
-        if episode is not None:  # back within REARM_S, or a reason added: the same episode
+        if episode is None:  # a new episode: the built-in thermal rule tells a human, not this one
+            gpu = {k: data[k] for k in ("uuid", "index", "pci") if data.get(k) is not None}
+            episode = node_episodes[gpu_key] = _Episode(started=event.ts, reasons=hot, gpu=gpu)
+        else:  # back within REARM_S, or a reason added: the same episode
             episode.throttled, episode.reasons = True, hot
-            return []
-        gpu = {k: data[k] for k in ("uuid", "index", "pci") if data.get(k) is not None}
-        node_episodes[gpu_key] = _Episode(started=event.ts, reasons=hot, gpu=gpu)
-        temperature = data.get("temperature_c")
-        at = f" at {temperature:.0f} C" if isinstance(temperature, int | float) else ""
-        reason = f"thermal throttling on {_name(gpu)} of {event.node}: {', '.join(hot)}{at}"
-        return [_notify(event.node, reason, {**gpu, "reasons": hot})]
+        if data.get("sustained") is True:
+            episode.escalated = True  # the agent measured it: the built-in rule saved and notified
+        return []
 
     def _escalate_sustained(self, event: Event, view: ClusterView) -> list[ActionRequest]:
         node_episodes = self.episodes.get(event.node)

@@ -17,21 +17,17 @@ the agent's enrichment, so the event carried no job and the rule recorded it onl
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import sqlite3
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.daemons import REPO, Daemon
-from tests.e2e.shipped_stack import _log_records
+from tests.e2e.daemons import REPO
+from tests.e2e.one_node import Node, one_node
 from tests.e2e.stack import wait_until
 from tests.realparts import Mosquitto
 
@@ -43,72 +39,14 @@ NCCL_SEGFAULT = (
 )
 
 
-@dataclass
-class Node:
-    agent: Daemon
-    coordinator: Daemon
-    kmsg: Path
-    socket: str
-    ledger: Path
-    workdir: Path
-
-    def kernel_line(self, line: str) -> None:
-        with self.kmsg.open("a") as f:
-            f.write(line + "\n")
-
-    def segfaults(self) -> list[dict[str, Any]]:
-        with sqlite3.connect(self.ledger) as db:
-            rows = db.execute("SELECT body FROM events WHERE kind = 'segfault'").fetchall()
-        return [json.loads(body) for (body,) in rows]
-
-    def decisions(self) -> list[dict[str, Any]]:
-        return _log_records(self.coordinator.log(), "action_decided")
-
-    def agent_records(self, event: str) -> list[dict[str, Any]]:
-        return _log_records(self.agent.log(), event)
-
-
 @pytest.fixture
 def node(mosquitto: Mosquitto, tmp_path: Path) -> Iterator[Node]:
-    run_dir = Path(tempfile.mkdtemp(prefix="ftd-segv-", dir="/tmp"))  # unix socket paths must be short
-    kmsg = tmp_path / "kmsg"
-    kmsg.touch()
-    socket_path = str(run_dir / "agent.sock")
-    ledger = tmp_path / "ledger.sqlite"
-    bus = f'[bus]\nhost = "127.0.0.1"\nport = {mosquitto.port}\nkeepalive_s = 2\nreconnect_max_s = 1.0\n'
-    logs = '[log]\nlevel = "info"\njson = true\n'
-    agent = Daemon(
-        "agent-node-1",
-        f"""{bus}
-[agent]
-node = "node-1"
-kmsg_path = "{kmsg}"
-kmsg_from_start = true
-state_dir = "{tmp_path / "agent-state"}"
-socket_path = "{socket_path}"
+    with one_node(mosquitto, tmp_path) as built:
+        yield built
 
-{logs}""",
-        tmp_path,
-        cwd=REPO,
-    )
-    coordinator = Daemon(
-        "coordinator",
-        f'{bus}\n[coordinator]\nledger_path = "{ledger}"\nscheduler = "none"\n\n'
-        f"[coordinator.api]\nenabled = false\n\n{logs}",
-        tmp_path,
-        cwd=REPO,
-    )
-    coordinator.start()
-    agent.start()
-    try:
-        coordinator.wait_log("node_status", timeout=30)
-        agent.wait_log("agent_started", timeout=30)
-        yield Node(agent, coordinator, kmsg, socket_path, ledger, tmp_path)
-    finally:
-        agent.stop()
-        coordinator.stop()
-        for daemon in (agent, coordinator):
-            print(f"----- {daemon.name} log (tail)\n{daemon.log()[-4000:]}")
+
+def segfaults(node: Node) -> list[dict[str, Any]]:
+    return node.ledger_events("segfault")
 
 
 @contextlib.contextmanager
@@ -149,8 +87,8 @@ def test_a_kernel_segfault_in_a_ranks_libnccl_takes_the_application_fault_path(n
     with rank(node, "segv-live", 3) as (proc, _):
         wait_until(lambda: node.agent_records("local_api_rank_registered"), 20, "rank 3 to register")
         node.kernel_line(NCCL_SEGFAULT.format(pid=proc.pid))
-        wait_until(lambda: node.segfaults(), 30, "the segfault event in the ledger")
-        [event] = node.segfaults()
+        wait_until(lambda: segfaults(node), 30, "the segfault event in the ledger")
+        [event] = segfaults(node)
         assert event["data"]["pid"] == proc.pid
         assert event["data"]["library"] == "libnccl.so.2.18.3"
         assert (event["data"].get("job"), event["data"].get("rank")) == ("segv-live", 3), event
@@ -170,10 +108,10 @@ def test_a_kernel_segfault_in_a_ranks_libnccl_takes_the_application_fault_path(n
             "the agent to see the dead rank's connection close",
         )
         node.kernel_line(NCCL_SEGFAULT.format(pid=proc.pid))
-        wait_until(lambda: len(node.segfaults()) == 2, 30, "the second segfault event in the ledger")
-        [event] = [e for e in node.segfaults() if e["data"]["pid"] == proc.pid]
+        wait_until(lambda: len(segfaults(node)) == 2, 30, "the second segfault event in the ledger")
+        [event] = [e for e in segfaults(node) if e["data"]["pid"] == proc.pid]
         assert (event["data"].get("job"), event["data"].get("rank")) == ("segv-gone", 1), event
         wait_until(lambda: decided_for(node, "segv-gone"), 30, "the host rule's decision for the job")
         [decision] = decided_for(node, "segv-gone")
         assert decision["kind"] == "checkpoint_restart", decision
-    assert len(node.segfaults()) == 2
+    assert len(segfaults(node)) == 2

@@ -83,13 +83,14 @@ async def test_only_root_or_the_agents_user_may_inject(
     assert answer["op"] == "inject" and answer["node"] == "node-1" and answer["kind"] == "xid", answer
     assert len(agent.events) == 1
     event = agent.events[0]
-    assert (event.id, event.kind, event.severity, event.source, event.data) == (
+    assert (event.id, event.kind, event.severity, event.source) == (
         answer["id"],
         Kind.XID,
-        Severity.ERROR,
+        Severity.ERROR,  # the severity the message named
         "inject",
-        {"code": 13},
     )
+    # read from the kernel line a real Xid 13 prints, and marked as a drill (issue #32)
+    assert (event.data["code"], event.data["action"], event.data["drill"]) == (13, "RESTART_APP", True)
 
 
 async def test_a_malformed_inject_is_an_error_answer(served: tuple[LocalApi, Agent]) -> None:

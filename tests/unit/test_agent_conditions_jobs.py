@@ -50,6 +50,23 @@ def test_fs_fill_clears_on_its_level_and_is_not_saved(tmp_path: Path) -> None:
     assert [c.key for c in book.active()] == ["gpu_missing:node"]
 
 
+def test_a_watcher_that_cannot_watch_is_a_condition_until_it_can_and_a_restart_re_reports_it(
+    tmp_path: Path,
+) -> None:
+    # issue #32 item 3: NVML broken on a node with GPUs (the NVML watcher's agent_health event)
+    book = ConditionBook(tmp_path / "c.json", boot="b")
+    why = "nvml unavailable on a node with NVIDIA GPUs (dev/nvidia0): nvmlInit failed"
+    broken = {"problem": "watcher_unavailable", "watcher": "nvml", "reason": why}
+    restart = {"problem": "watcher_restart", "watcher": "fs", "reason": "boom"}
+    assert book.observe(make_event("node-1", Kind.AGENT_HEALTH, severity="error", data=restart)) is False
+    assert book.observe(make_event("node-1", Kind.AGENT_HEALTH, severity="error", data=broken))
+    assert [(c.key, c.reason) for c in book.active()] == [("agent_health:nvml", why)]
+    assert ConditionBook(tmp_path / "c.json", boot="b").active() == []  # not saved: re-reported at start
+    back = {"problem": "watcher_available", "watcher": "nvml", "reason": "nvml works again"}
+    assert book.observe(make_event("node-1", Kind.AGENT_HEALTH, severity="info", data=back))
+    assert book.active() == []
+
+
 def test_leftover_gpu_processes_last_while_they_live(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     (proc / "4242").mkdir(parents=True)

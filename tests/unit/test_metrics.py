@@ -58,20 +58,26 @@ async def test_nodes_by_exclusive_state_and_conditions_by_kind() -> None:
     c.state.apply_conditions("node-1", ["xid 79 on 0000:05:00", "ecc dbe"], ["xid", "ecc"])
     c.state.apply_conditions("node-2", ["from an older agent"])  # no kinds
     c.state.apply_conditions("node-4", ["made up"], ["not-a-kind"])
+    # issue #32: a drill's condition is marked; a watcher that cannot watch is an error, not critical
+    nvml = "nvml unavailable on a node with NVIDIA GPUs (dev/nvidia0): nvmlInit failed"
+    c.state.apply_conditions("node-5", ["xid 79 on 0000:3b:00.0 (drill)", nvml], ["xid", "agent_health"])
     lines = scrape(Api(c, ApiConfig(), token=None))
     assert {
         'ftd_nodes{state="online"} 1.0',
         'ftd_nodes{state="offline"} 1.0',
         'ftd_nodes{state="drained"} 1.0',
         'ftd_nodes{state="unavailable"} 2.0',
-        'ftd_node_conditions{kind="xid",severity="critical"} 1.0',
-        'ftd_node_conditions{kind="ecc",severity="critical"} 1.0',
-        'ftd_node_conditions{kind="unknown",severity="critical"} 1.0',
-        'ftd_node_conditions{kind="other",severity="critical"} 1.0',
-    } <= lines
+        'ftd_node_conditions{drill="false",kind="xid",severity="critical"} 1.0',
+        'ftd_node_conditions{drill="true",kind="xid",severity="critical"} 1.0',
+        'ftd_node_conditions{drill="false",kind="ecc",severity="critical"} 1.0',
+        'ftd_node_conditions{drill="false",kind="unknown",severity="critical"} 1.0',
+        'ftd_node_conditions{drill="false",kind="other",severity="critical"} 1.0',
+        'ftd_node_conditions{drill="false",kind="agent_health",severity="error"} 1.0',
+    } <= lines, sorted(x for x in lines if "node_conditions" in x)
     c.state.apply_conditions("node-1", [])
+    c.state.apply_conditions("node-5", [])
     lines = scrape(Api(c, ApiConfig(), token=None))
-    assert not any(line.startswith('ftd_node_conditions{kind="xid"') for line in lines)
+    assert not any('kind="xid"' in line for line in lines if line.startswith("ftd_node_conditions{"))
     await c.engine.close()
 
 

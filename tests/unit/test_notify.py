@@ -179,3 +179,36 @@ def test_config_exclusive_url_and_file() -> None:
         parse_config('[coordinator.notify]\nwebhook_url = "http://x/y"\nurl_file = "/f"\n')
     cfg = parse_config('[coordinator.notify]\nurl_file = "/f"\nretries = 5\n')
     assert cfg.coordinator.notify.retries == 5
+
+
+async def test_a_job_notification_names_the_job_not_a_node(receiver: tuple[Receiver, str]) -> None:
+    # issue #32 item 9: the notifications ftd sends about a job (pending after its requeue, held,
+    # not resumed) target the job id; a job ftd moved is not in the state while it waits, and its
+    # id went out as the "node".
+    from ftd.coordinator.model.state import ClusterState
+
+    r, url = receiver
+    notify = Notify(NotifyConfig(webhook_url=url), ClusterState())
+    pending = ActionRequest(
+        kind="notify",
+        target="1234",
+        reason="job 1234 still pending 600s after ftd requeued it (Resources)",
+        params={"job": "1234", "event": {"job": "1234"}},
+        rule="reconcile",
+    )
+    await notify(ActionRecord(id="act-2", request=pending, state=ActionState.RUNNING))
+    assert (r.bodies[-1]["job"], r.bodies[-1]["node"]) == ("1234", None)
+    # a job's notification that names its node keeps it; a node's notification stays the node's
+    on_node = ActionRequest(
+        kind="notify", target="1234", reason="x", params={"job": "1234", "node": "node-3"}, rule="r"
+    )
+    await notify(ActionRecord(id="act-3", request=on_node, state=ActionState.RUNNING))
+    assert (r.bodies[-1]["job"], r.bodies[-1]["node"]) == ("1234", "node-3")
+    hung = ActionRequest(
+        kind="notify", target="node-3", reason="job 77 hung", params={"job": "77"}, rule="hang"
+    )
+    await notify(ActionRecord(id="act-4", request=hung, state=ActionState.RUNNING))
+    assert (r.bodies[-1]["job"], r.bodies[-1]["node"]) == ("77", "node-3")
+    plain = ActionRequest(kind="notify", target="node-3", reason="thermal", params={}, rule="thermal")
+    await notify(ActionRecord(id="act-5", request=plain, state=ActionState.RUNNING))
+    assert (r.bodies[-1]["job"], r.bodies[-1]["node"]) == (None, "node-3")

@@ -196,9 +196,12 @@ def test_scenario_events_are_what_the_agent_sends(shipped: Path) -> None:
     assert [e.ts for e in events] == sorted(e.ts for e in events), "events must be in time order"
 
 
-def replay(shipped: Path, tmp_path: Path, jobs: dict[str, list[str]], capsys: Any) -> dict[str, Any]:
-    """``ftd rules test --json`` on the scenario, with only ``shipped`` as site policy."""
-    lines = [f"disabled_rules = {json.dumps(BUILTINS)}"]
+def replay(
+    shipped: Path, tmp_path: Path, jobs: dict[str, list[str]], capsys: Any, *, builtins: bool = False
+) -> dict[str, Any]:
+    """``ftd rules test --json`` on the scenario, with only ``shipped`` as site policy (and the
+    built-in rules beside it with ``builtins``, as an install that copies it has them)."""
+    lines = [] if builtins else [f"disabled_rules = {json.dumps(BUILTINS)}"]
     if shipped.suffix == ".toml":
         lines.append(f"rules_file = {json.dumps(str(shipped))}")
     else:
@@ -242,3 +245,31 @@ def test_scenario_replays_to_the_expected_actions(
     assert negatives, "a scenario needs events that must trigger nothing"
     assert set(negatives) <= set(event_ids), "negative controls must be events of the scenario"
     assert not set(negatives) & {a["event_id"] for a in doc["actions"]}
+
+
+@pytest.mark.parametrize("shipped", MODULES, ids=_id)
+def test_a_shipped_rule_never_pages_twice_for_what_a_built_in_rule_pages(
+    shipped: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #32 item 9: installed as the guide says (operators.md copies every ``rules/python/*.py``
+    beside the built-in rules), a shipped rule must not notify about an event a built-in rule already
+    notifies about: that paged twice for every hot GPU (``thermal_throttle`` repeated the built-in
+    ``thermal`` rule's onset notification)."""
+    _, expected_file = scenario_of(shipped)
+    jobs = json.loads(expected_file.read_text())["jobs"]
+    doc = replay(shipped, tmp_path, jobs, capsys, builtins=True)
+    shipped_rules = rule_names(shipped)
+    # A page is about an event and, where its sentence names one, a GPU: two pages on one event about
+    # two GPUs (one hot now, another throttling on and off for minutes) tell two things.
+    pages: dict[tuple[str, str], set[str]] = {}
+    for action in doc["actions"]:
+        if action["kind"] == "notify" and action["verdict"] == "allowed":
+            gpus = re.findall(r"GPU-[0-9a-fA-F-]{8,}", action["reason"]) or [""]
+            for gpu in gpus:
+                pages.setdefault((action["event_id"], gpu), set()).add(action["rule"])
+    twice = {
+        event: sorted(rules)
+        for event, rules in pages.items()
+        if rules & shipped_rules and rules - shipped_rules
+    }
+    assert not twice, f"paged by a shipped rule and a built-in one for the same event: {twice}"

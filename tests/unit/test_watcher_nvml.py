@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import structlog.testing
@@ -234,9 +235,9 @@ async def test_run_emits_nvml_xid_events() -> None:
     await wait_for(lambda: fake.shut_down)
 
 
-async def test_no_nvml_logs_one_line_and_idles() -> None:
+async def test_no_nvml_logs_one_line_and_idles(tmp_path: Path) -> None:
     fake = FakeNvml(0, unavailable="nvmlInit failed: Driver Not Loaded")
-    watcher, out = make(fake)
+    watcher, out = make(fake, gpu_root=str(tmp_path))  # a node without GPUs: nothing to watch
     with structlog.testing.capture_logs() as logs:
         task = asyncio.create_task(watcher.run())
         await wait_for(lambda: watcher.available is False)
@@ -248,6 +249,43 @@ async def test_no_nvml_logs_one_line_and_idles() -> None:
     assert out.events == [] and fake.calls["device_count"] == 0
     lines = [(e["event"], e.get("reason")) for e in logs if e["event"].startswith("nvml_unavailable")]
     assert lines == [("nvml_unavailable_watcher_disabled", "nvmlInit failed: Driver Not Loaded")]
+    health = watcher.health()
+    assert health.state == "idle" and "no NVIDIA GPU on this node" in health.reason, health
+
+
+async def test_no_nvml_on_a_gpu_node_is_unavailable_once_until_it_works(tmp_path: Path) -> None:
+    # issue #32 item 3: the driver's GPU entry is there, NVML does not answer
+    (tmp_path / "proc" / "driver" / "nvidia" / "gpus" / "0000:3b:00.0").mkdir(parents=True)
+    fake = FakeNvml(1, unavailable="nvmlInit failed: Driver/library version mismatch")
+    watcher, out = make(fake, gpu_root=str(tmp_path))
+    watcher.init_retry_s = 0.02
+    task = asyncio.create_task(watcher.run())
+    try:
+        await wait_for(lambda: fake.calls["init"] >= 4)  # tried again, told once
+        health = watcher.health()
+        assert health.state == "unavailable", health
+        assert health.reason == (
+            "nvml unavailable on a node with NVIDIA GPUs (proc/driver/nvidia/gpus/0000:3b:00.0): "
+            "nvmlInit failed: Driver/library version mismatch"
+        )
+        [told] = out.of(Kind.AGENT_HEALTH)
+        assert (told.severity, told.data["problem"], told.data["watcher"]) == (
+            Severity.ERROR,
+            "watcher_unavailable",
+            "nvml",
+        )
+        assert told.data["reason"] == health.reason and told.data["gpus"] == [
+            "proc/driver/nvidia/gpus/0000:3b:00.0"
+        ]
+        fake.unavailable = None  # the driver is fixed
+        await wait_for(lambda: watcher.health().state == "running")
+        back = out.of(Kind.AGENT_HEALTH)[-1]
+        assert (back.severity, back.data["problem"]) == (Severity.INFO, "watcher_available")
+        await wait_for(lambda: watcher.polls >= 1)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def test_real_backend_without_library_is_unavailable_not_a_crash(

@@ -10,7 +10,7 @@ The generic body (``Content-Type: application/json``)::
 
     {"source": "ftd", "action_id": ..., "action": "drain_node" | "notify" | ..., "target": ...,
      "node": ... | null, "job": ... | null, "reason": ..., "rule": ..., "event_id": ... | null,
-     "event": {...} | null, "params": {...}, "ts": ..., "severity": ...,
+     "event": {...} | null, "params": {...}, "ts": ..., "severity": ..., "drill": true | false,
      "text": "ftd: <action> <target>: <reason>"}
 
 ``action`` is ``params["action"]`` when a rule notifies *about* another action, else ``"notify"``;

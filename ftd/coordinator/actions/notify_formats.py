@@ -5,13 +5,15 @@ rule, event, severity) once; :func:`render` shapes them for a destination's ``fo
 
 - ``generic``: ftd's own document (``source``, ``action_id``, ``action``, ``target``, ``node``,
   ``job``, ``reason``, ``rule``, ``event_id``, ``event``, ``params``, ``ts``, ``severity``,
-  ``text``), as it always was (plus ``severity``);
+  ``drill``, ``text``), as it always was (plus ``severity`` and ``drill``: true for a rehearsal,
+  ``ftd inject``);
 - ``slack``: ``text`` (the fallback line every Slack/Mattermost incoming webhook shows) and
   ``blocks`` (a section with the message, a context line with node, job, rule and action id);
 - ``alertmanager``: the JSON Alertmanager itself posts to webhook receivers (``version`` "4",
   ``status`` "firing", ``receiver``, ``groupKey``, ``groupLabels``, ``commonLabels``,
   ``commonAnnotations``, ``externalURL``, ``truncatedAlerts`` and one alert with ``labels``
-  (``alertname`` ftd_<action>, ``severity``, ``node``, ``job``, ``rule``, ``source`` ftd),
+  (``alertname`` ftd_<action>, ``severity``, ``node``, ``job``, ``rule``, ``source`` ftd, ``drill``
+  "true" for a rehearsal),
   ``annotations`` (``summary``, ``description``), ``startsAt`` (RFC 3339), ``endsAt`` zero,
   ``generatorURL``, ``fingerprint``), so a site can point ftd at a receiver it already feeds
   from Alertmanager (a paging bridge, a ticket system).
@@ -46,11 +48,16 @@ def severity_of(record: ActionRecord) -> str:
 
 
 def summary(record: ActionRecord, *, is_job: bool, now: float | None = None) -> dict[str, Any]:
-    """ftd's generic notification document (the ``generic`` format)."""
+    """ftd's generic notification document (the ``generic`` format). ``node`` is a node's name or
+    null, never a job id: ``params.node`` when given, else the target unless it is a job (``is_job``:
+    a job the state knows, or the one ``params.job`` names)."""
     req = record.request
     params = dict(req.params)
     target = req.target
     action = str(params.get("action") or req.kind)
+    # A notification about a job names it in params.job; its target is then the job, never a node,
+    # even when the job is not in the state any more (pending after ftd requeued it, ended).
+    is_job = is_job or (isinstance(params.get("job"), str) and params.get("job") == target)
     return {
         "source": "ftd",
         "action_id": record.id,
@@ -65,6 +72,7 @@ def summary(record: ActionRecord, *, is_job: bool, now: float | None = None) -> 
         "params": params,
         "ts": time.time() if now is None else now,
         "severity": severity_of(record),
+        "drill": params.get("drill") is True,  # a rehearsal (ftd inject): the reason starts "drill:"
         "text": f"ftd: {action} {target}: {req.reason}",
     }
 
@@ -72,6 +80,8 @@ def summary(record: ActionRecord, *, is_job: bool, now: float | None = None) -> 
 def slack(body: dict[str, Any]) -> dict[str, Any]:
     """A Slack-compatible incoming-webhook message (Mattermost reads ``text`` and ``blocks`` alike)."""
     facts = [f"*{k}* {body[k]}" for k in ("node", "job", "rule", "severity") if body.get(k)]
+    if body.get("drill"):
+        facts.insert(0, "*drill*")
     facts.append(f"action `{body['action_id']}`")
     return {
         "text": body["text"],
@@ -103,6 +113,8 @@ def alertmanager(body: dict[str, Any], *, receiver: str = "ftd") -> dict[str, An
     for key in ("node", "job", "rule"):
         if body.get(key):
             labels[key] = str(body[key])
+    if body.get("drill"):
+        labels["drill"] = "true"
     annotations = {
         "summary": body["text"],
         "description": body["reason"],

@@ -12,13 +12,16 @@ The names an operator alerts on (deploy/prometheus/ftd-alerts.yml):
 ======================================  ==========================================================
 ``ftd_bus_connected``                    1 while the coordinator's MQTT connection is up
 ``ftd_last_event_timestamp_seconds``     wall clock of the last event recorded (0: none yet)
+``ftd_start_timestamp_seconds``          wall clock this coordinator (its term, with HA) started: the
+                                         silence alert counts from it while no event has come
 ``ftd_actions{kind,state}``              actions now pending, running or awaiting approval
 ``ftd_actions_awaiting_approval``        actions held for a human
 ``ftd_actions_stuck``                    running past their kind's deadline (``model.deadlines``)
 ``ftd_actions_finished_total{kind,state}`` actions ended, by outcome (survives restarts)
 ``ftd_nodes{state}``                     nodes by exclusive state: drained (by ftd) > unavailable
                                          (drained/down by others) > offline > online
-``ftd_node_conditions{kind,severity}``   active critical conditions the agents report, by event kind
+``ftd_node_conditions{kind,severity,drill}``  active conditions the agents report, by event kind
+                                         (``drill`` "true": raised by ``ftd inject``)
 ``ftd_drain_budget`` / ``ftd_drain_budget_used``  how many nodes ftd may hold drained, and holds
 ======================================  ==========================================================
 
@@ -44,6 +47,8 @@ if TYPE_CHECKING:
     from ftd.coordinator.daemon import Coordinator
 
 log = get_logger(__name__)
+
+DRILL_SUFFIX = " (drill)"  # how the agent's condition reason marks a drill's (ftd.agent.conditions)
 
 _KINDS = frozenset(k.value for k in Kind)
 _FINISHED = frozenset(s.value for s in ActionState if s.finished)
@@ -102,6 +107,11 @@ class MetricsCollector:
             "ftd_last_event_timestamp_seconds",
             "Wall clock (Unix seconds) of the last event recorded; 0 when none since start.",
             value=c.engine.last_event_at,
+        )
+        yield GaugeMetricFamily(
+            "ftd_start_timestamp_seconds",
+            "Wall clock (Unix seconds) this coordinator started recording events.",
+            value=c.engine.started_at,
         )
         yield from self._actions(c)
         yield from self._nodes(c)
@@ -205,18 +215,25 @@ class MetricsCollector:
         for state in _NODE_STATES:
             gauge.add_metric([state], by_state[state])
         yield gauge
-        conditions: dict[str, int] = {}
-        for kinds in c.state.condition_kinds.values():
-            for kind in kinds:
+        conditions: dict[tuple[str, str, str], int] = {}
+        for node_name, kinds in c.state.condition_kinds.items():
+            reasons = c.state.conditions.get(node_name, [])
+            for kind, reason in zip(kinds, reasons, strict=False):
                 label = kind if kind in _KINDS or kind == "unknown" else "other"
-                conditions[label] = conditions.get(label, 0) + 1
+                # the agent keeps critical events as conditions, and a watcher that cannot watch
+                # (agent_health, an error: issue #32); a drill's reason ends with "(drill)"
+                severity = "error" if kind == Kind.AGENT_HEALTH else "critical"
+                drill = "true" if reason.endswith(DRILL_SUFFIX) else "false"
+                key = (label, severity, drill)
+                conditions[key] = conditions.get(key, 0) + 1
         gauge = GaugeMetricFamily(
             "ftd_node_conditions",
-            "Active critical conditions the agents report, by event kind ('unknown': an older agent).",
-            labels=["kind", "severity"],
+            "Active conditions the agents report, by event kind ('unknown': an older agent), severity "
+            "and whether a drill (ftd inject) raised them.",
+            labels=["kind", "severity", "drill"],
         )
-        for kind, n in sorted(conditions.items()):
-            gauge.add_metric([kind, "critical"], n)
+        for (kind, severity, drill), n in sorted(conditions.items()):
+            gauge.add_metric([kind, severity, drill], n)
         yield gauge
         gate = c.engine.gate
         yield GaugeMetricFamily(

@@ -67,7 +67,7 @@ from typing import Any
 
 import pluggy
 
-from ftd.coordinator.decide import fallback, save_path
+from ftd.coordinator.decide import drill, fallback, save_path
 from ftd.coordinator.decide.plugins import call_each, evaluate
 from ftd.coordinator.decide.policy import PolicyGate
 from ftd.coordinator.ledger.store import NOTICE_NODE, LedgerStore
@@ -125,6 +125,7 @@ class Engine:
         self.clock = gate.clock
         self.awaiting: dict[str, ActionRecord] = {}  # action id -> held for a human's approval
         self.last_event_at = 0.0  # wall clock of the last event recorded (0: none since start)
+        self.started_at = time.time()  # wall clock it started: silence is counted from here until an event
         self._decisions = asyncio.Lock()  # one decision at a time (see the module docstring)
 
     async def load(self) -> None:
@@ -215,7 +216,10 @@ class Engine:
             await self._notify("rule_error", (event, rule, error))
         for rule, seconds in result.slow:
             log.warning("slow_rule", rule=rule, seconds=round(seconds, 4), event_id=event.id)
-        records = await self._submit_all(result.requests, event_id=event.id) if result.requests else []
+        requests = result.requests
+        if requests and drill.is_drill(event):  # a drill's actions say so wherever they show
+            requests = [drill.marked(r) for r in requests]
+        records = await self._submit_all(requests, event_id=event.id) if requests else []
         await self._notify("decision", time.perf_counter() - received)
         return records
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Container
 
+from ftd.coordinator.decide import drill
 from ftd.plugin.actions import ActionKind, ActionRequest
 
 _VERBS: dict[str, str] = {ActionKind.DRAIN_NODE: "drain", ActionKind.RESUME_NODE: "resume"}
@@ -37,14 +38,20 @@ def instead(request: ActionRequest, executors: Container[str]) -> ActionRequest 
         why = f"no executor is registered for {request.kind}: carry it out by hand"
     target = request.target
     subject = f"job {target}" if request.targets_job else target
-    return ActionRequest(
+    told = ActionRequest(
         kind=ActionKind.NOTIFY,
         target=target if not request.targets_job else str(request.params.get("node") or target),
         reason=f"{subject} should be {_past(request.kind)} ({request.reason}), but {why}",
-        params={**request.params, "instead_of": str(request.kind), "target": target},
+        params={
+            **request.params,
+            "instead_of": str(request.kind),
+            "target": target,
+            **({"job": target} if request.targets_job else {}),  # a job's: its notification names it
+        },
         rule=request.rule,
         event_id=request.event_id,
     )
+    return drill.marked(told) if request.params.get("drill") is True else told
 
 
 def _past(kind: str) -> str:

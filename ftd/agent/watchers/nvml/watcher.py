@@ -34,8 +34,18 @@ The first sample of a GPU is its baseline: counters are not reported, but *state
 human (volatile DBE > 0, remap pending/failure, retired pages pending, SRAM past the threshold) are
 reported once with ``initial=true``.
 
-Without NVML (library missing, no driver) the watcher logs one line
-``NVML unavailable: <reason>; GPU watcher disabled`` and idles until cancelled.
+Without NVML (library missing, no driver, ``nvmlInit`` failing or hanging) the watcher logs one
+line ``nvml_unavailable_watcher_disabled`` and tries again every :data:`INIT_RETRY_S`. What that
+means depends on the node (issue #32: a broken NVML must not look healthy), read from what the
+kernel shows (:func:`~ftd.agent.watchers.nvml.presence.find_gpus` under ``gpu_root``):
+
+* NVIDIA GPUs there: its :meth:`~NvmlWatcher.health` is ``unavailable`` (the agent's metrics:
+  ``ftd_agent_watcher_up`` 0, the reason in ``ftd_agent_watcher_state``) and it sends one
+  ``agent_health`` event (error, ``problem = "watcher_unavailable"``, ``watcher = "nvml"``, the
+  ``reason`` and the ``gpus`` evidence), which the node's condition book keeps as a condition
+  (``ftd health``, ``ftd status``, the dashboard). When NVML comes back an ``info`` one
+  (``problem = "watcher_available"``) ends it.
+* none: ``idle`` (nothing to watch), not a problem.
 """
 
 from __future__ import annotations
@@ -48,9 +58,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ftd.agent.watchers.base import Emit
+from ftd.agent.watchers.base import RUNNING, Emit, WatcherHealth
 from ftd.agent.watchers.nvml import signals
 from ftd.agent.watchers.nvml.backend import GpuIdentity, NvmlBackend, NvmlError, NvmlGpuLost, XidRecord
+from ftd.agent.watchers.nvml.presence import find_gpus
 from ftd.agent.watchers.nvml.probe import GpuSample, sample_gpu
 from ftd.agent.watchers.nvml.real import RealNvml
 from ftd.agent.watchers.nvml.worker import BUSY, STALLED, Probe, ProbeRunner, Tracker
@@ -59,9 +70,13 @@ from ftd.config import NvmlConfig
 from ftd.events import Event, Kind, Severity, make_event
 from ftd.logs import get_logger
 
-__all__ = ["NvmlWatcher"]
+__all__ = ["INIT_RETRY_S", "WATCHER_AVAILABLE", "WATCHER_UNAVAILABLE", "NvmlWatcher"]
 
 log = get_logger(__name__)
+
+INIT_RETRY_S = 60.0  # how often a failed nvmlInit is tried again
+WATCHER_UNAVAILABLE = "watcher_unavailable"  # agent_health problem: a GPU node's NVML does not work
+WATCHER_AVAILABLE = "watcher_available"  # ... and works again
 
 
 @dataclasses.dataclass(slots=True)
@@ -106,22 +121,25 @@ class NvmlWatcher:
         self._xid_thread: threading.Thread | None = None
         self._xid_stop = threading.Event()
         self.xid_supported: bool | None = None
+        self._health = RUNNING
+        self.init_retry_s = INIT_RETRY_S
 
     # --- public -----------------------------------------------------------------------------------
 
     def outstanding_probes(self) -> int:
         return self._probes.outstanding()
 
+    def health(self) -> WatcherHealth:
+        """``running``; ``unavailable`` (NVML does not work on a node with GPUs) or ``idle`` (no
+        NVML and no GPU, or disabled by config), with the reason."""
+        return self._health
+
     async def run(self) -> None:
         if not self.cfg.enabled:
             log.info("nvml_watcher_disabled", reason="agent.nvml.enabled = false")
+            self._health = WatcherHealth("idle", "agent.nvml.enabled = false")
             await asyncio.Event().wait()
-        init = await self._probes.call("init", lambda _t: self.backend.init())
-        if isinstance(init, BaseException) or init is STALLED:
-            reason = "nvmlInit did not return" if init is STALLED else str(init)
-            self.available, self.disabled_reason = False, reason
-            log.warning("nvml_unavailable_watcher_disabled", reason=reason)
-            await asyncio.Event().wait()  # idle until cancelled; the agent's other watchers go on
+        await self._until_available()
         self.available = True
         queue: asyncio.Queue[XidRecord] = asyncio.Queue(maxsize=10000)
         try:
@@ -137,6 +155,59 @@ class NvmlWatcher:
                             await self._handle_xid(record)
         finally:
             self._close()
+
+    async def _until_available(self) -> None:
+        """Initialise NVML; while that fails, say what it means on this node (module docstring) and
+        try again every ``init_retry_s``; the agent's other watchers go on meanwhile."""
+        told = ""  # the reason the last agent_health event gave
+        while True:
+            init = await self._probes.call("init", lambda _t: self.backend.init())
+            if not (isinstance(init, BaseException) or init is STALLED or init is BUSY):
+                break
+            reason = str(init) if isinstance(init, BaseException) else "nvmlInit did not return"
+            if self.available is None:
+                log.warning("nvml_unavailable_watcher_disabled", reason=reason)
+            self.available, self.disabled_reason = False, reason
+            gpus = find_gpus(self.cfg.gpu_root)
+            if gpus:
+                shown = ", ".join(gpus[:3]) + (f" and {len(gpus) - 3} more" if len(gpus) > 3 else "")
+                sentence = f"nvml unavailable on a node with NVIDIA GPUs ({shown}): {reason}"[:300]
+                self._health = WatcherHealth("unavailable", sentence)
+                if sentence != told:
+                    told = sentence
+                    log.error("nvml_unavailable_on_gpu_node", reason=reason, gpus=gpus[:8])
+                    await self._send_health(
+                        Severity.ERROR,
+                        {
+                            "problem": WATCHER_UNAVAILABLE,
+                            "reason": sentence,
+                            "error": reason,
+                            "gpus": gpus[:8],
+                        },
+                    )
+            elif not told:  # (GPUs seen before and gone now: stays unavailable, the condition stays)
+                where = "" if self.cfg.gpu_root == "/" else f" under {self.cfg.gpu_root}"
+                self._health = WatcherHealth(
+                    "idle", f"no NVIDIA GPU on this node{where}, and NVML unavailable: {reason}"[:300]
+                )
+            await asyncio.sleep(self.init_retry_s)
+        if told:
+            log.info("nvml_available_again")
+            await self._send_health(
+                Severity.INFO, {"problem": WATCHER_AVAILABLE, "reason": "nvml works again"}
+            )
+        self._health = RUNNING
+
+    async def _send_health(self, severity: Severity, data: dict[str, Any]) -> None:
+        await self._emit_event(
+            make_event(
+                self.node,
+                Kind.AGENT_HEALTH,
+                severity=severity,
+                source="nvml",
+                data={"watcher": self.name, **data},
+            )
+        )
 
     async def poll_once(self) -> None:
         """One pass: inventory, then one probe per GPU (concurrently, each under the deadline)."""
