@@ -6,7 +6,9 @@ prefixed ``[node-3 rank 12] ``, from a daemon thread that ends when the rank clo
 thousands of ranks is only evidence when it says which one printed it ("Connect to ... failed" from
 rank 12 on node-3 blames a peer of node-3). Lines are written whole under one lock per stream, so two
 ranks never interleave inside a line; a line longer than :data:`MAX_LINE` bytes is cut into pieces,
-each prefixed. Standard library only (``ftd run`` ships in the trainer-only wheel).
+each prefixed. A warm interpreter (``--warm``) is pumped from its start, under ``[node warm] `` until
+the supervisor gives it its rank (:class:`Prefix`). Standard library only (``ftd run`` ships in the
+trainer-only wheel).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, BinaryIO
 
-__all__ = ["MAX_LINE", "label", "pump"]
+__all__ = ["MAX_LINE", "Prefix", "label", "pump"]
 
 MAX_LINE = 64 * 1024
 _LOCKS: dict[int, threading.Lock] = {}
@@ -31,12 +33,25 @@ def label(node: str, rank: str) -> bytes:
     return f"[{node} rank {rank}] ".encode(errors="replace")
 
 
+class Prefix:
+    """A prefix that may change while its pump runs: a warm interpreter's lines (its imports') say
+    ``[node warm] `` until it is given its rank, then ``[node rank R] ``."""
+
+    def __init__(self, value: bytes) -> None:
+        self.value = value  # replaced whole (one assignment): a line gets the old or the new one
+
+
+def warm_label(node: str) -> bytes:
+    """The prefix of a warm interpreter's lines before it has a rank: ``[node warm] ``."""
+    return f"[{node} warm] ".encode(errors="replace")
+
+
 def _lock_for(sink: BinaryIO) -> threading.Lock:
     with _LOCKS_GUARD:
         return _LOCKS.setdefault(id(sink), threading.Lock())
 
 
-def _copy(prefix: bytes, source: IO[bytes], sink: BinaryIO) -> None:
+def _copy(prefix: bytes | Prefix, source: IO[bytes], sink: BinaryIO) -> None:
     lock = _lock_for(sink)
     try:
         while True:
@@ -45,9 +60,10 @@ def _copy(prefix: bytes, source: IO[bytes], sink: BinaryIO) -> None:
                 return
             if not line.endswith(b"\n"):
                 line += b"\n"  # a cut line, or the last one without its newline
+            head = prefix.value if isinstance(prefix, Prefix) else prefix
             with lock:
                 try:
-                    sink.write(prefix + line)
+                    sink.write(head + line)
                     sink.flush()
                 except (OSError, ValueError):  # our own output is gone: keep draining the rank's pipe
                     pass
@@ -56,9 +72,10 @@ def _copy(prefix: bytes, source: IO[bytes], sink: BinaryIO) -> None:
             source.close()
 
 
-def pump(prefix: bytes, source: IO[bytes], sink: BinaryIO | None = None) -> threading.Thread:
+def pump(prefix: bytes | Prefix, source: IO[bytes], sink: BinaryIO | None = None) -> threading.Thread:
     """Copy ``source`` (a rank's pipe) to ``sink`` (default: this process's stdout) with ``prefix``
-    before every line, in a daemon thread; returns the thread."""
+    (its value at each line, for a :class:`Prefix`) before every line, in a daemon thread; returns the
+    thread."""
     out = sink if sink is not None else sys.stdout.buffer
     thread = threading.Thread(target=_copy, args=(prefix, source, out), name="ftd-run-output", daemon=True)
     thread.start()

@@ -140,7 +140,13 @@ class Supervisor:
         if self.opts.warm and script is None:
             _log.warning("ftd run: --warm needs a command of the form 'python script.py ...': starting cold")
         elif self.opts.warm:
-            self.pool = WarmPool(self.opts.command[0], self.opts.warm, self.env, self.opts.nproc)
+            self.pool = WarmPool(
+                self.opts.command[0],
+                self.opts.warm,
+                self.env,
+                self.opts.nproc,
+                node=self.node_name if self.opts.prefix else None,
+            )
         if self.role == "active":
             assert self.slot is not None
             self._start_generation(
@@ -327,6 +333,8 @@ class Supervisor:
         try:
             if warm is not None:
                 for index, proc in enumerate(warm):  # (no zip(strict=): Python 3.9)
+                    if self.pool is not None:
+                        self.pool.name(proc, output.label(self.node_name(), envs[index]["RANK"]))
                     give(proc, self.opts.command, envs[index], os.getcwd())
                     group.adopt(proc)
             else:

@@ -25,9 +25,11 @@ import subprocess
 import sys
 import time
 
+from ftd.supervisor import output
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["WarmPool", "main", "warm_script"]
 
@@ -48,10 +50,23 @@ def warm_script(command: Sequence[str]) -> str | None:
 class WarmPool:
     """Pre-started interpreters (``size`` of them) of ``python`` with ``modules`` imported."""
 
-    def __init__(self, python: str, modules: Sequence[str], env: Mapping[str, str], size: int) -> None:
+    def __init__(
+        self,
+        python: str,
+        modules: Sequence[str],
+        env: Mapping[str, str],
+        size: int,
+        *,
+        node: Callable[[], str] | None = None,
+    ) -> None:
+        """``node``: the node's name now, to prefix every line the interpreters print with (``ftd
+        run``'s output prefix, :mod:`ftd.supervisor.output`); None: they write to this process's own
+        streams."""
         self.python, self.modules, self.env, self.size = python, list(modules), dict(env), size
+        self.node = node
         self._procs: list[tuple[subprocess.Popen[bytes], int]] = []  # (process, read end of ready fd)
         self._ready: set[int] = set()  # pids that said ready
+        self._prefixes: dict[int, output.Prefix] = {}  # pid -> its lines' prefix, while pumped
 
     def fill(self) -> None:
         """Start interpreters until ``size`` are alive."""
@@ -66,6 +81,8 @@ class WarmPool:
                         *("--ready-fd", str(w)),
                     ],
                     stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE if self.node is not None else None,
+                    stderr=subprocess.PIPE if self.node is not None else None,
                     env=self.env,
                     pass_fds=(w,),
                     start_new_session=True,
@@ -77,6 +94,10 @@ class WarmPool:
             finally:
                 os.close(w)
             self._procs.append((proc, r))
+            if self.node is not None and proc.stdout is not None and proc.stderr is not None:
+                prefix = self._prefixes[proc.pid] = output.Prefix(output.warm_label(self.node()))
+                output.pump(prefix, proc.stdout)
+                output.pump(prefix, proc.stderr, sys.stderr.buffer)
             _log.info(
                 "ftd run: warm interpreter pid %d started, importing %s", proc.pid, ",".join(self.modules)
             )
@@ -102,6 +123,12 @@ class WarmPool:
         for _, fd in taken:
             _close(fd)
         return [p for p, _ in taken]
+
+    def name(self, proc: subprocess.Popen[bytes], prefix: bytes) -> None:
+        """From now on, ``proc``'s lines start with ``prefix`` (its rank's label), when pumped."""
+        pumped = self._prefixes.pop(proc.pid, None)
+        if pumped is not None:
+            pumped.value = prefix
 
     def close(self) -> None:
         for proc, fd in self._procs:
