@@ -57,6 +57,7 @@ from ftd.culprit.evidence import (
     ThreadStack,
 )
 from ftd.culprit.flight import parse_flight_json
+from ftd.culprit.ras import missing_processes
 from ftd.culprit.stacks import parse_py_spy
 from ftd.events import MAX_PAYLOAD_BYTES, NODE_RANK, Ack, Directive, RankInfo
 
@@ -249,7 +250,7 @@ def _debug_file(env: Mapping[str, str], pid: int, node: str, target: Path, stem:
     return name, ""
 
 
-def _ras_exchange(host: str, port: int, timeout_s: float) -> RasStatus:
+def _ras_exchange(host: str, port: int, timeout_s: float, save_to: Path | None = None) -> RasStatus:
     try:
         with socket.create_connection((host, port), timeout=min(timeout_s, 2.0)) as sock:
             sock.settimeout(timeout_s)
@@ -266,12 +267,16 @@ def _ras_exchange(host: str, port: int, timeout_s: float) -> RasStatus:
             text = reader.read(MAX_RAS_BYTES).decode(errors="replace")
     except OSError as exc:
         return RasStatus(answered=False, error=_cut(f"{host}:{port}: {exc.strerror or exc}"))
-    return RasStatus(answered=True, text=text[:MAX_TEXT])
+    if save_to is not None:  # the whole answer beside the other raw files (the evidence keeps its start)
+        with contextlib.suppress(OSError):
+            (save_to / "ras-status.txt").write_text(text, errors="replace")
+    return RasStatus(answered=True, text=text[:MAX_TEXT], missing=missing_processes(text))
 
 
-async def ras_status(host: str, port: int, timeout_s: float) -> RasStatus:
-    """NCCL RAS's status, bounded by ``timeout_s``; a node without it says so (``answered`` False)."""
-    return await asyncio.to_thread(_ras_exchange, host, port, timeout_s)
+async def ras_status(host: str, port: int, timeout_s: float, save_to: Path | None = None) -> RasStatus:
+    """NCCL RAS's status, bounded by ``timeout_s``; a node without it says so (``answered`` False).
+    ``save_to``: a directory for the whole answer (``ras-status.txt``)."""
+    return await asyncio.to_thread(_ras_exchange, host, port, timeout_s, save_to)
 
 
 async def _rank(
@@ -360,7 +365,7 @@ async def collect_hang_evidence(
     now = clock()
     per_rank = budget * 0.9
     tasks = [asyncio.ensure_future(_rank(r, node, target, spy, per_rank, now)) for r in selected]
-    ras_task = asyncio.ensure_future(ras_status(ras_host, ras_port, min(5.0, budget * 0.5)))
+    ras_task = asyncio.ensure_future(ras_status(ras_host, ras_port, min(5.0, budget * 0.5), target))
     done, pending = await asyncio.wait([*tasks, ras_task], timeout=budget)
     for task in pending:
         task.cancel()

@@ -17,6 +17,8 @@ from typing import Literal
 
 import msgspec
 
+from ftd.culprit.ras import RasProcess
+
 MAX_THREADS = 64  # threads kept per rank (the main thread first)
 MAX_FRAMES = 256  # frames kept per thread (innermost first; the cut drops the outermost)
 MAX_FLIGHT_ENTRIES = 512  # flight-recorder entries kept per rank (the newest)
@@ -85,6 +87,8 @@ class RasStatus(msgspec.Struct, frozen=True, kw_only=True):
 
     answered: bool
     missing_ranks: list[int] = msgspec.field(default_factory=list)
+    # the processes its Errors section names (missing, dead), read from the whole answer on the node
+    missing: list[RasProcess] = msgspec.field(default_factory=list)
     text: str = ""  # the first MAX_TEXT characters of its answer
     error: str = ""
 

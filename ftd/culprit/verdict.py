@@ -20,7 +20,9 @@ source               weight  claim
                              and gone ranks left out of that count: their stacks are where they froze)
 ``stacks``           --      every rank outside, all in the same frame: the *job-wide* claim (a shared
                              file system that does not answer, a data loader, a deadlock)
-``ras``              weak    the ranks NCCL RAS reports missing
+``ras``              weak    the ranks NCCL RAS reports missing: its processes missing or dead
+                             (:mod:`ftd.culprit.ras`), mapped to ranks by pid (and node, where pids
+                             repeat)
 ``peer_error``       weak    the nodes (ranks, where known) that other ranks' errors name by address
 ``last_step``        weak    the ranks whose last reported step is behind the others'
 ``heartbeat``        weak    the ranks whose last heartbeat is more than 3 times, and 10 s, older
@@ -57,6 +59,7 @@ import msgspec
 from ftd.culprit import stacks as st
 from ftd.culprit.evidence import EvidenceItem, JobEvidence, RankEvidence, TreeNode, Verdict, VerdictKind
 from ftd.culprit.flight import last_enqueued
+from ftd.culprit.ras import RasProcess
 
 MAX_EVIDENCE = 256  # evidence items kept in a verdict
 MAX_ERRORS = 64  # error lines kept in a verdict
@@ -228,14 +231,36 @@ def _frozen(job: _Job) -> set[int]:
 
 def _ras(job: _Job) -> Claim | None:
     missing: set[int] = set()
+    by_pid: dict[int, list[RankEvidence]] = {}
+    for r in job.ranks.values():
+        if r.pid is not None:
+            by_pid.setdefault(r.pid, []).append(r)
     for node in job.evidence.nodes.values():
         if node.ras is not None and node.ras.answered:
             missing |= set(node.ras.missing_ranks)
+            named = (_rank_of(proc, by_pid, job) for proc in node.ras.missing)
+            missing |= {rank for rank in named if rank is not None}
     if not missing:
         return None
     return Claim(
         source="ras", strong=False, ranks=frozenset(missing), says=f"NCCL RAS misses {job.who(missing)}"
     )
+
+
+def _rank_of(proc: RasProcess, by_pid: dict[int, list[RankEvidence]], job: _Job) -> int | None:
+    """The job's rank a process RAS names is: the one rank with that pid, or, where pids repeat across
+    nodes, the one on the node RAS printed (its name, or a name that starts with it and a dot); None
+    when it cannot be told (a process of no rank we know, an address for a repeated pid)."""
+    ranks = by_pid.get(proc.pid, [])
+    if len(ranks) > 1:
+        host = proc.host.lower()
+        ranks = [
+            r
+            for r in ranks
+            if (node := (r.node or job.node_of.get(r.rank) or "").lower())
+            and (host == node or host.startswith(node + ".") or node.startswith(host + "."))
+        ]
+    return ranks[0].rank if len(ranks) == 1 else None
 
 
 def _peers(job: _Job) -> Claim | None:

@@ -25,6 +25,7 @@ from ftd.agent.hang_evidence import (
 )
 from ftd.culprit.evidence import Frame, NodeEvidence, RankEvidence, ThreadStack
 from ftd.events import MAX_PAYLOAD_BYTES, Ack, Directive, RankInfo, decode, encode
+from tests.unit.test_culprit_ras import STATUS as RAS_STATUS
 
 DUMPS = Path(__file__).parent / "culprit_dumps"
 _SLEEPER = "import time\ndef wait_here():\n    time.sleep(600)\nwait_here()\n"
@@ -209,3 +210,21 @@ def test_too_big_evidence_is_cut_to_fit_and_says_so() -> None:
     back = msgspec.convert(decode(payload, Ack).data["evidence"], NodeEvidence)
     assert "size" in back.errors and "/var/lib/ftd/diagnostics/a" in back.errors["size"]
     assert all(len(r.stacks) <= 1 for r in back.ranks) and all(r.stacks for r in back.ranks)
+
+
+def test_ras_missing_processes_are_read_from_the_whole_answer_and_it_is_kept(tmp_path: Path) -> None:
+    """The evidence keeps the first MAX_TEXT characters of RAS's answer, but the processes its Errors
+    section names are read from all of it, and the whole answer is saved beside the other raw files."""
+    padded = ("Job summary\n" + "  filler line of the summary\n" * 40 + RAS_STATUS).encode()
+    assert len(padded) > 1024  # the Errors section lies past what the evidence keeps
+    port: list[int] = []
+    stop = threading.Event()
+    replies = {b"CLIENT": b"SERVER PROTOCOL 2\n", b"TIMEOUT": b"OK\n", b"STATUS": padded}
+    threading.Thread(target=_ras_server, args=(port, replies, stop), daemon=True).start()
+    while not port:
+        time.sleep(0.01)
+    status = asyncio.run(ras_status("127.0.0.1", port[0], 5.0, tmp_path))
+    stop.set()
+    assert status.answered and "Errors" not in status.text
+    assert [(p.pid, p.host) for p in status.missing] == [(7302, "10.9.0.4"), (8811, "gpu-b.cluster.example")]
+    assert (tmp_path / "ras-status.txt").read_bytes() == padded
