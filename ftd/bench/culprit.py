@@ -17,8 +17,9 @@ agents, coordinator and ledger, with a victim rank drawn from ``--seed``:
 And ``e2e_during_collection``: ``ftd bench e2e``'s measurement (Xid line -> the client has ``save``)
 twice on its own stack, alone and while hang-evidence collections keep running on the same coordinator
 (:func:`ftd.bench.e2e.bench_e2e` ``during_collection``): ``p99_ratio`` is the second p99 over the
-first. The hung ranks it starts (two Python processes a second) load this host's CPUs too, so the ratio
-bounds the collections' cost from above: it includes the CPU they take, not only event-loop blocking.
+first. Both runs split this host's cores as two hosts would be (``pin``: the measured stack on one half,
+the hung node's agent, py-spy and hung ranks on the other), so the ratio is what the collections cost
+the coordinator, not what the hung node's CPU work costs a stack that would not share its CPUs.
 
 What is read, all from the coordinator's ledger and the trainers' own records (never inferred from
 what was injected): ``detect_s`` (fault -> the first hang symptom the agents raised, or the first
@@ -330,8 +331,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def e2e_during_collection(samples: int = E2E_SAMPLES) -> dict[str, Any]:
     """``ftd bench e2e`` alone, then while collections run (module docstring)."""
-    alone = bench_e2e(samples=samples)
-    during = bench_e2e(samples=samples, during_collection=True)
+    alone = bench_e2e(samples=samples, pin=True)
+    during = bench_e2e(samples=samples, during_collection=True, pin=True)
     return {
         "alone_p99_ms": alone["p99_ms"],
         "p99_ms": during["p99_ms"],
@@ -341,6 +342,7 @@ def e2e_during_collection(samples: int = E2E_SAMPLES) -> dict[str, Any]:
         "samples": during["samples"],
         "diagnoses": during.get("diagnoses"),
         "samples_during_collection": during.get("samples_during_collection"),
+        "cores": during.get("cores"),  # the measured stack's and the hung node's (None: not split)
     }
 
 

@@ -17,6 +17,12 @@ loop", issue #33) measures the same while hang-evidence collections run: a secon
 ``HUNG_EVERY_S`` (a real process whose client beats once and then sleeps), so the coordinator keeps
 starting ``diagnose_hang`` actions (its agent py-spies the process, the coordinator fuses the verdict,
 the hang rule restarts the job, which never answers) throughout the samples; ``diagnoses`` counts them.
+
+``pin=True`` splits this host's cores in two, as two hosts would be: the measured stack (this process's
+client, the broker, the coordinator and the measured agent) on the first half, the hung node (its
+agent, the py-spy it runs, its hung ranks) on the second, so the ratio says what a collection costs the
+coordinator's event loop, not what the hung node's CPU work costs a co-located stack (on two cores the
+hung ranks' starts alone raised p99 by a fifth). ``cores`` in the result says the split.
 """
 
 from __future__ import annotations
@@ -81,11 +87,30 @@ def _hung_agent_config(port: int, work: Path) -> str:
     )
 
 
+def _cores(pin: bool) -> tuple[set[int], set[int]] | None:
+    """(the measured stack's cores, the hung node's cores) when ``pin`` and this host has two cores or
+    more to split (module docstring); None: nothing is pinned."""
+    if not pin or not hasattr(os, "sched_getaffinity"):
+        return None
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        return None
+    half = max(1, len(mine) // 2)
+    return set(mine[:half]), set(mine[half:])
+
+
+def _pin(pid: int, cores: set[int] | None) -> None:
+    if cores is not None:
+        with contextlib.suppress(OSError):  # a process already gone keeps its place
+            os.sched_setaffinity(pid, cores)
+
+
 class _Hangs:
     """Starts a new hung rank on ``bench-hung`` every ``HUNG_EVERY_S`` until stopped (module docstring)."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, cores: set[int] | None = None) -> None:
         self.work = work
+        self.cores = cores
         self.procs: list[subprocess.Popen[bytes]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ftd-bench-hangs", daemon=True)
@@ -98,7 +123,9 @@ class _Hangs:
         i = 0
         while not self._stop.is_set():
             argv = [sys.executable, "-c", HUNG_RANK, f"hung-{i}", str(self.work / "hung.sock")]
-            self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _pin(proc.pid, self.cores)
+            self.procs.append(proc)
             i += 1
             self._stop.wait(HUNG_EVERY_S)
 
@@ -248,8 +275,15 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-def bench_e2e(samples: int = 200, warmup: int = 10, during_collection: bool = False) -> dict[str, Any]:
+def bench_e2e(
+    samples: int = 200, warmup: int = 10, during_collection: bool = False, pin: bool = False
+) -> dict[str, Any]:
     extra: dict[str, Any] = {}
+    cores = _cores(pin)
+    own = os.sched_getaffinity(0) if cores is not None else None
+    if cores is not None:
+        extra["cores"] = {"measured": sorted(cores[0]), "hung_node": sorted(cores[1])}
+        _pin(0, cores[0])  # the measuring client, and the broker and daemons it starts, inherit it
     with tempfile.TemporaryDirectory(prefix="ftd-bench-", dir="/tmp") as tmp, PrivateMosquitto() as broker:
         work = Path(tmp)
         fifo = work / "kmsg.fifo"
@@ -259,11 +293,12 @@ def bench_e2e(samples: int = 200, warmup: int = 10, during_collection: bool = Fa
         if during_collection:
             (work / "hung-kmsg").touch()
             procs.append(_spawn("agent", _hung_agent_config(broker.port, work), work, "hung-agent"))
+            _pin(procs[-1].pid, cores[1] if cores is not None else None)  # its py-spy runs there too
         fd = -1
         try:
             fd = open_fifo_writer(fifo)
             if during_collection:
-                with _Hangs(work):
+                with _Hangs(work, cores[1] if cores is not None else None):
                     time.sleep(HUNG_EVERY_S * 2)  # the first collections are under way before sampling
                     since = time.time()
                     spans: list[tuple[float, float]] = []
@@ -286,6 +321,8 @@ def bench_e2e(samples: int = 200, warmup: int = 10, during_collection: bool = Fa
                     proc.wait(10)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+            if own is not None:
+                _pin(0, own)
     latencies.sort()
     return {
         "p50_ms": round(statistics.median(latencies), 3),

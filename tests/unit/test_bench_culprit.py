@@ -132,3 +132,15 @@ def test_the_trainer_reads_its_fault_file_once(tmp_path: Path) -> None:
     assert injected_fault(str(tmp_path), record, seen) == 0.25  # type: ignore[arg-type]
     assert injected_fault(str(tmp_path), record, seen) == 0.25  # type: ignore[arg-type]
     assert lines == [("fault", {"fault": "slow", "sleep_s": 0.25})]
+
+
+def test_the_e2e_during_collection_splits_the_cores_as_two_hosts_would(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from ftd.bench import e2e
+
+    monkeypatch.setattr(e2e.os, "sched_getaffinity", lambda _pid: {0, 1})
+    assert e2e._cores(True) == ({0}, {1})
+    assert e2e._cores(False) is None
+    monkeypatch.setattr(e2e.os, "sched_getaffinity", lambda _pid: {3, 5, 6, 7})
+    assert e2e._cores(True) == ({3, 5}, {6, 7})
+    monkeypatch.setattr(e2e.os, "sched_getaffinity", lambda _pid: {0})
+    assert e2e._cores(True) is None  # one core: nothing to split, nothing pinned
