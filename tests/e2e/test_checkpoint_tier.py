@@ -52,10 +52,10 @@ def _run(phase: str, tmp: Path, world: int = 2, script: Path = RANK) -> list[dic
     return [json.loads((tmp / f"{phase}{r}.json").read_text()) for r in range(world)]
 
 
-def _manifest(path: Path, level: str, rank: int, step: int) -> None:
+def _manifest(path: Path, level: str, rank: int, step: int, world: int = 2) -> None:
     m, why = mf.verify(str(path))
     assert m is not None and why == "", why
-    assert (m.level, m.rank, m.step, m.world_size) == (level, rank, step, 2)
+    assert (m.level, m.rank, m.step, m.world_size) == (level, rank, step, world)
 
 
 def test_save_replicate_flush_and_resume_from_the_partner(tmp_path: Path) -> None:
@@ -147,3 +147,35 @@ def test_fsdp_sharded_state_saved_and_resumed_from_local_and_partner(tmp_path: P
     shutil.rmtree(tmp_path / "node1/local/step-000000004")
     shutil.rmtree(tmp_path / "node1/local/step-000000002")
     _fsdp_resume(tmp_path, saved, ["local", "partner"])
+
+
+@pytest.mark.slow
+def test_a_partner_choice_changed_mid_run_applies_at_the_next_save(tmp_path: Path) -> None:
+    world = 3
+    saved = _run("move", tmp_path, world=world)
+    for out in saved:
+        rank = out["rank"]
+        assert out["partner_broken"] is None
+        by_step = {h["step"]: h for h in out["history"]}
+        # Rank 0 alone got version 2; every rank applied it at the save of step 4 (agreed), none before.
+        assert [(by_step[s]["partners_version"], by_step[s]["send_to"]) for s in (2, 4)] == [
+            (1, (rank + 1) % world),
+            (2, (rank - 1) % world),
+        ]
+        for step, holder in ((2, (rank + 1) % world), (4, (rank - 1) % world)):
+            _manifest(
+                tmp_path / f"node{holder}/local/partner/step-{step:09d}/rank-{rank:05d}.manifest.json",
+                "partner",
+                rank,
+                step,
+                world,
+            )
+            others = set(range(world)) - {holder}
+            for other in others:  # the replica is on the agreed partner only
+                assert not (tmp_path / f"node{other}/local/partner/step-{step:09d}/rank-{rank:05d}").exists()
+    # Node 1 lost its disk: its step 4 comes back from its new partner, node 0.
+    shutil.rmtree(tmp_path / "node1/local/step-000000004")
+    shutil.rmtree(tmp_path / "node1/local/step-000000002")
+    resumed = _run("resume", tmp_path, world=world)
+    assert [(out["step"], out["level"]) for out in resumed] == [(4, "local"), (4, "partner"), (4, "local")]
+    assert resumed[1]["loaded"] == saved[1]["saved"]["4"]
