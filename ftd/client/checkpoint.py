@@ -339,6 +339,7 @@ class CheckpointTier:
         #: The version of the coordinator's partner choice the pairing uses (-1: none, next node).
         self.partners_version = -1
         self._hosts: list[str] = []
+        self._agreed: tuple[int, dict[str, str]] | None = None
         self._sources: set[int] = set()  # every rank this one ever held partner copies of
         if partner and self.distributed and self.world_size > 1:
             self.group = dist.new_group(
@@ -361,8 +362,9 @@ class CheckpointTier:
         views: list[Any] = [None] * self.world_size
         dist.all_gather_object(views, mine, group=self.group)
         version, choice = agree_partners(views)
-        if version == self.partners_version and self.send_to is not None:
+        if (version, choice) == self._agreed:
             return
+        self._agreed = (version, choice)
         targets = partner_ranks(self._hosts, choice)
         send_to = targets[self.rank]
         recv_from = [src for src, dst in enumerate(targets) if dst == self.rank]
