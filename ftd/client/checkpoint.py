@@ -28,8 +28,10 @@ is all training waits for. A background thread then, per save:
    own (no shared filesystem needed) and receives the shard of the rank it is partner of, written
    under ``{local_dir}/partner/step-.../rank-{src}/`` with its own manifest, level ``partner``,
    reported. The partner is the rank with the same place on the partner node (the coordinator's
-   choice, the ``partners`` op, as rank 0 saw it when the tier started; else the next node); on one
-   node, the next rank (protects against a lost process, not a lost node);
+   choice, the ``partners`` op; else the next node); on one node, the next rank (protects against a
+   lost process, not a lost node). Before each exchange the ranks agree (one small all-gather on the
+   tier's group) on the newest choice any of them holds (:func:`agree_partners`), so a choice the
+   coordinator changes mid-run applies at the next save, on every rank at once;
 3. **shared**: every ``every_k_flush``-th save is copied to ``{shared_dir}/step-.../`` by a second
    thread (a slow or hung shared filesystem delays only that copy; a flush due while the previous one
    still runs is skipped and said), level ``shared``, reported;
@@ -75,7 +77,16 @@ from ftd.client.environment import env_int
 from ftd.client.levels import probe
 from ftd.client.retention import plan
 
-__all__ = ["STATE_FILE", "CheckpointTier", "capture_rng", "rank_dir", "restore_rng", "step_dir"]
+__all__ = [
+    "STATE_FILE",
+    "CheckpointTier",
+    "agree_partners",
+    "capture_rng",
+    "partner_ranks",
+    "rank_dir",
+    "restore_rng",
+    "step_dir",
+]
 
 _log = logging.getLogger("ftd.client")
 STATE_FILE = "state.pt"
@@ -325,22 +336,49 @@ class CheckpointTier:
         self.group: Any = None
         self.send_to: int | None = None
         self.recv_from: list[int] = []
+        #: The version of the coordinator's partner choice the pairing uses (-1: none, next node).
+        self.partners_version = -1
+        self._hosts: list[str] = []
+        self._agreed: tuple[int, dict[str, str]] | None = None
+        self._sources: set[int] = set()  # every rank this one ever held partner copies of
         if partner and self.distributed and self.world_size > 1:
             self.group = dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(seconds=transfer_timeout_s)
             )
-            self._choose_partners()
+            hosts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(hosts, socket.gethostname(), group=self.group)
+            self._hosts = [str(h) for h in hosts]
+            self._agree_partners()
 
     # --- partners ------------------------------------------------------------------------------
 
-    def _choose_partners(self) -> None:
-        hosts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(hosts, socket.gethostname(), group=self.group)
-        wanted: list[Any] = [self.client.partners if self.client is not None else None]
-        dist.broadcast_object_list(wanted, src=0, group=self.group)
-        targets = partner_ranks([str(h) for h in hosts], wanted[0] or {})
-        self.send_to = targets[self.rank]
-        self.recv_from = [src for src, dst in enumerate(targets) if dst == self.rank]
+    def _agree_partners(self) -> None:
+        """Collective on the tier's group, at start and before every save's exchange: every rank
+        offers the partner choice it holds (the client's latest ``partners`` op) and all apply the
+        same one, the newest any rank has (:func:`agree_partners`), so a choice the coordinator
+        changed mid-run (a node got a condition) takes effect at the next save on every rank at
+        once, and no rank waits for a partner that pairs by another choice."""
+        mine = self.client.partners_choice if self.client is not None else None
+        views: list[Any] = [None] * self.world_size
+        dist.all_gather_object(views, mine, group=self.group)
+        version, choice = agree_partners(views)
+        if (version, choice) == self._agreed:
+            return
+        self._agreed = (version, choice)
+        targets = partner_ranks(self._hosts, choice)
+        send_to = targets[self.rank]
+        recv_from = [src for src, dst in enumerate(targets) if dst == self.rank]
+        if self.send_to is not None and (send_to, recv_from) != (self.send_to, self.recv_from):
+            _log.info(
+                "ftd checkpoint: partner choice %s applied: rank %s now replicates to rank %s "
+                "(was %s) and holds copies of %s",
+                version,
+                self.rank,
+                send_to,
+                self.send_to,
+                recv_from,
+            )
+        self.partners_version, self.send_to, self.recv_from = version, send_to, recv_from
 
     # --- save ----------------------------------------------------------------------------------
 
@@ -485,6 +523,15 @@ class CheckpointTier:
 
     def _replicate(self, step: int, local_manifest: str | None, record: dict[str, Any]) -> None:
         t0 = time.perf_counter()
+        try:
+            self._agree_partners()
+        except Exception as exc:
+            self.partner_broken = f"agreeing on the partners before step {step} failed: {exc}"
+            _log.warning("ftd checkpoint: partner level stopped: %s", self.partner_broken)
+            record["partner"] = self.partner_broken
+            return
+        record["partners_version"] = self.partners_version
+        record["send_to"] = self.send_to
         files: list[tuple[str, str, int, str]] = []  # (relative path, full path, size, sha256)
         if local_manifest is not None:
             m = mf.read(local_manifest)
@@ -509,8 +556,12 @@ class CheckpointTier:
                 continue
             manifest = self._manifest(step_dir(root, step), step, src, "partner", save_s, entries)
             self._report(step, manifest, "partner", save_s, sum(e.size for e in entries), [])
-            with self._lock:
-                pinned = set(self._pinned)
+            self._sources.add(src)
+        with self._lock:
+            pinned = set(self._pinned)
+        # Also the ranks it held copies of under an earlier pairing: theirs age out as its own do
+        # (the newest verified copy is kept, so a copy that is still the only one of a step stays).
+        for src in sorted(self._sources):
             _retain(root, src, self.keep, pinned)
         record["partner_s"] = save_s
 
@@ -560,6 +611,25 @@ class CheckpointTier:
             with self._lock:
                 self._pinned.discard(step)
             self._flush_idle.set()
+
+
+def agree_partners(views: list[Any]) -> tuple[int, dict[str, str]]:
+    """The partner choice every rank applies, from each rank's view (``views[rank]``: the
+    ``(version, partners)`` it holds, or None): the one with the greatest version, the lowest rank's
+    among equals; ``(-1, {})`` when no rank holds one (the next node, :func:`partner_ranks`). The
+    views are gathered, so every rank computes the same answer from the same list, including the
+    ranks whose agent has not sent them that choice yet (the gather hands it to them). A view that is
+    not a ``(version, dict)`` pair is ignored."""
+    best: tuple[int, dict[str, str]] = (-1, {})
+    for view in views:
+        if not isinstance(view, (tuple, list)) or len(view) != 2:
+            continue
+        version, choice = view
+        if not isinstance(version, int) or isinstance(version, bool) or not isinstance(choice, dict):
+            continue
+        if version > best[0]:
+            best = (version, {str(k): str(v) for k, v in choice.items()})
+    return best
 
 
 def partner_ranks(hosts: list[str], partners: dict[str, str]) -> list[int | None]:

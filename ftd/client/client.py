@@ -234,6 +234,13 @@ class Client(Connection, LocalTriggers):
     def partners(self) -> dict[str, str] | None:
         """The coordinator's partner node for each node of the job (the ``partners`` op), or None
         when the agent has not sent one: where the checkpoint tier replicates this rank's shard."""
+        seen = self._partners
+        return None if seen is None else seen[1]
+
+    @property
+    def partners_choice(self) -> tuple[int, dict[str, str]] | None:
+        """The latest ``partners`` op as ``(version, partners)`` (version 0 when the agent gave
+        none), or None: the checkpoint tier agrees on the newest any rank has (``agree_partners``)."""
         return self._partners
 
     def _answer(

@@ -215,7 +215,11 @@ class Connection(RankState):
         elif op == protocol.PARTNERS:
             partners = msg.get("partners")
             if isinstance(partners, dict) and msg.get("job") in (None, self.job):
-                self._partners = {str(k): str(v) for k, v in partners.items() if isinstance(v, str)}
+                version = msg.get("version")
+                if not isinstance(version, int) or isinstance(version, bool):
+                    version = 0  # an older agent or coordinator: unordered, the lowest
+                choice = {str(k): str(v) for k, v in partners.items() if isinstance(v, str)}
+                self._partners = (version, choice)  # one assignment: read whole by another thread
         elif op == protocol.ERROR:
             if msg.get("re") == protocol.REGISTER:
                 raise _Rejected(str(msg.get("error")))

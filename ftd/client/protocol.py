@@ -378,18 +378,23 @@ def checkpoint(
     }
 
 
-def partners(job: str, partners: dict[str, str], generation: int | None = None) -> dict[str, Any]:
+def partners(
+    job: str, partners: dict[str, str], generation: int | None = None, version: int | None = None
+) -> dict[str, Any]:
     """Agent -> client: ``{"v":1,"op":"partners","job":"1234","partners":{"node-1":"node-3",...},
-    "generation":0}``, the coordinator's choice of partner node for each node of the job (a node of
-    another failure domain, never one with an active condition): a rank on node N replicates its
-    checkpoint shard to the rank with the same local rank on ``partners[N]``. Sent at registration and
-    whenever the choice changes; a client that never got one picks the next node in rank order."""
+    "generation":0,"version":1733300000000000000}``, the coordinator's choice of partner node for
+    each node of the job (a node of another failure domain, never one with an active condition): a
+    rank on node N replicates its checkpoint shard to the rank with the same local rank on
+    ``partners[N]``. Sent at registration and whenever the choice changes; ``version`` orders the
+    choices (a newer choice has a greater one; None from an older coordinator counts as 0). A client
+    that never got one picks the next node in rank order."""
     return {
         "v": PROTOCOL_VERSION,
         "op": PARTNERS,
         "job": job,
         "partners": dict(partners),
         "generation": generation,
+        "version": version,
     }
 
 

@@ -114,8 +114,9 @@ class RankState:
         self.retry_interval = retry_interval
         #: ``time.perf_counter_ns()`` when the latest save/stop for this job arrived (None: none yet).
         self.last_directive_ns: int | None = None
-        #: The partner node of each node of the job, as the agent last sent it (``partners`` op).
-        self._partners: dict[str, str] | None = None
+        #: The version and partner node of each node of the job, as the agent last sent them
+        #: (``partners`` op).
+        self._partners: tuple[int, dict[str, str]] | None = None
 
         # Hot-path state: plain attributes, read/written without a lock (atomic under the GIL).
         self._save = False

@@ -76,6 +76,13 @@ async def test_the_choice_is_sent_to_the_job_s_nodes_only_when_it_changes() -> N
     assert len(sent) == 3
     moved = await partners.check("j9", job_record(["n1", "n2", "n3"]), bad={"n3"})  # n3 fell sick
     assert moved == {"n1": "n2", "n2": "n1", "n3": "n1"} and len(sent) == 6
+    versions = [d.params["version"] for _, d in sent]
+    assert versions[0] < versions[3], "a newer choice has a greater version (the tier applies the newest)"
+    # n3 recovers: the first choice again. Its directive must not reuse the first one's id, which the
+    # agent would drop as seen (before, the id was the choice's checksum only).
+    back = await partners.check("j9", job_record(["n1", "n2", "n3"]), bad=set())
+    assert back == choice and len(sent) == 9
+    assert sent[6][1].id != sent[0][1].id and sent[6][1].params["version"] > versions[3]
 
 
 async def test_the_agent_hands_partners_to_ranks_as_the_protocol_op_also_to_later_ones(api: LocalApi) -> None:
@@ -86,10 +93,17 @@ async def test_the_agent_hands_partners_to_ranks_as_the_protocol_op_also_to_late
         ts=time.time(),
         action="partners",
         job="j9",
-        params={"partners": {"n1": "n3", "n3": "n1"}, "generation": 2},
+        params={"partners": {"n1": "n3", "n3": "n1"}, "generation": 2, "version": 11},
     )
     assert await api.deliver(directive) == 1
-    want = {"v": 1, "op": "partners", "job": "j9", "partners": {"n1": "n3", "n3": "n1"}, "generation": 2}
+    want = {
+        "v": 1,
+        "op": "partners",
+        "job": "j9",
+        "partners": {"n1": "n3", "n3": "n1"},
+        "generation": 2,
+        "version": 11,
+    }
     assert await early.recv() == want
     late = await Peer.open(api)
     await late.register("j9", 1)

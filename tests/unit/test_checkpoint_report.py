@@ -103,6 +103,9 @@ def test_partners_op_is_kept() -> None:
     assert client.partners == {"n1": "n2", "n2": "n1"}
     client._on_line(protocol.encode(protocol.partners("other", {"n1": "n9"})), 0)
     assert client.partners == {"n1": "n2", "n2": "n1"}
+    assert client.partners_choice == (0, {"n1": "n2", "n2": "n1"})  # no version: 0, the lowest
+    client._on_line(protocol.encode(protocol.partners("j1", {"n1": "n3"}, 1, 17)), 0)
+    assert client.partners_choice == (17, {"n1": "n3"}) and client.partners == {"n1": "n3"}
 
 
 def test_probe_says_full_and_not_responding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

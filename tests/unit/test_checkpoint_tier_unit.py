@@ -205,3 +205,41 @@ def test_a_snapshot_that_fails_is_said_and_skipped(tmp_path: Path) -> None:
     tier.save(7, _state())  # the tier still works, and this save answers the directive
     assert tier.wait(60)
     assert [m["op"] for m in _sent(client)] == ["checkpoint", "ack"]
+
+
+# --- agreeing on the partners (a choice changed mid-run) -----------------------------------------
+
+
+def _pairing(views: list[Any], hosts: list[str]) -> list[int | None]:
+    from ftd.client.checkpoint import agree_partners, partner_ranks
+
+    return partner_ranks(hosts, agree_partners(views)[1])
+
+
+def test_the_newest_choice_any_rank_holds_is_agreed_even_by_ranks_that_lack_it() -> None:
+    from ftd.client.checkpoint import agree_partners
+
+    old = {"a": "b", "b": "c", "c": "a"}
+    new = {"a": "c", "b": "a", "c": "b"}
+    # Rank 1's agent delivered version 7; ranks 0 and 2 still hold 5: all apply 7 from the gathered list.
+    assert agree_partners([(5, old), (7, new), (5, old)]) == (7, new)
+    assert agree_partners([None, None]) == (-1, {})  # none anywhere: the next node
+    assert agree_partners([None, (0, old)]) == (0, old)  # an unversioned op (older agent) beats none
+    # Equal versions with different maps (two old coordinators): the lowest rank's, on every rank.
+    assert agree_partners([(3, old), (3, new)]) == (3, old)
+    # What is not a (version, dict) pair is ignored, never applied.
+    assert agree_partners([("9", new), (True, new), (4, "x"), [2, old], (1, 2, 3)]) == (2, old)
+
+
+def test_every_rank_computes_the_same_consistent_pairing_from_the_gathered_views() -> None:
+    hosts = ["a", "a", "b", "b", "c", "c"]  # two ranks per node
+    views = [(1, {"a": "b", "b": "c", "c": "a"})] * 3 + [(2, {"a": "c", "b": "a", "c": "b"})] * 3
+    targets = _pairing(views, hosts)
+    assert targets == [4, 5, 0, 1, 2, 3]  # same place on the new partner node
+    # A rank's list of sources is where the others send: every send has exactly one receiver.
+    for rank in range(len(hosts)):
+        recv_from = [src for src, dst in enumerate(targets) if dst == rank]
+        assert all(targets[src] == rank for src in recv_from)
+    assert sorted(t for t in targets if t is not None) == list(range(len(hosts)))
+    # Before the change reached any rank: the old choice.
+    assert _pairing(views[:3] * 2, hosts) == [2, 3, 4, 5, 0, 1]

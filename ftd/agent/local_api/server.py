@@ -349,10 +349,12 @@ class LocalApi:
         partners = directive.params.get("partners")
         if directive.action == "partners" and directive.job is not None and isinstance(partners, dict):
             generation = directive.params.get("generation")
+            version = directive.params.get("version")
             body = protocol.partners(  # the trainer protocol's own op (issue #34), not a directive
                 directive.job,
                 {str(k): str(v) for k, v in partners.items()},
                 generation if isinstance(generation, int) else None,
+                version if isinstance(version, int) and not isinstance(version, bool) else None,
             )
         # A restart or release is for the supervisor (a restart starts a new run): never bound to the
         # ranks' runs.

@@ -6,7 +6,8 @@ job's other training nodes: one of another failure domain (its ``rack`` in ``coo
 where the job has one, never a node with an active critical condition, each node a partner to as few
 others as possible, and the same answer for the same inputs (a choice changes only when a node comes,
 goes or goes bad). :class:`CheckpointPartners` sends a job's choice to its nodes as a ``partners``
-directive whenever it changes; the agent hands it to the job's ranks with the trainer protocol's
+directive whenever it changes, with a version (the coordinator's clock in ns) that orders the
+choices; the agent hands it to the job's ranks with the trainer protocol's
 ``partners`` op (:func:`ftd.client.protocol.partners`), and the checkpoint tier replicates each rank's
 shard to the rank with the same local rank on its node's partner.
 
@@ -85,14 +86,19 @@ class CheckpointPartners:
             return {}
         self._sent[job] = choice
         generation = record.generation
+        # The version orders the choices for the ranks (the checkpoint tier applies the newest any
+        # rank has); it is in the id too, so a choice that comes back (A, B, then A again) is not
+        # dropped by the agent as a directive it has already seen.
+        version = time.time_ns()
+        digest = zlib.crc32(repr(sorted(choice.items())).encode())
         directive = Directive(
-            id=f"partners-{job}-{zlib.crc32(repr(sorted(choice.items())).encode()):08x}",
+            id=f"partners-{job}-{digest:08x}-{version}",
             ts=time.time(),
             action="partners",
             job=job,
             reason="checkpoint replicas: each node's partner in another failure domain",
             deadline_s=PARTNERS_DEADLINE_S,
-            params={"partners": choice, "generation": generation},
+            params={"partners": choice, "generation": generation, "version": version},
         )
         try:
             for topic in topics.job_directives_for(sorted(choice)):
