@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["CpuThrottle", "ThrottleError", "find_cpu_controller"]
+__all__ = ["CpuThrottle", "ThrottleError", "cores_used", "find_cpu_controller"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
@@ -44,6 +44,19 @@ def find_cpu_controller(root: Path = CGROUP_ROOT) -> tuple[str, Path]:
     )
 
 
+def _cpu_s(pid: int) -> float:
+    """``pid``'s CPU seconds so far (user + system, every thread), from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cores_used(pid: int, seconds: float = 3.0) -> float:
+    """The cores ``pid`` used over the next ``seconds`` (what it gets now, contention included)."""
+    before, t0 = _cpu_s(pid), time.monotonic()
+    time.sleep(seconds)
+    return (_cpu_s(pid) - before) / (time.monotonic() - t0)
+
+
 def _own_cgroup(pid: int, version: str) -> str:
     """The path (relative to the controller's mount) of ``pid``'s cgroup in that hierarchy."""
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
@@ -65,6 +78,7 @@ class CpuThrottle:
         self.path = self.mount / (name or f"ftd-bench-throttle-{pid}-{time.monotonic_ns()}")
         self.origin = self.mount / _own_cgroup(pid, self.version).lstrip("/")
         self.moved: list[int] = []
+        self.used_before: float | None = None  # the cores the process used before (the caller's note)
 
     def __enter__(self) -> CpuThrottle:
         self.start()

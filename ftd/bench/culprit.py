@@ -12,11 +12,14 @@ agents, coordinator and ledger, with a victim rank drawn from ``--seed``:
 - ``slowed``: the victim sleeps as long again as its step took, every step (half speed);
 - ``throttled``: the job's steps are bound by the CPU (:data:`THROTTLED_BUSY_S` CPU seconds of matrix
   products each, ``OMP_NUM_THREADS=1``), and the victim's process with all its threads is moved into a
-  cgroup whose CPU quota is :data:`THROTTLE_CORES` of a core (:class:`ftd.bench.cpu_throttle.CpuThrottle`,
-  cgroup v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``), as a noisy neighbour or a throttled CPU would; the
-  cgroup is removed after the case, whatever happened. No writable CPU controller: the case's error,
-  never a sleep instead. ``throttle`` in its result: the cgroup version, the quota and the seconds the
-  quota held the rank back (``cpu.stat``);
+  cgroup with a CPU quota (:class:`ftd.bench.cpu_throttle.CpuThrottle`, cgroup v1 ``cpu.cfs_quota_us``
+  or v2 ``cpu.max``), as a noisy neighbour or a throttled CPU would: :data:`THROTTLE_CORES` of a core,
+  or half of what the rank used over the :data:`THROTTLE_MEASURE_S` before when that is less (on a
+  host whose cores are shared by more busy processes than it has, a rank gets less than half a core
+  and such a quota would hold nothing back). The cgroup is removed after the case, whatever happened.
+  No writable CPU controller: the case's error, never a sleep instead. ``throttle`` in its result: the
+  cgroup version, the cores the rank used before, the quota, and the seconds the quota held the rank
+  back (``cpu.stat``);
 - ``slowed_all``: every rank is slowed so (no node is at fault);
 - ``job_wide``: every rank opens a FIFO nobody writes (a path that never answers);
 - ``clean``: nothing; the job is watched as long as a hang case would be.
@@ -55,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.bench.broker import PrivateMosquitto
-from ftd.bench.cpu_throttle import CpuThrottle, find_cpu_controller
+from ftd.bench.cpu_throttle import CpuThrottle, cores_used, find_cpu_controller
 from ftd.bench.e2e import bench_e2e
 from ftd.bench.recovery import recovered, steady
 from ftd.bench.recovery_stack import JobSpec, RecoveryStack, recovery_stack, wait_for
@@ -78,7 +81,8 @@ HANG_CASES = frozenset({"stopped", "stuck", "job_wide"})
 ONE_CULPRIT = frozenset({"stopped", "stuck"})
 SLOW_CASES = frozenset({"slowed", "throttled", "slowed_all"})
 ONE_SLOW = frozenset({"slowed", "throttled"})
-THROTTLE_CORES = 0.5  # the throttled rank's CPU quota
+THROTTLE_CORES = 0.5  # the throttled rank's CPU quota (at most; half of what it used when less)
+THROTTLE_MEASURE_S = 3.0  # how long the rank's CPU use is measured before the quota is set
 THROTTLED_BUSY_S = 0.15  # CPU seconds of computation per step in the throttled case's job
 THROTTLED_STEP_S = 0.02  # and its sleep per step (the other cases: JobSpec's 0.1 s)
 RANKS = 3
@@ -162,7 +166,9 @@ def inject(
     elif case == "throttled":
         if held is None:
             raise ValueError("the throttled case needs a list to hold its throttle")
-        throttle = CpuThrottle(pid, THROTTLE_CORES)
+        used = cores_used(pid, THROTTLE_MEASURE_S)
+        throttle = CpuThrottle(pid, max(0.02, min(THROTTLE_CORES, used / 2)))
+        throttle.used_before = round(used, 3)
         at = time.time()
         throttle.start()
         held.append(throttle)
@@ -268,7 +274,12 @@ def _measure(
                 lambda: recovered(stack, job, fault_at, RANKS), RECOVER_TIMEOUT_S, "training again"
             )
     elif case in SLOW_CASES:
-        _until(lambda: _job_events(stack, "rank_slow", job), SLOW_WINDOW_S, "a rank_slow")
+        since = fault_at  # a rank_slow from before the fault (the job's own drift) is not the answer
+        _until(
+            lambda: [e for e in _job_events(stack, "rank_slow", job) if float(e["ts"]) >= since],
+            SLOW_WINDOW_S,
+            "a rank_slow",
+        )
         # what the rules then do (a swap when the cost model says so) has its time to show
         time.sleep(5.0)
         error = _until(lambda: _settled(stack, job), 120, "the slow rank's actions to finish")
@@ -283,7 +294,8 @@ def _measure(
     for throttle in held:
         out["throttle"] = {
             "cgroup": throttle.version,
-            "cores": throttle.cores,
+            "cores_used_before": throttle.used_before,
+            "cores": round(throttle.cores, 3),
             "throttled_s": round(throttle.throttled_s(), 3),
         }
     if error:

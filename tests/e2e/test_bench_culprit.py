@@ -7,8 +7,9 @@ Mosquitto, an ``ftd agent`` per node, ``ftd coordinator``, and a real DDP job (g
   only it is excluded (one swap onto the spare), and the job trains again from a checkpoint;
 - ``clean``: nothing injected; no verdict, no diagnosis, no exclusion, no swap, no restart.
 - ``slowed``: a random rank sleeps as long again as its step took; ``rank_slow`` names its node;
-- ``throttled``: a random rank of a CPU-bound job is moved into a cgroup with half a core of CPU quota
-  (v1 or v2, whichever this host has); ``rank_slow`` names its node and the cgroup is gone after.
+- ``throttled``: a random rank of a CPU-bound job is moved into a cgroup with a CPU quota of half a
+  core, or half what it used when less (v1 or v2, whichever this host has); ``rank_slow`` names its
+  node and the cgroup is gone after.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def test_a_rank_throttled_by_its_cgroup_cpu_quota_is_found(stack: RecoveryStack,
     got = measure_case(stack, "throttled", victim, tmp_path / "faults")
     print(got)
     assert "error" not in got, got
-    assert got["throttle"]["cores"] == 0.5 and got["throttle"]["throttled_s"] > 0, got
+    throttle = got["throttle"]
+    assert 0 < throttle["cores"] <= 0.5 and throttle["throttled_s"] > 0, got  # the quota held it back
     slow = got["rank_slow"]
     assert slow["node"] == got["victim_node"] and got["right"] is True, got
     leftover = [p.name for p in find_cpu_controller()[1].glob("ftd-bench-throttle-*")]

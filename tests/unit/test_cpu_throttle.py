@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ftd.bench.cpu_throttle import CpuThrottle, ThrottleError, find_cpu_controller
+from ftd.bench.cpu_throttle import CpuThrottle, ThrottleError, cores_used, find_cpu_controller
 
 BUSY = """
 import threading
@@ -48,17 +48,6 @@ def busy() -> Iterator[subprocess.Popen[bytes]]:
         proc.wait()
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _cores_used(pid: int, seconds: float = 1.5) -> float:
-    before, t0 = _cpu_s(pid), time.monotonic()
-    time.sleep(seconds)
-    return (_cpu_s(pid) - before) / (time.monotonic() - t0)
-
-
 @needs_cgroup
 def test_a_throttled_process_gets_its_quota_and_everything_is_undone(busy: subprocess.Popen[bytes]) -> None:
     throttle = CpuThrottle(busy.pid, cores=0.2)
@@ -66,12 +55,12 @@ def test_a_throttled_process_gets_its_quota_and_everything_is_undone(busy: subpr
     with throttle:
         assert throttle.path.is_dir()
         assert len(throttle.moved) >= 2  # the main thread and the spinning one
-        used = _cores_used(busy.pid)
+        used = cores_used(busy.pid, 1.5)
         assert used < 0.3, used  # two spinning threads would take up to 2 cores unthrottled
         assert throttle.throttled_s() > 0
     assert not throttle.path.exists()
     assert Path(f"/proc/{busy.pid}/cgroup").read_text() == origin
-    assert _cores_used(busy.pid, 1.0) > 0.3  # free again
+    assert cores_used(busy.pid, 1.0) > 0.3  # free again
 
 
 @needs_cgroup
