@@ -10,6 +10,16 @@ agents, coordinator and ledger, with a victim rank drawn from ``--seed``:
 - ``stopped``: the victim's process is SIGSTOPped (the other ranks wait in the all-reduce);
 - ``stuck``: the victim, told through its fault file, sleeps forever before its next all-reduce;
 - ``slowed``: the victim sleeps as long again as its step took, every step (half speed);
+- ``throttled``: the job's steps are bound by the CPU (:data:`THROTTLED_BUSY_S` CPU seconds of matrix
+  products each, ``OMP_NUM_THREADS=1``), and the victim's process with all its threads is moved into a
+  cgroup with a CPU quota (:class:`ftd.bench.cpu_throttle.CpuThrottle`, cgroup v1 ``cpu.cfs_quota_us``
+  or v2 ``cpu.max``), as a noisy neighbour or a throttled CPU would: :data:`THROTTLE_CORES` of a core,
+  or half of what the rank used over the :data:`THROTTLE_MEASURE_S` before when that is less (on a
+  host whose cores are shared by more busy processes than it has, a rank gets less than half a core
+  and such a quota would hold nothing back). The cgroup is removed after the case, whatever happened.
+  No writable CPU controller: the case's error, never a sleep instead. ``throttle`` in its result: the
+  cgroup version, the cores the rank used before, the quota, and the seconds the quota held the rank
+  back (``cpu.stat``);
 - ``slowed_all``: every rank is slowed so (no node is at fault);
 - ``job_wide``: every rank opens a FIFO nobody writes (a path that never answers);
 - ``clean``: nothing; the job is watched as long as a hang case would be.
@@ -49,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.bench.broker import PrivateMosquitto
+from ftd.bench.cpu_throttle import CpuThrottle, cores_used, find_cpu_controller
 from ftd.bench.e2e import bench_e2e
 from ftd.bench.recovery import recovered, steady
 from ftd.bench.recovery_stack import JobSpec, RecoveryStack, recovery_stack, wait_for
@@ -57,10 +68,24 @@ from ftd.bench.slurm_multinode import MultiNodeSlurm
 
 __all__ = ["CASES", "bench_culprit", "measure_case", "summarize"]
 
-CASES = ("stopped", "stuck", "slowed", "slowed_all", "job_wide", "clean", "e2e_during_collection")
+CASES = (
+    "stopped",
+    "stuck",
+    "slowed",
+    "throttled",
+    "slowed_all",
+    "job_wide",
+    "clean",
+    "e2e_during_collection",
+)
 HANG_CASES = frozenset({"stopped", "stuck", "job_wide"})
 ONE_CULPRIT = frozenset({"stopped", "stuck"})
-SLOW_CASES = frozenset({"slowed", "slowed_all"})
+SLOW_CASES = frozenset({"slowed", "throttled", "slowed_all"})
+ONE_SLOW = frozenset({"slowed", "throttled"})
+THROTTLE_CORES = 0.5  # the throttled rank's CPU quota (at most; half of what it used when less)
+THROTTLE_MEASURE_S = 3.0  # how long the rank's CPU use is measured before the quota is set
+THROTTLED_BUSY_S = 0.15  # CPU seconds of computation per step in the throttled case's job
+THROTTLED_STEP_S = 0.02  # and its sleep per step (the other cases: JobSpec's 0.1 s)
 RANKS = 3
 SAVE_EVERY = 10
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -83,7 +108,9 @@ check_interval_s = 0.25
 
 
 def _spec(case: str, fault_dir: Path) -> JobSpec:
+    busy = {"FTD_RECOVERY_BUSY_S": str(THROTTLED_BUSY_S)} if case == "throttled" else {}
     return JobSpec(
+        step_s=THROTTLED_STEP_S if case == "throttled" else 0.1,
         name=f"culprit-{case}",
         nodes=RANKS,
         spares=1,
@@ -92,6 +119,7 @@ def _spec(case: str, fault_dir: Path) -> JobSpec:
             "FTD_RECOVERY_FAULT_DIR": str(fault_dir),
             "FTD_RECOVERY_TIME_COLLECTIVES": "1",
             "FTD_RECOVERY_SAVE_EVERY": str(SAVE_EVERY),
+            **busy,
         },
     )
 
@@ -115,8 +143,16 @@ def _write_fault(fault_dir: Path, pid: int, fault: dict[str, Any]) -> None:
     os.replace(tmp, fault_dir / f"{pid}.json")
 
 
-def inject(stack: RecoveryStack, job: str, case: str, victim: int, fault_dir: Path) -> float:
-    """Inject ``case``'s fault on the job's real processes; the wall-clock time it was injected."""
+def inject(
+    stack: RecoveryStack,
+    job: str,
+    case: str,
+    victim: int,
+    fault_dir: Path,
+    held: list[CpuThrottle] | None = None,
+) -> float:
+    """Inject ``case``'s fault on the job's real processes; the wall-clock time it was injected.
+    ``throttled`` needs ``held``: its throttle is added there, for the caller to close."""
     ranks = _ranks(stack, job)
     pid = int(ranks[victim]["pid"])
     at = time.time()
@@ -128,6 +164,15 @@ def inject(stack: RecoveryStack, job: str, case: str, victim: int, fault_dir: Pa
         _write_fault(
             fault_dir, pid, {"fault": "slow", "sleep_s": round(_step_interval(stack, job, victim), 3)}
         )
+    elif case == "throttled":
+        if held is None:
+            raise ValueError("the throttled case needs a list to hold its throttle")
+        used = cores_used(pid, THROTTLE_MEASURE_S)
+        throttle = CpuThrottle(pid, max(0.02, min(THROTTLE_CORES, used / 2)))
+        throttle.used_before = round(used, 3)
+        at = time.time()
+        throttle.start()
+        held.append(throttle)
     elif case == "slowed_all":
         extra = round(_step_interval(stack, job, victim), 3)
         for record in ranks.values():
@@ -183,6 +228,19 @@ def _restarted(stack: RecoveryStack, job: str) -> bool:
 
 def measure_case(stack: RecoveryStack, case: str, victim: int, fault_dir: Path) -> dict[str, Any]:
     """One run of ``case`` on ``stack`` (module docstring): submit, train, inject, watch, read."""
+    if case == "throttled":
+        find_cpu_controller()  # no controller: the case's error now, before a job is run for nothing
+    held: list[CpuThrottle] = []
+    try:
+        return _measure(stack, case, victim, fault_dir, held)
+    finally:
+        for throttle in held:  # the pids back where they were, the cgroup removed, whatever happened
+            throttle.close()
+
+
+def _measure(
+    stack: RecoveryStack, case: str, victim: int, fault_dir: Path, held: list[CpuThrottle]
+) -> dict[str, Any]:
     job = stack.submit(_spec(case, fault_dir))
     steady(stack, job, RANKS, 240)
     if case in SLOW_CASES:
@@ -192,8 +250,9 @@ def measure_case(stack: RecoveryStack, case: str, victim: int, fault_dir: Path) 
         time.sleep(SLOW_CLEAN_S)
     ranks = _ranks(stack, job)
     victim_node = str(ranks[victim]["node"])
-    fault_at = inject(stack, job, case, victim, fault_dir)
-    if case not in ("stopped", "clean"):  # a fault file takes hold at the rank's next step: when it said so
+    fault_at = inject(stack, job, case, victim, fault_dir, held)
+    if case not in ("stopped", "throttled", "clean"):
+        # a fault file takes hold at the rank's next step: when it said so
         since = fault_at
         if _until(lambda: _fault_times(stack, job, since), 30, "the fault to take hold") is None:
             fault_at = min(_fault_times(stack, job, since))
@@ -216,7 +275,12 @@ def measure_case(stack: RecoveryStack, case: str, victim: int, fault_dir: Path) 
                 lambda: recovered(stack, job, fault_at, RANKS), RECOVER_TIMEOUT_S, "training again"
             )
     elif case in SLOW_CASES:
-        _until(lambda: _job_events(stack, "rank_slow", job), SLOW_WINDOW_S, "a rank_slow")
+        since = fault_at  # a rank_slow from before the fault (the job's own drift) is not the answer
+        _until(
+            lambda: [e for e in _job_events(stack, "rank_slow", job) if float(e["ts"]) >= since],
+            SLOW_WINDOW_S,
+            "a rank_slow",
+        )
         # what the rules then do (a swap when the cost model says so) has its time to show
         time.sleep(5.0)
         error = _until(lambda: _settled(stack, job), 120, "the slow rank's actions to finish")
@@ -228,6 +292,13 @@ def measure_case(stack: RecoveryStack, case: str, victim: int, fault_dir: Path) 
         end = time.monotonic() + CLEAN_WINDOW_S
         wait_for(lambda: time.monotonic() > end, CLEAN_WINDOW_S + 5, "the clean window", poll=1.0)
     out.update(read_outcome(stack, job, case, fault_at, victim_node))
+    for throttle in held:
+        out["throttle"] = {
+            "cgroup": throttle.version,
+            "cores_used_before": throttle.used_before,
+            "cores": round(throttle.cores, 3),
+            "throttled_s": round(throttle.throttled_s(), 3),
+        }
     if error:
         out["error"] = error
     return out
@@ -299,7 +370,7 @@ def _right(case: str, out: dict[str, Any], victim_node: str) -> bool:
         )
     if case == "job_wide":
         return bool(verdict) and verdict.get("verdict") != "culprit" and out["exclusions"] == 0
-    if case == "slowed":
+    if case in ONE_SLOW:
         return (out.get("rank_slow") or {}).get("node") == victim_node and out["excluded_nodes"] in (
             [],
             [victim_node],

@@ -53,7 +53,9 @@ looks for ``<dir>/<its pid>.json`` (the bench writes it; a new process never fin
 "fifo", "path": P}`` (it opens the FIFO ``P``, which nobody writes: blocked in ``open``) or ``{"fault":
 "slow", "sleep_s": S}`` (``S`` more seconds slept per step from then on, before the forward pass: the
 other ranks then wait for it in the timed all-reduce); each recorded once as
-``fault``.
+``fault``. ``$FTD_RECOVERY_BUSY_S`` (0 by default) is CPU seconds of computation per step (matrix
+products on the rank's own thread until its CPU time advanced that much, before the forward pass): a
+step bound by the CPU, which a CPU quota on the rank's cgroup then slows (the ``throttled`` case).
 """
 
 from __future__ import annotations
@@ -104,6 +106,16 @@ def read_never_answering_path(path: str) -> None:
     """The ``fifo`` fault: blocks in ``open`` of a FIFO nobody writes (a job-wide stall)."""
     with open(path, "rb") as f:
         f.read()
+
+
+def busy(cpu_s: float) -> None:
+    """Compute on this thread until its CPU time advanced ``cpu_s`` (``$FTD_RECOVERY_BUSY_S``)."""
+    import torch
+
+    a = torch.randn(64, 64)
+    until = time.thread_time() + cpu_s
+    while time.thread_time() < until:
+        a = torch.tanh(a @ a)
 
 
 def injected_fault(fault_dir: str, record: Recorder, seen: dict[str, Any]) -> float:
@@ -218,6 +230,7 @@ def main() -> int:
     outcome, step = "timeout", start
     last_step = _env_int("FTD_RECOVERY_STEPS")
     block_fifo, block_at = os.environ.get("FTD_RECOVERY_BLOCK_FIFO", ""), _env_int("FTD_RECOVERY_BLOCK_AT")
+    busy_s = float(os.environ.get("FTD_RECOVERY_BUSY_S", "0") or 0)
     while time.monotonic() < give_up:
         if last_step is not None and step >= last_step:
             outcome = "done"
@@ -225,6 +238,8 @@ def main() -> int:
         extra_s = injected_fault(fault_dir, record, fault_seen) if fault_dir else 0.0
         if extra_s:  # before the forward pass (data loading): the others wait in the gradients' all-reduce
             time.sleep(extra_s)
+        if busy_s > 0:
+            busy(busy_s)
         step += 1
         if block_fifo and generation == 0 and step == block_at:
             record("blocking", step=step, fifo=block_fifo)

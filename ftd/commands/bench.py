@@ -119,7 +119,7 @@ def register(sub: Any) -> None:
         default=None,
         help="checkpoint: only these cases, comma-separated (blocked,partner; the fault cases "
         "kill_mid_save,local_deleted,flip_byte,truncate,missing_manifest); culprit: only these cases "
-        "(stopped,stuck,slowed,slowed_all,job_wide,clean,e2e_during_collection); default every one "
+        "(stopped,stuck,slowed,throttled,slowed_all,job_wide,clean,e2e_during_collection); default every one "
         "(--check then misses the others' targets: not measured)",
     )
     parser.add_argument(

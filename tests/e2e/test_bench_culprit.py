@@ -1,11 +1,15 @@
-"""``ftd bench culprit`` end to end (issue #33 item 5), one run of two cases through the bench's own code
-(:func:`ftd.bench.culprit.measure_case`): real Slurm with four ``slurmd`` nodes on this host, real
+"""``ftd bench culprit`` end to end (issue #33 item 5), one run of each case here through the bench's own
+code (:func:`ftd.bench.culprit.measure_case`): real Slurm with four ``slurmd`` nodes on this host, real
 Mosquitto, an ``ftd agent`` per node, ``ftd coordinator``, and a real DDP job (gloo, CPU) under ``srun
 ... ftd run --nodes 3 --spares 1``.
 
 - ``stopped``: a random rank SIGSTOPped; the verdict names its node (confident culprit), that node and
   only it is excluded (one swap onto the spare), and the job trains again from a checkpoint;
 - ``clean``: nothing injected; no verdict, no diagnosis, no exclusion, no swap, no restart.
+- ``slowed``: a random rank sleeps as long again as its step took; ``rank_slow`` names its node;
+- ``throttled``: a random rank of a CPU-bound job is moved into a cgroup with a CPU quota of half a
+  core, or half what it used when less (v1 or v2, whichever this host has); ``rank_slow`` names its
+  node and the cgroup is gone after.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ftd.bench.cpu_throttle import find_cpu_controller
 from ftd.bench.culprit import AGENT_EXTRA, RANKS, TIME_LIMIT_MIN, measure_case, summarize
 from ftd.bench.recovery_stack import RecoveryStack, recovery_stack
 from tests.e2e.multinode_slurm import MultiNodeSlurm
@@ -79,3 +84,17 @@ def test_a_slowed_rank_is_found_and_weighed_against_the_jobs_real_time_limit(
     # the cost model weighed the time Slurm says the job has left (sbatch --time), not the assumption
     assert slow["remaining_from"] == "scheduler", slow
     assert 0 < slow["remaining_s"] <= TIME_LIMIT_MIN * 60, slow
+
+
+def test_a_rank_throttled_by_its_cgroup_cpu_quota_is_found(stack: RecoveryStack, tmp_path: Path) -> None:
+    victim = random.Random().randrange(RANKS)
+    (tmp_path / "faults").mkdir()
+    got = measure_case(stack, "throttled", victim, tmp_path / "faults")
+    print(got)
+    assert "error" not in got, got
+    throttle = got["throttle"]
+    assert 0 < throttle["cores"] <= 0.5 and throttle["throttled_s"] > 0, got  # the quota held it back
+    slow = got["rank_slow"]
+    assert slow["node"] == got["victim_node"] and got["right"] is True, got
+    leftover = [p.name for p in find_cpu_controller()[1].glob("ftd-bench-throttle-*")]
+    assert leftover == [], leftover  # the cgroup was removed after the case

@@ -54,6 +54,8 @@ def test_a_slowed_rank_is_right_when_rank_slow_names_its_node() -> None:
     assert _right("slowed", _out(rank_slow={"node": "node-3"}, excluded_nodes=["node-3"]), "node-3")
     assert not _right("slowed", _out(rank_slow={"node": "node-1"}), "node-3")
     assert not _right("slowed", _out(), "node-3")
+    assert _right("throttled", _out(rank_slow={"node": "node-3"}), "node-3")
+    assert not _right("throttled", _out(rank_slow={"node": None}), "node-3")  # the job, not its node
 
 
 def test_summary_counts_and_worst_figures() -> None:
@@ -104,6 +106,7 @@ def test_the_targets_judge_a_result() -> None:
             "job_wide": _case(10, 10, **none),
             "clean": _case(10, 10, **none),
             "slowed": _case(20, 19, detect_s_max=41.0, **none),
+            "throttled": _case(20, 20, detect_s_max=30.0, **none),
             "slowed_all": _case(10, 10, **none),
         },
         "e2e_during_collection": {"p99_ratio": 1.04},
@@ -112,6 +115,11 @@ def test_the_targets_judge_a_result() -> None:
     result["cases"]["stuck"] = _case(10, 9, **hang)
     assert [str(o.check) for o in judge("culprit", result).missed()] == ["cases.stuck.wrong == 0"]
     result["cases"]["stuck"] = _case(10, 10, **hang)
+    result["cases"]["throttled"] = _case(20, 18, detect_s_max=30.0, **none)
+    assert [str(o.check) for o in judge("culprit", result).missed()] == ["cases.throttled.right >= 19"]
+    del result["cases"]["throttled"]
+    assert not judge("culprit", result).met  # a case not run fails closed
+    result["cases"]["throttled"] = _case(20, 20, detect_s_max=30.0, **none)
     del result["e2e_during_collection"]
     assert not judge("culprit", result).met  # not measured fails closed
 

@@ -1,5 +1,6 @@
 """NVML signals the rules act on (issue #10): NVLink links down, the correctable-ECC rate, sustained
-throttling, row-remap failure (no spare rows), and ``data.signal`` on every ``gpu_health`` finding.
+throttling, row-remap failure (no spare rows), and ``data.signal`` on every ``gpu_health`` finding;
+the SM clock against its maximum that slow-rank findings quote (issue #33).
 
 The watcher runs against :class:`FakeNvml` with a fake clock (no sleeping); the real backend's
 translation of NVML answers is checked against a stand-in ``pynvml`` module (no GPU needed).
@@ -260,6 +261,65 @@ async def test_remap_failure_is_no_spare_rows() -> None:
     assert event.data["histogram"]["none"] == 640
 
 
+# --- SM clocks --------------------------------------------------------------------------------------
+
+
+async def test_sm_clocks_on_the_first_sample_then_only_when_they_move() -> None:
+    h = Harness(2)
+    for gpu in (h.fake.gpu(0), h.fake.gpu(1)):
+        gpu.sm_clocks = (1980, 1980)
+    await h.poll()
+    first = h.signal(Kind.THERMAL, "sm_clocks")
+    assert sorted((e.data["index"], e.data["sm_mhz"], e.data["max_mhz"]) for e in first) == [
+        (0, 1980, 1980),
+        (1, 1980, 1980),
+    ]
+    assert all(e.severity is Severity.INFO and "active" not in e.data for e in first)  # alerts nobody
+    h.fake.gpu(1).sm_clocks = (1900, 1980)  # within 10 % of its maximum: not a move
+    assert await h.poll(60.0) == []
+    h.fake.gpu(1).sm_clocks = (990, 1980)  # half its maximum
+    moved = await h.poll(1.0)
+    assert [(e.data["index"], e.data["sm_mhz"]) for e in moved] == [(1, 990)]
+    h.fake.gpu(1).sm_clocks = (1980, 1980)  # back at once: at most one finding per GPU every 30 s
+    assert await h.poll(1.0) == []
+    back = await h.poll(30.0)
+    assert [(e.data["index"], e.data["sm_mhz"]) for e in back] == [(1, 1980)]
+
+
+async def test_sm_clocks_not_supported_is_asked_once_and_never_reported() -> None:
+    h = Harness(1)  # a FakeGpu without sm_clocks answers NotSupported, as an old driver does
+    await h.poll()
+    await h.poll(60.0)
+    assert h.signal(Kind.THERMAL, "sm_clocks") == []
+    assert h.fake.calls["sm_clocks_mhz"] == 1
+
+
+def test_real_sm_clocks_read_the_sm_clock_and_its_maximum() -> None:
+    asked: list[tuple[str, int]] = []
+
+    def clock(name: str, mhz: int) -> Any:
+        def get(handle: str, which: int) -> int:
+            asked.append((name, which))
+            return mhz
+
+        return get
+
+    nv = stand_in_pynvml(
+        NVML_CLOCK_SM=1,
+        nvmlDeviceGetClockInfo=clock("now", 1410),
+        nvmlDeviceGetMaxClockInfo=clock("max", 1980),
+    )
+    assert real_with(nv).sm_clocks_mhz(0) == (1410, 1980)
+    assert asked == [("now", 1), ("max", 1)]
+
+    def unsupported(handle: str, which: int) -> int:
+        raise FakeNVMLError(3)
+
+    nv = stand_in_pynvml(NVML_CLOCK_SM=1, nvmlDeviceGetClockInfo=unsupported)
+    with pytest.raises(NvmlNotSupported):
+        real_with(nv).sm_clocks_mhz(0)
+
+
 # --- the real backend, against a stand-in pynvml ------------------------------------------------------
 
 
@@ -300,7 +360,7 @@ def test_real_remap_failure_bit_is_no_spare_rows() -> None:
     info = real_with(nv).remapped_rows(0)
     assert info.failure is True and info.pending is False and (info.corrected, info.uncorrected) == (2, 1)
     others = {"ecc_counters", "remap_histogram", "retired_pages_pending", "temperature", "throttle_reasons"}
-    others |= {"power", "pcie_replay_counter", "nvlink_errors", "nvlink_states"}
+    others |= {"power", "sm_clocks", "pcie_replay_counter", "nvlink_errors", "nvlink_states"}
     sample = sample_gpu(real_with(nv), 0, others)
     assert sample.remap == info
     finding = row_remap(None, sample)

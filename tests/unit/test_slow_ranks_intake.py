@@ -2,7 +2,8 @@
 (:mod:`ftd.coordinator.intake.slow_ranks`) -> the ``straggler`` rule's cost model.
 
 The ranks' counters are what a synchronous job's clients would send (``tests.unit.test_slow_steps``'s
-simulator): every step as long as the slowest rank's compute, each rank's compute its own.
+simulator): every step as long as the slowest rank's compute, each rank's compute its own. The GPU
+clocks a finding quotes come from what the NVML watcher sends, run on its fake.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from ftd.config import SlowRanksConfig
+from ftd.agent.watchers.nvml.fake import FakeNvml
+from ftd.agent.watchers.nvml.watcher import NvmlWatcher
+from ftd.config import NvmlConfig, SlowRanksConfig
 from ftd.coordinator.intake.slow_ranks import SlowRanks
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import Event, JobPresence, Kind, RankInfo, StepTiming
@@ -173,3 +176,64 @@ def test_the_schedulers_time_left_weighs_the_swap_and_says_where_it_came_from() 
         assert event.data["remaining_s"] == (8.0 if source == "scheduler" else 3600.0)
         kinds = [k for k, _ in _kinds(evaluate_rule(straggler, event))]
         assert ("checkpoint_restart" in kinds) is expect_swap, (job, kinds)
+
+
+async def _watcher_events(node: str, sm_clocks: tuple[int, int] | None, throttle: int = 0) -> list[Event]:
+    """What the NVML watcher (on the fake) sends about a one-GPU node in its first poll."""
+    fake = FakeNvml(1)
+    fake.init()
+    fake.gpu(0).sm_clocks = sm_clocks
+    fake.gpu(0).throttle = throttle
+    sent: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        sent.append(event)
+
+    watcher = NvmlWatcher(NvmlConfig(interval_s=0.05), node, emit, backend=fake, clock=lambda: 0.0)
+    watcher.available = True
+    await watcher.poll_once()
+    return sent
+
+
+async def test_a_slow_rank_says_its_gpus_sm_clock_against_the_others() -> None:
+    clock = _Clock()
+    state = ClusterState()
+    sent = await _watcher_events("n3", (990, 1980), throttle=0x40)  # throttled, then its clock
+    sent += await _watcher_events("n1", (1980, 1980))
+    sent += await _watcher_events("n2", None)  # a GPU that does not report clocks: not known
+    assert [(e.node, e.data.get("signal")) for e in sent if e.kind is Kind.THERMAL] == [
+        ("n3", None),
+        ("n3", "sm_clocks"),
+        ("n1", "sm_clocks"),
+    ]
+    read_at = clock.t - 5
+    for event in sent:
+        state.apply_event(msgspec.structs.replace(event, ts=read_at))
+    slow = SlowRanks(SlowRanksConfig(), node_events=state.node_events, clock=clock)
+    sim = _Sim(11, {0: 0.1, 1: 0.1, 2: 0.1})
+    assert _feed(sim, slow, clock, 60) == []
+    sim.compute[2] = 0.2
+    [event] = _feed(sim, slow, clock, 60)
+    assert event.node == "n3"
+    clocks = event.data["gpu_clocks"]
+    assert set(clocks) == {"n1", "n3"}  # n2's GPU said nothing: left out, never a guess
+    assert {k: v for k, v in clocks["n3"]["0"].items() if k != "age_s"} == {"sm_mhz": 990, "max_mhz": 1980}
+    assert {k: v for k, v in clocks["n1"]["0"].items() if k != "age_s"} == {"sm_mhz": 1980, "max_mhz": 1980}
+    assert clocks["n3"]["0"]["age_s"] == pytest.approx(event.ts - read_at)
+    # the clock reading after the throttle event does not hide the throttle
+    assert event.data["throttled_gpus"][0]["reasons"] == ["hw_thermal_slowdown"]
+
+
+def test_stale_or_malformed_clock_readings_are_unknown() -> None:
+    clock = _Clock()
+    state = ClusterState()
+    reading = {"signal": "sm_clocks", "index": 0, "sm_mhz": 990, "max_mhz": 1980}
+    state.apply_event(make_event("n3", Kind.THERMAL, data=reading, ts=clock.t - 3600))  # an hour old
+    bad = {**reading, "sm_mhz": "fast"}
+    state.apply_event(make_event("n1", Kind.THERMAL, data=bad, ts=clock.t))
+    slow = SlowRanks(SlowRanksConfig(), node_events=state.node_events, clock=clock)
+    sim = _Sim(12, {0: 0.1, 1: 0.1, 2: 0.1})
+    _feed(sim, slow, clock, 60)
+    sim.compute[2] = 0.2
+    [event] = _feed(sim, slow, clock, 60)
+    assert event.node == "n3" and "gpu_clocks" not in event.data

@@ -8,7 +8,11 @@ with the step), and :meth:`SlowRanks.observe` hands each presence to the job's
 :class:`~ftd.culprit.steps.JobSteps` (pure detection and attribution). Where a node's GPU reports an
 alerting throttle reason (the NVML watcher's latest ``thermal`` event of that GPU says it is active,
 within the last ten minutes), a finding names it: the GPU whose index is the slow rank's local rank
-where there is one (``throttled_gpus``: index and reasons).
+where there is one (``throttled_gpus``: index and reasons). Where the job's nodes' GPUs report their SM
+clock (the watcher's ``thermal`` events with ``signal`` ``sm_clocks``, sent when a clock moves), the
+event says each one's latest clock against its maximum, the slow rank's GPU beside the others'
+(``gpu_clocks``: node -> GPU index -> ``sm_mhz``, ``max_mhz``, ``age_s``); a GPU that said nothing in
+the last ten minutes is left out (not known), and without any the key is absent.
 
 What the event carries (data): ``job``, ``scope`` (``node``: every rank of the node is slow; ``gpu``:
 some of them, its GPU or NIC; ``job``: the whole job is slower, not a node -- its ``node`` is then the
@@ -135,8 +139,8 @@ class SlowRanks:
             for record in reversed(self._node_events(node)):
                 if now - record.ts > _THROTTLE_FRESH_S:
                     break  # oldest first: nothing older is fresh either
-                if record.kind != Kind.THERMAL:
-                    continue
+                if record.kind != Kind.THERMAL or record.data.get("signal") == "sm_clocks":
+                    continue  # a clock reading says nothing about the throttle reasons
                 gpu = record.data.get("index", record.data.get("gpu"))
                 index = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
                 if index in seen:
@@ -147,6 +151,28 @@ class SlowRanks:
                     out.setdefault(node, {})[index] = [str(r)[:64] for r in reasons][:16]
                 if len(seen) >= 64:
                     break
+        return out
+
+    def _clocks(self, nodes: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+        """Per node, per GPU index, its latest fresh SM clock reading (module docstring)."""
+        if self._node_events is None:
+            return {}
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        now = self._clock()
+        for node in nodes[:64]:
+            for record in reversed(self._node_events(node)):
+                if now - record.ts > _THROTTLE_FRESH_S:
+                    break
+                data = record.data
+                if record.kind != Kind.THERMAL or data.get("signal") != "sm_clocks":
+                    continue
+                index, sm, top = data.get("index"), data.get("sm_mhz"), data.get("max_mhz")
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in (index, sm, top)):
+                    continue  # not a reading this code understands: unknown, not a guess
+                gpus = out.setdefault(node, {})
+                if str(index) in gpus or len(gpus) >= 64:
+                    continue  # an older reading of a GPU whose latest one was read
+                gpus[str(index)] = {"sm_mhz": sm, "max_mhz": top, "age_s": round(now - record.ts, 3)}
         return out
 
     def _repeats(self, node: str, now: float) -> int:
@@ -181,6 +207,9 @@ class SlowRanks:
             "exclude_after": cfg.exclude_after,
             **{k: v for k, v in finding.detail.items() if v not in ([], None)},
         }
+        clocks = self._clocks(sorted(self._nodes.get(job) or {r.node for r in steps.ranks.values()}))
+        if clocks:
+            data["gpu_clocks"] = clocks
         if node is None:
             node = sorted(self._nodes.get(job) or {r.node for r in steps.ranks.values()})[0]
             data["not_node"] = True

@@ -1,7 +1,7 @@
 """The NVML backend seam: the synchronous questions the watcher asks about GPUs, and their answers.
 
 :class:`NvmlBackend` asks small, index-based questions (inventory, ECC counters, remapped rows,
-histogram, retired pages, temperature, throttle reasons, power, PCIe replays, NVLink error
+histogram, retired pages, temperature, throttle reasons, power, SM clocks, PCIe replays, NVLink error
 counters and per-link states, Xid events). :class:`ftd.agent.watchers.nvml.real.RealNvml` answers
 them through pynvml; :class:`ftd.agent.watchers.nvml.fake.FakeNvml` answers them from a script for
 tests and benches.
@@ -120,6 +120,9 @@ class NvmlBackend(Protocol):
     def throttle_reasons(self, index: int) -> int: ...
 
     def power_w(self, index: int) -> float: ...
+
+    def sm_clocks_mhz(self, index: int) -> tuple[int, int]:
+        """The SM clock now and its maximum, in MHz (a throttled GPU runs below its maximum)."""
 
     def pcie_replay_count(self, index: int) -> int: ...
 

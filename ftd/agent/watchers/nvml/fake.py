@@ -61,6 +61,7 @@ class FakeGpu:
     temperature_c: float = 40.0
     throttle: int = 0
     power_w: float = 70.0
+    sm_clocks: tuple[int, int] | None = None  # (SM MHz now, its maximum); None: NotSupported
     pcie_replay: int = 0
     nvlink: dict[str, int] | None = None  # None: NotSupported (no NVLink)
     nvlink_links: dict[int, bool] | None = None  # link id -> active; None: NotSupported (no NVLink)
@@ -214,6 +215,13 @@ class FakeNvml:
         gpu = self._enter("power_w", index)
         assert gpu is not None
         return gpu.power_w
+
+    def sm_clocks_mhz(self, index: int) -> tuple[int, int]:
+        gpu = self._enter("sm_clocks_mhz", index)
+        assert gpu is not None
+        if gpu.sm_clocks is None:
+            raise NvmlNotSupported("sm clocks not supported (fake)")
+        return gpu.sm_clocks
 
     def pcie_replay_count(self, index: int) -> int:
         gpu = self._enter("pcie_replay_count", index)

@@ -35,6 +35,7 @@ class GpuSample:
     temperature_c: float | None = None
     throttle: int | None = None
     power_w: float | None = None
+    sm_clocks: tuple[int, int] | None = None  # (SM clock now, its maximum) in MHz
     pcie_replay: int | None = None
     nvlink: dict[str, int] | None = None
     nvlink_links: dict[int, bool] | None = None  # link id -> active
@@ -51,6 +52,7 @@ _PROBES: tuple[tuple[str, str, str], ...] = (
     ("temperature_c", "temperature_c", "temperature"),
     ("throttle", "throttle_reasons", "throttle_reasons"),
     ("power_w", "power_w", "power"),
+    ("sm_clocks", "sm_clocks_mhz", "sm_clocks"),
     ("pcie_replay", "pcie_replay_count", "pcie_replay_counter"),
     ("nvlink", "nvlink_errors", "nvlink_errors"),
     ("nvlink_links", "nvlink_states", "nvlink_states"),

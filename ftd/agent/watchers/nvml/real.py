@@ -159,6 +159,11 @@ class RealNvml:
     def power_w(self, index: int) -> float:
         return float(self._call(self._nv.nvmlDeviceGetPowerUsage, self._handle(index))) / 1000.0
 
+    def sm_clocks_mhz(self, index: int) -> tuple[int, int]:
+        nv, handle = self._nv, self._handle(index)
+        now = int(self._call(nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM))
+        return now, int(self._call(nv.nvmlDeviceGetMaxClockInfo, handle, nv.NVML_CLOCK_SM))
+
     def pcie_replay_count(self, index: int) -> int:
         return int(self._call(self._nv.nvmlDeviceGetPcieReplayCounter, self._handle(index)))
 

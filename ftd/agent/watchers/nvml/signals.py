@@ -4,8 +4,14 @@ Each function compares the previous sample (``None`` for the first, the baseline
 and returns a :data:`Finding` (event kind, severity, data) or ``None``. The watcher sends the
 findings of :func:`diff` in its fixed order: ECC, the SRAM replacement threshold, correctable-ECC
 rate, row remapping, retired pages, temperature, throttle reasons, sustained throttling, PCIe
-replays, NVLink errors, NVLink links down. Power is read but is not a signal of its own: it is part
-of the throttle event's data.
+replays, NVLink errors, NVLink links down, SM clocks. Power is read but is not a signal of its own: it
+is part of the throttle event's data.
+
+SM clocks (:func:`sm_clocks`): an ``info`` ``thermal`` finding with ``signal = "sm_clocks"``,
+``sm_mhz`` and ``max_mhz`` (no ``active``: it alerts nobody), on the first sample and whenever the
+SM clock moved by :data:`CLOCKS_CHANGE` of its maximum since the one last sent, at most one per
+:data:`CLOCKS_MIN_GAP_S` per GPU: the coordinator's slow-rank findings say each GPU's latest clock
+against its maximum (issue #33 item 3), and a GPU whose clock holds steady sends nothing more.
 
 Counters are reported when they *rise* (the baseline is not reported), but states that need a human
 (volatile DBE > 0, remap pending/failure, retired pages pending, a GPU past the SRAM replacement
@@ -44,6 +50,7 @@ __all__ = [
     "pcie_replay",
     "retired_pages",
     "row_remap",
+    "sm_clocks",
     "sram_threshold",
     "temperature",
     "throttle",
@@ -51,6 +58,9 @@ __all__ = [
 ]
 
 Finding = tuple[Kind, Severity, dict[str, Any]]
+
+CLOCKS_CHANGE = 0.1  # a move of the SM clock worth sending, as a fraction of its maximum
+CLOCKS_MIN_GAP_S = 30.0  # at most one SM clock finding per GPU this often
 
 _FLAGS = frozenset({"sram_threshold_exceeded"})  # states among the ECC counters, not counts that rise
 
@@ -68,6 +78,7 @@ class GpuMemory:
         default_factory=lambda: collections.deque(maxlen=4096)
     )  # (time, volatile correctable count)
     ecc_rate_reported: bool = False  # the correctable-rate event was sent for this episode
+    clocks_sent: tuple[int, float] | None = None  # the SM clock last sent (MHz) and when
 
 
 def diff(old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: int, mem: GpuMemory) -> list[Finding]:
@@ -85,6 +96,7 @@ def diff(old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: int, mem
         pcie_replay(old, new, cfg, index),
         nvlink(old, new, cfg, index),
         nvlink_down(old, new, index, mem),
+        sm_clocks(new, mem),
     )
     return [finding for finding in found if finding is not None]
 
@@ -279,6 +291,20 @@ def throttle_sustained(new: GpuSample, cfg: NvmlConfig, index: int, mem: GpuMemo
         "gpu": index,
     }
     return Kind.THERMAL, Severity.ERROR, data
+
+
+def sm_clocks(new: GpuSample, mem: GpuMemory) -> Finding | None:
+    """The SM clock against its maximum, when first known and when it moved (module docstring)."""
+    if new.sm_clocks is None:
+        return None
+    now, top = new.sm_clocks
+    if top <= 0 or now < 0:
+        return None  # no maximum to weigh it against: not a reading
+    sent = mem.clocks_sent
+    if sent is not None and (abs(now - sent[0]) < CLOCKS_CHANGE * top or new.t - sent[1] < CLOCKS_MIN_GAP_S):
+        return None
+    mem.clocks_sent = (now, new.t)
+    return Kind.THERMAL, Severity.INFO, {"signal": "sm_clocks", "sm_mhz": now, "max_mhz": top}
 
 
 def pcie_replay(old: GpuSample | None, new: GpuSample, cfg: NvmlConfig, index: int) -> Finding | None:
