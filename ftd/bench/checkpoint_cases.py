@@ -155,7 +155,8 @@ def run_case(
         mine = scan([local / KEEP_NODE], hashes=False).values()
         newest = max((c.step for c in mine if c.level == "local" and 0 in c.verified_ranks), default=0)
         try:
-            wait_for(lambda: _catalogued(stack, job, newest), 20, f"step {newest} verified on every rank")
+            # hashing and relaying take seconds under load: the precondition gets a minute
+            wait_for(lambda: _catalogued(stack, job, newest), 60, f"step {newest} verified on every rank")
             injected["catalogued"] = True
         except TimeoutError:
             injected["catalogued"] = False

@@ -144,7 +144,8 @@ class SlurmCluster:
             (w / sub).mkdir(parents=True, exist_ok=True)
         host = socket.gethostname().split(".")[0]
         lines = [
-            "ClusterName=ftdtest",
+            # one name per cluster on this host: job ids are per cluster, and tests run several
+            f"ClusterName=ftd{self.ctld_port}",
             f"SlurmctldHost={host}(127.0.0.1)",
             "SlurmUser=root",
             "SlurmdUser=root",

@@ -140,14 +140,34 @@ def _ppid(proc: Path, pid: int) -> int | None:
         return None
 
 
-def job_processes(job: str, *, proc_root: str = "/proc", me: int | None = None) -> list[dict[str, Any]]:
-    """Processes still carrying ``SLURM_JOB_ID=job`` in their environment, except this hook itself
-    (its ancestors and descendants: slurmd gives the Epilog the job's environment) and slurmstepd."""
+def _job_env(environ: bytes) -> tuple[str | None, str | None]:
+    """(``SLURM_JOB_ID``, ``SLURM_CLUSTER_NAME``) of a process's environment, None where absent."""
+    job = cluster = None
+    for item in environ.split(b"\0"):
+        if item.startswith(b"SLURM_JOB_ID="):
+            job = item.split(b"=", 1)[1].decode(errors="replace")
+        elif item.startswith(b"SLURM_CLUSTER_NAME="):
+            cluster = item.split(b"=", 1)[1].decode(errors="replace")
+    return job, cluster
+
+
+def _is_job(environ: bytes, job: str, cluster: str | None) -> bool:
+    """The environment is of ``job`` of ``cluster``: its job id, and its cluster where both say one
+    (job ids are per cluster: two clusters' job 2 on one host are two jobs)."""
+    theirs, their_cluster = _job_env(environ)
+    return theirs == job and (cluster is None or their_cluster is None or their_cluster == cluster)
+
+
+def job_processes(
+    job: str, *, proc_root: str = "/proc", me: int | None = None, cluster: str | None = None
+) -> list[dict[str, Any]]:
+    """Processes still carrying ``SLURM_JOB_ID=job`` (and ``SLURM_CLUSTER_NAME=cluster``, where both
+    say one) in their environment, except this hook itself (its ancestors and descendants: slurmd
+    gives the Epilog the job's environment) and slurmstepd."""
     proc = Path(proc_root)
     me = os.getpid() if me is None else me
     parents: dict[int, int | None] = {}
     candidates: list[int] = []
-    needle = f"SLURM_JOB_ID={job}".encode()
     try:
         names = os.listdir(proc)
     except OSError:
@@ -158,7 +178,7 @@ def job_processes(job: str, *, proc_root: str = "/proc", me: int | None = None) 
         pid = int(name)
         parents[pid] = _ppid(proc, pid)
         environ = _read(proc / name / "environ")
-        if environ and needle in environ.split(b"\0"):
+        if environ and _is_job(environ, job, cluster):
             candidates.append(pid)
     mine = {me}
     walker: int | None = me
@@ -221,22 +241,26 @@ def gpu_uuids(nvidia_smi: str, indexes: Iterable[str], timeout: float) -> set[st
     return {r[1] for r in rows if len(r) >= 2 and r[0] in wanted}
 
 
-def _other_job(job: str, pid: int, proc_root: str) -> bool:
-    """True when process ``pid`` carries another job's ``SLURM_JOB_ID`` (it is that job's)."""
+def _other_job(job: str, pid: int, proc_root: str, cluster: str | None = None) -> bool:
+    """True when process ``pid`` carries another job's ``SLURM_JOB_ID`` (or the same id of another
+    cluster): it is that job's."""
     environ = _read(Path(proc_root) / str(pid) / "environ") or b""
-    for item in environ.split(b"\0"):
-        if item.startswith(b"SLURM_JOB_ID="):
-            return item.split(b"=", 1)[1].decode(errors="replace") != job
-    return False
+    theirs, _ = _job_env(environ)
+    return theirs is not None and not _is_job(environ, job, cluster)
 
 
 def leftovers(
-    job: str, nvidia_smi: str, timeout: float, proc_root: str = "/proc", gpus: Iterable[str] = ()
+    job: str,
+    nvidia_smi: str,
+    timeout: float,
+    proc_root: str = "/proc",
+    gpus: Iterable[str] = (),
+    cluster: str | None = None,
 ) -> list[dict[str, Any]]:
     """The job's processes still alive (marked with the GPU they hold), plus any compute process
     still on the job's own GPUs that belongs to no other job (one that escaped with its environment
     cleared). ``nvidia-smi`` is asked only when there is something to ask about."""
-    procs = job_processes(job, proc_root=proc_root)
+    procs = job_processes(job, proc_root=proc_root, cluster=cluster)
     gpus = list(gpus)
     if not procs and not gpus:
         return []
@@ -247,7 +271,7 @@ def leftovers(
         mine = gpu_uuids(nvidia_smi, gpus, timeout)
         known = {p["pid"] for p in procs}
         for pid, uuid in sorted(held.items()):
-            if uuid not in mine or pid in known or _other_job(job, pid, proc_root):
+            if uuid not in mine or pid in known or _other_job(job, pid, proc_root, cluster):
                 continue
             try:
                 uid = (Path(proc_root) / str(pid)).stat().st_uid
@@ -302,7 +326,13 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     if not job:
         warn("no SLURM_JOB_ID in the environment: not run by slurmd? nothing reported")
         return 0
-    left = leftovers(job, args.nvidia_smi, min(args.timeout, 2.0), gpus=gpus_from_env(env))
+    left = leftovers(
+        job,
+        args.nvidia_smi,
+        min(args.timeout, 2.0),
+        gpus=gpus_from_env(env),
+        cluster=env.get("SLURM_CLUSTER_NAME") or None,
+    )
     if left:
         warn(f"job {job} left {len(left)} process(es) running: " + ", ".join(_describe(left)))
     problem = tell(path, protocol.job_end(job, left), args.timeout)

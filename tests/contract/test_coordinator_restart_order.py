@@ -64,11 +64,13 @@ async def _until(what: str, predicate: object, within: float = 15.0) -> None:
 
 
 async def _stop(task: asyncio.Task[None], coordinator: Coordinator) -> None:
+    """Stop as the daemon does (``close``: the acknowledgements of what it handled are flushed). A bare
+    ``bus.stop()`` left them unsent, and the broker delivered the last test's Xid again to the next
+    test's coordinator (the same client id), which restarted a job that test had ended (CI under load)."""
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    await coordinator.engine.close()
-    await coordinator.bus.stop()
+    await coordinator.close()
 
 
 def _decided(ledger: Path) -> list[ActionRecord]:

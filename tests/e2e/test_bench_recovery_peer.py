@@ -25,8 +25,7 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 pytest.importorskip("torch")
 
-# The recovery tests' four-node Slurm cluster and stack: the same fixtures, defined once there.
-cluster = recovery_tests.cluster
+# The recovery tests' stack, defined once there; the four-node Slurm cluster is tests/e2e/conftest.py's.
 stack = recovery_tests.stack
 
 

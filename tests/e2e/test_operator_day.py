@@ -244,7 +244,9 @@ def test_an_operators_day(day: OperatorStack) -> None:
     )
     reasons = day.slurm.run("sinfo", "-R", "-h", "-o", "%N|%E").stdout
     f.check(
-        "node-3|ftd: xid 79 gpu 0000:3b:00.0" in reasons, "drill xid 79: sinfo -R shows ftd's reason", reasons
+        "node-3|ftd: drill: xid 79 gpu 0000:3b:00.0" in reasons,  # a drill says so, in the drain reason too
+        "drill xid 79: sinfo -R shows ftd's reason, marked as a drill",
+        reasons,
     )
     f.check(
         wait_for(lambda: training_in_run(day, drill_job, 2, hw_step or 0, 1), 120),

@@ -26,7 +26,7 @@ import pytest
 
 from tests.e2e.daemons import Daemon
 from tests.e2e.test_reconcile_slurm import Cluster, agent_config, coordinator_config, wait_until
-from tests.realparts import Mosquitto, SlurmCluster
+from tests.realparts import Mosquitto, SlurmCluster, free_port
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -51,7 +51,8 @@ def cluster(slurm: SlurmCluster, mosquitto: Mosquitto, tmp_path: Path) -> Iterat
     real = slurm.run("which", "scontrol").stdout.strip() or "scontrol"
     wrapper.write_text(FAILING_SCONTROL.format(marker=tmp_path / "drain-failed-once", real=real))
     wrapper.chmod(0o755)
-    config = coordinator_config(mosquitto, slurm, ledger).replace(
+    api_port = free_port()
+    config = coordinator_config(mosquitto, slurm, ledger, api_port).replace(
         "[coordinator.slurm]\n", f'[coordinator.slurm]\nscontrol = "{wrapper}"\n'
     )
     config = config.replace(
@@ -70,7 +71,9 @@ def cluster(slurm: SlurmCluster, mosquitto: Mosquitto, tmp_path: Path) -> Iterat
         agents[node] = Daemon(
             f"agent-{node}", agent_config(mosquitto, node, kmsg[node], state, socket), tmp_path / node
         )
-    built = Cluster(slurm, mosquitto, coordinator, agents, kmsg, sockets, ledger, tmp_path)
+    built = Cluster(
+        slurm, mosquitto, coordinator, agents, kmsg, sockets, ledger, tmp_path, f"http://127.0.0.1:{api_port}"
+    )
     coordinator.start()
     for agent in agents.values():
         agent.start()

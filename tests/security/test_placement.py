@@ -155,6 +155,14 @@ def security_events(ledger: Path) -> list[dict[str, object]]:
     return [json.loads(body) for (body,) in rows]
 
 
+async def one_security_event(ledger: Path) -> dict[str, object]:
+    """The one ``security`` summary in the ledger, once it is there: the coordinator commits it with
+    its next flush of summaries, a moment after the message it counts (under load, more than one)."""
+    await until(lambda: security_events(ledger), 10, "the security summary committed")
+    (security,) = security_events(ledger)
+    return security
+
+
 async def until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -224,7 +232,7 @@ async def test_forged_ack_from_another_node_is_rejected_and_the_save_does_not_su
     assert record.detail["saved"] == {}
     assert "/forged/ckpt" not in json.dumps(record.detail)
     assert env.coordinator.placement.violations == 1
-    (security,) = security_events(env.ledger)
+    security = await one_security_event(env.ledger)
     assert security["node"] == "node-2" and security["severity"] == "error" and security["count"] == 1
     assert security["data"]["by_message"] == {"ack": 1}  # type: ignore[index]
     assert security["data"]["jobs"] == {job: 1}  # type: ignore[index]
@@ -266,7 +274,7 @@ async def test_forged_presence_then_xid_does_not_touch_the_job(env: Env, slurm: 
     assert env.coordinator.state.jobs_on_node("node-2") == []
     assert job_actions(env.coordinator, job) == []  # no save, no stop, no requeue
     assert env.coordinator.placement.violations == 1
-    (security,) = security_events(env.ledger)
+    security = await one_security_event(env.ledger)
     assert security["data"]["by_message"] == {"presence": 1}  # type: ignore[index]
     assert slurm.job(job)["JobState"] == "RUNNING" and slurm.job(job)["Restarts"] == "0"
 
@@ -297,7 +305,7 @@ async def test_forged_heartbeat_is_rejected_and_the_genuine_one_starts_the_hang_
     assert job_actions(env.coordinator, job) == []
     assert not [e for e in await env.coordinator.ledger.events() if e.id == forged.id]  # never stored
     assert env.coordinator.placement.violations == 1
-    (security,) = security_events(env.ledger)
+    security = await one_security_event(env.ledger)
     assert security["data"]["by_message"] == {"rank_heartbeat_lost": 1}  # type: ignore[index]
 
     genuine = make_event("node-1", Kind.RANK_HEARTBEAT_LOST, severity=Severity.ERROR, data=lost)

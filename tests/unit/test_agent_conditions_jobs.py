@@ -271,3 +271,15 @@ def test_gpu_processes_left_on_the_jobs_own_gpus_are_found_without_its_environme
     found = leftovers("55", str(smi), 5.0, proc_root=str(proc), gpus=["1"])
     assert [(p["pid"], p["gpu"]) for p in found] == [(53, None), (50, "GPU-B")]  # 77: no such process
     assert leftovers("55", str(smi), 5.0, proc_root=str(tmp_path / "empty"), gpus=[]) == []
+
+
+def test_another_clusters_job_with_the_same_id_is_not_a_leftover(tmp_path: Path) -> None:
+    """Job ids are per cluster: where two clusters' jobs share a host (or a test machine runs several
+    test clusters), job 55 of cluster b is not job 55 of cluster a. CI, 2026-12-04: the epilog of job 2
+    counted four processes of another test cluster's job 2."""
+    _proc(tmp_path, 30, 1, b"SLURM_JOB_ID=55\0SLURM_CLUSTER_NAME=a\0", comm="python")  # ours, escaped
+    _proc(tmp_path, 31, 1, b"SLURM_JOB_ID=55\0SLURM_CLUSTER_NAME=b\0", comm="python")  # b's job 55
+    _proc(tmp_path, 32, 1, b"SLURM_JOB_ID=55\0", comm="python")  # no cluster said: cannot tell, ours
+    found = job_processes("55", proc_root=str(tmp_path), me=999, cluster="a")
+    assert [p["pid"] for p in found] == [30, 32]
+    assert [p["pid"] for p in job_processes("55", proc_root=str(tmp_path), me=999)] == [30, 31, 32]
