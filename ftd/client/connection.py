@@ -244,7 +244,7 @@ class Connection(RankState):
             action=action,
             reason=str(msg.get("reason") or ""),
             job=job if isinstance(job, str) else None,
-            deadline_s=float(deadline) if isinstance(deadline, int | float) else None,
+            deadline_s=float(deadline) if isinstance(deadline, (int, float)) else None,
             params=params if isinstance(params, dict) else {},
             received_ns=arrived_ns,
         )

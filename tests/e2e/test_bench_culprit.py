@@ -71,6 +71,7 @@ def test_a_clean_run_is_left_alone(stack: RecoveryStack, tmp_path: Path) -> None
     assert got["right"] is True
 
 
+@pytest.mark.bench  # minutes: make bench-tests, not make test
 def test_a_slowed_rank_is_found_and_weighed_against_the_jobs_real_time_limit(
     stack: RecoveryStack, tmp_path: Path
 ) -> None:
@@ -86,6 +87,7 @@ def test_a_slowed_rank_is_found_and_weighed_against_the_jobs_real_time_limit(
     assert 0 < slow["remaining_s"] <= TIME_LIMIT_MIN * 60, slow
 
 
+@pytest.mark.bench  # minutes: make bench-tests, not make test
 def test_a_rank_throttled_by_its_cgroup_cpu_quota_is_found(stack: RecoveryStack, tmp_path: Path) -> None:
     victim = random.Random().randrange(RANKS)
     (tmp_path / "faults").mkdir()
