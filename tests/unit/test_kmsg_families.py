@@ -230,7 +230,7 @@ CASES: list[tuple[str, Kind, dict[str, Any], str]] = [
         Kind.SEGFAULT, {"process": "pt_main_thread", "pid": 771920, "library": "libnccl.so.2"}, "error",
     ),
     (
-        "kexec[896]: segfault at 0 ip 0000000000000000 sp 00007ffeaf0ff420 error 14 in dash[561ac3c5+4000]",
+        "kexec[896]: segfault at 0 ip 0000000000000000 sp 00007ffd13572a90 error 14 in dash[561ac3c5+4000]",
         Kind.SEGFAULT, {"process": "kexec", "pid": 896, "library": "dash"}, "warning",
     ),
     # resource limits
