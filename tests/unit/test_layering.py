@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "ftd"
 
 
-def imports_of(path: Path) -> set[str]:
+@functools.cache  # every test reads the same files: parse each once per process
+def imports_of(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -20,7 +22,7 @@ def imports_of(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-    return names
+    return frozenset(names)
 
 
 def importers_of(top_level: str) -> list[str]:
