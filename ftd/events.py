@@ -78,6 +78,10 @@ class Kind(enum.StrEnum):
     # lost without a goodbye (killed, crashed), or it could not start its ranks (preflight failed, the
     # command would not start). data: job, state (lost | failed), role, slot, generation, reason.
     SUPERVISOR = "supervisor"
+    # An announced interruption with a deadline (issue #37): a preemption, a time limit, maintenance, a
+    # cloud's spot/preemption notice, a pod's deletion, an operator's announcement. data: the fields of
+    # :class:`Interruption` (``msgspec.structs.asdict``); the coordinator's own sources publish it too.
+    INTERRUPTION = "interruption"
     BAD_INPUT = "bad_input"
     SECURITY = "security"
 
@@ -108,6 +112,43 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     source: str
     data: dict[str, Any] = msgspec.field(default_factory=dict)
     count: int = 1  # >1 when storm control collapsed identical events into this one
+
+
+InterruptionSource = Literal[
+    "slurm_preempt",  # the job is being preempted (PreemptTime set; GraceTime left)
+    "slurm_time_limit",  # the job's EndTime (time limit) approaches
+    "slurm_maintenance",  # a maintenance reservation overlaps the running job's nodes
+    "slurm_signal",  # the job step got a user signal (sbatch --signal=SIG@t)
+    "k8s_pod_deletion",  # the pod has a deletionTimestamp (+ deletionGracePeriodSeconds)
+    "k8s_disruption",  # the pod has the DisruptionTarget condition (eviction, preemption, taint)
+    "k8s_node_shutdown",  # the kubelet's graceful node shutdown
+    "aws_spot",  # IMDS spot/instance-action (two-minute notice)
+    "aws_rebalance",  # IMDS events/recommendations/rebalance (no deadline of its own)
+    "gcp_preempt",  # metadata instance/preempted (30 s window)
+    "gcp_maintenance",  # metadata instance/maintenance-event
+    "azure_scheduled",  # Scheduled Events (Preempt, Reboot, Redeploy, Freeze, Terminate)
+    "operator",  # an operator's announcement (ftd CLI / API)
+]
+
+
+class Interruption(msgspec.Struct, frozen=True, kw_only=True):
+    """An announced interruption (issue #37): what ends, by when, and who said so. Carried as the
+    ``data`` of a :attr:`Kind.INTERRUPTION` event; one struct for every source so the decision
+    against the deadline has one input.
+
+    ``deadline`` is the wall-clock time (epoch seconds) after which the work is killed (SIGKILL, the
+    instance gone), not when the first signal comes; ``notice_at`` is when the source announced it.
+    ``job`` is set where the interruption concerns one job (a preemption, a time limit, a pod), empty
+    where it concerns the node and whatever runs there (maintenance, a cloud notice, an operator's
+    announcement). ``ref`` is the source's own id for it (event id, reservation name, pod uid), so the
+    same notice seen again is one interruption, not two."""
+
+    source: InterruptionSource
+    deadline: float
+    notice_at: float
+    job: str = ""
+    ref: str = ""
+    detail: str = ""
 
 
 DirectiveAction = Literal[
