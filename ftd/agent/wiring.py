@@ -196,6 +196,7 @@ def build_agent(
         jobs=local_api.jobs,
         preflight_now=hooks.preflight_now,
         diagnostics_dir=state_dir / "diagnostics",
+        ask_flight=local_api.ask_flight,
     )
     parts = AgentParts(
         cfg=cfg,
