@@ -329,7 +329,9 @@ async def _rank(
 
     async def flight_part() -> None:
         asked = ""
-        if ask_flight is not None and job:  # the rank's own JSON dump: any backend, never a pickle
+        # The rank's own JSON dump (any backend, never a pickle); a stopped or zombie process cannot
+        # answer, and waiting for it would only hold up the evidence.
+        if ask_flight is not None and job and state not in ("stopped", "zombie"):
             data, asked = await ask_flight(job, info.rank, budget_s * 0.5)
             if data is not None:
                 name = f"{stem}.flight"
