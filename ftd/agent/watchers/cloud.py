@@ -105,6 +105,7 @@ class CloudWatcher:
         self.last_progress = 0.0
         self._seen: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
         self._aws_token: tuple[str, float] | None = None  # token, monotonic expiry
+        self._token_lock = asyncio.Lock()  # the two AWS endpoints polled together share one PUT
 
     def _endpoints(self) -> list[Endpoint]:
         cfg, limits = self.cfg, self.limits
@@ -233,6 +234,10 @@ class CloudWatcher:
 
     async def _token(self, session: aiohttp.ClientSession) -> str:
         """The IMDSv2 session token (PUT /latest/api/token), reused until shortly before it expires."""
+        async with self._token_lock:
+            return await self._token_locked(session)
+
+    async def _token_locked(self, session: aiohttp.ClientSession) -> str:
         now = time.monotonic()
         if self._aws_token is not None and self._aws_token[1] > now:
             return self._aws_token[0]
