@@ -3,7 +3,7 @@
 Every part of the agent is created here, once, from the configuration, and handed to it; the app
 (:mod:`ftd.agent.app`) only runs them. The flow they make, from the node to the bus:
 
-    watchers (kmsg, heartbeat, NVML, logs, fs, memory, host, save path, extra)
+    watchers (kmsg, heartbeat, NVML, logs, fs, cloud notices, memory, host, save path, extra)
       -> storm control (:mod:`ftd.agent.storm`: first occurrences at once, repeats counted)
       -> the one door (:mod:`ftd.agent.door`: every event enriched with the job and rank of the
          process it names and the mount it concerns, then the node's conditions)
