@@ -212,6 +212,25 @@ async def test_gcp_and_azure_notices_reach_the_bus(tmp_path: Path, mosquitto: Mo
         assert md.bad_headers == 0
 
 
+async def test_a_recurring_maintenance_is_published_again_after_none(
+    tmp_path: Path, mosquitto: Mosquitto
+) -> None:
+    md = Metadata()
+    path = "/computeMetadata/v1/instance/maintenance-event"
+    md.routes["/computeMetadata/v1/instance/preempted"] = (200, b"FALSE")
+    async with agent_with_cloud(tmp_path, mosquitto, md, gcp=True) as env:
+        for expected in (1, 2):
+            md.routes[path] = (200, b"NONE")
+            seen = md.hits.get(path, 0)
+            await until(lambda seen=seen: md.hits.get(path, 0) >= seen + 2, 5)  # type: ignore[misc]
+            md.routes[path] = (200, b"TERMINATE_ON_HOST_MAINTENANCE")
+            await until(lambda expected=expected: len(env.events) >= expected, 2.0)  # type: ignore[misc]
+            seen = md.hits[path]
+            await until(lambda seen=seen: md.hits[path] >= seen + 2, 5)  # type: ignore[misc]
+            assert len(env.events) == expected  # still announced: not again
+        assert {interruption(e).source for _, e in env.events} == {"gcp_maintenance"}
+
+
 async def test_hanging_failing_and_hostile_servers_cost_bounded_waits_and_no_event(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:

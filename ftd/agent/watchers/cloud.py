@@ -103,7 +103,8 @@ class CloudWatcher:
         self.endpoints = self._endpoints()
         self.counts = _Counts()
         self.last_progress = 0.0
-        self._seen: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+        # (endpoint url, source, ref) of the notices published and still announced
+        self._seen: collections.OrderedDict[tuple[str, str, str], None] = collections.OrderedDict()
         self._aws_token: tuple[str, float] | None = None  # token, monotonic expiry
         self._token_lock = asyncio.Lock()  # the two AWS endpoints polled together share one PUT
 
@@ -197,6 +198,8 @@ class CloudWatcher:
             self._failed(endpoint, parsed.error, parsed.detail)
         else:
             endpoint.failures, endpoint.next_at = 0, 0.0
+            if not parsed.notices:  # the endpoint says "none" again: a later notice is a new one
+                self._forget(endpoint)
         for notice in parsed.notices:  # the sane ones of a document that also held a bogus one
             await self._publish(endpoint, notice)
 
@@ -275,8 +278,14 @@ class CloudWatcher:
             retry_in_s=round(wait, 1),
         )
 
+    def _forget(self, endpoint: Endpoint) -> None:
+        """GCP's maintenance-event names the same value for every maintenance: once the endpoint
+        answers "none", the next appearance of a value is a new notice."""
+        for key in [k for k in self._seen if k[0] == endpoint.url]:
+            del self._seen[key]
+
     async def _publish(self, endpoint: Endpoint, notice: Interruption) -> None:
-        key = (notice.source, notice.ref)
+        key = (endpoint.url, notice.source, notice.ref)
         if key in self._seen:
             return
         self._seen[key] = None
