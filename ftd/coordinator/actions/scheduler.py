@@ -111,6 +111,8 @@ class JobInfo:
     required: tuple[str, ...] = ()  # nodes it was pinned to (Slurm's ReqNodeList: sbatch -w)
     held: bool = False  # pending and held: it starts only once released
     time_left_s: float | None = None  # running: its time limit minus its run time; None: no limit known
+    end_time: float | None = None  # running with a limit: epoch s when the limit ends it (Slurm EndTime)
+    preempt_time: float | None = None  # being preempted: epoch s it was chosen (Slurm PreemptTime)
 
 
 @runtime_checkable
@@ -170,6 +172,7 @@ class _FakeJob:
     held: bool = False
     required: tuple[str, ...] = ()
     ends_at: float | None = None  # time.time() when its time limit runs out (None: no limit)
+    preempted_at: float | None = None  # time.time() when it was chosen for preemption (None: it is not)
 
 
 @dataclass
@@ -223,6 +226,11 @@ class FakeScheduler:
             required=tuple(required),
             ends_at=None if time_limit_s is None else time.time() + time_limit_s,
         )
+
+    def preempt_job(self, job: str) -> None:
+        """Test control: a higher-priority job chose ``job`` for preemption now (Slurm sets
+        ``PreemptTime``; the job keeps RUNNING through its partition's ``GraceTime``)."""
+        self._job(job).preempted_at = time.time()
 
     def finish_job(self, job: str, state: str = "COMPLETED") -> None:
         self._job(job).state = state
@@ -302,11 +310,21 @@ class FakeScheduler:
 
     async def job_info(self, job: str) -> JobInfo:
         j = self._job(job)
-        left = None
+        left = end = None
         if j.ends_at is not None and j.state == "RUNNING":
-            left = max(0.0, j.ends_at - time.time())
+            left, end = max(0.0, j.ends_at - time.time()), float(int(j.ends_at))  # Slurm shows whole seconds
+        preempt = float(int(j.preempted_at)) if j.preempted_at is not None and j.state == "RUNNING" else None
         return JobInfo(
-            job, j.state, j.nodes, j.excluded, j.restarts, required=j.required, held=j.held, time_left_s=left
+            job,
+            j.state,
+            j.nodes,
+            j.excluded,
+            j.restarts,
+            required=j.required,
+            held=j.held,
+            time_left_s=left,
+            end_time=end,
+            preempt_time=preempt,
         )
 
     async def list_nodes(self) -> list[NodeInfo]:

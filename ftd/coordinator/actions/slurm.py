@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 from collections.abc import Sequence
 
 from ftd.coordinator.actions.scheduler import (
@@ -128,6 +129,7 @@ def parse_oneliner(line: str) -> dict[str, str]:
     return result
 
 
+_TIMESTAMP_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}$")
 _DURATION_RE = re.compile(r"^(?:([0-9]{1,6})-)?(?:([0-9]{1,9}):)?(?:([0-9]{1,9}):)?([0-9]{1,9})$")
 
 
@@ -161,6 +163,26 @@ def time_left(rec: dict[str, str]) -> float | None:
     if limit is None or ran is None:
         return None
     return max(0.0, limit - ran)
+
+
+def parse_timestamp(text: str) -> float | None:
+    """Epoch seconds of a time as ``scontrol`` prints ``EndTime``/``PreemptTime``
+    (``2026-12-04T20:10:41``, the controller host's local time, which is this host's when both use
+    the same zone); None for ``None``, ``Unknown`` and anything else. Never raises."""
+    if not isinstance(text, str) or not _TIMESTAMP_RE.match(text.strip()):
+        return None
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _running_time(rec: dict[str, str], key: str) -> float | None:
+    """``rec[key]`` as epoch seconds while the job is active; None otherwise (a pending job's
+    ``EndTime`` is only the scheduler's guess)."""
+    if rec.get("JobState") not in _ACTIVE_STATES:
+        return None
+    return parse_timestamp(rec.get(key, ""))
 
 
 def _node_info(rec: dict[str, str]) -> NodeInfo:
@@ -313,6 +335,8 @@ class SlurmScheduler:
             required=expand_hostlist(rec.get("ReqNodeList", "")),
             held=rec.get("JobState") == "PENDING" and reason in HELD_REASONS,
             time_left_s=time_left(rec),
+            end_time=_running_time(rec, "EndTime") if time_left(rec) is not None else None,
+            preempt_time=_running_time(rec, "PreemptTime"),
         )
 
     async def job_nodes(self, job: str) -> tuple[str, ...]:
