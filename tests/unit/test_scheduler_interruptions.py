@@ -29,10 +29,16 @@ def _job(**kw: object) -> JobInfo:
     return JobInfo(**base)  # type: ignore[arg-type]
 
 
-def test_preempted_job_deadline_is_preempt_time_plus_grace() -> None:
+def test_preempted_job_deadline_is_its_rewritten_end_time() -> None:
+    # Slurm 22.05 sets EndTime = PreemptTime + GraceTime (here 45 s, not the configured 20).
+    [it] = interruptions_of(_job(preempt_time=NOW - 5, end_time=NOW + 40), NOW, POLICY)
+    assert it.source == "slurm_preempt"  # and not also a time limit, though EndTime is near
+    assert it.deadline == NOW + 40 and it.notice_at == NOW - 5 and it.job == "7"
+
+
+def test_preempted_job_without_end_time_uses_the_configured_grace() -> None:
     [it] = interruptions_of(_job(preempt_time=NOW - 5), NOW, POLICY)
-    assert it.source == "slurm_preempt"
-    assert it.deadline == NOW - 5 + 20.0 and it.notice_at == NOW - 5 and it.job == "7"
+    assert it.deadline == NOW - 5 + 20.0
 
 
 def test_time_limit_inside_the_window_only() -> None:
@@ -62,6 +68,7 @@ def test_refs_are_stable_and_deadlines_never_before_the_announced_time(
         anchor = preempt if it.source == "slurm_preempt" else end
         assert anchor is not None and it.deadline >= anchor
         msgspec.convert(msgspec.structs.asdict(it), Interruption)  # the contract's shape
+    assert [it.source for it in first].count("slurm_preempt") == (preempt is not None)
     # Seen again later: the same refs (one interruption), a time limit never un-announced.
     again = {it.ref for it in interruptions_of(info, now + later, POLICY)}
     assert {it.ref for it in first} <= again
@@ -98,7 +105,7 @@ async def test_poller_emits_each_interruption_once_and_drops_finished_jobs() -> 
     [event] = seen
     it = msgspec.convert(event.data, Interruption)
     assert event.kind == Kind.INTERRUPTION and event.node == "n1" and it.source == "slurm_preempt"
-    assert abs(it.deadline - (time.time() + 20.0)) < 2.0
+    assert abs(it.deadline - (time.time() + 20.0)) < 2.0  # EndTime = PreemptTime + GraceTime
     fake.finish_job("7", "PREEMPTED")
     await poller.poll_once()
     assert poller.watched == ()

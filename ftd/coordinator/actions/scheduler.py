@@ -111,7 +111,7 @@ class JobInfo:
     required: tuple[str, ...] = ()  # nodes it was pinned to (Slurm's ReqNodeList: sbatch -w)
     held: bool = False  # pending and held: it starts only once released
     time_left_s: float | None = None  # running: its time limit minus its run time; None: no limit known
-    end_time: float | None = None  # running with a limit: epoch s when the limit ends it (Slurm EndTime)
+    end_time: float | None = None  # running with a limit or preempted: epoch s it is ended (Slurm EndTime)
     preempt_time: float | None = None  # being preempted: epoch s it was chosen (Slurm PreemptTime)
 
 
@@ -227,10 +227,13 @@ class FakeScheduler:
             ends_at=None if time_limit_s is None else time.time() + time_limit_s,
         )
 
-    def preempt_job(self, job: str) -> None:
-        """Test control: a higher-priority job chose ``job`` for preemption now (Slurm sets
-        ``PreemptTime``; the job keeps RUNNING through its partition's ``GraceTime``)."""
-        self._job(job).preempted_at = time.time()
+    def preempt_job(self, job: str, grace_s: float = 20.0) -> None:
+        """Test control: a higher-priority job chose ``job`` for preemption now. As Slurm 22.05 does,
+        ``PreemptTime`` is set and ``EndTime`` becomes now + ``grace_s`` (the partition's
+        ``GraceTime``); the job keeps RUNNING until then."""
+        j = self._job(job)
+        j.preempted_at = time.time()
+        j.ends_at = j.preempted_at + grace_s
 
     def finish_job(self, job: str, state: str = "COMPLETED") -> None:
         self._job(job).state = state

@@ -325,6 +325,7 @@ class SlurmScheduler:
         except ValueError:
             restarts = 0
         reason = rec.get("Reason")
+        preempt = _running_time(rec, "PreemptTime")
         return JobInfo(
             job=job,
             state=rec.get("JobState", "UNKNOWN"),
@@ -335,8 +336,10 @@ class SlurmScheduler:
             required=expand_hostlist(rec.get("ReqNodeList", "")),
             held=rec.get("JobState") == "PENDING" and reason in HELD_REASONS,
             time_left_s=time_left(rec),
-            end_time=_running_time(rec, "EndTime") if time_left(rec) is not None else None,
-            preempt_time=_running_time(rec, "PreemptTime"),
+            # EndTime: the limit's end, or PreemptTime + GraceTime once preempted (a job without a
+            # limit shows a guess a year ahead otherwise)
+            end_time=_running_time(rec, "EndTime") if time_left(rec) is not None or preempt is not None else None,
+            preempt_time=preempt,
         )
 
     async def job_nodes(self, job: str) -> tuple[str, ...]:

@@ -14,10 +14,13 @@ wait on it), and each new interruption is handed to ``emit`` once. Failed lookup
 logged, and the job stays watched until ``max_failures`` in a row (a job purged from slurmctld after
 ``MinJobAge`` is "Invalid job id" for ever); a job the scheduler no longer shows running is dropped.
 
-Why the deadline is what it is: a preempted job is killed ``GraceTime`` after ``PreemptTime`` (the
-partition's or QOS's GraceTime, which ``scontrol show job`` does not show, hence ``preempt_grace_s``
-from the configuration; docs/deadlines.md "Slurm"); a job at its limit is killed at ``EndTime`` plus
-``KillWait`` after the SIGTERM (``kill_wait_s``).
+Why the deadline is what it is (checked on Slurm 22.05, ``PreemptType=preempt/partition_prio``,
+``PreemptMode=REQUEUE``, partition ``GraceTime=20``): when a job is chosen for preemption slurmctld sets
+``PreemptTime`` and rewrites the job's ``EndTime`` to ``PreemptTime + GraceTime``; the job stays
+RUNNING until then. So a preempted job's deadline is its ``EndTime`` as shown (``preempt_grace_s``
+from the configuration only where ``EndTime`` is missing), and while ``PreemptTime`` is set the
+``EndTime`` is the preemption's, not a time limit's. A job at its limit gets SIGTERM at ``EndTime``
+and SIGKILL ``KillWait`` later (``kill_wait_s``). See docs/deadlines.md "Slurm".
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class InterruptionPolicy:
     """What counts as announced and how long the scheduler lets the job live after the notice."""
 
     time_limit_window_s: float = 600.0  # EndTime within this: a slurm_time_limit interruption
-    preempt_grace_s: float = 0.0  # the partition's/QOS's GraceTime (scontrol show job omits it)
+    preempt_grace_s: float = 0.0  # GraceTime, used only where the preempted job shows no EndTime
     kill_wait_s: float = 0.0  # slurm.conf KillWait: SIGTERM at EndTime, SIGKILL this much later
 
 
@@ -56,16 +59,22 @@ def interruptions_of(info: JobInfo, now: float, policy: InterruptionPolicy) -> l
         return []
     found: list[Interruption] = []
     if info.preempt_time is not None:
+        rewritten = info.end_time is not None and info.end_time >= info.preempt_time
         found.append(
             Interruption(
                 source="slurm_preempt",
-                deadline=info.preempt_time + policy.preempt_grace_s,
+                deadline=info.end_time if rewritten and info.end_time is not None else (
+                    info.preempt_time + policy.preempt_grace_s
+                ),
                 notice_at=info.preempt_time,
                 job=info.job,
                 ref=f"slurm-preempt-{info.job}-{int(info.preempt_time)}",
-                detail=f"PreemptTime + GraceTime {policy.preempt_grace_s:g}s",
+                detail="EndTime (PreemptTime + GraceTime)"
+                if rewritten
+                else f"PreemptTime + configured GraceTime {policy.preempt_grace_s:g}s",
             )
         )
+        return found  # its EndTime is now the preemption's, not a time limit's
     if info.end_time is not None and info.end_time - now <= policy.time_limit_window_s:
         found.append(
             Interruption(

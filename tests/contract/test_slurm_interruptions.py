@@ -1,0 +1,135 @@
+"""Slurm's announced interruptions (issue #37) against the fake and a real Slurm 22.05 with
+preemption enabled (:func:`tests.realparts.preemption_conf`): the poller emits one
+``slurm_preempt`` / ``slurm_time_limit`` interruption with the deadline Slurm itself will enforce."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from ftd.coordinator.actions.scheduler import FakeScheduler, Scheduler
+from ftd.coordinator.actions.slurm import SlurmScheduler, parse_timestamp
+from ftd.coordinator.intake.scheduler_interruptions import InterruptionPolicy, SchedulerInterruptions
+from ftd.events import Event, Interruption, Kind
+from tests.realparts import SlurmCluster, preemption_conf
+
+GRACE_S = 20
+POLL_S = 0.5
+POLICY = InterruptionPolicy(time_limit_window_s=600.0, kill_wait_s=2.0)  # KillWait=2 in the test cluster
+
+
+@pytest.fixture(scope="module")
+def preempt_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm-preempt"), nodes=1, extra_conf=preemption_conf(GRACE_S))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@dataclass
+class Side:
+    sched: Scheduler
+    cluster: SlurmCluster | None = None
+
+    async def low_job(self, minutes: int) -> str:
+        """A running job of the preemptible partition with a ``minutes`` time limit."""
+        if self.cluster is None:
+            assert isinstance(self.sched, FakeScheduler)
+            self.sched.add_job("11", ["node-1"], time_limit_s=minutes * 60.0)
+            return "11"
+        job = await asyncio.to_thread(
+            self.cluster.sbatch, None, "-p", "low", "--requeue", f"--time={minutes}", wrap="sleep 600"
+        )
+        await asyncio.to_thread(self.cluster.wait_job_state, job, "RUNNING")
+        return job
+
+    async def preempt(self, job: str) -> None:
+        """Start a job of the high partition on the same node: Slurm chooses ``job`` for preemption."""
+        if self.cluster is None:
+            assert isinstance(self.sched, FakeScheduler)
+            self.sched.preempt_job(job, GRACE_S)
+            return
+        await asyncio.to_thread(self.cluster.sbatch, None, "-p", "high", wrap="sleep 600")
+
+    async def record(self, job: str) -> dict[str, str]:
+        if self.cluster is None:
+            return {}
+        return await asyncio.to_thread(self.cluster.job, job)
+
+
+@pytest.fixture(params=["fake", pytest.param("slurm", marks=pytest.mark.real)])
+def side(request: pytest.FixtureRequest) -> Iterator[Side]:
+    if request.param == "fake":
+        yield Side(FakeScheduler())
+        return
+    cluster: SlurmCluster = request.getfixturevalue("preempt_cluster")
+    cluster.reset()
+    try:
+        yield Side(SlurmScheduler(slurm_conf=str(cluster.conf_path), timeout_s=30.0), cluster)
+    finally:
+        cluster.reset()
+
+
+async def _first(poller: SchedulerInterruptions, seen: list[Event], within_s: float) -> Interruption:
+    """Poll every POLL_S until an interruption is emitted (at most ``within_s``)."""
+    deadline = time.monotonic() + within_s
+    while not seen:
+        assert time.monotonic() < deadline, "no interruption emitted"
+        await poller.poll_once()
+        if not seen:
+            await asyncio.sleep(POLL_S)
+    [event] = seen
+    assert event.kind == Kind.INTERRUPTION and event.node == "node-1"
+    return msgspec.convert(event.data, Interruption)
+
+
+async def test_a_time_limit_inside_the_window_is_announced_once(side: Side) -> None:
+    seen: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        seen.append(event)
+
+    job = await side.low_job(minutes=5)  # 300 s left: inside the 600 s window
+    poller = SchedulerInterruptions(side.sched, emit, policy=POLICY, interval_s=POLL_S)
+    poller.watch(job, "node-1")
+    it = await _first(poller, seen, within_s=5)
+    assert it.source == "slurm_time_limit" and it.job == job
+    assert 290 <= it.deadline - 2.0 - time.time() <= 302  # EndTime (+ KillWait) about 5 min ahead
+    rec = await side.record(job)
+    if rec:  # the real Slurm's own EndTime, to the second
+        assert it.deadline == parse_timestamp(rec["EndTime"]) + 2.0
+    await poller.poll_once()
+    assert len(seen) == 1  # seen again: the same interruption, not a second one
+
+
+async def test_a_preempted_job_is_announced_with_its_grace_end_as_deadline(side: Side) -> None:
+    seen: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        seen.append(event)
+
+    job = await side.low_job(minutes=60)  # far from its limit: nothing to announce
+    poller = SchedulerInterruptions(side.sched, emit, policy=POLICY, interval_s=POLL_S)
+    poller.watch(job, "node-1")
+    assert await poller.poll_once() == 0
+    asked = time.time()
+    await side.preempt(job)
+    it = await _first(poller, seen, within_s=10)
+    assert it.source == "slurm_preempt" and it.job == job
+    assert asked - 1.5 <= it.notice_at <= time.time()  # PreemptTime: when the high job came
+    assert it.deadline == pytest.approx(it.notice_at + GRACE_S, abs=1.0)  # + the partition's GraceTime
+    rec = await side.record(job)
+    if rec:
+        assert rec["JobState"] == "RUNNING"  # still running through its grace: time to save
+        assert it.deadline == parse_timestamp(rec["EndTime"])
+    for _ in range(3):
+        await poller.poll_once()
+    assert len(seen) == 1
