@@ -66,8 +66,8 @@ from ftd.coordinator.intake.placement import NeedPlacement, Placement
 from ftd.coordinator.intake.presence_memory import PresenceMemory
 from ftd.coordinator.intake.rack_bridges import RackBridges, bridge_up
 from ftd.coordinator.intake.receipts import ReceiptOutbox
-from ftd.coordinator.intake.slow_ranks import SlowRanks
 from ftd.coordinator.intake.scheduler_interruptions import InterruptionPolicy, SchedulerInterruptions
+from ftd.coordinator.intake.slow_ranks import SlowRanks
 from ftd.coordinator.intake.time_left import JobTimeLeft
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.leadership import HaStatus
@@ -183,7 +183,9 @@ class Coordinator:
         announced = config.coordinator.slurm.interruptions
         self.interruptions = SchedulerInterruptions(  # issue #37: preemption, time limit (Slurm)
             # Kubernetes announces through the pod (its own source); Slurm and the fake through job_info
-            scheduler if announced.enabled and scheduler is not None and scheduler.name != "kubernetes" else None,
+            scheduler
+            if announced.enabled and scheduler is not None and scheduler.name != "kubernetes"
+            else None,
             self.engine.handle_event,
             policy=InterruptionPolicy(
                 time_limit_window_s=announced.time_limit_window_s,

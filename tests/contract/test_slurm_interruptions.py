@@ -26,7 +26,9 @@ POLICY = InterruptionPolicy(time_limit_window_s=600.0, kill_wait_s=2.0)  # KillW
 
 @pytest.fixture(scope="module")
 def preempt_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm-preempt"), nodes=1, extra_conf=preemption_conf(GRACE_S))
+    cluster = SlurmCluster(
+        tmp_path_factory.mktemp("slurm-preempt"), nodes=1, extra_conf=preemption_conf(GRACE_S)
+    )
     cluster.start()
     try:
         yield cluster
@@ -133,3 +135,31 @@ async def test_a_preempted_job_is_announced_with_its_grace_end_as_deadline(side:
     for _ in range(3):
         await poller.poll_once()
     assert len(seen) == 1
+
+
+@pytest.mark.real
+def test_check_config_grace_audit_reads_the_real_slurm(
+    preempt_cluster: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ftd check-config --grace`` against the real cluster: KillWait=2 and partition low's GraceTime=20
+    are too short for a 30 s save; ``high`` (PreemptMode=OFF) is never preempted, so not named."""
+    from ftd.cli import main
+
+    path = tmp_path / "ftd.toml"
+    path.write_text(
+        f'[coordinator]\nscheduler = "slurm"\nsave_deadline_s = 30\n'
+        f'[coordinator.slurm]\nslurm_conf = "{preempt_cluster.conf_path}"\n'
+    )
+    assert (
+        main(
+            ["check-config", str(path), "--for", "coordinator", "--no-files", "--grace", "--stop-grace", "10"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "KillWait 2.0s" in out
+    warnings = [line for line in out.splitlines() if "WARNING" in line]
+    assert any("PartitionName=low GraceTime" in w and "GraceTime=20s" in w for w in warnings), out
+    assert not any("PartitionName=high" in w for w in warnings), out
+    assert any("ftd run --stop-grace:" in w for w in warnings), out
+    assert any("KillWait / sbatch --signal" in w for w in warnings), out

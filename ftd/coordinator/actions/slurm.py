@@ -56,6 +56,7 @@ from ftd.coordinator.actions.scheduler import (
     SchedulerError,
     sanitize_reason,
 )
+from ftd.coordinator.decide.grace_audit import SlurmGrace
 
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _JOB_RE = re.compile(r"^[0-9]{1,20}([_+][0-9]{1,20})?$")
@@ -183,6 +184,32 @@ def _running_time(rec: dict[str, str], key: str) -> float | None:
     if rec.get("JobState") not in _ACTIVE_STATES:
         return None
     return parse_timestamp(rec.get(key, ""))
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` (``Key                = value`` lines) as ``{Key: value}``."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def grace_of(config_text: str, partitions_text: str) -> SlurmGrace:
+    """KillWait from ``scontrol show config`` (``30 sec``) and each partition's GraceTime (seconds) and
+    PreemptMode from ``scontrol show partition -o``; unreadable values are left out, never guessed."""
+    kill_wait: float | None = None
+    m = re.match(r"^([0-9]+)(?: sec)?$", parse_show_config(config_text).get("KillWait", ""))
+    if m is not None:
+        kill_wait = float(m.group(1))
+    parts: dict[str, tuple[float, str]] = {}
+    for line in partitions_text.splitlines():
+        rec = parse_oneliner(line) if line.strip() else {}
+        name, grace = rec.get("PartitionName"), rec.get("GraceTime", "")
+        if name and grace.isdigit():
+            parts[name] = (float(grace), rec.get("PreemptMode", "OFF"))
+    return SlurmGrace(kill_wait_s=kill_wait, partitions=parts)
 
 
 def _node_info(rec: dict[str, str]) -> NodeInfo:
@@ -326,6 +353,7 @@ class SlurmScheduler:
             restarts = 0
         reason = rec.get("Reason")
         preempt = _running_time(rec, "PreemptTime")
+        limited = time_left(rec) is not None
         return JobInfo(
             job=job,
             state=rec.get("JobState", "UNKNOWN"),
@@ -338,7 +366,7 @@ class SlurmScheduler:
             time_left_s=time_left(rec),
             # EndTime: the limit's end, or PreemptTime + GraceTime once preempted (a job without a
             # limit shows a guess a year ahead otherwise)
-            end_time=_running_time(rec, "EndTime") if time_left(rec) is not None or preempt is not None else None,
+            end_time=_running_time(rec, "EndTime") if limited or preempt is not None else None,
             preempt_time=preempt,
         )
 
@@ -425,6 +453,12 @@ class SlurmScheduler:
         """Release a held ``job`` (``scontrol release``); a job that is not held is left as it is."""
         if (await self.job_info(_check_job(job))).held:
             await self._run("release", job)
+
+    async def grace(self) -> SlurmGrace:
+        """What Slurm grants after its notice (KillWait, each partition's GraceTime and PreemptMode)."""
+        _, config, _ = await self._run("show", "config")
+        _, partitions, _ = await self._run("show", "partition", "-o")
+        return grace_of(config, partitions)
 
     # -- reboot -----------------------------------------------------------------------------------
 
