@@ -24,7 +24,13 @@ POLICY = InterruptionPolicy(time_limit_window_s=600.0, preempt_grace_s=20.0, kil
 
 
 def _job(**kw: object) -> JobInfo:
-    base: dict[str, object] = {"job": "7", "state": "RUNNING", "nodes": ("n1",), "excluded": (), "restarts": 0}
+    base: dict[str, object] = {
+        "job": "7",
+        "state": "RUNNING",
+        "nodes": ("n1",),
+        "excluded": (),
+        "restarts": 0,
+    }
     base.update(kw)
     return JobInfo(**base)  # type: ignore[arg-type]
 

@@ -63,9 +63,9 @@ def interruptions_of(info: JobInfo, now: float, policy: InterruptionPolicy) -> l
         found.append(
             Interruption(
                 source="slurm_preempt",
-                deadline=info.end_time if rewritten and info.end_time is not None else (
-                    info.preempt_time + policy.preempt_grace_s
-                ),
+                deadline=info.end_time
+                if rewritten and info.end_time is not None
+                else (info.preempt_time + policy.preempt_grace_s),
                 notice_at=info.preempt_time,
                 job=info.job,
                 ref=f"slurm-preempt-{info.job}-{int(info.preempt_time)}",
@@ -109,7 +109,7 @@ class SchedulerInterruptions:
     def __init__(
         self,
         scheduler: Scheduler | None,
-        emit: Callable[[Event], Awaitable[None]],
+        emit: Callable[[Event], Awaitable[object]],
         *,
         policy: InterruptionPolicy | None = None,
         interval_s: float = 15.0,
