@@ -107,7 +107,8 @@ async def test_a_time_limit_inside_the_window_is_announced_once(side: Side) -> N
     assert 290 <= it.deadline - 2.0 - time.time() <= 302  # EndTime (+ KillWait) about 5 min ahead
     rec = await side.record(job)
     if rec:  # the real Slurm's own EndTime, to the second
-        assert it.deadline == parse_timestamp(rec["EndTime"]) + 2.0
+        end = parse_timestamp(rec["EndTime"])
+        assert end is not None and it.deadline == end + 2.0
     await poller.poll_once()
     assert len(seen) == 1  # seen again: the same interruption, not a second one
 
