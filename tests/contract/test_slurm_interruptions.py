@@ -61,6 +61,32 @@ class Side:
             return
         await asyncio.to_thread(self.cluster.sbatch, None, "-p", "high", wrap="sleep 600")
 
+    async def reserve_for_maintenance(self, name: str) -> None:
+        """node-1 reserved for maintenance from a minute from now, for 10 minutes (running jobs kept:
+        ``ignore_jobs``, or Slurm refuses a reservation over a running job)."""
+        if self.cluster is None:
+            assert isinstance(self.sched, FakeScheduler)
+            self.sched.add_reservation(name, ["node-1"], start_in_s=60, duration_s=600)
+            return
+        await asyncio.to_thread(
+            self.cluster.run,
+            "scontrol",
+            "create",
+            "reservation",
+            f"reservationname={name}",
+            "starttime=now+60",
+            "duration=10",
+            "nodes=node-1",
+            "flags=maint,ignore_jobs",
+            "users=root",
+        )
+
+    async def unreserve(self, name: str) -> None:
+        if self.cluster is not None:
+            await asyncio.to_thread(
+                self.cluster.run, "scontrol", "delete", f"reservationname={name}", check=False
+            )
+
     async def record(self, job: str) -> dict[str, str]:
         if self.cluster is None:
             return {}
@@ -135,6 +161,28 @@ async def test_a_preempted_job_is_announced_with_its_grace_end_as_deadline(side:
         assert it.deadline == parse_timestamp(rec["EndTime"])
     for _ in range(3):
         await poller.poll_once()
+    assert len(seen) == 1
+
+
+async def test_a_maintenance_reservation_over_the_jobs_node_is_announced_with_its_start(side: Side) -> None:
+    seen: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        seen.append(event)
+
+    job = await side.low_job(minutes=60)
+    poller = SchedulerInterruptions(side.sched, emit, policy=POLICY, interval_s=POLL_S)
+    poller.watch(job, "node-1")
+    assert await poller.poll_once() == 0
+    asked = time.time()
+    await side.reserve_for_maintenance("ftdmaint")
+    try:
+        it = await _first(poller, seen, within_s=5)
+        await poller.poll_once()
+    finally:
+        await side.unreserve("ftdmaint")
+    assert it.source == "slurm_maintenance" and it.job == job and "ftdmaint" in it.ref
+    assert asked + 58 <= it.deadline <= time.time() + 61  # StartTime: now+60, whole seconds
     assert len(seen) == 1
 
 

@@ -9,12 +9,13 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftd.coordinator.actions.scheduler import FakeScheduler, JobInfo
+from ftd.coordinator.actions.scheduler import FakeScheduler, JobInfo, Reservation
 from ftd.coordinator.actions.slurm import parse_timestamp
 from ftd.coordinator.intake.scheduler_interruptions import (
     InterruptionPolicy,
     SchedulerInterruptions,
     interruptions_of,
+    maintenance_of,
 )
 from ftd.events import Event, Interruption, Kind
 from tests.properties import examples
@@ -143,3 +144,45 @@ async def test_without_a_scheduler_nothing_is_watched() -> None:
     poller = SchedulerInterruptions(None, emit)
     poller.watch("7", "n1")
     assert poller.watched == () and await poller.poll_once() == 0
+
+
+def _resv(
+    name: str, nodes: tuple[str, ...], start: float, end: float | None, maint: bool = True
+) -> Reservation:
+    return Reservation(name=name, start=start, end=end, nodes=nodes, maintenance=maint)
+
+
+def test_a_maintenance_reservation_on_the_jobs_nodes_before_its_end_is_announced() -> None:
+    info = _job(nodes=("n1", "n2"), end_time=NOW + 3600)
+    resvs = [
+        _resv("maint1", ("n2", "n9"), NOW + 60, NOW + 660),  # on n2, before the job ends: announced
+        _resv("users", ("n1",), NOW + 60, NOW + 660, maint=False),  # not MAINT
+        _resv("other", ("n9",), NOW + 60, NOW + 660),  # not the job's nodes
+        _resv("later", ("n1",), NOW + 3600, NOW + 4000),  # starts when the job has ended
+        _resv("past", ("n1",), NOW - 600, NOW - 1),  # over
+    ]
+    [it] = maintenance_of(info, resvs, NOW)
+    assert it.source == "slurm_maintenance" and it.deadline == NOW + 60 and it.job == "7"
+    assert "maint1" in it.ref and "n2" in it.detail
+    assert maintenance_of(_job(nodes=("n1",)), [_resv("m", ("n1",), NOW + 9e6, None)], NOW) != []  # no limit
+    assert maintenance_of(_job(state="PENDING", nodes=("n2",)), resvs, NOW) == []
+
+
+async def test_poller_lists_reservations_once_per_poll_and_announces_maintenance_once() -> None:
+    fake = FakeScheduler()
+    fake.add_job("7", ["n1"], time_limit_s=7200)
+    fake.add_job("8", ["n2"], time_limit_s=7200)
+    seen: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        seen.append(event)
+
+    poller = SchedulerInterruptions(fake, emit, policy=POLICY)
+    poller.watch("7", "n1")
+    poller.watch("8", "n2")
+    fake.add_reservation("maint1", ["n1"], start_in_s=60, duration_s=600)
+    assert await poller.poll_once() == 1
+    assert await poller.poll_once() == 0
+    assert [op for op, _ in fake.calls].count("list_reservations") == 2  # one per poll, not per job
+    [event] = seen
+    assert event.data["source"] == "slurm_maintenance" and event.data["job"] == "7"

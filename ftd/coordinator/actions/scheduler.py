@@ -115,6 +115,18 @@ class JobInfo:
     preempt_time: float | None = None  # being preempted: epoch s it was chosen (Slurm PreemptTime)
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A scheduler reservation of nodes (Slurm ``scontrol show reservation``): ``maintenance`` when its
+    flags say MAINT (the nodes go out of service at ``start``)."""
+
+    name: str
+    start: float  # epoch s
+    end: float | None
+    nodes: tuple[str, ...]
+    maintenance: bool
+
+
 @runtime_checkable
 class Scheduler(Protocol):
     name: str
@@ -190,6 +202,7 @@ class FakeScheduler:
     jobs: dict[str, _FakeJob] = field(default_factory=dict)
     calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
     fail_next: SchedulerError | None = None
+    reservations: list[Reservation] = field(default_factory=list)
 
     # -- test controls ----------------------------------------------------------------------------
 
@@ -226,6 +239,24 @@ class FakeScheduler:
             required=tuple(required),
             ends_at=None if time_limit_s is None else time.time() + time_limit_s,
         )
+
+    def add_reservation(
+        self,
+        name: str,
+        nodes: Sequence[str],
+        start_in_s: float,
+        duration_s: float,
+        *,
+        maintenance: bool = True,
+    ) -> None:
+        """Test control: an operator reserves ``nodes`` from ``start_in_s`` from now (Slurm's
+        ``scontrol create reservation ... flags=maint``; whole seconds, as Slurm shows them)."""
+        start = float(int(time.time() + start_in_s))
+        self.reservations.append(Reservation(name, start, start + duration_s, tuple(nodes), maintenance))
+
+    async def list_reservations(self) -> list[Reservation]:
+        self._record("list_reservations")
+        return list(self.reservations)
 
     def preempt_job(self, job: str, grace_s: float = 20.0) -> None:
         """Test control: a higher-priority job chose ``job`` for preemption now. As Slurm 22.05 does,

@@ -53,6 +53,7 @@ from ftd.coordinator.actions.scheduler import (
     REBOOT_NEXTSTATES,
     JobInfo,
     NodeInfo,
+    Reservation,
     SchedulerError,
     sanitize_reason,
 )
@@ -453,6 +454,28 @@ class SlurmScheduler:
         """Release a held ``job`` (``scontrol release``); a job that is not held is left as it is."""
         if (await self.job_info(_check_job(job))).held:
             await self._run("release", job)
+
+    async def list_reservations(self) -> list[Reservation]:
+        """Every reservation (``scontrol show reservation -o``; "No reservations in the system" is
+        none); one whose StartTime cannot be read is left out."""
+        _, out, _ = await self._run("show", "reservation", "-o")
+        found = []
+        for line in out.splitlines():
+            rec = parse_oneliner(line) if line.strip() else {}
+            start = parse_timestamp(rec.get("StartTime", ""))
+            if not rec.get("ReservationName") or start is None:
+                continue
+            flags = {f.strip().upper() for f in rec.get("Flags", "").split(",")}
+            found.append(
+                Reservation(
+                    name=rec["ReservationName"],
+                    start=start,
+                    end=parse_timestamp(rec.get("EndTime", "")),
+                    nodes=expand_hostlist(rec.get("Nodes", "")),
+                    maintenance="MAINT" in flags,
+                )
+            )
+        return found
 
     async def grace(self) -> SlurmGrace:
         """What Slurm grants after its notice (KillWait, each partition's GraceTime and PreemptMode)."""

@@ -1,18 +1,19 @@
 """Announced interruptions the batch scheduler knows about a running job (issue #37, Slurm): the job
-is being preempted, or its time limit is near. Each becomes one ``Kind.INTERRUPTION`` event whose
-data is an :class:`~ftd.events.Interruption`, so the decision against the deadline has one input
-whatever announced it.
+is being preempted, its time limit is near, or a maintenance reservation takes its nodes before it
+ends. Each becomes one ``Kind.INTERRUPTION`` event whose data is an :class:`~ftd.events.Interruption`,
+so the decision against the deadline has one input whatever announced it.
 
-What: :func:`interruptions_of` is the pure part: from one :class:`JobInfo` (Slurm: ``scontrol show
-job``'s ``PreemptTime`` and ``EndTime``, read by :mod:`ftd.coordinator.actions.slurm`, the one scontrol
-parser) and the clock, the interruptions that hold now, each with a stable ``ref`` (the job and the
-announced time) so a notice seen on every poll is one interruption. :class:`SchedulerInterruptions`
-is the poller: the jobs the coordinator sees running are :meth:`~SchedulerInterruptions.watch`-ed;
-every ``interval_s`` they are looked up one at a time through the scheduler seam (never more than one
-``scontrol`` in flight, never on the event loop's critical path: rules and message handlers never
-wait on it), and each new interruption is handed to ``emit`` once. Failed lookups are counted and
-logged, and the job stays watched until ``max_failures`` in a row (a job purged from slurmctld after
-``MinJobAge`` is "Invalid job id" for ever); a job the scheduler no longer shows running is dropped.
+What: :func:`interruptions_of` and :func:`maintenance_of` are the pure part: from one
+:class:`JobInfo` (Slurm: ``scontrol show job``'s ``PreemptTime`` and ``EndTime``, read by
+:mod:`ftd.coordinator.actions.slurm`, the one scontrol parser), the reservations and the clock, the
+interruptions that hold now, each with a stable ``ref`` so a notice seen on every poll is one
+interruption. :class:`SchedulerInterruptions` is the poller: the jobs the coordinator sees running are
+:meth:`~SchedulerInterruptions.watch`-ed; every ``interval_s`` the reservations are listed once
+(``scontrol show reservation``) and the jobs are looked up one at a time through the scheduler seam
+(never more than one ``scontrol`` in flight; rules and message handlers never wait on it), and each
+new interruption is handed to ``emit`` once. Failed lookups are counted and logged; a job stays
+watched until ``max_failures`` in a row (a job purged from slurmctld after ``MinJobAge`` is "Invalid
+job id" for ever); a job the scheduler no longer shows running is dropped.
 
 Why the deadline is what it is (checked on Slurm 22.05, ``PreemptType=preempt/partition_prio``,
 ``PreemptMode=REQUEUE``, partition ``GraceTime=20``): when a job is chosen for preemption slurmctld sets
@@ -32,11 +33,17 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ftd.coordinator.actions.scheduler import JobInfo, Scheduler, SchedulerError
+from ftd.coordinator.actions.scheduler import JobInfo, Reservation, Scheduler, SchedulerError
 from ftd.events import Event, Interruption, Kind, Severity
 from ftd.logs import get_logger
 
-__all__ = ["InterruptionPolicy", "SchedulerInterruptions", "interruption_event", "interruptions_of"]
+__all__ = [
+    "InterruptionPolicy",
+    "SchedulerInterruptions",
+    "interruption_event",
+    "interruptions_of",
+    "maintenance_of",
+]
 
 log = get_logger(__name__)
 
@@ -84,6 +91,31 @@ def interruptions_of(info: JobInfo, now: float, policy: InterruptionPolicy) -> l
                 job=info.job,
                 ref=f"slurm-time-limit-{info.job}-{int(info.end_time)}",
                 detail=f"EndTime + KillWait {policy.kill_wait_s:g}s",
+            )
+        )
+    return found
+
+
+def maintenance_of(info: JobInfo, reservations: list[Reservation], now: float) -> list[Interruption]:
+    """The maintenance reservations (Slurm ``Flags=MAINT``) on any of the running job's nodes that
+    start before the job would end (its ``EndTime``; any time for a job without one) and have not
+    ended: each a ``slurm_maintenance`` interruption whose deadline is the reservation's start. Pure."""
+    if info.state not in _RUNNING:
+        return []
+    found = []
+    for r in reservations:
+        if not r.maintenance or not set(r.nodes) & set(info.nodes):
+            continue
+        if (r.end is not None and r.end <= now) or (info.end_time is not None and r.start >= info.end_time):
+            continue
+        found.append(
+            Interruption(
+                source="slurm_maintenance",
+                deadline=r.start,
+                notice_at=now,
+                job=info.job,
+                ref=f"slurm-maint-{r.name}-{int(r.start)}-{info.job}",
+                detail=f"reservation {r.name} on {','.join(sorted(set(r.nodes) & set(info.nodes)))}",
             )
         )
     return found
@@ -149,6 +181,7 @@ class SchedulerInterruptions:
         if self.scheduler is None:
             return 0
         emitted = 0
+        reservations = await self._reservations() if self._watched else []
         for job, node in list(self._watched.items()):
             try:
                 info = await self.scheduler.job_info(job)
@@ -174,7 +207,7 @@ class SchedulerInterruptions:
                 continue
             now = self._clock()
             seen = self._seen.setdefault(job, set())
-            for it in interruptions_of(info, now, self.policy):
+            for it in [*interruptions_of(info, now, self.policy), *maintenance_of(info, reservations, now)]:
                 if it.ref in seen:
                     continue
                 seen.add(it.ref)
@@ -190,6 +223,18 @@ class SchedulerInterruptions:
                 await self.emit(interruption_event(it, where, now))
                 emitted += 1
         return emitted
+
+    async def _reservations(self) -> list[Reservation]:
+        """The scheduler's reservations, once per poll (a scheduler without them: none)."""
+        listing = getattr(self.scheduler, "list_reservations", None)
+        if listing is None:
+            return []
+        try:
+            return list(await listing())
+        except (TimeoutError, SchedulerError, OSError) as exc:
+            self.failures += 1
+            log.info("interruption_reservations_failed", failures=self.failures, why=str(exc)[:200])
+            return []
 
     async def run(self) -> None:
         """Poll every ``interval_s`` until cancelled; a poll never overlaps the next."""
