@@ -57,10 +57,12 @@ from ftd.coordinator.actions.directive import SentDirectives
 from ftd.coordinator.actions.partners import CheckpointPartners
 from ftd.coordinator.actions.release import SpareRelease
 from ftd.coordinator.actions.scheduler import Scheduler
+from ftd.coordinator.actions.slurm import SlurmScheduler
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.intake.admission import BATCH_CHUNK, Admission, Refused, Verdict
 from ftd.coordinator.intake.fairness import readable_ids
+from ftd.coordinator.intake.grace_watch import GraceWatch
 from ftd.coordinator.intake.offline_grace import BRIDGE_DOWN, OfflineGrace, Pending
 from ftd.coordinator.intake.placement import NeedPlacement, Placement
 from ftd.coordinator.intake.presence_memory import PresenceMemory
@@ -193,6 +195,9 @@ class Coordinator:
                 kill_wait_s=announced.kill_wait_s,
             ),
             interval_s=announced.interval_s,
+            on_running=self._grace_watch(scheduler, config).job_seen
+            if isinstance(scheduler, SlurmScheduler)
+            else None,
         )
         self.slow_ranks = SlowRanks(
             config.coordinator.slow_ranks,
@@ -317,6 +322,11 @@ class Coordinator:
                 watchdog.cancel()
             if reconcile is not None:
                 reconcile.cancel()
+
+    @staticmethod
+    def _grace_watch(scheduler: SlurmScheduler, config: Config) -> GraceWatch:
+        """The grace audit at each job's first look (issue #37 item 5), on Slurm's own settings."""
+        return GraceWatch(scheduler.grace, config.coordinator.save_deadline_s)
 
     async def _pump(self) -> None:
         """Handle bus messages in order; acknowledge them in groups (see the module docstring)."""

@@ -13,8 +13,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ftd.coordinator.actions.scheduler import FakeScheduler, Scheduler
+from ftd.coordinator.actions.scheduler import FakeScheduler, JobInfo, Scheduler
 from ftd.coordinator.actions.slurm import SlurmScheduler, parse_timestamp
+from ftd.coordinator.intake.grace_watch import GraceWatch
 from ftd.coordinator.intake.scheduler_interruptions import InterruptionPolicy, SchedulerInterruptions
 from ftd.events import Event, Interruption, Kind
 from tests.realparts import SlurmCluster, preemption_conf
@@ -212,3 +213,31 @@ def test_check_config_grace_audit_reads_the_real_slurm(
     assert not any("PartitionName=high" in w for w in warnings), out
     assert any("ftd run --stop-grace:" in w for w in warnings), out
     assert any("KillWait / sbatch --signal" in w for w in warnings), out
+
+
+@pytest.mark.real
+async def test_the_grace_audit_at_a_jobs_first_look_reads_its_real_partition(
+    preempt_cluster: SlurmCluster,
+) -> None:
+    """The coordinator's wiring: the poller hands each running job's record to the grace watch, which
+    names the job's partition (low: GraceTime=20) and KillWait=2 as too short for a 30 s save."""
+    preempt_cluster.reset()
+    sched = SlurmScheduler(slurm_conf=str(preempt_cluster.conf_path), timeout_s=30.0)
+    watch = GraceWatch(sched.grace, save_s=30.0)
+    found: list[str] = []
+
+    async def on_running(info: JobInfo) -> None:
+        found.extend(f.setting for f in await watch.job_seen(info))
+
+    async def emit(event: Event) -> None:
+        pass
+
+    job = await Side(sched, preempt_cluster).low_job(minutes=60)
+    try:
+        poller = SchedulerInterruptions(sched, emit, policy=POLICY, on_running=on_running)
+        poller.watch(job, "node-1")
+        await poller.poll_once()
+        await poller.poll_once()
+    finally:
+        preempt_cluster.reset()
+    assert found == ["slurm.conf KillWait / sbatch --signal", "slurm.conf PartitionName=low GraceTime"]

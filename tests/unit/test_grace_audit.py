@@ -6,8 +6,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ftd.coordinator.actions.scheduler import JobInfo, SchedulerError
 from ftd.coordinator.actions.slurm import grace_of
 from ftd.coordinator.decide.grace_audit import SlurmGrace, audit_grace
+from ftd.coordinator.intake.grace_watch import GraceWatch
 from tests.properties import examples
 
 # Captured by hand from Slurm 22.05 (tests/realparts.preemption_conf, KillWait=2), trimmed.
@@ -75,3 +77,30 @@ def test_a_finding_exactly_when_a_preemptible_grace_is_short(
     partition_findings = [f for f in found if "PartitionName=p" in f.setting]
     assert bool(partition_findings) == (mode != "OFF" and grace < save)
     assert any("KillWait" in f.setting for f in found) == (kill_wait is not None and kill_wait < save)
+
+
+async def test_each_job_is_audited_once_against_its_own_partition() -> None:
+    reads: list[int] = []
+
+    async def read() -> SlurmGrace:
+        reads.append(1)
+        return grace_of(SHOW_CONFIG, SHOW_PARTITION)
+
+    watch = GraceWatch(read, save_s=30.0)
+    low = JobInfo("7", "RUNNING", ("node-1",), (), 0, partition="low")
+    high = JobInfo("8", "RUNNING", ("node-1",), (), 0, partition="high")
+    assert [f.setting for f in await watch.job_seen(low)] == [
+        "slurm.conf KillWait / sbatch --signal",
+        "slurm.conf PartitionName=low GraceTime",
+    ]
+    assert await watch.job_seen(low) == []  # once per job
+    assert [f.setting for f in await watch.job_seen(high)] == ["slurm.conf KillWait / sbatch --signal"]
+    assert reads == [1]  # the settings read once, not per job
+
+
+async def test_settings_that_cannot_be_read_audit_nothing_and_never_raise() -> None:
+    async def read() -> SlurmGrace:
+        raise SchedulerError("scontrol timed out")
+
+    watch = GraceWatch(read, save_s=30.0)
+    assert await watch.job_seen(JobInfo("7", "RUNNING", ("n1",), (), 0, partition="low")) == []

@@ -113,6 +113,7 @@ class JobInfo:
     time_left_s: float | None = None  # running: its time limit minus its run time; None: no limit known
     end_time: float | None = None  # running with a limit or preempted: epoch s it is ended (Slurm EndTime)
     preempt_time: float | None = None  # being preempted: epoch s it was chosen (Slurm PreemptTime)
+    partition: str = ""  # Slurm's Partition (the grace audit reads its GraceTime); "" unknown
 
 
 @dataclass(frozen=True, slots=True)

@@ -369,6 +369,7 @@ class SlurmScheduler:
             # limit shows a guess a year ahead otherwise)
             end_time=_running_time(rec, "EndTime") if limited or preempt is not None else None,
             preempt_time=preempt,
+            partition=rec.get("Partition", ""),
         )
 
     async def job_nodes(self, job: str) -> tuple[str, ...]:

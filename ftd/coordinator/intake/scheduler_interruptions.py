@@ -147,6 +147,7 @@ class SchedulerInterruptions:
         interval_s: float = 15.0,
         max_jobs: int = 4096,
         max_failures: int = 10,
+        on_running: Callable[[JobInfo], Awaitable[object]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.scheduler = scheduler
@@ -155,6 +156,7 @@ class SchedulerInterruptions:
         self.interval_s = interval_s
         self.max_jobs = max_jobs
         self.max_failures = max_failures
+        self.on_running = on_running  # each running job's record, every poll (the grace audit)
         self._failing: dict[str, int] = {}  # job -> lookups failed in a row
         self._clock = clock
         self._watched: dict[str, str] = {}  # job -> a node it runs on
@@ -205,6 +207,8 @@ class SchedulerInterruptions:
                 log.info("interruption_watch_ended", job=job, state=info.state)
                 self.forget(job)
                 continue
+            if self.on_running is not None:
+                await self.on_running(info)
             now = self._clock()
             seen = self._seen.setdefault(job, set())
             for it in [*interruptions_of(info, now, self.policy), *maintenance_of(info, reservations, now)]:
