@@ -56,6 +56,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--explain", action="store_true", help="list every option with its type, default and description"
     )
+    parser.add_argument(
+        "--grace",
+        action="store_true",
+        help="also ask Slurm (scontrol) for KillWait and each partition's GraceTime and warn where they "
+        "are shorter than coordinator.save_deadline_s (the grace audit; exit status unchanged)",
+    )
+    parser.add_argument(
+        "--stop-grace",
+        type=float,
+        metavar="S",
+        help="with --grace: the launcher's stop grace (ftd run --stop-grace) to audit as well",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -84,7 +96,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"  files:     checked for the {' and the '.join(checked.roles)}")
     for option in checked.deferred:
         print(f"  not checked: {option} (a relative name: read from $CREDENTIALS_DIRECTORY in the service)")
+    if getattr(args, "grace", False):
+        print(grace_report(checked.config, getattr(args, "stop_grace", None)))
     return 0
+
+
+def grace_report(config: Config, stop_grace_s: float | None) -> str:
+    """The grace audit's lines (docs/deadlines.md "Slurm"): Slurm's KillWait and partitions'
+    GraceTime, read with the coordinator's scontrol, against ``coordinator.save_deadline_s``."""
+    import asyncio
+
+    from ftd.coordinator.actions.scheduler import SchedulerError
+    from ftd.coordinator.actions.slurm import SlurmScheduler
+    from ftd.coordinator.decide.grace_audit import audit_grace
+
+    coord = config.coordinator
+    if coord.scheduler != "slurm":
+        return f"  grace:     not audited (scheduler is {coord.scheduler}, not slurm)"
+    slurm = SlurmScheduler(coord.slurm.scontrol, coord.slurm.slurm_conf, coord.slurm.timeout_s)
+    try:
+        grace = asyncio.run(slurm.grace())
+    except SchedulerError as exc:
+        return f"  grace:     not audited: {exc}"
+    save = coord.save_deadline_s
+    findings = audit_grace(grace, save, stop_grace_s)
+    lines = [f"  grace:     save time {save:g}s (coordinator.save_deadline_s), KillWait {grace.kill_wait_s}s"]
+    lines.extend(f"  WARNING:   {f.setting}: {f.message}" for f in findings)
+    if not findings:
+        lines.append("  grace:     every layer leaves the save time")
+    return "\n".join(lines)
 
 
 def summary(config: Config, roles: tuple[str, ...] = ("agent", "coordinator")) -> str:

@@ -540,6 +540,26 @@ class ClientlessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     scancel: Annotated[NonEmptyStr, _doc("scancel executable (name on $PATH or absolute path).")] = "scancel"
 
 
+class SlurmInterruptionsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Slurm's announced interruptions of running jobs (issue #37,
+    ``ftd.coordinator.intake.scheduler_interruptions``): preemption and an approaching time limit."""
+
+    enabled: Annotated[bool, _doc("Poll running jobs for PreemptTime and an approaching EndTime.")] = True
+    interval_s: Annotated[
+        PositiveSeconds, _doc("How often the running jobs are looked up (one scontrol call at a time).")
+    ] = 15.0
+    time_limit_window_s: Annotated[
+        float, _doc("EndTime within this many seconds: a slurm_time_limit interruption.", ge=0, le=86400)
+    ] = 600.0
+    preempt_grace_s: Annotated[
+        float,
+        _doc("The preempting partition's/QOS's GraceTime (scontrol show job does not show it).", ge=0),
+    ] = 0.0
+    kill_wait_s: Annotated[
+        float, _doc("slurm.conf KillWait: SIGKILL this long after the time limit's SIGTERM.", ge=0)
+    ] = 30.0
+
+
 class SlurmConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How the coordinator drives Slurm (through ``scontrol``)."""
 
@@ -555,6 +575,9 @@ class SlurmConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     clientless: Annotated[ClientlessConfig, _doc("Jobs without the client: Slurm's signal convention.")] = (
         msgspec.field(default_factory=ClientlessConfig)
     )
+    interruptions: Annotated[
+        SlurmInterruptionsConfig, _doc("Preemption and time limits announced for running jobs (issue #37).")
+    ] = msgspec.field(default_factory=SlurmInterruptionsConfig)
 
 
 class KubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -57,15 +57,18 @@ from ftd.coordinator.actions.directive import SentDirectives
 from ftd.coordinator.actions.partners import CheckpointPartners
 from ftd.coordinator.actions.release import SpareRelease
 from ftd.coordinator.actions.scheduler import Scheduler
+from ftd.coordinator.actions.slurm import SlurmScheduler
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.intake.admission import BATCH_CHUNK, Admission, Refused, Verdict
 from ftd.coordinator.intake.fairness import readable_ids
+from ftd.coordinator.intake.grace_watch import GraceWatch
 from ftd.coordinator.intake.offline_grace import BRIDGE_DOWN, OfflineGrace, Pending
 from ftd.coordinator.intake.placement import NeedPlacement, Placement
 from ftd.coordinator.intake.presence_memory import PresenceMemory
 from ftd.coordinator.intake.rack_bridges import RackBridges, bridge_up
 from ftd.coordinator.intake.receipts import ReceiptOutbox
+from ftd.coordinator.intake.scheduler_interruptions import InterruptionPolicy, SchedulerInterruptions
 from ftd.coordinator.intake.slow_ranks import SlowRanks
 from ftd.coordinator.intake.time_left import JobTimeLeft
 from ftd.coordinator.ledger.store import LedgerStore
@@ -179,6 +182,23 @@ class Coordinator:
         self.receipts = ReceiptOutbox(bus)
         self.offline_grace = OfflineGrace(config.coordinator.offline_grace)
         self.time_left = JobTimeLeft(scheduler)  # each job's time before its limit (the cost model)
+        announced = config.coordinator.slurm.interruptions
+        self.interruptions = SchedulerInterruptions(  # issue #37: preemption, time limit (Slurm)
+            # Kubernetes announces through the pod (its own source); Slurm and the fake through job_info
+            scheduler
+            if announced.enabled and scheduler is not None and scheduler.name != "kubernetes"
+            else None,
+            self.engine.handle_event,
+            policy=InterruptionPolicy(
+                time_limit_window_s=announced.time_limit_window_s,
+                preempt_grace_s=announced.preempt_grace_s,
+                kill_wait_s=announced.kill_wait_s,
+            ),
+            interval_s=announced.interval_s,
+            on_running=self._grace_watch(scheduler, config).job_seen
+            if isinstance(scheduler, SlurmScheduler)
+            else None,
+        )
         self.slow_ranks = SlowRanks(
             config.coordinator.slow_ranks,
             node_events=state.node_events,
@@ -277,6 +297,7 @@ class Coordinator:
         receipts = asyncio.create_task(self.receipts.run(), name="receipts")
         flusher = asyncio.create_task(self._flush_when_due(), name="acks")
         grace = asyncio.create_task(self._offline_when_due(), name="offline-grace")
+        announced = asyncio.create_task(self.interruptions.run(), name="scheduler-interruptions")
         watchdog: asyncio.Task[None] | None = None
         reconcile: asyncio.Task[None] | None = None
         try:
@@ -296,10 +317,16 @@ class Coordinator:
             receipts.cancel()
             flusher.cancel()
             grace.cancel()
+            announced.cancel()
             if watchdog is not None:
                 watchdog.cancel()
             if reconcile is not None:
                 reconcile.cancel()
+
+    @staticmethod
+    def _grace_watch(scheduler: SlurmScheduler, config: Config) -> GraceWatch:
+        """The grace audit at each job's first look (issue #37 item 5), on Slurm's own settings."""
+        return GraceWatch(scheduler.grace, config.coordinator.save_deadline_s)
 
     async def _pump(self) -> None:
         """Handle bus messages in order; acknowledge them in groups (see the module docstring)."""
@@ -613,6 +640,8 @@ class Coordinator:
         await self.presence_memory.observe(node, job, presence)
         if presence is not None and presence.ranks and self.slow_ranks.cfg.enabled:
             self.time_left.want(job)  # the time limit the slow-rank cost model weighs, looked up aside
+        if presence is not None and presence.ranks:
+            self.interruptions.watch(job, node)  # preemption/time limit, polled aside (issue #37)
         for event in self.slow_ranks.observe(node, job, presence):  # issue #33: step timing
             log.warning("rank_slow", job=job, node=event.node, scope=event.data.get("scope"))
             await self.engine.handle_event(event)

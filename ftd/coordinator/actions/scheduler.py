@@ -111,6 +111,21 @@ class JobInfo:
     required: tuple[str, ...] = ()  # nodes it was pinned to (Slurm's ReqNodeList: sbatch -w)
     held: bool = False  # pending and held: it starts only once released
     time_left_s: float | None = None  # running: its time limit minus its run time; None: no limit known
+    end_time: float | None = None  # running with a limit or preempted: epoch s it is ended (Slurm EndTime)
+    preempt_time: float | None = None  # being preempted: epoch s it was chosen (Slurm PreemptTime)
+    partition: str = ""  # Slurm's Partition (the grace audit reads its GraceTime); "" unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A scheduler reservation of nodes (Slurm ``scontrol show reservation``): ``maintenance`` when its
+    flags say MAINT (the nodes go out of service at ``start``)."""
+
+    name: str
+    start: float  # epoch s
+    end: float | None
+    nodes: tuple[str, ...]
+    maintenance: bool
 
 
 @runtime_checkable
@@ -170,6 +185,7 @@ class _FakeJob:
     held: bool = False
     required: tuple[str, ...] = ()
     ends_at: float | None = None  # time.time() when its time limit runs out (None: no limit)
+    preempted_at: float | None = None  # time.time() when it was chosen for preemption (None: it is not)
 
 
 @dataclass
@@ -187,6 +203,7 @@ class FakeScheduler:
     jobs: dict[str, _FakeJob] = field(default_factory=dict)
     calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
     fail_next: SchedulerError | None = None
+    reservations: list[Reservation] = field(default_factory=list)
 
     # -- test controls ----------------------------------------------------------------------------
 
@@ -223,6 +240,32 @@ class FakeScheduler:
             required=tuple(required),
             ends_at=None if time_limit_s is None else time.time() + time_limit_s,
         )
+
+    def add_reservation(
+        self,
+        name: str,
+        nodes: Sequence[str],
+        start_in_s: float,
+        duration_s: float,
+        *,
+        maintenance: bool = True,
+    ) -> None:
+        """Test control: an operator reserves ``nodes`` from ``start_in_s`` from now (Slurm's
+        ``scontrol create reservation ... flags=maint``; whole seconds, as Slurm shows them)."""
+        start = float(int(time.time() + start_in_s))
+        self.reservations.append(Reservation(name, start, start + duration_s, tuple(nodes), maintenance))
+
+    async def list_reservations(self) -> list[Reservation]:
+        self._record("list_reservations")
+        return list(self.reservations)
+
+    def preempt_job(self, job: str, grace_s: float = 20.0) -> None:
+        """Test control: a higher-priority job chose ``job`` for preemption now. As Slurm 22.05 does,
+        ``PreemptTime`` is set and ``EndTime`` becomes now + ``grace_s`` (the partition's
+        ``GraceTime``); the job keeps RUNNING until then."""
+        j = self._job(job)
+        j.preempted_at = time.time()
+        j.ends_at = j.preempted_at + grace_s
 
     def finish_job(self, job: str, state: str = "COMPLETED") -> None:
         self._job(job).state = state
@@ -302,11 +345,21 @@ class FakeScheduler:
 
     async def job_info(self, job: str) -> JobInfo:
         j = self._job(job)
-        left = None
+        left = end = None
         if j.ends_at is not None and j.state == "RUNNING":
-            left = max(0.0, j.ends_at - time.time())
+            left, end = max(0.0, j.ends_at - time.time()), float(int(j.ends_at))  # Slurm shows whole seconds
+        preempt = float(int(j.preempted_at)) if j.preempted_at is not None and j.state == "RUNNING" else None
         return JobInfo(
-            job, j.state, j.nodes, j.excluded, j.restarts, required=j.required, held=j.held, time_left_s=left
+            job,
+            j.state,
+            j.nodes,
+            j.excluded,
+            j.restarts,
+            required=j.required,
+            held=j.held,
+            time_left_s=left,
+            end_time=end,
+            preempt_time=preempt,
         )
 
     async def list_nodes(self) -> list[NodeInfo]:

@@ -46,15 +46,18 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import time
 from collections.abc import Sequence
 
 from ftd.coordinator.actions.scheduler import (
     REBOOT_NEXTSTATES,
     JobInfo,
     NodeInfo,
+    Reservation,
     SchedulerError,
     sanitize_reason,
 )
+from ftd.coordinator.decide.grace_audit import SlurmGrace
 
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _JOB_RE = re.compile(r"^[0-9]{1,20}([_+][0-9]{1,20})?$")
@@ -128,6 +131,7 @@ def parse_oneliner(line: str) -> dict[str, str]:
     return result
 
 
+_TIMESTAMP_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}$")
 _DURATION_RE = re.compile(r"^(?:([0-9]{1,6})-)?(?:([0-9]{1,9}):)?(?:([0-9]{1,9}):)?([0-9]{1,9})$")
 
 
@@ -161,6 +165,52 @@ def time_left(rec: dict[str, str]) -> float | None:
     if limit is None or ran is None:
         return None
     return max(0.0, limit - ran)
+
+
+def parse_timestamp(text: str) -> float | None:
+    """Epoch seconds of a time as ``scontrol`` prints ``EndTime``/``PreemptTime``
+    (``2026-12-04T20:10:41``, the controller host's local time, which is this host's when both use
+    the same zone); None for ``None``, ``Unknown`` and anything else. Never raises."""
+    if not isinstance(text, str) or not _TIMESTAMP_RE.match(text.strip()):
+        return None
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _running_time(rec: dict[str, str], key: str) -> float | None:
+    """``rec[key]`` as epoch seconds while the job is active; None otherwise (a pending job's
+    ``EndTime`` is only the scheduler's guess)."""
+    if rec.get("JobState") not in _ACTIVE_STATES:
+        return None
+    return parse_timestamp(rec.get(key, ""))
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` (``Key                = value`` lines) as ``{Key: value}``."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def grace_of(config_text: str, partitions_text: str) -> SlurmGrace:
+    """KillWait from ``scontrol show config`` (``30 sec``) and each partition's GraceTime (seconds) and
+    PreemptMode from ``scontrol show partition -o``; unreadable values are left out, never guessed."""
+    kill_wait: float | None = None
+    m = re.match(r"^([0-9]+)(?: sec)?$", parse_show_config(config_text).get("KillWait", ""))
+    if m is not None:
+        kill_wait = float(m.group(1))
+    parts: dict[str, tuple[float, str]] = {}
+    for line in partitions_text.splitlines():
+        rec = parse_oneliner(line) if line.strip() else {}
+        name, grace = rec.get("PartitionName"), rec.get("GraceTime", "")
+        if name and grace.isdigit():
+            parts[name] = (float(grace), rec.get("PreemptMode", "OFF"))
+    return SlurmGrace(kill_wait_s=kill_wait, partitions=parts)
 
 
 def _node_info(rec: dict[str, str]) -> NodeInfo:
@@ -303,6 +353,8 @@ class SlurmScheduler:
         except ValueError:
             restarts = 0
         reason = rec.get("Reason")
+        preempt = _running_time(rec, "PreemptTime")
+        limited = time_left(rec) is not None
         return JobInfo(
             job=job,
             state=rec.get("JobState", "UNKNOWN"),
@@ -313,6 +365,11 @@ class SlurmScheduler:
             required=expand_hostlist(rec.get("ReqNodeList", "")),
             held=rec.get("JobState") == "PENDING" and reason in HELD_REASONS,
             time_left_s=time_left(rec),
+            # EndTime: the limit's end, or PreemptTime + GraceTime once preempted (a job without a
+            # limit shows a guess a year ahead otherwise)
+            end_time=_running_time(rec, "EndTime") if limited or preempt is not None else None,
+            preempt_time=preempt,
+            partition=rec.get("Partition", ""),
         )
 
     async def job_nodes(self, job: str) -> tuple[str, ...]:
@@ -398,6 +455,34 @@ class SlurmScheduler:
         """Release a held ``job`` (``scontrol release``); a job that is not held is left as it is."""
         if (await self.job_info(_check_job(job))).held:
             await self._run("release", job)
+
+    async def list_reservations(self) -> list[Reservation]:
+        """Every reservation (``scontrol show reservation -o``; "No reservations in the system" is
+        none); one whose StartTime cannot be read is left out."""
+        _, out, _ = await self._run("show", "reservation", "-o")
+        found = []
+        for line in out.splitlines():
+            rec = parse_oneliner(line) if line.strip() else {}
+            start = parse_timestamp(rec.get("StartTime", ""))
+            if not rec.get("ReservationName") or start is None:
+                continue
+            flags = {f.strip().upper() for f in rec.get("Flags", "").split(",")}
+            found.append(
+                Reservation(
+                    name=rec["ReservationName"],
+                    start=start,
+                    end=parse_timestamp(rec.get("EndTime", "")),
+                    nodes=expand_hostlist(rec.get("Nodes", "")),
+                    maintenance="MAINT" in flags,
+                )
+            )
+        return found
+
+    async def grace(self) -> SlurmGrace:
+        """What Slurm grants after its notice (KillWait, each partition's GraceTime and PreemptMode)."""
+        _, config, _ = await self._run("show", "config")
+        _, partitions, _ = await self._run("show", "partition", "-o")
+        return grace_of(config, partitions)
 
     # -- reboot -----------------------------------------------------------------------------------
 

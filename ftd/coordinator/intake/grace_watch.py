@@ -1,0 +1,76 @@
+"""The grace audit at a job's start (issue #37 item 5): the first time the coordinator looks a running
+job up, it compares what Slurm grants that job after a notice (``KillWait``; its partition's
+``GraceTime`` when the partition can be preempted) with the save time, and logs one
+``grace_too_short`` warning per layer too short, naming the setting to change
+(:func:`ftd.coordinator.decide.grace_audit.audit_grace`).
+
+Why here and once: the settings are the site's and change rarely; they are read at most every
+``refresh_s`` (two ``scontrol`` calls), and each job is audited once, so a bad partition is named for
+each job it would cost a checkpoint, not on every poll. The save time is ``save_s`` (the configured
+``coordinator.save_deadline_s``) until a measured per-job save time is available.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from ftd.coordinator.actions.scheduler import JobInfo, SchedulerError
+from ftd.coordinator.decide.grace_audit import GraceFinding, SlurmGrace, audit_grace
+from ftd.logs import get_logger
+
+__all__ = ["GraceWatch"]
+
+log = get_logger(__name__)
+
+
+class GraceWatch:
+    """Audits each job once against the scheduler's grace settings (cached ``refresh_s``)."""
+
+    def __init__(
+        self,
+        read_grace: Callable[[], Awaitable[SlurmGrace]],
+        save_s: float,
+        *,
+        refresh_s: float = 3600.0,
+        max_jobs: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.read_grace = read_grace
+        self.save_s = save_s
+        self.refresh_s = refresh_s
+        self.max_jobs = max_jobs
+        self._clock = clock
+        self._grace: tuple[float, SlurmGrace] | None = None
+        self._audited: set[str] = set()
+
+    async def job_seen(self, info: JobInfo) -> list[GraceFinding]:
+        """Audit ``info``'s job if it was not yet; its findings (each also logged)."""
+        if info.job in self._audited:
+            return []
+        if len(self._audited) >= self.max_jobs:
+            self._audited.clear()  # bounded: an old job audited again at worst
+        self._audited.add(info.job)
+        grace = await self._settings()
+        if grace is None:
+            return []
+        part = grace.partitions.get(info.partition)
+        mine = SlurmGrace(grace.kill_wait_s, {info.partition: part} if part is not None else {})
+        findings = audit_grace(mine, self.save_s)
+        for f in findings:
+            log.warning(
+                "grace_too_short", job=info.job, partition=info.partition, setting=f.setting, why=f.message
+            )
+        return findings
+
+    async def _settings(self) -> SlurmGrace | None:
+        now = self._clock()
+        if self._grace is not None and now - self._grace[0] < self.refresh_s:
+            return self._grace[1]
+        try:
+            grace = await self.read_grace()
+        except (TimeoutError, SchedulerError, OSError) as exc:
+            log.info("grace_settings_unknown", why=str(exc)[:200])
+            return None
+        self._grace = (now, grace)
+        return grace
