@@ -183,11 +183,9 @@ class Coordinator:
         self.offline_grace = OfflineGrace(config.coordinator.offline_grace)
         self.time_left = JobTimeLeft(scheduler)  # each job's time before its limit (the cost model)
         announced = config.coordinator.slurm.interruptions
-        self.interruptions = SchedulerInterruptions(  # issue #37: preemption, time limit (Slurm)
-            # Kubernetes announces through the pod (its own source); Slurm and the fake through job_info
-            scheduler
-            if announced.enabled and scheduler is not None and scheduler.name != "kubernetes"
-            else None,
+        self.interruptions = SchedulerInterruptions(  # issue #37: preemption, time limit, pod deletion
+            # Slurm and the fake announce through job_info and reservations, Kubernetes through the pods
+            scheduler if announced.enabled and scheduler is not None else None,
             self.engine.handle_event,
             policy=InterruptionPolicy(
                 time_limit_window_s=announced.time_limit_window_s,

@@ -167,3 +167,25 @@ def test_any_pod_json_gives_interruptions_or_none_never_raises(pod: dict[str, An
         assert found.job == "j"
         assert found.ref.endswith((":deletion", ":disruption"))
         assert found.deadline >= found.notice_at
+
+
+async def test_the_coordinators_poller_announces_each_pod_interruption_once(
+    sched: tuple[KubernetesScheduler, FakeKubeApi],
+) -> None:
+    from ftd.coordinator.intake.scheduler_interruptions import InterruptionPolicy, SchedulerInterruptions
+    from ftd.events import Event
+
+    s, _ = sched
+    emitted: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        emitted.append(event)
+
+    poller = SchedulerInterruptions(
+        s, emit, policy=InterruptionPolicy(), interval_s=1.0, clock=lambda: T0.timestamp()
+    )
+    poller.watch("job7", "node-1")
+    assert await poller.poll_once() == 2
+    assert sorted(e.data["source"] for e in emitted) == ["k8s_disruption", "k8s_pod_deletion"]
+    assert {e.data["job"] for e in emitted} == {"job7"}
+    assert await poller.poll_once() == 0  # the same pods seen again: nothing new

@@ -11,7 +11,9 @@ interruption. :class:`SchedulerInterruptions` is the poller: the jobs the coordi
 :meth:`~SchedulerInterruptions.watch`-ed; every ``interval_s`` the reservations are listed once
 (``scontrol show reservation``) and the jobs are looked up one at a time through the scheduler seam
 (never more than one ``scontrol`` in flight; rules and message handlers never wait on it), and each
-new interruption is handed to ``emit`` once. Failed lookups are counted and logged; a job stays
+new interruption is handed to ``emit`` once. A scheduler that reads its job's pods (Kubernetes:
+``job_interruptions``, a pod being deleted or carrying ``DisruptionTarget``) is asked the same way.
+Failed lookups are counted and logged; a job stays
 watched until ``max_failures`` in a row (a job purged from slurmctld after ``MinJobAge`` is "Invalid
 job id" for ever); a job the scheduler no longer shows running is dropped.
 
@@ -211,7 +213,9 @@ class SchedulerInterruptions:
                 await self.on_running(info)
             now = self._clock()
             seen = self._seen.setdefault(job, set())
-            for it in [*interruptions_of(info, now, self.policy), *maintenance_of(info, reservations, now)]:
+            announced = [*interruptions_of(info, now, self.policy), *maintenance_of(info, reservations, now)]
+            announced += await self._pod_interruptions(job)
+            for it in announced:
                 if it.ref in seen:
                     continue
                 seen.add(it.ref)
@@ -227,6 +231,19 @@ class SchedulerInterruptions:
                 await self.emit(interruption_event(it, where, now))
                 emitted += 1
         return emitted
+
+    async def _pod_interruptions(self, job: str) -> list[Interruption]:
+        """What a scheduler that reads its job's pods announces (Kubernetes: a pod being deleted, a
+        ``DisruptionTarget`` condition); none from a scheduler without it, or on a failed lookup."""
+        reader = getattr(self.scheduler, "job_interruptions", None)
+        if reader is None:
+            return []
+        try:
+            return list(await reader(job))
+        except (TimeoutError, SchedulerError, OSError) as exc:
+            self.failures += 1
+            log.info("interruption_pods_failed", job=job, failures=self.failures, why=str(exc)[:200])
+            return []
 
     async def _reservations(self) -> list[Reservation]:
         """The scheduler's reservations, once per poll (a scheduler without them: none)."""
