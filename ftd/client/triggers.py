@@ -11,8 +11,9 @@ time limit, ``scancel``, the kubelet) and SIGTERM's default action kills the pro
 save. So a :class:`~ftd.client.Client` made in the main thread takes SIGTERM and SIGUSR1 where
 nothing else did (their handler is still ``SIG_DFL``; a handler the user installed is never
 replaced) and turns SIGTERM into save-then-stop, SIGUSR1 into a save: the loop's own
-``should_save``/``should_stop`` calls then save and leave. A second SIGTERM, or one after the
-client was closed or collected, gets the default action (the process dies with 143 as before).
+``should_save``/``should_stop`` calls then save and leave. A second SIGTERM (more than
+:data:`TERM_REPEAT_S` after the first: Slurm and ``ftd run`` may both deliver the same one), or one
+after the client was closed or collected, gets the default action (the process dies with 143 as before).
 ``$FTD_SIGNALS=0`` (or ``Client(signals=False)``) turns this off.
 """
 
@@ -38,6 +39,9 @@ __all__ = ["AUTO_SIGNALS", "LocalTriggers", "signals_off"]
 
 #: The signals a client takes by default where their handler is ``SIG_DFL``.
 AUTO_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: A SIGTERM this soon after the first is the same one by another path (Slurm signals every process
+#: of a step, and ``ftd run`` forwards it to its ranks too): not a second one.
+TERM_REPEAT_S = 2.0
 _OFF = ("0", "false", "no", "off")
 
 
@@ -62,6 +66,8 @@ class _WeakHandler:
     def __call__(self, signum: int, frame: Any) -> None:
         client = self._client()
         if client is None or client._closed.is_set():
+            if client is not None and client._echo_of_sigterm(signum):
+                return
             _default_action(signum)
             return
         client._on_signal(signum, frame)
@@ -156,8 +162,15 @@ class LocalTriggers(RankState):
                 signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
             del self._previous_handlers[signum]
 
+    def _echo_of_sigterm(self, signum: int) -> bool:
+        """True for a SIGTERM within :data:`TERM_REPEAT_S` of the first (the same one, twice)."""
+        first = self.sigterm_at
+        return signum == signal.SIGTERM and first is not None and time.time() - first < TERM_REPEAT_S
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         previous = self._previous_handlers.get(signum)
+        if self._echo_of_sigterm(signum):
+            return
         if signum == signal.SIGTERM and self.sigterm_at is not None and not callable(previous):
             # A second SIGTERM: whoever sends it means it (and the save was already asked for).
             self._previous_handlers.pop(signum, None)

@@ -79,7 +79,7 @@ def test_under_slurm_the_process_waits_for_slurm_and_the_next_sigterm_ends_it(tm
     assert proc.stdout is not None
     out = [json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())]
     assert out[1]["left"] == out[0]["saved"], out
-    time.sleep(1.0)
+    time.sleep(2.5)  # past the window in which a SIGTERM is the first one again (TERM_REPEAT_S)
     assert proc.poll() is None  # saved and left its loop, but waits for Slurm to end the job
     proc.send_signal(signal.SIGTERM)  # Slurm's SIGTERM at the end of the grace
     assert proc.wait(20) == -signal.SIGTERM
@@ -99,7 +99,9 @@ def test_under_slurm_the_wait_is_bounded(tmp_path: Path) -> None:
 def test_a_second_sigterm_kills_a_rank_stuck_in_its_step_at_once(tmp_path: Path) -> None:
     proc = start(tmp_path, SLURM_JOB_ID="4242", FTD_TERM_WAIT_S="60", STEP_S="30")
     proc.send_signal(signal.SIGTERM)  # flags set; the step (30 s) goes on
-    time.sleep(0.5)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)  # the same SIGTERM by another path (Slurm and ftd run): no effect
+    time.sleep(2.5)
     assert proc.poll() is None
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
