@@ -419,8 +419,8 @@ def _wait_for_slurm(client: Client) -> None:
     if wait <= 0:
         return
     sys.stderr.write(
-        "ftd client: saved and stopped on SIGTERM; waiting up to %.0f s for Slurm to end the job "
-        "(a preempted job is requeued only if Slurm ends it; %s=0 exits at once)\n" % (wait, TERM_WAIT_ENV)
+        f"ftd client: saved and stopped on SIGTERM; waiting up to {wait:.0f} s for Slurm to end the job "
+        f"(a preempted job is requeued only if Slurm ends it; {TERM_WAIT_ENV}=0 exits at once)\n"
     )
     sys.stderr.flush()
     time.sleep(wait)

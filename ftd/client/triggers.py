@@ -72,6 +72,7 @@ class _WeakHandler:
             return
         client._on_signal(signum, frame)
 
+
 _log = logging.getLogger("ftd.client")
 
 

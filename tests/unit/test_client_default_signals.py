@@ -117,8 +117,16 @@ def test_another_thread_installs_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "seconds"),
-    [(None, TERM_WAIT_DEFAULT_S), ("", TERM_WAIT_DEFAULT_S), ("0", 0.0), ("45.5", 45.5), ("-3", 0.0),
-     ("soon", TERM_WAIT_DEFAULT_S), ("nan", TERM_WAIT_DEFAULT_S), ("1e9", 86400.0)],
+    [
+        (None, TERM_WAIT_DEFAULT_S),
+        ("", TERM_WAIT_DEFAULT_S),
+        ("0", 0.0),
+        ("45.5", 45.5),
+        ("-3", 0.0),
+        ("soon", TERM_WAIT_DEFAULT_S),
+        ("nan", TERM_WAIT_DEFAULT_S),
+        ("1e9", 86400.0),
+    ],
 )
 def test_term_wait_setting(monkeypatch: pytest.MonkeyPatch, raw: str | None, seconds: float) -> None:
     if raw is None:
@@ -130,7 +138,9 @@ def test_term_wait_setting(monkeypatch: pytest.MonkeyPatch, raw: str | None, sec
 
 @pytest.mark.property
 @settings(max_examples=examples(300))
-@given(st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=20))
+@given(
+    st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=20)
+)
 def test_term_wait_never_raises_and_stays_in_range(raw: str) -> None:
     old = os.environ.get(TERM_WAIT_ENV)
     os.environ[TERM_WAIT_ENV] = raw
