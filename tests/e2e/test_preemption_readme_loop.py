@@ -111,3 +111,75 @@ def test_readme_loop_preempted_saves_before_the_deadline_and_resumes_with_no_ste
     finally:
         slurm.run("scancel", job, check=False)
         time.sleep(0.5)
+
+
+def test_ddp_job_under_ftd_run_preempted_saves_every_rank_before_the_deadline_and_resumes(
+    preempting_slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """Item 4's launcher half: ``ftd run`` with two DDP ranks (gloo, examples/train_ddp.py) under
+    ``srun``, preempted. Slurm's SIGTERM reaches the supervisor and its ranks (and the supervisor
+    forwards it): every rank saves the same step and leaves in it; ftd run gives them until the
+    deadline it read from Slurm (PreemptTime + GraceTime), then leaves the job's end to Slurm, which
+    requeues it; the second run resumes from the saved step."""
+    pytest.importorskip("torch", reason="the DDP example needs torch")
+    from ftd.bench.slurm_cluster import free_port
+
+    slurm = preempting_slurm
+    ckpt, metrics, out = tmp_path / "ckpt", tmp_path / "metrics.jsonl", tmp_path / "job.out"
+    run = [
+        sys.executable, "-m", "ftd.cli", "run", "--nodes", "1", "--nproc-per-node", "2",
+        "--preflight", "none", "--socket", str(tmp_path / "absent.sock"), "--no-prefix",
+        "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), "--",
+        sys.executable, str(REPO / "examples" / "train_ddp.py"), "--steps=100000", f"--ckpt-dir={ckpt}",
+        f"--metrics={metrics}", "--step-sleep=0.03", "--max-seconds=150",
+    ]  # fmt: skip
+    script = "\n".join(
+        ["#!/bin/bash", f"export PYTHONPATH={REPO} OMP_NUM_THREADS=1", "srun " + " ".join(run)]
+    )
+    job = slurm.sbatch(
+        script + "\n",
+        "--requeue",
+        "-p",
+        "low",
+        "-o",
+        str(out),
+        "--open-mode=append",
+        "--job-name=ftd-run-ddp",
+    )
+
+    def of(what: str) -> list[dict[str, Any]]:
+        return records(metrics, what)
+
+    try:
+        slurm.wait_job_state(job, "RUNNING", 30)
+        wait_until(lambda: len(of("started")) == 2, 90, "both ranks to start")
+        time.sleep(3)  # some steps
+
+        slurm.sbatch(None, "-p", "urgent", "--job-name=ftd-urgent", wrap="sleep 3")
+        preempted: dict[str, str] = {}
+
+        def preempt_time_set() -> bool:
+            preempted.update(slurm.job(job))
+            return preempted.get("PreemptTime", "None") not in ("None", "Unknown", "")
+
+        wait_until(preempt_time_set, 20, "Slurm to preempt the job")
+        deadline = epoch(preempted["PreemptTime"]) + GRACE_S
+
+        wait_until(lambda: len(of("stopped")) == 2, 20, "both ranks to stop")
+        saved = [e for e in of("saved") if e.get("requested")]
+        assert sorted(e["rank"] for e in saved) == [0, 1], saved
+        step = saved[0]["step"]
+        assert all(e["step"] == step and e["t"] < deadline for e in saved), (saved, deadline)
+        assert all(e["step"] == step for e in of("stopped")), of("stopped")  # steps lost: 0
+
+        wait_until(lambda: len(of("resumed")) == 2, 90, "the requeued job to resume")
+        assert slurm.job(job).get("Restarts") == "1"
+        assert {e["step"] for e in of("resumed")} == {step}
+        assert {e["rank"] for e in of("resumed")} == {0, 1}
+        text = out.read_text()
+        assert f"GraceTime {GRACE_S} s)" in text, text[-3000:]
+        assert "waiting up to" in text and "for Slurm to end the job" in text
+    finally:
+        slurm.run("scancel", job, check=False)
+        time.sleep(0.5)
