@@ -170,6 +170,8 @@ class LocalTriggers(RankState):
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         previous = self._previous_handlers.get(signum)
+        if isinstance(previous, _WeakHandler):
+            previous = None  # another client's default, not the user's: never chained (it may be closed)
         if self._echo_of_sigterm(signum):
             return
         if signum == signal.SIGTERM and self.sigterm_at is not None and not callable(previous):

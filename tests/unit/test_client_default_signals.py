@@ -152,3 +152,16 @@ def test_term_wait_never_raises_and_stays_in_range(raw: str) -> None:
         else:
             os.environ[TERM_WAIT_ENV] = old
     assert not math.isnan(value) and 0.0 <= value <= 86400.0
+
+
+def test_an_explicit_client_never_chains_to_a_closed_clients_default(tmp_path: Path) -> None:
+    # Found by the suite: a default client's handler, left behind closed, was chained by a later
+    # Client(signals=True) and gave SIGTERM's default action, killing the process.
+    first = offline(tmp_path)
+    first.close()
+    second = offline(tmp_path, signals=True)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert second.should_save() and second.should_stop()
+    finally:
+        second.uninstall_signal_handlers()
