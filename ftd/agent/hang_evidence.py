@@ -15,7 +15,9 @@ cancelled and named in ``errors``):
 * the Python stacks: ``py-spy dump --native``, else plain, else ``--nonblocking`` (py-spy cannot
   suspend a SIGSTOPped process, but it can read it without suspending), parsed with
   :func:`ftd.culprit.stacks.parse_py_spy`; the raw output is kept beside the answer;
-* PyTorch's flight recorder when the rank's environment (``/proc/PID/environ``) configures it:
+* PyTorch's flight recorder: first as the rank's own JSON dump, asked for over the trainer protocol
+  (``ask_flight``: :meth:`ftd.agent.local_api.LocalApi.ask_flight`, any backend, works while the rank
+  is blocked in a collective); else when the rank's environment (``/proc/PID/environ``) configures it:
   ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` -> one byte written to ``{pipe}{rank}.pipe`` (ProcessGroupNCCL's
   watchdog then dumps; gloo has no such pipe, its dump is taken by the training code itself), and the
   dump read from ``TORCH_FR_DUMP_TEMP_FILE`` / ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank (default
@@ -41,7 +43,7 @@ import os
 import socket
 import stat
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -279,8 +281,20 @@ async def ras_status(host: str, port: int, timeout_s: float, save_to: Path | Non
     return await asyncio.to_thread(_ras_exchange, host, port, timeout_s, save_to)
 
 
+AskFlight = Callable[[str, int, float], Awaitable[tuple[bytes | None, str]]]
+"""(job, rank, timeout) -> the rank's own JSON flight-recorder dump, or why not
+(:meth:`ftd.agent.local_api.LocalApi.ask_flight`)."""
+
+
 async def _rank(
-    info: RankInfo, node: str, target: Path, spy: str | None, budget_s: float, now: float
+    info: RankInfo,
+    node: str,
+    target: Path,
+    spy: str | None,
+    budget_s: float,
+    now: float,
+    job: str = "",
+    ask_flight: AskFlight | None = None,
 ) -> RankEvidence:
     base = RankEvidence(
         rank=info.rank,
@@ -314,13 +328,28 @@ async def _rank(
     flight_result: list[FlightRecord | None] = [None]
 
     async def flight_part() -> None:
+        asked = ""
+        # The rank's own JSON dump (any backend, never a pickle); a stopped or zombie process cannot
+        # answer, and waiting for it would only hold up the evidence.
+        if ask_flight is not None and job and state not in ("stopped", "zombie"):
+            data, asked = await ask_flight(job, info.rank, budget_s * 0.5)
+            if data is not None:
+                name = f"{stem}.flight"
+                await asyncio.to_thread((target / name).write_bytes, data)
+                files.append(name)
+                parsed, bad = parse_flight_json(data)
+                flight_result[0] = parsed
+                if bad:
+                    errors["flight_recorder"] = f"the rank's dump: {bad}"[:MAX_TEXT]
+                return
         env_rank = env.get("RANK")
         rank = int(env_rank) if env_rank and env_rank.isdigit() else info.rank
         record, error, kept = await flight_record(env, rank, target, stem, budget_s * 0.5)
         flight_result[0] = record
         files.extend(kept)
-        if error:
-            errors["flight_recorder"] = error
+        why = "; ".join(x for x in (asked, error) if x)
+        if why:
+            errors["flight_recorder"] = why[:MAX_TEXT]
 
     async def debug_part() -> None:
         kept, error = await asyncio.to_thread(_debug_file, env, pid, node, target, stem)
@@ -348,6 +377,7 @@ async def collect_hang_evidence(
     ras_host: str = "127.0.0.1",
     ras_port: int = RAS_PORT,
     clock: Callable[[], float] = time.time,
+    ask_flight: AskFlight | None = None,
 ) -> NodeEvidence:
     """Collect the evidence of every rank in ``ranks`` at once, bounded by the directive's deadline.
 
@@ -364,7 +394,9 @@ async def collect_hang_evidence(
     spy = _tool("py-spy", py_spy)
     now = clock()
     per_rank = budget * 0.9
-    tasks = [asyncio.ensure_future(_rank(r, node, target, spy, per_rank, now)) for r in selected]
+    tasks = [
+        asyncio.ensure_future(_rank(r, node, target, spy, per_rank, now, job, ask_flight)) for r in selected
+    ]
     ras_task = asyncio.ensure_future(ras_status(ras_host, ras_port, min(5.0, budget * 0.5), target))
     done, pending = await asyncio.wait([*tasks, ras_task], timeout=budget)
     for task in pending:

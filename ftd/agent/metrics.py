@@ -19,6 +19,9 @@ What: a collector that reads the agent's live state at scrape time (nothing is c
                                            (nothing to watch here), ``unavailable``, ``down``
 ``ftd_agent_watcher_restarts_total{watcher}``  restarts after a crash or a stall
 ``ftd_agent_events_total{kind}``           events published, by kind (after storm control)
+``ftd_agent_cloud_polls_total{provider}``  metadata-server requests for interruption notices
+``ftd_agent_cloud_errors_total{provider,reason}``  failed polls and refused notices, by reason
+``ftd_agent_cloud_notices_total{source}``  interruption notices published (issue #37)
 ``ftd_agent_supervisors{role,state}``      the jobs' rank supervisors here (``ftd run``)
 ``ftd_agent_supervisors_lost_total``       supervisors whose connection closed without a goodbye
 ``ftd_agent_loop_stalls_total``            event-loop stalls the watchdog thread saw (``ftd.agent.watchdog``)
@@ -48,6 +51,7 @@ from ftd.agent.spool import Outbox
 from ftd.agent.supervision import WatcherSupervisor
 from ftd.agent.watchdog import AgentWatchdog
 from ftd.agent.watchers.base import Watcher, WatcherHealth, health_of
+from ftd.agent.watchers.cloud import CloudWatcher
 from ftd.agent.watchers.kmsg import KmsgWatcher
 from ftd.bus.base import Bus
 from ftd.config.schema import AgentMetricsConfig
@@ -136,6 +140,7 @@ class AgentCollector:
         yield up
         yield states
         yield restarts
+        yield from _cloud_metrics([w for w in a.watchers if isinstance(w, CloudWatcher)])
         events = CounterMetricFamily(
             "ftd_agent_events", "Events published, by kind (after storm control).", labels=["kind"]
         )
@@ -179,6 +184,31 @@ class AgentCollector:
         yield CounterMetricFamily(
             "ftd_agent_watchdog_pings", "WATCHDOG=1 notifications sent to systemd.", value=wd.pings
         )
+
+
+def _cloud_metrics(watchers: list[CloudWatcher]) -> Iterator[Metric]:
+    """The cloud-notice watcher's polls, errors by reason and notices (issue #37)."""
+    polls = CounterMetricFamily(
+        "ftd_agent_cloud_polls", "Metadata-server requests for interruption notices.", labels=["provider"]
+    )
+    errors = CounterMetricFamily(
+        "ftd_agent_cloud_errors",
+        "Metadata-server polls that failed or gave a refused notice, by reason.",
+        labels=["provider", "reason"],
+    )
+    notices = CounterMetricFamily(
+        "ftd_agent_cloud_notices", "Interruption notices published, by source.", labels=["source"]
+    )
+    for watcher in watchers:
+        for provider, n in sorted(watcher.counts.polls.items()):
+            polls.add_metric([provider], n)
+        for (provider, reason), n in sorted(watcher.counts.errors.items()):
+            errors.add_metric([provider, reason], n)
+        for source, n in sorted(watcher.counts.notices.items()):
+            notices.add_metric([source], n)
+    yield polls
+    yield errors
+    yield notices
 
 
 class MetricsServer:

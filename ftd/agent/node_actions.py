@@ -25,7 +25,7 @@ from typing import Any
 
 from ftd.agent.diagnostics import collect_diagnostics
 from ftd.agent.gpu_reset import GpuResetter
-from ftd.agent.hang_evidence import collect_hang_evidence, evidence_ack
+from ftd.agent.hang_evidence import AskFlight, collect_hang_evidence, evidence_ack
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.bus import topics
 from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, RankInfo, Severity, encode, make_event
@@ -51,6 +51,7 @@ class NodeActions:
         jobs: Callable[[], dict[str, list[RankInfo]]],
         preflight_now: Callable[[], Awaitable[dict[str, Any]]],
         diagnostics_dir: Path,
+        ask_flight: AskFlight | None = None,
     ) -> None:
         self.node = node
         self._outbox = outbox
@@ -59,6 +60,7 @@ class NodeActions:
         self._jobs = jobs
         self._preflight_now = preflight_now
         self._diagnostics_dir = diagnostics_dir
+        self._ask_flight = ask_flight  # a rank's own flight-recorder dump (the local API)
         self._preflight_answers: dict[str, tuple[bool, str]] = {}  # directive id -> (ok, reason)
         self._handlers: dict[str, Handler] = {
             "gpu_reset": self.gpu_reset,
@@ -137,7 +139,9 @@ class NodeActions:
         """Everything this node can say about a hung job (issue #33), in one Ack (``data["evidence"]``)."""
         job = directive.job or directive.params.get("job")
         ranks = self._jobs().get(str(job), []) if job else []
-        evidence = await collect_hang_evidence(directive, ranks, self._diagnostics_dir, node=self.node)
+        evidence = await collect_hang_evidence(
+            directive, ranks, self._diagnostics_dir, node=self.node, ask_flight=self._ask_flight
+        )
         ack = evidence_ack(directive, self.node, evidence)
         log.info(
             "hang_evidence_collected",

@@ -3,7 +3,7 @@
 Every part of the agent is created here, once, from the configuration, and handed to it; the app
 (:mod:`ftd.agent.app`) only runs them. The flow they make, from the node to the bus:
 
-    watchers (kmsg, heartbeat, NVML, logs, fs, memory, host, save path, extra)
+    watchers (kmsg, heartbeat, NVML, logs, fs, cloud notices, memory, host, save path, extra)
       -> storm control (:mod:`ftd.agent.storm`: first occurrences at once, repeats counted)
       -> the one door (:mod:`ftd.agent.door`: every event enriched with the job and rank of the
          process it names and the mount it concerns, then the node's conditions)
@@ -41,6 +41,7 @@ from ftd.agent.spool import Outbox
 from ftd.agent.storm import StormControl
 from ftd.agent.supervision import Named, WatcherSupervisor, health_reporter
 from ftd.agent.watchers.base import Emit, Watcher
+from ftd.agent.watchers.cloud import CloudWatcher
 from ftd.agent.watchers.fs import FsWatcher
 from ftd.agent.watchers.heartbeat import HeartbeatWatcher
 from ftd.agent.watchers.host import HostWatcher
@@ -196,6 +197,7 @@ def build_agent(
         jobs=local_api.jobs,
         preflight_now=hooks.preflight_now,
         diagnostics_dir=state_dir / "diagnostics",
+        ask_flight=local_api.ask_flight,
     )
     parts = AgentParts(
         cfg=cfg,
@@ -231,7 +233,8 @@ def build_agent(
 def configured_watchers(
     cfg: AgentConfig, node: str, emit: Emit, local_api: LocalApi, nvml_backend: NvmlBackend | None
 ) -> list[Watcher]:
-    """The configurable watchers (NVML, logs, filesystem, memory); off or empty sections are skipped."""
+    """The configurable watchers (NVML, logs, filesystem, cloud notices, memory); off or empty sections
+    are skipped."""
     found: list[Watcher] = []
     if cfg.nvml.enabled:  # without NVML it logs "disabled" and idles; it never crashes the agent
         found.append(NvmlWatcher(cfg.nvml, node, emit, backend=nvml_backend))
@@ -239,6 +242,8 @@ def configured_watchers(
         found.append(LogWatcher(cfg.logs, node, emit))
     if cfg.fs.mounts:
         found.append(FsWatcher(cfg.fs, node, emit))
+    if cfg.cloud.aws or cfg.cloud.gcp or cfg.cloud.azure:  # nothing polled unless enabled
+        found.append(CloudWatcher(cfg.cloud, node, emit))
     if cfg.memory.enabled:
 
         def trainer_pids() -> dict[int, tuple[str, int]]:

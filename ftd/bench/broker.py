@@ -9,6 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ftd.bench.slurm_cluster import free_port
+
 
 class PrivateMosquitto:
     def __init__(self, extra_conf: tuple[str, ...] = (), *, anonymous: bool = True) -> None:
@@ -21,9 +23,7 @@ class PrivateMosquitto:
             )
         self._binary = binary
         self._dir = tempfile.TemporaryDirectory(prefix="ftd-bench-mosq-")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        self.port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> PrivateMosquitto:

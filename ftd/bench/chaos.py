@@ -44,11 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ftd.bench.slurm_cluster import free_port
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -70,7 +66,7 @@ class Broker:
             )
         self.binary = binary
         self.workdir = workdir
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "mosquitto.conf").write_text(

@@ -55,8 +55,12 @@ class Daemon:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def wait_log(self, needle: str, timeout: float = 15.0, *, after: int = 0) -> None:
-        """Until ``needle`` is in the log (past character ``after``); raises if the daemon exits first."""
+    def wait_log(self, needle: str, timeout: float = 60.0, *, after: int = 0) -> None:
+        """Until ``needle`` is in the log (past character ``after``); raises if the daemon exits first.
+
+        The default is generous: a daemon's start is an interpreter importing ftd, which took 15 s on
+        the two-core machine at load 14 (a fixture that gave it 15 s failed with the line written just
+        after its last look). Waiting longer costs nothing when it comes sooner."""
         deadline = time.monotonic() + timeout
         while needle not in self.log()[after:]:
             if self.proc is not None and self.proc.poll() is not None:

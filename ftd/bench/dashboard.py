@@ -14,10 +14,11 @@ encode, the socket). The unpaged ``/v1/nodes`` (every node, as ``ftd status`` re
 from __future__ import annotations
 
 import asyncio
-import socket
 import statistics
 import time
 from typing import Any
+
+from ftd.bench.slurm_cluster import free_port
 
 RACK = 32
 
@@ -86,9 +87,7 @@ async def _bench(nodes: int, samples: int) -> dict[str, Any]:
         config, bus=MemoryBus(MemoryBroker()), scheduler=FakeScheduler(), ledger=Ledger(":memory:")
     )
     incidents = await _seed(coordinator, nodes)
-    with socket.socket() as probe:  # a free loopback port for the API
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # for the API
     api = Api(coordinator, ApiConfig(port=port))
     await api.start()
     base = f"http://127.0.0.1:{port}"

@@ -14,12 +14,13 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ftd.bench.slurm_cluster import free_port
 
 
 class PostgresMissing(RuntimeError):
@@ -40,12 +41,6 @@ def find_bindir() -> Path:
     raise PostgresMissing(
         "PostgreSQL server tools not found (Debian package postgresql); make real-parts installs it"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -84,7 +79,7 @@ class LocalPostgres:
             shutil.chown(self.rundir, "postgres", "postgres")
             (self.workdir / "rundir").write_text(str(self.rundir))
         if not self.port:
-            self.port = _free_port()
+            self.port = free_port()
         if not self.datadir.exists():
             self._run([str(bindir / "initdb"), "-D", str(self.datadir), "-A", "trust", "-U", self.user, "-N"])
         opts = f"-p {self.port} -k {self.home} -c listen_addresses=127.0.0.1 -c fsync=off"

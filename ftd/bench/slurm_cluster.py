@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -56,10 +57,26 @@ def find_binary(name: str, *, package: str) -> str:
     return path
 
 
+# Ports handed out below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default):
+# a port the kernel picked for bind(0) and that we released is in that range, where every outgoing
+# connection (gloo's, MQTT clients') takes its local port, so it could be gone before the daemon or the
+# rank told to listen on it binds it (seen: torch's rendezvous failing with EADDRINUSE while another
+# test's DDP job ran). Below the range only another free_port() caller can take it: a random pick makes
+# that a 1-in-12,000 chance per pair of callers.
+_PORTS_FROM, _PORTS_TO = 20000, 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port nothing listens on now, outside the ephemeral range (see above)."""
+    for _ in range(200):
+        port = random.randrange(_PORTS_FROM, _PORTS_TO)
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in {_PORTS_FROM}-{_PORTS_TO - 1} after 200 tries")
 
 
 def wait_port(port: int, timeout: float = 10.0) -> None:

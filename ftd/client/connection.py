@@ -18,9 +18,10 @@ import os
 import select
 import socket
 import sys
+import threading
 import time
 
-from ftd.client import protocol
+from ftd.client import flight, protocol
 from ftd.client.directive import DEADLINE_REASON, DirectiveInfo, save_at
 from ftd.client.files import write_step
 from ftd.client.state import RankState
@@ -50,6 +51,9 @@ class _Rejected(Exception):
 
 class Connection(RankState):
     """The I/O thread's side of a client (started by :meth:`ftd.client.Client.start`)."""
+
+    flight_dir: str | None = None
+    """Where a flight-recorder dump for the agent is written (None: the temporary directory)."""
 
     if TYPE_CHECKING:
 
@@ -220,11 +224,26 @@ class Connection(RankState):
                     version = 0  # an older agent or coordinator: unordered, the lowest
                 choice = {str(k): str(v) for k, v in partners.items() if isinstance(v, str)}
                 self._partners = (version, choice)  # one assignment: read whole by another thread
+        elif op == protocol.DUMP_FLIGHT:
+            request_id = msg.get("id")
+            if isinstance(request_id, str) and len(request_id) <= protocol.DIRECTIVE_ID_MAX:
+                # A thread of its own: the dump must not hold up this reader (nor it the dump).
+                threading.Thread(
+                    target=self._dump_flight, args=(request_id,), name="ftd-client-flight", daemon=True
+                ).start()
         elif op == protocol.ERROR:
             if msg.get("re") == protocol.REGISTER:
                 raise _Rejected(str(msg.get("error")))
             _log.debug("ftd client: agent reported an error: %s", msg.get("error"))
         return False
+
+    def _dump_flight(self, request_id: str) -> None:
+        """Answer the agent's ``dump_flight`` (issue #33) with the file of this process's flight recorder."""
+        path, error = flight.dump_json(self.flight_dir)
+        if error:
+            _log.info("ftd client: no flight-recorder dump for the agent: %s", error)
+        self._outbox.append(protocol.encode(protocol.flight(request_id, path, error)))
+        self._wake()
 
     def _on_directive(self, msg: dict[str, Any], arrived_ns: int) -> None:
         did, action, job = msg.get("id"), msg.get("action"), msg.get("job")

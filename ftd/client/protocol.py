@@ -65,6 +65,12 @@ Node hooks -> agent (no ``register``; one request, one answer, then the hook clo
 - ``{"v":1,"op":"preflight"}`` (root or the agent's uid) asks the agent to run its preflight checks
   now; answer ``{"v":1,"op":"preflight","ok":...,"reason":...,"checks":[...]}``.
 
+Agent -> registered rank, a request the rank answers (issue #33):
+
+- ``{"v":1,"op":"dump_flight","id":"f-12"}``: answer ``{"v":1,"op":"flight","re":"f-12",
+  "path":"/tmp/ftd-flight-x.json"|null,"error":""}``, the file this process's flight recorder was
+  dumped to as JSON (:mod:`ftd.client.flight`; mode 0600, read and removed by the agent), or why not.
+
 Rank supervisor (``ftd run``, :mod:`ftd.supervisor`, issue #24) -> agent, on a connection of its own:
 
 - ``{"v":1,"op":"supervise","job":"1234","pid":4242,"info":{<SupervisorInfo fields: role, slot,
@@ -178,7 +184,9 @@ __all__ = [
     "DEFAULT_SOCKET",
     "DIRECTIVE",
     "DIRECTIVE_ID_MAX",
+    "DUMP_FLIGHT",
     "ERROR",
+    "FLIGHT",
     "HEARTBEAT",
     "JOB_END",
     "JOB_MAX",
@@ -204,8 +212,10 @@ __all__ = [
     "checkpoint",
     "decode",
     "directive",
+    "dump_flight",
     "encode",
     "error",
+    "flight",
     "generation_run",
     "heartbeat",
     "job_end",
@@ -251,6 +261,8 @@ HEARTBEAT = "heartbeat"
 ACK = "ack"
 CHECKPOINT = "checkpoint"
 PARTNERS = "partners"  # agent -> client (issue #34): where each node's checkpoint replicas go
+DUMP_FLIGHT = "dump_flight"  # agent -> client (issue #33): dump your flight recorder as JSON
+FLIGHT = "flight"  # client -> agent: the answer to dump_flight (a file, or why not)
 # Rank supervisor (ftd run) -> agent:
 SUPERVISE = "supervise"
 SUPERVISOR_STATE = "supervisor_state"
@@ -456,3 +468,18 @@ def decode(line: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return msg if isinstance(msg, dict) else None
+
+
+def dump_flight(request_id: str) -> dict[str, Any]:
+    """Agent -> client: ``{"v":1,"op":"dump_flight","id":"f-12"}``, sent while a hang's evidence is
+    collected (issue #33): the rank dumps PyTorch's flight recorder as JSON from a thread of its own
+    (it works while the main thread waits in a collective) and answers with :func:`flight`."""
+    return {"v": PROTOCOL_VERSION, "op": DUMP_FLIGHT, "id": request_id}
+
+
+def flight(request_id: str, path: str | None, error: str = "") -> dict[str, Any]:
+    """Client -> agent: ``{"v":1,"op":"flight","re":"f-12","path":"/tmp/ftd-flight-x.json","error":""}``,
+    the file the rank wrote its flight-recorder dump to (mode 0600, owned by the rank's user; the
+    agent reads it and removes it), or ``path`` null and why not (torch not loaded, a torch without
+    the JSON dump, no process group, the dump failed)."""
+    return {"v": PROTOCOL_VERSION, "op": FLIGHT, "re": request_id, "path": path, "error": error}

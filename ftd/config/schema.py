@@ -366,6 +366,56 @@ class AgentKubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_un
     timeout_s: Annotated[PositiveSeconds, _doc("Deadline for one write.")] = 5.0
 
 
+MetadataUrl = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^https?://[^/?#\s]+\Z",
+        extra={"hint": "scheme and host (and port) only, e.g. http://169.254.169.254"},
+    ),
+]
+
+
+class CloudConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Cloud interruption notices from the instance metadata servers (``ftd.agent.watchers.cloud``).
+    Nothing is polled unless a provider is enabled."""
+
+    aws: Annotated[bool, _doc("Poll AWS IMDSv2 for spot instance-action and rebalance notices.")] = False
+    gcp: Annotated[bool, _doc("Poll the GCP metadata server for preemption and maintenance events.")] = False
+    azure: Annotated[bool, _doc("Poll Azure Scheduled Events.")] = False
+    aws_url: Annotated[MetadataUrl, _doc("AWS IMDS base URL.")] = "http://169.254.169.254"
+    gcp_url: Annotated[MetadataUrl, _doc("GCP metadata server base URL.")] = "http://metadata.google.internal"
+    azure_url: Annotated[MetadataUrl, _doc("Azure Instance Metadata Service base URL.")] = (
+        "http://169.254.169.254"
+    )
+    azure_resource: Annotated[
+        NonEmptyStr | None,
+        _doc("This VM's name in Scheduled Events' Resources; unset: the agent's node name."),
+    ] = None
+    interval_s: Annotated[
+        float, _doc("Seconds between two polls of each endpoint (AWS advises 5).", gt=0, le=60)
+    ] = 5.0
+    timeout_s: Annotated[
+        float, _doc("Deadline for one request; a slower endpoint counts an error.", gt=0, le=30)
+    ] = 2.0
+    backoff_max_s: Annotated[
+        float,
+        _doc("An endpoint that fails is retried after a doubling wait, at most this long.", gt=0, le=3600),
+    ] = 120.0
+    max_body_bytes: Annotated[int, _doc("A larger response is refused (too_large).", ge=1024, le=1 << 22)] = (
+        65536
+    )
+    max_ahead_s: Annotated[
+        float, _doc("A notice whose deadline is further ahead is refused as bogus (deadline_far).", gt=0)
+    ] = 86400.0
+    past_slack_s: Annotated[
+        float, _doc("A notice whose deadline passed longer ago is refused (deadline_past).", ge=0, le=600)
+    ] = 10.0
+    aws_rebalance_horizon_s: Annotated[
+        float,
+        _doc("A rebalance recommendation has no deadline: it is reported as due this long after it.", gt=0),
+    ] = 600.0
+
+
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The per-node agent (``ftd agent``)."""
 
@@ -438,6 +488,9 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     kubernetes: Annotated[
         AgentKubernetesConfig, _doc("Kubernetes node condition written by the agent (off by default).")
     ] = msgspec.field(default_factory=AgentKubernetesConfig)
+    cloud: Annotated[CloudConfig, _doc("Cloud interruption notices (off by default).")] = msgspec.field(
+        default_factory=CloudConfig
+    )
 
     def resolved_node(self) -> str:
         """``node``, or the short host name when unset (the name Slurm usually knows the node by)."""

@@ -59,6 +59,8 @@ def test_a_node_killed_mid_save_resumes_every_rank_from_a_verified_fast_copy(sta
     assert out["steps_lost"] == out["last_step"] - out["resumed_step"]
 
 
+# make bench-tests; test_checkpoint_tier.py's corrupt copy and test_checkpoint_verify.py cover it in make test
+@pytest.mark.bench
 def test_a_flipped_byte_is_never_loaded(stack: RecoveryStack) -> None:
     # a resume here takes 1-2 s once the Xid is written; 90 s without one is a hang
     # no shared flush: rank 0's only other copy is its replica, which left with node-2

@@ -21,7 +21,9 @@ from ftd.bench.recovery import FAULT_NODE, PATHS, SAVE_EVERY, measure_path
 from ftd.bench.recovery_stack import RecoveryStack
 from tests.e2e import test_recovery_slurm as recovery_tests
 
-pytestmark = [pytest.mark.real, pytest.mark.slow]
+# The peers' launchers on the recovery bench (minutes): make bench-tests; ftd's own recovery on the same
+# stack is tests/e2e/test_recovery_slurm.py, in make test.
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.bench]
 
 pytest.importorskip("torch")
 

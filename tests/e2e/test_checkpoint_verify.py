@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from ftd.bench.slurm_cluster import free_port
 from ftd.client import Client
 from ftd.client import manifest as mf
 from tests.e2e.stack import Stack, make_stack, wait_until
@@ -32,12 +33,6 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 JOB = "ck1"
 WITHIN = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

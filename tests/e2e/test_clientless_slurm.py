@@ -64,7 +64,8 @@ def run_xid79_on(
     ):
         hooked.configure(stack.socket)
         job = hooked.slurm.sbatch(script, "--requeue", "--job-name=no-client")
-        wait_until(lambda: job_of(port, job) is not None, 30, f"job {job} known to the coordinator")
+        # the job starting, its Prolog and the agent: seconds, over 30 s at load 14 (helpers at work)
+        wait_until(lambda: job_of(port, job) is not None, 90, f"job {job} known to the coordinator")
         assert job_of(port, job)["ranks"] == []  # type: ignore[index]
         wait_until(lambda: (tmp_path / "started").exists(), 30, "the job's script running")
         stack.append_kernel_line(XID79)

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from ftd.bench.slurm_cluster import free_port
 from ftd.bus import topics
 from ftd.bus.mqtt import MqttBus
 from tests.e2e.daemons import REPO, Daemon
@@ -49,12 +50,6 @@ def outward_interface() -> tuple[str, str]:
                 if not address.startswith("127."):
                     return name, address
     raise AssertionError("this test needs a network interface with a non-loopback IPv4 address")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def agent(node: str, port: int, address: str, run_dir: Path, tmp: Path) -> Daemon:

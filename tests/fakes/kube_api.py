@@ -335,7 +335,14 @@ class FakeKubeApi(_CsrEndpoints):
         mirror: bool = False,
         phase: str = "Running",
         restarts: int = 0,
+        deletion_timestamp: str | None = None,
+        deletion_grace_s: int | None = None,
+        conditions: list[dict[str, Any]] | None = None,
+        grace_s: int | None = None,
     ) -> None:
+        """A pod; ``deletion_timestamp`` / ``deletion_grace_s``: a graceful deletion under way (the API
+        server's ``metadata.deletionTimestamp`` and ``deletionGracePeriodSeconds``); ``conditions``:
+        ``status.conditions`` (e.g. ``DisruptionTarget``); ``grace_s``: ``terminationGracePeriodSeconds``."""
         meta: dict[str, Any] = {
             "name": name,
             "namespace": namespace,
@@ -355,6 +362,10 @@ class FakeKubeApi(_CsrEndpoints):
             ]
         if mirror:
             meta["annotations"]["kubernetes.io/config.mirror"] = "abc"
+        if deletion_timestamp is not None:
+            meta["deletionTimestamp"] = deletion_timestamp
+        if deletion_grace_s is not None:
+            meta["deletionGracePeriodSeconds"] = deletion_grace_s
         self.pods[(namespace, name)] = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -373,6 +384,11 @@ class FakeKubeApi(_CsrEndpoints):
                 ],
             },
         }
+        pod = self.pods[(namespace, name)]
+        if conditions is not None:
+            pod["status"]["conditions"] = [dict(c) for c in conditions]
+        if grace_s is not None:
+            pod["spec"]["terminationGracePeriodSeconds"] = grace_s
 
     def calls(self, method: str | None = None) -> list[Request]:
         return [r for r in self.requests if method is None or r.method == method]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from ftd.bench.slurm_cluster import free_port
 from ftd.commands.config_check import check_config_file, check_references
 from ftd.config import ConfigError, Problem, parse_config, validate_data
 from ftd.config import paths as p
@@ -291,12 +292,6 @@ def test_a_failure_the_checks_cannot_foresee_is_one_clean_error(work: Path) -> N
     assert (
         f"{config}: cannot start: RuntimeError: another process is already listening on {path}" in run.stderr
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- check-config: which daemon, secrets, every problem despite type errors ----------------------------

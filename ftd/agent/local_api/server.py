@@ -75,6 +75,7 @@ from ftd.agent.checkpoints import (
 from ftd.agent.jobs import ConditionsMsg, HookMsg, JobEndMsg, JobStartMsg, PreflightMsg
 from ftd.agent.local_api import registration, wire
 from ftd.agent.local_api.callbacks import CallbackQueue
+from ftd.agent.local_api.flight_desk import FlightAnswer, FlightDesk
 from ftd.agent.local_api.inject import PRIVILEGED_OPS, InjectMsg
 from ftd.agent.local_api.owners import Owner, RankOwners
 from ftd.agent.local_api.pending import PendingDirectives
@@ -184,6 +185,7 @@ class LocalApi:
             presence_now=self._presence.now,
             stopping=lambda: self._stopping,
         )
+        self._flight = FlightDesk(self._send)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -388,6 +390,14 @@ class LocalApi:
         )
         return reached
 
+    async def ask_flight(self, job: str, rank: int, timeout_s: float) -> FlightAnswer:
+        """Ask rank ``rank`` of ``job`` for its flight recorder's JSON dump (issue #33); the dump's
+        bytes, or why there are none (not connected here, no answer in time, no dump). Bounded."""
+        conn = next((c for c in self._jobs.get(job, ()) if c.rank == rank), None)
+        if conn is None:
+            return None, f"rank {rank} of job {job} is not connected to this agent"
+        return await self._flight.ask(conn, timeout_s)
+
     def _runs_of(self, directive: Directive) -> frozenset[str] | None:
         """The runs of its job a directive is for: the one the coordinator named, else those of the
         job's ranks connected now (when every one of them named its run), else None (not known)."""
@@ -540,6 +550,8 @@ class LocalApi:
             self._heartbeat(conn, msg)
         elif isinstance(msg, wire.CheckpointMsg):
             self._checkpoint(conn, msg)
+        elif isinstance(msg, wire.FlightMsg):
+            self._flight.answer(conn, msg)
         else:
             self._ack(conn, msg)
 

@@ -48,6 +48,7 @@ __all__ = [
     "BadLine",
     "CheckpointMsg",
     "ClientMsg",
+    "FlightMsg",
     "Heartbeat",
     "Register",
     "Supervise",
@@ -140,14 +141,32 @@ class SupervisorStateMsg(
     info: SupervisorInfo
 
 
+class FlightMsg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", tag=protocol.FLIGHT):
+    """A rank's answer to ``dump_flight`` (issue #33): the file of its flight-recorder dump, or why not."""
+
+    v: int = PROTOCOL_VERSION
+    re: Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.DIRECTIVE_ID_MAX)]
+    path: CheckpointDir | None = None
+    error: Annotated[str, msgspec.Meta(max_length=protocol.TEXT_MAX)] = ""
+
+
 ClientMsg = (
-    Register | Heartbeat | AckMsg | CheckpointMsg | Supervise | SupervisorStateMsg | HookMsg | InjectMsg
+    Register
+    | Heartbeat
+    | AckMsg
+    | CheckpointMsg
+    | FlightMsg
+    | Supervise
+    | SupervisorStateMsg
+    | HookMsg
+    | InjectMsg
 )
 OPS: dict[type[Any], str] = {
     Register: protocol.REGISTER,
     Heartbeat: protocol.HEARTBEAT,
     AckMsg: protocol.ACK,
     CheckpointMsg: protocol.CHECKPOINT,
+    FlightMsg: protocol.FLIGHT,
     Supervise: protocol.SUPERVISE,
     SupervisorStateMsg: protocol.SUPERVISOR_STATE,
     JobStartMsg: protocol.JOB_START,

@@ -53,14 +53,16 @@ Semantics, mapped onto the scheduler contract:
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftd.coordinator.actions.scheduler import JobInfo, NodeInfo, SchedulerError, sanitize_reason
+from ftd.events import Interruption
 from ftd.logs import get_logger
 
 if TYPE_CHECKING:
@@ -455,6 +457,17 @@ class KubernetesScheduler:
             )
         )
 
+    async def job_interruptions(self, job: str) -> list[Interruption]:
+        """The announced ends of ``job``'s pods (issue #37): a pod being deleted
+        (``k8s_pod_deletion``) or carrying the ``DisruptionTarget`` condition (``k8s_disruption``);
+        see :func:`pod_interruptions`. Empty for an unknown job or an id that is not a label value."""
+        if not _LABEL_VALUE_RE.match(job) or not job:
+            return []
+        found: list[Interruption] = []
+        for pod in await self._pods_of(job):
+            found.extend(pod_interruptions(self._serialize(pod), job))
+        return found
+
     async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
         self._selector(job)
         exclude = tuple(dict.fromkeys(exclude))
@@ -485,6 +498,104 @@ class KubernetesScheduler:
             f"cannot reboot {node}: the Kubernetes API has no node reboot (use a node-problem remedy "
             "such as a reboot DaemonSet, or drain it)"
         )
+
+
+DEFAULT_GRACE_S = 30  # the API server's default terminationGracePeriodSeconds
+
+
+def _k8s_time(value: object) -> float | None:
+    """Epoch seconds of an RFC 3339 time as the API (or its client) writes it, else ``None``."""
+    if not isinstance(value, str) or not 0 < len(value) <= 64:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    try:
+        return parsed.timestamp()
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _seconds(value: object) -> int | None:
+    return (
+        value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 86400 * 365
+        else None
+    )
+
+
+def pod_interruptions(pod: Mapping[str, Any], job: str) -> list[Interruption]:
+    """The interruptions a pod (its JSON, camelCase as the API serves it) announces; never raises.
+
+    * ``metadata.deletionTimestamp`` set: the pod is being deleted; the API server sets that time to
+      the deletion request plus the grace period, after which the kubelet kills what still runs:
+      ``k8s_pod_deletion`` with that deadline (``deletionGracePeriodSeconds`` in ``detail``);
+    * a ``DisruptionTarget`` condition with status ``True`` (eviction, preemption, a taint, node
+      shutdown): ``k8s_disruption``; its deadline is the deletion time when set, else the condition's
+      ``lastTransitionTime`` plus ``spec.terminationGracePeriodSeconds`` (default 30 s).
+
+    ``ref`` is the pod's uid with the kind of notice; a pod without a uid or with unreadable times
+    announces nothing."""
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping):
+        return []
+    uid, name = meta.get("uid"), meta.get("name")
+    if not isinstance(uid, str) or not uid or len(uid) > 128:
+        return []
+    name = name if isinstance(name, str) else ""
+    found: list[Interruption] = []
+    deleting = _k8s_time(meta.get("deletionTimestamp"))
+    grace = _seconds(meta.get("deletionGracePeriodSeconds"))
+    if deleting is not None:
+        found.append(
+            Interruption(
+                source="k8s_pod_deletion",
+                deadline=deleting,
+                notice_at=deleting - (grace or 0),
+                job=job,
+                ref=f"{uid}:deletion",
+                detail=f"pod {name[:253]} deleted (grace {grace if grace is not None else '?'} s)",
+            )
+        )
+    status, spec = pod.get("status"), pod.get("spec")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for cond in conditions if isinstance(conditions, list) else []:
+        if (
+            not isinstance(cond, Mapping)
+            or cond.get("type") != "DisruptionTarget"
+            or cond.get("status") != "True"
+        ):
+            continue
+        since = _k8s_time(cond.get("lastTransitionTime"))
+        if since is not None:
+            notice_at = since
+        elif deleting is not None:
+            notice_at = deleting - (grace or 0)
+        else:
+            continue
+        pod_grace = _seconds(spec.get("terminationGracePeriodSeconds")) if isinstance(spec, Mapping) else None
+        deadline = (
+            deleting
+            if deleting is not None
+            else notice_at + (pod_grace if pod_grace is not None else DEFAULT_GRACE_S)
+        )
+        notice_at = min(notice_at, deadline)  # a condition stamped after the deletion time (skew)
+        reason = cond.get("reason")
+        found.append(
+            Interruption(
+                source="k8s_disruption",
+                deadline=deadline,
+                notice_at=notice_at,
+                job=job,
+                ref=f"{uid}:disruption",
+                detail=f"pod {name[:253]}: {reason[:100] if isinstance(reason, str) else 'DisruptionTarget'}",
+            )
+        )
+        break
+    return found
 
 
 def _api_message(exc: Any) -> str:
