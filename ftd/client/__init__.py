@@ -40,10 +40,15 @@ Directives addressed to another job are ignored.
 
 Other sources map onto the same two flags (so the training loop has one place to look):
 
-- **Signals** (opt-in: ``Client(signals=True)`` or :meth:`Client.install_signal_handlers`, main
-  thread only): ``SIGUSR1`` -> save, ``SIGTERM`` -> stop. A Python handler installed before ours is
-  still called after ours; ``SIG_DFL``/``SIG_IGN`` are not (calling the default SIGTERM action would
-  kill the process before it can save, which is the point of catching it).
+- **Signals** (by default, main thread only): ``SIGTERM`` -> save then stop, ``SIGUSR1`` -> save,
+  each only where its handler is still ``SIG_DFL`` (a handler the user installed is never
+  replaced; ``$FTD_SIGNALS=0`` or ``Client(signals=False)``: none). ``Client(signals=True)`` (or
+  :meth:`Client.install_signal_handlers`) takes both in any case: a Python handler installed
+  before ours is still called after ours; ``SIG_DFL``/``SIG_IGN`` are not (calling the default
+  SIGTERM action would kill the process before it can save, which is the point of catching it). A
+  second SIGTERM, or one after :meth:`Client.close`, gets the default action. Under Slurm a process
+  stopped by SIGTERM waits at exit (``$FTD_TERM_WAIT_S``, default 600 s; ``ftd run`` sets 0) until
+  Slurm ends the job: Slurm requeues a preempted job only if it ends it itself.
 - **Kill switch** (``stop_file=`` or ``$FTD_STOP_FILE``): while the file exists, ``should_stop()`` is
   true; it is also checked once in the constructor so a queued job array "burns through" at once.
 - **Save switch** (``save_file=`` or ``$FTD_SAVE_FILE``): when the file appears, ``should_save()``

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -43,7 +44,10 @@ class Client(Connection, LocalTriggers):
     ``"default"``); ``rank`` to ``$RANK`` or ``$SLURM_PROCID`` (else 0); ``local_rank`` to
     ``$LOCAL_RANK`` or ``$SLURM_LOCALID``; ``socket_path`` to ``$FTD_SOCKET`` or
     ``/run/ftd/agent.sock``. With ``connect=False`` nothing happens until :meth:`start`.
-    ``signals=True`` installs the SIGUSR1/SIGTERM handlers (:meth:`install_signal_handlers`);
+    ``signals`` (default None): in the main thread, SIGTERM becomes save-then-stop and SIGUSR1 a
+    save where no handler was installed for them (:meth:`install_default_signal_handlers`;
+    ``$FTD_SIGNALS=0`` turns it off); ``True`` installs both handlers in any case, chaining a
+    Python handler installed before (:meth:`install_signal_handlers`); ``False``: none.
     ``stop_file``/``save_file`` default to ``$FTD_STOP_FILE``/``$FTD_SAVE_FILE`` (kill and save
     switches, polled every ``switch_poll_s`` seconds); ``resume_file`` to ``$FTD_RESUME_FILE``
     (where :attr:`resume_step` is kept for the job's next process: name one per job, e.g. next to
@@ -74,7 +78,7 @@ class Client(Connection, LocalTriggers):
         *,
         heartbeat_interval: float = 0.2,
         retry_interval: float = 1.0,
-        signals: bool = False,
+        signals: bool | None = None,
         stop_file: str | None = None,
         save_file: str | None = None,
         switch_poll_s: float = 0.2,
@@ -104,6 +108,8 @@ class Client(Connection, LocalTriggers):
             self._poll_switches()  # a kill switch present at start stops the job before step one
         if signals:
             self.install_signal_handlers()
+        elif signals is None:
+            self.install_default_signal_handlers()
         if connect:
             self.start()
 
@@ -384,8 +390,47 @@ class Client(Connection, LocalTriggers):
         self.close()
 
 
+TERM_WAIT_ENV = "FTD_TERM_WAIT_S"
+TERM_WAIT_DEFAULT_S = 600.0
+
+
+def term_wait_s() -> float:
+    """How long a Slurm job's process, stopped by SIGTERM, waits at exit for Slurm to end the job
+    (``$FTD_TERM_WAIT_S``, default 600 s; 0: not at all; malformed: the default)."""
+    raw = os.environ.get(TERM_WAIT_ENV)
+    try:
+        value = float(raw) if raw else TERM_WAIT_DEFAULT_S
+    except ValueError:
+        _log.warning("ftd client: ignoring %s=%r", TERM_WAIT_ENV, raw)
+        value = TERM_WAIT_DEFAULT_S
+    return max(0.0, min(value, 86400.0)) if value == value else TERM_WAIT_DEFAULT_S
+
+
+def _wait_for_slurm(client: Client) -> None:
+    """A Slurm job whose process was stopped by SIGTERM leaves the job's ending to Slurm: Slurm
+    requeues a preempted job (PreemptMode=REQUEUE) only when it ends the job itself at the end of
+    GraceTime; a job whose processes all exit within the grace is COMPLETED (or FAILED) and never
+    runs again. So, the save made and the stop acknowledged, the process waits here (the next
+    SIGTERM, or Slurm's SIGKILL, ends it) for at most :func:`term_wait_s`. Not under Slurm (or
+    under ``ftd run``, which sets the wait to 0 and ends its ranks itself), it exits at once."""
+    if client.sigterm_at is None or not os.environ.get("SLURM_JOB_ID"):
+        return
+    wait = term_wait_s()
+    if wait <= 0:
+        return
+    sys.stderr.write(
+        f"ftd client: saved and stopped on SIGTERM; waiting up to {wait:.0f} s for Slurm to end the job "
+        f"(a preempted job is requeued only if Slurm ends it; {TERM_WAIT_ENV}=0 exits at once)\n"
+    )
+    sys.stderr.flush()
+    time.sleep(wait)
+
+
 def _close_at_exit(ref: weakref.ref[Client]) -> None:
-    """At interpreter exit: :meth:`Client.close` (acknowledges a stop the loop broke on)."""
+    """At interpreter exit: :meth:`Client.close` (acknowledges a stop the loop broke on); after a
+    SIGTERM under Slurm, :func:`_wait_for_slurm`."""
     client = ref()
     if client is not None:
         client.close()
+        with contextlib.suppress(Exception):
+            _wait_for_slurm(client)

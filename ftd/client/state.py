@@ -144,6 +144,8 @@ class RankState:
         self._poll_at: float | None = 0.0 if (self.stop_file or self.save_file) else None
         self._save_file_seen = False
         self._previous_handlers: dict[int, Any] = {}
+        #: ``time.time()`` when the first SIGTERM reached this client's handler (None: none yet).
+        self.sigterm_at: float | None = None
         #: The latest readings of :meth:`memory_guard` (``{"host"|"cgroup"|"gpu": {used, limit, fraction}}``).
         self.memory_report: dict[str, Any] = {}
 

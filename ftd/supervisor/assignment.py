@@ -125,6 +125,9 @@ def rank_env(
         "MASTER_PORT": str(opts.master_port + generation),
         "FTD_RUN": run_name(opts, generation),
         "FTD_GENERATION": str(generation),
+        # The client waits at exit after a SIGTERM under Slurm so that Slurm ends (and may requeue)
+        # the job; under ftd run the supervisor ends its ranks itself, so they exit at once.
+        "FTD_TERM_WAIT_S": "0",
         **job_env,
     }
     if opts.socket:

@@ -73,7 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="leave the ranks' output as it is (default: every line starts with '[NODE rank R] ')",
     )
-    p.add_argument("--stop-grace", type=float, default=10.0, help="seconds from SIGTERM to SIGKILL")
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=10.0,
+        help="seconds from SIGTERM to SIGKILL when no deadline is known (preempted: until GraceTime ends)",
+    )
 
     p.add_argument("--exit-grace", type=float, default=300.0, help="seconds to wait for a restart")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the training command")

@@ -122,6 +122,10 @@ class RankGroup:
             except subprocess.TimeoutExpired:
                 _log.error("ftd run: rank pid %d did not die after SIGKILL", proc.pid)
 
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to every rank's process group (the ranks and what they started)."""
+        self._signal(sig)
+
     def _signal(self, sig: int) -> None:
         for proc in self.procs:
             try:

@@ -14,6 +14,12 @@ agent at once. How it ends: an active node whose ranks all exit 0 reports ``exit
 waits ``--exit-grace`` for a restart before exiting with that code; spares and out nodes exit 0 when
 the coordinator releases them (a ``release`` directive: the job's training ended), never on their
 own; SIGTERM/SIGINT stop the ranks, say goodbye, exit 128+N.
+The scheduler's signals reach the ranks as what they mean (issue #37): SIGUSR1 (``sbatch
+--signal=USR1@600``) is forwarded to every rank (the client turns it into a save); SIGTERM is
+forwarded as SIGTERM (the client's save then stop) with a grace up to the deadline
+(:mod:`ftd.supervisor.deadline`: a preempted Slurm job's PreemptTime + GraceTime, else
+``--stop-grace``) before the SIGKILL; under Slurm the supervisor then waits for Slurm to end the job
+(Slurm requeues a preempted job only if it ends it itself), up to that deadline plus a margin.
 Decisions are logged on stderr (``ftd run: ...``).
 """
 
@@ -25,6 +31,7 @@ import queue
 import signal
 import time
 
+from ftd.supervisor import deadline as deadlines
 from ftd.supervisor import output
 from ftd.supervisor.agent_link import AgentLink
 from ftd.supervisor.assignment import (
@@ -81,6 +88,7 @@ class Supervisor:
         self.pool: WarmPool | None = None
         self.link: AgentLink | None = None
         self._signal: int | None = None
+        self._save_signals = 0  # SIGUSR1s received, not yet forwarded to the ranks
         self._link_factory = link_factory
         self.pid = os.getpid()
 
@@ -131,6 +139,7 @@ class Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGUSR1, self._on_save_signal)
         if self.opts.job and self.opts.socket:
             self.link = self._link_factory(self.opts.socket, self.opts.job, self.pid, self.info())
             self.link.start()
@@ -158,6 +167,8 @@ class Supervisor:
             while True:
                 if self._signal is not None:
                     return self._terminate(self._signal)
+                if self._save_signals:
+                    self._forward_save()
                 if self.released:
                     self._report(state="exited", exit_code=0, reason="released: the job's training ended")
                     return self._goodbye(0)
@@ -172,6 +183,21 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signal = signum
+
+    def _on_save_signal(self, signum: int, frame: object) -> None:
+        self._save_signals += 1
+
+    def _forward_save(self) -> None:
+        """SIGUSR1 (the scheduler's early warning) to every rank: the client's save."""
+        self._save_signals = 0
+        group = self.group
+        if group is None or not group.alive():
+            _log.info("ftd run: SIGUSR1: no ranks running to save")
+            return
+        _log.info(
+            "ftd run: SIGUSR1: asking generation %d's ranks (pids %s) to save", group.generation, group.pids
+        )
+        group.signal(signal.SIGUSR1)
 
     def _idle_spare(self) -> None:
         if self.link is None or not self.link.connected.wait(2.0):
@@ -282,12 +308,12 @@ class Supervisor:
             self._stop_ranks()
             self._report(role="out", slot=None, state="stopped", reason="", exit_deadline=None)
 
-    def _stop_ranks(self) -> None:
+    def _stop_ranks(self, grace_s: float | None = None) -> None:
         group, self.group = self.group, None
         if group is not None and group.alive():
             _log.info("ftd run: stopping generation %d's ranks (pids %s)", group.generation, group.pids)
         if group is not None:
-            group.stop(self.opts.stop_grace_s)
+            group.stop(self.opts.stop_grace_s if grace_s is None else grace_s)
 
     def _start_generation(
         self,
@@ -400,10 +426,30 @@ class Supervisor:
             self._report(warm=ready)
 
     def _terminate(self, signum: int) -> int:
-        _log.info("ftd run: signal %d: stopping the ranks and leaving", signum)
-        self._stop_ranks()
+        if signum != signal.SIGTERM:
+            _log.info("ftd run: signal %d: stopping the ranks and leaving", signum)
+            self._stop_ranks()
+            self._report(state="exited", exit_code=128 + signum)
+            return self._goodbye(128 + signum)
+        now = time.time()
+        known = deadlines.slurm_deadline(self.env)
+        grace, why = deadlines.stop_grace(self.opts.stop_grace_s, now, known)
+        _log.info("ftd run: SIGTERM: the ranks save and stop; %.1f s until SIGKILL (%s)", grace, why)
+        self._stop_ranks(grace)
         self._report(state="exited", exit_code=128 + signum)
-        return self._goodbye(128 + signum)
+        code = self._goodbye(128 + signum)
+        if known is not None and self.env.get("SLURM_JOB_ID"):
+            self._wait_for_slurm(known[0])
+        return code
+
+    def _wait_for_slurm(self, deadline: float) -> None:
+        """Slurm requeues a preempted job only if it ends the job itself: leave that to it (its
+        next SIGTERM, at the deadline, or its SIGKILL) rather than end the step early."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        wait = min(deadline - time.time() + 30.0, deadlines.MAX_GRACE_S)
+        if wait > 0:
+            _log.info("ftd run: ranks stopped; waiting up to %.0f s for Slurm to end the job", wait)
+            time.sleep(wait)
 
     def _goodbye(self, code: int) -> int:
         if self.link is not None:

@@ -72,6 +72,7 @@ def test_rank_env_of_a_generation() -> None:
         "MASTER_PORT": "29503",
         "FTD_RUN": "gen-3",
         "FTD_GENERATION": "3",
+        "FTD_TERM_WAIT_S": "0",  # ftd run ends its ranks itself: no wait for Slurm at exit
         "FTD_JOB_ID": "77",
         "FTD_JOB": "77",
         "FTD_SOCKET": "/run/n2.sock",
