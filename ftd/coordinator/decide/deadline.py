@@ -11,10 +11,9 @@ the job's usual level and a stop margin, and answers a :class:`SaveDecision`:
 A level with no recorded save uses :data:`ASSUMED_P95_S` (documented in docs/deadlines.md): a guess on
 the slow side, so without a model ftd rather skips a save than loses the job inside one.
 
-A deadline that cannot be real -- not a finite number, already past, or more than
-:data:`MAX_AHEAD_S` ahead (a clock or unit error: milliseconds read as seconds) -- raises
-:class:`BadDeadline` with the reason; the caller logs and counts it and acts on nothing (the gate
-fails closed). Pure: no clock, no I/O.
+A deadline that cannot be real (:func:`ftd.plugin.deadline.check_deadline`: not a finite number,
+already past, or more than 30 days ahead) raises :class:`BadDeadline` with the reason; the caller
+logs it and acts on nothing (the gate fails closed). Pure: no clock, no I/O.
 
 Properties (tests/unit/test_deadline_decision.py): monotone in the time left (more time never gives a
 lesser choice), never a save whose p95 plus the margin exceeds the time left.
@@ -27,6 +26,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ftd.coordinator.model.save_times import DEFAULT_LEVEL
+from ftd.plugin.deadline import MAX_AHEAD_S, BadDeadline, check_deadline
+
+__all__ = ["MAX_AHEAD_S", "BadDeadline", "SaveDecision", "check_deadline", "decide_save"]
 
 Choice = Literal["full", "fast", "none"]
 #: Choices, least first (the order the monotonicity property is stated in).
@@ -35,19 +37,8 @@ ORDER: tuple[Choice, ...] = ("none", "fast", "full")
 FAST_LEVEL = "local"
 #: The stop margin's default: time kept after the save for the stop to reach every rank.
 DEFAULT_MARGIN_S = 5.0
-#: A deadline further ahead than this is refused as bogus (30 days; maintenance is announced days,
-#: not months, ahead, and a deadline in milliseconds read as seconds lands ~50 000 years ahead).
-MAX_AHEAD_S = 30 * 86400.0
 #: The p95 assumed for a level with no recorded save: slow on purpose (see the module docstring).
 ASSUMED_P95_S: dict[str, float] = {"local": 30.0, "partner": 60.0, "shared": 120.0, DEFAULT_LEVEL: 120.0}
-
-
-class BadDeadline(ValueError):
-    """A deadline the decision refuses; ``reason`` says why in words."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -76,20 +67,6 @@ class SaveDecision:
             "assumed": self.assumed,
             "reason": self.reason,
         }
-
-
-def check_deadline(now: float, deadline: float, max_ahead_s: float = MAX_AHEAD_S) -> float:
-    """Seconds left until ``deadline``; raises :class:`BadDeadline` when it cannot be real."""
-    if not isinstance(deadline, (int, float)) or isinstance(deadline, bool) or not math.isfinite(deadline):
-        raise BadDeadline(f"deadline {deadline!r} is not a finite number of epoch seconds")
-    left = float(deadline) - now
-    if left <= 0:
-        raise BadDeadline(f"deadline is {-left:.1f} s in the past")
-    if left > max_ahead_s:
-        raise BadDeadline(
-            f"deadline is {left:.0f} s ahead, more than {max_ahead_s:.0f} s: a clock or unit error"
-        )
-    return left
 
 
 def decide_save(
