@@ -93,3 +93,15 @@ async def test_a_bogus_deadline_is_refused_and_the_usual_save_runs() -> None:
     assert "in the past" in str(detail["deadline_refused"]) and "deadline_decision" not in detail
     save = job.directives[0]
     assert save.action == "save" and save.deadline_s == 600  # the configured deadline, as without one
+
+
+async def test_the_job_view_shows_the_recorded_save_times() -> None:
+    from ftd.coordinator.api.views import jobs_out
+
+    job = _Job(SaveTimes())
+    job.executor.save_times = job.state.save_times  # as wired: the model lives in the cluster state
+    assert jobs_out(job.state, [])[0].save_times == {}
+    await job.run(deadline=time.time() + 200, save_level="shared", stop=False)  # the job stays
+    shown = jobs_out(job.state, [])
+    assert [j.id for j in shown] == ["7"]
+    assert set(shown[0].save_times) == {"shared"} and shown[0].save_times["shared"]["count"] == 1

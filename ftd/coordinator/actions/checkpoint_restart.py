@@ -171,7 +171,7 @@ class CheckpointRestart:
         self._publish = publish
         # How long this job's saves took, per level (issue #37): recorded here after every complete
         # save, read by the decision against an interruption's deadline.
-        self.save_times = save_times if save_times is not None else SaveTimes()
+        self.save_times = save_times if save_times is not None else state.save_times
         self.stop_margin_s = stop_margin_s
         self._state = state
         self._acks = acks

@@ -265,6 +265,9 @@ class JobOut(msgspec.Struct, frozen=True, kw_only=True):
     # since when, the nodes excluded, the action that moved it and what the scheduler says; None
     # for every other job.
     moved: MovedOut | None = None
+    # Issue #37: how long the job's saves took, per level (count, p50_s, p95_s of the last saves);
+    # empty until ftd saw one of its saves complete.
+    save_times: dict[str, dict[str, float | int]] = msgspec.field(default_factory=dict)
 
 
 class MovedOut(msgspec.Struct, frozen=True, kw_only=True):
