@@ -84,6 +84,7 @@ async def test_no_save_fits_stops_at_once_and_says_why() -> None:
     detail = await job.run(deadline=time.time() + 8)
     assert [d.action for d in job.directives] == ["stop"]
     assert "last verified checkpoint" in str(detail["save_skipped"])
+    assert detail["resume_from_step"] is None  # this job reported no verified checkpoint
     assert detail["deadline_decision"]["choice"] == "none"  # type: ignore[index]
 
 
@@ -105,3 +106,23 @@ async def test_the_job_view_shows_the_recorded_save_times() -> None:
     shown = jobs_out(job.state, [])
     assert [j.id for j in shown] == ["7"]
     assert set(shown[0].save_times) == {"shared"} and shown[0].save_times["shared"]["count"] == 1
+
+
+async def test_no_save_names_the_step_the_job_will_resume_from() -> None:
+    from ftd.events import Kind, Severity, make_event
+
+    job = _Job(SaveTimes())
+    data = {
+        "job": "7",
+        "rank": 0,
+        "shard_rank": 0,
+        "step": 40,
+        "level": "shared",
+        "ok": True,
+        "world_size": 1,
+    }
+    job.state.apply_event(
+        make_event("n1", Kind.CHECKPOINT, severity=Severity.INFO, source="agent", data=data)
+    )
+    detail = await job.run(deadline=time.time() + 6)
+    assert detail["resume_from_step"] == 40 and "(step 40)" in str(detail["save_skipped"])

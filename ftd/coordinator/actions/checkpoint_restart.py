@@ -276,7 +276,11 @@ class CheckpointRestart:
             save_wait_s = decision.save_wait_s
             stop_wait_s = max(1.0, float(asked["deadline"]) - time.time())
             if decision.choice == "none":
-                asked = {**asked, "save": False, "no_save_reason": decision.reason}
+                verified = [self._state.checkpoints.newest_verified(job, lvl) for lvl in LEVELS]
+                newest = max((v[0] for v in verified if v is not None), default=None)
+                detail["resume_from_step"] = newest  # the catalogue's newest verified, None: unknown
+                why = f"{decision.reason} (step {newest})" if newest is not None else decision.reason
+                asked = {**asked, "save": False, "no_save_reason": why}
             elif decision.level != DEFAULT_LEVEL:
                 asked = {**asked, "save_level": decision.level}
         if asked.get("save") is False:
