@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "ftd.commands.status",
     "ftd.commands.events",
     "ftd.commands.actions",
+    "ftd.commands.announce",  # an operator's interruption (issue #37)
     "ftd.commands.rules",
     "ftd.commands.health",  # Slurm HealthCheckProgram
     "ftd.commands.preflight",

@@ -995,6 +995,13 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     stop_deadline_s: Annotated[
         PositiveSeconds, _doc("How long trainers get to exit after a stop request.")
     ] = 60.0
+    interruption_stop_margin_s: Annotated[
+        PositiveSeconds,
+        _doc(
+            "Issue #37: before an announced interruption's deadline, the time kept after the save for "
+            "the stop to reach every rank; a save is chosen only if its p95 plus this fits in the time left."
+        ),
+    ] = 5.0
     save_rank_lost_grace_s: Annotated[
         PositiveSeconds,
         _doc(

@@ -120,6 +120,7 @@ MUTATING = [
     ("/v1/nodes/node-1/drain", {"reason": "bad gpu"}),
     ("/v1/nodes/node-1/resume", {}),
     ("/v1/jobs/42/restart", {"reason": "move it"}),
+    ("/v1/interruptions", {"node": "node-1", "in_s": 90}),
     ("/v1/actions/act-x/approve", {}),
     ("/v1/actions/act-x/reject", {"reason": "no"}),
 ]
@@ -204,6 +205,7 @@ async def test_nodes_jobs_gpus(env: Env) -> None:
             "checkpoints": {},
             "quarantined": {},
             "moved": None,
+            "save_times": {},
         }
     ]
     assert await (await env.client.get("/v1/gpus")).json() == []

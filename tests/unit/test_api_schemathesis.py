@@ -18,6 +18,10 @@ pytestmark = [pytest.mark.property]  # Hypothesis runs inside the test, so the h
 
 MAX_EXAMPLES = examples(50)  # per operation
 KNOWN = {"node": "node-1", "job": "42", "id": "act-known", "name": "app.js"}
+# Operations whose body has constraints OpenAPI cannot state -- one of two fields, a deadline ahead of
+# the current time -- answered with their documented 400: the positive-data check (a schema-valid body
+# must be accepted) is off for them; every other check (no 500, conformance) still runs.
+SEMANTIC_400 = {"/v1/interruptions"}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,12 @@ def test_no_input_gives_a_500_and_every_response_conforms(base_url: str) -> None
             case.headers = {**(case.headers or {}), "Authorization": f"Bearer {TOKEN}"}
             response = case.call(base_url=base_url, timeout=10)
             assert response.status_code < 500, (response.status_code, response.text[:300])
-            case.validate_response(response)
+            if case.operation.path in SEMANTIC_400:
+                from schemathesis.checks import positive_data_acceptance
+
+                case.validate_response(response, excluded_checks=[positive_data_acceptance])
+            else:
+                case.validate_response(response)
 
         try:
             check()

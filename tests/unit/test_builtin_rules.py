@@ -52,6 +52,7 @@ def test_every_builtin_is_registered() -> None:
         "storage",
         "host",
         "supervisor",
+        "interruption",
     }
 
 

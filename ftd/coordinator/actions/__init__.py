@@ -67,6 +67,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         save_deadline_s=cfg.save_deadline_s,
         stop_deadline_s=cfg.stop_deadline_s,
         save_rank_lost_grace_s=cfg.save_rank_lost_grace_s,
+        stop_margin_s=cfg.interruption_stop_margin_s,
         last_will_grace_s=cfg.offline_grace.last_will_s,
         save_step_margin=cfg.save_step_margin,
         resume_deadline_s=cfg.resume_deadline_s,

@@ -101,8 +101,10 @@ from ftd.coordinator.actions.restart_phase import (
 )
 from ftd.coordinator.actions.scheduler import JobInfo, Scheduler, SchedulerError, job_holder
 from ftd.coordinator.actions.slurm_signal import ClientlessFallback
+from ftd.coordinator.decide.deadline import DEFAULT_MARGIN_S, BadDeadline, SaveDecision, decide_save
 from ftd.coordinator.model.checkpoints import LEVELS
 from ftd.coordinator.model.plan import merge_state
+from ftd.coordinator.model.save_times import DEFAULT_LEVEL, SaveTimes
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import DirectiveAction, RankInfo, encode
 from ftd.logs import get_logger
@@ -163,8 +165,14 @@ class CheckpointRestart:
         pinned_policy: str = DEFAULT_PINNED_POLICY,
         save_rank_lost_grace_s: float = DEFAULT_SAVE_RANK_LOST_GRACE_S,
         last_will_grace_s: float = DEFAULT_LAST_WILL_GRACE_S,
+        save_times: SaveTimes | None = None,
+        stop_margin_s: float = DEFAULT_MARGIN_S,
     ) -> None:
         self._publish = publish
+        # How long this job's saves took, per level (issue #37): recorded here after every complete
+        # save, read by the decision against an interruption's deadline.
+        self.save_times = save_times if save_times is not None else state.save_times
+        self.stop_margin_s = stop_margin_s
         self._state = state
         self._acks = acks
         self._scheduler = scheduler
@@ -261,18 +269,32 @@ class CheckpointRestart:
         infos = [r for rs in job_record.ranks_by_node.values() for r in rs] if job_record else []
         detail["runs"] = sorted({r.run for r in infos if r.run is not None})  # the run being stopped
         asked = record.request.params
+        decision = self._against_deadline(job, asked, detail)
+        save_wait_s, stop_wait_s = self.save_deadline_s, self.stop_deadline_s
+        if decision is not None:
+            # The real time left (issue #37), not the fixed deadlines.
+            save_wait_s = decision.save_wait_s
+            stop_wait_s = max(1.0, float(asked["deadline"]) - time.time())
+            if decision.choice == "none":
+                verified = [self._state.checkpoints.newest_verified(job, lvl) for lvl in LEVELS]
+                newest = max((v[0] for v in verified if v is not None), default=None)
+                detail["resume_from_step"] = newest  # the catalogue's newest verified, None: unknown
+                why = f"{decision.reason} (step {newest})" if newest is not None else decision.reason
+                asked = {**asked, "save": False, "no_save_reason": why}
+            elif decision.level != DEFAULT_LEVEL:
+                asked = {**asked, "save_level": decision.level}
         if asked.get("save") is False:
             why = asked.get("no_save_reason") or "the rule asked to stop without a save"
             detail["save_skipped"] = str(why)
             log.warning("save_skipped", job=job, why=detail["save_skipped"])
             if stop:
-                await self._send(record, "stop", self.stop_deadline_s)
+                await self._send(record, "stop", stop_wait_s)
                 # A hung job restarted (a hang verdict): its ranks cannot stop themselves (a stopped
                 # process, a loop stuck in a collective never reads the stop); the restart ends them
                 # (ftd run's supervisors, or the scheduler's requeue). Waiting the whole stop deadline
                 # for them cost every hung job that much (ftd bench culprit: 30 s of a 37 s recovery).
                 hung = bool(asked.get("hang_verdict")) and asked.get("requeue") is not False
-                wait_s = min(self.stop_deadline_s, HUNG_STOP_WAIT_S) if hung else None
+                wait_s = min(stop_wait_s, HUNG_STOP_WAIT_S) if hung else stop_wait_s
                 detail["stopped"] = await self._wait_job_gone(job, wait_s)
                 detail["stopped_at"] = time.time()
                 if hung and not detail["stopped"]:
@@ -288,10 +310,15 @@ class CheckpointRestart:
             params["save_path"] = detail["save_path"] = asked["save_path"]
         detail["save_at_step"] = target
         level = save_level(asked, stop)
+        if decision is not None and decision.level == DEFAULT_LEVEL:
+            level = None  # time for the job's own save (its tier's schedule), not the fast level
         if level is not None:  # issue #34: a save before ftd acts goes to the fast level
             params["level"] = detail["save_level"] = level
-        save_id = await self._send(record, "save", self.save_deadline_s, params)
-        outcome, gone = await self._wait_save(job, save_id, ranks)
+        started = time.monotonic()
+        save_id = await self._send(record, "save", save_wait_s, params)
+        outcome, gone = await self._wait_save(job, save_id, ranks, save_wait_s)
+        if outcome.complete:
+            self.save_times.record(job, level, time.monotonic() - started)
         if gone:
             detail["save_ranks_gone"] = gone
         detail["saved"] = {str(r): {"step": a.step, "path": a.path} for r, a in sorted(outcome.acked.items())}
@@ -319,17 +346,41 @@ class CheckpointRestart:
                 )
         if stop:
             resume = detail.get("resume_step")
+            if decision is not None:
+                stop_wait_s = max(1.0, float(asked["deadline"]) - time.time())
             await self._send(
-                record, "stop", self.stop_deadline_s, {"resume_step": resume} if resume is not None else None
+                record, "stop", stop_wait_s, {"resume_step": resume} if resume is not None else None
             )
-            detail["stopped"] = await self._wait_job_gone(job)
+            detail["stopped"] = await self._wait_job_gone(job, stop_wait_s)
             detail["stopped_at"] = time.time()
             escalated = escalated or not detail["stopped"]
         if escalated:
             detail["state"] = str(ActionState.ESCALATED)
         return detail
 
-    async def _wait_save(self, job: str, save_id: str, ranks: list[int]) -> tuple[AckOutcome, list[int]]:
+    def _against_deadline(
+        self, job: str, asked: dict[str, Any], detail: dict[str, Any]
+    ) -> SaveDecision | None:
+        """The decision against an interruption's deadline (issue #37) when the request carries one
+        (``params["deadline"]``, epoch seconds), made now with the job's recorded save times; None
+        without a deadline or with one the decision refuses (logged: the usual save and stop run)."""
+        deadline = asked.get("deadline")
+        if deadline is None:
+            return None
+        usual = asked.get("save_level") if isinstance(asked.get("save_level"), str) else None
+        try:
+            decision = decide_save(time.time(), deadline, self.save_times.p95(job), usual, self.stop_margin_s)
+        except BadDeadline as err:
+            detail["deadline_refused"] = err.reason
+            log.error("interruption_deadline_refused", job=job, deadline=deadline, why=err.reason)
+            return None
+        detail["deadline_decision"] = decision.as_params()
+        log.info("interruption_save_decided", job=job, **decision.as_params())
+        return decision
+
+    async def _wait_save(
+        self, job: str, save_id: str, ranks: list[int], wait_s: float | None = None
+    ) -> tuple[AckOutcome, list[int]]:
         """Every rank's answer to the save, up to ``save_deadline_s`` -- but once a rank that has not
         answered has left its agent (the job's presence no longer lists it: its process ended), at most
         ``save_rank_lost_grace_s`` more (a rank on a node gone offline counts as left: :meth:`_live_ranks`):
@@ -338,7 +389,7 @@ class CheckpointRestart:
         deadline made a killed rank's recovery slower than torchrun's restart (``ftd bench recovery``,
         rank_killed: 31-33 s against 9-15 s, issue #31). Returns the outcome and the ranks gone."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.save_deadline_s
+        deadline = loop.time() + (self.save_deadline_s if wait_s is None else wait_s)
         gone: list[int] = []
         while True:
             outcome = await self._acks.wait(

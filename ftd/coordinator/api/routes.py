@@ -25,6 +25,8 @@ from ftd.coordinator.api.wire import (
     Error,
     EventsQuery,
     Health,
+    InterruptionOut,
+    InterruptionRequest,
     JobId,
     JobOut,
     NodeName,
@@ -239,6 +241,17 @@ ROUTES: tuple[Route, ...] = (
         body_required=True,
         ok=(202, ActionOut, ""),
         extra=(200, 400, 404),
+    ),
+    Route(
+        "POST",
+        "/v1/interruptions",
+        "announce",
+        "Announce an interruption of a node or a job by a deadline (issue #37): fed to the rules.",
+        mutating=True,
+        body=InterruptionRequest,
+        body_required=True,
+        ok=(202, InterruptionOut, ""),
+        extra=(400, 404),
     ),
 )
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,8 +72,10 @@ from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.coordinator.model.deadlines import stuck_after_s
 from ftd.coordinator.model.plan import phases_of
+from ftd.events import Interruption, Kind, make_event
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.plugin.deadline import BadDeadline, check_deadline
 
 if TYPE_CHECKING:
     from ftd.coordinator.daemon import Coordinator
@@ -449,6 +452,48 @@ class Api:
         body = await read_body(request, wire.RestartRequest, required=True)
         exclude = {"exclude": sorted(set(body.exclude))}
         return await self._manual(ActionKind.CHECKPOINT_RESTART, job, body, exclude)
+
+    async def announce(self, request: web.Request) -> web.Response:
+        """An operator's interruption (issue #37) as an ``interruption`` event into the engine, like
+        one from a watcher; the interruption rule decides what to do about it."""
+        body = await read_body(request, wire.InterruptionRequest, required=True)
+        if (body.node is None) == (body.job is None):
+            raise ApiError(400, "request body: give node or job (one of them)")
+        if (body.deadline is None) == (body.in_s is None):
+            raise ApiError(400, "request body: give deadline (epoch seconds) or in_s (one of them)")
+        now = time.time()
+        deadline = body.deadline if body.deadline is not None else now + (body.in_s or 0.0)
+        try:
+            check_deadline(now, deadline)
+        except BadDeadline as err:
+            raise ApiError(400, f"deadline refused: {err.reason}") from None
+        state = self.coordinator.state
+        node, job = body.node or "", body.job or ""
+        if job:
+            record = state.jobs.get(job)
+            if record is None or not record.nodes:
+                raise ApiError(404, f"job {job!r} is not known to the coordinator (no rank has registered)")
+            node = record.nodes[0]
+        elif node not in state.nodes:
+            raise ApiError(404, f"node {node!r} is not known to the coordinator (no agent has reported it)")
+        ref = f"operator-{uuid.uuid4().hex[:12]}"
+        data = msgspec.structs.asdict(
+            Interruption(
+                source="operator", deadline=deadline, notice_at=now, job=job, ref=ref, detail=body.reason
+            )
+        )
+        event = make_event(node, Kind.INTERRUPTION, source="coordinator", data=data, ts=now)
+        log.info("interruption_announced", node=node, job=job, deadline=deadline, ref=ref, by=body.by)
+        records = await self.coordinator.engine.handle_event(event)
+        out = wire.InterruptionOut(
+            event_id=event.id,
+            node=node,
+            job=job,
+            deadline=deadline,
+            ref=ref,
+            actions=[wire.action_out(r) for r in records],
+        )
+        return json_response(out, 202)
 
 
 def not_held(state: ActionState) -> str:

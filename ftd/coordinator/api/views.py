@@ -318,6 +318,7 @@ def jobs_out(state: ClusterState, in_flight: Iterable[ActionRecord]) -> list[Job
                 checkpoints=checkpoints_of(state, j.id),
                 quarantined=dict(state.checkpoints.quarantined(j.id)),
                 moved=moved,
+                save_times={lvl: s.as_dict() for lvl, s in state.save_times.stats(j.id).items()},
             )
         )
     # a job ftd requeued has no ranks until it trains again: still shown while its action follows it,
@@ -341,6 +342,7 @@ def jobs_out(state: ClusterState, in_flight: Iterable[ActionRecord]) -> list[Job
                 action=flying.id if flying is not None else None,
                 checkpoints=checkpoints_of(state, job),
                 moved=moved_out(state, job),
+                save_times={lvl: s.as_dict() for lvl, s in state.save_times.stats(job).items()},
             )
         )
     return out

@@ -97,6 +97,29 @@ class RestartRequest(ManualRequest, frozen=True, kw_only=True, forbid_unknown_fi
     ] = msgspec.field(default_factory=list)
 
 
+class InterruptionRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An operator's announcement of an interruption (issue #37): a node (every job on it) or a job,
+    and when the work is killed: ``deadline`` (epoch seconds) or ``in_s`` (seconds from now)."""
+
+    node: NodeName | None = None
+    job: JobId | None = None
+    deadline: float | None = None
+    in_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    reason: Reason = "announced by an operator"
+    by: Operator = "operator"
+
+
+class InterruptionOut(msgspec.Struct, frozen=True, kw_only=True):
+    """The announcement as fed to the rules: its event, deadline, and the actions it caused."""
+
+    event_id: str
+    node: str
+    job: str
+    deadline: float
+    ref: str
+    actions: list[ActionOut]
+
+
 class ApproveRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     by: Operator = "operator"
 
@@ -265,6 +288,9 @@ class JobOut(msgspec.Struct, frozen=True, kw_only=True):
     # since when, the nodes excluded, the action that moved it and what the scheduler says; None
     # for every other job.
     moved: MovedOut | None = None
+    # Issue #37: how long the job's saves took, per level (count, p50_s, p95_s of the last saves);
+    # empty until ftd saw one of its saves complete.
+    save_times: dict[str, dict[str, float | int]] = msgspec.field(default_factory=dict)
 
 
 class MovedOut(msgspec.Struct, frozen=True, kw_only=True):

@@ -63,6 +63,7 @@ DEFAULT_RULES = (
     "ftd.rules.storage",
     "ftd.rules.host",
     "ftd.rules.supervisor",
+    "ftd.rules.interruption",
 )
 
 

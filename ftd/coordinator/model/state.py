@@ -23,6 +23,7 @@ from typing import Any
 
 from ftd.coordinator.model.checkpoints import CheckpointCatalogue
 from ftd.coordinator.model.moved import MovedJobs
+from ftd.coordinator.model.save_times import SaveTimes
 from ftd.culprit.evidence import MAX_TEXT, PeerBlame
 from ftd.culprit.peers import normalize_address, resolve_peer
 from ftd.events import Event, JobPresence, Kind, NodeStatus, Severity
@@ -69,6 +70,8 @@ class ClusterState:
         self.peer_blames: dict[str, deque[PeerBlame]] = {}
         # each job's verified checkpoints per step and level, and the resume choice (issue #34)
         self.checkpoints = CheckpointCatalogue()
+        # how long each job's saves took per level (issue #37), for the decision against a deadline
+        self.save_times = SaveTimes()
         # node -> each of its problems ("drained", "unavailable", "condition") -> when it began, so
         # the dashboard says when a node's problem began, not when its status last changed
         self.trouble_since: dict[str, dict[str, float]] = {}
