@@ -549,8 +549,15 @@ class SlurmInterruptionsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid
         PositiveSeconds, _doc("How often the running jobs are looked up (one scontrol call at a time).")
     ] = 15.0
     time_limit_window_s: Annotated[
-        float, _doc("EndTime within this many seconds: a slurm_time_limit interruption.", ge=0, le=86400)
-    ] = 600.0
+        float,
+        _doc(
+            "EndTime within this many seconds: a slurm_time_limit interruption, on which the job is "
+            "saved and stopped at once; more than its slowest save (p95) plus the stop margin plus "
+            "interval_s, not much more (training stops that early).",
+            ge=0,
+            le=86400,
+        ),
+    ] = 180.0
     preempt_grace_s: Annotated[
         float,
         _doc("The preempting partition's/QOS's GraceTime (scontrol show job does not show it).", ge=0),

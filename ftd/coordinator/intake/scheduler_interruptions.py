@@ -56,7 +56,7 @@ _RUNNING = frozenset({"RUNNING", "CONFIGURING", "SUSPENDED", "SIGNALING"})
 class InterruptionPolicy:
     """What counts as announced and how long the scheduler lets the job live after the notice."""
 
-    time_limit_window_s: float = 600.0  # EndTime within this: a slurm_time_limit interruption
+    time_limit_window_s: float = 180.0  # EndTime within this: a slurm_time_limit interruption
     preempt_grace_s: float = 0.0  # GraceTime, used only where the preempted job shows no EndTime
     kill_wait_s: float = 0.0  # slurm.conf KillWait: SIGTERM at EndTime, SIGKILL this much later
 
