@@ -299,7 +299,8 @@ class SlurmCluster:
             time.sleep(0.1)
         raise TimeoutError(f"{name} not {state} after {timeout}s: {info.get('State')}")
 
-    def wait_job_state(self, job_id: str, state: str, timeout: float = 30.0) -> dict[str, str]:
+    def wait_job_state(self, job_id: str, state: str, timeout: float = 90.0) -> dict[str, str]:
+        # 90 s: a fresh cluster's slurmd registering and the first schedule took over 30 s at load 9
         deadline = time.monotonic() + timeout
         info: dict[str, str] = {}
         while time.monotonic() < deadline:
