@@ -54,9 +54,12 @@ def _quiet_logs() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _quiet_logs()
+    try:  # Ctrl-C while the command is still importing ends it as quietly as Ctrl-C later
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        _quiet_logs()
+    except KeyboardInterrupt:
+        return 130
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

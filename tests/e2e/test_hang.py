@@ -165,7 +165,12 @@ def test_hang_is_detected_diagnosed_and_acted_on(hang_stack: tuple[Stack, int]) 
     for rank in (0, 1):  # the raw py-spy output is kept on the node, listed in the evidence
         kept = [f for f in by_rank[rank]["files"] if f.endswith(".txt")]
         assert kept and all((out_dir / f).is_file() for f in kept), by_rank[rank]
-    dumped = {rank: (out_dir / by_rank[rank]["files"][0]).read_text() for rank in (0, 1)}
+    # the py-spy dump (each rank's own flight-recorder dump is kept beside it, as .flight)
+    dumped = {
+        rank: (out_dir / next(f for f in by_rank[rank]["files"] if f.endswith(".txt"))).read_text()
+        for rank in (0, 1)
+    }
+    assert all(any(f.endswith(".flight") for f in by_rank[rank]["files"]) for rank in (0, 1)), by_rank
     assert f"train_ddp.py:{hang_line()}" in dumped[HANG_RANK], dumped[HANG_RANK]  # in the sleep
     assert "backward" in dumped[0], dumped[0]  # waiting for rank 1 in DDP's gradient all-reduce
     verdict = detail["verdict"]
