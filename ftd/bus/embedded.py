@@ -8,8 +8,10 @@ A late acknowledgement is no error: amqtt waits 5 s for a QoS 1 PUBACK, then fai
 task it never awaits, and asyncio printed a "Task exception was never retrieved" traceback per
 message -- 16-22 on a clean ``ftd demo --serve`` start whenever the coordinator (it acknowledges what
 it has handled) was slow to start on a loaded machine. The message was delivered; only its
-acknowledgement came late. While the broker runs, those are counted (:attr:`EmbeddedBroker.late_acks`)
-and logged at debug level; every other error asyncio reports goes to the handler that was there.
+acknowledgement came late. amqtt's broadcast loop also logs it ("Task failed and will be skipped",
+with the traceback). While the broker runs, both are counted (:attr:`EmbeddedBroker.late_acks`) and
+logged at debug level; every other error asyncio reports goes to the handler that was there, and every
+other record of amqtt's logger is kept.
 """
 
 from __future__ import annotations
@@ -59,7 +61,18 @@ class EmbeddedBroker:
         self._loop = asyncio.get_running_loop()
         self._handler = self._loop.get_exception_handler()
         self._loop.set_exception_handler(self._unretrieved)
+        logging.getLogger("amqtt.broker").addFilter(self._late_ack_record)
         return self
+
+    def _late_ack_record(self, record: logging.LogRecord) -> bool:
+        """amqtt's own report of the same late PUBACK (its broadcast loop logs "Task failed and will be
+        skipped" with the traceback): counted like the unretrieved one, not printed. Other records pass."""
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, TimeoutError) and str(error).startswith(LATE_ACK):
+            self.late_acks += 1
+            log.debug("embedded_broker_late_ack", error=str(error), late_acks=self.late_acks)
+            return False
+        return True
 
     def _unretrieved(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """asyncio's report of a task error nobody awaited: amqtt's late PUBACK counted (see the
@@ -75,6 +88,7 @@ class EmbeddedBroker:
             loop.default_exception_handler(context)
 
     async def stop(self) -> None:
+        logging.getLogger("amqtt.broker").removeFilter(self._late_ack_record)
         if self._broker is not None:
             await self._broker.shutdown()
             self._broker = None

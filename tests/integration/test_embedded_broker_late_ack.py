@@ -63,3 +63,33 @@ async def test_a_late_ack_prints_no_traceback() -> None:
 
 async def _fail() -> None:
     raise RuntimeError("not amqtt")
+
+
+async def test_amqtts_own_log_of_a_late_ack_is_counted_not_printed() -> None:
+    """amqtt's broadcast loop also logs the late PUBACK ("Task failed and will be skipped", with the
+    traceback), which a loaded ``ftd demo --serve`` printed in CI: the same count, no record; any
+    other record of that logger is kept."""
+    import logging
+    import sys
+
+    kept: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record)
+
+    amqtt_log = logging.getLogger("amqtt.broker")
+    handler = Keep()
+    amqtt_log.addHandler(handler)
+    broker = await EmbeddedBroker().start()
+    try:
+        for error in (TimeoutError("Timeout waiting for PUBACK for packet ID 10"), RuntimeError("other")):
+            try:
+                raise error
+            except Exception:
+                amqtt_log.exception("Task failed and will be skipped: <Task ...>", exc_info=sys.exc_info())
+    finally:
+        await broker.stop()
+        amqtt_log.removeHandler(handler)
+    assert broker.late_acks == 1
+    assert [str(r.exc_info[1]) for r in kept if r.exc_info] == ["other"]
