@@ -62,8 +62,8 @@ CASES: list[tuple[str, Kind, dict[str, Any], str]] = [
         Kind.STORAGE, {"device": "sda", "fault": "io_error"}, "error",
     ),
     (
-        "Buffer I/O error on dev dm-0, logical block 77001234, lost async page write",
-        Kind.STORAGE, {"device": "dm-0", "subsystem": "fs", "fault": "buffer_io_error"}, "error",
+        "Buffer I/O error on dev dm-5, logical block 77001234, lost async page write",
+        Kind.STORAGE, {"device": "dm-5", "subsystem": "fs", "fault": "buffer_io_error"}, "error",
     ),
     (
         "EXT4-fs (nvme5n1p2): I/O error while writing superblock",
@@ -73,7 +73,7 @@ CASES: list[tuple[str, Kind, dict[str, Any], str]] = [
         "EXT4-fs error (device sda1): ext4_find_entry:1663: inode #2: comm find: reading directory lblock 0",
         Kind.STORAGE, {"device": "sda1", "fault": "fs_error", "fstype": "ext4"}, "error",
     ),
-    ("XFS (md127): log I/O error -5", Kind.STORAGE, {"device": "md127", "fault": "log_io_error"}, "error"),
+    ("XFS (md3): log I/O error -5", Kind.STORAGE, {"device": "md3", "fault": "log_io_error"}, "error"),
     (
         "kworker/u98:4: attempt to access beyond end of device",
         Kind.STORAGE, {"fault": "beyond_end_of_device"}, "error",
@@ -206,7 +206,7 @@ CASES: list[tuple[str, Kind, dict[str, Any], str]] = [
         Kind.KERNEL_OOPS, {"what": "null_deref"}, "critical",
     ),
     ("kernel BUG at mm/slub.c:305!", Kind.KERNEL_OOPS, {"what": "bug"}, "critical"),
-    ("divide error: 0000 [#1] SMP", Kind.KERNEL_OOPS, {"what": "oops"}, "critical"),
+    ("divide error: 0000 [#1] PREEMPT SMP", Kind.KERNEL_OOPS, {"what": "oops"}, "critical"),
     (
         "Oops: general protection fault, probably for non-canonical address 0xdead: 0000 [#1] SMP NOPTI",
         Kind.KERNEL_OOPS, {"what": "oops"}, "critical",
@@ -281,7 +281,7 @@ def test_every_family_under_every_prefix(
 NEAR_MISSES = [
     "nvme nvme0: I/O 5 QID 3 timeout, completion polled",  # a lost interrupt; the command completed
     "nvme nvme0: I/O timeout",
-    "nvme nvme0: Disabling device",
+    "nvme nvme4: Disabling device",
     "block nvme6n2: no available path",
     "md: raid6 personality registered for level 6",
     "md/raid10: Disk failure detected",
@@ -289,7 +289,7 @@ NEAR_MISSES = [
     "EXT4-fs (sdb2): Remounting filesystem read-write",
     "EXT4-fs (dm-3): I/O error while reading superblock",
     "Buffer I/O error on dev dm-3",
-    "General I/O error detected",
+    "General I/O error detected (no device named)",
     "nfs: server 10.20.0.9 starting",
     "NFS: Registering the legacy dns_resolver key type",
     " prefix_nfs_lock_and_join_requests+0x5a/0x2e0 [nfs]",
@@ -309,11 +309,11 @@ NEAR_MISSES = [
     "segfault at 7f2a10c00000 ip 00007f2b3d41a7c2",
     "an unrelated error in libnccl.so.2",
     "VFS: file-max limit 2097152",
-    "VFS: file-max limit reached",
+    "VFS: file-max limit is reached",
     "vfs: File-max Limit 2097152 Reached",
-    "CPU: 24 Comm: khungtaskd",
+    "CPU: 31 Comm: khungtaskd",
     "CPU: abc PID: 2207 Comm: khungtaskd",
-    "normal CPU operation",
+    "CPU operation back to normal",
     "mce: CPU0: Core temperature above threshold, cpu clock throttled",
     "cgroup: fork rejected by pids controller in /system.slice/cron.service",
     "xfs filesystem being remounted at /var/lib supports timestamps until 2038 (0x7fffffff)",
@@ -360,7 +360,7 @@ def test_a_trace_header_is_part_of_the_report_that_printed_it() -> None:
     assert [(e.kind, e.data["what"], e.pid, e.process) for e in lone] == [
         (Kind.KERNEL_OOPS, "stack_dump", 118, "khungtaskd")
     ]
-    far = ["[1.0] divide error: 0000 [#1] SMP", *(f"[1.{i}] frame {i}" for i in range(70))]
+    far = ["[1.0] divide error: 0000 [#1] PREEMPT SMP", *(f"[1.{i}] frame {i}" for i in range(70))]
     events = parse(*far, "[2.0] CPU: 2 PID: 15 Comm: init Not tainted 5.4.0 #83")
     assert [e.data["what"] for e in events] == ["oops", "stack_dump"]  # beyond the window: its own
 
