@@ -82,6 +82,20 @@ class Kind(enum.StrEnum):
     # cloud's spot/preemption notice, a pod's deletion, an operator's announcement. data: the fields of
     # :class:`Interruption` (``msgspec.structs.asdict``); the coordinator's own sources publish it too.
     INTERRUPTION = "interruption"
+    # Fabric health (issue #35). ``fabric``: a port's, a NIC's or an NVLink's counter rate over its
+    # threshold, or a port running below its profile's rate or width; ``pcie_link``: a GPU or NIC whose
+    # PCIe link trained below its capability; ``pair_test``: an active test's result between two nodes.
+    FABRIC = "fabric"
+    PCIE_LINK = "pcie_link"
+    PAIR_TEST = "pair_test"
+    # Platform truth (issue #36). ``inventory``: what a node runs (versions), at start and on change;
+    # ``platform``: a job or node whose communication path is the slow one (NCCL over sockets, no
+    # peermem, small memlock or /dev/shm, ACS on, rendezvous port unreachable); ``burn_in``: a burn-in's
+    # report; ``rma_bundle``: a diagnostic bundle collected for a node drained for repair.
+    INVENTORY = "inventory"
+    PLATFORM = "platform"
+    BURN_IN = "burn_in"
+    RMA_BUNDLE = "rma_bundle"
     BAD_INPUT = "bad_input"
     SECURITY = "security"
 

@@ -416,6 +416,33 @@ class CloudConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     ] = 600.0
 
 
+# Issues #35 (fabric health) and #36 (platform truth): one table per part, each part's own fields.
+
+
+class FabricConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Passive fabric health: IB/RoCE/NVLink counters as rates, PCIe and port link state (issue #35)."""
+
+    enabled: Annotated[bool, _doc("Read the fabric's counters and link states.")] = True
+
+
+class PairTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Active pair tests this agent serves and runs: bandwidth and latency to another agent (issue #35)."""
+
+    enabled: Annotated[bool, _doc("Serve and run pair tests (never while a job trains here).")] = True
+
+
+class InventoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What this node runs: driver, firmware, library and kernel versions, on change (issue #36)."""
+
+    enabled: Annotated[bool, _doc("Report this node's inventory at start and on change.")] = True
+
+
+class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A job's RDMA path checked at its start: NCCL's transport, peermem, memlock, /dev/shm (issue #36)."""
+
+    enabled: Annotated[bool, _doc("Check each job's communication path when it starts.")] = True
+
+
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The per-node agent (``ftd agent``)."""
 
@@ -490,6 +517,18 @@ class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     ] = msgspec.field(default_factory=AgentKubernetesConfig)
     cloud: Annotated[CloudConfig, _doc("Cloud interruption notices (off by default).")] = msgspec.field(
         default_factory=CloudConfig
+    )
+    fabric: Annotated[FabricConfig, _doc("Fabric counters and link states (issue #35).")] = msgspec.field(
+        default_factory=FabricConfig
+    )
+    pair_tests: Annotated[PairTestsConfig, _doc("Active pair tests between agents (issue #35).")] = (
+        msgspec.field(default_factory=PairTestsConfig)
+    )
+    inventory: Annotated[InventoryConfig, _doc("This node's versions (issue #36).")] = msgspec.field(
+        default_factory=InventoryConfig
+    )
+    job_checks: Annotated[JobChecksConfig, _doc("Each job's RDMA path at its start (issue #36).")] = (
+        msgspec.field(default_factory=JobChecksConfig)
     )
 
     def resolved_node(self) -> str:
@@ -990,6 +1029,26 @@ class SlowRanksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     ] = 4096
 
 
+class FabricTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Pair tests the coordinator schedules: mesh, bisection, spares, return to service (issue #35)."""
+
+    enabled: Annotated[bool, _doc("Schedule pair tests between idle or drained nodes.")] = True
+
+
+class DriftConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Version drift between nodes of one hardware profile, and minimums (issue #36)."""
+
+    enabled: Annotated[bool, _doc("Compare each node's versions with its peers' and the minimums.")] = (
+        True
+    )
+
+
+class RmaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Diagnostic bundles for nodes drained for repair (issue #36)."""
+
+    enabled: Annotated[bool, _doc("Collect a diagnostic bundle when a node is drained for repair.")] = True
+
+
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The cluster coordinator (``ftd coordinator``)."""
 
@@ -1061,6 +1120,15 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     slow_ranks: Annotated[
         SlowRanksConfig, _doc("Slow ranks: found from step timing, attributed, acted on with a cost model.")
     ] = msgspec.field(default_factory=SlowRanksConfig)
+    fabric: Annotated[FabricTestsConfig, _doc("Pair tests: mesh, bisection, spares (issue #35).")] = (
+        msgspec.field(default_factory=FabricTestsConfig)
+    )
+    drift: Annotated[DriftConfig, _doc("Version drift and minimums (issue #36).")] = msgspec.field(
+        default_factory=DriftConfig
+    )
+    rma: Annotated[RmaConfig, _doc("Diagnostic bundles on drains for repair (issue #36).")] = msgspec.field(
+        default_factory=RmaConfig
+    )
     hang_evidence_deadline_s: Annotated[
         PositiveSeconds,
         _doc(
@@ -1203,6 +1271,25 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     ] = None
 
 
+class HardwareConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Hardware profiles (ftd/catalog/hardware/): which kind of node this is, and the operator's overrides."""
+
+    profile: Annotated[
+        str,
+        _doc(
+            "This node's hardware profile; empty: matched from the GPU name NVML reports "
+            "(profiles.toml's gpu_names). A node with no profile skips the checks that need one."
+        ),
+    ] = ""
+    catalog: Annotated[
+        str,
+        _doc(
+            "An operator's TOML file laid over the packaged catalog: [profiles.NAME] adds a profile, "
+            "[SECTION.PROFILE] or [SECTION.default] replaces values; empty: the packaged catalog only."
+        ),
+    ] = ""
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The whole file. Every section is optional; an empty file is a valid (all defaults) config."""
 
@@ -1210,3 +1297,4 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
     coordinator: CoordinatorConfig = msgspec.field(default_factory=CoordinatorConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
+    hardware: HardwareConfig = msgspec.field(default_factory=HardwareConfig)
