@@ -266,11 +266,23 @@ class ClusterState:
         """The nodes ftd drained, with their reasons."""
         return {n.name: n.drain_reason for n in self.nodes.values() if n.drained_by_ftd}
 
+    def _note_save_time(self, event: Event) -> None:
+        """A verified tier checkpoint's ``save_s`` feeds the job's save-time model (issue #37 item 2)."""
+        data = event.data
+        job, level, step, save_s = data.get("job"), data.get("level"), data.get("step"), data.get("save_s")
+        if data.get("ok") is not True or data.get("deleted") or not isinstance(job, str):
+            return
+        if not isinstance(level, str) or not isinstance(step, int) or isinstance(step, bool):
+            return
+        if isinstance(save_s, int | float) and not isinstance(save_s, bool):
+            self.save_times.record_checkpoint(job, level, step, float(save_s))
+
     def apply_event(self, event: Event) -> None:
         """Fold an event into the history (called by the engine after the rules decided on it)."""
         self._node(event.node)
         if event.kind == Kind.CHECKPOINT:
             self.checkpoints.note(event)
+            self._note_save_time(event)
         uuid = event.data.get("uuid")
         gpu: GpuRecord | None = None
         if isinstance(uuid, str) and uuid:
