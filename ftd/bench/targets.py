@@ -335,4 +335,14 @@ TARGETS: dict[str, Targets] = {
             _c("e2e_during_collection.p99_ratio", "<=", 1.1),
         ),
     ),
+    "preemption": Targets(
+        "the README's plain loop preempted with a 20 s grace and a 2 s save: >= 19 of 20 runs end with an "
+        "acknowledged save that verifies on resume, at least 0.5 s before the deadline, 0 steps lost since "
+        "it, the job requeued and resumed from that step",
+        (
+            _c("preempt.runs", ">=", 20),
+            _c("preempt.ok_fraction", ">=", 0.95),
+            _c("preempt.margin_min_s", ">=", 0.5),
+        ),
+    ),
 }

@@ -34,6 +34,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
     "checkpoint": ("ftd.bench.checkpoint", "bench_checkpoint"),
     "culprit": ("ftd.bench.culprit", "bench_culprit"),
+    "preemption": ("ftd.bench.preemption", "bench_preemption"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -45,6 +46,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "fairness": ("rate", "seconds", "probes", "severity"),
     "checkpoint": ("cases", "sizes", "samples", "runs"),
     "culprit": ("runs", "cases", "seed"),
+    "preemption": ("runs",),
 }
 
 
@@ -132,7 +134,8 @@ def register(sub: Any) -> None:
         "--runs",
         type=_positive_int,
         default=None,
-        help="checkpoint: runs of each fault case; culprit: runs per case, each a new victim (1)",
+        help="checkpoint: runs of each fault case; culprit: runs per case, each a new victim (1); "
+        "preemption: preemptions of the README loop (20)",
     )
     parser.add_argument("--seed", type=int, default=None, help="culprit: the victims' random seed (0)")
     parser.set_defaults(handler=_run)

@@ -12,7 +12,7 @@ from ftd.coordinator.decide.grace_audit import SlurmGrace, audit_grace
 from ftd.coordinator.intake.grace_watch import GraceWatch
 from tests.properties import examples
 
-# Captured by hand from Slurm 22.05 (tests/realparts.preemption_conf, KillWait=2), trimmed.
+# Captured by hand from Slurm 22.05 (ftd.bench.slurm_cluster.preemption_conf, KillWait=2), trimmed.
 SHOW_CONFIG = """Configuration data as of 2026-12-04T20:13:30
 AccountingStorageType   = accounting_storage/none
 KillWait                = 2 sec
