@@ -22,6 +22,7 @@ import weakref
 
 from ftd.client import protocol
 from ftd.client.connection import Connection
+from ftd.client.deadline import known_deadline, margin_s, skip_reason
 from ftd.client.directive import DirectiveInfo, save_at
 from ftd.client.environment import env_int
 from ftd.client.triggers import LocalTriggers
@@ -141,7 +142,39 @@ class Client(Connection, LocalTriggers):
             step = self._step
             if step is not None and step < save_at:
                 return False  # the coordinator asked for the first step >= save_at
+        if self._save:
+            return self._save_wanted()
+        return False
+
+    def _save_wanted(self) -> bool:
+        """A save is pending: time it, and after a SIGTERM check once that it can still land before
+        the deadline (:mod:`ftd.client.deadline`); one that cannot is not started, and says so."""
+        try:
+            self._save_clock.seen(time.monotonic())
+            if "SIGTERM" in self._local_saves and not self._deadline_checked and not self._saves:
+                self._deadline_checked = True
+                env = os.environ
+                why = skip_reason(time.time(), known_deadline(env), self._save_clock.p95(), margin_s(env))
+                if why is not None:
+                    self._skip_sigterm_save(why)
+        except Exception:  # fail-open: never raise into training code
+            _log.debug("ftd client: deadline check failed", exc_info=True)
         return self._save
+
+    def _skip_sigterm_save(self, why: str) -> None:
+        self._local_saves.discard("SIGTERM")
+        with self._lock:
+            self._save = bool(self._saves) or bool(self._local_saves)
+        self._save_clock.answered(time.monotonic(), ok=False)
+        last = self.last_saved
+        resume = (
+            f"the job resumes from its last checkpoint, step {last[0]}" + (f" ({last[1]})" if last[1] else "")
+            if last is not None
+            else "this process saved nothing: the job resumes from whatever checkpoint it had before"
+        )
+        self.save_skipped = f"{why}; not saving, stopping now: {resume}"
+        sys.stderr.write(f"ftd client: SIGTERM: {self.save_skipped}\n")
+        sys.stderr.flush()
 
     def should_stop(self) -> bool:
         """True once a ``stop`` directive, SIGTERM, the kill-switch file or the memory guard asked
@@ -302,6 +335,9 @@ class Client(Connection, LocalTriggers):
     ) -> None:
         """Answer the save directives ``ids`` (from :meth:`take_pending_saves`)."""
         try:
+            self._save_clock.answered(time.monotonic(), ok)
+            if ok and step is not None:
+                self.last_saved = (step, path)
             for did in ids:
                 self._outbox.append(
                     protocol.encode(protocol.ack(did, ok=ok, step=step, path=path, reason=reason))
