@@ -338,11 +338,14 @@ TARGETS: dict[str, Targets] = {
     "preemption": Targets(
         "the README's plain loop preempted with a 20 s grace and a 2 s save: >= 19 of 20 runs end with an "
         "acknowledged save that verifies on resume, at least 0.5 s before the deadline, 0 steps lost since "
-        "it, the job requeued and resumed from that step",
+        "it, the job requeued and resumed from that step; a 25 s save: no save started, the job's output "
+        "says why and names the checkpoint it resumes from, in every run (>= 3), and it resumes from it",
         (
             _c("preempt.runs", ">=", 20),
             _c("preempt.ok_fraction", ">=", 0.95),
             _c("preempt.margin_min_s", ">=", 0.5),
+            _c("slow_save.runs", ">=", 3),
+            _c("slow_save.ok", ">=", Figure("slow_save.runs")),
         ),
     ),
 }

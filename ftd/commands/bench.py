@@ -46,7 +46,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "fairness": ("rate", "seconds", "probes", "severity"),
     "checkpoint": ("cases", "sizes", "samples", "runs"),
     "culprit": ("runs", "cases", "seed"),
-    "preemption": ("runs",),
+    "preemption": ("runs", "cases"),
 }
 
 
@@ -121,7 +121,8 @@ def register(sub: Any) -> None:
         default=None,
         help="checkpoint: only these cases, comma-separated (blocked,partner; the fault cases "
         "kill_mid_save,local_deleted,flip_byte,truncate,missing_manifest); culprit: only these cases "
-        "(stopped,stuck,slowed,throttled,slowed_all,job_wide,clean,e2e_during_collection); default every one "
+        "(stopped,stuck,slowed,throttled,slowed_all,job_wide,clean,e2e_during_collection); preemption: "
+        "preempt,slow_save; default every one "
         "(--check then misses the others' targets: not measured)",
     )
     parser.add_argument(
