@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.bench import preemption_trainer
+from ftd.bench.preemption_stack import stack_cases
 from ftd.bench.recovery_stack import wait_for
 from ftd.bench.slurm_cluster import SlurmCluster, ensure_munged, preemption_conf
 from ftd.coordinator.actions.slurm import parse_timestamp
@@ -194,7 +195,63 @@ def _judge_slow(
     return result
 
 
-CASES = ("preempt", "slow_save")
+def one_time_limit(slurm: SlurmCluster, work: Path, *, save_s: float, signal_s: int = 60) -> dict[str, Any]:
+    """One job with ``--time=2 --signal=USR1@signal_s`` (the documented recipe, Slurm's own notice
+    before its time limit): the save must land before the limit; at the limit Slurm's SIGTERM finds
+    too little time for another save, which the client does not start (it says so)."""
+    work.mkdir(parents=True, exist_ok=True)
+    log, ckpt, out = work / "trainer.jsonl", work / "ckpt", work / "job.out"
+    exports = {
+        "FTD_PREEMPT_LOG": str(log),
+        "FTD_PREEMPT_CKPT": str(ckpt),
+        "FTD_PREEMPT_SAVE_S": str(save_s),
+        "FTD_PREEMPT_MAX_S": "400",
+        "PYTHONPATH": str(_ROOT),
+        "FTD_SOCKET": str(work / "no-agent.sock"),
+    }
+    script = "\n".join(
+        [
+            "#!/bin/bash",
+            *(f"export {k}={shlex.quote(v)}" for k, v in exports.items()),
+            f"srun {shlex.quote(sys.executable)} -m ftd.bench.preemption_trainer",
+            "",
+        ]
+    )
+    result: dict[str, Any] = {"ok": False}
+    job = slurm.sbatch(
+        script, "--time=2", f"--signal=USR1@{signal_s}", "--job-name=ftd-bench-limit", "-o", str(out)
+    )
+    try:
+        slurm.wait_job_state(job, "RUNNING", 60)
+        end = parse_timestamp(slurm.job(job).get("EndTime", ""))
+        assert end is not None, "the job shows no EndTime"
+        wait_for(lambda: _records(log, "saved", run=0), 170, "the save before the time limit")
+        wait_for(
+            lambda: slurm.job(job).get("JobState") in ("TIMEOUT", "COMPLETED", "FAILED"), 120, "the limit"
+        )
+        saved = _records(log, "saved", run=0)
+        started = _records(log, "save_started", run=0)
+        state = slurm.job(job).get("JobState")
+        text = out.read_text() if out.exists() else ""
+        result.update(
+            deadline=end,
+            save_started_before_s=round(end - started[0]["t"], 3),
+            margin_s=round(end - saved[0]["t"], 3),
+            saves=len(saved),
+            state=state,
+            skip_said=any("not saving, stopping now" in line for line in text.splitlines()),
+        )
+        result["ok"] = bool(saved and saved[0]["t"] < end and result["margin_s"] >= 0.5)
+        if not result["ok"]:
+            result["job_out"] = text[-1500:]
+    except (TimeoutError, AssertionError, RuntimeError) as err:
+        result["error"] = str(err)[:500]
+    finally:
+        slurm.run("scancel", job, check=False)
+    return result
+
+
+CASES = ("preempt", "slow_save", "time_limit", "cloud", "maintenance")
 #: The slow-save case's save: longer than the grace, so no save can land after the preemption.
 SLOW_SAVE_S = 25.0
 
@@ -203,17 +260,21 @@ def bench_preemption(
     runs: int = 20, cases: list[str] | None = None, grace_s: int = 20, save_s: float = 2.0
 ) -> dict[str, Any]:
     """``runs`` preemptions of the README's loop on a private Slurm (``preempt``), and
-    ``min(runs, 3)`` of the slow-save case (``slow_save``); see the module docstring."""
+    ``min(runs, 3)`` of each other case (``slow_save``, ``time_limit``; ``cloud`` and ``maintenance``
+    on ftd's daemons: :mod:`ftd.bench.preemption_stack`); see the module docstring."""
     chosen = list(cases or CASES)
     unknown = sorted(set(chosen) - set(CASES))
     if unknown:
         raise ValueError(f"unknown case(s) {', '.join(unknown)}: {', '.join(CASES)}")
     ensure_munged()
     work = Path(tempfile.mkdtemp(prefix="ftd-bench-preempt-"))
-    slurm = SlurmCluster(work / "slurm", nodes=1, extra_conf=preemption_conf(grace_s)).start()
     out: dict[str, Any] = {"grace_s": grace_s, "save_s": save_s, "slow_save_s": SLOW_SAVE_S}
+    plain = [c for c in chosen if c in ("preempt", "slow_save", "time_limit")]
+    slurm = (
+        SlurmCluster(work / "slurm", nodes=1, extra_conf=preemption_conf(grace_s)).start() if plain else None
+    )
     try:
-        if "preempt" in chosen:
+        if slurm is not None and "preempt" in chosen:
             results = [
                 one_preemption(slurm, work / f"run-{i}", grace_s=grace_s, save_s=save_s) for i in range(runs)
             ]
@@ -227,7 +288,7 @@ def bench_preemption(
                 "steps_lost_max": max((r.get("steps_lost", 0) for r in results), default=None),
                 "results": results,
             }
-        if "slow_save" in chosen:
+        if slurm is not None and "slow_save" in chosen:
             slow = [
                 one_preemption(
                     slurm, work / f"slow-{i}", grace_s=grace_s, save_s=SLOW_SAVE_S, save_first=True
@@ -235,7 +296,20 @@ def bench_preemption(
                 for i in range(min(runs, 3))
             ]
             out["slow_save"] = {"runs": len(slow), "ok": sum(1 for r in slow if r["ok"]), "results": slow}
+        if slurm is not None and "time_limit" in chosen:
+            limited = [one_time_limit(slurm, work / f"limit-{i}", save_s=save_s) for i in range(min(runs, 3))]
+            out["time_limit"] = {
+                "runs": len(limited),
+                "ok": sum(1 for r in limited if r["ok"]),
+                "results": limited,
+            }
     finally:
-        slurm.stop()
+        if slurm is not None:
+            slurm.stop()
+    try:
+        stacked = [c for c in chosen if c in ("cloud", "maintenance")]
+        if stacked:
+            out.update(stack_cases(work / "stack", stacked, runs=min(runs, 3)))
+    finally:
         shutil.rmtree(work, ignore_errors=True)
     return out

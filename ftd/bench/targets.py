@@ -339,13 +339,23 @@ TARGETS: dict[str, Targets] = {
         "the README's plain loop preempted with a 20 s grace and a 2 s save: >= 19 of 20 runs end with an "
         "acknowledged save that verifies on resume, at least 0.5 s before the deadline, 0 steps lost since "
         "it, the job requeued and resumed from that step; a 25 s save: no save started, the job's output "
-        "says why and names the checkpoint it resumes from, in every run (>= 3), and it resumes from it",
+        "says why and names the checkpoint it resumes from, in every run (>= 3), and it resumes from it; "
+        "time limit (`--signal=USR1@60`) and maintenance reservation: the save lands before the limit in "
+        "every run (>= 3 each); a cloud notice appearing: the save the coordinator asks for starts <= 2 s "
+        "later, in every run (>= 3)",
         (
             _c("preempt.runs", ">=", 20),
             _c("preempt.ok_fraction", ">=", 0.95),
             _c("preempt.margin_min_s", ">=", 0.5),
             _c("slow_save.runs", ">=", 3),
             _c("slow_save.ok", ">=", Figure("slow_save.runs")),
+            _c("time_limit.runs", ">=", 3),
+            _c("time_limit.ok", ">=", Figure("time_limit.runs")),
+            _c("maintenance.runs", ">=", 3),
+            _c("maintenance.saved_before_deadline", ">=", Figure("maintenance.runs")),
+            _c("cloud.runs", ">=", 3),
+            _c("cloud.notice_to_save_max_s", "<=", 2.0),
+            _c("cloud.saved_before_deadline", ">=", Figure("cloud.runs")),
         ),
     ),
 }
