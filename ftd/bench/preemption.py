@@ -129,7 +129,11 @@ def one_preemption(
         restarts = slurm.job(job).get("Restarts", "0")
         result.update(requeued=int(restarts) if restarts.isdigit() else 0, urgent=urgent)
         if again:
-            result.update(resumed_from=again[0]["resumed_from"], verified=again[0]["verified"])
+            result.update(
+                resumed_from=again[0]["resumed_from"],
+                verified=again[0]["verified"],
+                restarted_after_deadline_s=round(again[0]["t"] - deadline, 3),
+            )
         if save_first:
             return _judge_slow(result, work, started, saved, left, again)
         if saved and left:
