@@ -88,7 +88,14 @@ def one_preemption(
     )
     result: dict[str, Any] = {"ok": False}
     job = slurm.sbatch(
-        script, "--requeue", "-p", "low", "--job-name=ftd-bench-preempted", "-o", str(work / "job.out")
+        script,
+        "--requeue",
+        "-p",
+        "low",
+        "--job-name=ftd-bench-preempted",
+        "-o",
+        str(work / "job.out"),
+        "--open-mode=append",
     )
     try:
         slurm.wait_job_state(job, "RUNNING", 60)

@@ -135,6 +135,7 @@ class Client(Connection, LocalTriggers):
     def should_save(self) -> bool:
         """True while a save is wanted and not yet answered: a ``save`` directive, SIGUSR1, the
         save-switch file or the memory guard."""
+        self._save_polls += 1
         if self._poll_at is not None and time.monotonic() >= self._poll_at:
             self._poll_switches()
         save_at = self._save_at
@@ -178,10 +179,18 @@ class Client(Connection, LocalTriggers):
 
     def should_stop(self) -> bool:
         """True once a ``stop`` directive, SIGTERM, the kill-switch file or the memory guard asked
-        for it (and for the rest of the process)."""
+        for it (and for the rest of the process).
+
+        A SIGTERM that lands after this step's ``should_save()`` and before this call is a save then
+        a stop like any other: ``should_stop()`` stays false until the loop asked ``should_save()``
+        once more (so it saves in the next step instead of leaving unsaved); a loop that never asks
+        ``should_save()`` stops at once."""
         if self._poll_at is not None and time.monotonic() >= self._poll_at:
             self._poll_switches()
-        return self._stop
+        stop = self._stop
+        if stop and self._save_polls and self._save_polls == self._polls_at_term:
+            return "SIGTERM" not in self._local_saves
+        return stop
 
     def exit_status(self) -> int:
         """What this rank should exit with once it left its loop (``sys.exit(client.exit_status())``).

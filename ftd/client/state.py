@@ -151,6 +151,10 @@ class RankState:
         # before the deadline (issue #37; :mod:`ftd.client.deadline`).
         self._save_clock = SaveClock()
         self._deadline_checked = False
+        # should_save() calls so far, and their count when the SIGTERM came: should_stop() waits for
+        # one more should_save() after it (a SIGTERM between the two calls of a step is still saved).
+        self._save_polls = 0
+        self._polls_at_term: int | None = None
         #: Why the SIGTERM's save was not started (None: it was, or there was none).
         self.save_skipped: str | None = None
         #: The newest save this rank acknowledged: ``(step, path)``, None before the first.
