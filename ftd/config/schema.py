@@ -14,7 +14,7 @@ description and bounds, nothing else to update. Every table forbids unknown fiel
 from __future__ import annotations
 
 import socket
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -35,6 +35,18 @@ NodeName = Annotated[
 SCHEDULERS = ("slurm", "none", "kubernetes")
 PINNED_JOB_POLICIES = ("hold", "stop")  # ftd.coordinator.actions.pinned
 HANG_UNCLEAR_POLICIES = ("restart", "stop")  # ftd.rules.hang: a hang whose culprit is not known
+DRIFT_ACTIONS = ("warn", "preflight_fail", "no_spare")  # ftd.coordinator.model.inventory
+DRIFT_FIELDS = ("driver", "cuda", "vbios", "nic_firmware", "ofed", "nccl", "kernel", "os")  # ftd.platform
+DriftField = Literal["driver", "cuda", "vbios", "nic_firmware", "ofed", "nccl", "kernel", "os"]
+DEFAULT_DRIFT_FIELDS: tuple[DriftField, ...] = (
+    "driver",
+    "cuda",
+    "vbios",
+    "nic_firmware",
+    "ofed",
+    "kernel",
+    "os",
+)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 NODE_LABELS = ("rack", "nvlink_domain")
 
@@ -435,6 +447,19 @@ class InventoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """What this node runs: driver, firmware, library and kernel versions, on change (issue #36)."""
 
     enabled: Annotated[bool, _doc("Report this node's inventory at start and on change.")] = True
+    interval_s: Annotated[
+        float,
+        _doc("How often the facts are read again; a change is reported at the next read.", ge=1, le=86400),
+    ] = 300.0
+    timeout_s: Annotated[
+        float,
+        _doc("Bound on one command (ofed_info -s); a read not done in twice this is reported unknown.",
+             gt=0, le=120),
+    ] = 5.0  # fmt: skip
+    ofed_command: Annotated[
+        str,
+        _doc("The command whose '-s' prints the OFED release (MLNX_OFED's ofed_info); empty: not run."),
+    ] = "ofed_info"
 
 
 class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -1038,9 +1063,30 @@ class FabricTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 class DriftConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Version drift between nodes of one hardware profile, and minimums (issue #36)."""
 
-    enabled: Annotated[bool, _doc("Compare each node's versions with its peers' and the minimums.")] = (
-        True
-    )
+    enabled: Annotated[bool, _doc("Compare each node's versions with its peers' and the minimums.")] = True
+    action: Annotated[
+        str,
+        _doc(
+            "What drift does: warn (shown and logged only), preflight_fail (the node fails preflight, so "
+            "it does not return to service), no_spare (never chosen as a hot spare).",
+            extra={"choices": DRIFT_ACTIONS},
+        ),
+    ] = "warn"
+    fields: Annotated[
+        list[DriftField],
+        _doc(
+            "The facts compared with the peers of the node's hardware profile (nccl is per job: off by "
+            "default). Minimums in versions.toml apply whatever this says.",
+            extra={"choices": DRIFT_FIELDS},
+        ),
+    ] = msgspec.field(default_factory=lambda: list(DEFAULT_DRIFT_FIELDS))
+    min_peers: Annotated[
+        int, _doc("Nodes of a profile reporting a fact before a node's value is compared with theirs.", ge=2)
+    ] = 3
+    settle_s: Annotated[
+        float,
+        _doc("Reports gathered this long before drift is judged again (one pass per burst).", gt=0, le=60),
+    ] = 1.0
 
 
 class RmaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
