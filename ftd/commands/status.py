@@ -343,8 +343,8 @@ def render_inventory(node: str, inventory: dict[str, Any] | None) -> str:
         out.append(table(["gpu", "name", "serial", "vbios"], [[str(g.get(k)) for k in keys] for g in gpus]))
     nics = inventory.get("nics") or []
     if nics:
-        keys = ("device", "fw_ver", "board_id")
-        out.append(table(["nic", "firmware", "board"], [[str(n.get(k)) for k in keys] for n in nics]))
+        nic_keys = ("device", "fw_ver", "board_id")
+        out.append(table(["nic", "firmware", "board"], [[str(n.get(k)) for k in nic_keys] for n in nics]))
     reasons = drift.get("reasons") or []
     if reasons:
         out.append(f"DRIFT (action {drift.get('action')}): " + "; ".join(str(r) for r in reasons))
