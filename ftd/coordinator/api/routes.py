@@ -138,6 +138,14 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "GET",
+        "/v1/drift",
+        "drift",
+        "The nodes with version drift now (fields, why, since), the configured action, and how many "
+        "nodes reported an inventory and how many could not be judged (no hardware profile).",
+        ok=(200, dict[str, Any], ""),
+    ),
+    Route(
+        "GET",
         "/v1/nodes/{node}/inventory",
         "node_inventory",
         "One node's inventory: every fact, each GPU's serial and VBIOS, each NIC's firmware, and its "

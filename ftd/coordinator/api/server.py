@@ -356,6 +356,27 @@ class Api:
                 }
         return json_response({"action": book.action, "nodes": out})
 
+    async def drift(self, request: web.Request) -> web.Response:
+        book = self.coordinator.state.inventory
+        drifted = book.drifted()
+        nodes = [
+            {
+                "node": node,
+                "fields": list(report.fields),
+                "reasons": [d.text() for d in report.drift],
+                "since": book.since.get(node),
+            }
+            for node, report in sorted(drifted.items())
+        ]
+        return json_response(
+            {
+                "action": book.action,
+                "reported": len(book.inventories),
+                "unchecked": book.unchecked(),
+                "nodes": nodes,
+            }
+        )
+
     async def node_inventory(self, request: web.Request) -> web.Response:
         node: str = path_param(request, "node", wire.NodeName)
         view = self.coordinator.state.inventory.view(node)

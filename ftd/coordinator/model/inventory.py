@@ -195,6 +195,12 @@ class InventoryBook:
             self.refresh()
         return {n: r for n, r in self._reports.items() if r.drift}
 
+    def unchecked(self) -> int:
+        """How many reporting nodes could not be judged (no hardware profile, drift disabled)."""
+        if self._dirty:
+            self.refresh()
+        return sum(1 for r in self._reports.values() if r.unchecked)
+
     def _refusal(self, node: str, action: str) -> str | None:
         if self.action != action:
             return None
