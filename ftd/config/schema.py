@@ -14,7 +14,7 @@ description and bounds, nothing else to update. Every table forbids unknown fiel
 from __future__ import annotations
 
 import socket
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 
@@ -37,8 +37,7 @@ PINNED_JOB_POLICIES = ("hold", "stop")  # ftd.coordinator.actions.pinned
 HANG_UNCLEAR_POLICIES = ("restart", "stop")  # ftd.rules.hang: a hang whose culprit is not known
 DRIFT_ACTIONS = ("warn", "preflight_fail", "no_spare")  # ftd.coordinator.model.inventory
 DRIFT_FIELDS = ("driver", "cuda", "vbios", "nic_firmware", "ofed", "nccl", "kernel", "os")  # ftd.platform
-DriftField = Literal["driver", "cuda", "vbios", "nic_firmware", "ofed", "nccl", "kernel", "os"]
-DEFAULT_DRIFT_FIELDS: tuple[DriftField, ...] = (
+DEFAULT_DRIFT_FIELDS = (
     "driver",
     "cuda",
     "vbios",
@@ -1073,11 +1072,10 @@ class DriftConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         ),
     ] = "warn"
     fields: Annotated[
-        list[DriftField],
+        list[Annotated[str, msgspec.Meta(extra={"choices": DRIFT_FIELDS})]],
         _doc(
             "The facts compared with the peers of the node's hardware profile (nccl is per job: off by "
             "default). Minimums in versions.toml apply whatever this says.",
-            extra={"choices": DRIFT_FIELDS},
         ),
     ] = msgspec.field(default_factory=lambda: list(DEFAULT_DRIFT_FIELDS))
     min_peers: Annotated[
