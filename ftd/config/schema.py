@@ -459,6 +459,14 @@ class InventoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         str,
         _doc("The command whose '-s' prints the OFED release (MLNX_OFED's ofed_info); empty: not run."),
     ] = "ofed_info"
+    resend_s: Annotated[
+        float,
+        _doc(
+            "An unchanged inventory is sent again this often, so a restarted coordinator (its ledger "
+            "replays only recent events) or a new leader knows every node's within this; 0: never.",
+            ge=0,
+        ),
+    ] = 3600.0
 
 
 class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

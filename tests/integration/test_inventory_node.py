@@ -155,3 +155,22 @@ async def test_run_wakes_on_a_new_nccl_version(tmp_path: Path) -> None:
         task.cancel()
     last = inventory_from_data(sent[-1].data)
     assert last is not None and last.nccl.value == "2.19.3+cuda12.2"
+
+
+async def test_an_unchanged_inventory_is_sent_again_after_resend_s(tmp_path: Path) -> None:
+    lay_out(tmp_path / "root")
+    sent: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        sent.append(event)
+
+    cfg = InventoryConfig(ofed_command="", resend_s=3600)
+    inv_reporter = InventoryReporter(cfg, "node-1", emit, nvml=FakeNvml(1), root=tmp_path / "root")
+    assert await inv_reporter.report_once() and not await inv_reporter.report_once()
+    inv_reporter._sent_at -= 3601  # an hour later, unchanged: sent again for a restarted coordinator
+    assert await inv_reporter.report_once() and len(sent) == 2 and sent[0].data == sent[1].data
+    never = InventoryReporter(InventoryConfig(ofed_command="", resend_s=0), "node-1", emit, nvml=FakeNvml(1),
+                              root=tmp_path / "root")  # fmt: skip
+    await never.report_once()
+    never._sent_at -= 10**6
+    assert not await never.report_once()

@@ -11,9 +11,11 @@ a new version wakes the reporter at once. The NCCL fact is the distinct versions
 per log file (at most :data:`MAX_NCCL_SOURCES` files), unknown until a job printed one.
 
 Why on change only: the coordinator keeps the last inventory per node, and drift is judged between
-reports; an unchanged node costs the bus nothing. A read that does not finish within ``timeout_s``
-(a hung NVML call, a stuck ``ofed_info``) is not waited for: its facts are reported unknown with that
-reason and the next round does not start another read while it is still running.
+reports; an unchanged node costs the bus one report per ``resend_s`` (an hour), sent so that a
+restarted coordinator, whose ledger replays only recent events, learns every node's again. A read
+that does not finish within ``timeout_s`` (a hung NVML call, a stuck ``ofed_info``) is not waited
+for: its facts are reported unknown with that reason and the next round does not start another
+read while it is still running.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class InventoryReporter:
         self._reading: asyncio.Future[Inventory] | None = None
         self.last: Inventory | None = None
         self.reports = 0
+        self._sent_at = 0.0
         self.last_progress = time.monotonic()
 
     def bind(self, emit: Callable[[Event], Awaitable[None]]) -> None:
@@ -166,11 +169,13 @@ class InventoryReporter:
     async def report_once(self) -> bool:
         """Read, and emit when it differs from the last report; True when it emitted."""
         inventory = await self.read_bounded()
-        self.last_progress = time.monotonic()
-        if inventory == self.last:
+        now = self.last_progress = time.monotonic()
+        resend = self.cfg.resend_s
+        if inventory == self.last and (resend <= 0 or now - self._sent_at < resend):
             return False
         changed = _changed(self.last, inventory)
         self.last = inventory
+        self._sent_at = now
         self.reports += 1
         log.info("inventory_report", changed=changed)
         event = make_event(
