@@ -51,20 +51,7 @@ class DriftChange:
 class InventoryBook:
     """Each node's inventory and drift (module docstring)."""
 
-    def __init__(
-        self,
-        *,
-        minimums: Callable[[str], Mapping[str, Any] | None] | None = None,
-        action: str = "warn",
-        fields: Iterable[str] = DEFAULT_FIELDS,
-        min_peers: int = 3,
-        enabled: bool = True,
-    ) -> None:
-        self._minimums = minimums
-        self.action = action if action in ACTIONS else "warn"
-        self.fields = tuple(fields)
-        self.min_peers = min_peers
-        self.enabled = enabled
+    def __init__(self) -> None:
         self.inventories: dict[str, Inventory] = {}
         self.reported_at: dict[str, float] = {}
         self._facts: dict[str, NodeFacts] = {}
@@ -74,6 +61,8 @@ class InventoryBook:
         self.since: dict[str, float] = {}  # node -> when its drift condition was raised
         self._interned: dict[Any, Any] = {}
         self.rejected = 0  # reports that were not an inventory (bad input)
+        # until configured (wiring): no minimums, warn, the default fields
+        self.configure(minimums=lambda _profile: None, action="warn", fields=DEFAULT_FIELDS, min_peers=3)
 
     def configure(
         self,
@@ -159,9 +148,7 @@ class InventoryBook:
         dirty, self._dirty = self._dirty, set()
         nodes = {n: self._facts[n] for p in dirty for n in self._members.get(p, ()) if n in self._facts}
         if self.enabled:
-            found = find_drift(
-                nodes, self._minimums or (lambda _p: None), fields=self.fields, min_peers=self.min_peers
-            )
+            found = find_drift(nodes, self._minimums, fields=self.fields, min_peers=self.min_peers)
         else:
             found = {n: DriftReport(unchecked="drift is disabled (coordinator.drift.enabled)") for n in nodes}
         changes: list[DriftChange] = []
