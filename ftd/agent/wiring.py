@@ -4,7 +4,8 @@ Every part of the agent is created here, once, from the configuration, and hande
 (:mod:`ftd.agent.app`) only runs them. The flow they make, from the node to the bus:
 
     watchers (kmsg, heartbeat, NVML, logs, fs, cloud notices, memory, host, save path, extra)
-      -> storm control (:mod:`ftd.agent.storm`: first occurrences at once, repeats counted)
+      -> storm control (:mod:`ftd.agent.storm`: first occurrences at once, repeats counted; the
+         inventory's reports, sent only on change, go past it)
       -> the one door (:mod:`ftd.agent.door`: every event enriched with the job and rank of the
          process it names and the mount it concerns, then the node's conditions)
       -> the outbox on its spool (:mod:`ftd.agent.spool`) -> the bus
@@ -186,7 +187,9 @@ def build_agent(
         *(watchers or ()),
     ]
     if inventory is not None:  # what this node runs, at start and on change (issue #36)
-        inventory.bind(emit)
+        # straight to the door: a report is sent only when it differs (or is asked again), never a
+        # flood, and one asked again inside storm control's window must not wait for its summary
+        inventory.bind(door.send)
         all_watchers.append(inventory)
     if node_conditions is not None:
         all_watchers.append(node_conditions)
@@ -233,7 +236,14 @@ def build_agent(
         supervisor=WatcherSupervisor(stall_s, health),
         gpu_resetter=gpu_resetter,
         node_actions=node_actions,
-        inbound=Inbound(node, bus=bus, outbox=outbox, local_api=local_api, node_actions=node_actions),
+        inbound=Inbound(
+            node,
+            bus=bus,
+            outbox=outbox,
+            local_api=local_api,
+            node_actions=node_actions,
+            coordinator_online=inventory.resend_soon if inventory is not None else None,
+        ),
         health_interval_s=health_interval_s,
     )
     agent = Agent(parts)

@@ -462,11 +462,11 @@ class InventoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     resend_s: Annotated[
         float,
         _doc(
-            "An unchanged inventory is sent again this often, so a restarted coordinator (its ledger "
-            "replays only recent events) or a new leader knows every node's within this; 0: never.",
+            "An unchanged inventory is sent again this often (it is also sent when the coordinator "
+            "comes online: a restart, a new leader); each is an event in the ledger; 0: never.",
             ge=0,
         ),
-    ] = 3600.0
+    ] = 86400.0
 
 
 class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

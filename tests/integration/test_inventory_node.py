@@ -167,8 +167,10 @@ async def test_an_unchanged_inventory_is_sent_again_after_resend_s(tmp_path: Pat
     cfg = InventoryConfig(ofed_command="", resend_s=3600)
     inv_reporter = InventoryReporter(cfg, "node-1", emit, nvml=FakeNvml(1), root=tmp_path / "root")
     assert await inv_reporter.report_once() and not await inv_reporter.report_once()
-    inv_reporter._sent_at -= 3601  # an hour later, unchanged: sent again for a restarted coordinator
+    inv_reporter._sent_at -= 3601  # resend_s later, unchanged: sent again for a restarted coordinator
     assert await inv_reporter.report_once() and len(sent) == 2 and sent[0].data == sent[1].data
+    inv_reporter.resend_soon()  # the coordinator came online: sent again, changed or not
+    assert await inv_reporter.report_once() and len(sent) == 3 and not await inv_reporter.report_once()
     never = InventoryReporter(InventoryConfig(ofed_command="", resend_s=0), "node-1", emit, nvml=FakeNvml(1),
                               root=tmp_path / "root")  # fmt: skip
     await never.report_once()

@@ -11,8 +11,9 @@ a new version wakes the reporter at once. The NCCL fact is the distinct versions
 per log file (at most :data:`MAX_NCCL_SOURCES` files), unknown until a job printed one.
 
 Why on change only: the coordinator keeps the last inventory per node, and drift is judged between
-reports; an unchanged node costs the bus one report per ``resend_s`` (an hour), sent so that a
-restarted coordinator, whose ledger replays only recent events, learns every node's again. A read
+reports. An unchanged inventory is sent again when the coordinator comes online (a restart or a new
+leader: its state holds only what its ledger's recent events say; :meth:`resend_soon`, called by
+the agent's inbound on the coordinator's status) and every ``resend_s`` (a day) as a backstop. A read
 that does not finish within ``timeout_s`` (a hung NVML call, a stuck ``ofed_info``) is not waited
 for: its facts are reported unknown with that reason and the next round does not start another
 read while it is still running.
@@ -78,7 +79,14 @@ class InventoryReporter:
         self.last: Inventory | None = None
         self.reports = 0
         self._sent_at = 0.0
+        self._force = False
         self.last_progress = time.monotonic()
+
+    def resend_soon(self) -> None:
+        """Send the inventory again at once, changed or not (the coordinator came online: a restart
+        or a new leader, whose state holds only what its ledger's recent events say)."""
+        self._force = True
+        self._wake.set()
 
     def bind(self, emit: Callable[[Event], Awaitable[None]]) -> None:
         """Where reports go (the agent's emit, built after the reporter)."""
@@ -171,8 +179,10 @@ class InventoryReporter:
         inventory = await self.read_bounded()
         now = self.last_progress = time.monotonic()
         resend = self.cfg.resend_s
-        if inventory == self.last and (resend <= 0 or now - self._sent_at < resend):
+        due = self._force or (resend > 0 and now - self._sent_at >= resend)
+        if inventory == self.last and not due:
             return False
+        self._force = False
         changed = _changed(self.last, inventory)
         self.last = inventory
         self._sent_at = now
