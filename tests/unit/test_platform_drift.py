@@ -199,3 +199,23 @@ def test_drift_never_raises_and_a_majority_value_never_drifts(drivers: list[str]
         peer = [d for d in report.drift if "peers" in d.why]
         if value.known and known_values.count(value.value) * 2 > len(known_values):
             assert not peer
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+fact_like = st.fixed_dictionaries({}, optional={"value": json_values | st.text(), "unknown": json_values})
+
+
+@settings(max_examples=examples(300))
+@given(
+    st.dictionaries(st.sampled_from(["driver", "vbios", "gpus", "nics", "os", "x"]), json_values | fact_like)
+)
+def test_any_data_is_an_inventory_or_none_never_a_crash(data: dict[str, Any]) -> None:
+    inv = inventory_from_data(data)
+    if inv is not None:
+        for fact in inv.facts().values():
+            assert fact.known or fact.text().startswith("unknown (")
+        assert inventory_from_data(inv.to_data()) == inv
