@@ -118,8 +118,11 @@ def inventory_from_data(data: Any) -> Inventory | None:
         return None
     if len(inventory.gpus) > MAX_DEVICES or len(inventory.nics) > MAX_DEVICES:
         return None
-    for name in FIELDS:
-        fact = inventory.fact(name)
-        if len(fact.value) > MAX_FACT or len(fact.unknown) > MAX_FACT:
-            return None
+    facts = [*inventory.facts().values()]
+    facts += [f for g in inventory.gpus for f in (g.name, g.serial, g.vbios)]
+    facts += [f for n in inventory.nics for f in (n.fw_ver, n.board_id)]
+    if any(len(f.value) > MAX_FACT or len(f.unknown) > MAX_FACT for f in facts):
+        return None
+    if any(len(n.device) > MAX_FACT for n in inventory.nics):
+        return None
     return inventory

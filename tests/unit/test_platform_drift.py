@@ -92,7 +92,15 @@ def test_inventory_round_trips_and_rejects_bad_input() -> None:
     assert back is not None and back.ofed.text() == "unknown (ofed_info not found)"
     assert back.kernel.text() == "unknown (not reported)"  # absent is unknown, never empty-and-equal
     bad: object
-    for bad in (None, [], {"driver": 5}, {"driver": {"value": "x" * 10_000}}, {"gpus": "no"}):
+    for bad in (
+        None,
+        [],
+        {"driver": 5},
+        {"driver": {"value": "x" * 10_000}},
+        {"gpus": "no"},
+        {"gpus": [{"index": 0, "serial": {"value": "s" * 300}}]},
+        {"nics": [{"device": "d" * 300}]},
+    ):
         assert inventory_from_data(bad) is None
 
 

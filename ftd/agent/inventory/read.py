@@ -21,6 +21,8 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -152,15 +154,15 @@ def read_ofed(root: Path, command: str, timeout_s: float, runner: Runner = run_c
     return unknown(f"{why}; {file_why or f'{version} is empty'}")
 
 
+@dataclass(frozen=True)
 class HostFactsRead:
     """What :func:`read_host` found."""
 
-    def __init__(self, kernel: Fact, os_name: Fact, nics: list[NicFacts], nic_firmware: Fact, ofed: Fact):
-        self.kernel = kernel
-        self.os = os_name
-        self.nics = nics
-        self.nic_firmware = nic_firmware
-        self.ofed = ofed
+    kernel: Fact
+    os: Fact
+    nics: list[NicFacts]
+    nic_firmware: Fact
+    ofed: Fact
 
 
 def read_host(root: Path, *, ofed_command: str = "ofed_info", timeout_s: float = 5.0,
@@ -174,17 +176,16 @@ def read_host(root: Path, *, ofed_command: str = "ofed_info", timeout_s: float =
     return HostFactsRead(kernel, read_os(root), nics, firmware, ofed)
 
 
+@dataclass(frozen=True)
 class GpuFactsRead:
     """What :func:`read_gpus` found."""
 
-    def __init__(self, driver: Fact, cuda: Fact, vbios: Fact, serials: Fact, gpus: list[GpuFacts],
-                 profile: Fact) -> None:  # fmt: skip
-        self.driver = driver
-        self.cuda = cuda
-        self.vbios = vbios
-        self.serials = serials
-        self.gpus = gpus
-        self.profile = profile
+    driver: Fact
+    cuda: Fact
+    vbios: Fact
+    serials: Fact
+    gpus: list[GpuFacts]
+    profile: Fact
 
 
 def _ask(question: Callable[[], str]) -> Fact:
@@ -214,9 +215,9 @@ def read_gpus(nvml: NvmlVersions | None, *, profile: str, catalog: HardwareCatal
         return GpuFactsRead(driver, cuda, why, why, [], prof)
     gpus = []
     for index in range(min(count, 64)):
-        name = _ask(lambda i=index: nvml.identity(i).name)  # type: ignore[misc]
-        vbios = _ask(lambda i=index: nvml.vbios_version(i))  # type: ignore[misc]
-        serial = _ask(lambda i=index: nvml.serial(i))  # type: ignore[misc]
+        name = _ask(partial(_gpu_name, nvml, index))
+        vbios = _ask(partial(nvml.vbios_version, index))
+        serial = _ask(partial(nvml.serial, index))
         gpus.append(GpuFacts(index=index, name=name, serial=serial, vbios=vbios))
     if not gpus:
         none = unknown("NVML lists no GPU")
@@ -224,6 +225,10 @@ def read_gpus(nvml: NvmlVersions | None, *, profile: str, catalog: HardwareCatal
     vbios_fact = _all_or_unknown(gpus, "vbios")
     serials = _all_or_unknown(gpus, "serial", join_all=True)
     return GpuFactsRead(driver, cuda, vbios_fact, serials, gpus, _profile(profile, gpus, catalog))
+
+
+def _gpu_name(nvml: NvmlVersions, index: int) -> str:
+    return nvml.identity(index).name
 
 
 def _all_or_unknown(gpus: list[GpuFacts], attr: str, *, join_all: bool = False) -> Fact:
