@@ -84,3 +84,9 @@ async def test_the_dashboard_lists_drifted_nodes_and_what_was_not_checked(env: E
         view["summary"]
         == "1 of 16 reporting nodes drift · action: warn · 2 not checked (no hardware profile)"
     )
+
+
+async def test_metrics_count_drifted_nodes_per_field(env: Env) -> None:
+    text = await (await env.client.get("/metrics", headers=AUTH)).text()
+    assert 'ftd_nodes_drifted{field="driver"} 1.0' in text
+    assert "ftd_nodes_drift_unchecked 0.0" in text
