@@ -46,8 +46,12 @@ def inventory(
     )
 
 
+INTERN_MIN_TEST = 2000
+
+
 def book(action: str = "warn") -> InventoryBook:
     b = InventoryBook()
+    b.intern_min = b._intern_limit = INTERN_MIN_TEST  # small, so a test reaches it
     b.configure(
         minimums=lambda p: CATALOG.section("versions", p),
         action=action,
@@ -180,3 +184,15 @@ def test_a_drifted_spare_is_unfit_with_no_spare() -> None:
 
 async def _no_publish(*_a: Any, **_k: Any) -> None:
     return None
+
+
+def test_the_intern_table_forgets_what_no_node_holds() -> None:
+    b = book()
+    fill(b, 4)
+    for i in range(3000):  # one node reporting ever-new values (a hostile one, or GPUs swapped daily)
+        b.note("node-00", inventory(driver=f"550.{i}.1", vbios=f"96.00.{i}").to_data())
+    assert len(b._interned) < 2 * INTERN_MIN_TEST + 100
+    assert b.inventories["node-00"].driver.value == "550.2999.1"
+    assert b.inventories["node-01"].driver is b.inventories["node-02"].driver  # still shared after a rebuild
+    b.refresh()
+    assert set(b.drifted()) == {"node-00"}

@@ -35,6 +35,7 @@ __all__ = ["DriftChange", "InventoryBook"]
 log = get_logger(__name__)
 
 ACTIONS = ("warn", "preflight_fail", "no_spare")
+INTERN_MIN = 100_000  # interned values before the table is first rebuilt from the live inventories
 DEFAULT_FIELDS = ("driver", "cuda", "vbios", "nic_firmware", "ofed", "kernel", "os")
 _T = TypeVar("_T")
 
@@ -60,6 +61,8 @@ class InventoryBook:
         self._reports: dict[str, DriftReport] = {}
         self.since: dict[str, float] = {}  # node -> when its drift condition was raised
         self._interned: dict[Any, Any] = {}
+        self.intern_min = INTERN_MIN
+        self._intern_limit = INTERN_MIN
         self.rejected = 0  # reports that were not an inventory (bad input)
         # until configured (wiring): no minimums, warn, the default fields
         self.configure(minimums=lambda _profile: None, action="warn", fields=DEFAULT_FIELDS, min_peers=3)
@@ -88,10 +91,11 @@ class InventoryBook:
         return got
 
     def _compact(self, inv: Inventory) -> Inventory:
+        """``inv`` with every value nodes share interned; serials (one node's own) are kept as they are."""
         i = self._intern
-        gpus = [i(GpuFacts(g.index, i(g.name), i(g.serial), i(g.vbios))) for g in inv.gpus]
+        gpus = [GpuFacts(g.index, i(g.name), g.serial, i(g.vbios)) for g in inv.gpus]
         nics = [i(NicFacts(i(n.device), i(n.fw_ver), i(n.board_id))) for n in inv.nics]
-        facts = {name: i(inv.fact(name)) for name in ("profile", *COMPARED, "gpu_serials")}
+        facts = {name: i(inv.fact(name)) for name in ("profile", *COMPARED)}
         return msgspec.structs.replace(inv, **facts, gpus=gpus, nics=nics)
 
     def note(self, node: str, data: Any, ts: float | None = None) -> bool:
@@ -104,7 +108,20 @@ class InventoryBook:
         self.put(node, inventory, ts)
         return True
 
+    def _collect(self) -> None:
+        """Forget interned values no node holds any more: the table is rebuilt from the live
+        inventories when it has grown past twice its size at the last rebuild (a node that reports
+        ever-new values -- GPUs swapped, or a hostile one -- cannot grow it without bound)."""
+        self._interned = {}
+        for node, inventory in self.inventories.items():
+            compact = self.inventories[node] = self._compact(inventory)
+            facts = {name: compact.fact(name) for name in COMPARED}
+            self._facts[node] = NodeFacts(profile=compact.profile, facts=self._intern_facts(facts))
+        self._intern_limit = max(self.intern_min, 2 * len(self._interned))
+
     def put(self, node: str, inventory: Inventory, ts: float | None = None) -> None:
+        if len(self._interned) > self._intern_limit:
+            self._collect()
         compact = self._compact(inventory)
         old = self._facts.get(node)
         if old is not None:
