@@ -13,8 +13,10 @@ What drift does is ``coordinator.drift.action``: ``warn`` (shown and logged), ``
 is never refused for drift: it is shown as unchecked, with the reason.
 
 Why compact: 10,000 nodes' inventories must stay under 50 MB. The same strings and facts repeat on
-every node of a profile (driver, VBIOS, firmware, kernel), so every :class:`Fact` and per-device
-record is interned: each distinct one is stored once, and a node holds references.
+every node of a profile (driver, VBIOS, firmware, kernel), so every shared :class:`Fact` and NIC
+record is interned: each distinct one is stored once, and a node holds references (a GPU's serial,
+its own, is not). The table is rebuilt from the live inventories when it doubles, so values no node
+reports any more are forgotten.
 """
 
 from __future__ import annotations
