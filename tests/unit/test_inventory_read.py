@@ -4,12 +4,16 @@ back to the module's version file, and a hardware profile matched from GPU names
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from ftd.agent.inventory.read import _profile, read_ofed, read_os
-from ftd.agent.watchers.nvml.real import cuda_text
+import pytest
+
+from ftd.agent.inventory.read import _profile, read_gpus, read_ofed, read_os
+from ftd.agent.watchers.nvml.real import RealNvml, cuda_text
 from ftd.catalog.hardware_profiles import load_hardware_catalog
 from ftd.platform.inventory import GpuFacts, known, unknown
+from tests.skips import skip_without_gpu
 
 
 def test_cuda_numbers() -> None:
@@ -48,3 +52,27 @@ def test_profile_from_gpu_names() -> None:
     assert "no single hardware profile" in _profile("", gpus("Tesla T4"), catalog).unknown
     unread = [GpuFacts(0, unknown("NVML: NvmlGpuLost: GPU is lost"))]
     assert "no GPU name could be read" in _profile("", unread, catalog).unknown
+
+
+@pytest.mark.gpu
+def test_the_real_nvml_answers_the_inventory() -> None:
+    """On a GPU machine: the real backend's driver, CUDA, VBIOS and serial, and a profile from the name
+    (an H100 or H200 node is matched; another GPU's name says so, never a pass)."""
+    backend = RealNvml()
+    try:
+        backend.init()
+    except Exception as exc:
+        if os.environ.get("FTD_REQUIRE_GPU") == "1":
+            pytest.fail(f"FTD_REQUIRE_GPU=1 and no NVML here: {exc}", pytrace=False)
+        skip_without_gpu(f"no NVML (set FTD_REQUIRE_GPU=1 on a GPU machine): {exc}")
+    try:
+        found = read_gpus(backend, profile="", catalog=load_hardware_catalog())
+        if not found.gpus:
+            skip_without_gpu("NVML present but no GPU")
+        assert found.driver.known and found.driver.value[0].isdigit(), found.driver
+        assert found.cuda.known and found.cuda.value.count(".") == 1, found.cuda
+        assert found.vbios.known or found.vbios.unknown.startswith("GPU "), found.vbios
+        assert found.gpus[0].name.known
+        assert found.profile.known or "no single hardware profile" in found.profile.unknown
+    finally:
+        backend.shutdown()
