@@ -120,6 +120,14 @@ def node_state(node: dict[str, Any]) -> str:
     return "online" if node["online"] else "offline"
 
 
+def _conditions(node: dict[str, Any]) -> str:
+    """What ``ftd health`` reports there, and the node's version drift (its fields, issue #36)."""
+    drift = node.get("drift") or []
+    fields = [str(reason).partition(":")[0] for reason in drift]
+    texts = [*(node.get("conditions") or []), *([f"version drift: {', '.join(fields)}"] if fields else [])]
+    return "; ".join(texts) or "-"
+
+
 def _drained(node: dict[str, Any]) -> str:
     """Who took the node out of service: ``ftd``, ``other`` (an operator, the scheduler), ``no``."""
     if node["drained"]:
@@ -172,7 +180,7 @@ def render(data: dict[str, Any], url: str, title: str = "") -> str:
                     _drained(n),
                     n["drain_reason"] or n.get("unavailable") or "-",
                     ",".join(n["jobs"]) or "-",
-                    "; ".join(n.get("conditions") or []) or "-",  # what `ftd health` reports there
+                    _conditions(n),
                 ]
                 for n in nodes
             ],

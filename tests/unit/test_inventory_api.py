@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ftd.commands.status import render_inventory
+from ftd.commands.status import _conditions, render_inventory
 from ftd.events import Kind, make_event
 from ftd.platform.inventory import Inventory, known, unknown
 from tests.unit.test_api import AUTH, TOKEN, Env, _env
@@ -73,6 +73,9 @@ async def test_status_node_renders_what_the_api_answers(env: Env) -> None:
     assert "DRIFT (action warn): driver: 535.104.05 differs" in text
     assert "DRIFT: none" in render_inventory("gpu-06", await get(env, "/v1/nodes/gpu-06/inventory"))
     assert "none reported" in render_inventory("node-2", None)
+    rows = {n["name"]: n for n in await get(env, "/v1/nodes")}
+    assert _conditions(rows["gpu-05"]) == "version drift: driver"  # the overview's conditions column
+    assert _conditions(rows["gpu-06"]) == "-"
 
 
 async def test_the_dashboard_lists_drifted_nodes_and_what_was_not_checked(env: Env) -> None:
