@@ -135,7 +135,7 @@ def test_each_action_refuses_only_what_it_says(action: str) -> None:
     b = book(action)
     fill(b, **{"node-05": inventory(driver="535.104.05")})
     assert (b.refuses_preflight("node-05") is not None) == (action == "preflight_fail")
-    assert (b.blocks_spare("node-05") is not None) == (action == "no_spare")
+    assert (b.blocks_spare("node-05") is not None) == (action != "warn")  # failing preflight: no spare
     assert b.refuses_preflight("node-04") is None and b.blocks_spare("node-04") is None
 
 

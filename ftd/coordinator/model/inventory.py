@@ -8,9 +8,9 @@ dirty profiles again (one pass each, so a burst of 10,000 start-up reports costs
 choice, preflight) refresh first, so what they see is never older than the last report.
 
 What drift does is ``coordinator.drift.action``: ``warn`` (shown and logged), ``preflight_fail``
-(:meth:`refuses_preflight`: the node's preflight fails, so it does not return to service), or
-``no_spare`` (:meth:`blocks_spare`: never chosen as a hot spare). A node not judged (no profile)
-is never refused for drift: it is shown as unchecked, with the reason.
+(:meth:`refuses_preflight`: the node's preflight fails, so it does not return to service, and it is
+no spare either), or ``no_spare`` (:meth:`blocks_spare`: never chosen as a hot spare). A node not
+judged (no profile) is never refused for drift: it is shown as unchecked, with the reason.
 
 Why compact: 10,000 nodes' inventories must stay under 50 MB. The same strings and facts repeat on
 every node of a profile (driver, VBIOS, firmware, kernel), so every shared :class:`Fact` and NIC
@@ -207,8 +207,8 @@ class InventoryBook:
             self.refresh()
         return sum(1 for r in self._reports.values() if r.unchecked)
 
-    def _refusal(self, node: str, action: str) -> str | None:
-        if self.action != action:
+    def _refusal(self, node: str, *actions: str) -> str | None:
+        if self.action not in actions:
             return None
         report = self.report(node)
         if report is None or not report.drift:
@@ -220,8 +220,10 @@ class InventoryBook:
         return self._refusal(node, "preflight_fail")
 
     def blocks_spare(self, node: str) -> str | None:
-        """Why ``node`` may not be chosen as a spare (``coordinator.drift.action = no_spare``)."""
-        return self._refusal(node, "no_spare")
+        """Why ``node`` may not be chosen as a spare (``coordinator.drift.action = no_spare``, or
+        ``preflight_fail``: a node failing preflight is no spare either, whatever its agent's own
+        preflight said)."""
+        return self._refusal(node, "no_spare", "preflight_fail")
 
     def view(self, node: str) -> dict[str, Any] | None:
         """The node's inventory and drift as plain data (the API, ``ftd status --node``)."""
