@@ -6,13 +6,18 @@ backend's fake. Every fact is read or unknown with its reason; a change is repor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import stat
 import subprocess
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ftd.agent.inventory.reporter import InventoryReporter
 from ftd.agent.watchers.nvml.fake import FakeNvml
-from ftd.config.schema import InventoryConfig
+from ftd.agent.wiring import build_agent
+from ftd.bus.memory import MemoryBroker, MemoryBus
+from ftd.config.schema import AgentConfig, InventoryConfig, LogsConfig
 from ftd.events import Event, Kind, make_event
 from ftd.platform.inventory import inventory_from_data
 
@@ -28,6 +33,14 @@ for dev in mlx5_0 mlx5_1; do
   printf 'MT_0000000838\n' > "$root/sys/class/infiniband/$dev/board_id"
 done
 """
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    """Poll ``predicate`` (the caller bounds the wait)."""
+    while True:
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
 
 
 def lay_out(root: Path) -> None:
@@ -176,3 +189,35 @@ async def test_an_unchanged_inventory_is_sent_again_after_resend_s(tmp_path: Pat
     await never.report_once()
     never._sent_at -= 10**6
     assert not await never.report_once()
+
+
+async def test_a_real_agent_takes_nccl_from_the_job_log_it_follows(tmp_path: Path) -> None:
+    """build_agent's wiring: the log watcher follows the job's log, a real process appends NCCL's init
+    line (with the rank supervisor's prefix), the agent's inventory reports that version."""
+    log_file = tmp_path / "job.log"
+    log_file.touch()
+    (tmp_path / "kmsg").touch()
+    cfg = AgentConfig(
+        node="node-1",
+        kmsg_path=str(tmp_path / "kmsg"),
+        state_dir=str(tmp_path / "agent"),
+        socket_path=f"{tempfile.mkdtemp(prefix='ftd-inv-', dir='/tmp')}/a.sock",
+        logs=LogsConfig(paths=[str(log_file)], rescan_s=0.2),
+        inventory=InventoryConfig(ofed_command=""),
+    )
+    agent = build_agent(cfg, bus=MemoryBus(MemoryBroker(), client_id="agent"), node="node-1",
+                        nvml_backend=FakeNvml(2))  # fmt: skip
+    (reporter_,) = [w for w in agent.watchers if isinstance(w, InventoryReporter)]
+    task = asyncio.create_task(agent.run())
+    try:
+        async with asyncio.timeout(30):  # generous: the machine is shared
+            await until(lambda: reporter_.last is not None)
+            line = "[node-1 3] node-1:777:777 [3] NCCL INFO NCCL version 2.21.5+cuda12.4"
+            await asyncio.to_thread(
+                subprocess.run, ["sh", "-c", 'echo "$1" >> "$2"', "append", line, str(log_file)], check=True
+            )
+            await until(lambda: reporter_.last is not None and reporter_.last.nccl.value == "2.21.5+cuda12.4")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
