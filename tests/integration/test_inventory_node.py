@@ -43,6 +43,14 @@ async def until(predicate: Callable[[], bool]) -> None:
         await asyncio.sleep(0.05)
 
 
+def gone(pid: int) -> bool:
+    """No such process any more (or only its zombie, for a parent that has not reaped it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def lay_out(root: Path) -> None:
     subprocess.run(["sh", "-c", LAYOUT, "layout", str(root)], check=True, timeout=30)
 
@@ -119,7 +127,7 @@ async def test_a_change_is_reported_once_and_nccl_comes_from_the_jobs_log_line(t
 
 
 async def test_nothing_readable_is_unknown_with_reasons_never_empty(tmp_path: Path) -> None:
-    hang = executable(tmp_path / "ofed_info", "sleep 30")
+    hang = executable(tmp_path / "ofed_info", f"sleep 30 & echo $! > {tmp_path}/child; wait")
     inv_reporter, sent = reporter(tmp_path / "empty", str(hang), FakeNvml(unavailable="driver not loaded"),
                                   timeout_s=0.5)  # fmt: skip
     assert await inv_reporter.report_once()
@@ -129,6 +137,8 @@ async def test_nothing_readable_is_unknown_with_reasons_never_empty(tmp_path: Pa
         assert not fact.known and fact.unknown, name
     assert "NVML unavailable: driver not loaded" in inv.driver.unknown
     assert "timed out after 0.5 s" in inv.ofed.unknown
+    child = int((tmp_path / "child").read_text())  # the script's own child is killed with it
+    assert gone(child)
     assert "sys/class/infiniband does not exist" in inv.nic_firmware.unknown
     assert "osrelease does not exist" in inv.kernel.unknown
 

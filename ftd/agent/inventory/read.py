@@ -17,8 +17,10 @@ files, a command with a timeout); nothing here raises for a node's state.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,9 +126,23 @@ Runner = Callable[[list[str], float], tuple[int, str]]
 
 
 def run_command(argv: list[str], timeout_s: float) -> tuple[int, str]:
-    """(exit status, stdout) of ``argv``; OSError and a timeout raise."""
-    done = subprocess.run(argv, capture_output=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
-    return done.returncode, done.stdout[:MAX_FILE].decode(errors="replace")
+    """(exit status, stdout) of ``argv``; OSError and :class:`subprocess.TimeoutExpired` raise. On a
+    timeout its whole process group is killed (a script's own children too, never left behind)."""
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return proc.returncode, out[:MAX_FILE].decode(errors="replace")
 
 
 def read_ofed(root: Path, command: str, timeout_s: float, runner: Runner = run_command) -> Fact:
