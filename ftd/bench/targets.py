@@ -244,6 +244,21 @@ TARGETS: dict[str, Targets] = {
         (_c("cli.p99_ms", "<=", 500.0), _c("agent_down.p99_ms", "<=", 500.0)),
     ),
     "dashboard": Targets("problems query p99 <= 50 ms", (_c("problems.p99_ms", "<=", 50.0),)),
+    "inventory": Targets(
+        "10,000 nodes' inventories held in <= 50 MB, drift over all < 1 s, each drifted node found naming "
+        "its field; 16 identical nodes: 0 conditions; a driver or VBIOS changed on 1 of 16: a condition "
+        "naming it on its first report",
+        (
+            _c("held_mb", "<=", 50.0),
+            _c("drift_s", "<", 1.0),
+            _c("drifted_right", "==", True),
+            _c("identical_16_conditions", "==", 0),
+            _c("driver_reports_to_condition", "==", 1),
+            _c("driver_named", "==", True),
+            _c("vbios_reports_to_condition", "==", 1),
+            _c("vbios_named", "==", True),
+        ),
+    ),
     "scale": Targets(
         "every session held, coordinator RSS <= 500 MB, Xid event -> decision p99 <= 25 ms; "
         "all 1,000 Last Wills of the rack's nodes decided <= 10 s, 0 lost, one restart per job in the "

@@ -30,6 +30,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "sim": ("ftd.bench.sim", "bench_sim"),
     "health": ("ftd.bench.health", "bench_health"),
     "dashboard": ("ftd.bench.dashboard", "bench_dashboard"),
+    "inventory": ("ftd.bench.inventory", "bench_inventory"),
     "scale": ("ftd.bench.scale", "bench_scale"),
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
     "checkpoint": ("ftd.bench.checkpoint", "bench_checkpoint"),
@@ -42,6 +43,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "e2e": ("samples",),
     "scale": ("samples", "nodes", "wills", "grace_s"),
     "dashboard": ("samples", "nodes"),
+    "inventory": ("nodes",),
     "recovery": ("samples", "paths"),
     "fairness": ("rate", "seconds", "probes", "severity"),
     "checkpoint": ("cases", "sizes", "samples", "runs"),
@@ -77,7 +79,7 @@ def register(sub: Any) -> None:
         "--nodes",
         type=int,
         default=None,
-        help="node sessions to hold (scale), nodes known (dashboard); 10,000",
+        help="node sessions to hold (scale), nodes known (dashboard), inventories held (inventory); 10,000",
     )
     parser.add_argument("--wills", type=int, default=None, help="sessions cut at once (scale; 1,000)")
     parser.add_argument(

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ftd.coordinator.model.checkpoints import CheckpointCatalogue
+from ftd.coordinator.model.inventory import DriftChange, InventoryBook
 from ftd.coordinator.model.moved import MovedJobs
 from ftd.coordinator.model.save_times import SaveTimes
 from ftd.culprit.evidence import MAX_TEXT, PeerBlame
@@ -77,6 +78,8 @@ class ClusterState:
         self.trouble_since: dict[str, dict[str, float]] = {}
         # the jobs ftd requeued that do not train again yet (shown as pending after requeue, #32)
         self.moved = MovedJobs()
+        # what each node runs and its version drift against its hardware profile's peers (issue #36)
+        self.inventory = InventoryBook()
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -262,6 +265,16 @@ class ClusterState:
             if len(times) > 1 and times[-2] > ts:  # restored out of order (the ledger, at start-up)
                 self.restarts[job] = deque(sorted(times), maxlen=HISTORY_LIMIT)
 
+    def refresh_drift(self) -> list[DriftChange]:
+        """Judge the inventories reported since the last pass (:class:`InventoryBook`); each node's
+        record names its drifting fields (``NodeRecord.drift``, what rules read)."""
+        changes = self.inventory.refresh()
+        for change in changes:
+            record = self.nodes.get(change.node)
+            if record is not None:
+                record.drift = change.report.fields
+        return changes
+
     def drained_nodes(self) -> dict[str, str]:
         """The nodes ftd drained, with their reasons."""
         return {n.name: n.drain_reason for n in self.nodes.values() if n.drained_by_ftd}
@@ -283,6 +296,8 @@ class ClusterState:
         if event.kind == Kind.CHECKPOINT:
             self.checkpoints.note(event)
             self._note_save_time(event)
+        elif event.kind == Kind.INVENTORY:
+            self.inventory.note(event.node, event.data, event.ts)
         uuid = event.data.get("uuid")
         gpu: GpuRecord | None = None
         if isinstance(uuid, str) and uuid:
