@@ -44,13 +44,14 @@ from ftd.bench.recovery_stack import wait_for
 from ftd.bench.slurm_cluster import SlurmCluster, ensure_munged, preemption_conf
 from ftd.coordinator.actions.slurm import parse_timestamp
 
-__all__ = ["bench_preemption", "one_preemption"]
+__all__ = ["bench_preemption", "one_preemption", "one_time_limit", "read_records"]
 
 #: Where the repository is, for the job's PYTHONPATH (the bench runs from a checkout or an install).
 _ROOT = Path(preemption_trainer.__file__).resolve().parents[2]
 
 
-def _records(log: Path, what: str, run: int | None = None) -> list[dict[str, Any]]:
+def read_records(log: Path, what: str, run: int | None = None) -> list[dict[str, Any]]:
+    """The trainer's JSON lines of ``what`` in ``log`` (one Slurm run, or every run)."""
     if not log.exists():
         return []
     out = []
@@ -62,30 +63,35 @@ def _records(log: Path, what: str, run: int | None = None) -> list[dict[str, Any
     return out
 
 
+def _job_script(work: Path, *, save_s: float, max_s: float) -> tuple[Path, str]:
+    """The batch script of one plain-loop job in ``work``: its trainer log's path and the script
+    (the trainer under ``srun``, no agent: the client fails open)."""
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "trainer.jsonl"
+    exports = {
+        "FTD_PREEMPT_LOG": str(log),
+        "FTD_PREEMPT_CKPT": str(work / "ckpt"),
+        "FTD_PREEMPT_SAVE_S": str(save_s),
+        "FTD_PREEMPT_MAX_S": str(max_s),
+        "PYTHONPATH": str(_ROOT),
+        "FTD_SOCKET": str(work / "no-agent.sock"),
+    }
+    lines = [
+        "#!/bin/bash",
+        *(f"export {k}={shlex.quote(v)}" for k, v in exports.items()),
+        f"srun {shlex.quote(sys.executable)} -m ftd.bench.preemption_trainer",
+        "",
+    ]
+    return log, "\n".join(lines)
+
+
 def one_preemption(
     slurm: SlurmCluster, work: Path, *, grace_s: int, save_s: float, save_first: bool = False
 ) -> dict[str, Any]:
     """One run: submit, train, preempt, measure; the job is cancelled at the end either way.
     ``save_first``: the slow-save case -- a SIGUSR1 save first (the rank measures it), then the
     preemption, whose save must not be started (:func:`_judge_slow`)."""
-    work.mkdir(parents=True, exist_ok=True)
-    log, ckpt = work / "trainer.jsonl", work / "ckpt"
-    exports = {
-        "FTD_PREEMPT_LOG": str(log),
-        "FTD_PREEMPT_CKPT": str(ckpt),
-        "FTD_PREEMPT_SAVE_S": str(save_s),
-        "FTD_PREEMPT_MAX_S": str(grace_s * 6 + 120),
-        "PYTHONPATH": str(_ROOT),
-        "FTD_SOCKET": str(work / "no-agent.sock"),  # the plain loop: no agent (the client fails open)
-    }
-    script = "\n".join(
-        [
-            "#!/bin/bash",
-            *(f"export {k}={shlex.quote(v)}" for k, v in exports.items()),
-            f"srun {shlex.quote(sys.executable)} -m ftd.bench.preemption_trainer",
-            "",
-        ]
-    )
+    log, script = _job_script(work, save_s=save_s, max_s=grace_s * 6 + 120)
     result: dict[str, Any] = {"ok": False}
     job = slurm.sbatch(
         script,
@@ -99,11 +105,11 @@ def one_preemption(
     )
     try:
         slurm.wait_job_state(job, "RUNNING", 60)
-        wait_for(lambda: _records(log, "started", run=0), 60, "the job to start training")
+        wait_for(lambda: read_records(log, "started", run=0), 60, "the job to start training")
         time.sleep(1.0)  # some steps
         if save_first:
             slurm.run("scancel", "--signal=USR1", job)
-            wait_for(lambda: _records(log, "saved", run=0), save_s + 60, "the SIGUSR1 save")
+            wait_for(lambda: read_records(log, "saved", run=0), save_s + 60, "the SIGUSR1 save")
             time.sleep(1.0)
         urgent = slurm.sbatch(None, "-p", "high", "--job-name=ftd-bench-urgent", wrap="sleep 2")
         info: dict[str, str] = {}
@@ -119,10 +125,10 @@ def one_preemption(
         deadline = end_t if end_t is not None and end_t > preempt_t else preempt_t + grace_s
         result.update(preempted_at=preempt_t, deadline=deadline)
         with contextlib.suppress(TimeoutError):
-            wait_for(lambda: _records(log, "left_loop", run=0), grace_s + 10, "the first run to stop")
-        saved = _records(log, "saved", run=0)
-        started = _records(log, "save_started", run=0)
-        left = _records(log, "left_loop", run=0)
+            wait_for(lambda: read_records(log, "left_loop", run=0), grace_s + 10, "the first run to stop")
+        saved = read_records(log, "saved", run=0)
+        started = read_records(log, "save_started", run=0)
+        left = read_records(log, "left_loop", run=0)
         if saved:
             result.update(
                 save_started_s=round(started[-1]["t"] - preempt_t, 3) if started else None,
@@ -131,8 +137,8 @@ def one_preemption(
                 saved_step=saved[-1]["step"],
             )
         with contextlib.suppress(TimeoutError):
-            wait_for(lambda: _records(log, "started", run=1), grace_s + 120, "the requeued run to start")
-        again = _records(log, "started", run=1)
+            wait_for(lambda: read_records(log, "started", run=1), grace_s + 120, "the requeued run to start")
+        again = read_records(log, "started", run=1)
         restarts = slurm.job(job).get("Restarts", "0")
         result.update(requeued=int(restarts) if restarts.isdigit() else 0, urgent=urgent)
         if again:
@@ -210,24 +216,8 @@ def one_time_limit(slurm: SlurmCluster, work: Path, *, save_s: float, signal_s: 
     """One job with ``--time=2 --signal=USR1@signal_s`` (the documented recipe, Slurm's own notice
     before its time limit): the save must land before the limit; at the limit Slurm's SIGTERM finds
     too little time for another save, which the client does not start (it says so)."""
-    work.mkdir(parents=True, exist_ok=True)
-    log, ckpt, out = work / "trainer.jsonl", work / "ckpt", work / "job.out"
-    exports = {
-        "FTD_PREEMPT_LOG": str(log),
-        "FTD_PREEMPT_CKPT": str(ckpt),
-        "FTD_PREEMPT_SAVE_S": str(save_s),
-        "FTD_PREEMPT_MAX_S": "400",
-        "PYTHONPATH": str(_ROOT),
-        "FTD_SOCKET": str(work / "no-agent.sock"),
-    }
-    script = "\n".join(
-        [
-            "#!/bin/bash",
-            *(f"export {k}={shlex.quote(v)}" for k, v in exports.items()),
-            f"srun {shlex.quote(sys.executable)} -m ftd.bench.preemption_trainer",
-            "",
-        ]
-    )
+    log, script = _job_script(work, save_s=save_s, max_s=400)
+    out = work / "job.out"
     result: dict[str, Any] = {"ok": False}
     job = slurm.sbatch(
         script, "--time=2", f"--signal=USR1@{signal_s}", "--job-name=ftd-bench-limit", "-o", str(out)
@@ -236,12 +226,12 @@ def one_time_limit(slurm: SlurmCluster, work: Path, *, save_s: float, signal_s: 
         slurm.wait_job_state(job, "RUNNING", 60)
         end = parse_timestamp(slurm.job(job).get("EndTime", ""))
         assert end is not None, "the job shows no EndTime"
-        wait_for(lambda: _records(log, "saved", run=0), 170, "the save before the time limit")
+        wait_for(lambda: read_records(log, "saved", run=0), 170, "the save before the time limit")
         wait_for(
             lambda: slurm.job(job).get("JobState") in ("TIMEOUT", "COMPLETED", "FAILED"), 120, "the limit"
         )
-        saved = _records(log, "saved", run=0)
-        started = _records(log, "save_started", run=0)
+        saved = read_records(log, "saved", run=0)
+        started = read_records(log, "save_started", run=0)
         state = slurm.job(job).get("JobState")
         text = out.read_text() if out.exists() else ""
         result.update(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftd.bench.preemption import read_records
 from tests.contract.test_mosquitto_acl import (
     DEPLOY,
     _chown_for_broker,
@@ -212,14 +213,6 @@ def _log_records(text: str, event: str) -> list[dict[str, Any]]:
     return out
 
 
-def records(log: Path, what: str, run: int | None = None) -> list[dict[str, Any]]:
-    """What a README-loop job (tests/e2e/readme_loop.py) wrote of ``what``, of one run or all."""
-    if not log.exists():
-        return []
-    out = []
-    for line in log.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            rec = json.loads(line)
-            if rec.get("what") == what and (run is None or rec.get("run") == run):
-                out.append(rec)
-    return out
+#: What a README-loop job (tests/e2e/readme_loop.py) wrote of ``what``, of one run or all: the same
+#: JSON lines as the preemption bench's trainer.
+records = read_records
