@@ -1,7 +1,9 @@
 """When this job will be ended, and whether a save still fits before then (issue #37, items 3-4).
 
 What: :func:`slurm_deadline` asks ``scontrol`` when Slurm ends this job (a preempted job's
-``PreemptTime`` plus its partition's ``GraceTime``, else a running job's ``EndTime``);
+``EndTime``, which slurmctld sets to ``PreemptTime`` plus the partition's or the QOS's ``GraceTime``,
+or where it shows none the partition's ``GraceTime`` after ``PreemptTime``; else a running job's
+``EndTime``);
 :func:`known_deadline` prefers a deadline file (``$FTD_DEADLINE_FILE``: epoch seconds, written by
 whoever knows better, e.g. a launcher) and falls back to Slurm. :class:`SaveClock` keeps how long
 this rank's saves took (from the loop first seeing ``should_save()`` to its answer), and
@@ -109,13 +111,20 @@ def slurm_deadline(
         return None
     info = parse_fields(text)
     preempted = slurm_time(info.get("PreemptTime"))
+    end = slurm_time(info.get("EndTime"))
+    if preempted is not None and end is not None and end > preempted:
+        # slurmctld rewrites a preempted job's EndTime to PreemptTime + its grace, whether that grace
+        # is the partition's or its QOS's (preempt/qos): the one figure that is right for both.
+        return end, f"Slurm preemption at {info['PreemptTime']} + GraceTime {end - preempted:.0f} s"
     if preempted is not None and info.get("Partition"):
         part = scontrol(["show", "partition", "-o", info["Partition"]], env)
-        grace = _seconds(parse_fields(part).get("GraceTime")) if part else None
-        if grace is not None:
-            return preempted + grace, f"Slurm preemption at {info['PreemptTime']} + GraceTime {grace:.0f} s"
-    end = slurm_time(info.get("EndTime"))
-    if end is not None and info.get("JobState") == "RUNNING":
+        part_grace = _seconds(parse_fields(part).get("GraceTime")) if part else None
+        if part_grace is not None:
+            return (
+                preempted + part_grace,
+                f"Slurm preemption at {info['PreemptTime']} + GraceTime {part_grace:.0f} s",
+            )
+    if end is not None and preempted is None and info.get("JobState") == "RUNNING":
         return end, f"Slurm EndTime {info['EndTime']}"
     return None
 

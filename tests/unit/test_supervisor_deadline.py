@@ -87,3 +87,26 @@ def test_scontrol_output_never_raises(text: str) -> None:
     _, scontrol = fake(text, text)
     got = slurm_deadline({"SLURM_JOB_ID": "12"}, scontrol)  # type: ignore[arg-type]
     assert got is None or isinstance(got[0], float)
+
+
+def test_a_preempted_job_with_a_rewritten_endtime_ends_then_whatever_grants_the_grace() -> None:
+    """slurmctld sets a preempted job's EndTime to PreemptTime + GraceTime, the partition's or (with
+    preempt/qos) the QOS's: that EndTime is the deadline, without asking for the partition. Before, a
+    QOS grace over a partition with GraceTime=0 gave a deadline at PreemptTime itself."""
+    calls, scontrol = fake(
+        JOB.format(preempt="2026-12-04T20:01:53", end="2026-12-04T20:03:23"), PART.format(grace=0)
+    )
+    got = slurm_deadline({"SLURM_JOB_ID": "12"}, scontrol)  # type: ignore[arg-type]
+    assert got == (
+        slurm_time("2026-12-04T20:03:23"),
+        "Slurm preemption at 2026-12-04T20:01:53 + GraceTime 90 s",
+    )
+    assert calls == [["show", "job", "-o", "12"]]
+
+
+def test_a_preempted_job_whose_endtime_is_not_after_the_preemption_uses_the_partition() -> None:
+    _, scontrol = fake(
+        JOB.format(preempt="2026-12-04T20:01:53", end="2026-12-04T20:01:53"), PART.format(grace=20)
+    )
+    got = slurm_deadline({"SLURM_JOB_ID": "12"}, scontrol)  # type: ignore[arg-type]
+    assert got is not None and got[0] == slurm_time("2026-12-04T20:01:53") + 20
