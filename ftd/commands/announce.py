@@ -92,8 +92,10 @@ def register(sub: Any) -> None:
     where.add_argument("--node", help="the node interrupted (every job on it)")
     where.add_argument("--job", help="the job interrupted")
     when = parser.add_mutually_exclusive_group(required=True)
-    when.add_argument("--at", help="when the work is killed: ISO 8601 with a timezone")
-    when.add_argument("--in", dest="in_", help="when the work is killed, from now: 90s, 5m, 1h")
+    when.add_argument("--at", metavar="TIME", help="when the work is killed: ISO 8601 with a timezone")
+    when.add_argument(
+        "--in", dest="in_", metavar="DURATION", help="when the work is killed, from now: 90s, 5m, 1h"
+    )
     parser.add_argument("--reason", default=None, help="why (shown to operators, recorded)")
     parser.add_argument("--by", default=None, help="who announces (recorded; default: your login name)")
     parser.set_defaults(handler=run)
