@@ -13,12 +13,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from ftd.bench.slurm_cluster import preemption_conf
 from ftd.coordinator.actions.scheduler import FakeScheduler, JobInfo, Scheduler
 from ftd.coordinator.actions.slurm import SlurmScheduler, parse_timestamp
 from ftd.coordinator.intake.grace_watch import GraceWatch
 from ftd.coordinator.intake.scheduler_interruptions import InterruptionPolicy, SchedulerInterruptions
 from ftd.events import Event, Interruption, Kind
-from tests.realparts import SlurmCluster, preemption_conf
+from tests.realparts import SlurmCluster
 
 GRACE_S = 20
 POLL_S = 0.5
