@@ -107,7 +107,9 @@ def _agent(args: argparse.Namespace) -> int:
         rack_broker = config.bus.rack_broker or ""
         will, birth = status_messages(node, rack_broker, node_addresses(config.agent))
         bus = make_mqtt_bus(config.bus, client_id=f"ftd-agent-{node}", will=will, birth=birth)
-        await build_agent(config.agent, bus=bus, node=node, rack_broker=rack_broker).run(ready)
+        await build_agent(
+            config.agent, bus=bus, node=node, rack_broker=rack_broker, hardware=config.hardware
+        ).run(ready)
 
     return _run_until_signal(main, args.config)
 
