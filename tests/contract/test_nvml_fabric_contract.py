@@ -82,7 +82,7 @@ def real_backend(state: State, monkeypatch: pytest.MonkeyPatch) -> NvmlBackend:
     def error_counter(handle: object, link: int, counter: int) -> int:
         return COUNTERS[by_counter[counter]]
 
-    answers = {
+    answers: dict[str, Callable[..., Any]] = {
         "nvmlDeviceGetHandleByIndex": lambda index: f"handle-{index}",
         "nvmlDeviceGetCurrPcieLinkGeneration": pcie("cur_gen"),
         "nvmlDeviceGetMaxPcieLinkGeneration": pcie("max_gen"),
