@@ -17,11 +17,13 @@ GPUs' PCIe links (sysfs, and NVML where sysfs has none) and NVLink error counter
   maximum is not judged: GPUs lower their PCIe generation when idle; its width is.
 
 Every check that cannot be made says so once (a ``fabric`` ``info`` event, ``check = "skipped"``,
-with ``what`` and ``reason``, again when the reason changes): no hardware profile, a counter file
-missing or unreadable, ethtool missing, NVML unavailable, a rule the catalog cannot read. None of
-them is a pass. Counter histories and the conditions reported open are kept in ``fabric.json`` in the
-agent's state dir (:mod:`.state`): a counter that rose while the agent was down is judged at the
-first poll after the restart, and a condition opened before it is cleared after it.
+with ``what`` and ``reason``, again when the reason changes; on a node with no IB/RoCE port and no
+GPU, where there is nothing to check, only logged, and the watcher is ``idle``): no hardware
+profile, a counter file missing or unreadable, ethtool missing, NVML unavailable, a rule the catalog
+cannot read. None of them is a pass. Counter histories and the conditions reported open are kept
+in ``fabric.json`` in the agent's state dir (:mod:`.state`): a counter that rose while the agent was
+down is judged at the first poll after the restart, and a condition opened before it is cleared
+after it.
 
 Why here and not in the host watcher: the thresholds are per hardware profile and per rate, and the
 sources (sysfs, ethtool, NVML) are the fabric's; docs/fabric.md lists every check.
@@ -113,6 +115,7 @@ class FabricWatcher:
         self.last_progress = time.monotonic()
         self._nvml_ready = False
         self._reading = False
+        self._quiet = False  # this node has nothing to check (no port, no GPU)
         self._health = RUNNING
         self._catalog: HardwareCatalog | None = None
         self._catalog_why = ""
@@ -244,6 +247,7 @@ class FabricWatcher:
         """The events ``snap`` (read at ``now``) makes; keeps the state and saves it."""
         self.polls += 1
         events: list[Event] = []
+        self._quiet = not snap.ports and not snap.gpus  # nothing to check: skips are logged, not sent
         self._resolve_profile(snap)
         section: Mapping[str, Any] | None = None
         if self._catalog is not None and self.profile is not None:
@@ -282,6 +286,8 @@ class FabricWatcher:
             return
         self.skipped[what] = why
         log.info("fabric_check_skipped", what=what, reason=why)
+        if self._quiet:
+            return
         data = {
             "check": "skipped",
             "subject": f"skipped:{what}",
