@@ -11,6 +11,9 @@ the new value with no rate, never a negative one. :meth:`CounterHistory.to_json`
 :meth:`CounterHistory.from_json` keep it across agent restarts (the agent saves it in its state dir),
 so a rate over an hour spans the restart and a counter that rose while the agent was down is judged.
 
+:func:`saturated`: the IB PortCounters error counters are narrow (4 to 16 bits) and stop at their
+maximum; one stopped there is not judged (it would read as "no new errors") but reported skipped.
+
 Why a window and not the last two samples: the fabric's thresholds are standards' rates per hour
 (the IBTA bit-error-rate limit as symbol errors per hour) and a burst between two polls is a
 different fact from a sustained rate; both are answered here, with no I/O.
@@ -21,11 +24,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HOUR_S", "CounterHistory", "Rate"]
+__all__ = ["HOUR_S", "IB_COUNTER_BITS", "CounterHistory", "Rate", "saturated"]
 
 HOUR_S = 3600.0
 #: Samples kept per counter inside the window (older ones inside it are thinned, oldest first).
 MAX_SAMPLES = 128
+#: The IB PortCounters error counters' widths (IBTA PortCounters attribute): they stop at their
+#: maximum instead of wrapping, and a counter stopped there counts nothing more until it is reset.
+IB_COUNTER_BITS = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+}
+
+
+def saturated(source: str, counter: str, value: int) -> bool:
+    """An IB error counter at its maximum: it can say nothing more until reset (``perfquery -R``)."""
+    bits = IB_COUNTER_BITS.get(counter) if source == "ib" else None
+    return bits is not None and value >= (1 << bits) - 1
 
 
 @dataclass(frozen=True, slots=True)

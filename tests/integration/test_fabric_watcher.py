@@ -352,3 +352,48 @@ def test_the_loop_emits_within_two_polls(rig: Rig) -> None:
     asyncio.run(main())
     (event,) = _counter_events(got)
     assert event.data["counter"] == "excessive_buffer_overrun_errors"
+
+
+def test_a_saturated_counter_is_skipped_not_read_as_quiet(rig: Rig) -> None:
+    watcher = rig.watcher()
+    rig.poll(watcher, 0.0)
+    rig.writer.write({counter("symbol_error"): "65535\n"})  # 16 bits: stopped at its maximum
+    events = rig.poll(watcher, 30.0)
+    (crossed,) = _counter_events(events)  # the climb to the maximum is still judged
+    assert crossed.data["counter"] == "symbol_error"
+    assert _skips(events)["saturated:ib:mlx5_0/1:symbol_error"].startswith("symbol_error saturated at 65535")
+    assert rig.poll(watcher, 60.0) == []
+    assert _counter_events(rig.poll(watcher, 60.0 + 3700.0)) == []  # never "cleared" by a stopped counter
+    assert [c.key for c in rig.book.active()] == ["fabric:ib:mlx5_0/1:symbol_error"]
+
+
+def test_a_read_that_hangs_is_a_skipped_check_and_the_loop_goes_on(rig: Rig) -> None:
+    rig.nvml.block_global.add("device_count")  # NVML stuck on a sick GPU
+
+    async def main() -> None:
+        got: list[Event] = []
+
+        async def emit(event: Event) -> None:
+            got.append(event)
+
+        watcher = FabricWatcher(
+            FabricConfig(ethtool=str(rig.ethtool), read_timeout_s=0.2),
+            "gpu-a01",
+            emit,
+            hardware=HardwareConfig(profile="h100-sxm"),
+            root=rig.root,
+            backend=rig.nvml,
+        )
+        first = await watcher.poll_once()
+        assert _skips(first) == {"read": "reading the fabric took over 0.2 s"}
+        await watcher.poll_once()
+        assert watcher.skipped["read"] == "the previous read has not returned after 0.2 s"
+        rig.nvml.release()
+        async with asyncio.timeout(30):
+            while watcher._reading:  # noqa: ASYNC110 - the stuck read's thread, not a loop task
+                await asyncio.sleep(0.05)
+        await watcher.poll_once()
+        assert "read" not in watcher.skipped and watcher.polls == 1
+        assert [e.data["what"] for e in got if e.data.get("check") == "skipped"][:2] == ["read", "read"]
+
+    asyncio.run(main())

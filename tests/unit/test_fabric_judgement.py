@@ -23,7 +23,7 @@ from ftd.fabric.links import (
     parse_pcie_speed,
     parse_width,
 )
-from ftd.fabric.rates import HOUR_S, CounterHistory, Rate
+from ftd.fabric.rates import HOUR_S, CounterHistory, Rate, saturated
 from ftd.fabric.thresholds import CounterRule, judge, rules_from_section
 from ftd.plugin import ActionKind
 from ftd.rules import fabric, hang
@@ -286,3 +286,10 @@ def test_a_fatal_fabric_event_is_a_condition_of_its_own_subject_until_cleared(tm
         make_event("n1", Kind.FABRIC, severity="info", source="fabric", data={**_FATAL, "status": "cleared"})
     )
     assert [c.key for c in book.active()] == ["fabric:ib:mlx5_1/1:symbol_error"]
+
+
+def test_saturation_of_the_narrow_ib_counters() -> None:
+    assert saturated("ib", "symbol_error", 65535) and not saturated("ib", "symbol_error", 65534)
+    assert saturated("ib", "local_link_integrity_errors", 15) and saturated("ib", "link_downed", 255)
+    assert not saturated("ib", "port_xmit_wait", 2**32 - 1)  # not a narrow error counter
+    assert not saturated("hw", "symbol_error", 65535)

@@ -46,7 +46,7 @@ from ftd.catalog.hardware_profiles import HardwareCatalog, HardwareCatalogError,
 from ftd.config.schema import FabricConfig, HardwareConfig
 from ftd.events import Event, Kind, make_event
 from ftd.fabric.links import GTS_BY_GEN, PcieLink, judge_pcie, judge_port, parse_ib_rate
-from ftd.fabric.rates import CounterHistory, Rate
+from ftd.fabric.rates import CounterHistory, Rate, saturated
 from ftd.fabric.thresholds import CounterRule, judge, rules_from_section
 from ftd.logs import get_logger
 from ftd.pci import normalize_pci
@@ -367,6 +367,13 @@ class FabricWatcher:
         for rule, where, value, ctx in self._readings(events, snap, rules):
             subject = f"{rule.source}:{where}:{rule.counter}"
             history = self.state.counters.get(subject)
+            if saturated(rule.source, rule.counter, value):  # it counts nothing more: not a pass
+                why = f"{rule.counter} saturated at {value}: reset the port's counters (perfquery -R)"
+                self._skip(events, f"saturated:{subject}", why)
+                if history is not None and history.samples and history.samples[-1][1] == value:
+                    continue  # stopped there: judged when it got there, not read as quiet since
+            else:
+                self._skip(events, f"saturated:{subject}", "")
             if history is None:
                 history = self.state.counters[subject] = CounterHistory(self.cfg.window_s)
             rate = history.add(now, value)
