@@ -271,6 +271,14 @@ def configured_watchers(
         backend = (nvml_backend if nvml_backend is not None else RealNvml()) if use_nvml else None
         state = Path(cfg.state_dir) / "fabric.json"
         found.append(
-            FabricWatcher(cfg.fabric, node, emit, hardware=hardware, state_path=state, backend=backend)
+            FabricWatcher(
+                cfg.fabric,
+                node,
+                emit,
+                hardware=hardware,
+                state_path=state,
+                root=Path(cfg.fabric.root),
+                backend=backend,
+            )
         )
     return found

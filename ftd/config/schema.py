@@ -440,6 +440,13 @@ class FabricConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         float,
         _doc("Longest wait for one whole read (sysfs, ethtool, NVML); past it the read is skipped.", gt=0),
     ] = 20.0
+    root: Annotated[
+        NonEmptyStr,
+        _doc(
+            "Root under which sys/class/infiniband and sys/bus/pci/devices are read; a container with "
+            "the host's /sys mounted elsewhere names that mount's parent."
+        ),
+    ] = "/"
 
 
 class PairTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

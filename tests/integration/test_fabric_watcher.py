@@ -10,6 +10,7 @@ skipped check with its reason -- never a pass, never a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -397,3 +398,84 @@ def test_a_read_that_hangs_is_a_skipped_check_and_the_loop_goes_on(rig: Rig) -> 
         assert [e.data["what"] for e in got if e.data.get("check") == "skipped"][:2] == ["read", "read"]
 
     asyncio.run(main())
+
+
+def test_the_agent_publishes_a_fatal_counter_keeps_the_condition_and_remembers_across_a_restart(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """The whole agent (build_agent): the fabric watcher's event leaves through the door onto the bus,
+    the node's condition book holds it (what `ftd health` answers Slurm), and a second agent on the
+    same state dir judges what rose while none ran."""
+    from ftd.agent.wiring import build_agent
+    from ftd.bus import topics
+    from ftd.bus.memory import MemoryBroker, MemoryBus
+    from ftd.config import AgentConfig
+    from ftd.events import decode
+    from tests.unit.helpers import until
+
+    kmsg = tmp_path / "kmsg"
+    kmsg.touch()
+    cfg = AgentConfig(
+        node="n1",
+        kmsg_path=str(kmsg),
+        state_dir=str(tmp_path / "s"),
+        socket_path=str(tmp_path / "a.sock"),
+        fabric=FabricConfig(root=str(rig.root), ethtool=str(rig.ethtool), interval_s=1.0),
+    )
+
+    def crossed(got: list[Event], name: str) -> list[Event]:
+        return [
+            e for e in _counter_events(got) if e.data["counter"] == name and e.data["status"] == "crossed"
+        ]
+
+    async def one_agent(change: str | None, wanted: str) -> tuple[list[Event], list[str]]:
+        broker = MemoryBroker()
+        sub = MemoryBus(broker, client_id="coordinator")
+        await sub.subscribe(topics.node_event("n1", str(Kind.FABRIC)))
+        await sub.start()
+        got: list[Event] = []
+
+        async def collect() -> None:
+            async for message in sub.messages():
+                got.append(decode(message.payload, Event))
+
+        agent = build_agent(
+            cfg,
+            bus=MemoryBus(broker, client_id="agent"),
+            node="n1",
+            nvml_backend=rig.nvml,
+            hardware=HardwareConfig(profile="h100-sxm"),
+        )
+        collector = asyncio.create_task(collect())
+        task = asyncio.create_task(agent.run())
+        try:
+            await until(lambda: rig.state.parent.parent.joinpath("s", "fabric.json").exists(), within=20)
+            if change is not None:
+                rig.writer.write({counter("symbol_error"): change})
+            await until(lambda: bool(crossed(got, wanted)), within=20)
+            conditions = [c.key for c in agent.conditions.active()]
+        finally:
+            task.cancel()
+            collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            with contextlib.suppress(asyncio.CancelledError):
+                await collector
+            await agent.close()
+            await sub.stop()
+        return got, conditions
+
+    got, conditions = asyncio.run(one_agent("200\n", "symbol_error"))
+    (event,) = crossed(got, "symbol_error")
+    assert (event.severity, event.data["counter"], event.node) == ("critical", "symbol_error", "n1")
+    assert conditions == ["fabric:ib:mlx5_0/1:symbol_error"]
+    first_id = event.id
+    # The agent stops; the port's link goes down meanwhile; the next agent judges it at its first read.
+    rig.writer.write({counter("link_downed"): "1\n"})
+    got, conditions = asyncio.run(one_agent(None, "link_downed"))
+    (event,) = crossed(got, "link_downed")
+    assert event.data["delta"] == 1
+    # symbol_error was open before the restart: not reported open again (an event the first agent's
+    # spool resends is the same event, same id)
+    assert {e.id for e in crossed(got, "symbol_error")} <= {first_id}
+    assert conditions == ["fabric:ib:mlx5_0/1:symbol_error", "fabric:ib:mlx5_0/1:link_downed"]
