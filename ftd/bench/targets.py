@@ -244,6 +244,14 @@ TARGETS: dict[str, Targets] = {
         (_c("cli.p99_ms", "<=", 500.0), _c("agent_down.p99_ms", "<=", 500.0)),
     ),
     "dashboard": Targets("problems query p99 <= 50 ms", (_c("problems.p99_ms", "<=", 50.0),)),
+    "fabric": Targets(
+        "a counter over its threshold: an event within two polls, every trial; one poll p99 <= 50 ms",
+        (
+            _c("polls_to_event", "<=", 2),
+            _c("events", "==", Figure("trials")),
+            _c("poll_p99_ms", "<=", 50.0),
+        ),
+    ),
     "scale": Targets(
         "every session held, coordinator RSS <= 500 MB, Xid event -> decision p99 <= 25 ms; "
         "all 1,000 Last Wills of the rack's nodes decided <= 10 s, 0 lost, one restart per job in the "

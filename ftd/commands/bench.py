@@ -34,6 +34,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
     "checkpoint": ("ftd.bench.checkpoint", "bench_checkpoint"),
     "culprit": ("ftd.bench.culprit", "bench_culprit"),
+    "fabric": ("ftd.bench.fabric", "bench_fabric"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -45,6 +46,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "fairness": ("rate", "seconds", "probes", "severity"),
     "checkpoint": ("cases", "sizes", "samples", "runs"),
     "culprit": ("runs", "cases", "seed"),
+    "fabric": ("samples",),
 }
 
 

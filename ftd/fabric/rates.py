@@ -10,6 +10,8 @@ down was reset or wrapped (a driver reload, ``perfquery -R``, a 32-bit wrap): th
 the new value with no rate, never a negative one. :meth:`CounterHistory.to_json` /
 :meth:`CounterHistory.from_json` keep it across agent restarts (the agent saves it in its state dir),
 so a rate over an hour spans the restart and a counter that rose while the agent was down is judged.
+A run of one value is kept as its first and last sample, so a quiet counter's history is two
+samples whatever the poll interval, and judges exactly as if every sample were kept.
 
 :func:`saturated`: the IB PortCounters error counters are narrow (4 to 16 bits) and stop at their
 maximum; one stopped there is not judged (it would read as "no new errors") but reported skipped.
@@ -92,12 +94,16 @@ class CounterHistory:
             self.samples = [(ts, value)]
             return Rate(value, 0, 0.0, 0.0, 0, 0.0, 0.0, reset=True)
         self.samples.append((ts, value))
+        if len(self.samples) >= 3 and self.samples[-3][1] == self.samples[-2][1] == value:
+            del self.samples[-2]  # a run of one value is kept as its first and last sample
         self._prune(ts)
         interval = ts - last[0]
         delta = value - last[1]
         anchor_ts, anchor_value = self.samples[0]
         span = ts - anchor_ts
         increase = value - anchor_value
+        if len(self.samples) > 1 and self.samples[1][1] == anchor_value:
+            span = min(span, self.window_s)  # the value held from the anchor into the window: exact
         per_hour = float(increase) if span <= self.window_s else increase * HOUR_S / span
         per_s = delta / interval if interval > 0 else 0.0
         return Rate(value, delta, interval, per_s, increase, span, per_hour)

@@ -83,6 +83,45 @@ def test_rates_are_never_negative_and_never_exceed_what_was_counted(steps: list[
     assert again.samples == h.samples
 
 
+def _reference_per_hour(samples: list[tuple[float, int]], window: float) -> float:
+    """per_hour from every sample since the last reset, kept: the newest one before the window's start
+    is the anchor; the span is the window when the anchor's value held into it."""
+    now, value = samples[-1]
+    cut = now - window
+    before = [i for i, (ts, _) in enumerate(samples) if ts < cut]
+    i = before[-1] if before else 0
+    anchor_ts, anchor_value = samples[i]
+    span = now - anchor_ts
+    if i + 1 < len(samples) and samples[i + 1][1] == anchor_value:
+        span = min(span, window)
+    increase = value - anchor_value
+    return float(increase) if span <= window else increase * HOUR_S / span
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(min_value=1.0, max_value=1500.0), st.sampled_from([0, 0, 0, 1, 7, 130])),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_a_quiet_counters_history_is_short_and_judges_as_if_every_sample_were_kept(
+    steps: list[tuple[float, int]],
+) -> None:
+    h = CounterHistory()
+    ts, value = 0.0, 0
+    everything = [(ts, value)]
+    h.add(ts, value)
+    for dt, step in steps:
+        ts, value = ts + dt, value + step
+        everything.append((ts, value))
+        r = h.add(ts, value)
+        assert r.per_hour == pytest.approx(_reference_per_hour(everything, HOUR_S))
+    distinct = len({v for _, v in everything})
+    assert len(h.samples) <= 2 * distinct + 1  # runs of one value are two samples, whatever the polls
+
+
 @settings(max_examples=examples(200), deadline=None)
 @given(
     st.recursive(

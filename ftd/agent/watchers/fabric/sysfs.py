@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,16 +82,22 @@ class IbPortFacts:
         return f"{self.device}/{self.port}"
 
 
-def _counters(folder: Path, source: str, problems: dict[str, str]) -> dict[str, int]:
+def _counters(
+    folder: Path, source: str, problems: dict[str, str], wanted: Collection[str] | None
+) -> dict[str, int]:
+    """The counters in ``folder`` (only the ``wanted`` names when given: a port has dozens)."""
     out: dict[str, int] = {}
     try:
-        entries = sorted(folder.iterdir())
+        names = sorted(p.name for p in folder.iterdir())
     except FileNotFoundError:
+        problems[f"{source}:*"] = f"no {folder.name}/ directory"
         return out
     except OSError as exc:
         problems[f"{source}:*"] = f"{folder.name}/: {exc.strerror or exc}"
         return out
-    for entry in entries:
+    if wanted is not None:
+        names = [n for n in names if n in wanted]
+    for entry in (folder / n for n in names):
         try:
             text = _read(entry)
         except Unreadable as exc:
@@ -116,8 +123,9 @@ def _netdevs(device_dir: Path, port: int) -> list[str]:
     return mine or (names if len(names) == 1 else [])
 
 
-def read_ports(root: Path) -> list[IbPortFacts]:
-    """Every IB / RoCE port under ``root`` (module docstring)."""
+def read_ports(root: Path, wanted: Mapping[str, Collection[str]] | None = None) -> list[IbPortFacts]:
+    """Every IB / RoCE port under ``root`` (module docstring); ``wanted``: the counter names to read
+    per source (``ib``, ``hw``), every counter when ``None``."""
     out: list[IbPortFacts] = []
     base = root / "sys" / "class" / "infiniband"
     try:
@@ -144,8 +152,10 @@ def read_ports(root: Path) -> list[IbPortFacts]:
                     facts.problems[attr] = str(exc)
                     continue
                 setattr(facts, attr, text if attr == "rate" else _word(text))
-            facts.counters = _counters(port_dir / "counters", "ib", facts.problems)
-            facts.hw_counters = _counters(port_dir / "hw_counters", "hw", facts.problems)
+            ib = None if wanted is None else wanted.get("ib", ())
+            hw = None if wanted is None else wanted.get("hw", ())
+            facts.counters = _counters(port_dir / "counters", "ib", facts.problems, ib)
+            facts.hw_counters = _counters(port_dir / "hw_counters", "hw", facts.problems, hw)
             facts.netdevs = _netdevs(device_dir, facts.port)
             out.append(facts)
     return out

@@ -56,6 +56,8 @@ __all__ = ["FabricWatcher", "GpuFacts", "Snapshot"]
 log = get_logger(__name__)
 
 _SEVERITY = {"fatal": "critical", "warning": "warning", "congestion": "warning"}
+#: Longest time between two saves of the state file when no counter moved.
+SAVE_EVERY_S = 300.0
 #: What makes an open link condition worth a new event (a GPU's idle speed changes are not).
 _CHANGES = ("what", "cur_width", "max_width", "rate_gbps", "width")
 
@@ -116,6 +118,10 @@ class FabricWatcher:
         self._nvml_ready = False
         self._reading = False
         self._quiet = False  # this node has nothing to check (no port, no GPU)
+        self._wanted: dict[str, set[str]] | None = None  # counter names the rules read (None: all)
+        self._nearest: dict[tuple[str, tuple[str, ...]], tuple[list[str], str]] = {}
+        self._saved_at: float | None = None
+        self._dirty = False  # a counter moved or a condition changed since the last save
         self._health = RUNNING
         self._catalog: HardwareCatalog | None = None
         self._catalog_why = ""
@@ -132,7 +138,7 @@ class FabricWatcher:
     # --- reading (blocking: called in a thread) ---------------------------------------------------
 
     def read(self) -> Snapshot:
-        snap = Snapshot(ports=sysfs.read_ports(self.root))
+        snap = Snapshot(ports=sysfs.read_ports(self.root, self._wanted))
         for port in snap.ports:
             if port.link_layer == "Ethernet":
                 for netdev in port.netdevs:
@@ -144,9 +150,13 @@ class FabricWatcher:
         self._read_nvml(snap)
         for bdf in sorted({*snap.gpus, *(p.bdf for p in snap.ports if p.bdf)}):
             snap.links[bdf] = sysfs.read_pcie_link(self.root, bdf)
+        gpus = sorted(snap.gpus)
         for port in snap.ports:
             if port.bdf and port.bdf not in snap.nearest:
-                snap.nearest[port.bdf] = sysfs.nearest_gpus(self.root, port.bdf, sorted(snap.gpus))
+                key = (port.bdf, tuple(gpus))  # the PCI tree does not change while the node runs
+                if key not in self._nearest:
+                    self._nearest[key] = sysfs.nearest_gpus(self.root, port.bdf, gpus)
+                snap.nearest[port.bdf] = self._nearest[key]
         return snap
 
     def _read_nvml(self, snap: Snapshot) -> None:
@@ -258,6 +268,9 @@ class FabricWatcher:
         else:
             self._skip(events, "thresholds", "")
             rules, problems = rules_from_section(section)
+            self._wanted = {}
+            for rule in rules.values():
+                self._wanted.setdefault(rule.source, set()).add(rule.counter)
             for problem in problems:
                 self._skip(
                     events, f"rule {problem.partition(':')[0]}", f"catalog fabric rule unusable: {problem}"
@@ -270,7 +283,16 @@ class FabricWatcher:
             self._health = WatcherHealth("idle", "no InfiniBand/RoCE port and no GPU on this node")
         else:
             self._health = RUNNING
-        save_state(self.state_path, self.state)
+        # Saved when a counter moved or a condition changed, else every SAVE_EVERY_S: a counter that
+        # did not move loses nothing by a staler last sample (the same value, an older time).
+        if (
+            self._dirty
+            or self._saved_at is None
+            or now - self._saved_at >= SAVE_EVERY_S
+            or now < self._saved_at
+        ):
+            save_state(self.state_path, self.state)
+            self._saved_at, self._dirty = now, False
         return events
 
     def _event(self, kind: Kind, severity: str, data: dict[str, Any], now: float) -> Event:
@@ -339,10 +361,8 @@ class FabricWatcher:
                 "gpus": nearest,
                 "gpu_locality": locality,
             }
-            why = port.problems.get("ib:*") or ("" if port.counters else "no counters/ directory")
-            take("ib", port.name, port.counters, why, ctx, port.problems)
-            why = port.problems.get("hw:*") or ("" if port.hw_counters else "no hw_counters/ directory")
-            take("hw", port.name, port.hw_counters, why, ctx, port.problems)
+            take("ib", port.name, port.counters, port.problems.get("ib:*", ""), ctx, port.problems)
+            take("hw", port.name, port.hw_counters, port.problems.get("hw:*", ""), ctx, port.problems)
             if port.link_layer != "Ethernet":
                 why = f"link layer {port.link_layer or 'unknown'}: the PHY counters are an Ethernet port's"
                 take("phy", port.name, {}, why, ctx, {})
@@ -377,6 +397,7 @@ class FabricWatcher:
             if history is None:
                 history = self.state.counters[subject] = CounterHistory(self.cfg.window_s)
             rate = history.add(now, value)
+            self._dirty = self._dirty or rate.delta > 0 or rate.reset
             if rate.reset:
                 log.info("fabric_counter_reset", counter=subject, value=value)
                 continue  # a new baseline: the previous verdict stands until a rate says otherwise
@@ -385,9 +406,11 @@ class FabricWatcher:
             if verdict.crossed and not is_open:
                 data = self._counter_data(rule, subject, rate, ctx, "crossed", verdict.why)
                 self.state.open[subject] = data
+                self._dirty = True
                 events.append(self._event(Kind.FABRIC, _SEVERITY[rule.klass], data, now))
             elif not verdict.crossed and is_open:
                 del self.state.open[subject]
+                self._dirty = True
                 data = self._counter_data(rule, subject, rate, ctx, "cleared", "")
                 events.append(self._event(Kind.FABRIC, "info", data, now))
 
@@ -472,9 +495,11 @@ class FabricWatcher:
             data = {**data, "status": opened}
             if before is None or any(before.get(k) != data.get(k) for k in _CHANGES):
                 self.state.open[subject] = data
+                self._dirty = True
                 events.append(self._event(kind, severity, data, now))
         elif before is not None:
             del self.state.open[subject]
+            self._dirty = True
             events.append(self._event(kind, "info", {**data, "status": cleared}, now))
 
     def _pcie(self, events: list[Event], snap: Snapshot, now: float) -> None:
