@@ -367,6 +367,9 @@ _PCIE_LIMITED_RE = re.compile(
 )
 
 
+_NIC_DRIVERS = frozenset({"mlx5_core", "mlx4_core", "bnxt_en", "ice", "i40e", "efa", "ena", "irdma"})
+
+
 def _pcie_limited(msg: str) -> Found | None:
     match = _PCIE_LIMITED_RE.search(msg) if "limited by" in msg else None
     if match is None:
@@ -394,7 +397,10 @@ def _pcie_limited(msg: str) -> Found | None:
         "from": "kmsg",
     }
     extra = {"limited_at": normalize_pci(at), "available_gbps": float(have), "capable_gbps": float(full)}
-    return Found(Kind.PCIE_LINK, "warning", data, extra, pci=pci)
+    # Speed alone, from a device that is not a known NIC (a GPU probed while its link idled at a low
+    # generation, the "pci" core at enumeration): recorded, not acted on; lanes lost always are.
+    severity = "warning" if lanes_lost or driver in _NIC_DRIVERS else "info"
+    return Found(Kind.PCIE_LINK, severity, data, extra, pci=pci)
 
 
 # --- CPU and kernel -------------------------------------------------------------------------------
