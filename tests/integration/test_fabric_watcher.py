@@ -479,3 +479,25 @@ def test_the_agent_publishes_a_fatal_counter_keeps_the_condition_and_remembers_a
     # spool resends is the same event, same id)
     assert {e.id for e in crossed(got, "symbol_error")} <= {first_id}
     assert conditions == ["fabric:ib:mlx5_0/1:symbol_error", "fabric:ib:mlx5_0/1:link_downed"]
+
+
+def test_a_two_port_device_maps_each_port_to_its_own_network_device(rig: Rig) -> None:
+    base = "sys/class/infiniband/mlx5_0/ports/2"
+    nic = f"sys/devices/{PCI_PATHS[IB_NIC]}"
+    rig.writer.write(
+        {
+            f"{base}/state": "1: DOWN\n",
+            f"{base}/phys_state": "3: Disabled\n",
+            f"{base}/link_layer": "InfiniBand\n",
+            f"{base}/rate": "10 Gb/sec (4X SDR)\n",
+            f"{nic}/net/ibp23s0d1/dev_port": "1\n",
+        }
+    )
+    ports = {p.name: p for p in read_ports(rig.root)}
+    assert (ports["mlx5_0/1"].netdevs, ports["mlx5_0/2"].netdevs) == (["ibp23s0"], ["ibp23s0d1"])
+    assert ports["mlx5_0/2"].counters == {} and ports["mlx5_0/2"].problems["ib:*"] == "no counters/ directory"
+    watcher = rig.watcher()
+    skips = _skips(rig.poll(watcher, 0.0))
+    assert skips["ib:mlx5_0/2"] == "no counters/ directory"
+    assert "port_rate:mlx5_0/2" not in skips  # a port that is down is the host watcher's ib_link
+    assert [e for e in rig.poll(watcher, 30.0) if e.data.get("check") == "port_rate"] == []
