@@ -93,6 +93,12 @@ def test_ports_netdevs_and_gpu_locality_from_the_tree(rig: Rig) -> None:
     assert ib.counters["symbol_error"] == 0 and ib.hw_counters["out_of_buffer"] == 0
     assert nearest_gpus(rig.root, IB_NIC, [GPU]) == ([GPU], "switch")
     assert nearest_gpus(rig.root, roce.bdf or "", [GPU]) == ([GPU], "host_bridge")
+    watcher = rig.watcher()
+    rig.poll(watcher, 0.0)
+    assert watcher.port_map["mlx5_0/1"] == {
+        "netdevs": ["ibp23s0"], "pci": IB_NIC, "gpus": [GPU], "gpu_locality": "switch",
+        "link_layer": "InfiniBand", "state": "ACTIVE", "rate": "400 Gb/sec (4X NDR)",
+    }  # fmt: skip
 
 
 def test_symbol_errors_over_the_limit_are_fatal_at_the_next_poll_and_clear_after_a_quiet_hour(

@@ -122,6 +122,7 @@ class FabricWatcher:
         self._nearest: dict[tuple[str, tuple[str, ...]], tuple[list[str], str]] = {}
         self._saved_at: float | None = None
         self._dirty = False  # a counter moved or a condition changed since the last save
+        self.port_map: dict[str, dict[str, Any]] = {}  # port -> netdevs, pci, nearest GPUs, rate
         self._health = RUNNING
         self._catalog: HardwareCatalog | None = None
         self._catalog_why = ""
@@ -279,6 +280,7 @@ class FabricWatcher:
             self._port_rates(events, snap, section, now)
         self._pcie(events, snap, now)
         self._skip(events, "nvml", snap.nvml_why)
+        self._map(snap)
         if not snap.ports and not snap.gpus:
             self._health = WatcherHealth("idle", "no InfiniBand/RoCE port and no GPU on this node")
         else:
@@ -294,6 +296,25 @@ class FabricWatcher:
             save_state(self.state_path, self.state)
             self._saved_at, self._dirty = now, False
         return events
+
+    def _map(self, snap: Snapshot) -> None:
+        """``port_map``: each port's network devices, PCI function, nearest GPUs, layer, state and rate
+        (``ibdev2netdev`` and ``iblinkinfo``'s views together); logged when it changes."""
+        ports = {}
+        for port in snap.ports:
+            gpus, locality = snap.nearest.get(port.bdf or "", ([], "none"))
+            ports[port.name] = {
+                "netdevs": port.netdevs,
+                "pci": port.bdf,
+                "gpus": gpus,
+                "gpu_locality": locality,
+                "link_layer": port.link_layer,
+                "state": port.state,
+                "rate": port.rate,
+            }
+        if ports != self.port_map:
+            self.port_map = ports
+            log.info("fabric_ports", ports=ports, profile=self.profile)
 
     def _event(self, kind: Kind, severity: str, data: dict[str, Any], now: float) -> Event:
         return make_event(self.node, kind, severity=severity, source="fabric", data=data, ts=now)
