@@ -214,7 +214,9 @@ def test_port_below_its_profile_rate(rig: Rig) -> None:
 
 
 def test_a_pause_storm_is_congestion(rig: Rig) -> None:
-    (rig.stats.parent / "stats.enp90s0").write_text("     rx_pause_ctrl_phy: 0\n     rx_packets: 5\n")
+    (rig.stats.parent / "stats.enp90s0").write_text(
+        "     rx_pause_ctrl_phy: 0\n     rx_packets: 5\n     rx_prio3_pause: 0\n     rx_prio3_packets: 9\n"
+    )
     watcher = rig.watcher()
     rig.poll(watcher, 0.0)
     (rig.stats.parent / "stats.enp90s0").write_text("     rx_pause_ctrl_phy: 900000\n")
@@ -228,6 +230,10 @@ def test_a_pause_storm_is_congestion(rig: Rig) -> None:
         event.data["per_s"] == 30000.0 and event.data["netdev"] == "enp90s0" and event.severity == "warning"
     )
     assert rig.book.active() == []  # congestion is no node condition
+    read = watcher.read()
+    assert read.phy["enp90s0"] == ({"rx_pause_ctrl_phy": 900000}, "")  # the file now holds only that
+    (rig.stats.parent / "stats.enp90s0").write_text("     rx_prio3_pause: 4\n     rx_prio3_packets: 9\n")
+    assert watcher.read().phy["enp90s0"] == ({"rx_prio3_pause": 4}, "")  # PFC per priority, not packets
 
 
 def test_nvlink_errors_from_nvml_as_rates(rig: Rig) -> None:
