@@ -513,3 +513,31 @@ def test_a_two_port_device_maps_each_port_to_its_own_network_device(rig: Rig) ->
     assert skips["ib:mlx5_0/2"] == "no counters/ directory"
     assert "port_rate:mlx5_0/2" not in skips  # a port that is down is the host watcher's ib_link
     assert [e for e in rig.poll(watcher, 30.0) if e.data.get("check") == "port_rate"] == []
+
+
+def test_after_a_reboot_the_conditions_are_forgotten_and_a_bad_link_is_reported_again(rig: Rig) -> None:
+    def watcher(boot: str) -> FabricWatcher:
+        return FabricWatcher(
+            FabricConfig(ethtool=str(rig.ethtool)),
+            "gpu-a01",
+            _no_emit,
+            hardware=HardwareConfig(profile="h100-sxm"),
+            state_path=rig.state,
+            root=rig.root,
+            backend=rig.nvml,
+            boot=boot,
+        )
+
+    before = watcher("boot-1")
+    rig.poll(before, 0.0)
+    rig.writer.write({counter("link_downed"): "2\n"})
+    assert len(_counter_events(rig.poll(before, 30.0))) == 1
+    rig.writer.write({counter("link_downed"): "0\n"})  # the reboot reset the counters
+    same_boot = watcher("boot-1")
+    assert "ib:mlx5_0/1:link_downed" in same_boot.state.open  # an agent restart keeps it
+    after = watcher("boot-2")
+    assert after.state.open == {}
+    rig.poll(after, 600.0)  # the reset: a new baseline
+    rig.writer.write({counter("link_downed"): "1\n"})  # still flapping after the reboot
+    (event,) = _counter_events(rig.poll(after, 630.0))
+    assert (event.data["counter"], event.data["status"]) == ("link_downed", "crossed")

@@ -7,7 +7,10 @@ yet cleared (with their last event's data). A restarted agent so judges a counte
 the restart, judges what rose while it was down, and clears what it opened before.
 
 A file that is missing, unreadable or not this shape is an empty memory (logged), never a crash:
-the counters then start from their current values.
+the counters then start from their current values. The file names the kernel's boot id: after a
+reboot the conditions it held are forgotten (the agent's condition book forgets them too, and a link
+still bad after the reboot must be reported open again); the histories are kept (the counters were
+reset by the reboot, which the next sample sees as a reset: a new baseline).
 """
 
 from __future__ import annotations
@@ -21,41 +24,57 @@ from ftd.fabric.rates import HOUR_S, CounterHistory
 from ftd.fileio import write_atomic
 from ftd.logs import get_logger
 
-__all__ = ["FabricState", "load_state", "save_state"]
+__all__ = ["FabricState", "boot_id", "load_state", "save_state"]
 
 log = get_logger(__name__)
 VERSION = 1
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id(path: Path = BOOT_ID) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
 
 @dataclass
 class FabricState:
     counters: dict[str, CounterHistory] = field(default_factory=dict)
     open: dict[str, dict[str, Any]] = field(default_factory=dict)  # subject -> the event's data
+    boot: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": VERSION,
+            "boot": self.boot,
             "counters": {key: history.to_json() for key, history in self.counters.items()},
             "open": self.open,
         }
 
 
-def load_state(path: Path | None, window_s: float = HOUR_S) -> FabricState:
+def load_state(path: Path | None, window_s: float = HOUR_S, boot: str | None = None) -> FabricState:
+    """The saved state (module docstring); ``boot``: this boot's id (default: the kernel's)."""
+    boot = boot_id() if boot is None else boot
     if path is None:
-        return FabricState()
+        return FabricState(boot=boot)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        return FabricState()
+        return FabricState(boot=boot)
     except (OSError, ValueError) as exc:
         log.warning("fabric_state_unreadable", path=str(path), error=str(exc)[:200])
-        return FabricState()
+        return FabricState(boot=boot)
     if not isinstance(data, dict) or data.get("version") != VERSION:
         log.warning("fabric_state_unknown_shape", path=str(path))
-        return FabricState()
+        return FabricState(boot=boot)
     counters = data.get("counters")
-    opened = data.get("open")
-    state = FabricState()
+    opened = data.get("open") if data.get("boot") == boot else None
+    if data.get("boot") != boot:
+        log.info("fabric_conditions_forgotten_after_reboot", path=str(path))
+    state = FabricState(boot=boot)
     if isinstance(counters, dict):
         for key, samples in counters.items():
             if isinstance(key, str):

@@ -100,6 +100,7 @@ class FabricWatcher:
         root: Path = Path("/"),
         backend: NvmlBackend | None = None,
         clock: Callable[[], float] = time.time,
+        boot: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.node = node
@@ -109,7 +110,7 @@ class FabricWatcher:
         self.root = root
         self.backend = backend
         self._clock = clock
-        self.state: FabricState = load_state(state_path, cfg.window_s)
+        self.state: FabricState = load_state(state_path, cfg.window_s, boot)
         self.skipped: dict[str, str] = {}  # what -> why, as last reported
         self.profile: str | None = None
         self.profile_why = ""
