@@ -126,20 +126,6 @@ def parse_scontrol_oneliner(line: str) -> dict[str, str]:
     return parse_oneliner(line)
 
 
-def preemption_conf(grace_s: int = 20) -> list[str]:
-    """slurm.conf lines (a :class:`SlurmCluster`'s ``extra_conf``, not the default) for real
-    preemption on node-1: partition ``low`` (PriorityTier 1, requeued after ``grace_s`` of GraceTime)
-    is preempted by partition ``high`` (PriorityTier 10). Checked on Slurm 22.05: the preempted job
-    stays RUNNING with ``PreemptTime`` set and ``EndTime`` = PreemptTime + GraceTime."""
-    return [
-        "PreemptType=preempt/partition_prio",
-        "PreemptMode=REQUEUE",
-        f"PartitionName=low Nodes=node-1 PriorityTier=1 PreemptMode=REQUEUE GraceTime={grace_s} "
-        "MaxTime=INFINITE State=UP",
-        "PartitionName=high Nodes=node-1 PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP",
-    ]
-
-
 class SlurmCluster(BenchSlurmCluster):
     """:class:`ftd.bench.slurm_cluster.SlurmCluster` (node-1 runs jobs; node-2..N without a daemon)
     whose missing binaries skip the test, or fail it under ``FTD_REQUIRE_REAL=1``."""

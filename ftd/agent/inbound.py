@@ -16,7 +16,7 @@ Why apart from the daemon (:mod:`ftd.agent.app`): the way in mirrors the way out
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ftd.agent.local_api import LocalApi
@@ -37,9 +37,19 @@ class Inbound:
     """The agent's way in from the bus; see the module docstring."""
 
     def __init__(
-        self, node: str, *, bus: Bus, outbox: Outbox, local_api: LocalApi, node_actions: NodeActions
+        self,
+        node: str,
+        *,
+        bus: Bus,
+        outbox: Outbox,
+        local_api: LocalApi,
+        node_actions: NodeActions,
+        coordinator_online: Callable[[], None] | None = None,
     ) -> None:
         self.node = node
+        # called when the coordinator says it is online (a restart, a new leader): the inventory
+        # reporter sends its node's inventory again (issue #36)
+        self._coordinator_online = coordinator_online
         self._bus = bus
         self._outbox = outbox
         self._local_api = local_api
@@ -111,6 +121,8 @@ class Inbound:
             resent = self._outbox.resend_unreceipted()
             if resent:
                 log.info("coordinator_online_resending_unreceipted", events=resent)
+            if self._coordinator_online is not None:
+                self._coordinator_online()
 
     async def _job_directive(self, directive: Directive) -> None:
         assert directive.job is not None

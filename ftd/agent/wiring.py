@@ -4,7 +4,8 @@ Every part of the agent is created here, once, from the configuration, and hande
 (:mod:`ftd.agent.app`) only runs them. The flow they make, from the node to the bus:
 
     watchers (kmsg, heartbeat, NVML, logs, fs, cloud notices, memory, host, save path, extra)
-      -> storm control (:mod:`ftd.agent.storm`: first occurrences at once, repeats counted)
+      -> storm control (:mod:`ftd.agent.storm`: first occurrences at once, repeats counted; the
+         inventory's reports, sent only on change, go past it)
       -> the one door (:mod:`ftd.agent.door`: every event enriched with the job and rank of the
          process it names and the mount it concerns, then the node's conditions)
       -> the outbox on its spool (:mod:`ftd.agent.spool`) -> the bus
@@ -31,6 +32,7 @@ from ftd.agent.door import Door
 from ftd.agent.gpu_reset import GpuResetter, Runner
 from ftd.agent.hooks import NodeHooks
 from ftd.agent.inbound import Inbound
+from ftd.agent.inventory.reporter import InventoryReporter
 from ftd.agent.jobs import HookMsg, SchedulerJobs
 from ftd.agent.local_api import LocalApi
 from ftd.agent.local_api.inject import InjectMsg
@@ -54,6 +56,7 @@ from ftd.agent.watchers.nvml.backend import NvmlBackend
 from ftd.agent.watchers.nvml.real import RealNvml
 from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.bus.base import Bus
+from ftd.catalog.hardware_profiles import load_hardware_catalog
 from ftd.config import AgentConfig
 from ftd.config.schema import HardwareConfig
 from ftd.events import Ack, Event, RankInfo
@@ -100,7 +103,8 @@ def build_agent(
     ``watchers``: more watchers beside the configured ones; ``gpu_runner`` / ``nvml_backend``: the
     GPU reset's command runner and NVML (fakes in tests); ``stall_s``: a watcher that makes no
     progress this long is restarted; ``rack_broker``: named in every status message; ``hardware``:
-    the node's hardware profile and the operator's catalog (the fabric watcher's thresholds)."""
+    the node's hardware profile and the operator's catalog (the top-level ``[hardware]`` table: the
+    inventory's profile, the fabric watcher's thresholds)."""
     node = node or cfg.resolved_node()
     state_dir = Path(cfg.state_dir)
     outbox, startup_problems = open_outbox(cfg, bus)
@@ -114,8 +118,13 @@ def build_agent(
 
     # The local API is built first; what it calls (storm control through emit, the hooks) is built
     # below with it, and these closures reach them once built (before anything runs).
+    inventory = _inventory(cfg, node, hardware, nvml_backend)
+
     async def emit(event: Event) -> None:
-        """Every watcher's way in: storm control, then the one door."""
+        """Every watcher's way in: storm control, then the one door. The inventory reads NCCL's
+        version in the log lines that carry it (issue #36)."""
+        if inventory is not None:
+            inventory.observe(event)
         await storm.process(event)
 
     async def presence(job: str, ranks: list[RankInfo]) -> None:
@@ -180,6 +189,11 @@ def build_agent(
         ),
         *(watchers or ()),
     ]
+    if inventory is not None:  # what this node runs, at start and on change (issue #36)
+        # straight to the door: a report is sent only when it differs (or is asked again), never a
+        # flood, and one asked again inside storm control's window must not wait for its summary
+        inventory.bind(door.send)
+        all_watchers.append(inventory)
     if node_conditions is not None:
         all_watchers.append(node_conditions)
     hooks = NodeHooks(
@@ -225,7 +239,14 @@ def build_agent(
         supervisor=WatcherSupervisor(stall_s, health),
         gpu_resetter=gpu_resetter,
         node_actions=node_actions,
-        inbound=Inbound(node, bus=bus, outbox=outbox, local_api=local_api, node_actions=node_actions),
+        inbound=Inbound(
+            node,
+            bus=bus,
+            outbox=outbox,
+            local_api=local_api,
+            node_actions=node_actions,
+            coordinator_online=inventory.resend_soon if inventory is not None else None,
+        ),
         health_interval_s=health_interval_s,
     )
     agent = Agent(parts)
@@ -282,3 +303,24 @@ def configured_watchers(
             )
         )
     return found
+
+
+def _inventory(
+    cfg: AgentConfig, node: str, hardware: HardwareConfig | None, nvml_backend: NvmlBackend | None
+) -> InventoryReporter | None:
+    """The inventory reporter (None when ``agent.inventory.enabled`` is off). Its NVML is the one
+    handed in (a fake in tests), else its own :class:`RealNvml` when NVML is on."""
+    if not cfg.inventory.enabled:
+        return None
+    hardware = hardware or HardwareConfig()
+    nvml: NvmlBackend | None = nvml_backend
+    if nvml is None and cfg.nvml.enabled:
+        from ftd.agent.watchers.nvml.real import RealNvml
+
+        nvml = RealNvml()
+    try:
+        catalog = load_hardware_catalog(Path(hardware.catalog) if hardware.catalog else None)
+    except ValueError as exc:  # an operator's file that does not parse: the packaged one, said loudly
+        log.error("hardware_catalog_unreadable", error=str(exc))
+        catalog = load_hardware_catalog()
+    return InventoryReporter(cfg.inventory, node, None, nvml=nvml, profile=hardware.profile, catalog=catalog)

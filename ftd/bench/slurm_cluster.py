@@ -37,6 +37,7 @@ __all__ = [
     "ensure_munged",
     "find_binary",
     "free_port",
+    "preemption_conf",
     "wait_port",
 ]
 
@@ -115,6 +116,20 @@ def ensure_munged(require: Callable[..., str] = find_binary) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError("munged started but munge -n | unmunge still fails")
+
+
+def preemption_conf(grace_s: int = 20) -> list[str]:
+    """slurm.conf lines (a :class:`SlurmCluster`'s ``extra_conf``, not the default) for real
+    preemption on node-1: partition ``low`` (PriorityTier 1, requeued after ``grace_s`` of GraceTime)
+    is preempted by partition ``high`` (PriorityTier 10). Checked on Slurm 22.05: the preempted job
+    stays RUNNING with ``PreemptTime`` set and ``EndTime`` = PreemptTime + GraceTime."""
+    return [
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
+        f"PartitionName=low Nodes=node-1 PriorityTier=1 PreemptMode=REQUEUE GraceTime={grace_s} "
+        "MaxTime=INFINITE State=UP",
+        "PartitionName=high Nodes=node-1 PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP",
+    ]
 
 
 @dataclass

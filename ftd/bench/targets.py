@@ -244,6 +244,21 @@ TARGETS: dict[str, Targets] = {
         (_c("cli.p99_ms", "<=", 500.0), _c("agent_down.p99_ms", "<=", 500.0)),
     ),
     "dashboard": Targets("problems query p99 <= 50 ms", (_c("problems.p99_ms", "<=", 50.0),)),
+    "inventory": Targets(
+        "10,000 nodes' inventories held in <= 50 MB, drift over all < 1 s, each drifted node found naming "
+        "its field; 16 identical nodes: 0 conditions; a driver or VBIOS changed on 1 of 16: a condition "
+        "naming it on its first report",
+        (
+            _c("held_mb", "<=", 50.0),
+            _c("drift_s", "<", 1.0),
+            _c("drifted_right", "==", True),
+            _c("identical_16_conditions", "==", 0),
+            _c("driver_reports_to_condition", "==", 1),
+            _c("driver_named", "==", True),
+            _c("vbios_reports_to_condition", "==", 1),
+            _c("vbios_named", "==", True),
+        ),
+    ),
     "fabric": Targets(
         "a counter over its threshold: an event within two polls, every trial; one poll p99 <= 50 ms",
         (
@@ -341,6 +356,29 @@ TARGETS: dict[str, Targets] = {
             ),
             _c("cases.slowed_all.exclusions_max", "==", 0),
             _c("e2e_during_collection.p99_ratio", "<=", 1.1),
+        ),
+    ),
+    "preemption": Targets(
+        "the README's plain loop preempted with a 20 s grace and a 2 s save: >= 19 of 20 runs end with an "
+        "acknowledged save that verifies on resume, at least 0.5 s before the deadline, 0 steps lost since "
+        "it, the job requeued and resumed from that step; a 25 s save: no save started, the job's output "
+        "says why and names the checkpoint it resumes from, in every run (>= 3), and it resumes from it; "
+        "time limit (`--signal=USR1@60`) and maintenance reservation: the save lands before the limit in "
+        "every run (>= 3 each); a cloud notice appearing: the save the coordinator asks for starts <= 2 s "
+        "later, in every run (>= 3)",
+        (
+            _c("preempt.runs", ">=", 20),
+            _c("preempt.ok_fraction", ">=", 0.95),
+            _c("preempt.margin_min_s", ">=", 0.5),
+            _c("slow_save.runs", ">=", 3),
+            _c("slow_save.ok", ">=", Figure("slow_save.runs")),
+            _c("time_limit.runs", ">=", 3),
+            _c("time_limit.ok", ">=", Figure("time_limit.runs")),
+            _c("maintenance.runs", ">=", 3),
+            _c("maintenance.saved_before_deadline", ">=", Figure("maintenance.runs")),
+            _c("cloud.runs", ">=", 3),
+            _c("cloud.notice_to_save_max_s", "<=", 2.0),
+            _c("cloud.saved_before_deadline", ">=", Figure("cloud.runs")),
         ),
     ),
 }

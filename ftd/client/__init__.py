@@ -48,7 +48,10 @@ Other sources map onto the same two flags (so the training loop has one place to
   SIGTERM action would kill the process before it can save, which is the point of catching it). A
   second SIGTERM, or one after :meth:`Client.close`, gets the default action. Under Slurm a process
   stopped by SIGTERM waits at exit (``$FTD_TERM_WAIT_S``, default 600 s; ``ftd run`` sets 0) until
-  Slurm ends the job: Slurm requeues a preempted job only if it ends it itself.
+  Slurm ends the job: Slurm requeues a preempted job only if it ends it itself. A SIGTERM's save
+  that this rank's own measured saves say cannot land before the deadline (``$FTD_DEADLINE_FILE``,
+  else Slurm's; :mod:`ftd.client.deadline`) is not started: the loop stops at once and stderr says
+  why and which step the job resumes from (``client.save_skipped``).
 - **Kill switch** (``stop_file=`` or ``$FTD_STOP_FILE``): while the file exists, ``should_stop()`` is
   true; it is also checked once in the constructor so a queued job array "burns through" at once.
 - **Save switch** (``save_file=`` or ``$FTD_SAVE_FILE``): when the file appears, ``should_save()``

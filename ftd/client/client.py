@@ -22,6 +22,7 @@ import weakref
 
 from ftd.client import protocol
 from ftd.client.connection import Connection
+from ftd.client.deadline import known_deadline, margin_s, skip_reason
 from ftd.client.directive import DirectiveInfo, save_at
 from ftd.client.environment import env_int
 from ftd.client.triggers import LocalTriggers
@@ -134,6 +135,7 @@ class Client(Connection, LocalTriggers):
     def should_save(self) -> bool:
         """True while a save is wanted and not yet answered: a ``save`` directive, SIGUSR1, the
         save-switch file or the memory guard."""
+        self._save_polls += 1
         if self._poll_at is not None and time.monotonic() >= self._poll_at:
             self._poll_switches()
         save_at = self._save_at
@@ -141,14 +143,54 @@ class Client(Connection, LocalTriggers):
             step = self._step
             if step is not None and step < save_at:
                 return False  # the coordinator asked for the first step >= save_at
+        if self._save:
+            return self._save_wanted()
+        return False
+
+    def _save_wanted(self) -> bool:
+        """A save is pending: time it, and after a SIGTERM check once that it can still land before
+        the deadline (:mod:`ftd.client.deadline`); one that cannot is not started, and says so."""
+        try:
+            self._save_clock.seen(time.monotonic())
+            if "SIGTERM" in self._local_saves and not self._deadline_checked and not self._saves:
+                self._deadline_checked = True
+                env = os.environ
+                why = skip_reason(time.time(), known_deadline(env), self._save_clock.p95(), margin_s(env))
+                if why is not None:
+                    self._skip_sigterm_save(why)
+        except Exception:  # fail-open: never raise into training code
+            _log.debug("ftd client: deadline check failed", exc_info=True)
         return self._save
+
+    def _skip_sigterm_save(self, why: str) -> None:
+        self._local_saves.discard("SIGTERM")
+        with self._lock:
+            self._save = bool(self._saves) or bool(self._local_saves)
+        self._save_clock.answered(time.monotonic(), ok=False)
+        last = self.last_saved
+        resume = (
+            f"the job resumes from its last checkpoint, step {last[0]}" + (f" ({last[1]})" if last[1] else "")
+            if last is not None
+            else "this process saved nothing: the job resumes from whatever checkpoint it had before"
+        )
+        self.save_skipped = f"{why}; not saving, stopping now: {resume}"
+        sys.stderr.write(f"ftd client: SIGTERM: {self.save_skipped}\n")
+        sys.stderr.flush()
 
     def should_stop(self) -> bool:
         """True once a ``stop`` directive, SIGTERM, the kill-switch file or the memory guard asked
-        for it (and for the rest of the process)."""
+        for it (and for the rest of the process).
+
+        A SIGTERM that lands after this step's ``should_save()`` and before this call is a save then
+        a stop like any other: ``should_stop()`` stays false until the loop asked ``should_save()``
+        once more (so it saves in the next step instead of leaving unsaved); a loop that never asks
+        ``should_save()`` stops at once."""
         if self._poll_at is not None and time.monotonic() >= self._poll_at:
             self._poll_switches()
-        return self._stop
+        stop = self._stop
+        if stop and self._save_polls and self._save_polls == self._polls_at_term:
+            return "SIGTERM" not in self._local_saves
+        return stop
 
     def exit_status(self) -> int:
         """What this rank should exit with once it left its loop (``sys.exit(client.exit_status())``).
@@ -302,6 +344,9 @@ class Client(Connection, LocalTriggers):
     ) -> None:
         """Answer the save directives ``ids`` (from :meth:`take_pending_saves`)."""
         try:
+            self._save_clock.answered(time.monotonic(), ok)
+            if ok and step is not None:
+                self.last_saved = (step, path)
             for did in ids:
                 self._outbox.append(
                     protocol.encode(protocol.ack(did, ok=ok, step=step, path=path, reason=reason))

@@ -16,6 +16,7 @@ import os
 import threading
 
 from ftd.client import protocol
+from ftd.client.deadline import SaveClock
 from ftd.client.environment import DEFAULT_JOB, env, env_int
 from ftd.client.files import read_step
 from ftd.client.protocol import DEFAULT_SOCKET
@@ -146,6 +147,18 @@ class RankState:
         self._previous_handlers: dict[int, Any] = {}
         #: ``time.time()`` when the first SIGTERM reached this client's handler (None: none yet).
         self.sigterm_at: float | None = None
+        # How long this rank's saves take, and the SIGTERM's save skipped when it could not land
+        # before the deadline (issue #37; :mod:`ftd.client.deadline`).
+        self._save_clock = SaveClock()
+        self._deadline_checked = False
+        # should_save() calls so far, and their count when the SIGTERM came: should_stop() waits for
+        # one more should_save() after it (a SIGTERM between the two calls of a step is still saved).
+        self._save_polls = 0
+        self._polls_at_term: int | None = None
+        #: Why the SIGTERM's save was not started (None: it was, or there was none).
+        self.save_skipped: str | None = None
+        #: The newest save this rank acknowledged: ``(step, path)``, None before the first.
+        self.last_saved: tuple[int, str | None] | None = None
         #: The latest readings of :meth:`memory_guard` (``{"host"|"cgroup"|"gpu": {used, limit, fraction}}``).
         self.memory_report: dict[str, Any] = {}
 

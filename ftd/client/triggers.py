@@ -102,6 +102,7 @@ class LocalTriggers(RankState):
         if stop:
             if self.stop_reason is None:
                 self.stop_reason = reason
+            self._polls_at_term = self._save_polls
             self._stop = True
         threading.Thread(target=self._signal.set, name="ftd-client-signal", daemon=True).start()
 

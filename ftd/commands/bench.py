@@ -30,10 +30,12 @@ BENCHES: dict[str, tuple[str, str]] = {
     "sim": ("ftd.bench.sim", "bench_sim"),
     "health": ("ftd.bench.health", "bench_health"),
     "dashboard": ("ftd.bench.dashboard", "bench_dashboard"),
+    "inventory": ("ftd.bench.inventory", "bench_inventory"),
     "scale": ("ftd.bench.scale", "bench_scale"),
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
     "checkpoint": ("ftd.bench.checkpoint", "bench_checkpoint"),
     "culprit": ("ftd.bench.culprit", "bench_culprit"),
+    "preemption": ("ftd.bench.preemption", "bench_preemption"),
     "fabric": ("ftd.bench.fabric", "bench_fabric"),
 }
 
@@ -42,10 +44,12 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "e2e": ("samples",),
     "scale": ("samples", "nodes", "wills", "grace_s"),
     "dashboard": ("samples", "nodes"),
+    "inventory": ("nodes",),
     "recovery": ("samples", "paths"),
     "fairness": ("rate", "seconds", "probes", "severity"),
     "checkpoint": ("cases", "sizes", "samples", "runs"),
     "culprit": ("runs", "cases", "seed"),
+    "preemption": ("runs", "cases"),
     "fabric": ("samples",),
 }
 
@@ -77,7 +81,7 @@ def register(sub: Any) -> None:
         "--nodes",
         type=int,
         default=None,
-        help="node sessions to hold (scale), nodes known (dashboard); 10,000",
+        help="node sessions to hold (scale), nodes known (dashboard), inventories held (inventory); 10,000",
     )
     parser.add_argument("--wills", type=int, default=None, help="sessions cut at once (scale; 1,000)")
     parser.add_argument(
@@ -121,7 +125,8 @@ def register(sub: Any) -> None:
         default=None,
         help="checkpoint: only these cases, comma-separated (blocked,partner; the fault cases "
         "kill_mid_save,local_deleted,flip_byte,truncate,missing_manifest); culprit: only these cases "
-        "(stopped,stuck,slowed,throttled,slowed_all,job_wide,clean,e2e_during_collection); default every one "
+        "(stopped,stuck,slowed,throttled,slowed_all,job_wide,clean,e2e_during_collection); preemption: "
+        "preempt,slow_save; default every one "
         "(--check then misses the others' targets: not measured)",
     )
     parser.add_argument(
@@ -134,7 +139,8 @@ def register(sub: Any) -> None:
         "--runs",
         type=_positive_int,
         default=None,
-        help="checkpoint: runs of each fault case; culprit: runs per case, each a new victim (1)",
+        help="checkpoint: runs of each fault case; culprit: runs per case, each a new victim (1); "
+        "preemption: preemptions of the README loop (20)",
     )
     parser.add_argument("--seed", type=int, default=None, help="culprit: the victims' random seed (0)")
     parser.set_defaults(handler=_run)

@@ -120,6 +120,14 @@ def node_state(node: dict[str, Any]) -> str:
     return "online" if node["online"] else "offline"
 
 
+def _conditions(node: dict[str, Any]) -> str:
+    """What ``ftd health`` reports there, and the node's version drift (its fields, issue #36)."""
+    drift = node.get("drift") or []
+    fields = [str(reason).partition(":")[0] for reason in drift]
+    texts = [*(node.get("conditions") or []), *([f"version drift: {', '.join(fields)}"] if fields else [])]
+    return "; ".join(texts) or "-"
+
+
 def _drained(node: dict[str, Any]) -> str:
     """Who took the node out of service: ``ftd``, ``other`` (an operator, the scheduler), ``no``."""
     if node["drained"]:
@@ -172,7 +180,7 @@ def render(data: dict[str, Any], url: str, title: str = "") -> str:
                     _drained(n),
                     n["drain_reason"] or n.get("unavailable") or "-",
                     ",".join(n["jobs"]) or "-",
-                    "; ".join(n.get("conditions") or []) or "-",  # what `ftd health` reports there
+                    _conditions(n),
                 ]
                 for n in nodes
             ],
@@ -288,6 +296,7 @@ def collect(api: ApiTarget, args: argparse.Namespace) -> dict[str, Any]:
         ]
         actions = actions[:limit]
         data["events"] = api.get(f"/v1/events?node={args.node}&limit={limit}")
+        data["inventory"] = _optional(api, f"/v1/nodes/{args.node}/inventory")  # None: none reported
     else:
         actions = api.get(f"/v1/actions?limit={limit}")
     data.update(nodes=nodes, jobs=jobs, actions=actions)
@@ -321,4 +330,34 @@ def run(args: argparse.Namespace) -> int:
                 [[_when(e["ts"]), e["id"], e["kind"], e["severity"], e["source"]] for e in data["events"]],
             )
         )
+        print("\n" + render_inventory(args.node, data.get("inventory")))
     return 0
+
+
+def render_inventory(node: str, inventory: dict[str, Any] | None) -> str:
+    """``--node``'s INVENTORY section: each fact (or ``unknown (why)``), each GPU and NIC, its drift."""
+    if not isinstance(inventory, dict):
+        return f"INVENTORY OF {node}: none reported (an agent without issue #36, or inventory disabled)"
+    facts = inventory.get("facts") or {}
+    drift = inventory.get("drift") or {}
+    when = inventory.get("reported_at")
+    out = [
+        f"INVENTORY OF {node} (reported {_when(when) if isinstance(when, int | float) else '?'})",
+        table(["fact", "value"], [[str(k), str(v)] for k, v in facts.items()]),
+    ]
+    gpus = inventory.get("gpus") or []
+    if gpus:
+        keys = ("index", "name", "serial", "vbios")
+        out.append(table(["gpu", "name", "serial", "vbios"], [[str(g.get(k)) for k in keys] for g in gpus]))
+    nics = inventory.get("nics") or []
+    if nics:
+        nic_keys = ("device", "fw_ver", "board_id")
+        out.append(table(["nic", "firmware", "board"], [[str(n.get(k)) for k in nic_keys] for n in nics]))
+    reasons = drift.get("reasons") or []
+    if reasons:
+        out.append(f"DRIFT (action {drift.get('action')}): " + "; ".join(str(r) for r in reasons))
+    elif drift.get("unchecked"):
+        out.append(f"DRIFT: not checked: {drift['unchecked']}")
+    else:
+        out.append("DRIFT: none")
+    return "\n".join(out)

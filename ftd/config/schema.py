@@ -35,6 +35,17 @@ NodeName = Annotated[
 SCHEDULERS = ("slurm", "none", "kubernetes")
 PINNED_JOB_POLICIES = ("hold", "stop")  # ftd.coordinator.actions.pinned
 HANG_UNCLEAR_POLICIES = ("restart", "stop")  # ftd.rules.hang: a hang whose culprit is not known
+DRIFT_ACTIONS = ("warn", "preflight_fail", "no_spare")  # ftd.coordinator.model.inventory
+DRIFT_FIELDS = ("driver", "cuda", "vbios", "nic_firmware", "ofed", "nccl", "kernel", "os")  # ftd.platform
+DEFAULT_DRIFT_FIELDS = (
+    "driver",
+    "cuda",
+    "vbios",
+    "nic_firmware",
+    "ofed",
+    "kernel",
+    "os",
+)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 NODE_LABELS = ("rack", "nvlink_domain")
 
@@ -459,6 +470,27 @@ class InventoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """What this node runs: driver, firmware, library and kernel versions, on change (issue #36)."""
 
     enabled: Annotated[bool, _doc("Report this node's inventory at start and on change.")] = True
+    interval_s: Annotated[
+        float,
+        _doc("How often the facts are read again; a change is reported at the next read.", ge=1, le=86400),
+    ] = 300.0
+    timeout_s: Annotated[
+        float,
+        _doc("Bound on one command (ofed_info -s); a read not done in twice this is reported unknown.",
+             gt=0, le=120),
+    ] = 5.0  # fmt: skip
+    ofed_command: Annotated[
+        str,
+        _doc("The command whose '-s' prints the OFED release (MLNX_OFED's ofed_info); empty: not run."),
+    ] = "ofed_info"
+    resend_s: Annotated[
+        float,
+        _doc(
+            "An unchanged inventory is sent again this often (it is also sent when the coordinator "
+            "comes online: a restart, a new leader); each is an event in the ledger; 0: never.",
+            ge=0,
+        ),
+    ] = 86400.0
 
 
 class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -1063,6 +1095,28 @@ class DriftConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Version drift between nodes of one hardware profile, and minimums (issue #36)."""
 
     enabled: Annotated[bool, _doc("Compare each node's versions with its peers' and the minimums.")] = True
+    action: Annotated[
+        str,
+        _doc(
+            "What drift does: warn (shown and logged only), preflight_fail (the node fails preflight, so "
+            "it does not return to service), no_spare (never chosen as a hot spare).",
+            extra={"choices": DRIFT_ACTIONS},
+        ),
+    ] = "warn"
+    fields: Annotated[
+        list[Annotated[str, msgspec.Meta(extra={"choices": DRIFT_FIELDS})]],
+        _doc(
+            "The facts compared with the peers of the node's hardware profile (nccl is per job: off by "
+            "default). Minimums in versions.toml apply whatever this says.",
+        ),
+    ] = msgspec.field(default_factory=lambda: list(DEFAULT_DRIFT_FIELDS))
+    min_peers: Annotated[
+        int, _doc("Nodes of a profile reporting a fact before a node's value is compared with theirs.", ge=2)
+    ] = 3
+    settle_s: Annotated[
+        float,
+        _doc("Reports gathered this long before drift is judged again (one pass per burst).", gt=0, le=60),
+    ] = 1.0
 
 
 class RmaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -321,10 +321,13 @@ class Coordinator:
             if reconcile is not None:
                 reconcile.cancel()
 
-    @staticmethod
-    def _grace_watch(scheduler: SlurmScheduler, config: Config) -> GraceWatch:
+    def _grace_watch(self, scheduler: SlurmScheduler, config: Config) -> GraceWatch:
         """The grace audit at each job's first look (issue #37 item 5), on Slurm's own settings."""
-        return GraceWatch(scheduler.grace, config.coordinator.save_deadline_s)
+        return GraceWatch(scheduler.grace, config.coordinator.save_deadline_s, measured=self._slowest_save)
+
+    def _slowest_save(self, job: str) -> float | None:
+        """The job's measured save time for the grace audit: its slowest level's p95, None before any."""
+        return max(self.state.save_times.p95(job).values(), default=None)
 
     async def _pump(self) -> None:
         """Handle bus messages in order; acknowledge them in groups (see the module docstring)."""

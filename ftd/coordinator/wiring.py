@@ -10,7 +10,10 @@ calls :func:`build` for each term it leads; ``ftd coordinator`` calls it once.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ftd.bus.base import Bus
+from ftd.catalog.hardware_profiles import load_hardware_catalog
 from ftd.config import Config
 from ftd.coordinator.actions import BuiltinExecutors, ExecutorContext
 from ftd.coordinator.actions.acks import AckBook
@@ -35,6 +38,7 @@ from ftd.coordinator.intake.fairness import (
     InputBook,
     RateLimiter,
 )
+from ftd.coordinator.intake.inventory import InventoryIntake
 from ftd.coordinator.intake.placement import Placement
 from ftd.coordinator.intake.presence_memory import PresenceMemory
 from ftd.coordinator.ledger.sqlite import Ledger, as_store
@@ -85,6 +89,15 @@ def build(
     (:mod:`ftd.coordinator.intake.fairness`); ``api`` False: no HTTP API whatever the config says."""
     cfg = config.coordinator
     state = ClusterState()
+    # Inventories and drift (issue #36): the minimums per hardware profile, the operator's file laid over.
+    catalog = load_hardware_catalog(Path(config.hardware.catalog) if config.hardware.catalog else None)
+    state.inventory.configure(
+        minimums=lambda profile: catalog.section("versions", profile),
+        action=cfg.drift.action,
+        fields=cfg.drift.fields,
+        min_peers=cfg.drift.min_peers,
+        enabled=cfg.drift.enabled,
+    )
     acks = AckBook()
     store: LedgerStore = as_store(ledger or Ledger(cfg.ledger_path))
     place = cfg.placement
@@ -158,6 +171,7 @@ def build(
         unacted_retry_max_s=cfg.unacted_retry_max_s,
     )
     engine.observe(reconciler.observe, ("action",))
+    engine.observe(InventoryIntake(state, settle_s=cfg.drift.settle_s).observe, ("event",))
     return_to_service = None
     if cfg.return_to_service.rules:  # opt-in per rule: reset -> preflight -> resume or RMA
         return_to_service = ReturnToService(engine.submit, rules=cfg.return_to_service.rules, state=state)

@@ -29,6 +29,7 @@ class NodeRecord:
     drain_reason: str = ""
     addresses: list[str] = field(default_factory=list)  # its IPs and host names, as its agent announced
     status: str = ""  # its agent's last status: online, offline (a Last Will), stopped (a clean stop)
+    drift: tuple[str, ...] = ()  # the inventory fields on which it differs from its peers (issue #36)
 
 
 class FaultRecord(NamedTuple):

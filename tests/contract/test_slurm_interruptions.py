@@ -1,5 +1,5 @@
 """Slurm's announced interruptions (issue #37) against the fake and a real Slurm 22.05 with
-preemption enabled (:func:`tests.realparts.preemption_conf`): the poller emits one
+preemption enabled (:func:`ftd.bench.slurm_cluster.preemption_conf`): the poller emits one
 ``slurm_preempt`` / ``slurm_time_limit`` interruption with the deadline Slurm itself will enforce."""
 
 from __future__ import annotations

@@ -195,7 +195,8 @@ def test_ddp_job_under_ftd_run_preempted_saves_every_rank_before_the_deadline_an
 # with the tests above so the two preemption clusters never run at once; side by side on two pytest
 # workers the second cluster's job stayed PENDING for 90 s, cause not found yet) ---------------------
 # A real preemption reaches a real ``ftd coordinator`` as one interruption (issue #37), end to end:
-# Slurm 22.05 with preemption (:func:`tests.realparts.preemption_conf`, GraceTime 20 s), real Mosquitto,
+# Slurm 22.05 with preemption (:func:`ftd.bench.slurm_cluster.preemption_conf`, GraceTime 20 s), real
+# Mosquitto,
 # the coordinator process polling every second. The job's presence is published as its agent would (the
 # coordinator watches the jobs it sees ranks of); a job of the higher-priority partition then preempts
 # it, and the coordinator logs ``interruption_announced`` with source ``slurm_preempt`` and the deadline

@@ -165,3 +165,27 @@ def test_an_explicit_client_never_chains_to_a_closed_clients_default(tmp_path: P
         assert second.should_save() and second.should_stop()
     finally:
         second.uninstall_signal_handlers()
+
+
+def test_a_sigterm_between_should_save_and_should_stop_is_saved_in_the_next_step(tmp_path: Path) -> None:
+    """The README loop asks should_save() then should_stop() each step: a SIGTERM landing between the
+    two used to leave the loop unsaved (steps lost since the last checkpoint); now the loop saves in
+    the next step and stops there."""
+    client = offline(tmp_path)
+    saved: list[int] = []
+    step = 0
+    for step in range(1, 6):
+        if client.should_save():
+            saved.append(step)
+            client.ack_saved(step, f"/ckpt/{step}")
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # after this step's should_save(), before should_stop()
+        if client.should_stop():
+            break
+    assert saved == [3] and step == 3
+
+
+def test_a_loop_that_never_asks_should_save_still_stops_at_once(tmp_path: Path) -> None:
+    client = offline(tmp_path)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert client.should_stop()

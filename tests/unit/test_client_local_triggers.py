@@ -37,6 +37,9 @@ def test_sigusr1_saves_sigterm_stops_and_previous_handlers_are_chained(tmp_path:
         assert not client.should_save()
         os.kill(os.getpid(), signal.SIGTERM)  # the default action would kill pytest: not chained
         time.sleep(0.01)
+        # a save then a stop: the stop shows once the loop asked for the save (it had asked before)
+        assert not client.should_stop() and client.should_save()
+        client.ack_saved(6)
         assert client.should_stop() and client.stop_reason == "SIGTERM"
     finally:
         client.uninstall_signal_handlers()

@@ -15,7 +15,9 @@ from ftd.coordinator.decide.deadline import (
     BadDeadline,
     decide_save,
 )
-from ftd.coordinator.model.save_times import SaveTimes, percentile
+from ftd.coordinator.model.save_times import SaveStats, SaveTimes, percentile
+from ftd.coordinator.model.state import ClusterState
+from ftd.events import Event, Kind, make_event
 from tests.properties import examples
 
 NOW = 1_800_000_000.0
@@ -116,3 +118,47 @@ def test_save_times_keeps_the_last_saves_per_job_and_level() -> None:
     times.record("j1", "local", 1.0)  # j1 saved most recently
     times.record("j3", "local", 1.0)  # j2 forgotten
     assert times.stats("j2") == {} and times.stats("j1") and times.stats("j3")
+
+
+def test_a_checkpoint_step_counts_once_at_its_slowest_rank() -> None:
+    times = SaveTimes(keep=2)
+    assert times.record_checkpoint("j", "local", 10, 1.0)
+    assert times.record_checkpoint("j", "local", 10, 4.0)  # rank 1 of the same step: slower
+    assert times.record_checkpoint("j", "local", 10, 2.0)  # rank 2: the step stays at 4 s
+    assert times.stats("j")["local"] == SaveStats(1, 4.0, 4.0)
+    assert times.record_checkpoint("j", "local", 20, 3.0)
+    assert times.record_checkpoint("j", "local", 30, 5.0)  # step 10 is pushed out (keep=2)
+    assert times.stats("j")["local"] == SaveStats(2, 3.0, 5.0)
+    for bad in (
+        ("", "local", 1, 1.0),
+        ("j", "", 1, 1.0),
+        ("j", "local", -1, 1.0),
+        ("j", "local", 1, math.inf),
+    ):
+        assert not times.record_checkpoint(*bad)
+    assert times.stats("j")["local"].count == 2
+
+
+def test_verified_tier_checkpoints_build_the_jobs_save_model_before_any_interruption() -> None:
+    """Issue #37 item 2: a job's own periodic saves (the tier's checkpoint events) give the deadline
+    decision real p95s; rejected or deleted copies and malformed fields are not saves."""
+    state = ClusterState()
+
+    def checkpoint(rank: int, step: int, save_s: object, **extra: object) -> Event:
+        data = {"job": "77", "rank": rank, "step": step, "level": "local", "ok": True, "save_s": save_s}
+        return make_event(
+            f"n{rank}", Kind.CHECKPOINT, severity="info", source="checkpoint", data={**data, **extra}
+        )
+
+    for event in (
+        checkpoint(0, 100, 2.0),
+        checkpoint(1, 100, 3.5),
+        checkpoint(0, 200, 2.5),
+        checkpoint(1, 200, 9.0, ok=False, reason="sha256 mismatch"),
+        checkpoint(0, 300, 50.0, deleted=True),
+        checkpoint(0, 400, "slow"),
+        checkpoint(0, True, 1.0),
+    ):
+        state.apply_event(event)
+    assert state.save_times.stats("77") == {"local": SaveStats(2, 2.5, 3.5)}
+    assert state.save_times.p95("77") == {"local": 3.5}

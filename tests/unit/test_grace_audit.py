@@ -12,7 +12,7 @@ from ftd.coordinator.decide.grace_audit import SlurmGrace, audit_grace
 from ftd.coordinator.intake.grace_watch import GraceWatch
 from tests.properties import examples
 
-# Captured by hand from Slurm 22.05 (tests/realparts.preemption_conf, KillWait=2), trimmed.
+# Captured by hand from Slurm 22.05 (ftd.bench.slurm_cluster.preemption_conf, KillWait=2), trimmed.
 SHOW_CONFIG = """Configuration data as of 2026-12-04T20:13:30
 AccountingStorageType   = accounting_storage/none
 KillWait                = 2 sec
@@ -104,3 +104,24 @@ async def test_settings_that_cannot_be_read_audit_nothing_and_never_raise() -> N
 
     watch = GraceWatch(read, save_s=30.0)
     assert await watch.job_seen(JobInfo("7", "RUNNING", ("n1",), (), 0, partition="low")) == []
+
+
+async def test_a_job_is_audited_once_more_when_its_own_saves_are_measured() -> None:
+    """Issue #37 item 5: the configured save time fits the partition's grace, the job's measured p95
+    does not -- the job is named once its saves are measured, and only once more."""
+
+    async def read() -> SlurmGrace:
+        return grace_of(SHOW_CONFIG, SHOW_PARTITION)
+
+    measured: dict[str, float] = {}
+    watch = GraceWatch(read, save_s=1.0, measured=measured.get)
+    low = JobInfo("7", "RUNNING", ("node-1",), (), 0, partition="low")
+    assert await watch.job_seen(low) == []  # 1 s fits KillWait and GraceTime
+    assert await watch.job_seen(low) == []
+    measured["7"] = 45.0
+    assert [f.setting for f in await watch.job_seen(low)] == [
+        "slurm.conf KillWait / sbatch --signal",
+        "slurm.conf PartitionName=low GraceTime",
+    ]
+    measured["7"] = 90.0
+    assert await watch.job_seen(low) == []  # audited against a measurement already

@@ -9,6 +9,7 @@ Budget in every test: 1 drained node (``max_drained_fraction = 0.25`` of 4 nodes
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,3 +347,38 @@ async def test_a_restart_that_saw_its_job_train_again_does_not_show_it_pending(c
     )
     await coord.reconciler.observe("action", done)
     assert coord.state.moved.get("77") is None
+
+
+async def test_an_interruptions_skipped_save_is_notified_once_with_the_resume_step(
+    coord: Coordinator,
+) -> None:
+    """Issue #37: a restart whose deadline decision was 'no save' tells the operator why and from which
+    checkpoint the job resumes; a restart that saved, or a skipped save that no interruption asked
+    for, is not notified by this path."""
+
+    def restart(job: str, detail: dict[str, Any], interruption: bool = True) -> ActionRecord:
+        params = {"interruption": True, "deadline": 2000.0} if interruption else {}
+        request = ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target=job, reason="r", params=params)
+        return ActionRecord(id=f"act-{job}", request=request, state=ActionState.SUCCEEDED, detail=detail)
+
+    skipped = restart("77", {"save_skipped": "3.0 s left, p95 25.0 s", "resume_from_step": 400})
+    for record in (
+        skipped,
+        skipped,  # observed again (another update): still one notification
+        restart("78", {"saved": {"0": {}}}),
+        restart("79", {"save_skipped": "the rule asked to stop without a save"}, interruption=False),
+        restart("80", {"save_skipped": "1.0 s left", "resume_from_step": None}),
+    ):
+        await coord.reconciler.observe("action", record)
+    assert await coord.engine.wait_idle(5)
+    for _ in range(50):
+        if len(coord.notified) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    assert [(r.request.target, r.request.rule) for r in coord.notified] == [
+        ("77", "deadline"),
+        ("80", "deadline"),
+    ]
+    first, second = (r.request.reason for r in coord.notified)
+    assert "3.0 s left, p95 25.0 s" in first and "step 400" in first
+    assert "no verified checkpoint" in second

@@ -106,7 +106,10 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
     executors[ActionKind.NOTIFY] = Notify(cfg.notify, ctx.state)  # without a webhook: the log
     # Return to service (ftd.coordinator.upkeep.return_service): the node's agent runs its preflight checks.
     executors[PREFLIGHT] = Preflight(
-        send=ctx.send_to_node, acks=ctx.acks, deadline_s=cfg.return_to_service.preflight_deadline_s
+        send=ctx.send_to_node,
+        acks=ctx.acks,
+        deadline_s=cfg.return_to_service.preflight_deadline_s,
+        refuse=ctx.state.inventory.refuses_preflight,  # version drift, when it fails preflight (#36)
     )
     if ctx.scheduler is not None:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)

@@ -11,8 +11,9 @@ never share a spare), so unit and property tests drive it without a bus or a sch
 
 *Bad slot node*: a slot with no node, or whose node is in ``unfit`` (the rule's ``exclude`` and
 ``avoid``, nodes offline, drained, with critical conditions, or whose supervisor failed or was lost
-during this restart). *Eligible spare*: role ``spare``, state ``idle``, preflight ``ok`` (or not run
-yet, only when ``allow_unchecked``), not in ``unfit``. Spares are taken in name order, so the same
+during this restart; a spare with version drift when ``coordinator.drift.action = no_spare``).
+*Eligible spare*: role ``spare``, state ``idle``, preflight ``ok`` (or not run yet, only when
+``allow_unchecked``), not in ``unfit``. Spares are taken in name order, so the same
 picture always gives the same plan (a resumed action re-derives nothing it has recorded, but a
 reader of the ledger can replay it).
 """

@@ -91,6 +91,10 @@ class InAllocation:
                 why.setdefault(node, f"its supervisor is {info.state}{_reason(info)}")
             elif info is not None and info.role == "out":
                 why.setdefault(node, "the job swapped it out")
+            elif info is not None and info.role == "spare":
+                drift = self._state.inventory.blocks_spare(node)  # coordinator.drift.action = no_spare
+                if drift:
+                    why.setdefault(node, drift)
         return why
 
     def _node_trouble(self, node: str) -> str | None:

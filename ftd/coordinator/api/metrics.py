@@ -195,6 +195,28 @@ class MetricsCollector:
             value=c.config.coordinator.checkpoint_age_limit_s,
         )
 
+    def _drift(self, c: Coordinator) -> Iterator[Metric]:
+        """Version drift (issue #36): the drifted nodes per field, and the nodes not judged."""
+        book = c.state.inventory
+        per_field: dict[str, int] = {}
+        for report in book.drifted().values():
+            for name in report.fields:
+                per_field[name] = per_field.get(name, 0) + 1
+        gauge = GaugeMetricFamily(
+            "ftd_nodes_drifted",
+            "Nodes whose version differs from their hardware profile's peers or is below its minimum, by "
+            "field (a node drifting on two fields counts in both).",
+            labels=["field"],
+        )
+        for name, n in sorted(per_field.items()):
+            gauge.add_metric([name], n)
+        yield gauge
+        yield GaugeMetricFamily(
+            "ftd_nodes_drift_unchecked",
+            "Nodes that reported an inventory but could not be judged for drift (no hardware profile).",
+            value=book.unchecked(),
+        )
+
     def _nodes(self, c: Coordinator) -> Iterator[Metric]:
         by_state = dict.fromkeys(_NODE_STATES, 0)
         for node in c.state.nodes.values():
@@ -235,6 +257,7 @@ class MetricsCollector:
         for (kind, severity, drill), n in sorted(conditions.items()):
             gauge.add_metric([kind, severity, drill], n)
         yield gauge
+        yield from self._drift(c)
         gate = c.engine.gate
         yield GaugeMetricFamily(
             "ftd_drain_budget",

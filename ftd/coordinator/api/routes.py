@@ -129,6 +129,33 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "GET",
+        "/v1/inventory",
+        "inventory",
+        "What each node runs (driver, CUDA, VBIOS, NIC firmware, OFED, NCCL, kernel, OS; a fact that "
+        "could not be read is 'unknown (why)') and its version drift against its hardware profile's "
+        "peers and minimums (issue #36).",
+        ok=(200, dict[str, Any], ""),
+    ),
+    Route(
+        "GET",
+        "/v1/drift",
+        "drift",
+        "The nodes with version drift now (fields, why, since), the configured action, and how many "
+        "nodes reported an inventory and how many could not be judged (no hardware profile).",
+        ok=(200, dict[str, Any], ""),
+    ),
+    Route(
+        "GET",
+        "/v1/nodes/{node}/inventory",
+        "node_inventory",
+        "One node's inventory: every fact, each GPU's serial and VBIOS, each NIC's firmware, and its "
+        "drift (fields, why, since, the configured action). 404 when it never reported one.",
+        params=_NODE,
+        ok=(200, dict[str, Any], ""),
+        extra=(400, 404),
+    ),
+    Route(
+        "GET",
         "/v1/jobs",
         "jobs",
         "Jobs: ranks registered at agents, and jobs the Slurm Prolog reported.",

@@ -343,6 +343,47 @@ class Api:
             out.append(plain if isinstance(plain, dict) else {"value": plain})
         return json_response(out)
 
+    async def inventory(self, request: web.Request) -> web.Response:
+        book = self.coordinator.state.inventory
+        out: dict[str, Any] = {}
+        for node in sorted(book.inventories):
+            view = book.view(node)
+            if view is not None:
+                out[node] = {
+                    "facts": view["facts"],
+                    "reported_at": view["reported_at"],
+                    "drift": view["drift"],
+                }
+        return json_response({"action": book.action, "nodes": out})
+
+    async def drift(self, request: web.Request) -> web.Response:
+        book = self.coordinator.state.inventory
+        drifted = book.drifted()
+        nodes = [
+            {
+                "node": node,
+                "fields": list(report.fields),
+                "reasons": [d.text() for d in report.drift],
+                "since": book.since.get(node),
+            }
+            for node, report in sorted(drifted.items())
+        ]
+        return json_response(
+            {
+                "action": book.action,
+                "reported": len(book.inventories),
+                "unchecked": book.unchecked(),
+                "nodes": nodes,
+            }
+        )
+
+    async def node_inventory(self, request: web.Request) -> web.Response:
+        node: str = path_param(request, "node", wire.NodeName)
+        view = self.coordinator.state.inventory.view(node)
+        if view is None:
+            raise ApiError(404, f"node {node!r} has reported no inventory")
+        return json_response({"node": node, **view})
+
     async def jobs(self, request: web.Request) -> web.Response:
         return json_response(jobs_out(self.coordinator.state, await self._in_flight()))
 

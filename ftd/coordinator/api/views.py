@@ -248,6 +248,10 @@ class NodeIndex:
             times.append(action.created)
         return min(times) if times else None
 
+    def drift(self, name: str) -> list[str]:
+        report = self.state.inventory.report(name)
+        return [d.text() for d in report.drift] if report is not None else []
+
     def node_out(self, name: str) -> NodeOut:
         node = self.state.nodes[name]
         action = self.by_node.get(name)
@@ -265,6 +269,7 @@ class NodeIndex:
             labels=dict(self.labels.get(name, {})),
             action=node_action(action) if action is not None else None,
             since=self.since(name),
+            drift=self.drift(name),
         )
 
 

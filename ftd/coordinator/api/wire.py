@@ -206,6 +206,8 @@ class NodeOut(msgspec.Struct, frozen=True, kw_only=True):
     # when the node's problem began (the earliest of: offline, drained, unavailable, a condition, its
     # action in flight), seconds since the epoch; None for a healthy node
     since: float | None = None
+    # its version drift against its hardware profile's peers and minimums, one reason per field (#36)
+    drift: list[str] = msgspec.field(default_factory=list)
 
 
 class NodeAction(msgspec.Struct, frozen=True, kw_only=True):

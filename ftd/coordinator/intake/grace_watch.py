@@ -7,7 +7,10 @@ job up, it compares what Slurm grants that job after a notice (``KillWait``; its
 Why here and once: the settings are the site's and change rarely; they are read at most every
 ``refresh_s`` (two ``scontrol`` calls), and each job is audited once, so a bad partition is named for
 each job it would cost a checkpoint, not on every poll. The save time is ``save_s`` (the configured
-``coordinator.save_deadline_s``) until a measured per-job save time is available.
+``coordinator.save_deadline_s``) until the job's own saves are measured (``measured``: the slowest
+level's p95 of the save-time model, fed by acknowledged saves and the checkpoint tier's events); the
+first time a job has a measured save time it is audited once more against it (``source`` in the log
+says which), so a job whose real saves outgrow a grace the configured number fitted is named too.
 """
 
 from __future__ import annotations
@@ -35,31 +38,44 @@ class GraceWatch:
         refresh_s: float = 3600.0,
         max_jobs: int = 4096,
         clock: Callable[[], float] = time.monotonic,
+        measured: Callable[[str], float | None] = lambda job: None,
     ) -> None:
         self.read_grace = read_grace
         self.save_s = save_s
+        self.measured = measured
         self.refresh_s = refresh_s
         self.max_jobs = max_jobs
         self._clock = clock
         self._grace: tuple[float, SlurmGrace] | None = None
-        self._audited: set[str] = set()
+        self._audited: dict[str, str] = {}  # job -> the save time it was audited with: configured|measured
 
     async def job_seen(self, info: JobInfo) -> list[GraceFinding]:
-        """Audit ``info``'s job if it was not yet; its findings (each also logged)."""
-        if info.job in self._audited:
+        """Audit ``info``'s job if it was not yet (or only against the configured save time, and its
+        own saves are measured now); its findings (each also logged)."""
+        measured = self.measured(info.job)
+        source = "measured" if measured is not None else "configured"
+        done = self._audited.get(info.job)
+        if done == "measured" or (done == "configured" and source == "configured"):
             return []
         if len(self._audited) >= self.max_jobs:
             self._audited.clear()  # bounded: an old job audited again at worst
-        self._audited.add(info.job)
+        self._audited[info.job] = source
+        save_s = measured if measured is not None else self.save_s
         grace = await self._settings()
         if grace is None:
             return []
         part = grace.partitions.get(info.partition)
         mine = SlurmGrace(grace.kill_wait_s, {info.partition: part} if part is not None else {})
-        findings = audit_grace(mine, self.save_s)
+        findings = audit_grace(mine, save_s)
         for f in findings:
             log.warning(
-                "grace_too_short", job=info.job, partition=info.partition, setting=f.setting, why=f.message
+                "grace_too_short",
+                job=info.job,
+                partition=info.partition,
+                setting=f.setting,
+                why=f.message,
+                save_s=round(save_s, 3),
+                source=source,
             )
         return findings
 

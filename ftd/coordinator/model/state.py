@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ftd.coordinator.model.checkpoints import CheckpointCatalogue
+from ftd.coordinator.model.inventory import DriftChange, InventoryBook
 from ftd.coordinator.model.moved import MovedJobs
 from ftd.coordinator.model.save_times import SaveTimes
 from ftd.culprit.evidence import MAX_TEXT, PeerBlame
@@ -77,6 +78,8 @@ class ClusterState:
         self.trouble_since: dict[str, dict[str, float]] = {}
         # the jobs ftd requeued that do not train again yet (shown as pending after requeue, #32)
         self.moved = MovedJobs()
+        # what each node runs and its version drift against its hardware profile's peers (issue #36)
+        self.inventory = InventoryBook()
 
     # --- updates from the bus --------------------------------------------------------------
 
@@ -262,15 +265,39 @@ class ClusterState:
             if len(times) > 1 and times[-2] > ts:  # restored out of order (the ledger, at start-up)
                 self.restarts[job] = deque(sorted(times), maxlen=HISTORY_LIMIT)
 
+    def refresh_drift(self) -> list[DriftChange]:
+        """Judge the inventories reported since the last pass (:class:`InventoryBook`); each node's
+        record names its drifting fields (``NodeRecord.drift``, what rules read)."""
+        changes = self.inventory.refresh()
+        for change in changes:
+            record = self.nodes.get(change.node)
+            if record is not None:
+                record.drift = change.report.fields
+        return changes
+
     def drained_nodes(self) -> dict[str, str]:
         """The nodes ftd drained, with their reasons."""
         return {n.name: n.drain_reason for n in self.nodes.values() if n.drained_by_ftd}
+
+    def _note_save_time(self, event: Event) -> None:
+        """A verified tier checkpoint's ``save_s`` feeds the job's save-time model (issue #37 item 2)."""
+        data = event.data
+        job, level, step, save_s = data.get("job"), data.get("level"), data.get("step"), data.get("save_s")
+        if data.get("ok") is not True or data.get("deleted") or not isinstance(job, str):
+            return
+        if not isinstance(level, str) or not isinstance(step, int) or isinstance(step, bool):
+            return
+        if isinstance(save_s, int | float) and not isinstance(save_s, bool):
+            self.save_times.record_checkpoint(job, level, step, float(save_s))
 
     def apply_event(self, event: Event) -> None:
         """Fold an event into the history (called by the engine after the rules decided on it)."""
         self._node(event.node)
         if event.kind == Kind.CHECKPOINT:
             self.checkpoints.note(event)
+            self._note_save_time(event)
+        elif event.kind == Kind.INVENTORY:
+            self.inventory.note(event.node, event.data, event.ts)
         uuid = event.data.get("uuid")
         gpu: GpuRecord | None = None
         if isinstance(uuid, str) and uuid:

@@ -39,6 +39,9 @@ scheduler (Slurm, Kubernetes) it acts on.
 * **Restarts that did not resume**: a ``checkpoint_restart`` escalated because the job requeued in
   place did not train again (``detail.not_resumed``, :mod:`ftd.coordinator.actions.checkpoint_restart`)
   is notified once, with that sentence (a ``notify`` action, rule ``resume_watch``).
+* **Saves skipped before a deadline**: an interruption's ``checkpoint_restart`` whose decision was
+  that no save could land (``detail.save_skipped``, issue #37) is notified once: why, and the step
+  the job will resume from (``detail.resume_from_step``; rule ``deadline``).
 * **Unacted conditions** (:mod:`ftd.coordinator.upkeep.unacted`): a node in service whose agent
   reports an active critical condition, and whose drain failed, was suppressed or was never asked
   for, gets the drain proposed again through the engine (gate, budgets, approval apply), at most
@@ -131,7 +134,9 @@ class Reconciler:
         self._changes = 0  # drain records changed here so far (a sequence, not a clock)
         self._touched: dict[str, int] = {}  # node -> the change number of its record's last change
         self._in_flight: dict[str, str] = {}  # node -> id of a drain/resume action not finished
-        self._notified: set[str] = set()  # restarts whose "did not resume" was notified
+        self._notified: set[str] = (
+            set()
+        )  # restarts whose "did not resume" (id) or skipped save ("skipped:" id) was notified
         self._tasks: set[asyncio.Task[Any]] = set()
         self.unacted = UnactedConditions(
             backoff_s=unacted_retry_s, max_backoff_s=unacted_retry_max_s, clock=clock
@@ -197,7 +202,47 @@ class Reconciler:
             return
         self._note_requeue(record)
         self._notify_not_resumed(record)
+        self._notify_save_skipped(record)
         self.pinned.observe(record)
+
+    def _notify_save_skipped(self, record: ActionRecord) -> None:
+        """An interruption's restart that decided no save could land (issue #37): one notification
+        saying why and the step the job will resume from (the catalogue's newest verified)."""
+        why = record.detail.get("save_skipped")
+        if (
+            record.request.kind != ActionKind.CHECKPOINT_RESTART
+            or not record.request.params.get("interruption")
+            or not isinstance(why, str)
+            or "skipped:" + record.id in self._notified
+            or ActionKind.NOTIFY not in self.engine.executors
+        ):
+            return
+        self._notified.add("skipped:" + record.id)
+        job = record.request.target
+        step = record.detail.get("resume_from_step")
+        resume = (
+            f"it resumes from its last verified checkpoint, step {step}"
+            if isinstance(step, int)
+            else "no verified checkpoint of it is known: it resumes from whatever it finds"
+        )
+        self._submit_notify(
+            ActionRequest(
+                kind=ActionKind.NOTIFY,
+                target=job,
+                reason=f"job {job}: no save before the deadline ({why}); {resume}",
+                params={"job": job, "action_id": record.id, "resume_from_step": step, "severity": "warning"},
+                rule="deadline",
+                event_id=record.request.event_id,
+            ),
+            f"notify-save-skipped:{record.id}",
+        )
+
+    def _submit_notify(self, request: ActionRequest, name: str) -> None:
+        """Submit ``request`` as a task (an observer must not call back into the engine: it runs in a
+        decision)."""
+        task = asyncio.create_task(self.engine.submit(request), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _notify_not_resumed(self, record: ActionRecord) -> None:
         """A restart escalated because the job did not train again: one notification with the sentence.
@@ -221,9 +266,7 @@ class Reconciler:
             rule="resume_watch",
             event_id=record.request.event_id,
         )
-        task = asyncio.create_task(self.engine.submit(request), name=f"notify-not-resumed:{record.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._submit_notify(request, f"notify-not-resumed:{record.id}")
 
     def _note_requeue(self, record: ActionRecord) -> None:
         if record.request.kind != ActionKind.CHECKPOINT_RESTART:

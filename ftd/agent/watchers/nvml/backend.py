@@ -3,7 +3,8 @@
 :class:`NvmlBackend` asks small, index-based questions (inventory, ECC counters, remapped rows,
 histogram, retired pages, temperature, throttle reasons, power, SM clocks, PCIe replays, the PCIe
 link's current and maximum generation and width, NVLink error counters and per-link states, Xid
-events). :class:`ftd.agent.watchers.nvml.real.RealNvml` answers
+events; the driver, CUDA, VBIOS and serial for the inventory).
+:class:`ftd.agent.watchers.nvml.real.RealNvml` answers
 them through pynvml; :class:`ftd.agent.watchers.nvml.fake.FakeNvml` answers them from a script for
 tests and benches.
 A question the GPU cannot answer raises :class:`NvmlNotSupported` (the watcher remembers it and does
@@ -156,3 +157,17 @@ class NvmlBackend(Protocol):
         """One Xid event, or ``None`` after ``timeout_ms`` without one."""
 
     def xid_events_stop(self) -> None: ...
+
+    # --- versions (the inventory, issue #36) ------------------------------------------------------
+
+    def driver_version(self) -> str:
+        """The driver's version (``nvmlSystemGetDriverVersion``: ``550.54.15``)."""
+
+    def cuda_driver_version(self) -> str:
+        """The CUDA version the driver supports (``nvmlSystemGetCudaDriverVersion_v2``: ``12.4``)."""
+
+    def vbios_version(self, index: int) -> str:
+        """The GPU's VBIOS (``nvmlDeviceGetVbiosVersion``: ``96.00.89.00.01``)."""
+
+    def serial(self, index: int) -> str:
+        """The board's serial number (``nvmlDeviceGetSerial``; NotSupported on some boards)."""

@@ -5,6 +5,7 @@ counter, set ``remap_pending``, heat a GPU, remove it (``vanish``: no longer enu
 answer "GPU is lost" (``lost = True``), set the driver's SRAM threshold flag
 (``sram_threshold_exceeded``), give it NVLink (``with_nvlink``) and take a link down
 (``set_link(3, False)``), narrow its PCIe link (``pcie = PcieLinkInfo(5, 5, 8, 16)``; ``None``:
+NotSupported), change its ``vbios`` or ``serial``, or the node's ``driver`` and ``cuda`` (``""``:
 NotSupported). ``unsupported`` names backend methods that answer
 NotSupported; ``block`` names methods that block until :meth:`FakeNvml.release` (or forever), so a
 stalled probe can be tested. :meth:`FakeNvml.inject_xid` queues an Xid event. ``calls`` counts
@@ -68,6 +69,8 @@ class FakeGpu:
     pcie: PcieLinkInfo | None = dataclasses.field(default_factory=lambda: PcieLinkInfo(5, 5, 16, 16))
     nvlink: dict[str, int] | None = None  # None: NotSupported (no NVLink)
     nvlink_links: dict[int, bool] | None = None  # link id -> active; None: NotSupported (no NVLink)
+    vbios: str = "96.00.89.00.01"
+    serial: str = ""  # "" : a serial made from the index (FakeNvml.__init__)
     lost: bool = False  # every call answers "GPU is lost"
     unsupported: set[str] = dataclasses.field(default_factory=set)
     block: set[str] = dataclasses.field(default_factory=set)
@@ -101,11 +104,14 @@ class FakeNvml:
                 index=i,
                 uuid=f"GPU-fake-{i:04d}-0000-0000-000000000000",
                 pci=f"0000:{0x18 + i * 0x10:02x}:00.0",
+                serial=f"165202{i:07d}",
             )
             for i in range(count)
         ]
         self.unavailable = unavailable
         self.xid_supported = True
+        self.driver = "550.54.15"  # driver_version(); "" answers NotSupported
+        self.cuda = "12.4"  # cuda_driver_version(); "" answers NotSupported
         self.calls: Counter[str] = Counter()
         self.block_global: set[str] = set()  # methods that block for every GPU
         self._release = threading.Event()
@@ -268,3 +274,27 @@ class FakeNvml:
 
     def xid_events_stop(self) -> None:
         self.calls["xid_events_stop"] += 1
+
+    # --- versions -----------------------------------------------------------------------------------
+
+    def driver_version(self) -> str:
+        self._enter("driver_version")
+        if not self.driver:
+            raise NvmlNotSupported("Not Supported")
+        return self.driver
+
+    def cuda_driver_version(self) -> str:
+        self._enter("cuda_driver_version")
+        if not self.cuda:
+            raise NvmlNotSupported("Not Supported")
+        return self.cuda
+
+    def vbios_version(self, index: int) -> str:
+        gpu = self._enter("vbios_version", index)
+        assert gpu is not None
+        return gpu.vbios
+
+    def serial(self, index: int) -> str:
+        gpu = self._enter("serial", index)
+        assert gpu is not None
+        return gpu.serial

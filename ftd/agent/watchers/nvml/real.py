@@ -28,7 +28,7 @@ from ftd.agent.watchers.nvml.backend import (
 from ftd.logs import get_logger
 from ftd.pci import normalize_pci
 
-__all__ = ["RealNvml"]
+__all__ = ["RealNvml", "cuda_text"]
 
 log = get_logger(__name__)
 
@@ -262,6 +262,25 @@ class RealNvml:
             with contextlib.suppress(Exception):
                 self._nv.nvmlEventSetFree(self._event_set)
             self._event_set = None
+
+    def driver_version(self) -> str:
+        return _text(self._call(self._nv.nvmlSystemGetDriverVersion))
+
+    def cuda_driver_version(self) -> str:
+        nv = self._nv
+        fn = getattr(nv, "nvmlSystemGetCudaDriverVersion_v2", None) or nv.nvmlSystemGetCudaDriverVersion
+        return cuda_text(int(self._call(fn)))
+
+    def vbios_version(self, index: int) -> str:
+        return _text(self._call(self._nv.nvmlDeviceGetVbiosVersion, self._handle(index)))
+
+    def serial(self, index: int) -> str:
+        return _text(self._call(self._nv.nvmlDeviceGetSerial, self._handle(index)))
+
+
+def cuda_text(version: int) -> str:
+    """NVML's CUDA version number as people write it: 12040 -> ``12.4``, 12020 -> ``12.2``."""
+    return f"{version // 1000}.{version % 1000 // 10}"
 
 
 def _text(value: str | bytes) -> str:

@@ -351,6 +351,22 @@ function renderJobs(jobs) {
     training ? `${training} training jobs are counted here, not listed` : "";
 }
 
+// Version drift (issue #36): the drifted nodes, and a line saying what drift does here and how many
+// nodes could not be judged (never shown as "no drift").
+function driftView(d) {
+  const rows = (d.nodes || []).map((n) => [n.node, (n.fields || []).join(", "), (n.reasons || []).join("; "),
+    n.since ? time(n.since) : "unknown"]);
+  const parts = [`${(d.nodes || []).length} of ${d.reported || 0} reporting nodes drift`, `action: ${d.action}`];
+  if (d.unchecked) parts.push(`${d.unchecked} not checked (no hardware profile)`);
+  return { rows, summary: parts.join(" · ") };
+}
+
+function renderDrift(d) {
+  const view = driftView(d);
+  document.getElementById("drift-summary").textContent = view.summary;
+  fill("drift", view.rows, 4, d.reported ? "no node drifts from its peers" : "no node has reported an inventory");
+}
+
 async function refreshProblems() {
   renderProblems(await getPage(nodesQuery()));
 }
@@ -374,6 +390,7 @@ async function refresh() {
       fill("folded", [], 5, servedByLeader(view));
       fill("inflight", [], 6, servedByLeader(view));
       fill("jobs", [], 5, servedByLeader(view));
+      fill("drift", [], 4, servedByLeader(view));
     } else {
       const [summary, page, jobs] = await Promise.all([getJSON("/v1/summary"), getPage(nodesQuery()), getJSON("/v1/jobs")]);
       lastSummary = summary;
@@ -382,6 +399,7 @@ async function refresh() {
       renderSummary(summary);
       renderProblems(page);
       renderJobs(jobs);
+      getJSON("/v1/drift").then(renderDrift, () => fill("drift", [], 4, "drift: not served by this coordinator"));
       if (!document.body.dataset.rendered) {
         // the first screen is filled: when, in ms since navigation started (the browser test reads it)
         document.body.dataset.rendered = "yes";
@@ -541,7 +559,7 @@ function wire() {
 
 if (typeof module !== "undefined" && module.exports) {
   // loaded by node (the unit tests), not a browser
-  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom, dateTime, eventText, foldJobs, approver };
+  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom, dateTime, eventText, foldJobs, approver, driftView };
 } else {
   wire();
   refresh();
