@@ -530,14 +530,16 @@ def test_after_a_reboot_the_conditions_are_forgotten_and_a_bad_link_is_reported_
 
     before = watcher("boot-1")
     rig.poll(before, 0.0)
-    rig.writer.write({counter("link_downed"): "2\n"})
+    rig.writer.write({counter("local_link_integrity_errors"): "1\n"})
     assert len(_counter_events(rig.poll(before, 30.0))) == 1
-    rig.writer.write({counter("link_downed"): "0\n"})  # the reboot reset the counters
     same_boot = watcher("boot-1")
-    assert "ib:mlx5_0/1:link_downed" in same_boot.state.open  # an agent restart keeps it
+    assert "ib:mlx5_0/1:local_link_integrity_errors" in same_boot.state.open  # an agent restart keeps it
+    # The reboot: counters back to 0, and the port counts one link_downed as it trains (0 -> 1: judged
+    # against the last boot's 0 it would be a fatal increase).
+    rig.writer.write({counter("local_link_integrity_errors"): "0\n", counter("link_downed"): "1\n"})
     after = watcher("boot-2")
-    assert after.state.open == {}
-    rig.poll(after, 600.0)  # the reset: a new baseline
-    rig.writer.write({counter("link_downed"): "1\n"})  # still flapping after the reboot
+    assert after.state.open == {} and after.state.counters == {}
+    assert _counter_events(rig.poll(after, 600.0)) == []  # not judged against the last boot's values
+    rig.writer.write({counter("link_downed"): "2\n"})  # still flapping after the reboot
     (event,) = _counter_events(rig.poll(after, 630.0))
     assert (event.data["counter"], event.data["status"]) == ("link_downed", "crossed")

@@ -8,9 +8,10 @@ the restart, judges what rose while it was down, and clears what it opened befor
 
 A file that is missing, unreadable or not this shape is an empty memory (logged), never a crash:
 the counters then start from their current values. The file names the kernel's boot id: after a
-reboot the conditions it held are forgotten (the agent's condition book forgets them too, and a link
-still bad after the reboot must be reported open again); the histories are kept (the counters were
-reset by the reboot, which the next sample sees as a reset: a new baseline).
+reboot it is forgotten whole -- the conditions it held (the agent's condition book forgets them too,
+and a link still bad after the reboot must be reported open again) and the histories (the reboot
+reset the counters, and a port that trains at boot counts a ``link_downed``: judged against the last
+boot's values, every reboot would look like a link fault).
 """
 
 from __future__ import annotations
@@ -70,10 +71,13 @@ def load_state(path: Path | None, window_s: float = HOUR_S, boot: str | None = N
     if not isinstance(data, dict) or data.get("version") != VERSION:
         log.warning("fabric_state_unknown_shape", path=str(path))
         return FabricState(boot=boot)
-    counters = data.get("counters")
-    opened = data.get("open") if data.get("boot") == boot else None
     if data.get("boot") != boot:
-        log.info("fabric_conditions_forgotten_after_reboot", path=str(path))
+        # The reboot reset the counters (and NVML's); a link that trains at boot counts a
+        # link_downed: judged against the last boot's values, every reboot would look like a fault.
+        log.info("fabric_state_forgotten_after_reboot", path=str(path))
+        return FabricState(boot=boot)
+    counters = data.get("counters")
+    opened = data.get("open")
     state = FabricState(boot=boot)
     if isinstance(counters, dict):
         for key, samples in counters.items():
