@@ -7,7 +7,8 @@ does a watcher that should watch and cannot (``agent_health`` with ``problem =
 unknown, never healthy); it stays active until what it is about says it is over:
 
 * ``fs_fill``: the watcher reports the mount's level back at ``ok`` or ``warning``;
-* any kind: an ``info`` event of the same kind and subject (a GPU reset's ``reset_ok`` /
+* any kind: an ``info`` event of the same kind and subject (a ``fabric`` or ``pcie_link`` event names
+  its own ``subject``: one counter of one port, one PCIe link) (a GPU reset's ``reset_ok`` /
   ``healthy`` on that GPU also ends its ``xid`` / ``gpu_fallen_off_bus`` / ``gpu_health``
   conditions: the reset is what resolves them; not a GPU past the SRAM replacement threshold, an
   ``ecc`` condition with ``signal = "sram_threshold"``: its count is over the GPU's life, a reset
@@ -47,6 +48,7 @@ _RESET_DONE = frozenset({"reset_ok", "healthy"})
 _NOT_SAVED = frozenset({Kind.FS_FILL, Kind.AGENT_HEALTH})  # their watchers report them again at start
 WATCHER_UNAVAILABLE = "watcher_unavailable"  # agent_health problem that is a condition
 _LIFETIME_SIGNALS = frozenset({"sram_threshold"})  # a reset does not end these (lifetime counters)
+_SUBJECT_KINDS = frozenset({Kind.FABRIC, Kind.PCIE_LINK})  # their data names its own subject
 
 
 @dataclass
@@ -82,6 +84,8 @@ def _subject(event: Event) -> str:
         return str(data.get("path") or "-")
     if event.kind == Kind.JOB_LEFTOVER:
         return str(data.get("job") or "-")
+    if event.kind in _SUBJECT_KINDS and isinstance(data.get("subject"), str) and data["subject"]:
+        return str(data["subject"])  # one counter of one port, one PCIe link (ftd.agent.watchers.fabric)
     for name in ("pci", "uuid"):
         value = data.get(name)
         if isinstance(value, str) and value:
@@ -114,6 +118,11 @@ def _reason(event: Event) -> str:
         return str(data["reason"])[:300]
     if event.kind == Kind.JOB_LEFTOVER:
         return f"job {subject} left GPU processes {','.join(str(p) for p in data.get('gpu_pids', []))}"
+    if event.kind == Kind.FABRIC and data.get("check") == "counter":
+        return (
+            f"fabric {data.get('counter')} on {data.get('device')} port {data.get('port', '-')}: "
+            f"{data.get('per_hour')}/h, {data.get('per_s')}/s ({data.get('threshold')}, {data.get('class')})"
+        )
     detail = data.get("signal") or data.get("problem") or data.get("reason") or ""
     return f"{kind} {subject}" + (f" {detail}" if detail else "")
 

@@ -44,6 +44,7 @@ from ftd.agent.storm import StormControl
 from ftd.agent.supervision import Named, WatcherSupervisor, health_reporter
 from ftd.agent.watchers.base import Emit, Watcher
 from ftd.agent.watchers.cloud import CloudWatcher
+from ftd.agent.watchers.fabric import FabricWatcher
 from ftd.agent.watchers.fs import FsWatcher
 from ftd.agent.watchers.heartbeat import HeartbeatWatcher
 from ftd.agent.watchers.host import HostWatcher
@@ -52,6 +53,7 @@ from ftd.agent.watchers.kmsg_checkpoint import KmsgCheckpoint
 from ftd.agent.watchers.logfile import LogWatcher
 from ftd.agent.watchers.memory import MemoryWatcher
 from ftd.agent.watchers.nvml.backend import NvmlBackend
+from ftd.agent.watchers.nvml.real import RealNvml
 from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.bus.base import Bus
 from ftd.catalog.hardware_profiles import load_hardware_catalog
@@ -101,7 +103,8 @@ def build_agent(
     ``watchers``: more watchers beside the configured ones; ``gpu_runner`` / ``nvml_backend``: the
     GPU reset's command runner and NVML (fakes in tests); ``stall_s``: a watcher that makes no
     progress this long is restarted; ``rack_broker``: named in every status message; ``hardware``:
-    the node's hardware profile and the operator's catalog (the top-level ``[hardware]`` table)."""
+    the node's hardware profile and the operator's catalog (the top-level ``[hardware]`` table: the
+    inventory's profile, the fabric watcher's thresholds)."""
     node = node or cfg.resolved_node()
     state_dir = Path(cfg.state_dir)
     outbox, startup_problems = open_outbox(cfg, bus)
@@ -172,7 +175,7 @@ def build_agent(
     all_watchers: list[Watcher] = [
         Named("kmsg", kmsg),
         HeartbeatWatcher(cfg.heartbeat, node, emit, local_api=local_api),
-        *configured_watchers(cfg, node, emit, local_api, nvml_backend),
+        *configured_watchers(cfg, node, emit, local_api, nvml_backend, hardware),
         # Host state from sysfs/procfs: read-only remounts, md, NVMe, IB ports and counters, EDAC (#23).
         HostWatcher(node, emit),
         # The checkpoint directories the ranks registered: read-only, full, unresponsive (issue #23).
@@ -254,10 +257,15 @@ def build_agent(
 
 
 def configured_watchers(
-    cfg: AgentConfig, node: str, emit: Emit, local_api: LocalApi, nvml_backend: NvmlBackend | None
+    cfg: AgentConfig,
+    node: str,
+    emit: Emit,
+    local_api: LocalApi,
+    nvml_backend: NvmlBackend | None,
+    hardware: HardwareConfig | None = None,
 ) -> list[Watcher]:
-    """The configurable watchers (NVML, logs, filesystem, cloud notices, memory); off or empty sections
-    are skipped."""
+    """The configurable watchers (NVML, logs, filesystem, cloud notices, memory, fabric); off or empty
+    sections are skipped."""
     found: list[Watcher] = []
     if cfg.nvml.enabled:  # without NVML it logs "disabled" and idles; it never crashes the agent
         found.append(NvmlWatcher(cfg.nvml, node, emit, backend=nvml_backend))
@@ -279,6 +287,21 @@ def configured_watchers(
             }
 
         found.append(MemoryWatcher(cfg.memory, node, emit, pids=trainer_pids))
+    if cfg.fabric.enabled:  # counters as rates, PCIe links, port rates (issue #35; docs/fabric.md)
+        use_nvml = cfg.fabric.nvml and cfg.nvml.enabled
+        backend = (nvml_backend if nvml_backend is not None else RealNvml()) if use_nvml else None
+        state = Path(cfg.state_dir) / "fabric.json"
+        found.append(
+            FabricWatcher(
+                cfg.fabric,
+                node,
+                emit,
+                hardware=hardware,
+                state_path=state,
+                root=Path(cfg.fabric.root),
+                backend=backend,
+            )
+        )
     return found
 
 

@@ -36,6 +36,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "checkpoint": ("ftd.bench.checkpoint", "bench_checkpoint"),
     "culprit": ("ftd.bench.culprit", "bench_culprit"),
     "preemption": ("ftd.bench.preemption", "bench_preemption"),
+    "fabric": ("ftd.bench.fabric", "bench_fabric"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -49,6 +50,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "checkpoint": ("cases", "sizes", "samples", "runs"),
     "culprit": ("runs", "cases", "seed"),
     "preemption": ("runs", "cases"),
+    "fabric": ("samples",),
 }
 
 

@@ -434,6 +434,30 @@ class FabricConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Passive fabric health: IB/RoCE/NVLink counters as rates, PCIe and port link state (issue #35)."""
 
     enabled: Annotated[bool, _doc("Read the fabric's counters and link states.")] = True
+    interval_s: Annotated[
+        float,
+        _doc("Seconds between two reads; a counter crossing its threshold is reported at the next.", ge=1),
+    ] = 30.0
+    window_s: Annotated[
+        float,
+        _doc("The trailing window of the per-hour rates and of any_increase rules, in seconds.", ge=60),
+    ] = 3600.0
+    nvml: Annotated[bool, _doc("Read NVLink error counters and GPU PCIe links through NVML too.")] = True
+    ethtool: Annotated[
+        NonEmptyStr, _doc("The ethtool binary whose `-S` gives a RoCE port's *_phy counters.")
+    ] = "ethtool"
+    ethtool_timeout_s: Annotated[float, _doc("Longest wait for one `ethtool -S`.", gt=0, le=60)] = 5.0
+    read_timeout_s: Annotated[
+        float,
+        _doc("Longest wait for one whole read (sysfs, ethtool, NVML); past it the read is skipped.", gt=0),
+    ] = 20.0
+    root: Annotated[
+        NonEmptyStr,
+        _doc(
+            "Root under which sys/class/infiniband and sys/bus/pci/devices are read; a container with "
+            "the host's /sys mounted elsewhere names that mount's parent."
+        ),
+    ] = "/"
 
 
 class PairTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -51,6 +51,10 @@ host               NIC fatal (mlx5, EFA), NVLink link-mask failure, uncorrected 
                    move the job, then drain; NIC warnings, soft lockups, peermem errors, resource limits,
                    other kernel BUG reports: notify; a segfault in libnccl/libcuda of a job's process:
                    the application-fault path (restart in place, crash-loop backoff)
+fabric             a fabric counter over a fatal threshold (symbol errors over the BER limit, link downed,
+                   link integrity, buffer overrun): move the job, then drain; warnings, a port below its
+                   profile's rate, a PCIe link below its maximum: notify; congestion (pause storms,
+                   ECN/CNP): notify as the fabric's, never a drain (docs/fabric.md)
 supervisor         a job's rank supervisor (``ftd run``) lost or failed on a node the job trains on:
                    restart with that node avoided (its slot goes to a spare, no drain); on a spare:
                    notify

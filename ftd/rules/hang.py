@@ -24,7 +24,10 @@ not confident                                   ``restart`` -> checkpoint_restar
 ==============================================  ============================================================
 
 The verdict's sentence, the merged stack tree and where each piece of evidence came from travel in
-the restart's and the notification's params (the notification's body shows them).
+the restart's and the notification's params (the notification's body shows them). When the job's
+nodes reported fabric congestion in the 15 minutes before the verdict (a ``fabric`` event of class
+``congestion``: a PFC pause storm, ECN/CNP, out of buffer; rule ``fabric``), the notification says so
+(``params.fabric_congestion``): the hang may be the fabric's, not the application's.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ EVENT_KINDS = frozenset({Kind.RANK_HEARTBEAT_LOST, Kind.LOG_STALE, Kind.LOG_PATT
 #: Log patterns of a collective that stopped moving (ftd/catalog/log_patterns.toml).
 HANG_PATTERNS = frozenset({"nccl_watchdog_timeout", "nccl_watchdog_stuck"})
 _NO_SAVE = "the job is hung: its ranks cannot take a checkpoint"
+CONGESTION_WINDOW_S = 900.0
 
 
 def _symptom(event: Event) -> str | None:
@@ -97,7 +101,24 @@ def _strings(value: Any) -> list[str]:
     return [str(v) for v in value if isinstance(v, str | int)] if isinstance(value, list) else []
 
 
-def _on_verdict(event: Event) -> list[ActionRequest]:
+def _congestion(view: ClusterView, nodes: list[str], ts: float) -> list[str]:
+    """``node: counter`` of each fabric congestion the job's nodes reported within the window."""
+    found = []
+    for node in nodes:
+        for record in view.node_events(node):
+            data = record.data
+            if (
+                record.kind == "fabric"
+                and 0 <= ts - record.ts <= CONGESTION_WINDOW_S
+                and isinstance(data, dict)
+                and data.get("class") == "congestion"
+                and data.get("status") == "crossed"
+            ):
+                found.append(f"{node}: {data.get('counter')} on {data.get('netdev') or data.get('device')}")
+    return sorted(set(found))
+
+
+def _on_verdict(event: Event, view: ClusterView) -> list[ActionRequest]:
     data = event.data
     job = data.get("job")
     if not isinstance(job, str | int) or isinstance(job, bool) or not str(job):
@@ -156,6 +177,10 @@ def _on_verdict(event: Event) -> list[ActionRequest]:
         ]
         then = "stopped, not restarted" if stop else "restarted in place, no node excluded"
         what = f"job {job} hung ({kind}{'' if confident else ', not confident'}); {then}: {why}"
+    congested = _congestion(view, sorted({*view.job_nodes(job), *culprits, event.node}), event.ts)
+    if congested:
+        told["fabric_congestion"] = congested
+        what += f" (fabric congestion meanwhile: {'; '.join(congested)[:300]})"
     actions.append(
         ActionRequest(
             kind=ActionKind.NOTIFY,
@@ -172,7 +197,7 @@ def ftd_evaluate(event: Event, view: ClusterView) -> list[ActionRequest] | None:
     if event.kind == Kind.HANG_VERDICT:
         if event.source != "coordinator":  # only the coordinator's own verdict is acted on
             return None
-        return _on_verdict(event) or None
+        return _on_verdict(event, view) or None
     reason = _symptom(event)
     if reason is None or already_judged(event):
         return None

@@ -53,6 +53,7 @@ def test_every_builtin_is_registered() -> None:
         "host",
         "supervisor",
         "interruption",
+        "fabric",
     }
 
 

@@ -181,6 +181,30 @@ CASES: list[tuple[str, Kind, dict[str, Any], str]] = [
         "NVRM: knvlinkUpdatePostRxDetectLinkMask_GB200: Failed to update Rx Detect Link mask!",
         Kind.NVLINK, {"fault": "post_rx_detect_failed"}, "error",
     ),
+    # PCIe links below their capability (issue #35): our own values, the kernel's wording
+    (
+        "mlx5_core 0000:17:00.0: 126.024 Gb/s available PCIe bandwidth, limited by 16.0 GT/s PCIe x8 link at"
+        " 0000:16:00.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)",
+        Kind.PCIE_LINK,
+        {"pci": "0000:17:00.0", "cur_width": 8, "max_width": 16, "lanes_lost": 8, "gens_lost": 0,
+         "bandwidth_pct": 50.0, "what": "width", "subject": "pcie:0000:17:00.0", "from": "kmsg"},
+        "warning",
+    ),
+    (
+        "nvidia 0000:9a:00.0: 31.504 Gb/s available PCIe bandwidth, limited by 2.5 GT/s PCIe x16 link at"
+        " 0000:97:01.0 (capable of 504.112 Gb/s with 32.0 GT/s PCIe x16 link)",
+        Kind.PCIE_LINK,
+        {"pci": "0000:9a:00.0", "cur_speed_gts": 2.5, "max_speed_gts": 32.0, "gens_lost": 4, "lanes_lost": 0,
+         "what": "speed", "bandwidth_pct": 6.2},
+        "info",  # speed alone from a GPU: its link idles at a low generation
+    ),
+    (
+        "mlx5_core 0000:3a:00.0: 126.024 Gb/s available PCIe bandwidth, limited by 8.0 GT/s PCIe x16 link at"
+        " 0000:38:02.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)",
+        Kind.PCIE_LINK,
+        {"pci": "0000:3a:00.0", "what": "speed", "gens_lost": 1, "bandwidth_pct": 50.0},
+        "warning",  # a NIC's speed is judged
+    ),
     # CPU and kernel
     (
         "mce: [Hardware Error]: CPU 12: Machine Check Exception: 5 Bank 4: b200000000070f0f",
@@ -317,6 +341,8 @@ NEAR_MISSES = [
     "mce: CPU0: Core temperature above threshold, cpu clock throttled",
     "cgroup: fork rejected by pids controller in /system.slice/cron.service",
     "xfs filesystem being remounted at /var/lib supports timestamps until 2038 (0x7fffffff)",
+    "nvidia 0000:18:00.0: 504.112 Gb/s available PCIe bandwidth (32.0 GT/s PCIe x16 link)",  # not limited
+    "pci 0000:03:00.0: 8.000 Gb/s available PCIe bandwidth, limited by 5.0 GT/s PCIe x2 link at",
 ]
 
 
@@ -413,6 +439,9 @@ def family_lines(draw: st.DrawFn) -> tuple[str, Kind]:
         (f"nfs: server 10.{n % 256}.0.1 not responding, timed out", Kind.NETFS),
         (f"mlx5_core 0000:{n % 256:02x}:00.0: poll_health:807: device's health compromised", Kind.NIC),
         (f"VFS: file-max limit {n} reached", Kind.RESOURCE_LIMIT),
+        (f"pci 0000:{n % 256:02x}:00.0: {n % 999}.000 Gb/s available PCIe bandwidth, limited by 8.0 GT/s"
+         f" PCIe x{1 + n % 16} link at 0000:00:01.0 (capable of 252.048 Gb/s with 16.0 GT/s PCIe x16 link)",
+         Kind.PCIE_LINK),
         (f"python[{n}]: segfault at {n:x} ip {n:x} sp {n:x} error 4 in libcuda.so.1[7f00+10]", Kind.SEGFAULT),
         (f"watchdog: BUG: soft lockup - CPU#{n % 512} stuck for {n % 100}s! [python:{n}]", Kind.SOFT_LOCKUP),
         (f"mce: [Hardware Error]: CPU {n % 512}: Machine Check: 5 Bank {n % 32}: b2", Kind.MACHINE_CHECK),

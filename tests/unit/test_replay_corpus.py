@@ -38,6 +38,8 @@ _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _LOG_KEYS = {"file", "line", "offset", "pattern", "text", "suppressed"}
 _FS_KEYS = {"path", "reason", "level", "used_pct", "inodes_used_pct", "time_to_full_s", "capacity_factor"}
 _MEM_LEAK_KEYS = {"leak", "pid", "job", "rank", "rss_mb", "growth_mb_per_min", "time_to_exhaustion_s"}
+_FABRIC_COUNTER_KEYS = {"status", "source", "counter", "class", "per_s", "per_hour", "threshold", "profile"}
+_PCIE_KEYS = {"pci", "cur_width", "max_width", "lanes_lost", "bandwidth_pct", "what", "status", "from"}
 _MEM_HOST_KEYS = {"leak", "level", "previous", "mem_available_pct", "mem_available_mb", "mem_total_mb"}
 
 
@@ -82,6 +84,14 @@ def check_realistic(event: Event, patterns: dict[str, Any], seen: set[str]) -> N
         assert data.get("resource") in ("bytes", "inodes"), where
     elif event.source == "memory":
         assert (_MEM_LEAK_KEYS if data.get("leak") else _MEM_HOST_KEYS) <= set(data), where
+    elif event.source == "fabric":  # ftd.agent.watchers.fabric: every event names its check's subject
+        assert isinstance(data.get("subject"), str) and data["subject"], where
+        if event.kind == "fabric":
+            assert data.get("check") in ("counter", "port_rate", "skipped"), where
+            if data["check"] == "counter":
+                assert set(data) >= _FABRIC_COUNTER_KEYS, where
+        else:
+            assert event.kind == "pcie_link" and set(data) >= _PCIE_KEYS, where
     else:
         assert event.source in ("heartbeat", "coordinator", "agent"), (
             f"{where}: unexpected source {event.source!r}"

@@ -1,5 +1,6 @@
 """Host signal families of the kernel log (#23): storage, network filesystems, NICs, GPUDirect,
-NVLink link masks, machine checks, lockups, oopses, segfaults and resource limits.
+NVLink link masks, PCIe links below their capability (#35), machine checks, lockups, oopses,
+segfaults and resource limits.
 
 What: one small matcher per family (a function of the message text, the line after its prefix),
 the table :data:`FAMILIES` that says which cheap substrings send a message to which matcher, and
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ftd.events import Kind
+from ftd.fabric.links import parse_pcie_speed, pcie_gen
 from ftd.pci import normalize_pci
 
 __all__ = ["FAMILIES", "Found", "family_candidate", "match_family"]
@@ -353,6 +355,54 @@ def _nvlink(msg: str) -> Found | None:
     return Found(Kind.NVLINK, "error", {"fault": "post_rx_detect_failed", "gpu": pci}, extra, pci=pci)
 
 
+# --- PCIe link bandwidth --------------------------------------------------------------------------
+
+# The PCI core's pcie_print_link_status() at probe: "<driver> <bdf>: 63.008 Gb/s available PCIe
+# bandwidth, limited by 8.0 GT/s PCIe x8 link at 0000:00:01.0 (capable of 252.048 Gb/s with 16.0 GT/s
+# PCIe x16 link)". The link "at" may be an upstream port (a switch or root port slower than the device).
+_PCIE_LIMITED_RE = re.compile(
+    r"(?:^|\s)([a-z][\w-]{0,31}) (" + _PCI + r"): (\d{1,5}\.\d{1,3}) Gb/s available PCIe bandwidth, "
+    r"limited by (\d{1,3}(?:\.\d{1,2})? GT/s) PCIe x(\d{1,2}) link at (" + _PCI + r") \(capable of "
+    r"(\d{1,5}\.\d{1,3}) Gb/s with (\d{1,3}(?:\.\d{1,2})? GT/s) PCIe x(\d{1,2}) link\)"
+)
+
+
+_NIC_DRIVERS = frozenset({"mlx5_core", "mlx4_core", "bnxt_en", "ice", "i40e", "efa", "ena", "irdma"})
+
+
+def _pcie_limited(msg: str) -> Found | None:
+    match = _PCIE_LIMITED_RE.search(msg) if "limited by" in msg else None
+    if match is None:
+        return None
+    driver, bdf, have, cur_speed, cur_width, at, full, max_speed, max_width = match.groups()
+    pci = normalize_pci(bdf)
+    cur_gts, max_gts = parse_pcie_speed(cur_speed), parse_pcie_speed(max_speed)
+    lanes_lost = max(0, int(max_width) - int(cur_width))
+    cur_gen, max_gen = pcie_gen(cur_gts), pcie_gen(max_gts)
+    slower = cur_gts is not None and max_gts is not None and cur_gts < max_gts
+    what = "+".join(w for w, bad in (("width", lanes_lost > 0), ("speed", slower)) if bad) or "bandwidth"
+    data = {
+        "subject": f"pcie:{pci}",
+        "device": driver,
+        "pci": pci,
+        "cur_width": int(cur_width),
+        "max_width": int(max_width),
+        "cur_speed_gts": cur_gts,
+        "max_speed_gts": max_gts,
+        "lanes_lost": lanes_lost,
+        "gens_lost": max(0, max_gen - cur_gen) if cur_gen is not None and max_gen is not None else 0,
+        "bandwidth_pct": round(100.0 * float(have) / float(full), 1) if float(full) > 0 else 0.0,
+        "what": what,
+        "status": "limited",
+        "from": "kmsg",
+    }
+    extra = {"limited_at": normalize_pci(at), "available_gbps": float(have), "capable_gbps": float(full)}
+    # Speed alone, from a device that is not a known NIC (a GPU probed while its link idled at a low
+    # generation, the "pci" core at enumeration): recorded, not acted on; lanes lost always are.
+    severity = "warning" if lanes_lost or driver in _NIC_DRIVERS else "info"
+    return Found(Kind.PCIE_LINK, severity, data, extra, pci=pci)
+
+
 # --- CPU and kernel -------------------------------------------------------------------------------
 
 _MCE_RE = re.compile(
@@ -549,6 +599,7 @@ FAMILIES: tuple[tuple[frozenset[str], Callable[[str], Found | None]], ...] = tup
         ("infiniband efa", _efa),
         ("nvidia-peermem", _peermem),
         ("NVRM:", _nvlink),
+        ("bandwidth,", _pcie_limited),
         ("[Hardware Error]:", _mce),
         ("EDAC", _edac),
         ("lockup LOCKUP", _lockup),

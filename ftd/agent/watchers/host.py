@@ -2,18 +2,18 @@
 
 What: pure readers of a root directory (``/`` on a node, a fake tree in tests) -- the mount table's
 read-only flags (``proc/self/mounts``), md arrays (``sys/block/md*/md/degraded``, ``array_state``),
-NVMe controllers (``sys/class/nvme/*/state``), InfiniBand / RoCE ports
-(``sys/class/infiniband/<dev>/ports/<n>/state`` and ``counters/``) and EDAC memory-controller
-error counts (``sys/devices/system/edac/mc/mc*/ce_count``, ``ue_count``) -- and :class:`HostWatcher`,
-which samples them every ``interval_s`` and reports changes as the kernel-log families' kinds
-(docs/signals.md), ``source = "host"``:
+NVMe controllers (``sys/class/nvme/*/state``), InfiniBand / RoCE port states
+(``sys/class/infiniband/<dev>/ports/<n>/state``; their counters are the fabric watcher's,
+:mod:`ftd.agent.watchers.fabric`, as rates against the hardware profile's thresholds) and EDAC
+memory-controller error counts (``sys/devices/system/edac/mc/mc*/ce_count``, ``ue_count``) -- and
+:class:`HostWatcher`, which samples them every ``interval_s`` and reports changes as the kernel-log
+families' kinds (docs/signals.md), ``source = "host"``:
 
 * a local block-device filesystem that was read-write and is now read-only: ``fs_readonly``;
 * an md array newly degraded (``storage``, ``md``, ``disk_failed``) or broken / inactive
   (``array_failed``); an NVMe controller ``dead`` (``storage``, ``nvme``, ``dead``), also at start;
 * an IB port that was ACTIVE and stays down longer than ``ib_window_s``: ``ib_link`` (a flap that
-  recovers within the window is no event: nothing drains on it); a port's error counters rising by
-  ``ib_errors_min`` or more between samples: ``nic`` ``ib_errors_rising`` (warning);
+  recovers within the window is no event: nothing drains on it);
 * EDAC uncorrected errors counted: ``machine_check`` (critical); corrected: ``machine_check`` (info).
 
 Why files as well as the log: a line lost from the ring buffer, or an agent started after it,
@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,6 @@ log = get_logger(__name__)
 
 #: Filesystems that live on another machine: their read-only flag is not this node's disk.
 _NETWORK_FS = frozenset({"nfs", "nfs4", "lustre", "cifs", "smb3", "gpfs", "beegfs", "fuse.glusterfs", "ceph"})
-#: IB port counters whose growth means a degrading link (link_downed is read as a flap, not here).
-_ERROR_COUNTERS = (
-    "symbol_error",
-    "link_error_recovery",
-    "port_rcv_errors",
-    "local_link_integrity_errors",
-    "excessive_buffer_overrun_errors",
-)
 
 
 @dataclass(frozen=True)
@@ -64,7 +56,6 @@ class Mount:
 class IbPort:
     state: str  # "ACTIVE", "DOWN", "INIT", ... (the word after "4: ")
     phys_state: str
-    counters: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,12 +121,7 @@ def read_ib_ports(root: Path) -> dict[tuple[str, int], IbPort]:
                 continue
             state = (_read(port / "state") or "").partition(":")[2].strip()
             phys = (_read(port / "phys_state") or "").partition(":")[2].strip()
-            counters = {
-                name: value
-                for name in ("link_downed", *_ERROR_COUNTERS)
-                if (value := _int(_read(port / "counters" / name))) is not None
-            }
-            out[(dev.name, int(port.name))] = IbPort(state, phys, counters)
+            out[(dev.name, int(port.name))] = IbPort(state, phys)
     return out
 
 
@@ -165,7 +151,6 @@ class HostWatcher:
         root: Path = Path("/"),
         interval_s: float = 30.0,
         ib_window_s: float = 60.0,
-        ib_errors_min: int = 100,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node = node
@@ -173,7 +158,6 @@ class HostWatcher:
         self.root = root
         self.interval_s = interval_s
         self.ib_window_s = ib_window_s
-        self.ib_errors_min = ib_errors_min
         self._clock = clock
         self._last: HostSample | None = None
         self._was_active: set[tuple[str, int]] = set()  # ports seen ACTIVE (unused ports never are)
@@ -195,7 +179,7 @@ class HostWatcher:
     def check(self, new: HostSample, now: float) -> list[Event]:
         """The events between the previous sample and ``new`` (taken at ``now``); keeps ``new``."""
         old, self._last = self._last, new
-        events = [*self._storage(old, new, now), *self._ib(old, new, now), *self._edac(old, new, now)]
+        events = [*self._storage(old, new, now), *self._ib(new, now), *self._edac(old, new, now)]
         if old is not None:
             events += self._readonly(old, new, now)
         return events
@@ -248,7 +232,7 @@ class HostWatcher:
                 events.append(self._event(Kind.STORAGE, "critical", data, now))
         return events
 
-    def _ib(self, old: HostSample | None, new: HostSample, now: float) -> list[Event]:
+    def _ib(self, new: HostSample, now: float) -> list[Event]:
         events = []
         for key, port in new.ib.items():
             device, number = key
@@ -272,18 +256,6 @@ class HostWatcher:
                         "from": "sysfs",
                     }
                     events.append(self._event(Kind.IB_LINK, "error", {"extra": extra}, now))
-            before = old.ib.get(key) if old is not None else None
-            if before is None:
-                continue
-            grown = {
-                name: port.counters[name] - before.counters.get(name, 0)
-                for name in _ERROR_COUNTERS
-                if port.counters.get(name, 0) - before.counters.get(name, 0) >= self.ib_errors_min
-            }
-            if grown:
-                data = {"driver": "ib", "device": f"{device}/{number}", "fault": "ib_errors_rising",
-                        "extra": {"counters": grown}}  # fmt: skip
-                events.append(self._event(Kind.NIC, "warning", data, now))
         return events
 
     def _edac(self, old: HostSample | None, new: HostSample, now: float) -> list[Event]:

@@ -64,6 +64,7 @@ DEFAULT_RULES = (
     "ftd.rules.host",
     "ftd.rules.supervisor",
     "ftd.rules.interruption",
+    "ftd.rules.fabric",
 )
 
 

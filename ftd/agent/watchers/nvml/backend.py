@@ -1,9 +1,10 @@
 """The NVML backend seam: the synchronous questions the watcher asks about GPUs, and their answers.
 
 :class:`NvmlBackend` asks small, index-based questions (inventory, ECC counters, remapped rows,
-histogram, retired pages, temperature, throttle reasons, power, SM clocks, PCIe replays, NVLink error
-counters and per-link states, Xid events; the driver, CUDA, VBIOS and serial for the
-inventory). :class:`ftd.agent.watchers.nvml.real.RealNvml` answers
+histogram, retired pages, temperature, throttle reasons, power, SM clocks, PCIe replays, the PCIe
+link's current and maximum generation and width, NVLink error counters and per-link states, Xid
+events; the driver, CUDA, VBIOS and serial for the inventory).
+:class:`ftd.agent.watchers.nvml.real.RealNvml` answers
 them through pynvml; :class:`ftd.agent.watchers.nvml.fake.FakeNvml` answers them from a script for
 tests and benches.
 A question the GPU cannot answer raises :class:`NvmlNotSupported` (the watcher remembers it and does
@@ -26,6 +27,7 @@ __all__ = [
     "NvmlGpuLost",
     "NvmlNotSupported",
     "NvmlUnavailable",
+    "PcieLinkInfo",
     "RemapInfo",
     "XidRecord",
     "throttle_names",
@@ -62,6 +64,16 @@ class RemapInfo:
     uncorrected: int  # rows remapped because of uncorrectable errors
     pending: bool  # a remap waits for the next GPU reset
     failure: bool  # a remap failed: the GPU ran out of spare rows
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PcieLinkInfo:
+    """The GPU's PCIe link as NVML reports it (a GPU lowers its generation when idle)."""
+
+    cur_gen: int
+    max_gen: int
+    cur_width: int
+    max_width: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,6 +138,9 @@ class NvmlBackend(Protocol):
         """The SM clock now and its maximum, in MHz (a throttled GPU runs below its maximum)."""
 
     def pcie_replay_count(self, index: int) -> int: ...
+
+    def pcie_link(self, index: int) -> PcieLinkInfo:
+        """Current and maximum PCIe generation and width (``nvmlDeviceGetCurrPcieLinkGeneration`` ...)."""
 
     def nvlink_errors(self, index: int) -> dict[str, int]:
         """Error counters summed over active links (``replay``, ``recovery``, ``crc_flit``, ...)."""

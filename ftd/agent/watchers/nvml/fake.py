@@ -4,8 +4,9 @@ State is plain attributes on :class:`FakeGpu` objects that a test changes betwee
 counter, set ``remap_pending``, heat a GPU, remove it (``vanish``: no longer enumerated) or make it
 answer "GPU is lost" (``lost = True``), set the driver's SRAM threshold flag
 (``sram_threshold_exceeded``), give it NVLink (``with_nvlink``) and take a link down
-(``set_link(3, False)``), change its ``vbios`` or ``serial``, or the node's ``driver``
-and ``cuda`` (``""``: NotSupported). ``unsupported`` names backend methods that answer
+(``set_link(3, False)``), narrow its PCIe link (``pcie = PcieLinkInfo(5, 5, 8, 16)``; ``None``:
+NotSupported), change its ``vbios`` or ``serial``, or the node's ``driver`` and ``cuda`` (``""``:
+NotSupported). ``unsupported`` names backend methods that answer
 NotSupported; ``block`` names methods that block until :meth:`FakeNvml.release` (or forever), so a
 stalled probe can be tested. :meth:`FakeNvml.inject_xid` queues an Xid event. ``calls`` counts
 every call by method name.
@@ -25,6 +26,7 @@ from ftd.agent.watchers.nvml.backend import (
     NvmlGpuLost,
     NvmlNotSupported,
     NvmlUnavailable,
+    PcieLinkInfo,
     RemapInfo,
     XidRecord,
 )
@@ -64,6 +66,7 @@ class FakeGpu:
     power_w: float = 70.0
     sm_clocks: tuple[int, int] | None = None  # (SM MHz now, its maximum); None: NotSupported
     pcie_replay: int = 0
+    pcie: PcieLinkInfo | None = dataclasses.field(default_factory=lambda: PcieLinkInfo(5, 5, 16, 16))
     nvlink: dict[str, int] | None = None  # None: NotSupported (no NVLink)
     nvlink_links: dict[int, bool] | None = None  # link id -> active; None: NotSupported (no NVLink)
     vbios: str = "96.00.89.00.01"
@@ -233,6 +236,13 @@ class FakeNvml:
         gpu = self._enter("pcie_replay_count", index)
         assert gpu is not None
         return gpu.pcie_replay
+
+    def pcie_link(self, index: int) -> PcieLinkInfo:
+        gpu = self._enter("pcie_link", index)
+        assert gpu is not None
+        if gpu.pcie is None:
+            raise NvmlNotSupported("Not Supported")
+        return gpu.pcie
 
     def nvlink_errors(self, index: int) -> dict[str, int]:
         gpu = self._enter("nvlink_errors", index)

@@ -21,6 +21,7 @@ from ftd.agent.watchers.nvml.backend import (
     NvmlGpuLost,
     NvmlNotSupported,
     NvmlUnavailable,
+    PcieLinkInfo,
     RemapInfo,
     XidRecord,
 )
@@ -166,6 +167,15 @@ class RealNvml:
 
     def pcie_replay_count(self, index: int) -> int:
         return int(self._call(self._nv.nvmlDeviceGetPcieReplayCounter, self._handle(index)))
+
+    def pcie_link(self, index: int) -> PcieLinkInfo:
+        nv, handle = self._nv, self._handle(index)
+        return PcieLinkInfo(
+            cur_gen=int(self._call(nv.nvmlDeviceGetCurrPcieLinkGeneration, handle)),
+            max_gen=int(self._call(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle)),
+            cur_width=int(self._call(nv.nvmlDeviceGetCurrPcieLinkWidth, handle)),
+            max_width=int(self._call(nv.nvmlDeviceGetMaxPcieLinkWidth, handle)),
+        )
 
     def nvlink_errors(self, index: int) -> dict[str, int]:
         nv, handle = self._nv, self._handle(index)
