@@ -37,7 +37,7 @@ def test_slurm_durations(text: str, seconds: float | None) -> None:
     assert parse_duration(text) == seconds
 
 
-@given(hs.integers(0, 10**6), hs.integers(0, 23), hs.integers(0, 59), hs.integers(0, 59))
+@given(hs.integers(0, 10**6 - 1), hs.integers(0, 23), hs.integers(0, 59), hs.integers(0, 59))
 def test_what_scontrol_prints_reads_back(days: int, hours: int, minutes: int, seconds: int) -> None:
     text = (
         f"{days}-{hours:02d}:{minutes:02d}:{seconds:02d}"
