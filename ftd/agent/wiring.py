@@ -274,7 +274,8 @@ def configured_watchers(
     if cfg.fs.mounts:
         found.append(FsWatcher(cfg.fs, node, emit))
     if cfg.cloud.aws or cfg.cloud.gcp or cfg.cloud.azure:  # nothing polled unless enabled
-        found.append(CloudWatcher(cfg.cloud, node, emit))
+        deadline_file = Path(cfg.socket_path).parent / "deadline"  # ftd.client.deadline reads it there
+        found.append(CloudWatcher(cfg.cloud, node, emit, deadline_file=deadline_file))
     if cfg.memory.enabled:
 
         def trainer_pids() -> dict[int, tuple[str, int]]:

@@ -155,7 +155,8 @@ class Client(Connection, LocalTriggers):
             if "SIGTERM" in self._local_saves and not self._deadline_checked and not self._saves:
                 self._deadline_checked = True
                 env = os.environ
-                why = skip_reason(time.time(), known_deadline(env), self._save_clock.p95(), margin_s(env))
+                deadline = known_deadline(env, socket_path=self.socket_path)
+                why = skip_reason(time.time(), deadline, self._save_clock.p95(), margin_s(env))
                 if why is not None:
                     self._skip_sigterm_save(why)
         except Exception:  # fail-open: never raise into training code

@@ -23,8 +23,11 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import subprocess
 import time
+
+from ftd.client.protocol import DEFAULT_SOCKET
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,7 +35,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEADLINE_FILE_ENV",
+    "DEADLINE_FILE_NAME",
     "SaveClock",
+    "deadline_file",
     "known_deadline",
     "parse_fields",
     "skip_reason",
@@ -44,6 +49,10 @@ _log = logging.getLogger("ftd.client")
 
 #: A file holding the deadline (epoch seconds) for this process, written by whoever knows it.
 DEADLINE_FILE_ENV = "FTD_DEADLINE_FILE"
+#: Its name beside the agent's socket when ``$FTD_DEADLINE_FILE`` is not set (the agent writes it).
+DEADLINE_FILE_NAME = "deadline"
+#: A deadline file further ahead than this is not believed (a notice is minutes, not days, ahead).
+MAX_AHEAD_S = 86400.0
 #: Seconds kept after the save for the loop to leave and the process to be ended cleanly.
 MARGIN_ENV = "FTD_SAVE_MARGIN_S"
 DEFAULT_MARGIN_S = 2.0
@@ -129,20 +138,36 @@ def slurm_deadline(
     return None
 
 
+def deadline_file(env: Mapping[str, str], socket_path: str | None = None) -> str:
+    """Where this node's deadline is written: ``$FTD_DEADLINE_FILE``, else ``deadline`` beside the
+    agent's socket (``socket_path``, else ``$FTD_SOCKET``, else the default socket), where the agent
+    writes a cloud notice's deadline for the node's processes."""
+    explicit = env.get(DEADLINE_FILE_ENV, "")
+    if explicit:
+        return explicit
+    socket = socket_path or env.get("FTD_SOCKET") or DEFAULT_SOCKET
+    return os.path.join(os.path.dirname(socket) or ".", DEADLINE_FILE_NAME)
+
+
 def known_deadline(
     env: Mapping[str, str],
     scontrol: Callable[[list[str], Mapping[str, str]], str | None] = _scontrol,
+    *,
+    socket_path: str | None = None,
+    now: float | None = None,
 ) -> tuple[float, str] | None:
-    """The deadline in ``$FTD_DEADLINE_FILE`` when that file holds a finite number, else Slurm's."""
-    path = env.get(DEADLINE_FILE_ENV, "")
-    if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                value = float(f.read(64).strip())
-            if math.isfinite(value):
-                return value, f"{DEADLINE_FILE_ENV} {path}"
-        except (OSError, ValueError):
-            pass
+    """The deadline in the deadline file (:func:`deadline_file`) when it holds a time still ahead and
+    within :data:`MAX_AHEAD_S`, else Slurm's. A deadline already past is a notice that is over: it
+    is ignored, never taken as "no time left"."""
+    path = deadline_file(env, socket_path)
+    at = time.time() if now is None else now
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = float(f.read(64).strip())
+        if math.isfinite(value) and at < value <= at + MAX_AHEAD_S:
+            return value, f"deadline file {path}"
+    except (OSError, ValueError):
+        pass
     return slurm_deadline(env, scontrol)
 
 

@@ -432,7 +432,7 @@ class Supervisor:
             self._report(state="exited", exit_code=128 + signum)
             return self._goodbye(128 + signum)
         now = time.time()
-        known = deadlines.slurm_deadline(self.env)
+        known = deadlines.known_deadline(self.env, socket_path=self.opts.socket or None)
         grace, why = deadlines.stop_grace(self.opts.stop_grace_s, now, known)
         _log.info("ftd run: SIGTERM: the ranks save and stop; %.1f s until SIGKILL (%s)", grace, why)
         self._stop_ranks(grace)

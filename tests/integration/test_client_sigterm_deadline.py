@@ -1,8 +1,9 @@
 """A real training process (the README's loop: ftd/bench/preemption_trainer.py, the client's defaults,
 no agent) gets SIGTERM with a deadline (issue #37): a save its own measured saves say cannot land is
 not started, and the process says why and which checkpoint the job resumes from; one that fits is
-made. The deadline comes from ``$FTD_DEADLINE_FILE`` (under Slurm, scontrol's: see
-tests/e2e/test_bench_preemption.py and ftd bench preemption's slow_save case)."""
+made. The deadline comes from ``$FTD_DEADLINE_FILE`` or the ``deadline`` file beside the agent's
+socket, where the agent's cloud watcher writes an urgent notice's (under Slurm, scontrol's: see
+ftd bench preemption's slow_save case)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +34,9 @@ def wait(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def run_to_sigterm(tmp_path: Path, left_s: float) -> tuple[Path, str]:
+def run_to_sigterm(tmp_path: Path, left_s: float, named: bool = True) -> tuple[Path, str]:
+    """``named``: the deadline file is ``$FTD_DEADLINE_FILE``; else it is ``deadline`` beside the agent's
+    socket, where the agent writes a cloud notice's deadline."""
     log, deadline = tmp_path / "trainer.jsonl", tmp_path / "deadline"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "FTD_"))},
@@ -40,7 +45,7 @@ def run_to_sigterm(tmp_path: Path, left_s: float) -> tuple[Path, str]:
         "FTD_PREEMPT_CKPT": str(tmp_path / "ckpt"),
         "FTD_PREEMPT_SAVE_S": "1.5",
         "FTD_SOCKET": str(tmp_path / "no-agent.sock"),
-        "FTD_DEADLINE_FILE": str(deadline),
+        **({"FTD_DEADLINE_FILE": str(deadline)} if named else {}),
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "ftd.bench.preemption_trainer"], env=env, stderr=subprocess.PIPE, text=True
@@ -59,8 +64,9 @@ def run_to_sigterm(tmp_path: Path, left_s: float) -> tuple[Path, str]:
     return log, err
 
 
-def test_a_save_that_cannot_land_is_not_started_and_the_process_says_why(tmp_path: Path) -> None:
-    log, err = run_to_sigterm(tmp_path, left_s=2.0)  # 1.5 s p95 + 2 s margin > 2 s
+@pytest.mark.parametrize("named", [True, False], ids=["FTD_DEADLINE_FILE", "beside-the-socket"])
+def test_a_save_that_cannot_land_is_not_started_and_the_process_says_why(tmp_path: Path, named: bool) -> None:
+    log, err = run_to_sigterm(tmp_path, left_s=2.0, named=named)  # 1.5 s p95 + 2 s margin > 2 s
     [first] = records(log, "saved")
     assert len(records(log, "save_started")) == 1, "only the SIGUSR1 save was started"
     [left] = records(log, "left_loop")

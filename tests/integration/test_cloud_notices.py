@@ -167,6 +167,11 @@ async def test_a_spot_notice_reaches_the_bus_within_two_seconds_once(
         assert abs(notice.deadline - int(deadline)) < 1
         assert notice.ref == f"terminate@{when}"
         assert env.events[0][1].severity == "critical"
+        # the deadline is written beside the agent's socket for the node's processes (ftd.client.deadline)
+        written = env.watcher.deadline_file
+        assert written is not None and written.name == "deadline"
+        await until(lambda: written.exists(), 2.0)
+        assert float(written.read_text()) == int(deadline)
         # polled again and again, published once
         polls = md.hits["/latest/meta-data/spot/instance-action"]
         await until(lambda: md.hits["/latest/meta-data/spot/instance-action"] >= polls + 3, 5)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftd.client.deadline import SaveClock, known_deadline, margin_s, skip_reason
+from ftd.client.deadline import SaveClock, deadline_file, known_deadline, margin_s, skip_reason
 from tests.properties import examples
 
 
@@ -62,25 +62,35 @@ def test_more_time_never_turns_a_save_into_a_skip(left: float, p95: float, more:
 
 
 def test_the_deadline_file_comes_first_and_a_bad_one_falls_back_to_slurm(tmp_path: Path) -> None:
+    now = 1796400000.0
     good = tmp_path / "deadline"
-    good.write_text("1796400000.5\n")
-    assert known_deadline({"FTD_DEADLINE_FILE": str(good), "SLURM_JOB_ID": "7"}, no_scontrol) == (
-        1796400000.5,
-        f"FTD_DEADLINE_FILE {good}",
-    )
+    good.write_text(f"{now + 90.5}\n")
+    env = {"FTD_DEADLINE_FILE": str(good), "SLURM_JOB_ID": "7"}
+    assert known_deadline(env, no_scontrol, now=now) == (now + 90.5, f"deadline file {good}")
     asked: list[list[str]] = []
 
     def scontrol(args: list[str], env: Mapping[str, str]) -> str | None:
         asked.append(args)
         return "JobId=7 JobState=RUNNING PreemptTime=None EndTime=2026-12-05T01:00:00 Partition=low"
 
-    for text in ("soon", "nan", "inf", ""):
+    # unreadable, not a number, not finite, already past (a notice that is over), days ahead
+    for text in ("soon", "nan", "inf", "", f"{now - 1}", f"{now + 2 * 86400}"):
         good.write_text(text)
-        found = known_deadline({"FTD_DEADLINE_FILE": str(good), "SLURM_JOB_ID": "7"}, scontrol)
+        found = known_deadline(env, scontrol, now=now)
         assert found is not None and found[1] == "Slurm EndTime 2026-12-05T01:00:00", text
     missing = {"FTD_DEADLINE_FILE": str(tmp_path / "absent")}
-    assert known_deadline(missing, no_scontrol) is None  # not under Slurm either: no deadline
-    assert len(asked) == 4
+    assert known_deadline(missing, no_scontrol, now=now) is None  # not under Slurm either: no deadline
+    assert len(asked) == 6
+
+
+def test_the_deadline_file_is_beside_the_agents_socket_unless_named(tmp_path: Path) -> None:
+    assert deadline_file({}, str(tmp_path / "agent.sock")) == str(tmp_path / "deadline")
+    assert deadline_file({"FTD_SOCKET": "/run/x/agent.sock"}) == "/run/x/deadline"
+    assert deadline_file({}) == "/run/ftd/deadline"
+    assert deadline_file({"FTD_DEADLINE_FILE": "/tmp/d"}, str(tmp_path / "agent.sock")) == "/tmp/d"
+    (tmp_path / "deadline").write_text("1796400100\n")
+    got = known_deadline({}, no_scontrol, socket_path=str(tmp_path / "agent.sock"), now=1796400000.0)
+    assert got is not None and got[0] == 1796400100.0
 
 
 @pytest.mark.parametrize(("raw", "want"), [("", 2.0), ("5", 5.0), ("-1", 2.0), ("nan", 2.0), ("x", 2.0)])

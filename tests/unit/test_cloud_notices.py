@@ -8,6 +8,7 @@ from __future__ import annotations
 import email.utils
 import json
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -192,3 +193,29 @@ def test_any_bytes_give_a_notice_within_limits_or_a_clear_error(body: bytes, par
     if not parsed.notices:
         # nothing announced: either nothing was there (the documented "none" answers) or an error
         assert parsed.error or body.strip() in (b"FALSE", b"NONE") or b"Events" in body
+
+
+def test_the_deadline_file_keeps_the_earliest_deadline_still_ahead(tmp_path: Path) -> None:
+    """The machine goes at the first urgent notice: a later one does not move the deadline the node's
+    processes read; one that is past (an old notice) is replaced."""
+    from ftd.agent.watchers.cloud import CloudWatcher
+    from ftd.config.schema import CloudConfig
+
+    now = [1000.0]
+    path = tmp_path / "deadline"
+
+    async def emit(event: object) -> None:
+        pass
+
+    watcher = CloudWatcher(CloudConfig(), "n1", emit, clock=lambda: now[0], deadline_file=path)  # type: ignore[arg-type]
+    watcher._write_deadline(path, 1120.0)
+    assert float(path.read_text()) == 1120.0
+    watcher._write_deadline(path, 1300.0)  # later: the first one stands
+    assert float(path.read_text()) == 1120.0
+    watcher._write_deadline(path, 1060.0)  # earlier: it wins
+    assert float(path.read_text()) == 1060.0
+    now[0] = 2000.0  # that notice is over
+    watcher._write_deadline(path, 2100.0)
+    assert float(path.read_text()) == 2100.0
+    assert oct(path.stat().st_mode & 0o777) == "0o644"  # readable by the node's jobs
+    watcher._write_deadline(tmp_path / "no-such-dir" / "deadline", 2200.0)  # never raises

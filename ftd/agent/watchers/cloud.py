@@ -13,15 +13,22 @@ hammered. Every request has a total deadline (``timeout_s``); a body is read onl
 ``max_body_bytes``; an endpoint that errs (timeout, connection refused, 5xx, a refused body) waits a
 doubling delay (up to ``backoff_max_s``) before its next try and counts the error by reason
 (``polls`` / ``errors`` feed ``/metrics``). A 404 is "no notice" (AWS's way of saying none).
+
+An urgent notice (a spot reclaim, a GCP preemption, an Azure ``Preempt`` or ``Terminate``) also
+writes its deadline to ``deadline`` beside the agent's socket: the node's trainer clients and
+``ftd run`` read it when their SIGTERM comes (the machine's shutdown), so they save only if the save
+can land before it and give their ranks the time left (:mod:`ftd.client.deadline`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import msgspec
@@ -38,6 +45,7 @@ from ftd.agent.watchers.cloud_notices import (
 )
 from ftd.config import CloudConfig
 from ftd.events import Interruption, Kind, Severity, make_event
+from ftd.fileio import write_atomic
 from ftd.logs import get_logger
 
 __all__ = ["CloudWatcher", "Endpoint"]
@@ -92,8 +100,12 @@ class CloudWatcher:
         emit: Emit,
         *,
         clock: Callable[[], float] = time.time,
+        deadline_file: Path | None = None,
     ) -> None:
         self.cfg, self.node, self.emit, self.clock = cfg, node, emit, clock
+        # Where an urgent notice's deadline is written for the node's processes (the trainer client
+        # and ftd run read it at their SIGTERM: ftd.client.deadline); None: not written.
+        self.deadline_file = deadline_file
         self.limits = Limits(
             max_body=cfg.max_body_bytes,
             past_slack_s=cfg.past_slack_s,
@@ -312,3 +324,19 @@ class CloudWatcher:
                 data=msgspec.structs.asdict(notice),
             )
         )
+        if urgent and self.deadline_file is not None:
+            await asyncio.to_thread(self._write_deadline, self.deadline_file, notice.deadline)
+
+    def _write_deadline(self, path: Path, deadline: float) -> None:
+        """Write ``deadline`` to ``path`` unless it holds an earlier one still ahead (the machine goes
+        at the first); never raises (a node without the file only loses the hint)."""
+        try:
+            with contextlib.suppress(OSError, ValueError):
+                held = float(path.read_text(encoding="utf-8")[:64].strip())
+                if self.clock() < held <= deadline:
+                    return
+            write_atomic(path, f"{deadline:.3f}\n", fsync=False, mode=0o644)
+            path.chmod(0o644)  # whatever the umask: the node's jobs read it
+            log.info("cloud_deadline_written", path=str(path), deadline=deadline)
+        except OSError as exc:
+            log.warning("cloud_deadline_not_written", path=str(path), why=str(exc)[:200])
