@@ -56,13 +56,13 @@ from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.directive import SentDirectives
 from ftd.coordinator.actions.partners import CheckpointPartners
 from ftd.coordinator.actions.release import SpareRelease
-from ftd.coordinator.actions.scheduler import Scheduler
+from ftd.coordinator.actions.scheduler import JobInfo, Scheduler
 from ftd.coordinator.actions.slurm import SlurmScheduler
 from ftd.coordinator.decide.engine import Engine
 from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.intake.admission import BATCH_CHUNK, Admission, Refused, Verdict
 from ftd.coordinator.intake.fairness import readable_ids
-from ftd.coordinator.intake.grace_watch import GraceWatch
+from ftd.coordinator.intake.grace_watch import GraceWatch, PodGraceWatch
 from ftd.coordinator.intake.offline_grace import BRIDGE_DOWN, OfflineGrace, Pending
 from ftd.coordinator.intake.placement import NeedPlacement, Placement
 from ftd.coordinator.intake.presence_memory import PresenceMemory
@@ -193,9 +193,7 @@ class Coordinator:
                 kill_wait_s=announced.kill_wait_s,
             ),
             interval_s=announced.interval_s,
-            on_running=self._grace_watch(scheduler, config).job_seen
-            if isinstance(scheduler, SlurmScheduler)
-            else None,
+            on_running=self._grace_watch(scheduler, config),
         )
         self.slow_ranks = SlowRanks(
             config.coordinator.slow_ranks,
@@ -321,9 +319,18 @@ class Coordinator:
             if reconcile is not None:
                 reconcile.cancel()
 
-    def _grace_watch(self, scheduler: SlurmScheduler, config: Config) -> GraceWatch:
-        """The grace audit at each job's first look (issue #37 item 5), on Slurm's own settings."""
-        return GraceWatch(scheduler.grace, config.coordinator.save_deadline_s, measured=self._slowest_save)
+    def _grace_watch(
+        self, scheduler: Scheduler | None, config: Config
+    ) -> Callable[[JobInfo], Awaitable[object]] | None:
+        """The grace audit at each job's first look (issue #37 item 5): Slurm's KillWait and GraceTime,
+        or the pods' termination grace on Kubernetes; None for a scheduler without either."""
+        save_s = config.coordinator.save_deadline_s
+        if isinstance(scheduler, SlurmScheduler):
+            return GraceWatch(scheduler.grace, save_s, measured=self._slowest_save).job_seen
+        pod_grace = getattr(scheduler, "pod_grace", None)
+        if pod_grace is not None:
+            return PodGraceWatch(pod_grace, save_s, measured=self._slowest_save).job_seen
+        return None
 
     def _slowest_save(self, job: str) -> float | None:
         """The job's measured save time for the grace audit: its slowest level's p95, None before any."""

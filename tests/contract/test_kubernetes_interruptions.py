@@ -189,3 +189,23 @@ async def test_the_coordinators_poller_announces_each_pod_interruption_once(
     assert sorted(e.data["source"] for e in emitted) == ["k8s_disruption", "k8s_pod_deletion"]
     assert {e.data["job"] for e in emitted} == {"job7"}
     assert await poller.poll_once() == 0  # the same pods seen again: nothing new
+
+
+async def test_the_pods_grace_is_the_shortest_of_the_jobs_pods(
+    sched: tuple[KubernetesScheduler, FakeKubeApi],
+) -> None:
+    """Issue #37 item 5 on Kubernetes: the grace audit reads the job's pods' termination grace; a pod
+    that sets none has the API server's 30 s."""
+    from ftd.coordinator.actions.scheduler import JobInfo
+    from ftd.coordinator.intake.grace_watch import PodGraceWatch
+
+    s, _ = sched
+    assert await s.pod_grace("job7") == 30.0  # job7-0 and job7-1 set none (30 s), job7-2 90 s
+    assert await s.pod_grace("nobody") is None
+    measured: dict[str, float] = {}
+    watch = PodGraceWatch(s.pod_grace, save_s=20.0, measured=measured.get)
+    info = JobInfo("job7", "RUNNING", ("node-1",), (), 0)
+    assert await watch.job_seen(info) == []  # 20 s fits 30 s
+    measured["job7"] = 75.0
+    [finding] = await watch.job_seen(info)
+    assert finding.setting == "pod spec.terminationGracePeriodSeconds" and "at least 85" in finding.message

@@ -468,6 +468,19 @@ class KubernetesScheduler:
             found.extend(pod_interruptions(self._serialize(pod), job))
         return found
 
+    async def pod_grace(self, job: str) -> float | None:
+        """The shortest ``terminationGracePeriodSeconds`` of ``job``'s pods (the API server's 30 s where
+        a pod sets none): how long the job lives after a pod's SIGTERM; None with no pod (the grace
+        audit, issue #37 item 5)."""
+        if not _LABEL_VALUE_RE.match(job) or not job:
+            return None
+        graces = []
+        for pod in await self._pods_of(job):
+            spec = self._serialize(pod).get("spec")
+            grace = _seconds(spec.get("terminationGracePeriodSeconds")) if isinstance(spec, Mapping) else None
+            graces.append(grace if grace is not None else float(DEFAULT_GRACE_S))
+        return min(graces) if graces else None
+
     async def requeue(self, job: str, exclude: Sequence[str] = ()) -> None:
         self._selector(job)
         exclude = tuple(dict.fromkeys(exclude))

@@ -1,6 +1,7 @@
 """The grace audit (issue #37 item 5): do the layers that decide how long a job lives after its notice
 leave it time to save? Pure: the caller reads the settings (Slurm: ``scontrol show config`` KillWait,
-``scontrol show partition`` GraceTime and PreemptMode; the launcher's ``ftd run --stop-grace``) and the
+``scontrol show partition`` GraceTime and PreemptMode; Kubernetes: the pods'
+``terminationGracePeriodSeconds``; the launcher's ``ftd run --stop-grace``) and the
 job's save time (a measured one where there is one, else ``coordinator.save_deadline_s``), and gets one
 :class:`GraceFinding` per layer too short, each naming the setting to change.
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["GraceFinding", "SlurmGrace", "audit_grace"]
+__all__ = ["GraceFinding", "SlurmGrace", "audit_grace", "audit_pod_grace"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +74,17 @@ def audit_grace(slurm: SlurmGrace, save_s: float, stop_grace_s: float | None = N
                 )
             )
     return found
+
+
+def audit_pod_grace(grace_s: float, save_s: float) -> list[GraceFinding]:
+    """A job's pods whose termination grace (the shortest of them) is shorter than its save time."""
+    if grace_s >= save_s:
+        return []
+    return [
+        GraceFinding(
+            "pod spec.terminationGracePeriodSeconds",
+            f"the job's pods get SIGKILL {grace_s:g}s after SIGTERM (deletion, eviction, node shutdown), "
+            f"less than its save time {save_s:g}s: set terminationGracePeriodSeconds to at least "
+            f"{int(save_s) + 10}",
+        )
+    ]

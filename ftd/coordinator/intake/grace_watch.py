@@ -19,10 +19,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 from ftd.coordinator.actions.scheduler import JobInfo, SchedulerError
-from ftd.coordinator.decide.grace_audit import GraceFinding, SlurmGrace, audit_grace
+from ftd.coordinator.decide.grace_audit import GraceFinding, SlurmGrace, audit_grace, audit_pod_grace
 from ftd.logs import get_logger
 
-__all__ = ["GraceWatch"]
+__all__ = ["GraceWatch", "PodGraceWatch"]
 
 log = get_logger(__name__)
 
@@ -61,12 +61,7 @@ class GraceWatch:
             self._audited.clear()  # bounded: an old job audited again at worst
         self._audited[info.job] = source
         save_s = measured if measured is not None else self.save_s
-        grace = await self._settings()
-        if grace is None:
-            return []
-        part = grace.partitions.get(info.partition)
-        mine = SlurmGrace(grace.kill_wait_s, {info.partition: part} if part is not None else {})
-        findings = audit_grace(mine, save_s)
+        findings = await self._findings(info, save_s)
         for f in findings:
             log.warning(
                 "grace_too_short",
@@ -79,6 +74,15 @@ class GraceWatch:
             )
         return findings
 
+    async def _findings(self, info: JobInfo, save_s: float) -> list[GraceFinding]:
+        """Slurm: KillWait and the job's partition's GraceTime (when preemptible)."""
+        grace = await self._settings()
+        if grace is None:
+            return []
+        part = grace.partitions.get(info.partition)
+        mine = SlurmGrace(grace.kill_wait_s, {info.partition: part} if part is not None else {})
+        return audit_grace(mine, save_s)
+
     async def _settings(self) -> SlurmGrace | None:
         now = self._clock()
         if self._grace is not None and now - self._grace[0] < self.refresh_s:
@@ -90,3 +94,31 @@ class GraceWatch:
             return None
         self._grace = (now, grace)
         return grace
+
+
+class PodGraceWatch(GraceWatch):
+    """The same audit on Kubernetes: the job's pods' ``terminationGracePeriodSeconds`` (the shortest)
+    against its save time; ``read_pod_grace`` is the seam's :meth:`pod_grace`."""
+
+    def __init__(
+        self,
+        read_pod_grace: Callable[[str], Awaitable[float | None]],
+        save_s: float,
+        *,
+        max_jobs: int = 4096,
+        measured: Callable[[str], float | None] = lambda job: None,
+    ) -> None:
+        super().__init__(_no_slurm_settings, save_s, max_jobs=max_jobs, measured=measured)
+        self.read_pod_grace = read_pod_grace
+
+    async def _findings(self, info: JobInfo, save_s: float) -> list[GraceFinding]:
+        try:
+            grace = await self.read_pod_grace(info.job)
+        except (TimeoutError, SchedulerError, OSError) as exc:
+            log.info("grace_settings_unknown", job=info.job, why=str(exc)[:200])
+            return []
+        return [] if grace is None else audit_pod_grace(grace, save_s)
+
+
+async def _no_slurm_settings() -> SlurmGrace:
+    return SlurmGrace(None, {})
