@@ -660,6 +660,13 @@ class SlurmInterruptionsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid
     kill_wait_s: Annotated[
         float, _doc("slurm.conf KillWait: SIGKILL this long after the time limit's SIGTERM.", ge=0)
     ] = 30.0
+    every_job: Annotated[
+        bool,
+        _doc(
+            "Also watch the running jobs no agent reported ranks of (jobs without the client: saved by "
+            "coordinator.slurm.clientless's signal convention); one scontrol show job -o per poll."
+        ),
+    ] = False
 
 
 class SlurmConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

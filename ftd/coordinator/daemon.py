@@ -194,6 +194,7 @@ class Coordinator:
             ),
             interval_s=announced.interval_s,
             on_running=self._grace_watch(scheduler, config),
+            every_job=announced.every_job,
         )
         self.slow_ranks = SlowRanks(
             config.coordinator.slow_ranks,

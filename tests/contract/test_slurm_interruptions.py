@@ -188,6 +188,27 @@ async def test_a_maintenance_reservation_over_the_jobs_node_is_announced_with_it
     assert len(seen) == 1
 
 
+async def test_every_job_watches_a_job_no_agent_reported_and_announces_its_maintenance(side: Side) -> None:
+    """``every_job``: a job without the client (never watch()ed: no agent reported its ranks) is found
+    in the scheduler's listing of running jobs and announced like the others."""
+    seen: list[Event] = []
+
+    async def emit(event: Event) -> None:
+        seen.append(event)
+
+    job = await side.low_job(minutes=60)
+    plain = SchedulerInterruptions(side.sched, emit, policy=POLICY, interval_s=POLL_S)
+    poller = SchedulerInterruptions(side.sched, emit, policy=POLICY, interval_s=POLL_S, every_job=True)
+    assert await poller.poll_once() == 0 and job in poller.watched
+    await side.reserve_for_maintenance("ftdmaint2")
+    try:
+        assert await plain.poll_once() == 0 and plain.watched == ()  # without every_job: never seen
+        it = await _first(poller, seen, within_s=5)
+    finally:
+        await side.unreserve("ftdmaint2")
+    assert it.source == "slurm_maintenance" and it.job == job
+
+
 @pytest.mark.real
 def test_check_config_grace_audit_reads_the_real_slurm(
     preempt_cluster: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]

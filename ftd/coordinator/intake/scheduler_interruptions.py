@@ -13,7 +13,9 @@ interruption. :class:`SchedulerInterruptions` is the poller: the jobs the coordi
 (never more than one ``scontrol`` in flight; rules and message handlers never wait on it), and each
 new interruption is handed to ``emit`` once. A scheduler that reads its job's pods (Kubernetes:
 ``job_interruptions``, a pod being deleted or carrying ``DisruptionTarget``) is asked the same way.
-Failed lookups are counted and logged; a job stays
+With ``every_job`` the poller also watches every running job the scheduler lists (Slurm:
+``running_job_nodes``), so jobs without the client are announced too. Failed lookups are counted
+and logged; a job stays
 watched until ``max_failures`` in a row (a job purged from slurmctld after ``MinJobAge`` is "Invalid
 job id" for ever); a job the scheduler no longer shows running is dropped.
 
@@ -150,6 +152,7 @@ class SchedulerInterruptions:
         max_jobs: int = 4096,
         max_failures: int = 10,
         on_running: Callable[[JobInfo], Awaitable[object]] | None = None,
+        every_job: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.scheduler = scheduler
@@ -159,6 +162,8 @@ class SchedulerInterruptions:
         self.max_jobs = max_jobs
         self.max_failures = max_failures
         self.on_running = on_running  # each running job's record, every poll (the grace audit)
+        # also watch every running job the scheduler lists (jobs without the client), each poll
+        self.every_job = every_job
         self._failing: dict[str, int] = {}  # job -> lookups failed in a row
         self._clock = clock
         self._watched: dict[str, str] = {}  # job -> a node it runs on
@@ -185,6 +190,8 @@ class SchedulerInterruptions:
         if self.scheduler is None:
             return 0
         emitted = 0
+        if self.every_job:
+            await self._discover()
         reservations = await self._reservations() if self._watched else []
         for job, node in list(self._watched.items()):
             try:
@@ -231,6 +238,23 @@ class SchedulerInterruptions:
                 await self.emit(interruption_event(it, where, now))
                 emitted += 1
         return emitted
+
+    async def _discover(self) -> None:
+        """Watch every running job the scheduler lists (one listing: Slurm's ``scontrol show job -o``),
+        not only those whose ranks an agent reported: a job without the client is saved by the signal
+        convention (``coordinator.slurm.clientless``). A scheduler without a listing: nothing."""
+        listing = getattr(self.scheduler, "running_job_nodes", None)
+        if listing is None:
+            return
+        try:
+            running = dict(await listing())
+        except (TimeoutError, SchedulerError, OSError) as exc:
+            self.failures += 1
+            log.info("interruption_listing_failed", failures=self.failures, why=str(exc)[:200])
+            return
+        for job, nodes in running.items():
+            if nodes:
+                self.watch(job, nodes[0])
 
     async def _pod_interruptions(self, job: str) -> list[Interruption]:
         """What a scheduler that reads its job's pods announces (Kubernetes: a pod being deleted, a
