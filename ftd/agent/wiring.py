@@ -31,6 +31,7 @@ from ftd.agent.door import Door
 from ftd.agent.gpu_reset import GpuResetter, Runner
 from ftd.agent.hooks import NodeHooks
 from ftd.agent.inbound import Inbound
+from ftd.agent.job_checks.checker import JobPathChecks
 from ftd.agent.jobs import HookMsg, SchedulerJobs
 from ftd.agent.local_api import LocalApi
 from ftd.agent.local_api.inject import InjectMsg
@@ -53,7 +54,7 @@ from ftd.agent.watchers.nvml.backend import NvmlBackend
 from ftd.agent.watchers.nvml.watcher import NvmlWatcher
 from ftd.bus.base import Bus
 from ftd.config import AgentConfig
-from ftd.events import Ack, Event, RankInfo
+from ftd.events import Ack, Event, Kind, RankInfo
 from ftd.logs import get_logger
 
 __all__ = ["build_agent", "open_outbox"]
@@ -110,11 +111,15 @@ def build_agent(
     # The local API is built first; what it calls (storm control through emit, the hooks) is built
     # below with it, and these closures reach them once built (before anything runs).
     async def emit(event: Event) -> None:
-        """Every watcher's way in: storm control, then the one door."""
+        """Every watcher's way in: storm control, then the one door. NCCL's transport lines (log
+        patterns) also reach the job path checks."""
+        if event.kind is Kind.LOG_PATTERN:
+            await job_checks.log_event(event)
         await storm.process(event)
 
     async def presence(job: str, ranks: list[RankInfo]) -> None:
         await hooks.presence(job, ranks)
+        job_checks.presence(job, ranks)  # its own task: the RDMA path of a job that just started
 
     async def ack(message: Ack) -> None:
         await hooks.ack(message)
@@ -132,6 +137,7 @@ def build_agent(
         on_hook=hook,
         on_event=emit,  # a rank supervisor lost or failed (ftd run, issue #24)
     )
+    job_checks = JobPathChecks(cfg.job_checks, node, emit)
     door = Door(
         node,
         outbox,

@@ -441,6 +441,32 @@ class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """A job's RDMA path checked at its start: NCCL's transport, peermem, memlock, /dev/shm (issue #36)."""
 
     enabled: Annotated[bool, _doc("Check each job's communication path when it starts.")] = True
+    min_memlock_mib: Annotated[
+        float,
+        _doc(
+            "A rank's Max locked memory below this (MiB) on an InfiniBand node is a slow-path cause "
+            "(memlock_low); 'unlimited' always passes.",
+            ge=0,
+        ),
+    ] = 1024.0
+    min_shm_mib: Annotated[
+        float, _doc("The /dev/shm a rank sees smaller than this (MiB) is a cause (shm_small).", ge=0)
+    ] = 1024.0
+    acs: Annotated[
+        bool, _doc("Read the ACS Control of the bridges above the GPUs and IB devices (needs root).")
+    ] = True
+    rendezvous: Annotated[
+        bool, _doc("Connect to the rank's MASTER_ADDR:MASTER_PORT (a refused or silent port is a cause).")
+    ] = True
+    connect_timeout_s: Annotated[
+        float, _doc("Deadline of one rendezvous connect attempt.", gt=0, le=10)
+    ] = 2.0
+    connect_attempts: Annotated[
+        int, _doc("Rendezvous connect attempts before the port is judged unreachable.", ge=1, le=5)
+    ] = 3
+    connect_retry_s: Annotated[
+        float, _doc("Pause between rendezvous attempts (rank 0 may not listen yet).", ge=0, le=10)
+    ] = 1.0
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
