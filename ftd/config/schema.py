@@ -458,9 +458,9 @@ class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     rendezvous: Annotated[
         bool, _doc("Connect to the rank's MASTER_ADDR:MASTER_PORT (a refused or silent port is a cause).")
     ] = True
-    connect_timeout_s: Annotated[
-        float, _doc("Deadline of one rendezvous connect attempt.", gt=0, le=10)
-    ] = 2.0
+    connect_timeout_s: Annotated[float, _doc("Deadline of one rendezvous connect attempt.", gt=0, le=10)] = (
+        2.0
+    )
     connect_attempts: Annotated[
         int, _doc("Rendezvous connect attempts before the port is judged unreachable.", ge=1, le=5)
     ] = 3
@@ -1064,9 +1064,7 @@ class FabricTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 class DriftConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Version drift between nodes of one hardware profile, and minimums (issue #36)."""
 
-    enabled: Annotated[bool, _doc("Compare each node's versions with its peers' and the minimums.")] = (
-        True
-    )
+    enabled: Annotated[bool, _doc("Compare each node's versions with its peers' and the minimums.")] = True
 
 
 class RmaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
