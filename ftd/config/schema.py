@@ -341,6 +341,25 @@ class PreflightConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "(ftd preflight exits 3) so a broken driver never returns a node to service."
         ),
     ] = False
+    # Burn-in (ftd preflight --burn-in; ftd.agent.preflight.burn_in; thresholds: catalog burn_in.toml).
+    burn_in_dcgm_level: Annotated[
+        int, _doc("The burn-in's dcgmi diag run level (-r): 3 is the long one, 4 the longest.", ge=1, le=4)
+    ] = 3
+    burn_in_dcgm_timeout_s: Annotated[PositiveSeconds, _doc("Deadline of the burn-in's dcgmi diag.")] = 3600.0
+    burn_in_memtest_timeout_s: Annotated[
+        PositiveSeconds, _doc("Deadline of the burn-in's GPU memory test (all GPUs).")
+    ] = 1800.0
+    burn_in_matmul_timeout_s: Annotated[
+        PositiveSeconds, _doc("Deadline of the burn-in's matrix-multiply probe (all GPUs).")
+    ] = 600.0
+    burn_in_fleet_tflops: Annotated[
+        float,
+        _doc(
+            "The fleet's matmul TFLOPS per GPU to compare with (the peers' median); 0: none, only the "
+            "profile's figure and the node's own GPUs.",
+            ge=0,
+        ),
+    ] = 0.0
 
 
 class AgentKubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
