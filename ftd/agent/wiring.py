@@ -204,6 +204,8 @@ def build_agent(
         preflight_now=hooks.preflight_now,
         diagnostics_dir=state_dir / "diagnostics",
         ask_flight=local_api.ask_flight,
+        burn_in_now=hooks.burn_in_now,
+        rma_bundle_now=hooks.rma_bundle_now,
     )
     parts = AgentParts(
         cfg=cfg,
