@@ -1001,6 +1001,16 @@ class ReturnToServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_un
     preflight_deadline_s: Annotated[
         PositiveSeconds, _doc("How long a node's agent gets to run its preflight checks and answer.")
     ] = 900.0
+    require_burn_in: Annotated[
+        bool,
+        _doc(
+            "The site requires burn-in: after the preflight passes the node runs its burn-in "
+            "(ftd preflight --burn-in) and comes back only when it passed; otherwise it is drained for RMA."
+        ),
+    ] = False
+    burn_in_deadline_s: Annotated[
+        PositiveSeconds, _doc("How long a node's agent gets to run its burn-in and answer.")
+    ] = 7200.0
 
 
 class OfflineGraceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -1090,6 +1100,22 @@ class RmaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """Diagnostic bundles for nodes drained for repair (issue #36)."""
 
     enabled: Annotated[bool, _doc("Collect a diagnostic bundle when a node is drained for repair.")] = True
+    reasons: Annotated[
+        list[NonEmptyStr],
+        _doc(
+            "A drain whose reason holds one of these (case-insensitive) is for repair; ftd's own RMA "
+            "drains (params rma = true) always are."
+        ),
+    ] = msgspec.field(default_factory=lambda: ["RMA", "repair"])
+    deadline_s: Annotated[
+        PositiveSeconds, _doc("How long a node's agent gets to collect the bundle and answer.")
+    ] = 1200.0
+    kmsg_window_s: Annotated[
+        PositiveSeconds, _doc("The kernel log window the bundle keeps (the last this many seconds).")
+    ] = 3600.0
+    bug_report_timeout_s: Annotated[
+        PositiveSeconds, _doc("Deadline of nvidia-bug-report.sh on the node (killed then, its output kept).")
+    ] = 600.0
 
 
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
