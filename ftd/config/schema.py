@@ -36,6 +36,7 @@ SCHEDULERS = ("slurm", "none", "kubernetes")
 PINNED_JOB_POLICIES = ("hold", "stop")  # ftd.coordinator.actions.pinned
 HANG_UNCLEAR_POLICIES = ("restart", "stop")  # ftd.rules.hang: a hang whose culprit is not known
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+INFINIBAND_CHOICES = ("auto", "yes", "no")  # agent.job_checks.infiniband
 NODE_LABELS = ("rack", "nvlink_domain")
 
 
@@ -471,6 +472,14 @@ class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     min_shm_mib: Annotated[
         float, _doc("The /dev/shm a rank sees smaller than this (MiB) is a cause (shm_small).", ge=0)
     ] = 1024.0
+    infiniband: Annotated[
+        str,
+        _doc(
+            "Whether this node is on an InfiniBand fabric (the IB-only checks: NCCL over sockets, "
+            "peermem, memlock); auto: a device in /sys/class/infiniband.",
+            extra={"choices": INFINIBAND_CHOICES},
+        ),
+    ] = "auto"
     acs: Annotated[
         bool, _doc("Read the ACS Control of the bridges above the GPUs and IB devices (needs root).")
     ] = True

@@ -158,3 +158,25 @@ def test_the_cli_exit_codes_cover_every_verdict(verdict: str) -> None:
     from ftd.commands.preflight import BURN_IN_EXIT
 
     assert verdict in BURN_IN_EXIT
+
+
+def test_the_cli_refuses_on_a_node_with_a_job_and_reports_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ftd.agent.jobs import JobStartMsg, SchedulerJobs
+    from ftd.cli import main
+
+    conf = tmp_path / "agent.toml"
+    conf.write_text(f'[agent]\nnode = "node-5"\nstate_dir = "{tmp_path}"\n[agent.nvml]\nenabled = false\n')
+    skip_all = [arg for step in ("dcgm", "memtest", "matmul", "pair") for arg in ("--skip", step)]
+    assert main(["preflight", "--burn-in", "--config", str(conf), *skip_all]) == 3  # nothing ran: incomplete
+    out = capsys.readouterr().out
+    assert out.startswith("burn-in on node-5 (profile none): incomplete: not every step ran (dcgm: left out")
+    assert (tmp_path / "burn-in" / "latest.json").exists()
+    SchedulerJobs(tmp_path / "jobs.json").start(JobStartMsg(job="4711"))  # the Prolog's record of a job here
+    assert main(["preflight", "--burn-in", "--json", "--config", str(conf), *skip_all]) == 4
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "refused" and "4711" in report["reason"] and report["steps"] == []
+    assert (
+        main(["preflight", "--burn-in", "--config", str(conf), "--skip", "nccl"]) == 2
+    )  # not a burn-in step

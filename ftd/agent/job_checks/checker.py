@@ -59,7 +59,8 @@ class _Job:
 
 
 class JobPathChecks:
-    """See the module docstring. ``profile_ib``: the hardware profile says the node is on IB."""
+    """See the module docstring. ``profile_ib``: the node is (not) on IB, whatever sysfs shows
+    (default: ``cfg.infiniband``; ``auto`` reads /sys/class/infiniband)."""
 
     def __init__(
         self,
@@ -74,7 +75,8 @@ class JobPathChecks:
         self.node = node
         self._emit = emit
         self._roots = roots or Roots()
-        self._profile_ib = profile_ib
+        said = {"yes": True, "no": False}.get(cfg.infiniband)
+        self._profile_ib = profile_ib if profile_ib is not None else said
         self._jobs: dict[str, _Job] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()

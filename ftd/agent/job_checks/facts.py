@@ -90,12 +90,13 @@ def peermem(modules: Path = Path("/proc/modules")) -> Fact[bool]:
 
 
 def ib_node(sys: Path = Path("/sys"), profile_says: bool | None = None) -> Fact[bool]:
-    """Whether this node has InfiniBand devices (or its hardware profile says it is an IB node)."""
-    if profile_says:
-        return Fact(True)
+    """Whether this node is on InfiniBand: ``profile_says`` (the site's word) when given, else whether
+    it has InfiniBand devices."""
+    if profile_says is not None:
+        return Fact(profile_says)
     path = sys / "class" / "infiniband"
     try:
-        return Fact(bool(os.listdir(path)) or bool(profile_says))
+        return Fact(bool(os.listdir(path)))
     except FileNotFoundError:
         return Fact(False)  # no RDMA core loaded: no IB devices
     except OSError as exc:
