@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -160,9 +161,11 @@ class NodeHooks:
 
     async def preflight_now(self) -> dict[str, Any]:
         """Run the node's preflight checks now (:mod:`ftd.agent.preflight`); a pass clears hardware faults."""
+        from ftd.agent.job_checks.node_check import rdma_node_check
         from ftd.agent.preflight.runner import run_preflight
 
-        report = await asyncio.to_thread(run_preflight, self.cfg, self._nvml_backend)
+        extra = {"rdma": partial(rdma_node_check, self.cfg.job_checks)} if self.cfg.job_checks.enabled else {}
+        report = await asyncio.to_thread(run_preflight, self.cfg, self._nvml_backend, extra=extra)
         if report.ok:
             self._conditions.clear_all(why="preflight passed", kinds=HARDWARE_KINDS)
         return {"v": protocol.PROTOCOL_VERSION, "op": protocol.PREFLIGHT, **report.to_dict()}

@@ -2,7 +2,8 @@
 
 What: runs the node checks of :mod:`ftd.agent.preflight` (GPU count and UUIDs against the inventory, NVML
 health, ECC and row remapping, a device memory allocation and small compute with torch, ``dcgmi diag
--r 1`` with DCGM, a single-node NCCL all-reduce, the site's own commands) and exits 0 when none
+-r 1`` with DCGM, a single-node NCCL all-reduce, the site's own commands, and ``rdma``: the node's share
+of the RDMA path, :mod:`ftd.agent.job_checks.node_check`) and exits 0 when none
 failed, else 1 with one line ``preflight failed: CHECK: reason``. A check whose tool or GPU is
 absent is skipped with the reason (``-v`` lists every check); on a node with GPUs, the compute and
 NCCL checks skipped because torch is missing or sees no CUDA GPU are named in the passing line too
@@ -113,9 +114,10 @@ def run(args: argparse.Namespace) -> int:
     if args.burn_in:
         return run_burn_in(args)
 
-    unknown = sorted(set(args.skip) - set(CHECKS))
+    names = (*CHECKS, "rdma")
+    unknown = sorted(set(args.skip) - set(names))
     if unknown:
-        print(f"preflight: unknown check(s) {', '.join(unknown)}; checks: {', '.join(CHECKS)}")
+        print(f"preflight: unknown check(s) {', '.join(unknown)}; checks: {', '.join(names)}")
         return 2
     if args.config:
         from ftd.config import ConfigError, load_config
@@ -127,7 +129,14 @@ def run(args: argparse.Namespace) -> int:
             return 2
     else:
         cfg = AgentConfig()
-    report = run_preflight(cfg, skip=set(args.skip), allow_unchecked=args.allow_unchecked)
+    extra = {}
+    if cfg.job_checks.enabled:  # the node's share of the RDMA path: peermem, ACS, IOMMU (issue #36)
+        from functools import partial
+
+        from ftd.agent.job_checks.node_check import rdma_node_check
+
+        extra["rdma"] = partial(rdma_node_check, cfg.job_checks)
+    report = run_preflight(cfg, skip=set(args.skip), allow_unchecked=args.allow_unchecked, extra=extra)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:

@@ -213,3 +213,22 @@ def test_an_unreadable_rank_is_unknown_with_its_reason(tmp_path: Path) -> None:
     assert "FileNotFoundError" in data["unknown"]["shm"]
     assert "FileNotFoundError" in data["unknown"]["rendezvous"]
     assert not {"memlock", "shm", "rendezvous"} & set(data["passed"])
+
+
+def test_the_preflight_rdma_check_fails_without_peermem_on_ib_and_names_warnings(tmp_path: Path) -> None:
+    from ftd.agent.job_checks.node_check import rdma_node_check
+
+    modules = tmp_path / "modules"
+    modules.write_text(MODULES)
+    roots = Roots(sys=_sys_tree(tmp_path, 0x001D), modules=modules, cmdline=tmp_path / "x")
+    status, reason = rdma_node_check(JobChecksConfig(), roots)
+    assert (status, reason) == ("fail", "nvidia_peermem is not loaded (no GPUDirect RDMA)")
+    modules.write_text(MODULES + "nvidia_peermem 16384 0 - Live 0x0000000000000000 (POE)\n")
+    status, reason = rdma_node_check(JobChecksConfig(), roots)
+    assert status == "pass"
+    assert reason == (
+        "peermem, iommu (off) passed; warning: ACS redirects peer traffic on 1 bridge(s) of the GPU/NIC paths"
+    )
+    unreadable = Roots(sys=roots.sys, modules=tmp_path / "gone", cmdline=tmp_path / "x")
+    status, reason = rdma_node_check(JobChecksConfig(acs=False), unreadable)
+    assert status == "skip" and reason.startswith("peermem unknown: ") and "FileNotFoundError" in reason
