@@ -83,7 +83,8 @@ preflight_deadline_s = 30
 
         def finished() -> bool:
             kinds = [(a["request"]["kind"], a["state"]) for a in actions(stack.ledger)]
-            last = ("resume_node", "succeeded") if healthy else ("drain_node", "succeeded")
+            # Failing: the drain for RMA, then its diagnostic bundle (issue #36).
+            last = ("resume_node", "succeeded") if healthy else ("rma_bundle", "succeeded")
             return ("preflight", "succeeded" if healthy else "escalated") in kinds and kinds[-1] == last
 
         wait_until(finished, 60, "drain, reset, preflight and the verdict")
@@ -120,7 +121,12 @@ def test_a_reset_node_that_fails_preflight_is_drained_for_rma_with_its_history(
         ("drain_node", "succeeded"),
         ("preflight", "escalated"),
         ("drain_node", "succeeded"),
+        ("rma_bundle", "succeeded"),  # issue #36: the node drained for repair gets its bundle
     ], node_steps
+    rma_drain = [a for a in done if a["request"]["kind"] == "drain_node"][-1]
+    bundle = next(a for a in done if a["request"]["kind"] == "rma_bundle")
+    assert bundle["detail"]["drain_action"] == rma_drain["id"]
+    assert bundle["detail"]["bundle"].endswith(".tar.gz") and Path(bundle["detail"]["bundle"]).exists()
     info = slurm.node("node-1")
     assert "DRAIN" in info["State"]
     reason = info["Reason"]
