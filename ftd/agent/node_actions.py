@@ -179,21 +179,22 @@ class NodeActions:
             **extra,
         )
 
-    def _remember(self, directive: Directive, ack: Ack) -> None:
-        self._answers[directive.id] = ack
-        while len(self._answers) > 256:
-            self._answers.pop(next(iter(self._answers)))
+    async def _once(self, directive: Directive, work: Callable[[], Awaitable[Ack]]) -> None:
+        """Answer ``directive`` with ``work``'s Ack, or, re-delivered, with the Ack it got the first time."""
+        ack = self._answers.get(directive.id)
+        if ack is None:
+            ack = self._answers[directive.id] = await work()
+            while len(self._answers) > 256:
+                self._answers.pop(next(iter(self._answers)))
         self._answer(ack)
 
     async def burn_in(self, directive: Directive) -> None:
         """Run the burn-in (refused while a job runs here), publish its report, answer the verdict."""
-        done = self._answers.get(directive.id)
-        if done is not None:
-            self._answer(done)
-            return
+        await self._once(directive, lambda: self._burn_in(directive))
+
+    async def _burn_in(self, directive: Directive) -> Ack:
         if self._burn_in_now is None:
-            self._remember(directive, self._node_ack(directive, False, "burn-in is not served by this agent"))
-            return
+            return self._node_ack(directive, False, "burn-in is not served by this agent")
         report = await self._burn_in_now()
         body = report.to_dict()
         await self._emit(
@@ -206,26 +207,19 @@ class NodeActions:
             )
         )
         log.info("burn_in_answered", directive_id=directive.id, verdict=report.verdict, reason=report.reason)
-        self._remember(directive, self._node_ack(directive, report.ok, report.reason, data={"report": body}))
+        return self._node_ack(directive, report.ok, report.reason, data={"report": body})
 
     async def rma_bundle(self, directive: Directive) -> None:
         """Collect the node's diagnostic bundle for repair, publish its path, answer with it."""
-        done = self._answers.get(directive.id)
-        if done is not None:
-            self._answer(done)
-            return
+        await self._once(directive, lambda: self._rma_bundle(directive))
+
+    async def _rma_bundle(self, directive: Directive) -> Ack:
         if self._rma_bundle_now is None:
-            self._remember(
-                directive, self._node_ack(directive, False, "rma bundles are not served by this agent")
-            )
-            return
+            return self._node_ack(directive, False, "rma bundles are not served by this agent")
         try:
             bundle = await self._rma_bundle_now(directive.params)
         except OSError as exc:  # state_dir full or unwritable: say so, the drain stands anyway
-            reason = f"bundle not written: {type(exc).__name__}: {exc}"[:300]
-            self._remember(directive, self._node_ack(directive, False, reason))
-            return
-        body = bundle.to_dict()
+            return self._node_ack(directive, False, f"bundle not written: {type(exc).__name__}: {exc}"[:300])
         await self._emit(
             make_event(
                 self.node,
@@ -244,12 +238,6 @@ class NodeActions:
             )
         )
         log.info("rma_bundle_collected", directive_id=directive.id, path=bundle.path, summary=bundle.summary)
-        ack = self._node_ack(
-            directive,
-            True,
-            bundle.summary,
-            path=bundle.path,
-            files=sorted(bundle.files),
-            data={"bundle": body},
-        )
-        self._remember(directive, ack)
+        files = sorted(bundle.files)
+        data = {"bundle": bundle.to_dict()}
+        return self._node_ack(directive, True, bundle.summary, path=bundle.path, files=files, data=data)

@@ -21,12 +21,9 @@ start time), where ``ftd preflight --burn-in`` and the agent's ``burn_in`` direc
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -34,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftd.agent.diagnostics import _run as run_bounded
 from ftd.agent.watchers.nvml.backend import NvmlBackend, NvmlError
 from ftd.catalog.hardware_profiles import load_hardware_catalog
 from ftd.config.schema import AgentConfig, HardwareConfig
@@ -92,24 +90,10 @@ def plan_from(section: Mapping[str, Any] | None, **settings: Any) -> BurnInPlan:
 
 
 async def _run(argv: Sequence[str], timeout_s: float) -> tuple[int | None, str, str]:
-    """(exit status or None on timeout, stdout, stderr tail) of ``argv``, killed (its whole process
-    group) at the deadline."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        stdin=asyncio.subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        async with asyncio.timeout(timeout_s):
-            out, err = await proc.communicate()
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        return None, "", ""
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")[-500:]
+    """(exit status or None on timeout, stdout, stderr tail) of ``argv``; the child's process group is
+    killed at the deadline (:func:`ftd.agent.diagnostics._run`, the agent's one bounded runner)."""
+    code, out, err = await run_bounded(argv, timeout_s)
+    return code, out.decode(errors="replace"), err.decode(errors="replace")[-500:]
 
 
 async def _dcgm(plan: BurnInPlan) -> StepResult:

@@ -189,21 +189,27 @@ class ReturnToService:
         track = self._nodes.get(node)
         if track is None or not track.drain_done or track.reset_done is None or track.preflight_id:
             return
-        track.preflight_id = "pending"
+        self._check(node, track, "preflight", f"{track.reset_reason}")
+
+    def _check(self, node: str, track: _Node, step: str, why: str) -> None:
+        """Submit the node's ``preflight`` or ``burn_in``; its verdict comes back through :meth:`observe`
+        (or at once when the gate decided it)."""
+        kind = PREFLIGHT if step == "preflight" else BURN_IN
+        setattr(track, f"{kind}_id", "pending")
         request = ActionRequest(
-            kind=PREFLIGHT,
+            kind=kind,
             target=node,
-            reason=f"return to service after {track.reset_done}: {track.reset_reason}",
+            reason=f"return to service after {track.reset_done}: {why}",
             params={"after": track.reset_done, "reset_action": track.reset_id},
             rule=RULE,
         )
 
         async def go() -> None:
             record = await self._submit(request)
-            track.preflight_id = record.id
-            log.info("return_to_service_preflight", node=node, action_id=record.id, state=str(record.state))
+            setattr(track, f"{kind}_id", record.id)
+            log.info(f"return_to_service_{kind}", node=node, action_id=record.id, state=str(record.state))
             if record.state.finished:
-                self._verdict(node, track, record)
+                self._verdict(node, track, record, step=step)
 
         self._soon(go())
 
@@ -218,7 +224,7 @@ class ReturnToService:
         if record.state == ActionState.SUCCEEDED:
             if step == "preflight" and self.require_burn_in:
                 self._nodes[node] = track  # still in return to service: the burn-in decides
-                self._burn_in(node, track)
+                self._check(node, track, "burn-in", "burn-in required")
                 return
             self._later(
                 ActionRequest(
@@ -242,26 +248,6 @@ class ReturnToService:
                 rule=RULE,
             )
         )
-
-    def _burn_in(self, node: str, track: _Node) -> None:
-        """The site requires burn-in (``coordinator.return_to_service.require_burn_in``): run it."""
-        track.burn_in_id = "pending"
-        request = ActionRequest(
-            kind=BURN_IN,
-            target=node,
-            reason=f"return to service after {track.reset_done}: burn-in required",
-            params={"after": track.reset_done, "reset_action": track.reset_id},
-            rule=RULE,
-        )
-
-        async def go() -> None:
-            record = await self._submit(request)
-            track.burn_in_id = record.id
-            log.info("return_to_service_burn_in", node=node, action_id=record.id, state=str(record.state))
-            if record.state.finished:
-                self._verdict(node, track, record, step="burn-in")
-
-        self._soon(go())
 
     def _faults(self, node: str) -> list[str]:
         if self._state is None:
