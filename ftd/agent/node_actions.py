@@ -122,17 +122,7 @@ class NodeActions:
             )
         ok, reason = answer
         log.info("preflight_answered", directive_id=directive.id, ok=ok, reason=reason)
-        self._answer(
-            Ack(
-                directive_id=directive.id,
-                job=directive.job or "",
-                rank=NODE_RANK,
-                node=self.node,
-                ok=ok,
-                reason=reason,
-                ts=time.time(),
-            )
-        )
+        self._answer(self._node_ack(directive, ok, reason))
 
     async def collect_diagnostics(self, directive: Directive) -> None:
         jobs = self._jobs()
