@@ -198,3 +198,53 @@ def test_thresholds_are_the_callers() -> None:
     facts = _ib_facts(memlock={10: Fact(512 << 20)})
     assert judge(facts).causes[0].name == "memlock_low"
     assert judge(facts, Thresholds(min_memlock_bytes=256 << 20)).causes == []
+
+
+@settings(max_examples=examples(200))
+@given(st.text(max_size=400), st.sampled_from(["", "Max locked memory", "Max locked memory   "]))
+def test_any_limits_file_is_a_value_or_unknown(text: str, prefix: str) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from ftd.agent.job_checks.facts import memlock
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "7").mkdir()
+        (Path(tmp) / "7" / "limits").write_text(prefix + text, errors="surrogatepass")
+        fact = memlock(7, Path(tmp))
+    assert (fact.value is None) == bool(fact.why)
+    assert fact.value is None or fact.value >= 0
+
+
+def test_the_real_limits_format_is_read() -> None:
+    import tempfile
+    from pathlib import Path
+
+    from ftd.agent.job_checks.facts import memlock
+
+    row = "Max locked memory         {}               {}               bytes     \n"
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "7").mkdir()
+        limits = Path(tmp) / "7" / "limits"
+        limits.write_text("Limit                     Soft Limit           Hard Limit           Units     \n")
+        limits.write_text(limits.read_text() + row.format(65536, 65536))
+        assert memlock(7, Path(tmp)).value == 65536
+        limits.write_text(row.format("unlimited", "unlimited"))
+        assert memlock(7, Path(tmp)).value == UNLIMITED
+        limits.write_text("Max open files 1024 1024 files\n")
+        assert "no 'Max locked memory' line" in memlock(7, Path(tmp)).why
+
+
+@settings(max_examples=examples(200))
+@given(st.binary(max_size=2000))
+def test_any_kmsg_bytes_give_a_window_without_error(raw: bytes) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from ftd.agent.rma.bundle import kmsg_window
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kmsg"
+        path.write_bytes(raw)
+        text, why = kmsg_window(str(path), 60.0, now_us=10**12)
+    assert why is None and isinstance(text, str)
