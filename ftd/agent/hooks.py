@@ -170,15 +170,20 @@ class NodeHooks:
             self._conditions.clear_all(why="preflight passed", kinds=HARDWARE_KINDS)
         return {"v": protocol.PROTOCOL_VERSION, "op": protocol.PREFLIGHT, **report.to_dict()}
 
-    async def burn_in_now(self) -> BurnInReport:
+    async def burn_in_now(self, params: Mapping[str, Any] | None = None) -> BurnInReport:
         """The burn-in (:mod:`ftd.agent.preflight.burn_in`), its report saved under ``state_dir``. The
-        profile comes from the GPU name NVML reports (the agent is not given ``hardware``); the pair
-        test is :attr:`pair_test` when one is wired."""
+        profile comes from the GPU name NVML reports (the agent is not given ``hardware``); the fleet's
+        figure from ``params["fleet_tflops"]`` (the coordinator's, per profile) when it has one for this
+        profile, else ``agent.preflight.burn_in_fleet_tflops``; the pair test is :attr:`pair_test` when
+        one is wired."""
         from ftd.agent.preflight.burn_in import node_profile, plan_for, run_burn_in, save_report
 
         hardware = HardwareConfig()
         profile, _ = await asyncio.to_thread(node_profile, hardware, self._nvml_backend)
-        plan = plan_for(self.cfg, hardware, profile)
+        fleet = (params or {}).get("fleet_tflops")  # the coordinator's: profile -> the fleet's TFLOPS
+        figure = fleet.get(profile) if isinstance(fleet, dict) and profile else None
+        extra = {"fleet_tflops": float(figure)} if isinstance(figure, int | float) and figure > 0 else {}
+        plan = plan_for(self.cfg, hardware, profile, **extra)
 
         def training() -> list[str]:
             return sorted(set(self._scheduler_jobs.all()) | set(self._local_api.jobs()))

@@ -59,7 +59,7 @@ class NodeActions:
         preflight_now: Callable[[], Awaitable[dict[str, Any]]],
         diagnostics_dir: Path,
         ask_flight: AskFlight | None = None,
-        burn_in_now: Callable[[], Awaitable[BurnInReport]] | None = None,
+        burn_in_now: Callable[[Mapping[str, Any]], Awaitable[BurnInReport]] | None = None,
         rma_bundle_now: Callable[[Mapping[str, Any]], Awaitable[Bundle]] | None = None,
     ) -> None:
         self.node = node
@@ -185,7 +185,7 @@ class NodeActions:
     async def _burn_in(self, directive: Directive) -> Ack:
         if self._burn_in_now is None:
             return self._node_ack(directive, False, "burn-in is not served by this agent")
-        report = await self._burn_in_now()
+        report = await self._burn_in_now(directive.params)
         body = report.to_dict()
         await self._emit(
             make_event(

@@ -161,3 +161,37 @@ async def test_the_rma_executor_sends_the_evidence_and_keeps_the_bundles_path() 
         "bundle": "/var/lib/ftd/rma/n1-x.tar.gz",
         "rma_bundle": "6 file(s)",
     }
+
+
+def test_the_fleet_figure_is_the_median_of_passed_burn_ins_per_profile() -> None:
+    from ftd.coordinator.actions.burn_in import FleetFigures
+
+    fleet = FleetFigures()
+
+    def report(median: float, verdict: str = "passed", profile: str = "h100-sxm") -> dict[str, object]:
+        steps = [{"name": "dcgm", "figures": {}}, {"name": "matmul", "figures": {"median": median}}]
+        return {"verdict": verdict, "profile": profile, "steps": steps}
+
+    fleet.add(report(700.0))
+    fleet.add(report(720.0))
+    assert fleet.figures() == {}  # too few yet
+    fleet.add(report(100.0, verdict="failed"))  # a failed node is not the fleet
+    fleet.add(report(710.0))
+    fleet.add(report(300.0, profile="l40s"))
+    fleet.add({"verdict": "passed", "profile": "h100-sxm", "steps": "junk"})  # bad input: ignored
+    assert fleet.figures() == {"h100-sxm": 710.0}
+
+
+async def test_the_burn_in_directive_carries_the_fleets_figures() -> None:
+    acks = AckBook()
+    report = {
+        "verdict": "passed",
+        "profile": "h100-sxm",
+        "steps": [{"name": "matmul", "figures": {"median": 700.0}}],
+    }
+    agent = Agent(acks, {"ok": True, "reason": "4 step(s) passed", "data": {"report": report}})
+    executor = BurnIn(send=node_sender(agent.publish), acks=acks, deadline_s=2)
+    for _ in range(4):
+        await executor(record(BURN_IN, ActionState.RUNNING))
+    assert agent.sent[0].params == {"fleet_tflops": {}}
+    assert agent.sent[3].params == {"fleet_tflops": {"h100-sxm": 700.0}}

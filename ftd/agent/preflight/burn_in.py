@@ -260,15 +260,15 @@ def node_profile(hardware: HardwareConfig, backend: NvmlBackend | None) -> tuple
 
 
 def plan_for(cfg: AgentConfig, hardware: HardwareConfig, profile: str | None, **extra: Any) -> BurnInPlan:
-    """The plan of ``agent.preflight``'s burn-in settings and ``profile``'s ``burn_in`` section."""
+    """The plan of ``agent.preflight``'s burn-in settings and ``profile``'s ``burn_in`` section;
+    ``extra`` (BurnInPlan fields) wins over both."""
     catalog = load_hardware_catalog(Path(hardware.catalog) if hardware.catalog else None)
     pf = cfg.preflight
-    return plan_from(
-        catalog.section("burn_in", profile),
-        dcgm_level=pf.burn_in_dcgm_level,
-        dcgm_timeout_s=pf.burn_in_dcgm_timeout_s,
-        memtest_timeout_s=pf.burn_in_memtest_timeout_s,
-        matmul_timeout_s=pf.burn_in_matmul_timeout_s,
-        fleet_tflops=pf.burn_in_fleet_tflops or None,
-        **extra,
-    )
+    settings: dict[str, Any] = {
+        "dcgm_level": pf.burn_in_dcgm_level,
+        "dcgm_timeout_s": pf.burn_in_dcgm_timeout_s,
+        "memtest_timeout_s": pf.burn_in_memtest_timeout_s,
+        "matmul_timeout_s": pf.burn_in_matmul_timeout_s,
+        "fleet_tflops": pf.burn_in_fleet_tflops or None,
+    }
+    return plan_from(catalog.section("burn_in", profile), **{**settings, **extra})
