@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from ftd.platform.nccl_init import NcclTransport
 
 __all__ = [
+    "NO_NCCL_LINE",
     "UNLIMITED",
     "AcsPort",
     "Cause",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+NO_NCCL_LINE = "no NCCL INFO init line seen yet (the job sets no NCCL_DEBUG=INFO, or NCCL has not started)"
 UNLIMITED = 2**63 - 1
 """``Max locked memory`` of ``unlimited``, in bytes."""
 
@@ -161,7 +163,7 @@ def judge(facts: PathFacts, limits: Thresholds | None = None) -> PathVerdict:
     # NCCL's own word on the transport.
     nccl = facts.nccl
     if nccl is None or not nccl.known:
-        out.unknown["nccl_transport"] = "no NCCL INFO init line seen (the job does not set NCCL_DEBUG=INFO)"
+        out.unknown["nccl_transport"] = NO_NCCL_LINE
     elif ib is None and nccl.on_socket:
         out.unknown["nccl_transport"] = f"NCCL uses NET/Socket; {ib_unknown}"
     elif ib and nccl.on_socket:

@@ -2,8 +2,9 @@
 
 What: :class:`JobPathChecks` reads the facts of :mod:`ftd.agent.job_checks.facts` for a job as soon
 as the local API reports ranks of it with pids (the ranks register with the client at start; the
-Prolog alone gives no process), judges them (:func:`ftd.platform.rdma.judge`) and emits one
-``platform`` event: ``job``, ``verdict`` (``slow_path`` | ``unknown`` | ``ok``), ``causes`` (names),
+Prolog alone gives no process), judges them (:func:`ftd.platform.rdma.judge`) and, when there is
+something to say (a cause, or a fact that could not be read) that it has not said for the job yet,
+emits a ``platform`` event: ``job``, ``verdict`` (``slow_path`` | ``unknown`` | ``ok``), ``causes`` (names),
 ``details`` (a sentence per cause), ``evidence``, ``unknown`` (fact -> why) and ``passed``. Severity:
 error when a cause is an error, warning for warnings only, info otherwise.
 
@@ -29,7 +30,7 @@ from ftd.config.schema import JobChecksConfig
 from ftd.events import Event, Kind, RankInfo, Severity, make_event
 from ftd.logs import get_logger
 from ftd.platform.nccl_init import NcclTransport, sighting
-from ftd.platform.rdma import Fact, PathFacts, PathVerdict, Thresholds, judge
+from ftd.platform.rdma import NO_NCCL_LINE, Fact, PathFacts, PathVerdict, Thresholds, judge
 
 __all__ = ["JobPathChecks", "Roots"]
 
@@ -38,6 +39,13 @@ log = get_logger(__name__)
 Emit = Callable[[Event], Awaitable[None]]
 MAX_JOBS = 256
 MAX_PIDS = 64  # per job: the ranks of one node
+NOT_APPLICABLE = (
+    NO_NCCL_LINE,
+    facts.NO_DEVICE,
+    facts.NO_RENDEZVOUS,
+    "turned off",
+)
+"""Unknowns that say a fact does not apply (yet, or here), not that it could not be read."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class _Job:
     pids: set[int] = field(default_factory=set)
     facts: PathFacts = field(default_factory=PathFacts)
     nccl: NcclTransport = field(default_factory=NcclTransport)
-    sent: tuple[str, tuple[str, ...]] | None = None  # (verdict, causes) of the last event
+    sent: tuple[str, tuple[str, ...], tuple[str, ...]] | None = None  # (verdict, causes, unread) last said
 
 
 class JobPathChecks:
@@ -120,7 +128,7 @@ class JobPathChecks:
             return None
         state.pids.update(new)
         state.facts = await self._read(state, new)
-        return await self._judge(job, state, force=True)
+        return await self._judge(job, state)
 
     async def log_event(self, event: Event) -> None:
         """A log watcher's event: a ``nccl_net_*`` match feeds the NCCL transport of the job(s) here."""
@@ -140,7 +148,7 @@ class JobPathChecks:
             state = self._jobs[job]
             if state.nccl.add(seen):
                 state.facts.nccl = state.nccl
-                await self._judge(job, state, force=False, shared=len(self._jobs) > 1)
+                await self._judge(job, state, shared=len(self._jobs) > 1)
 
     def forget(self, job: str) -> None:
         self._jobs.pop(job, None)
@@ -164,7 +172,11 @@ class JobPathChecks:
         if not self.cfg.rendezvous:
             got.rendezvous = Fact.unknown("turned off (rendezvous = false)")
             return got
-        where = facts.rendezvous_address(new[0], roots.proc)
+        if old.rendezvous.known:  # one answer per job: the ranks share the rendezvous
+            got.rendezvous, got.rendezvous_addr = old.rendezvous, old.rendezvous_addr
+            return got
+        found = [facts.rendezvous_address(pid, roots.proc) for pid in new]
+        where = next((w for w in found if not isinstance(w, str)), found[0])
         if isinstance(where, str):
             got.rendezvous = Fact.unknown(where)
             return got
@@ -180,24 +192,30 @@ class JobPathChecks:
         got.rendezvous = Fact(result)
         return got
 
-    async def _judge(self, job: str, state: _Job, *, force: bool, shared: bool = False) -> PathVerdict:
+    async def _judge(self, job: str, state: _Job, *, shared: bool = False) -> PathVerdict:
+        """Judge ``state``; emit when there is something to say (a cause, or a fact that could not be
+        read) that differs from what was last said for the job. Unknowns that only say a fact does not
+        apply yet or here (NCCL not heard from yet, no GPU or IB device, no MASTER_ADDR, a check turned
+        off) are in every event but do not make one on their own."""
         verdict = judge(state.facts, self._limits)
-        key = (verdict.verdict, tuple(c.name for c in verdict.causes))
-        if force or key != state.sent:
-            state.sent = key
-            data = {"job": job, "pids": sorted(state.pids)[:MAX_PIDS], **verdict.to_dict()}
-            if shared:
-                data["nccl_job_guessed"] = "several jobs here: the NCCL line's job is not known"
-            if state.nccl.known:
-                data["nccl"] = state.nccl.to_dict()
-            await self._emit(
-                make_event(
-                    self.node,
-                    Kind.PLATFORM,
-                    severity=Severity(verdict.severity),
-                    source="job_checks",
-                    data=data,
-                )
+        unread = sorted(k for k, why in verdict.unknown.items() if not why.startswith(NOT_APPLICABLE))
+        key = (verdict.verdict, tuple(c.name for c in verdict.causes), tuple(unread))
+        log.info("job_path_checked", job=job, verdict=verdict.verdict, causes=list(key[1]), unread=unread)
+        if (not verdict.causes and not unread) or key == state.sent:
+            return verdict
+        state.sent = key
+        data = {"job": job, "pids": sorted(state.pids)[:MAX_PIDS], **verdict.to_dict()}
+        if shared:
+            data["nccl_job_guessed"] = "several jobs here: the NCCL line's job is not known"
+        if state.nccl.known:
+            data["nccl"] = state.nccl.to_dict()
+        await self._emit(
+            make_event(
+                self.node,
+                Kind.PLATFORM,
+                severity=Severity(verdict.severity),
+                source="job_checks",
+                data=data,
             )
-            log.info("job_path_checked", job=job, verdict=verdict.verdict, causes=list(key[1]))
+        )
         return verdict

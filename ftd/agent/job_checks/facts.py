@@ -41,6 +41,8 @@ __all__ = [
 
 _PCI_DIR = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 NVIDIA_VENDOR = "0x10de"
+NO_DEVICE = "no NVIDIA GPU or InfiniBand device"
+NO_RENDEZVOUS = "the rank has no MASTER_ADDR/MASTER_PORT"
 
 
 def _err(exc: BaseException) -> str:
@@ -164,7 +166,7 @@ def acs_ports(sys: Path = Path("/sys")) -> Fact[list[AcsPort]]:
     bridge's extended config space cannot be read (not root)."""
     endpoints = _endpoints(sys)
     if not endpoints:
-        return Fact.unknown(f"no NVIDIA GPU or InfiniBand device under {sys}")
+        return Fact.unknown(f"{NO_DEVICE} under {sys}")
     devices_root = (sys / "devices").resolve()
     bridges: dict[str, Path] = {}
     for endpoint in endpoints:
@@ -197,7 +199,7 @@ def rendezvous_address(pid: int, proc: Path = Path("/proc")) -> tuple[str, int] 
     env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
     addr, port = env.get(b"MASTER_ADDR"), env.get(b"MASTER_PORT")
     if not addr or not port:
-        return "the rank has no MASTER_ADDR/MASTER_PORT in its environment"
+        return f"{NO_RENDEZVOUS} in its environment"
     try:
         number = int(port)
     except ValueError:
