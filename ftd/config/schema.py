@@ -490,11 +490,22 @@ class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         2.0
     )
     connect_attempts: Annotated[
-        int, _doc("Rendezvous connect attempts before the port is judged unreachable.", ge=1, le=5)
-    ] = 3
+        int,
+        _doc(
+            "Rendezvous connect attempts before the port is judged unreachable (probed beside the "
+            "other checks: the first event does not wait for it).",
+            ge=1,
+            le=60,
+        ),
+    ] = 10
     connect_retry_s: Annotated[
-        float, _doc("Pause between rendezvous attempts (rank 0 may not listen yet).", ge=0, le=10)
-    ] = 1.0
+        float,
+        _doc(
+            "Pause between rendezvous attempts (rank 0 may not listen yet when its ranks register).",
+            ge=0,
+            le=10,
+        ),
+    ] = 2.0
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

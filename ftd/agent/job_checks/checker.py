@@ -15,7 +15,10 @@ the verdict's causes changed. A log line is the job's when it is the only one wi
 otherwise it is judged for every job here that has not seen NCCL's word yet (and says so).
 
 Why at the rank's registration: the target is an event within 10 s of the job's start; the reads
-are a few small files and one TCP connect bounded by ``connect_timeout_s``, run off the loop.
+are a few small files, run off the loop, judged at once. The rendezvous port is probed beside it
+(:meth:`JobPathChecks._probe`): ranks register before their process group listens, so a refused port
+is tried again every ``connect_retry_s`` up to ``connect_attempts`` times before it is a cause, and
+its answer is judged when it comes.
 """
 
 from __future__ import annotations
@@ -39,8 +42,10 @@ log = get_logger(__name__)
 Emit = Callable[[Event], Awaitable[None]]
 MAX_JOBS = 256
 MAX_PIDS = 64  # per job: the ranks of one node
+RENDEZVOUS_PENDING = "not answered yet (probing)"
 NOT_APPLICABLE = (
     NO_NCCL_LINE,
+    RENDEZVOUS_PENDING,
     facts.NO_DEVICE,
     facts.NO_RENDEZVOUS,
     "turned off",
@@ -64,6 +69,7 @@ class _Job:
     facts: PathFacts = field(default_factory=PathFacts)
     nccl: NcclTransport = field(default_factory=NcclTransport)
     sent: tuple[str, tuple[str, ...], tuple[str, ...]] | None = None  # (verdict, causes, unread) last said
+    probe: asyncio.Task[None] | None = None  # the rendezvous probe
 
 
 class JobPathChecks:
@@ -127,8 +133,38 @@ class JobPathChecks:
         if not new:
             return None
         state.pids.update(new)
-        state.facts = await self._read(state, new)
-        return await self._judge(job, state)
+        state.facts, where = await self._read(state, new)
+        verdict = await self._judge(job, state)
+        if where is not None and state.probe is None:  # the rendezvous, in its own time (below)
+            state.probe = asyncio.create_task(self._probe(job, state, *where), name=f"ftd-rendezvous-{job}")
+            self._tasks.add(state.probe)
+            state.probe.add_done_callback(self._tasks.discard)
+        return verdict
+
+    async def _probe(self, job: str, state: _Job, host: str, port: int) -> None:
+        """Connect to the job's rendezvous until it answers or the attempts run out: a refused port
+        may only mean rank 0 does not listen yet (the ranks register before their process group), so
+        it is retried every ``connect_retry_s``; the verdict is judged again with the answer."""
+        result = "no attempt"
+        try:
+            for attempt in range(self.cfg.connect_attempts):
+                if attempt:
+                    await asyncio.sleep(self.cfg.connect_retry_s)
+                result = await facts.rendezvous(host, port, self.cfg.connect_timeout_s)
+                if result == "ok":
+                    break
+            async with self._lock:
+                if self._jobs.get(job) is not state:
+                    return  # the job ended here meanwhile
+                state.facts.rendezvous = Fact(result)
+                await self._judge(job, state)
+        except Exception:
+            log.exception("job_rendezvous_check_failed", job=job)
+
+    async def settle(self) -> None:
+        """Wait for the checks and rendezvous probes started so far (tests)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def log_event(self, event: Event) -> None:
         """A log watcher's event: a ``nccl_net_*`` match feeds the NCCL transport of the job(s) here."""
@@ -150,10 +186,16 @@ class JobPathChecks:
                 state.facts.nccl = state.nccl
                 await self._judge(job, state, shared=len(self._jobs) > 1)
 
+    def verdict(self, job: str) -> PathVerdict | None:
+        """The job's verdict on what is known now (None: no rank of it checked here)."""
+        state = self._jobs.get(job)
+        return None if state is None else judge(state.facts, self._limits)
+
     def forget(self, job: str) -> None:
         self._jobs.pop(job, None)
 
-    async def _read(self, state: _Job, new: list[int]) -> PathFacts:
+    async def _read(self, state: _Job, new: list[int]) -> tuple[PathFacts, tuple[str, int] | None]:
+        """The facts with the new ranks', and the rendezvous to probe (None: known, absent or off)."""
         roots, old = self._roots, state.facts
 
         def node_and_ranks() -> PathFacts:
@@ -171,26 +213,18 @@ class JobPathChecks:
         got = await asyncio.to_thread(node_and_ranks)
         if not self.cfg.rendezvous:
             got.rendezvous = Fact.unknown("turned off (rendezvous = false)")
-            return got
-        if old.rendezvous.known:  # one answer per job: the ranks share the rendezvous
+            return got, None
+        if old.rendezvous.known or old.rendezvous_addr:  # one answer per job: the ranks share it
             got.rendezvous, got.rendezvous_addr = old.rendezvous, old.rendezvous_addr
-            return got
+            return got, None
         found = [facts.rendezvous_address(pid, roots.proc) for pid in new]
         where = next((w for w in found if not isinstance(w, str)), found[0])
         if isinstance(where, str):
             got.rendezvous = Fact.unknown(where)
-            return got
-        host, port = where
-        got.rendezvous_addr = f"{host}:{port}"
-        result = "no attempt"
-        for attempt in range(self.cfg.connect_attempts):
-            if attempt:
-                await asyncio.sleep(self.cfg.connect_retry_s)
-            result = await facts.rendezvous(host, port, self.cfg.connect_timeout_s)
-            if result == "ok":
-                break
-        got.rendezvous = Fact(result)
-        return got
+            return got, None
+        got.rendezvous_addr = f"{where[0]}:{where[1]}"
+        got.rendezvous = Fact.unknown(RENDEZVOUS_PENDING)
+        return got, where
 
     async def _judge(self, job: str, state: _Job, *, shared: bool = False) -> PathVerdict:
         """Judge ``state``; emit when there is something to say (a cause, or a fact that could not be
