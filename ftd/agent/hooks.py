@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
+from ftd.agent.job_checks.checker import JobPathChecks
 from ftd.agent.jobs import (
     ENDED_JOBS_DIR,
     ConditionsMsg,
@@ -75,6 +76,7 @@ class NodeHooks:
         conditions: ConditionBook,
         fs_watchers: Sequence[FsWatcher] = (),
         nvml_backend: NvmlBackend | None = None,
+        job_checks: JobPathChecks | None = None,
     ) -> None:
         self.cfg = cfg
         self.node = node
@@ -86,6 +88,7 @@ class NodeHooks:
         self._fs_watchers = list(fs_watchers)
         self._nvml_backend = nvml_backend  # preflight asks the same NVML the watcher does
         self._jobs_here: set[str] = set()  # jobs with something of theirs on this node
+        self.job_checks = job_checks  # a job's RDMA path at its start (issue #36); closed with the agent
         self.pair_test: PairTest | None = None  # the burn-in's pair test, once the pair-test part wires it
 
     async def presence(self, job: str, ranks: list[RankInfo]) -> None:
@@ -218,6 +221,11 @@ class NodeHooks:
             evidence={"reason": params.get("reason", ""), **(evidence if isinstance(evidence, dict) else {})},
             bug_report_timeout_s=number("bug_report_timeout_s", 600.0),
         )
+
+    async def close(self) -> None:
+        """Stop what the hooks started that may still run (the job path checks' probes)."""
+        if self.job_checks is not None:
+            await self.job_checks.close()
 
     async def ack(self, ack: Ack) -> None:
         """A rank's acknowledgement of a directive, for the coordinator."""

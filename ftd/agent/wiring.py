@@ -193,6 +193,7 @@ def build_agent(
         conditions=conditions,
         fs_watchers=[w for w in all_watchers if isinstance(w, FsWatcher)],
         nvml_backend=nvml_backend,
+        job_checks=job_checks,
     )
     gpu_resetter = GpuResetter(node, runner=gpu_runner)
     node_actions = NodeActions(

@@ -186,6 +186,13 @@ class JobPathChecks:
                 state.facts.nccl = state.nccl
                 await self._judge(job, state, shared=len(self._jobs) > 1)
 
+    async def close(self) -> None:
+        """Cancel the checks and rendezvous probes still running (the agent stops)."""
+        tasks, self._tasks = list(self._tasks), set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def verdict(self, job: str) -> PathVerdict | None:
         """The job's verdict on what is known now (None: no rank of it checked here)."""
         state = self._jobs.get(job)
