@@ -204,6 +204,7 @@ class NodeHooks:
     async def rma_bundle_now(self, params: Mapping[str, Any]) -> Bundle:
         """The repair bundle (:mod:`ftd.agent.rma.bundle`); ``params`` from the coordinator: its
         ``evidence``, ``kmsg_window_s`` and ``bug_report_timeout_s``."""
+        from ftd.agent.diagnostics import _run
         from ftd.agent.rma.bundle import collect_bundle
 
         def number(key: str, default: float) -> float:
@@ -215,6 +216,7 @@ class NodeHooks:
         return await collect_bundle(
             self.node,
             Path(self.cfg.state_dir),
+            run=_run,
             kmsg_path=self.cfg.kmsg_path,
             kmsg_window_s=number("kmsg_window_s", 3600.0),
             nvml=self._nvml_backend,

@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ftd.agent.diagnostics import _run
 from ftd.agent.node_actions import NodeActions
 from ftd.agent.rma.bundle import collect_bundle, kmsg_window
 from ftd.agent.watchers.nvml.fake import FakeNvml
@@ -74,6 +75,7 @@ def test_a_node_drained_for_repair_gets_its_bundle(tmp_path: Path) -> None:
         collect_bundle,
         "node-3",
         state,
+        run=_run,
         kmsg_path=str(kmsg),
         kmsg_window_s=60,
         nvml=nvml,
@@ -148,7 +150,7 @@ def test_a_node_drained_for_repair_gets_its_bundle(tmp_path: Path) -> None:
 
 def test_missing_tools_and_sources_are_named_not_hidden(tmp_path: Path) -> None:
     bundle = asyncio.run(
-        collect_bundle("n", tmp_path, kmsg_path=str(tmp_path / "nope"), nvml=None, find_tool=False)
+        collect_bundle("n", tmp_path, run=_run, kmsg_path=str(tmp_path / "nope"), nvml=None, find_tool=False)
     )
     assert bundle.missing["nvidia-bug-report"] == "nvidia-bug-report.sh is not on PATH"
     assert "FileNotFoundError" in bundle.missing["kmsg"]
@@ -162,7 +164,12 @@ def test_a_hung_bug_report_is_killed_at_its_deadline(tmp_path: Path) -> None:
     tool.chmod(0o755)
     bundle = asyncio.run(
         collect_bundle(
-            "n", tmp_path, kmsg_path=str(tmp_path / "k"), bug_report_tool=str(tool), bug_report_timeout_s=0.5
+            "n",
+            tmp_path,
+            run=_run,
+            kmsg_path=str(tmp_path / "k"),
+            bug_report_tool=str(tool),
+            bug_report_timeout_s=0.5,
         )
     )
     assert bundle.missing["nvidia-bug-report"].startswith("nvidia-bug-report.sh ran past 0.5 s")

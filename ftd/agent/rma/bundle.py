@@ -26,16 +26,15 @@ import io
 import json
 import os
 import shutil
-import signal
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["Bundle", "NvmlLike", "collect_bundle", "kmsg_window", "nvml_state"]
+__all__ = ["Bundle", "NvmlLike", "Runner", "collect_bundle", "kmsg_window", "nvml_state"]
 
 STATE_FILES = (
     "conditions.json",
@@ -46,6 +45,10 @@ STATE_FILES = (
 )
 MAX_KMSG_BYTES = 8 << 20
 MAX_EVIDENCE_BYTES = 4 << 20
+
+
+Runner = Callable[[Sequence[str], float], Awaitable[tuple[int | None, bytes, bytes]]]
+"""(argv, timeout) -> (exit status or None at the deadline, stdout, stderr)."""
 
 
 class NvmlLike(Protocol):
@@ -184,29 +187,15 @@ def _plain(value: Any) -> Any:
     return repr(value)[:200]
 
 
-async def _bug_report(out: Path, timeout_s: float, tool: str | None) -> str | None:
+async def _bug_report(out: Path, timeout_s: float, tool: str | None, run: Runner) -> str | None:
     """Run ``nvidia-bug-report.sh --output-file out/nvidia-bug-report.log``; None or why it failed."""
     if tool is None:
         return "nvidia-bug-report.sh is not on PATH"
-    proc = await asyncio.create_subprocess_exec(
-        tool,
-        "--output-file",
-        str(out / "nvidia-bug-report.log"),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        async with asyncio.timeout(timeout_s):
-            _, err = await proc.communicate()
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+    code, _, err = await run([tool, "--output-file", str(out / "nvidia-bug-report.log")], timeout_s)
+    if code is None:
         return f"nvidia-bug-report.sh ran past {timeout_s:g} s (killed; partial output kept)"
-    if proc.returncode != 0:
-        return f"nvidia-bug-report.sh exited {proc.returncode}: {err.decode(errors='replace').strip()[-200:]}"
+    if code != 0:
+        return f"nvidia-bug-report.sh exited {code}: {err.decode(errors='replace').strip()[-200:]}"
     return None
 
 
@@ -218,6 +207,7 @@ async def collect_bundle(
     node: str,
     state_dir: Path,
     *,
+    run: Runner,
     kmsg_path: str = "/dev/kmsg",
     kmsg_window_s: float = 3600.0,
     nvml: NvmlLike | None = None,
@@ -227,8 +217,10 @@ async def collect_bundle(
     find_tool: bool = True,
     now_us: int | None = None,
 ) -> Bundle:
-    """Collect the bundle (module docstring) and return where it is. ``bug_report_tool``: the
-    script's path (default: ``nvidia-bug-report.sh`` on PATH when ``find_tool``)."""
+    """Collect the bundle (module docstring) and return where it is. ``run``: the agent's bounded
+    command runner (:func:`ftd.agent.diagnostics._run`: the child's process group killed at the
+    deadline); ``bug_report_tool``: the script's path (default: ``nvidia-bug-report.sh`` on PATH when
+    ``find_tool``)."""
     began = time.monotonic()
     out_dir = state_dir / "rma"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -239,7 +231,7 @@ async def collect_bundle(
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".collect-") as tmp:
         work = Path(tmp)
         tool = bug_report_tool or (shutil.which("nvidia-bug-report.sh") if find_tool else None)
-        why = await _bug_report(work, bug_report_timeout_s, tool)
+        why = await _bug_report(work, bug_report_timeout_s, tool, run)
         produced = await asyncio.to_thread(
             lambda: {p.name: p.read_bytes() for p in work.glob("nvidia-bug-report.log*")}
         )
