@@ -176,6 +176,8 @@ DirectiveAction = Literal[
     "restart",
     "release",
     "partners",
+    "burn_in",
+    "rma_bundle",
 ]
 """``restart`` (issue #24) goes to a job's rank supervisors (``ftd run``), never to its ranks: start
 generation ``params["generation"]`` with node slots ``params["slots"]`` (see :class:`SupervisorInfo`).
@@ -183,7 +185,8 @@ generation ``params["generation"]`` with node slots ``params["slots"]`` (see :cl
 node swapped out) exits 0, so the job step or the Kubernetes Job can complete. ``partners`` (issue
 #34) carries the coordinator's checkpoint partner node for each node of a job
 (``params["partners"]``); the agent hands it to the job's ranks as the trainer protocol's
-``partners`` op."""
+``partners`` op. ``burn_in`` and ``rma_bundle`` (issue #36) go to a node's agent: run the burn-in,
+collect the repair bundle (:mod:`ftd.agent.node_actions`)."""
 
 
 class Directive(msgspec.Struct, frozen=True, kw_only=True):

@@ -294,6 +294,8 @@ class Agent:
                 task.cancel()
         with contextlib.suppress(Exception):
             await self.storm.close()  # pending repeat counts go out as summaries
+        with contextlib.suppress(Exception):
+            await self.hooks.close()  # the job path checks' rendezvous probes (issue #36)
         await self.local_api.stop()
         # A clean stop says so (not the Last Will's "offline"): the coordinator then waits the longer
         # grace (coordinator.offline_grace.clean_stop_s) for the restart before moving any job.

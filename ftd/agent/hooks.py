@@ -9,7 +9,9 @@ What: :class:`NodeHooks`, the callbacks the local API (:mod:`ftd.agent.local_api
 * :meth:`~NodeHooks.hook`: the Slurm Prolog/Epilog (``job_start`` / ``job_end``, and the leftover
   processes an Epilog found, as an event), ``ftd health``'s question (the node's active conditions),
   ``ftd preflight`` through the agent, and ``ftd inject``'s drill event (published like any other);
-* :meth:`~NodeHooks.ack`: a rank's acknowledgement, queued for the coordinator.
+* :meth:`~NodeHooks.ack`: a rank's acknowledgement, queued for the coordinator;
+* :meth:`~NodeHooks.burn_in_now` and :meth:`~NodeHooks.rma_bundle_now`: the node directives'
+  burn-in (never while a job the Prolog reported or a registered rank is here) and repair bundle.
 
 Why apart from the daemon (:mod:`ftd.agent.app`): the app only runs the parts
 :mod:`ftd.agent.wiring` builds; what a job's arrival or a hook means on this node is this module's
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ftd.agent.conditions import HARDWARE_KINDS, ConditionBook
+from ftd.agent.job_checks.checker import JobPathChecks
 from ftd.agent.jobs import (
     ENDED_JOBS_DIR,
     ConditionsMsg,
@@ -37,14 +41,18 @@ from ftd.agent.jobs import (
 from ftd.agent.local_api import LocalApi
 from ftd.agent.local_api.inject import INJECT, DrillError, InjectMsg, injected_event
 from ftd.agent.local_api.inject import reply as inject_reply
+from ftd.agent.preflight.burn_in import PairTest
+from ftd.agent.rma.bundle import Bundle
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.agent.watchers.fs import FsWatcher
 from ftd.agent.watchers.nvml.backend import NvmlBackend
 from ftd.bus import topics
 from ftd.client import protocol
 from ftd.config import AgentConfig
+from ftd.config.schema import HardwareConfig
 from ftd.events import Ack, Event, JobPresence, RankInfo, encode
 from ftd.logs import get_logger
+from ftd.platform.burn_in import BurnInReport
 
 __all__ = ["NodeHooks"]
 
@@ -68,6 +76,7 @@ class NodeHooks:
         conditions: ConditionBook,
         fs_watchers: Sequence[FsWatcher] = (),
         nvml_backend: NvmlBackend | None = None,
+        job_checks: JobPathChecks | None = None,
     ) -> None:
         self.cfg = cfg
         self.node = node
@@ -79,6 +88,8 @@ class NodeHooks:
         self._fs_watchers = list(fs_watchers)
         self._nvml_backend = nvml_backend  # preflight asks the same NVML the watcher does
         self._jobs_here: set[str] = set()  # jobs with something of theirs on this node
+        self.job_checks = job_checks  # a job's RDMA path at its start (issue #36); closed with the agent
+        self.pair_test: PairTest | None = None  # the burn-in's pair test, once the pair-test part wires it
 
     async def presence(self, job: str, ranks: list[RankInfo]) -> None:
         """Publish ``job``'s presence on this node (retained; empty once nothing of it is here)."""
@@ -153,12 +164,70 @@ class NodeHooks:
 
     async def preflight_now(self) -> dict[str, Any]:
         """Run the node's preflight checks now (:mod:`ftd.agent.preflight`); a pass clears hardware faults."""
+        from ftd.agent.job_checks.node_check import rdma_node_check
         from ftd.agent.preflight.runner import run_preflight
 
-        report = await asyncio.to_thread(run_preflight, self.cfg, self._nvml_backend)
+        extra = {"rdma": partial(rdma_node_check, self.cfg.job_checks)} if self.cfg.job_checks.enabled else {}
+        report = await asyncio.to_thread(run_preflight, self.cfg, self._nvml_backend, extra=extra)
         if report.ok:
             self._conditions.clear_all(why="preflight passed", kinds=HARDWARE_KINDS)
         return {"v": protocol.PROTOCOL_VERSION, "op": protocol.PREFLIGHT, **report.to_dict()}
+
+    async def burn_in_now(self, params: Mapping[str, Any] | None = None) -> BurnInReport:
+        """The burn-in (:mod:`ftd.agent.preflight.burn_in`), its report saved under ``state_dir``. The
+        profile comes from the GPU name NVML reports (the agent is not given ``hardware``); the fleet's
+        figure from ``params["fleet_tflops"]`` (the coordinator's, per profile) when it has one for this
+        profile, else ``agent.preflight.burn_in_fleet_tflops``; the pair test is :attr:`pair_test` when
+        one is wired."""
+        from ftd.agent.preflight.burn_in import node_profile, plan_for, run_burn_in, save_report
+
+        hardware = HardwareConfig()
+        profile, _ = await asyncio.to_thread(node_profile, hardware, self._nvml_backend)
+        fleet = (params or {}).get("fleet_tflops")  # the coordinator's: profile -> the fleet's TFLOPS
+        figure = fleet.get(profile) if isinstance(fleet, dict) and profile else None
+        extra = {"fleet_tflops": float(figure)} if isinstance(figure, int | float) and figure > 0 else {}
+        plan = plan_for(self.cfg, hardware, profile, **extra)
+
+        def training() -> list[str]:
+            return sorted(set(self._scheduler_jobs.all()) | set(self._local_api.jobs()))
+
+        report = await run_burn_in(
+            self.node, plan, training=training, pair_test=self.pair_test, profile=profile
+        )
+        if report.verdict != "refused":
+            try:
+                await asyncio.to_thread(save_report, report, Path(self.cfg.state_dir) / "burn-in")
+            except OSError as exc:
+                log.warning("burn_in_report_not_saved", error=str(exc)[:200])
+        return report
+
+    async def rma_bundle_now(self, params: Mapping[str, Any]) -> Bundle:
+        """The repair bundle (:mod:`ftd.agent.rma.bundle`); ``params`` from the coordinator: its
+        ``evidence``, ``kmsg_window_s`` and ``bug_report_timeout_s``."""
+        from ftd.agent.diagnostics import _run
+        from ftd.agent.rma.bundle import collect_bundle
+
+        def number(key: str, default: float) -> float:
+            value = params.get(key)
+            ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 86400
+            return float(value) if ok else default  # type: ignore[arg-type]
+
+        evidence = params.get("evidence")
+        return await collect_bundle(
+            self.node,
+            Path(self.cfg.state_dir),
+            run=_run,
+            kmsg_path=self.cfg.kmsg_path,
+            kmsg_window_s=number("kmsg_window_s", 3600.0),
+            nvml=self._nvml_backend,
+            evidence={"reason": params.get("reason", ""), **(evidence if isinstance(evidence, dict) else {})},
+            bug_report_timeout_s=number("bug_report_timeout_s", 600.0),
+        )
+
+    async def close(self) -> None:
+        """Stop what the hooks started that may still run (the job path checks' probes)."""
+        if self.job_checks is not None:
+            await self.job_checks.close()
 
     async def ack(self, ack: Ack) -> None:
         """A rank's acknowledgement of a directive, for the coordinator."""

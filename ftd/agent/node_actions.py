@@ -10,7 +10,12 @@ rank of the job on this node at once: process state, stacks, flight recorder, NC
 one Ack whose ``data["evidence"]`` is the node's evidence; ``preflight`` runs the node's preflight
 checks (the coordinator's return to service) and is
 answered with the verdict, recorded as a ``gpu_health`` event (``signal = "preflight"``); a
-re-delivered preflight directive gets the first verdict again, not a second run.
+re-delivered preflight directive gets the first verdict again, not a second run. ``burn_in`` runs the
+node's burn-in (:mod:`ftd.agent.preflight.burn_in`; refused while a job runs here), publishes its
+report as a ``burn_in`` event and answers with the verdict (``data["report"]``); ``rma_bundle``
+collects the diagnostic bundle of a node drained for repair (:mod:`ftd.agent.rma.bundle`), publishes
+an ``rma_bundle`` event with its path and answers with it (``path``, ``data["bundle"]``). Both
+answer a re-delivered directive from their record.
 
 Why apart: each handler is a slow side task with its own answer; the agent only decodes the
 directive, looks up :meth:`NodeActions.handler` and runs it as a side task.
@@ -19,17 +24,19 @@ directive, looks up :meth:`NodeActions.handler` and runs it as a side task.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
 from ftd.agent.diagnostics import collect_diagnostics
 from ftd.agent.gpu_reset import GpuResetter
 from ftd.agent.hang_evidence import AskFlight, collect_hang_evidence, evidence_ack
+from ftd.agent.rma.bundle import Bundle
 from ftd.agent.spool import Outbox, Outgoing
 from ftd.bus import topics
 from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, RankInfo, Severity, encode, make_event
 from ftd.logs import get_logger
+from ftd.platform.burn_in import BurnInReport
 
 log = get_logger(__name__)
 
@@ -52,6 +59,8 @@ class NodeActions:
         preflight_now: Callable[[], Awaitable[dict[str, Any]]],
         diagnostics_dir: Path,
         ask_flight: AskFlight | None = None,
+        burn_in_now: Callable[[Mapping[str, Any]], Awaitable[BurnInReport]] | None = None,
+        rma_bundle_now: Callable[[Mapping[str, Any]], Awaitable[Bundle]] | None = None,
     ) -> None:
         self.node = node
         self._outbox = outbox
@@ -62,11 +71,16 @@ class NodeActions:
         self._diagnostics_dir = diagnostics_dir
         self._ask_flight = ask_flight  # a rank's own flight-recorder dump (the local API)
         self._preflight_answers: dict[str, tuple[bool, str]] = {}  # directive id -> (ok, reason)
+        self._burn_in_now = burn_in_now
+        self._rma_bundle_now = rma_bundle_now
+        self._answers: dict[str, Ack] = {}  # burn_in / rma_bundle: directive id -> its answer
         self._handlers: dict[str, Handler] = {
             "gpu_reset": self.gpu_reset,
             "collect_diagnostics": self.collect_diagnostics,
             "preflight": self.preflight,
             "collect_hang_evidence": self.collect_hang_evidence,
+            "burn_in": self.burn_in,
+            "rma_bundle": self.rma_bundle,
         }
 
     def handler(self, action: str) -> Handler | None:
@@ -108,17 +122,7 @@ class NodeActions:
             )
         ok, reason = answer
         log.info("preflight_answered", directive_id=directive.id, ok=ok, reason=reason)
-        self._answer(
-            Ack(
-                directive_id=directive.id,
-                job=directive.job or "",
-                rank=NODE_RANK,
-                node=self.node,
-                ok=ok,
-                reason=reason,
-                ts=time.time(),
-            )
-        )
+        self._answer(self._node_ack(directive, ok, reason))
 
     async def collect_diagnostics(self, directive: Directive) -> None:
         jobs = self._jobs()
@@ -152,3 +156,78 @@ class NodeActions:
             summary=ack.reason,
         )
         self._answer(ack)
+
+    def _node_ack(self, directive: Directive, ok: bool, reason: str, **extra: Any) -> Ack:
+        return Ack(
+            directive_id=directive.id,
+            job=directive.job or "",
+            rank=NODE_RANK,
+            node=self.node,
+            ok=ok,
+            reason=reason,
+            ts=time.time(),
+            **extra,
+        )
+
+    async def _once(self, directive: Directive, work: Callable[[], Awaitable[Ack]]) -> None:
+        """Answer ``directive`` with ``work``'s Ack, or, re-delivered, with the Ack it got the first time."""
+        ack = self._answers.get(directive.id)
+        if ack is None:
+            ack = self._answers[directive.id] = await work()
+            while len(self._answers) > 256:
+                self._answers.pop(next(iter(self._answers)))
+        self._answer(ack)
+
+    async def burn_in(self, directive: Directive) -> None:
+        """Run the burn-in (refused while a job runs here), publish its report, answer the verdict."""
+        await self._once(directive, lambda: self._burn_in(directive))
+
+    async def _burn_in(self, directive: Directive) -> Ack:
+        if self._burn_in_now is None:
+            return self._node_ack(directive, False, "burn-in is not served by this agent")
+        report = await self._burn_in_now(directive.params)
+        body = report.to_dict()
+        await self._emit(
+            make_event(
+                self.node,
+                Kind.BURN_IN,
+                severity=Severity.INFO if report.ok else Severity.ERROR,
+                source="burn_in",
+                data={**body, "directive_id": directive.id, "action_id": directive.action_id},
+            )
+        )
+        log.info("burn_in_answered", directive_id=directive.id, verdict=report.verdict, reason=report.reason)
+        return self._node_ack(directive, report.ok, report.reason, data={"report": body})
+
+    async def rma_bundle(self, directive: Directive) -> None:
+        """Collect the node's diagnostic bundle for repair, publish its path, answer with it."""
+        await self._once(directive, lambda: self._rma_bundle(directive))
+
+    async def _rma_bundle(self, directive: Directive) -> Ack:
+        if self._rma_bundle_now is None:
+            return self._node_ack(directive, False, "rma bundles are not served by this agent")
+        try:
+            bundle = await self._rma_bundle_now(directive.params)
+        except OSError as exc:  # state_dir full or unwritable: say so, the drain stands anyway
+            return self._node_ack(directive, False, f"bundle not written: {type(exc).__name__}: {exc}"[:300])
+        await self._emit(
+            make_event(
+                self.node,
+                Kind.RMA_BUNDLE,
+                severity=Severity.INFO,
+                source="rma",
+                data={
+                    "path": bundle.path,
+                    "bytes": bundle.bytes,
+                    "files": sorted(bundle.files),
+                    "missing": bundle.missing,
+                    "reason": str(directive.params.get("reason", ""))[:500],
+                    "directive_id": directive.id,
+                    "action_id": directive.action_id,
+                },
+            )
+        )
+        log.info("rma_bundle_collected", directive_id=directive.id, path=bundle.path, summary=bundle.summary)
+        files = sorted(bundle.files)
+        data = {"bundle": bundle.to_dict()}
+        return self._node_ack(directive, True, bundle.summary, path=bundle.path, files=files, data=data)

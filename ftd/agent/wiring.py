@@ -33,6 +33,7 @@ from ftd.agent.gpu_reset import GpuResetter, Runner
 from ftd.agent.hooks import NodeHooks
 from ftd.agent.inbound import Inbound
 from ftd.agent.inventory.reporter import InventoryReporter
+from ftd.agent.job_checks.checker import JobPathChecks
 from ftd.agent.jobs import HookMsg, SchedulerJobs
 from ftd.agent.local_api import LocalApi
 from ftd.agent.local_api.inject import InjectMsg
@@ -59,7 +60,7 @@ from ftd.bus.base import Bus
 from ftd.catalog.hardware_profiles import load_hardware_catalog
 from ftd.config import AgentConfig
 from ftd.config.schema import HardwareConfig
-from ftd.events import Ack, Event, RankInfo
+from ftd.events import Ack, Event, Kind, RankInfo
 from ftd.logs import get_logger
 
 __all__ = ["build_agent", "open_outbox"]
@@ -122,13 +123,17 @@ def build_agent(
 
     async def emit(event: Event) -> None:
         """Every watcher's way in: storm control, then the one door. The inventory reads NCCL's
-        version in the log lines that carry it (issue #36)."""
+        version in the log lines that carry it, and NCCL's transport lines (log patterns) reach the
+        job path checks (issue #36)."""
         if inventory is not None:
             inventory.observe(event)
+        if event.kind is Kind.LOG_PATTERN:
+            await job_checks.log_event(event)
         await storm.process(event)
 
     async def presence(job: str, ranks: list[RankInfo]) -> None:
         await hooks.presence(job, ranks)
+        job_checks.presence(job, ranks)  # its own task: the RDMA path of a job that just started
 
     async def ack(message: Ack) -> None:
         await hooks.ack(message)
@@ -146,6 +151,7 @@ def build_agent(
         on_hook=hook,
         on_event=emit,  # a rank supervisor lost or failed (ftd run, issue #24)
     )
+    job_checks = JobPathChecks(cfg.job_checks, node, emit)
     door = Door(
         node,
         outbox,
@@ -206,6 +212,7 @@ def build_agent(
         conditions=conditions,
         fs_watchers=[w for w in all_watchers if isinstance(w, FsWatcher)],
         nvml_backend=nvml_backend,
+        job_checks=job_checks,
     )
     gpu_resetter = GpuResetter(node, runner=gpu_runner)
     node_actions = NodeActions(
@@ -217,6 +224,8 @@ def build_agent(
         preflight_now=hooks.preflight_now,
         diagnostics_dir=state_dir / "diagnostics",
         ask_flight=local_api.ask_flight,
+        burn_in_now=hooks.burn_in_now,
+        rma_bundle_now=hooks.rma_bundle_now,
     )
     parts = AgentParts(
         cfg=cfg,

@@ -2,7 +2,8 @@
 
 What: runs the node checks of :mod:`ftd.agent.preflight` (GPU count and UUIDs against the inventory, NVML
 health, ECC and row remapping, a device memory allocation and small compute with torch, ``dcgmi diag
--r 1`` with DCGM, a single-node NCCL all-reduce, the site's own commands) and exits 0 when none
+-r 1`` with DCGM, a single-node NCCL all-reduce, the site's own commands, and ``rdma``: the node's share
+of the RDMA path, :mod:`ftd.agent.job_checks.node_check`) and exits 0 when none
 failed, else 1 with one line ``preflight failed: CHECK: reason``. A check whose tool or GPU is
 absent is skipped with the reason (``-v`` lists every check); on a node with GPUs, the compute and
 NCCL checks skipped because torch is missing or sees no CUDA GPU are named in the passing line too
@@ -13,6 +14,12 @@ exits 3 with ``preflight could not check this node: ...``, which a gate treats a
 the site opts out explicitly (``--allow-unchecked`` or ``agent.preflight.allow_unchecked``). Usable as
 a Slurm Prolog gate (a failing Prolog drains the node) and run by the agent for the coordinator's
 return to service.
+
+``--burn-in`` runs the long burn-in instead (:mod:`ftd.agent.preflight.burn_in`: ``dcgmi diag -r 3``,
+a GPU memory test over most of the memory, a matmul throughput probe judged against the hardware
+profile and the fleet, the pair test), refuses on a node that runs a job (the jobs the Prolog
+reported, in ``agent.state_dir``), writes its report (JSON and text) under
+``{state_dir}/burn-in/`` and exits 0 passed, 1 failed, 3 incomplete (a step skipped), 4 refused.
 
 ``--config`` reads the agent's configuration (``agent.nvml.expected_gpus``, ``agent.state_dir`` for
 the inventory, ``agent.preflight``); without it the defaults apply.
@@ -40,16 +47,77 @@ def register(sub: Any) -> None:
         help="pass (exit 0) even when no check could run (default: exit 3; agent.preflight.allow_unchecked)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print every check's result")
+    p.add_argument(
+        "--burn-in",
+        action="store_true",
+        help="the long burn-in (DCGM level 3, memory test, matmul vs the profile, pair test) with a report; "
+        "exit 0 passed, 1 failed, 3 incomplete, 4 refused (the node runs a job)",
+    )
     p.set_defaults(handler=run)
+
+
+BURN_IN_EXIT = {"passed": 0, "failed": 1, "incomplete": 3, "refused": 4}
+BURN_IN_STEPS = ("dcgm", "memtest", "matmul", "pair")
+
+
+def run_burn_in(args: argparse.Namespace) -> int:
+    import asyncio
+    from pathlib import Path
+
+    from ftd.agent.jobs import SchedulerJobs
+    from ftd.agent.preflight.burn_in import node_profile, plan_for, run_burn_in, save_report
+    from ftd.config import ConfigError, load_config
+    from ftd.config.schema import Config
+
+    unknown = sorted(set(args.skip) - set(BURN_IN_STEPS))
+    if unknown:
+        print(f"burn-in: unknown step(s) {', '.join(unknown)}; steps: {', '.join(BURN_IN_STEPS)}")
+        return 2
+    try:
+        full = load_config(args.config) if args.config else Config()
+    except ConfigError as exc:
+        print(f"burn-in: {args.config}: {exc}")
+        return 2
+    cfg = full.agent
+    backend = None
+    if cfg.nvml.enabled:
+        from ftd.agent.watchers.nvml.real import RealNvml
+
+        backend = RealNvml()
+    profile, how = node_profile(full.hardware, backend)
+    plan = plan_for(cfg, full.hardware, profile, skip=frozenset(args.skip))
+    state = Path(cfg.state_dir)
+
+    def training() -> list[str]:
+        return sorted(SchedulerJobs(state / "jobs.json").all())
+
+    report = asyncio.run(run_burn_in(cfg.resolved_node(), plan, training=training, profile=profile))
+    where = None
+    if report.verdict != "refused":
+        try:
+            where = save_report(report, state / "burn-in")
+        except OSError as exc:
+            print(f"burn-in: report not saved under {state / 'burn-in'}: {exc}")
+    if args.json:
+        print(json.dumps({**report.to_dict(), "profile_from": how, "report": str(where) if where else None}))
+    else:
+        print(report.text(), end="")
+        if where is not None:
+            print(f"report: {where}")
+    return BURN_IN_EXIT[report.verdict]
 
 
 def run(args: argparse.Namespace) -> int:
     from ftd.agent.preflight.runner import CHECKS, run_preflight
     from ftd.config import AgentConfig
 
-    unknown = sorted(set(args.skip) - set(CHECKS))
+    if args.burn_in:
+        return run_burn_in(args)
+
+    names = (*CHECKS, "rdma")
+    unknown = sorted(set(args.skip) - set(names))
     if unknown:
-        print(f"preflight: unknown check(s) {', '.join(unknown)}; checks: {', '.join(CHECKS)}")
+        print(f"preflight: unknown check(s) {', '.join(unknown)}; checks: {', '.join(names)}")
         return 2
     if args.config:
         from ftd.config import ConfigError, load_config
@@ -61,7 +129,14 @@ def run(args: argparse.Namespace) -> int:
             return 2
     else:
         cfg = AgentConfig()
-    report = run_preflight(cfg, skip=set(args.skip), allow_unchecked=args.allow_unchecked)
+    extra = {}
+    if cfg.job_checks.enabled:  # the node's share of the RDMA path: peermem, ACS, IOMMU (issue #36)
+        from functools import partial
+
+        from ftd.agent.job_checks.node_check import rdma_node_check
+
+        extra["rdma"] = partial(rdma_node_check, cfg.job_checks)
+    report = run_preflight(cfg, skip=set(args.skip), allow_unchecked=args.allow_unchecked, extra=extra)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:

@@ -47,6 +47,7 @@ DEFAULT_DRIFT_FIELDS = (
     "os",
 )
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+INFINIBAND_CHOICES = ("auto", "yes", "no")  # agent.job_checks.infiniband
 NODE_LABELS = ("rack", "nvlink_domain")
 
 
@@ -352,6 +353,25 @@ class PreflightConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             "(ftd preflight exits 3) so a broken driver never returns a node to service."
         ),
     ] = False
+    # Burn-in (ftd preflight --burn-in; ftd.agent.preflight.burn_in; thresholds: catalog burn_in.toml).
+    burn_in_dcgm_level: Annotated[
+        int, _doc("The burn-in's dcgmi diag run level (-r): 3 is the long one, 4 the longest.", ge=1, le=4)
+    ] = 3
+    burn_in_dcgm_timeout_s: Annotated[PositiveSeconds, _doc("Deadline of the burn-in's dcgmi diag.")] = 3600.0
+    burn_in_memtest_timeout_s: Annotated[
+        PositiveSeconds, _doc("Deadline of the burn-in's GPU memory test (all GPUs).")
+    ] = 1800.0
+    burn_in_matmul_timeout_s: Annotated[
+        PositiveSeconds, _doc("Deadline of the burn-in's matrix-multiply probe (all GPUs).")
+    ] = 600.0
+    burn_in_fleet_tflops: Annotated[
+        float,
+        _doc(
+            "The fleet's matmul TFLOPS per GPU to compare with (the peers' median); 0: none, only the "
+            "profile's figure and the node's own GPUs.",
+            ge=0,
+        ),
+    ] = 0.0
 
 
 class AgentKubernetesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -497,6 +517,51 @@ class JobChecksConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """A job's RDMA path checked at its start: NCCL's transport, peermem, memlock, /dev/shm (issue #36)."""
 
     enabled: Annotated[bool, _doc("Check each job's communication path when it starts.")] = True
+    min_memlock_mib: Annotated[
+        float,
+        _doc(
+            "A rank's Max locked memory below this (MiB) on an InfiniBand node is a slow-path cause "
+            "(memlock_low); 'unlimited' always passes.",
+            ge=0,
+        ),
+    ] = 1024.0
+    min_shm_mib: Annotated[
+        float, _doc("The /dev/shm a rank sees smaller than this (MiB) is a cause (shm_small).", ge=0)
+    ] = 1024.0
+    infiniband: Annotated[
+        str,
+        _doc(
+            "Whether this node is on an InfiniBand fabric (the IB-only checks: NCCL over sockets, "
+            "peermem, memlock); auto: a device in /sys/class/infiniband.",
+            extra={"choices": INFINIBAND_CHOICES},
+        ),
+    ] = "auto"
+    acs: Annotated[
+        bool, _doc("Read the ACS Control of the bridges above the GPUs and IB devices (needs root).")
+    ] = True
+    rendezvous: Annotated[
+        bool, _doc("Connect to the rank's MASTER_ADDR:MASTER_PORT (a refused or silent port is a cause).")
+    ] = True
+    connect_timeout_s: Annotated[float, _doc("Deadline of one rendezvous connect attempt.", gt=0, le=10)] = (
+        2.0
+    )
+    connect_attempts: Annotated[
+        int,
+        _doc(
+            "Rendezvous connect attempts before the port is judged unreachable (probed beside the "
+            "other checks: the first event does not wait for it).",
+            ge=1,
+            le=60,
+        ),
+    ] = 10
+    connect_retry_s: Annotated[
+        float,
+        _doc(
+            "Pause between rendezvous attempts (rank 0 may not listen yet when its ranks register).",
+            ge=0,
+            le=10,
+        ),
+    ] = 2.0
 
 
 class AgentConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -1019,6 +1084,16 @@ class ReturnToServiceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_un
     preflight_deadline_s: Annotated[
         PositiveSeconds, _doc("How long a node's agent gets to run its preflight checks and answer.")
     ] = 900.0
+    require_burn_in: Annotated[
+        bool,
+        _doc(
+            "The site requires burn-in: after the preflight passes the node runs its burn-in "
+            "(ftd preflight --burn-in) and comes back only when it passed; otherwise it is drained for RMA."
+        ),
+    ] = False
+    burn_in_deadline_s: Annotated[
+        PositiveSeconds, _doc("How long a node's agent gets to run its burn-in and answer.")
+    ] = 7200.0
 
 
 class OfflineGraceConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -1130,6 +1205,22 @@ class RmaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     """Diagnostic bundles for nodes drained for repair (issue #36)."""
 
     enabled: Annotated[bool, _doc("Collect a diagnostic bundle when a node is drained for repair.")] = True
+    reasons: Annotated[
+        list[NonEmptyStr],
+        _doc(
+            "A drain whose reason holds one of these (case-insensitive) is for repair; ftd's own RMA "
+            "drains (params rma = true) always are."
+        ),
+    ] = msgspec.field(default_factory=lambda: ["RMA", "repair"])
+    deadline_s: Annotated[
+        PositiveSeconds, _doc("How long a node's agent gets to collect the bundle and answer.")
+    ] = 1200.0
+    kmsg_window_s: Annotated[
+        PositiveSeconds, _doc("The kernel log window the bundle keeps (the last this many seconds).")
+    ] = 3600.0
+    bug_report_timeout_s: Annotated[
+        PositiveSeconds, _doc("Deadline of nvidia-bug-report.sh on the node (killed then, its output kept).")
+    ] = 600.0
 
 
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -46,6 +46,7 @@ from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.coordinator.upkeep.return_service import ReturnToService
+from ftd.coordinator.upkeep.rma_bundles import RmaBundles
 from ftd.events import Event
 from ftd.logs import get_logger
 from ftd.plugin.settings import RuleSettings
@@ -174,13 +175,20 @@ def build(
     engine.observe(InventoryIntake(state, settle_s=cfg.drift.settle_s).observe, ("event",))
     return_to_service = None
     if cfg.return_to_service.rules:  # opt-in per rule: reset -> preflight -> resume or RMA
-        return_to_service = ReturnToService(engine.submit, rules=cfg.return_to_service.rules, state=state)
+        return_to_service = ReturnToService(
+            engine.submit,
+            rules=cfg.return_to_service.rules,
+            state=state,
+            require_burn_in=cfg.return_to_service.require_burn_in,
+        )
         engine.observe(return_to_service.observe, ("action",))
         unknown = sorted(set(cfg.return_to_service.rules) - {p.name for p in loaded})
         if unknown:  # a typo would silently keep those resets out of return to service
             log.warning(
                 "return_to_service_rules_not_loaded", rules=unknown, loaded=sorted(p.name for p in loaded)
             )
+    if cfg.rma.enabled:  # a node drained for repair gets its diagnostic bundle (issue #36)
+        engine.observe(RmaBundles(engine.submit, reasons=cfg.rma.reasons).observe, ("action",))
     return Coordinator(
         config,
         bus=bus,

@@ -54,7 +54,12 @@ def actions(ledger: Path) -> list[dict[str, Any]]:
 
 
 def run_reset(
-    slurm: SlurmCluster, mosquitto: Mosquitto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, healthy: bool
+    slurm: SlurmCluster,
+    mosquitto: Mosquitto,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    healthy: bool,
+    burn_in: bool = False,
 ) -> list[dict[str, Any]]:
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -75,7 +80,7 @@ commands = ["test -e {marker} || {{ echo 'site check: node marked unhealthy'; ex
 [coordinator.return_to_service]
 rules = ["xid_catalog"]
 preflight_deadline_s = 30
-"""
+""" + ("require_burn_in = true\nburn_in_deadline_s = 60\n" if burn_in else "")
     with make_stack(
         slurm, mosquitto, tmp_path, agent_extra=agent_extra, coordinator_extra=coordinator_extra
     ) as stack:
@@ -83,10 +88,11 @@ preflight_deadline_s = 30
 
         def finished() -> bool:
             kinds = [(a["request"]["kind"], a["state"]) for a in actions(stack.ledger)]
-            last = ("resume_node", "succeeded") if healthy else ("drain_node", "succeeded")
+            # Failing (or a required burn-in not passed): the drain for RMA, then its bundle (issue #36).
+            last = ("resume_node", "succeeded") if healthy and not burn_in else ("rma_bundle", "succeeded")
             return ("preflight", "succeeded" if healthy else "escalated") in kinds and kinds[-1] == last
 
-        wait_until(finished, 60, "drain, reset, preflight and the verdict")
+        wait_until(finished, 90, "drain, reset, preflight and the verdict")
         stack.agent.wait_log("preflight_answered")
         return actions(stack.ledger)
 
@@ -120,7 +126,12 @@ def test_a_reset_node_that_fails_preflight_is_drained_for_rma_with_its_history(
         ("drain_node", "succeeded"),
         ("preflight", "escalated"),
         ("drain_node", "succeeded"),
+        ("rma_bundle", "succeeded"),  # issue #36: the node drained for repair gets its bundle
     ], node_steps
+    rma_drain = [a for a in done if a["request"]["kind"] == "drain_node"][-1]
+    bundle = next(a for a in done if a["request"]["kind"] == "rma_bundle")
+    assert bundle["detail"]["drain_action"] == rma_drain["id"]
+    assert bundle["detail"]["bundle"].endswith(".tar.gz") and Path(bundle["detail"]["bundle"]).exists()
     info = slurm.node("node-1")
     assert "DRAIN" in info["State"]
     reason = info["Reason"]
@@ -129,3 +140,27 @@ def test_a_reset_node_that_fails_preflight_is_drained_for_rma_with_its_history(
         "unhealthy; history: xid 46 gpu 0000:3b:00.0"
     ), reason
     assert "GPU reset done" in reason, reason
+
+
+def test_where_burn_in_is_required_a_node_that_did_not_pass_it_stays_out(
+    slurm: SlurmCluster, mosquitto: Mosquitto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #36: the preflight passes, then the agent runs its burn-in; on this machine DCGM, a CUDA
+    GPU and a pair test are absent, so it is incomplete -- not passed -- and the node is drained for
+    RMA (and gets its bundle) instead of being resumed."""
+    done = run_reset(slurm, mosquitto, tmp_path, monkeypatch, healthy=True, burn_in=True)
+    node_steps = [(a["request"]["kind"], a["state"]) for a in done if a["request"]["target"] == "node-1"]
+    assert node_steps == [
+        ("gpu_reset", "succeeded"),
+        ("drain_node", "succeeded"),
+        ("preflight", "succeeded"),
+        ("burn_in", "escalated"),
+        ("drain_node", "succeeded"),
+        ("rma_bundle", "succeeded"),
+    ], node_steps
+    burn_in = next(a for a in done if a["request"]["kind"] == "burn_in")
+    assert burn_in["detail"]["verdict"] == "incomplete"
+    assert "dcgmi is not on PATH" in burn_in["detail"]["burn_in"]
+    info = slurm.node("node-1")
+    assert "DRAIN" in info["State"]
+    assert info["Reason"].startswith("ftd: RMA: burn-in failed after GPU reset: not every step ran"), info

@@ -77,7 +77,8 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> NvmlHere:
 
 
 def preflight(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    code = main(["preflight", *args])
+    # The RDMA node check (issue #36) reads this host's sysfs; these tests are about the GPU checks.
+    code = main(["preflight", *args, "--skip", "rdma"])
     return code, capsys.readouterr().out
 
 

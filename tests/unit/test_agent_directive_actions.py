@@ -144,6 +144,8 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.RESUME_NODE,
         ActionKind.NOTIFY,  # without a webhook it writes the log
         "preflight",  # return to service (ftd.coordinator.upkeep.return_service)
+        "burn_in",  # issue #36: a drained or new node's burn-in
+        "rma_bundle",  # issue #36: coordinator.rma.enabled (default): bundles for repair drains
     }
     config = parse_config('[coordinator.notify]\nwebhook_url = "http://127.0.0.1:9/x"\n')
     ctx = ExecutorContext(
@@ -162,4 +164,6 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.DIAGNOSE_HANG,
         ActionKind.NOTIFY,
         "preflight",
+        "burn_in",
+        "rma_bundle",
     }

@@ -119,6 +119,7 @@ async def open_env() -> AsyncIterator[Env]:
 MUTATING = [
     ("/v1/nodes/node-1/drain", {"reason": "bad gpu"}),
     ("/v1/nodes/node-1/resume", {}),
+    ("/v1/nodes/node-1/burn-in", {}),
     ("/v1/jobs/42/restart", {"reason": "move it"}),
     ("/v1/interruptions", {"node": "node-1", "in_s": 90}),
     ("/v1/actions/act-x/approve", {}),
@@ -330,6 +331,15 @@ async def test_manual_drain_runs_through_the_gate_and_the_ledger(env: Env) -> No
     await wait_finished(env.coordinator)
     assert env.scheduler.calls[-1] == ("resume", ("node-1",))
     assert not env.scheduler.nodes["node-1"].drained
+
+
+async def test_a_manual_burn_in_is_an_action_through_the_gate(env: Env) -> None:
+    """Issue #36: POST /v1/nodes/{node}/burn-in submits the burn_in action (its agent runs it)."""
+    resp = await env.client.post("/v1/nodes/node-1/burn-in", json={"by": "alice"}, headers=AUTH)
+    assert resp.status in (200, 202)
+    action = await resp.json()
+    assert action["kind"] == "burn_in" and action["target"] == "node-1"
+    assert action["rule"] == "api:alice" and action["reason"] == "manual burn-in"
 
 
 async def test_dry_run_gate_records_but_does_not_drain() -> None:

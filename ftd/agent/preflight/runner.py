@@ -18,7 +18,7 @@ has none (``nvml.expected_gpus = 0``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,9 +91,12 @@ def run_preflight(
     *,
     skip: Collection[str] = (),
     allow_unchecked: bool | None = None,
+    extra: Mapping[str, Callable[[], tuple[str, str]]] | None = None,
 ) -> Report:
-    """Every check not in ``skip``, in :data:`CHECKS` order; ``ok`` when none failed and at least one
-    ran (or ``allow_unchecked``, default ``agent.preflight.allow_unchecked``)."""
+    """Every check not in ``skip``, in :data:`CHECKS` order, then the ``extra`` ones the caller hands
+    in (name -> a function answering ``(pass | fail | skip, reason)``: the RDMA node check of
+    :mod:`ftd.agent.job_checks.node_check`); ``ok`` when none failed and at least one ran (or
+    ``allow_unchecked``, default ``agent.preflight.allow_unchecked``)."""
     pf = cfg.preflight
     nvml, opened = _open_backend(cfg, backend)
     inventory = Path(cfg.state_dir) / "gpu-inventory.json"
@@ -129,6 +132,14 @@ def run_preflight(
                 )
             else:
                 results.append(checks.commands(pf.commands, pf.command_timeout_s))
+        for name, check in (extra or {}).items():
+            if name in skip:
+                continue
+            try:
+                status, reason = check()
+            except Exception as exc:  # a broken extra check fails, it never passes
+                status, reason = FAIL, f"{type(exc).__name__}: {exc}"[:300]
+            results.append(CheckResult(name, status, reason))
     finally:
         if opened and nvml is not None:
             nvml.shutdown()
@@ -138,8 +149,12 @@ def run_preflight(
     if gpus:
         with contextlib.suppress(OSError):
             checks.record_inventory(inventory, gpus)
-    ran = sum(1 for r in results if r.status != "skip")
-    passed = f"{ran} check(s) passed, {len(results) - ran} skipped" + _gpu_checks_not_run(results, gpus)
+    # The extra checks do not count: an RDMA node check that passed says nothing of the GPUs, so a run
+    # where none of CHECKS could run stays unchecked (fail closed).
+    ran = sum(1 for r in results if r.status != "skip" and r.name in CHECKS)
+    skipped = sum(1 for r in results if r.status == "skip")
+    passed = f"{len(results) - skipped} check(s) passed, {skipped} skipped"
+    passed += _gpu_checks_not_run(results, gpus)
     if ran == 0:
         allowed = pf.allow_unchecked if allow_unchecked is None else allow_unchecked
         if allowed:

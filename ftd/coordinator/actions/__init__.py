@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ftd.config import Config
 from ftd.config.schema import SlurmConfig
 from ftd.coordinator.actions.acks import AckBook
+from ftd.coordinator.actions.burn_in import BURN_IN, BurnIn
 from ftd.coordinator.actions.checkpoint_restart import CheckpointRestart
 from ftd.coordinator.actions.diagnose_hang import DiagnoseHang, EmitEvent
 from ftd.coordinator.actions.diagnostics import CollectDiagnostics
@@ -29,6 +30,7 @@ from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.notify import Notify
 from ftd.coordinator.actions.preflight import PREFLIGHT, Preflight
+from ftd.coordinator.actions.rma import RMA_BUNDLE, RmaBundle
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.slurm_signal import SlurmSignalFallback
 from ftd.coordinator.model.state import ClusterState
@@ -111,6 +113,19 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         deadline_s=cfg.return_to_service.preflight_deadline_s,
         refuse=ctx.state.inventory.refuses_preflight,  # version drift, when it fails preflight (#36)
     )
+    # Issue #36: a drained or new node's burn-in; a node drained for repair gets its bundle.
+    executors[BURN_IN] = BurnIn(
+        send=ctx.send_to_node, acks=ctx.acks, deadline_s=cfg.return_to_service.burn_in_deadline_s
+    )
+    if cfg.rma.enabled:
+        executors[RMA_BUNDLE] = RmaBundle(
+            send=ctx.send_to_node,
+            acks=ctx.acks,
+            deadline_s=cfg.rma.deadline_s,
+            kmsg_window_s=cfg.rma.kmsg_window_s,
+            bug_report_timeout_s=cfg.rma.bug_report_timeout_s,
+            state=ctx.state,
+        )
     if ctx.scheduler is not None:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)
         executors[ActionKind.RESUME_NODE] = ResumeNode(ctx.scheduler, ctx.state)

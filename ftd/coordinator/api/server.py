@@ -61,6 +61,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 import ftd.coordinator.api.wire as wire
 from ftd import __version__
 from ftd.config import ApiConfig
+from ftd.coordinator.actions.burn_in import BURN_IN
 from ftd.coordinator.api.dashboard import dashboard_index, dashboard_static, last_run_path
 from ftd.coordinator.api.guard import MAX_TRACKED_ADDRESSES, host_check, resolve_token
 from ftd.coordinator.api.metrics import ActionTotals, MetricsCollector
@@ -460,9 +461,9 @@ class Api:
 
     async def _manual(
         self,
-        kind: ActionKind,
+        kind: ActionKind | str,
         target: str,
-        body: wire.DrainRequest | wire.ResumeRequest | wire.RestartRequest,
+        body: wire.DrainRequest | wire.ResumeRequest | wire.RestartRequest | wire.BurnInRequest,
         params: dict[str, Any] | None = None,
     ) -> web.Response:
         """An operator's action: through the engine like a rule's, its rule ``api:<by>``, forced if asked."""
@@ -485,6 +486,12 @@ class Api:
         node = self._known_node(request)
         body = await read_body(request, wire.ResumeRequest, required=False)
         return await self._manual(ActionKind.RESUME_NODE, node, body)
+
+    async def burn_in(self, request: web.Request) -> web.Response:
+        """Issue #36: the ``burn_in`` action on a node (:mod:`ftd.coordinator.actions.burn_in`)."""
+        node = self._known_node(request)
+        body = await read_body(request, wire.BurnInRequest, required=False)
+        return await self._manual(BURN_IN, node, body)
 
     async def restart(self, request: web.Request) -> web.Response:
         job: str = path_param(request, "job", wire.JobId)

@@ -90,6 +90,12 @@ class ResumeRequest(ManualRequest, frozen=True, kw_only=True, forbid_unknown_fie
     reason: Reason = "manual resume"
 
 
+class BurnInRequest(ManualRequest, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Run a node's burn-in (issue #36): a drained or new node; its agent refuses while a job runs."""
+
+    reason: Reason = "manual burn-in"
+
+
 class RestartRequest(ManualRequest, frozen=True, kw_only=True, forbid_unknown_fields=True):
     reason: Reason
     exclude: Annotated[

@@ -14,7 +14,10 @@ policy gate and the ledger:
 3. preflight passed -> ``resume_node`` N; failed (or no answer by the deadline) -> ``drain_node`` N
    for RMA, the history in the reason (``ftd: RMA: preflight failed after GPU reset: <why>; history:
    <the reset's reason>; ...``), with ``params.severity = critical`` so the drain cooldown of step 1
-   does not hold it back.
+   does not hold it back. When the site requires burn-in (``coordinator.return_to_service.require_burn_in``,
+   issue #36), a passing preflight is followed by ``burn_in`` on N
+   (:class:`~ftd.coordinator.actions.burn_in.BurnIn`): passed -> ``resume_node``; failed, incomplete
+   (a step skipped), refused or silent -> the drain for RMA (``RMA: burn-in failed after ...``).
 
 A node a rule drains as a *suspect* (``drain_node`` with ``params.suspect``: the ``hang`` rule's
 culprit of a hang, issue #33) takes the same way back without a reset: once its drain is done,
@@ -33,6 +36,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftd.coordinator.actions.burn_in import BURN_IN
 from ftd.coordinator.actions.preflight import PREFLIGHT
 from ftd.coordinator.model.state import ClusterState
 from ftd.logs import get_logger
@@ -52,6 +56,7 @@ class _Node:
     drain_done: bool = False
     reset_done: str | None = None  # "GPU reset" / "reboot" once the reset worked
     preflight_id: str | None = None
+    burn_in_id: str | None = None
     history: list[str] = field(default_factory=list)
 
 
@@ -64,8 +69,10 @@ class ReturnToService:
         *,
         rules: Collection[str],
         state: ClusterState | None = None,
+        require_burn_in: bool = False,
     ) -> None:
         self._submit = submit
+        self.require_burn_in = require_burn_in
         self.rules = frozenset(rules)
         self._state = state
         self._nodes: dict[str, _Node] = {}
@@ -95,6 +102,10 @@ class ReturnToService:
             track = self._nodes[node]
             if record.id == track.preflight_id:
                 self._verdict(node, track, record)
+        elif kind == BURN_IN and node in self._nodes and record.state.finished:
+            track = self._nodes[node]
+            if record.id == track.burn_in_id:
+                self._verdict(node, track, record, step="burn-in")
 
     def _soon(self, step: Coroutine[Any, Any, None]) -> None:
         """Run ``step`` once the engine's current decision is over (observers run inside it)."""
@@ -178,48 +189,61 @@ class ReturnToService:
         track = self._nodes.get(node)
         if track is None or not track.drain_done or track.reset_done is None or track.preflight_id:
             return
-        track.preflight_id = "pending"
+        self._check(node, track, "preflight", f"{track.reset_reason}")
+
+    def _check(self, node: str, track: _Node, step: str, why: str) -> None:
+        """Submit the node's ``preflight`` or ``burn_in``; its verdict comes back through :meth:`observe`
+        (or at once when the gate decided it)."""
+        kind = PREFLIGHT if step == "preflight" else BURN_IN
+        setattr(track, f"{kind}_id", "pending")
         request = ActionRequest(
-            kind=PREFLIGHT,
+            kind=kind,
             target=node,
-            reason=f"return to service after {track.reset_done}: {track.reset_reason}",
+            reason=f"return to service after {track.reset_done}: {why}",
             params={"after": track.reset_done, "reset_action": track.reset_id},
             rule=RULE,
         )
 
         async def go() -> None:
             record = await self._submit(request)
-            track.preflight_id = record.id
-            log.info("return_to_service_preflight", node=node, action_id=record.id, state=str(record.state))
+            setattr(track, f"{kind}_id", record.id)
+            log.info(f"return_to_service_{kind}", node=node, action_id=record.id, state=str(record.state))
             if record.state.finished:
-                self._verdict(node, track, record)
+                self._verdict(node, track, record, step=step)
 
         self._soon(go())
 
-    def _verdict(self, node: str, track: _Node, record: ActionRecord) -> None:
+    def _verdict(self, node: str, track: _Node, record: ActionRecord, step: str = "preflight") -> None:
+        """The preflight's (then, when the site requires it, the burn-in's) verdict: resume, the
+        burn-in next, or the drain for RMA."""
         self._nodes.pop(node, None)
         if record.state in (ActionState.SUPPRESSED, ActionState.DRY_RUN):
-            # No verdict (the gate held the preflight back, or a dry run): the node stays as it is.
-            log.info("return_to_service_no_verdict", node=node, state=str(record.state))
+            # No verdict (the gate held the step back, or a dry run): the node stays as it is.
+            log.info("return_to_service_no_verdict", node=node, step=step, state=str(record.state))
             return
         if record.state == ActionState.SUCCEEDED:
+            if step == "preflight" and self.require_burn_in:
+                self._nodes[node] = track  # still in return to service: the burn-in decides
+                self._check(node, track, "burn-in", "burn-in required")
+                return
             self._later(
                 ActionRequest(
                     kind=ActionKind.RESUME_NODE,
                     target=node,
-                    reason=f"preflight passed after {track.reset_done}",
+                    reason=f"{step} passed after {track.reset_done}",
                     params={"return_to_service": track.reset_id},
                     rule=RULE,
                 )
             )
             return
-        why = str(record.detail.get("preflight") or record.detail.get("error") or record.state)
+        detail_key = "preflight" if step == "preflight" else "burn_in"
+        why = str(record.detail.get(detail_key) or record.detail.get("error") or record.state)
         history = "; ".join([*track.history, *self._faults(node)])
         self._later(
             ActionRequest(
                 kind=ActionKind.DRAIN_NODE,
                 target=node,
-                reason=f"RMA: preflight failed after {track.reset_done}: {why}; history: {history}",
+                reason=f"RMA: {step} failed after {track.reset_done}: {why}; history: {history}",
                 params={"severity": "critical", "rma": True, "return_to_service": track.reset_id},
                 rule=RULE,
             )
