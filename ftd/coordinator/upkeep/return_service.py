@@ -207,7 +207,9 @@ class ReturnToService:
         async def go() -> None:
             record = await self._submit(request)
             setattr(track, f"{kind}_id", record.id)
-            log.info(f"return_to_service_{kind}", node=node, action_id=record.id, state=str(record.state))
+            log.info(
+                "return_to_service_check", check=kind, node=node, action_id=record.id, state=str(record.state)
+            )
             if record.state.finished:
                 self._verdict(node, track, record, step=step)
 
