@@ -503,11 +503,14 @@ class CheckpointTier:
             entry = _write_state(rank_dir(self.local_dir, step, self.rank), staged)
             rel = mf.FileEntry(f"rank-{self.rank:05d}/{STATE_FILE}", entry.size, entry.sha256)
             save_s = time.perf_counter() - t0
-            manifest = self._manifest(step_dir(self.local_dir, step), step, self.rank, "local", save_s, [rel])
+            # the level's save time, as a deadline needs it: from the loop's save call (the snapshot,
+            # which blocked it) until this level holds the checkpoint
+            held_s = record["blocked_s"] + save_s
+            manifest = self._manifest(step_dir(self.local_dir, step), step, self.rank, "local", held_s, [rel])
         except Exception as exc:  # a disk error, or a state torch.save cannot pickle: said and nacked
             return self._local_failed(step, ids, record, f"local save failed: {exc}")
         record["local_s"] = save_s
-        self._report(step, manifest, "local", save_s, entry.size, ids)
+        self._report(step, manifest, "local", held_s, entry.size, ids)
         if self.client is not None and ids:
             self.client.answer_taken(ids, ok=True, step=step, path=manifest)
         return manifest
@@ -551,11 +554,14 @@ class CheckpointTier:
             _log.warning("ftd checkpoint: step %s: %s", step, record["partner"])
             return
         save_s = time.perf_counter() - t0
+        # from the partner's save call until this node holds its copy (its snapshot and local write
+        # are its own: this rank's stand in for them, the ranks save the same step together)
+        held_s = record.get("blocked_s", 0.0) + record.get("local_s", 0.0) + save_s
         for src, entries in received.items():
             if entries is None:
                 continue
-            manifest = self._manifest(step_dir(root, step), step, src, "partner", save_s, entries)
-            self._report(step, manifest, "partner", save_s, sum(e.size for e in entries), [])
+            manifest = self._manifest(step_dir(root, step), step, src, "partner", held_s, entries)
+            self._report(step, manifest, "partner", held_s, sum(e.size for e in entries), [])
             self._sources.add(src)
         with self._lock:
             pinned = set(self._pinned)
