@@ -1038,9 +1038,7 @@ class FabricTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 class DriftConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Version drift between nodes of one hardware profile, and minimums (issue #36)."""
 
-    enabled: Annotated[bool, _doc("Compare each node's versions with its peers' and the minimums.")] = (
-        True
-    )
+    enabled: Annotated[bool, _doc("Compare each node's versions with its peers' and the minimums.")] = True
 
 
 class RmaConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
