@@ -1,16 +1,16 @@
 """Running one pair test against another agent's server: :func:`run_pair_test`.
 
 What: connect to the peer's pair-test server, prove this agent holds the fleet's key (and check the
-server proves it too), then measure a few small-message round trips, this node's egress (an upload
-the server times) and its ingress (a download this side times), each direction capped at
-``max_bytes`` and a third of ``timeout_s`` (a slow direction stops early and is measured on what
-arrived), the whole test at ``timeout_s``. The answer is a :class:`ftd.fabric.pairs.PairResult`;
-anything that stops it (refused, not authenticated, busy, timed out, connection lost) is its
-``error``, never a measurement.
+server proves it too), then measure a few small-message round trips, this node's egress (an upload the
+server times) and its ingress (a download this side times), each direction capped at ``max_bytes`` and a
+third of ``timeout_s`` (a slow direction stops early and is measured on what arrived) and sent as
+:data:`~ftd.agent.pair_tests.wire.ROUNDS` bursts of which the fastest counts, the whole test at
+``timeout_s``. The answer is a :class:`ftd.fabric.pairs.PairResult`; anything that stops it (refused,
+not authenticated, busy, timed out, connection lost) is its ``error``, never a measurement.
 
-Why bounded and authenticated: a pair test moves real bytes over the fabric a job may need; it may
-never run long, move more than it was allowed, run while this node trains, or talk to anything that
-is not one of this fleet's agents.
+Why bounded and authenticated: a pair test moves real bytes over the fabric a job may need; it may never
+run long, move more than it was allowed, run while this node trains, or talk to anything that is not one
+of this fleet's agents.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ftd.agent.pair_tests.server import Busy
 from ftd.agent.pair_tests.wire import (
     GREETING,
     NONCE_BYTES,
+    ROUNDS,
     WireError,
     mac,
     read_chunks,
@@ -54,6 +55,11 @@ class PairPeer:
 
 def _gbps(nbytes: int, seconds: float) -> float | None:
     return nbytes * 8 / seconds / 1e9 if nbytes > 0 and seconds > 0 else None
+
+
+def _fastest(rounds: list[tuple[int, float]]) -> float | None:
+    rates = [rate for nbytes, seconds in rounds if (rate := _gbps(nbytes, seconds)) is not None]
+    return max(rates) if rates else None
 
 
 async def run_pair_test(
@@ -131,22 +137,33 @@ async def _exchange(
         await writer.drain()
         await reader.readexactly(_PING.size)
         rtts.append((time.perf_counter() - sent) * 1e3)
-    share = timeout_s / 3
-    await write_chunks(writer, allowed, loop.time() + share)
-    upload = await read_message(reader)
-    up_bytes, up_s = upload.get("bytes"), upload.get("seconds")
-    if not isinstance(up_bytes, int) or not isinstance(up_s, int | float):
+    share = timeout_s / 3 / ROUNDS
+    per = allowed // ROUNDS
+    for _ in range(ROUNDS):
+        await write_chunks(writer, per, loop.time() + share)
+    upload = (await read_message(reader)).get("rounds")
+    if not isinstance(upload, list) or len(upload) != ROUNDS:
         raise WireError("upload measurement malformed")
-    await send_message(writer, {"seconds": share})
-    down_bytes, down_s = await read_chunks(reader, allowed)
+    ups: list[tuple[int, float]] = []
+    for item in upload:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not isinstance(item[0], int)
+            or not isinstance(item[1], int | float)
+        ):
+            raise WireError("upload measurement malformed")
+        ups.append((item[0], float(item[1])))
+    await send_message(writer, {"seconds": share * ROUNDS})
+    downs = [await read_chunks(reader, per) for _ in range(ROUNDS)]
     await send_message(writer, {"done": True})
     return PairResult(
         a=node,
         b=peer.node,
-        a_to_b_gbps=_gbps(up_bytes, float(up_s)),
-        b_to_a_gbps=_gbps(down_bytes, down_s),
+        a_to_b_gbps=_fastest(ups),
+        b_to_a_gbps=_fastest(downs),
         rtt_ms=statistics.median(rtts) if rtts else None,
-        bytes_moved=up_bytes + down_bytes,
+        bytes_moved=sum(b for b, _ in ups) + sum(b for b, _ in downs),
         duration_s=time.monotonic() - started,
         allreduce_skipped="gloo all-reduce step not implemented yet",
     )

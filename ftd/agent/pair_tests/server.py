@@ -4,7 +4,9 @@ What: :class:`PairTestServer` listens on the configured port while pair tests ar
 connection it greets with a fresh nonce, checks the client's HMAC (:func:`ftd.agent.pair_tests.wire.mac`
 with the fleet's pair-test key), refuses when this node is training (``busy`` says why) or already
 serving a test, proves itself with its own HMAC, then runs the phases the client asks: small pings
-echoed, an upload it receives and times, a download it sends. Every test is bounded: the bytes per
+echoed, an upload it receives and times, a download it sends (none of either for a pingmesh
+probe, which asks for 0 bytes; probes are answered even while a bulk test runs, bulk tests one at a
+time). Every test is bounded: the bytes per
 direction by the smaller of the client's request and :attr:`max_bytes`, the whole connection by
 :attr:`max_seconds` (then it is closed).
 
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from ftd.agent.pair_tests.wire import (
     GREETING,
     NONCE_BYTES,
+    ROUNDS,
     WireError,
     mac,
     read_chunks,
@@ -127,13 +130,14 @@ class PairTestServer:
             await send_message(writer, {"ok": False, "reason": "bad request"})
             return
         reason = self.busy()
-        if reason is None and self._active:
+        if reason is None and self._active and wanted > 0:
             reason = "already serving a pair test"
         if reason is not None:
             self.refused += 1
             await send_message(writer, {"ok": False, "reason": f"{self.node}: {reason}"})
             return
-        self._active = True
+        bulk = wanted > 0
+        self._active = self._active or bulk
         try:
             allowed = min(wanted, self.max_bytes)
             answer = {"node": self.node, "bytes": allowed}
@@ -142,16 +146,19 @@ class PairTestServer:
             for _ in range(pings):
                 writer.write(await reader.readexactly(8))
                 await writer.drain()
-            received, seconds = await read_chunks(reader, allowed)
-            await send_message(writer, {"bytes": received, "seconds": seconds})
+            per = allowed // ROUNDS
+            rounds = [await read_chunks(reader, per) for _ in range(ROUNDS)]
+            await send_message(writer, {"rounds": [[received, seconds] for received, seconds in rounds]})
             go = await read_message(reader)
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + max(0.0, float(go.get("seconds", 0.0)))
-            await write_chunks(writer, allowed, deadline)
+            share = max(0.0, min(float(go.get("seconds", 0.0)), self.max_seconds)) / ROUNDS
+            for _ in range(ROUNDS):
+                await write_chunks(writer, per, loop.time() + share)
             await read_message(reader)  # the client's "done": the data arrived before we close
             self.served += 1
         finally:
-            self._active = False
+            if bulk:
+                self._active = False
 
 
 def _same(given: str, expected: str) -> bool:

@@ -1,12 +1,12 @@
 """The pair-test wire: length-prefixed JSON messages, framed data chunks and the HMAC handshake.
 
-What: every control message is a 4-byte big-endian length and a JSON object (at most
-:data:`MAX_MESSAGE` bytes: a peer cannot make the other side buffer more); bulk data goes as chunks
-of a 4-byte length and that many bytes, a zero length ending the stream, so a sender can stop at its
-time cap between chunks and both sides stay in step. :func:`mac` is the HMAC-SHA256 both ends prove
-they hold the fleet's pair-test key with: over the server's nonce, the client's nonce, a role and
-the request's fields, so a recorded exchange cannot be replayed and a stranger's request (or a
-stranger posing as the server) is refused.
+What: every control message is a 4-byte big-endian length and a JSON object (at most :data:`MAX_MESSAGE`
+bytes: a peer cannot make the other side buffer more); bulk data goes as chunks of a 4-byte length and
+that many bytes, a zero length ending the stream, so a sender can stop at its time cap between chunks
+and both sides stay in step; each direction goes as :data:`ROUNDS` bursts. :func:`mac` is the
+HMAC-SHA256 both ends prove they hold the fleet's pair-test key with: over the server's nonce, the
+client's nonce, a role and the request's fields, so a recorded exchange cannot be replayed and a
+stranger's request (or a stranger posing as the server) is refused.
 
 Why its own module: the server and the client (and their tests) must agree on every byte.
 """
@@ -24,6 +24,7 @@ __all__ = [
     "CHUNK",
     "GREETING",
     "MAX_MESSAGE",
+    "ROUNDS",
     "WireError",
     "mac",
     "read_chunks",
@@ -37,6 +38,9 @@ GREETING = b"FTDPAIR1"
 NONCE_BYTES = 16
 MAX_MESSAGE = 4096
 CHUNK = 64 * 1024
+#: Each direction is sent as this many bursts of a third of its bytes, and the fastest counts: one
+#: scheduling hiccup on a busy host then slows one burst, not the verdict on the direction.
+ROUNDS = 3
 _LEN = struct.Struct(">I")
 
 
