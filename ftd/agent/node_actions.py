@@ -10,7 +10,9 @@ rank of the job on this node at once: process state, stacks, flight recorder, NC
 one Ack whose ``data["evidence"]`` is the node's evidence; ``preflight`` runs the node's preflight
 checks (the coordinator's return to service) and is
 answered with the verdict, recorded as a ``gpu_health`` event (``signal = "preflight"``); a
-re-delivered preflight directive gets the first verdict again, not a second run.
+re-delivered preflight directive gets the first verdict again, not a second run; ``pair_test`` runs
+one pair test against another agent (:mod:`ftd.agent.pair_tests.service`, handed in by the wiring),
+recorded as a ``pair_test`` event and answered with the result.
 
 Why apart: each handler is a slow side task with its own answer; the agent only decodes the
 directive, looks up :meth:`NodeActions.handler` and runs it as a side task.
@@ -52,6 +54,7 @@ class NodeActions:
         preflight_now: Callable[[], Awaitable[dict[str, Any]]],
         diagnostics_dir: Path,
         ask_flight: AskFlight | None = None,
+        pair_test: Callable[[Directive], Awaitable[tuple[Event, Ack]]] | None = None,
     ) -> None:
         self.node = node
         self._outbox = outbox
@@ -68,6 +71,9 @@ class NodeActions:
             "preflight": self.preflight,
             "collect_hang_evidence": self.collect_hang_evidence,
         }
+        self._pair_test = pair_test  # ftd.agent.pair_tests.service (a sibling: handed in by wiring)
+        if pair_test is not None:
+            self._handlers["pair_test"] = self.pair_test
 
     def handler(self, action: str) -> Handler | None:
         """The handler of a node directive's ``action`` (None: not supported)."""
@@ -79,6 +85,13 @@ class NodeActions:
     async def gpu_reset(self, directive: Directive) -> None:
         result = await self.gpu_resetter.reset(directive)
         event, ack = self.gpu_resetter.report(directive, result)
+        await self._emit(event)
+        self._answer(ack)
+
+    async def pair_test(self, directive: Directive) -> None:
+        """Run the pair test asked (issue #35), record it (a ``pair_test`` event) and answer with it."""
+        assert self._pair_test is not None
+        event, ack = await self._pair_test(directive)
         await self._emit(event)
         self._answer(ack)
 

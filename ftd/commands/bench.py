@@ -34,6 +34,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "recovery": ("ftd.bench.recovery", "bench_recovery"),
     "checkpoint": ("ftd.bench.checkpoint", "bench_checkpoint"),
     "culprit": ("ftd.bench.culprit", "bench_culprit"),
+    "fabric": ("ftd.bench.fabric", "bench_fabric"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -45,6 +46,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "fairness": ("rate", "seconds", "probes", "severity"),
     "checkpoint": ("cases", "sizes", "samples", "runs"),
     "culprit": ("runs", "cases", "seed"),
+    "fabric": ("runs", "seconds", "nodes", "seed"),
 }
 
 
@@ -75,7 +77,7 @@ def register(sub: Any) -> None:
         "--nodes",
         type=int,
         default=None,
-        help="node sessions to hold (scale), nodes known (dashboard); 10,000",
+        help="node sessions to hold (scale), nodes known (dashboard); 10,000; fabric: namespaces (16)",
     )
     parser.add_argument("--wills", type=int, default=None, help="sessions cut at once (scale; 1,000)")
     parser.add_argument(
@@ -92,7 +94,10 @@ def register(sub: Any) -> None:
         help="fairness: pace the flood at this many events/s (e.g. 10000); default as fast as accepted",
     )
     parser.add_argument(
-        "--seconds", type=_positive, default=None, help="fairness: how long the flood lasts (15)"
+        "--seconds",
+        type=_positive,
+        default=None,
+        help="fairness: how long the flood lasts (15); fabric: the pingmesh window (60)",
     )
     parser.add_argument(
         "--probes",
@@ -132,9 +137,15 @@ def register(sub: Any) -> None:
         "--runs",
         type=_positive_int,
         default=None,
-        help="checkpoint: runs of each fault case; culprit: runs per case, each a new victim (1)",
+        help="checkpoint: runs of each fault case; culprit: runs per case, each a new victim (1); "
+        "fabric: runs with a degraded node (10)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="culprit: the victims' random seed (0)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="culprit: the victims' random seed (0); fabric: the degraded nodes' seed",
+    )
     parser.set_defaults(handler=_run)
 
 

@@ -429,6 +429,38 @@ class PairTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """Active pair tests this agent serves and runs: bandwidth and latency to another agent (issue #35)."""
 
     enabled: Annotated[bool, _doc("Serve and run pair tests (never while a job trains here).")] = True
+    port: Annotated[
+        int, _doc("TCP port the pair-test server listens on (all the node's addresses).", ge=1, le=65535)
+    ] = 7411
+    key_file: Annotated[
+        str,
+        _doc(
+            "File holding the fleet's pair-test key (the same on every agent; root-readable only). Both "
+            "ends of a test prove they hold it (HMAC over fresh nonces); empty or unreadable: no server "
+            "runs and tests are skipped with that reason."
+        ),
+    ] = ""
+    max_bytes: Annotated[
+        int,
+        _doc(
+            "Bytes one direction of a bulk test may move at most (the server caps a peer's ask too).",
+            ge=1 << 20,
+            le=1 << 30,
+        ),
+    ] = 16 << 20
+    timeout_s: Annotated[
+        float, _doc("Longest a pair test may take, all phases; a third per direction.", gt=0, le=120)
+    ] = 10.0
+    pings: Annotated[
+        int, _doc("Small-message round trips per test (the median is reported).", ge=1, le=64)
+    ] = 5
+    mesh_interval_s: Annotated[
+        float,
+        _doc(
+            "Pingmesh: one probe (handshake and 3 pings, no bulk data) to the next peer every this often.",
+            ge=1.0,
+        ),
+    ] = 10.0
 
 
 class InventoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
