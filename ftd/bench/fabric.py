@@ -34,6 +34,11 @@ from ftd.config.schema import PairTestsConfig
 __all__ = ["bench_fabric"]
 
 MB = 1024 * 1024
+#: Bytes per direction on the rig: veth moves 5-25 Gbit/s, so 8 MiB made 1-2 ms bursts that one
+#: context switch halved (a clean direction at 0.18 x the median was measured, a false "slow");
+#: 64 MiB bursts of ~20 MiB last 10-30 ms (worst clean direction in 30 runs: 0.33 x the median).
+#: The shaped direction stops at its time cap (15 s / 3 / 3 per burst), measured on what arrived.
+RIG_BYTES = 64 * MB
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -44,6 +49,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _degraded(fleet: NetnsFleet, runs: int, rng: random.Random) -> dict[str, Any]:
     right = wrong = 0
+    misses: list[dict[str, Any]] = []
     tests: list[int] = []
     seconds: list[float] = []
     for _ in range(runs):
@@ -59,24 +65,34 @@ def _degraded(fleet: NetnsFleet, runs: int, rng: random.Random) -> dict[str, Any
             right += 1
         else:
             wrong += 1
+            misses.append({"victim": victim, "finding": found.finding.as_dict(), "verdicts": found.verdicts})
     return {
         "runs": runs,
         "right": right,
         "wrong": wrong,
         "tests_max": max(tests, default=None),
         "seconds_max": round(max(seconds, default=0.0), 3),
+        "misses": misses[:3],
     }
 
 
 def _clean(fleet: NetnsFleet, runs: int) -> dict[str, Any]:
-    false = 0
+    false: list[dict[str, Any]] = []
+    dismissed = 0
     tests: list[int] = []
     for _ in range(runs):
         found = hunt(fleet)
         tests.append(found.finding.tests)
+        dismissed += sum(1 for r in found.finding.reasons if "not reproduced" in r)
         if not found.finding.clean or found.finding.untested:
-            false += 1
-    return {"runs": runs, "false_findings": false, "tests_max": max(tests, default=None)}
+            false.append({"finding": found.finding.as_dict(), "verdicts": found.verdicts})
+    return {
+        "runs": runs,
+        "false_findings": len(false),
+        "dismissed_once_slow": dismissed,
+        "tests_max": max(tests, default=None),
+        "false": false[:3],
+    }
 
 
 def _mesh(fleet: NetnsFleet, interval_s: float, seconds: float) -> dict[str, Any]:
@@ -127,7 +143,7 @@ def bench_fabric(
     rng = random.Random(seed)
     interval = PairTestsConfig().mesh_interval_s
     started = time.monotonic()
-    with NetnsFleet(nodes, max_bytes=8 * MB, timeout_s=15.0) as fleet:
+    with NetnsFleet(nodes, max_bytes=RIG_BYTES, timeout_s=15.0) as fleet:
         setup_s = time.monotonic() - started
         degraded = _degraded(fleet, runs, rng)
         clean = _clean(fleet, clean_runs)

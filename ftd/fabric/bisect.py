@@ -9,13 +9,15 @@ test's outcome (the senders whose direction was slow, from :func:`ftd.fabric.pai
 
 How it reasons: a pair test measures each direction apart. A direction that met its floor proves
 its sender's egress and its receiver's ingress good. A slow direction ``s -> r`` is explained by
-``s``'s egress or ``r``'s ingress; when one of the two is already proven good, the other is pinned
-(``confirmed``); when both ends are proven good elsewhere, the link between them is. When neither
-is, the sender is named as the likely culprit (traffic control and a NIC stuck at a lower rate shape
-egress) and, while the budget lasts, a confirmation test against a node whose ingress is proven
-good settles it. Suspects are tested first, each against a proven-good node when one is known; the
-others are then covered by disjoint pairs. One degraded node among 16 is thus named in at most 8
-tests (8 disjoint pairs; a 9th confirms it), and a clean fleet gives no finding.
+``s``'s egress or ``r``'s ingress. A node is *pinned* (confirmed) only when its fault is reproduced:
+slow to two receivers (its egress) or from two senders (its ingress). One slow direction alone makes
+a node *likely* (the sender, unless its egress is proven good elsewhere: traffic control and a NIC
+stuck at a lower rate shape egress); while the budget lasts a confirmation test against a proven
+node settles it. A slow direction whose both ends are proven good elsewhere is dismissed as not
+reproduced (scheduling noise on a busy host), or, slow twice, names the link. Suspects are tested
+first, each against a proven-good node when one is known; the others are then covered by disjoint
+pairs. One degraded node among 16 is thus named in at most 8 tests (8 disjoint pairs; a 9th
+confirms it), and a clean fleet gives no finding.
 
 Why pure: the coordinator runs it against live agents, the bench and the property tests against
 measured or generated outcomes; all get the same answer.
@@ -116,68 +118,70 @@ class Bisection:
 
     # -- conclusion -----------------------------------------------------------------------------
 
-    def _explain(self) -> tuple[list[str], list[str], list[tuple[str, str]], list[str], list[str]]:
-        """``(pinned, likely, bad links, unresolved, reasons)`` from the observations so far."""
+    def _explain(self) -> tuple[list[str], dict[str, str], list[tuple[str, str]], list[str], list[str]]:
+        """``(pinned, likely (node -> "egress"/"ingress"), bad links, unresolved, reasons)``.
+
+        Pinned needs the fault reproduced: slow from one node to two receivers (its egress) or into
+        one node from two senders (its ingress). One slow direction alone makes its node only likely;
+        one whose every explanation other tests disproved is dismissed as not reproduced (a link
+        slow twice is a bad link).
+        """
+        slow = [o for o in self.observations if o.slow]
+        egress_to: dict[str, set[str]] = {}
+        ingress_from: dict[str, set[str]] = {}
+        for o in slow:
+            if o.sender not in self._egress_ok:
+                egress_to.setdefault(o.sender, set()).add(o.receiver)
+            if o.receiver not in self._ingress_ok:
+                ingress_from.setdefault(o.receiver, set()).add(o.sender)
         pinned: list[str] = []
-        likely: list[str] = []
+        reasons: list[str] = []
+        for node, receivers in egress_to.items():
+            if len(receivers) >= 2:
+                pinned.append(node)
+                reasons.append(
+                    f"{node}: egress slow to {len(receivers)} nodes ({', '.join(sorted(receivers))})"
+                )
+        for node, senders in ingress_from.items():
+            if len(senders) >= 2 and node not in pinned:
+                pinned.append(node)
+                reasons.append(
+                    f"{node}: ingress slow from {len(senders)} nodes ({', '.join(sorted(senders))})"
+                )
+        likely: dict[str, str] = {}
         links: list[tuple[str, str]] = []
         unresolved: list[str] = []
-        reasons: list[str] = []
-        slow = [o for o in self.observations if o.slow]
-        ambiguous: list[Observation] = []
-        for obs in slow:
-            egress_bad = obs.sender not in self._egress_ok
-            ingress_bad = obs.receiver not in self._ingress_ok
-            if egress_bad and ingress_bad:
-                ambiguous.append(obs)
-            elif egress_bad:
-                if obs.sender not in pinned:
-                    pinned.append(obs.sender)
-                    reasons.append(
-                        f"{obs.sender}: egress slow to {obs.receiver}, whose ingress is proven good"
-                    )
-            elif ingress_bad:
-                if obs.receiver not in pinned:
-                    pinned.append(obs.receiver)
-                    reasons.append(
-                        f"{obs.receiver}: ingress slow from {obs.sender}, whose egress is proven good"
-                    )
-            else:
-                link = (min(obs.sender, obs.receiver), max(obs.sender, obs.receiver))
-                if link not in links:
+        for o in slow:
+            if o.sender in pinned or o.receiver in pinned:
+                continue
+            egress_bad = o.sender not in self._egress_ok
+            ingress_bad = o.receiver not in self._ingress_ok
+            link = (min(o.sender, o.receiver), max(o.sender, o.receiver))
+            if not egress_bad and not ingress_bad:
+                repeats = sum(1 for x in slow if {x.sender, x.receiver} == set(link))
+                if repeats >= 2 and link not in links:
                     links.append(link)
-                    reasons.append(f"link {link[0]} <-> {link[1]}: slow though both ends are good elsewhere")
-        both_ways = {
-            frozenset((o.sender, o.receiver))
-            for o in ambiguous
-            if Observation(o.receiver, o.sender, True) in ambiguous
-        }
-        for obs in ambiguous:
-            if obs.sender in pinned or obs.receiver in pinned:
-                continue
-            receivers = {o.receiver for o in ambiguous if o.sender == obs.sender}
-            senders = {o.sender for o in ambiguous if o.receiver == obs.receiver}
-            if len(receivers) >= 2 and obs.sender not in self._egress_ok:
-                pinned.append(obs.sender)
-                reasons.append(f"{obs.sender}: egress slow to {len(receivers)} nodes (one fault explains it)")
-                continue
-            if len(senders) >= 2 and obs.receiver not in self._ingress_ok:
-                pinned.append(obs.receiver)
-                reasons.append(
-                    f"{obs.receiver}: ingress slow from {len(senders)} nodes (one fault explains it)"
-                )
-                continue
-            if frozenset((obs.sender, obs.receiver)) in both_ways:
-                for node in (obs.sender, obs.receiver):
+                    reasons.append(
+                        f"link {link[0]} <-> {link[1]}: slow {repeats} times, both ends good elsewhere"
+                    )
+                elif repeats < 2:
+                    reasons.append(f"{o.sender} -> {o.receiver} slow once, not reproduced: dismissed")
+            elif egress_bad and ingress_bad and Observation(o.receiver, o.sender, True) in slow:
+                for node in (o.sender, o.receiver):
                     if node not in unresolved:
                         unresolved.append(node)
                         reasons.append(f"{node}: slow both ways with its partner; which end is not known yet")
-            elif obs.sender not in likely:
-                likely.append(obs.sender)
-                reasons.append(
-                    f"{obs.sender}: egress slow to {obs.receiver} (unconfirmed: {obs.receiver}'s ingress "
-                    "would look the same)"
-                )
+            elif egress_bad:
+                if o.sender not in likely:
+                    likely[o.sender] = "egress"
+                    reasons.append(
+                        f"{o.sender}: egress slow to {o.receiver} (unconfirmed"
+                        + (f": {o.receiver}'s ingress would look the same)" if ingress_bad else ")")
+                    )
+            elif o.receiver not in likely:
+                likely[o.receiver] = "ingress"
+                reasons.append(f"{o.receiver}: ingress slow from {o.sender} (unconfirmed)")
+        unresolved = [n for n in unresolved if n not in likely]
         return pinned, likely, links, unresolved, reasons
 
     def finding(self) -> Finding:
@@ -201,7 +205,8 @@ class Bisection:
         The untested suspects (or, once they are tested and nothing is pinned, the untested rest)
         come first, each against a free proven-good node, else another untested one; the tests they
         leave confirm what is only likely (against a node whose ingress is proven) or resolve a pair
-        slow both ways (against a proven-good node). A pinned suspect ends it.
+        slow both ways (against a proven-good node). A slow suspect is confirmed and nothing else is
+        covered; a clean one leaves the rest to cover.
         """
         left = self.budget - self.tests
         if left <= 0:
@@ -214,22 +219,31 @@ class Bisection:
         def proven_partner(node: str, avoid: set[str]) -> str | None:
             return next((o for o in good if o != node and o not in busy and o not in avoid), None)
 
-        def confirming_partner(node: str) -> str | None:
-            # a node whose ingress is proven settles ``node``'s egress; failing that, any node it has
-            # not been tested with (a second slow receiver is explained by one fault only: its egress)
-            tried = {o.receiver for o in self.observations if o.sender == node}
+        def confirming_partner(node: str, way: str) -> str | None:
+            # a node proven good both ways settles ``node``; failing that, one proven on the side that
+            # matters (ingress to confirm an egress, egress to confirm an ingress), then any other
+            if way == "egress":
+                tried = {o.receiver for o in self.observations if o.sender == node}
+                side = self._ingress_ok
+            else:
+                tried = {o.sender for o in self.observations if o.receiver == node}
+                side = self._egress_ok
             free = [
                 o for o in self.nodes if o != node and o not in busy and o not in tried and o not in pinned
             ]
-            return next((o for o in free if o in self._ingress_ok), None) or next(iter(free), None)
+            return (
+                next((o for o in free if o in good), None)
+                or next((o for o in free if o in side), None)
+                or next(iter(free), None)
+            )
 
         failed_nodes = {n for pair in self.failed for n in pair}
         untested = [n for n in self.nodes if n not in self._tested and n not in failed_nodes]
         suspects = [n for n in self.suspects if n in untested]
         if suspects:
             pending = suspects
-        elif pinned and all(s in self._tested for s in self.suspects) and self.suspects:
-            pending = []
+        elif self.suspects and (pinned or likely or unresolved):
+            pending = []  # the suspects are tested and one is slow: confirm it, cover nothing more
         else:
             pending = untested
         # coverage first: confirmations only take the tests the untested nodes leave
@@ -238,7 +252,9 @@ class Bisection:
             if len(wave) >= spare or node in busy:
                 continue
             tried = {o.receiver for o in self.observations if o.sender == node}
-            other = proven_partner(node, tried) if node in unresolved else confirming_partner(node)
+            other = (
+                proven_partner(node, tried) if node in unresolved else confirming_partner(node, likely[node])
+            )
             if other is not None:
                 wave.append((node, other))
                 busy.update((node, other))

@@ -39,6 +39,11 @@ Status = Literal["pass", "slow", "failed", "skipped"]
 
 #: Fewer results than this and the fleet has no baseline yet (one odd pair is not a fleet).
 MIN_BASELINE_SAMPLES = 3
+#: Both directions of a pair below the floor, one this many times faster than the other: the faster
+#: is held back by the slower side's egress (its TCP acknowledgements ride it), and is not counted.
+#: Measured: a node shaped to 20 Mbit/s egress sent at 0.019 Gbit/s and received at 1.75 of a 9.2
+#: median (92x apart); two nodes degraded alike stay within a few times of each other.
+COLLATERAL_RATIO = 10.0
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,9 @@ def judge_pair(
 ) -> PairVerdict:
     """Each direction against the larger of ``fraction`` x spec and ``baseline_fraction`` x baseline.
 
+    Both directions slow and one :data:`COLLATERAL_RATIO` times faster: only the slower names its
+    sender (the faster is held back by the slower side's acknowledgements).
+
     ``expect`` is ``None`` for an unknown profile: the baseline alone judges, and the verdict says
     so; with neither a spec nor a baseline the check is ``skipped`` with its reason. A test that
     did not complete, or a direction that was not measured, is ``failed``: never a pass.
@@ -205,13 +213,22 @@ def judge_pair(
             reasons=(*reasons, "nothing to judge against: no expected bandwidth and no fleet baseline yet"),
         )
     floor, why = max(floors)
-    slow: list[str] = []
+    measured: list[tuple[str, str, float]] = []
     for sender, receiver, gbps in result.directions():
         if gbps is None:
             return PairVerdict("failed", reasons=(*reasons, f"{sender} -> {receiver} not measured"))
         if gbps < floor:
-            slow.append(sender)
+            measured.append((sender, receiver, gbps))
             reasons.append(f"{sender} -> {receiver}: {gbps:.3g} Gbit/s < {floor:.3g} ({why})")
+    if len(measured) == 2:
+        (s1, r1, g1), (s2, r2, g2) = sorted(measured, key=lambda m: m[2])
+        if g2 >= COLLATERAL_RATIO * g1:
+            measured = [(s1, r1, g1)]
+            reasons.append(
+                f"{s2} -> {r2} is {g2 / max(g1, 1e-12):.0f}x faster than {s1} -> {r1}: taken as held back "
+                f"by {s1}'s slow egress (its acknowledgements), not counted against {s2}"
+            )
+    slow = [sender for sender, _, _ in measured]
     limit = expect.max_rtt_ms if expect is not None else None
     rtt_slow = limit is not None and result.rtt_ms is not None and result.rtt_ms > limit
     if rtt_slow:

@@ -136,6 +136,14 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route(
         "GET",
+        "/v1/fabric/pairs",
+        "pair_matrix",
+        "The pair-test matrix (issue #35): per pair and direction the newest throughput, RTT, age and "
+        "verdict against the hardware profile's expected bandwidth and the fleet's baseline.",
+        ok=(200, dict[str, Any], ""),
+    ),
+    Route(
+        "GET",
         "/v1/rules",
         "rules",
         "The rule plugins loaded: name, source, origin and hooks; and the disabled ones.",

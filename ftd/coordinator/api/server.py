@@ -71,6 +71,7 @@ from ftd.coordinator.decide.plugins import describe_plugins, disabled_plugins
 from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.coordinator.model.deadlines import stuck_after_s
+from ftd.coordinator.model.pairs import fleet_expectation
 from ftd.coordinator.model.plan import phases_of
 from ftd.events import Interruption, Kind, make_event
 from ftd.logs import get_logger
@@ -342,6 +343,11 @@ class Api:
                 plain = {"repr": repr(item)}
             out.append(plain if isinstance(plain, dict) else {"value": plain})
         return json_response(out)
+
+    async def pair_matrix(self, request: web.Request) -> web.Response:
+        expect, profile, why = fleet_expectation(self.coordinator.config.hardware)
+        matrix = self.coordinator.state.pairs.matrix(expect, profile, time.time())
+        return json_response({**matrix, "note": why})
 
     async def jobs(self, request: web.Request) -> web.Response:
         return json_response(jobs_out(self.coordinator.state, await self._in_flight()))
