@@ -1065,6 +1065,18 @@ class FabricTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     """Pair tests the coordinator schedules: mesh, bisection, spares, return to service (issue #35)."""
 
     enabled: Annotated[bool, _doc("Schedule pair tests between idle or drained nodes.")] = True
+    return_gate: Annotated[
+        bool,
+        _doc(
+            "A node coming back through the return to service also passes a pair test against an idle "
+            "peer after its preflight (slow, failed, no idle peer or no answer: drained for RMA). Off by "
+            "default: it needs agent.pair_tests.key_file on every agent."
+        ),
+    ] = False
+    port: Annotated[int, _doc("The agents' pair-test port (agent.pair_tests.port).", ge=1, le=65535)] = 7411
+    deadline_s: Annotated[
+        float, _doc("How long a pair_test directive may take before the test counts as failed.", gt=0)
+    ] = 60.0
 
 
 class DriftConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -160,7 +160,12 @@ def build(
     engine.observe(reconciler.observe, ("action",))
     return_to_service = None
     if cfg.return_to_service.rules:  # opt-in per rule: reset -> preflight -> resume or RMA
-        return_to_service = ReturnToService(engine.submit, rules=cfg.return_to_service.rules, state=state)
+        return_to_service = ReturnToService(
+            engine.submit,
+            rules=cfg.return_to_service.rules,
+            state=state,
+            pair_gate=cfg.fabric.enabled and cfg.fabric.return_gate,
+        )
         engine.observe(return_to_service.observe, ("action",))
         unknown = sorted(set(cfg.return_to_service.rules) - {p.name for p in loaded})
         if unknown:  # a typo would silently keep those resets out of return to service

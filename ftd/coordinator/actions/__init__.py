@@ -28,6 +28,7 @@ from ftd.coordinator.actions.directive import NodeSend
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.notify import Notify
+from ftd.coordinator.actions.pair_test import PAIR_TEST, PairTest
 from ftd.coordinator.actions.preflight import PREFLIGHT, Preflight
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.slurm_signal import SlurmSignalFallback
@@ -107,6 +108,15 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
     # Return to service (ftd.coordinator.upkeep.return_service): the node's agent runs its preflight checks.
     executors[PREFLIGHT] = Preflight(
         send=ctx.send_to_node, acks=ctx.acks, deadline_s=cfg.return_to_service.preflight_deadline_s
+    )
+    # Pair tests (issue #35): a node's agent tests the pair it forms with an idle peer.
+    executors[PAIR_TEST] = PairTest(
+        send=ctx.send_to_node,
+        acks=ctx.acks,
+        state=ctx.state,
+        hardware=ctx.config.hardware,
+        port=cfg.fabric.port,
+        deadline_s=cfg.fabric.deadline_s,
     )
     if ctx.scheduler is not None:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)

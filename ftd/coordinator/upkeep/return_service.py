@@ -11,7 +11,9 @@ policy gate and the ledger:
 2. once the reset is done (``gpu_reset`` succeeded, or escalated to a reboot that cleared it) and
    the drain finished: ``preflight`` on N (:class:`~ftd.coordinator.actions.preflight.Preflight`:
    the agent runs :mod:`ftd.agent.preflight` on a ``preflight`` node directive and answers the verdict);
-3. preflight passed -> ``resume_node`` N; failed (or no answer by the deadline) -> ``drain_node`` N
+3. preflight passed -> (with ``coordinator.fabric.return_gate``, issue #35: ``pair_test`` N against
+   an idle peer, :class:`~ftd.coordinator.actions.pair_test.PairTest`, which must pass too) ->
+   ``resume_node`` N; failed (or no answer by the deadline) -> ``drain_node`` N
    for RMA, the history in the reason (``ftd: RMA: preflight failed after GPU reset: <why>; history:
    <the reset's reason>; ...``), with ``params.severity = critical`` so the drain cooldown of step 1
    does not hold it back.
@@ -33,6 +35,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftd.coordinator.actions.pair_test import PAIR_TEST
 from ftd.coordinator.actions.preflight import PREFLIGHT
 from ftd.coordinator.model.state import ClusterState
 from ftd.logs import get_logger
@@ -52,6 +55,7 @@ class _Node:
     drain_done: bool = False
     reset_done: str | None = None  # "GPU reset" / "reboot" once the reset worked
     preflight_id: str | None = None
+    pair_test_id: str | None = None
     history: list[str] = field(default_factory=list)
 
 
@@ -64,9 +68,11 @@ class ReturnToService:
         *,
         rules: Collection[str],
         state: ClusterState | None = None,
+        pair_gate: bool = False,
     ) -> None:
         self._submit = submit
         self.rules = frozenset(rules)
+        self.pair_gate = pair_gate  # a passing pair test after the preflight (coordinator.fabric.return_gate)
         self._state = state
         self._nodes: dict[str, _Node] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # steps submitted after the current decision
@@ -94,6 +100,10 @@ class ReturnToService:
         elif kind == PREFLIGHT and node in self._nodes and record.state.finished:
             track = self._nodes[node]
             if record.id == track.preflight_id:
+                self._verdict(node, track, record)
+        elif kind == PAIR_TEST and node in self._nodes and record.state.finished:
+            track = self._nodes[node]
+            if record.id == track.pair_test_id:
                 self._verdict(node, track, record)
 
     def _soon(self, step: Coroutine[Any, Any, None]) -> None:
@@ -196,30 +206,56 @@ class ReturnToService:
 
         self._soon(go())
 
+    def _maybe_pair_test(self, node: str, track: _Node) -> None:
+        """The preflight passed and the pair gate is on: test the node's pair with an idle peer."""
+        self._nodes[node] = track
+        track.pair_test_id = "pending"
+        request = ActionRequest(
+            kind=PAIR_TEST,
+            target=node,
+            reason=f"return to service after {track.reset_done}: pair test with an idle peer",
+            params={"after": track.reset_done, "reset_action": track.reset_id},
+            rule=RULE,
+        )
+
+        async def go() -> None:
+            record = await self._submit(request)
+            track.pair_test_id = record.id
+            log.info("return_to_service_pair_test", node=node, action_id=record.id, state=str(record.state))
+            if record.state.finished:
+                self._verdict(node, track, record)
+
+        self._soon(go())
+
     def _verdict(self, node: str, track: _Node, record: ActionRecord) -> None:
         self._nodes.pop(node, None)
+        step = "pair test" if record.request.kind == PAIR_TEST else "preflight"
         if record.state in (ActionState.SUPPRESSED, ActionState.DRY_RUN):
-            # No verdict (the gate held the preflight back, or a dry run): the node stays as it is.
-            log.info("return_to_service_no_verdict", node=node, state=str(record.state))
+            # No verdict (the gate held the step back, or a dry run): the node stays as it is.
+            log.info("return_to_service_no_verdict", node=node, step=step, state=str(record.state))
             return
         if record.state == ActionState.SUCCEEDED:
+            if step == "preflight" and self.pair_gate:
+                self._maybe_pair_test(node, track)
+                return
+            passed = "preflight and pair test passed" if step == "pair test" else "preflight passed"
             self._later(
                 ActionRequest(
                     kind=ActionKind.RESUME_NODE,
                     target=node,
-                    reason=f"preflight passed after {track.reset_done}",
+                    reason=f"{passed} after {track.reset_done}",
                     params={"return_to_service": track.reset_id},
                     rule=RULE,
                 )
             )
             return
-        why = str(record.detail.get("preflight") or record.detail.get("error") or record.state)
+        why = str(record.detail.get(step.replace(" ", "_")) or record.detail.get("error") or record.state)
         history = "; ".join([*track.history, *self._faults(node)])
         self._later(
             ActionRequest(
                 kind=ActionKind.DRAIN_NODE,
                 target=node,
-                reason=f"RMA: preflight failed after {track.reset_done}: {why}; history: {history}",
+                reason=f"RMA: {step} failed after {track.reset_done}: {why}; history: {history}",
                 params={"severity": "critical", "rma": True, "return_to_service": track.reset_id},
                 rule=RULE,
             )
