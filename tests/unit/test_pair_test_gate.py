@@ -12,14 +12,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
+
 from ftd.config.schema import HardwareConfig
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.pair_test import PAIR_TEST, PairTest, choose_peer
+from ftd.coordinator.actions.restart_phase import InAllocation
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.return_service import PREFLIGHT, ReturnToService
-from ftd.events import NODE_RANK, Ack, Directive, NodeStatus
+from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, NodeStatus, Severity, make_event
 from ftd.fabric.pairs import PairResult
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
+from ftd.plugin.view import JobRecord
+from tests.unit.helpers import supervisor_info
 from tests.unit.test_return_service import Engine, finish, observe, record
 
 
@@ -122,3 +127,38 @@ def test_the_executor_judges_the_agents_answer_and_fails_closed() -> None:
     assert detail["state"] == str(ActionState.FAILED) and "no answer" in detail["pair_test"]
     detail, sent = _run(_state(), {"pair_test": fast})
     assert detail["state"] == str(ActionState.FAILED) and "no idle peer" in detail["pair_test"] and not sent
+
+
+def test_a_spare_whose_newest_pair_test_was_slow_does_not_join_the_job() -> None:
+    state = ClusterState()
+    job = JobRecord(
+        id="j1",
+        supervisors={
+            "n0": supervisor_info("active", 0),
+            "n1": supervisor_info("active", 1),
+            "s1": supervisor_info("spare", preflight="ok", state="idle"),
+            "s2": supervisor_info("spare", preflight="ok", state="idle"),
+        },
+    )
+    for i, (a, b) in enumerate([("n0", "n1"), ("x1", "x2"), ("s2", "x3")]):
+        state.pairs.note(_pair_event(a, b, 10.0, 10.5, float(i)))
+    state.pairs.note(_pair_event("s1", "n0", 0.02, 10.0, 10.0))  # s1's egress is slow
+    restart = InAllocation(publish=_no_publish, state=state)
+    rec = ActionRecord(
+        id="r1",
+        request=ActionRequest(kind=ActionKind.CHECKPOINT_RESTART, target="j1", reason="x", rule="t"),
+        state=ActionState.RUNNING,
+    )
+    unfit = restart.unfit(rec, job)
+    assert unfit["s1"].startswith("pair test with n0 slow: s1 -> n0")
+    assert "s2" not in unfit and "n0" not in unfit, "the other end of a slow pair is not blamed"
+
+
+async def _no_publish(topic: str, payload: bytes) -> None:
+    return None
+
+
+def _pair_event(a: str, b: str, ab: float, ba: float, ts: float) -> Event:
+    data = PairResult(a=a, b=b, a_to_b_gbps=ab, b_to_a_gbps=ba, rtt_ms=0.1).as_dict()
+    event = make_event(a, Kind.PAIR_TEST, severity=Severity.INFO, source="pair_tests", data=data)
+    return msgspec.structs.replace(event, ts=ts)

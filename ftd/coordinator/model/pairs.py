@@ -17,6 +17,7 @@ Bounded: :data:`RECENT_KEPT` results for the baseline, :data:`PAIRS_KEPT` pairs.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,24 @@ class PairBook:
         if verdict.status != "pass":
             return False, f"pair test with {peer} {verdict.status}: {reasons}"
         return True, f"pair test with {peer} passed: {reasons}"
+
+    def trouble(self, node: str, peers: Collection[str] = ()) -> str | None:
+        """Why ``node`` should not be trusted with a slot: its newest pair test (with one of ``peers``
+        when any were tested with it, else with anyone) was slow or failed; ``None`` when it passed or
+        was never tested. Judged against the fleet's baseline (the executor asking has no profile)."""
+        mine = [(pair, t) for pair, t in self.pairs.items() if node in pair]
+        with_peers = [(pair, t) for pair, t in mine if (set(pair) - {node}) & set(peers)]
+        newest = max(with_peers or mine, key=lambda item: item[1].ts, default=None)
+        if newest is None:
+            return None
+        (a, b), tested = newest
+        verdict = self.judge(tested, None, None)
+        if verdict.status in ("pass", "skipped"):
+            return None
+        if verdict.status == "slow" and verdict.slow_senders and node not in verdict.slow_senders:
+            return None  # the other end was the slow one
+        peer = b if a == node else a
+        return f"pair test with {peer} {verdict.status}: {'; '.join(verdict.reasons[-1:])}"
 
     def matrix(self, expect: PairExpectation | None, profile: str | None, now: float) -> dict[str, Any]:
         """The dashboard's matrix: every node tested, and per pair direction its figures and verdict."""
