@@ -74,6 +74,7 @@ from ftd.coordinator.intake.time_left import JobTimeLeft
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.leadership import HaStatus
 from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.fabric_tests import FabricTests
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.coordinator.upkeep.return_service import ReturnToService
 from ftd.events import (
@@ -162,6 +163,7 @@ class Coordinator:
         directives: SentDirectives,
         reconciler: Reconciler,
         return_to_service: ReturnToService | None = None,
+        fabric_tests: FabricTests | None = None,
         services: tuple[StartService, ...] = (),
     ) -> None:
         self.config = config
@@ -179,6 +181,7 @@ class Coordinator:
         self.directives = directives
         self.reconciler = reconciler
         self.return_to_service = return_to_service
+        self.fabric_tests = fabric_tests  # bisections by pair tests (issue #35; None: disabled)
         self.receipts = ReceiptOutbox(bus)
         self.offline_grace = OfflineGrace(config.coordinator.offline_grace)
         self.time_left = JobTimeLeft(scheduler)  # each job's time before its limit (the cost model)

@@ -40,6 +40,7 @@ from ftd.coordinator.intake.presence_memory import PresenceMemory
 from ftd.coordinator.ledger.sqlite import Ledger, as_store
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.fabric_tests import FabricTests
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.coordinator.upkeep.return_service import ReturnToService
 from ftd.events import Event
@@ -172,6 +173,12 @@ def build(
             log.warning(
                 "return_to_service_rules_not_loaded", rules=unknown, loaded=sorted(p.name for p in loaded)
             )
+    fabric_tests = None
+    if cfg.fabric.enabled:  # bisections by pair tests on idle or drained nodes (issue #35)
+        fabric_tests = FabricTests(
+            engine.submit, state, hardware=config.hardware, deadline_s=cfg.fabric.deadline_s
+        )
+        engine.observe(fabric_tests.observe, ("action",))
     return Coordinator(
         config,
         bus=bus,
@@ -186,5 +193,6 @@ def build(
         directives=directives,
         reconciler=reconciler,
         return_to_service=return_to_service,
+        fabric_tests=fabric_tests,
         services=(start_api,) if api else (),
     )

@@ -21,6 +21,7 @@ from ftd.coordinator.api.wire import (
     ActionOut,
     ActionsQuery,
     ApproveRequest,
+    BisectRequest,
     DrainRequest,
     Error,
     EventsQuery,
@@ -141,6 +142,26 @@ ROUTES: tuple[Route, ...] = (
         "The pair-test matrix (issue #35): per pair and direction the newest throughput, RTT, age and "
         "verdict against the hardware profile's expected bandwidth and the fleet's baseline.",
         ok=(200, dict[str, Any], ""),
+    ),
+    Route(
+        "GET",
+        "/v1/fabric/bisect",
+        "bisection",
+        "The last bisection (issue #35): nodes tested, each pair test's verdict, the node(s) or link(s) "
+        "pinned or only likely, and whether one is running. 404 when pair tests are disabled.",
+        ok=(200, dict[str, Any], ""),
+        extra=(404,),
+    ),
+    Route(
+        "POST",
+        "/v1/fabric/bisect",
+        "bisect",
+        "Start a bisection over idle or drained nodes (suspects first), each test a pair_test action "
+        "through the policy gate. 409 while one runs.",
+        mutating=True,
+        body=BisectRequest,
+        ok=(202, dict[str, Any], ""),
+        extra=(400, 404, 409),
     ),
     Route(
         "GET",

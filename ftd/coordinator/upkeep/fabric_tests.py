@@ -1,0 +1,142 @@
+"""Bisections the coordinator runs: pin a slow node with few pair tests, on idle or drained nodes only.
+
+What: :meth:`FabricTests.bisect` drives a :class:`~ftd.fabric.bisect.Bisection` with live agents: each
+wave's disjoint pairs become ``pair_test`` actions (:class:`~ftd.coordinator.actions.pair_test.PairTest`,
+``params.peer`` the pair's other node) submitted through the engine (so the policy gate, the ledger
+and the dry run apply as to any action); each finished action's result is judged against the fleet's
+hardware profile and baseline (:func:`~ftd.fabric.pairs.judge_pair`) and recorded, until the
+bisection is done or its budget spent. The nodes are those that are online and run no job (idle or
+drained): a test never runs on a node that is training (the agents refuse too). The finding is kept
+(:attr:`FabricTests.last`) for the API (``GET /v1/fabric/bisect``), which also starts one
+(``POST /v1/fabric/bisect`` with the suspects: passive evidence or a slow pair).
+
+Why an upkeep: like the return to service, it sequences ordinary actions and waits on their records
+(an :meth:`~ftd.coordinator.decide.engine.Engine.observe` observer); the planning is pure code in
+:mod:`ftd.fabric.bisect`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ftd.config.schema import HardwareConfig
+from ftd.coordinator.actions.pair_test import PAIR_TEST
+from ftd.coordinator.model.pairs import fleet_expectation
+from ftd.coordinator.model.state import ClusterState
+from ftd.fabric.bisect import Bisection
+from ftd.fabric.pairs import PairResult, fleet_baseline, judge_pair
+from ftd.logs import get_logger
+from ftd.plugin.actions import ActionRecord, ActionRequest
+
+__all__ = ["RULE", "FabricTests"]
+
+log = get_logger(__name__)
+
+RULE = "fabric_tests"
+
+
+class FabricTests:
+    def __init__(
+        self,
+        submit: Callable[[ActionRequest], Awaitable[ActionRecord]],
+        state: ClusterState,
+        *,
+        hardware: HardwareConfig,
+        deadline_s: float = 60.0,
+    ) -> None:
+        self._submit = submit
+        self._state = state
+        self._hardware = hardware
+        self.deadline_s = deadline_s
+        self._waiting: dict[str, asyncio.Future[ActionRecord]] = {}
+        self.last: dict[str, Any] | None = None
+        self.running = False
+
+    def observe(self, what: str, payload: Any) -> None:
+        if what != "action" or not isinstance(payload, ActionRecord) or not payload.state.finished:
+            return
+        future = self._waiting.pop(payload.id, None)
+        if future is not None and not future.done():
+            future.set_result(payload)
+
+    def idle_nodes(self) -> list[str]:
+        """Nodes a test may run on: online and running no job (idle, or drained)."""
+        return sorted(
+            n.name for n in self._state.nodes.values() if n.online and not self._state.jobs_on_node(n.name)
+        )
+
+    async def _test(self, a: str, b: str) -> ActionRecord:
+        request = ActionRequest(
+            kind=PAIR_TEST,
+            target=a,
+            reason=f"bisection: pair test {a} <-> {b}",
+            params={"peer": b},
+            rule=RULE,
+        )
+        record = await self._submit(request)
+        if record.state.finished:
+            return record
+        future = self._waiting.setdefault(record.id, asyncio.get_running_loop().create_future())
+        try:
+            async with asyncio.timeout(self.deadline_s + 30.0):
+                return await future
+        except TimeoutError:
+            self._waiting.pop(record.id, None)
+            return record
+
+    async def bisect(
+        self, suspects: Sequence[str] = (), nodes: Sequence[str] | None = None, budget: int | None = None
+    ) -> dict[str, Any]:
+        """Run a bisection over ``nodes`` (default: the idle ones) with ``suspects`` first."""
+        started = time.time()
+        idle = set(self.idle_nodes())
+        chosen = [n for n in (nodes if nodes is not None else sorted(idle)) if n in idle]
+        skipped = sorted(set(nodes or ()) - idle)
+        bisection = Bisection(chosen, suspects=suspects, budget=budget)
+        expect, profile, note = fleet_expectation(self._hardware)
+        tests: list[dict[str, Any]] = []
+        seen: list[PairResult] = []
+        self.running = True
+        try:
+            while wave := bisection.next_wave():
+                records = await asyncio.gather(*(self._test(a, b) for a, b in wave))
+                results = [_result(a, b, record) for (a, b), record in zip(wave, records, strict=True)]
+                seen.extend(r for r in results if not r.error)
+                # the fleet's recent results and this bisection's (its events may not be folded yet)
+                baseline = fleet_baseline([*self._state.pairs.recent, *seen])
+                for (a, b), record, result in zip(wave, records, results, strict=True):
+                    verdict = judge_pair(result, expect, baseline, profile=profile)
+                    failed = verdict.status in ("failed", "skipped")
+                    bisection.record(a, b, verdict.slow_senders, failed=failed)
+                    tests.append({"a": a, "b": b, "action_id": record.id, **verdict.as_dict()})
+        finally:
+            self.running = False
+        finding = bisection.finding()
+        self.last = {
+            "started": started,
+            "seconds": round(time.time() - started, 3),
+            "nodes": chosen,
+            "not_idle": skipped,
+            "suspects": list(suspects),
+            "note": note,
+            "pair_tests": tests,  # each test's verdict ("tests" is the finding's count)
+            **finding.as_dict(),
+        }
+        log.info(
+            "bisection_done",
+            bad_nodes=list(finding.bad_nodes),
+            tests=finding.tests,
+            confirmed=finding.confirmed,
+        )
+        return self.last
+
+
+def _result(a: str, b: str, record: ActionRecord) -> PairResult:
+    """The pair test a finished ``pair_test`` action carries, or its failure as the result's error."""
+    raw = record.detail.get("result")
+    if isinstance(raw, dict):
+        return PairResult.from_dict(raw)
+    return PairResult(a=a, b=b, error=str(record.detail.get("pair_test") or f"action {record.state}"))
