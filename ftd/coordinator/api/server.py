@@ -369,7 +369,7 @@ class Api:
             raise ApiError(409, "a bisection is running: GET /v1/fabric/bisect")
         tests.running = True  # at once: a second request before the task starts is refused too
         task = asyncio.get_running_loop().create_task(
-            tests.bisect(body.suspects, body.nodes, body.budget), name="bisection"
+            tests.bisect(body.suspects, body.nodes), name="bisection"
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -87,7 +87,6 @@ class BisectRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     suspects: Annotated[list[NodeName], msgspec.Meta(max_length=1024)] = msgspec.field(default_factory=list)
     nodes: Annotated[list[NodeName], msgspec.Meta(max_length=100_000)] | None = None
-    budget: Annotated[int, msgspec.Meta(ge=1, le=100_000)] | None = None
 
 
 class DrainRequest(ManualRequest, frozen=True, kw_only=True, forbid_unknown_fields=True):
