@@ -28,14 +28,20 @@ from tests.unit.helpers import supervisor_info
 from tests.unit.test_return_service import Engine, finish, observe, record
 
 
-async def test_a_passing_preflight_then_a_passing_pair_test_resumes() -> None:
+async def _through_preflight(pair_gate: bool) -> tuple[Engine, ReturnToService]:
+    """A reset node drained, reset and past a passing preflight."""
     engine = Engine()
-    rts = ReturnToService(engine.submit, rules=["xid_catalog"], pair_gate=True)
+    rts = ReturnToService(engine.submit, rules=["xid_catalog"], pair_gate=pair_gate)
     reset = record(ActionKind.GPU_RESET, ActionState.PENDING)
     await observe(rts, reset)
     await finish(rts, reset, ActionState.SUCCEEDED)
     await finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
     await finish(rts, engine.submitted[1], ActionState.SUCCEEDED, passed=True)
+    return engine, rts
+
+
+async def test_a_passing_preflight_then_a_passing_pair_test_resumes() -> None:
+    engine, rts = await _through_preflight(True)
     assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT, PAIR_TEST]
     await finish(rts, engine.submitted[2], ActionState.SUCCEEDED, passed=True)
     assert engine.kinds()[-1] == ActionKind.RESUME_NODE
@@ -43,13 +49,7 @@ async def test_a_passing_preflight_then_a_passing_pair_test_resumes() -> None:
 
 
 async def test_a_slow_pair_test_drains_the_node_for_rma_with_the_reason() -> None:
-    engine = Engine()
-    rts = ReturnToService(engine.submit, rules=["xid_catalog"], pair_gate=True)
-    reset = record(ActionKind.GPU_RESET, ActionState.PENDING)
-    await observe(rts, reset)
-    await finish(rts, reset, ActionState.SUCCEEDED)
-    await finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
-    await finish(rts, engine.submitted[1], ActionState.SUCCEEDED, passed=True)
+    engine, rts = await _through_preflight(True)
     why = "n1 -> n2: 0.02 Gbit/s < 20 (0.8 x spec 25 Gbit/s)"
     await finish(rts, engine.submitted[2], ActionState.ESCALATED, pair_test=why)
     drain = engine.submitted[-1]
@@ -58,13 +58,7 @@ async def test_a_slow_pair_test_drains_the_node_for_rma_with_the_reason() -> Non
 
 
 async def test_without_the_gate_a_passing_preflight_resumes_at_once() -> None:
-    engine = Engine()
-    rts = ReturnToService(engine.submit, rules=["xid_catalog"])
-    reset = record(ActionKind.GPU_RESET, ActionState.PENDING)
-    await observe(rts, reset)
-    await finish(rts, reset, ActionState.SUCCEEDED)
-    await finish(rts, engine.submitted[0], ActionState.SUCCEEDED)
-    await finish(rts, engine.submitted[1], ActionState.SUCCEEDED, passed=True)
+    engine, _ = await _through_preflight(False)
     assert PAIR_TEST not in engine.kinds() and engine.kinds()[-1] == ActionKind.RESUME_NODE
 
 

@@ -26,7 +26,8 @@ from ftd.agent.pair_tests.mesh import pingmesh
 from ftd.agent.pair_tests.server import PairTestServer
 
 
-async def _serve(args: argparse.Namespace, key: bytes) -> None:
+async def _started(args: argparse.Namespace, key: bytes) -> PairTestServer:
+    """The server, listening, its port printed first (what the caller waits for)."""
     server = PairTestServer(
         node=args.node,
         key=key,
@@ -37,6 +38,11 @@ async def _serve(args: argparse.Namespace, key: bytes) -> None:
     )
     port = await server.start()
     print(json.dumps({"port": port}), flush=True)
+    return server
+
+
+async def _serve(args: argparse.Namespace, key: bytes) -> None:
+    server = await _started(args, key)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -46,16 +52,7 @@ async def _serve(args: argparse.Namespace, key: bytes) -> None:
 
 
 async def _agent(args: argparse.Namespace, key: bytes) -> None:
-    server = PairTestServer(
-        node=args.node,
-        key=key,
-        host=args.host,
-        port=args.port,
-        max_bytes=args.max_bytes,
-        max_seconds=args.timeout,
-    )
-    port = await server.start()
-    print(json.dumps({"port": port}), flush=True)
+    server = await _started(args, key)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

@@ -188,40 +188,29 @@ class ReturnToService:
         track = self._nodes.get(node)
         if track is None or not track.drain_done or track.reset_done is None or track.preflight_id:
             return
-        track.preflight_id = "pending"
-        request = ActionRequest(
-            kind=PREFLIGHT,
-            target=node,
-            reason=f"return to service after {track.reset_done}: {track.reset_reason}",
-            params={"after": track.reset_done, "reset_action": track.reset_id},
-            rule=RULE,
-        )
-
-        async def go() -> None:
-            record = await self._submit(request)
-            track.preflight_id = record.id
-            log.info("return_to_service_preflight", node=node, action_id=record.id, state=str(record.state))
-            if record.state.finished:
-                self._verdict(node, track, record)
-
-        self._soon(go())
+        self._check(node, track, PREFLIGHT, track.reset_reason)
 
     def _maybe_pair_test(self, node: str, track: _Node) -> None:
         """The preflight passed and the pair gate is on: test the node's pair with an idle peer."""
         self._nodes[node] = track
-        track.pair_test_id = "pending"
+        self._check(node, track, PAIR_TEST, "pair test with an idle peer")
+
+    def _check(self, node: str, track: _Node, kind: str, what: str) -> None:
+        """Submit the check ``kind`` (preflight, pair test) on ``node``; its record ends in _verdict."""
+        attr = "preflight_id" if kind == PREFLIGHT else "pair_test_id"
+        setattr(track, attr, "pending")
         request = ActionRequest(
-            kind=PAIR_TEST,
+            kind=kind,
             target=node,
-            reason=f"return to service after {track.reset_done}: pair test with an idle peer",
+            reason=f"return to service after {track.reset_done}: {what}",
             params={"after": track.reset_done, "reset_action": track.reset_id},
             rule=RULE,
         )
 
         async def go() -> None:
             record = await self._submit(request)
-            track.pair_test_id = record.id
-            log.info("return_to_service_pair_test", node=node, action_id=record.id, state=str(record.state))
+            setattr(track, attr, record.id)
+            log.info(f"return_to_service_{kind}", node=node, action_id=record.id, state=str(record.state))
             if record.state.finished:
                 self._verdict(node, track, record)
 
