@@ -1073,6 +1073,13 @@ class FabricTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             "default: it needs agent.pair_tests.key_file on every agent."
         ),
     ] = False
+    auto_bisect: Annotated[
+        bool,
+        _doc("A pair test judged slow starts a bisection over idle or drained nodes, its slow side first."),
+    ] = True
+    bisect_cooldown_s: Annotated[
+        float, _doc("At most one bisection started by a slow pair test per this many seconds.", ge=0)
+    ] = 600.0
     port: Annotated[int, _doc("The agents' pair-test port (agent.pair_tests.port).", ge=1, le=65535)] = 7411
     deadline_s: Annotated[
         float, _doc("How long a pair_test directive may take before the test counts as failed.", gt=0)

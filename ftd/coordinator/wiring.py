@@ -176,9 +176,14 @@ def build(
     fabric_tests = None
     if cfg.fabric.enabled:  # bisections by pair tests on idle or drained nodes (issue #35)
         fabric_tests = FabricTests(
-            engine.submit, state, hardware=config.hardware, deadline_s=cfg.fabric.deadline_s
+            engine.submit,
+            state,
+            hardware=config.hardware,
+            deadline_s=cfg.fabric.deadline_s,
+            auto=cfg.fabric.auto_bisect,
+            cooldown_s=cfg.fabric.bisect_cooldown_s,
         )
-        engine.observe(fabric_tests.observe, ("action",))
+        engine.observe(fabric_tests.observe, ("action", "event") if cfg.fabric.auto_bisect else ("action",))
     return Coordinator(
         config,
         bus=bus,

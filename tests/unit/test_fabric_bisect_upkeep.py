@@ -22,7 +22,7 @@ from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.fabric_tests import FabricTests
 from ftd.coordinator.wiring import build
-from ftd.events import JobAllocation, JobPresence, NodeStatus
+from ftd.events import JobAllocation, JobPresence, Kind, NodeStatus, Severity, make_event
 from ftd.fabric.pairs import PairResult
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
@@ -145,3 +145,28 @@ def test_the_api_starts_one_bisection_at_a_time_and_serves_the_finding() -> None
     assert second == 409 and "running" in refused["error"]
     assert status == 200 and body["running"] is False
     assert body["last"]["bad_nodes"] == ["n02"] and body["last"]["suspects"] == ["n02"], body
+
+
+def test_a_slow_pair_test_starts_one_bisection_with_its_slow_side_first() -> None:
+    async def main() -> tuple[dict[str, Any] | None, int, list[tuple[str, str]]]:
+        agents = Agents(slow="n03", later=False)
+        state = _state(6)
+        tests = FabricTests(
+            agents.submit, state, hardware=HardwareConfig(profile="h200-sxm"), auto=True, cooldown_s=600.0
+        )
+        agents.observer = tests
+        fast = PairResult(a="n00", b="n01", a_to_b_gbps=24.0, b_to_a_gbps=24.0).as_dict()
+        slow = PairResult(a="n02", b="n03", a_to_b_gbps=24.0, b_to_a_gbps=0.02).as_dict()
+        tests.observe("event", make_event("n00", Kind.PAIR_TEST, severity=Severity.INFO, data=fast))
+        assert not tests.running, "a passing pair starts nothing"
+        for _ in range(2):  # the second within the cooldown starts nothing more
+            tests.observe("event", make_event("n02", Kind.PAIR_TEST, severity=Severity.INFO, data=slow))
+        await tests.settle()
+        first = agents.tests[0]
+        tests.observe("event", make_event("n02", Kind.PAIR_TEST, severity=Severity.INFO, data=slow))
+        return tests.last, len(agents.tests), [first]
+
+    last, count, first = asyncio.run(main())
+    assert last is not None and last["suspects"] == ["n03"] and last["bad_nodes"] == ["n03"]
+    assert first[0][0] == "n03", "the suspect is tested first"
+    assert count == last["tests"], "one bisection only"

@@ -8,7 +8,9 @@ hardware profile and baseline (:func:`~ftd.fabric.pairs.judge_pair`) and recorde
 bisection is done or its budget spent. The nodes are those that are online and run no job (idle or
 drained): a test never runs on a node that is training (the agents refuse too). The finding is kept
 (:attr:`FabricTests.last`) for the API (``GET /v1/fabric/bisect``), which also starts one
-(``POST /v1/fabric/bisect`` with the suspects: passive evidence or a slow pair).
+(``POST /v1/fabric/bisect`` with the suspects: passive evidence or a slow pair). With ``auto``, a
+``pair_test`` event judged slow (not one of a bisection's own tests) starts one by itself, its slow
+side the suspects, at most one per ``cooldown_s``.
 
 Why an upkeep: like the return to service, it sequences ordinary actions and waits on their records
 (an :meth:`~ftd.coordinator.decide.engine.Engine.observe` observer); the planning is pure code in
@@ -26,6 +28,7 @@ from ftd.config.schema import HardwareConfig
 from ftd.coordinator.actions.pair_test import PAIR_TEST
 from ftd.coordinator.model.pairs import fleet_expectation
 from ftd.coordinator.model.state import ClusterState
+from ftd.events import Event, Kind
 from ftd.fabric.bisect import Bisection
 from ftd.fabric.pairs import PairResult, fleet_baseline, judge_pair
 from ftd.logs import get_logger
@@ -46,6 +49,8 @@ class FabricTests:
         *,
         hardware: HardwareConfig,
         deadline_s: float = 60.0,
+        auto: bool = False,
+        cooldown_s: float = 600.0,
     ) -> None:
         self._submit = submit
         self._state = state
@@ -54,13 +59,46 @@ class FabricTests:
         self._waiting: dict[str, asyncio.Future[ActionRecord]] = {}
         self.last: dict[str, Any] | None = None
         self.running = False
+        self.auto = auto  # a slow pair_test event starts a bisection (coordinator.fabric.auto_bisect)
+        self.cooldown_s = cooldown_s
+        self._last_auto = -float("inf")
+        self._mine: set[str] = set()  # the pair_test actions our bisections submitted
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def observe(self, what: str, payload: Any) -> None:
+        if what == "event":
+            if self.auto and isinstance(payload, Event) and payload.kind == Kind.PAIR_TEST:
+                self._slow_pair(payload)
+            return
         if what != "action" or not isinstance(payload, ActionRecord) or not payload.state.finished:
             return
         future = self._waiting.pop(payload.id, None)
         if future is not None and not future.done():
             future.set_result(payload)
+
+    def _slow_pair(self, event: Event) -> None:
+        """A pair test came back slow (and not from a bisection of ours): bisect with its slow side as
+        the suspects, unless one runs or the last one started within ``cooldown_s``."""
+        if self.running or event.data.get("action_id") in self._mine:
+            return
+        if time.monotonic() - self._last_auto < self.cooldown_s:
+            return
+        expect, profile, _ = fleet_expectation(self._hardware)
+        result = PairResult.from_dict(event.data)
+        verdict = judge_pair(result, expect, self._state.pairs.baseline(), profile=profile)
+        if verdict.status != "slow" or not verdict.slow_senders:
+            return
+        self._last_auto = time.monotonic()
+        self.running = True  # at once: the next slow event does not start a second one
+        log.info("bisection_started", suspects=list(verdict.slow_senders), because=event.id)
+        task = asyncio.get_running_loop().create_task(self.bisect(verdict.slow_senders), name="bisection")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Wait for the bisections started by slow pair tests (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def idle_nodes(self) -> list[str]:
         """Nodes a test may run on: online and running no job (idle, or drained)."""
@@ -77,6 +115,9 @@ class FabricTests:
             rule=RULE,
         )
         record = await self._submit(request)
+        self._mine.add(record.id)
+        if len(self._mine) > 4096:
+            self._mine.pop()
         if record.state.finished:
             return record
         future = self._waiting.setdefault(record.id, asyncio.get_running_loop().create_future())
