@@ -170,3 +170,22 @@ def test_a_slow_pair_test_starts_one_bisection_with_its_slow_side_first() -> Non
     assert last is not None and last["suspects"] == ["n03"] and last["bad_nodes"] == ["n03"]
     assert first[0][0] == "n03", "the suspect is tested first"
     assert count == last["tests"], "one bisection only"
+
+
+def test_the_api_refuses_a_bisection_with_fewer_than_two_idle_nodes() -> None:
+    async def main() -> tuple[int, Any]:
+        config = Config(coordinator=CoordinatorConfig(scheduler="slurm"))
+        coordinator = build(config, bus=MemoryBus(MemoryBroker()), scheduler=None, ledger=Ledger(":memory:"))
+        coordinator.state.apply_status(NodeStatus(node="n00", state="online", ts=1.0, addresses=["10.0.0.1"]))
+        client: TestClient[Any, Any] = TestClient(
+            TestServer(Api(coordinator, ApiConfig(), token="t0ken").app)
+        )
+        await client.start_server()
+        try:
+            response = await client.post("/v1/fabric/bisect", json={}, headers=AUTH)
+            return response.status, await response.json()
+        finally:
+            await client.close()
+
+    status, body = asyncio.run(main())
+    assert status == 409 and "two idle" in body["error"]

@@ -157,7 +157,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/fabric/bisect",
         "bisect",
         "Start a bisection over idle or drained nodes (suspects first), each test a pair_test action "
-        "through the policy gate. 409 while one runs.",
+        "through the policy gate. 409 while one runs, or with fewer than two idle nodes to test.",
         mutating=True,
         body=BisectRequest,
         ok=(202, dict[str, Any], ""),

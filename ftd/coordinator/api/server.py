@@ -367,13 +367,19 @@ class Api:
         body = await read_body(request, wire.BisectRequest, required=False)
         if tests.running:
             raise ApiError(409, "a bisection is running: GET /v1/fabric/bisect")
+        idle = tests.idle_nodes()
+        usable = [n for n in body.nodes if n in idle] if body.nodes is not None else idle
+        if len(usable) < 2:
+            raise ApiError(
+                409, f"a bisection needs two idle (or drained) online nodes; {len(usable)} of those asked"
+            )
         tests.running = True  # at once: a second request before the task starts is refused too
         task = asyncio.get_running_loop().create_task(
             tests.bisect(body.suspects, body.nodes), name="bisection"
         )
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        return json_response({"started": True, "idle": tests.idle_nodes()}, status=202)
+        return json_response({"started": True, "idle": idle}, status=202)
 
     async def jobs(self, request: web.Request) -> web.Response:
         return json_response(jobs_out(self.coordinator.state, await self._in_flight()))
