@@ -16,7 +16,7 @@ from ftd.agent.pair_tests.server import PairTestServer
 from ftd.agent.pair_tests.service import PairTestService, read_key, training
 from ftd.agent.wiring import build_agent
 from ftd.bus.memory import MemoryBroker, MemoryBus
-from ftd.config import AgentConfig
+from ftd.config import AgentConfig, Config
 from ftd.config.schema import PairTestsConfig
 from ftd.events import NODE_RANK, Directive, Kind, Severity
 
@@ -111,3 +111,21 @@ def test_a_pair_test_directive_is_run_recorded_and_answered(tmp_path: Path) -> N
 
 def _directive(params: dict[str, object]) -> Directive:
     return Directive(id="d1", ts=0.0, action="pair_test", node="n1", params=params)
+
+
+def test_check_config_reports_an_unreadable_pair_test_key(tmp_path: Path) -> None:
+    from ftd.commands.config_check.references import check_references
+
+    def key_problems(config: Config) -> list[str]:
+        problems = check_references(config, roles=["agent"])
+        return [p.message for p in problems if p.path == "agent.pair_tests.key_file"]
+
+    absent = str(tmp_path / "absent")
+    found = key_problems(Config(agent=AgentConfig(pair_tests=PairTestsConfig(key_file=absent))))
+    assert len(found) == 1 and "cannot read" in found[0]
+    (tmp_path / "key").write_text("k3y\n")
+    assert (
+        key_problems(Config(agent=AgentConfig(pair_tests=PairTestsConfig(key_file=str(tmp_path / "key")))))
+        == []
+    )
+    assert key_problems(Config()) == []

@@ -18,12 +18,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from ftd.agent.pair_tests.client import PairPeer, run_pair_test
 from ftd.agent.pair_tests.server import Busy, PairTestServer
 from ftd.agent.watchers.base import WatcherHealth
+from ftd.config.credentials import read_secret_file
+from ftd.config.errors import ConfigError
 from ftd.config.schema import PairTestsConfig
 from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, Severity, make_event
 from ftd.fabric.pairs import PairResult
@@ -34,16 +35,17 @@ log = logging.getLogger(__name__)
 
 
 def read_key(path: str) -> tuple[bytes | None, str]:
-    """The key in ``path`` (whitespace stripped), or ``None`` and why not."""
+    """The key in ``path`` (a secret file like the others: a relative name is a systemd credential),
+    or ``None`` and why not."""
     if not path:
         return None, "agent.pair_tests.key_file is not set"
     try:
-        key = Path(path).read_bytes().strip()
-    except OSError as exc:
-        return None, f"cannot read {path}: {exc.strerror or exc}"
+        key = read_secret_file(path, "agent.pair_tests.key_file").strip()
+    except ConfigError as exc:
+        return None, "; ".join(p.message for p in exc.problems)
     if not key:
         return None, f"{path} is empty"
-    return key, ""
+    return key.encode(), ""
 
 
 def training(ranks: Callable[[], Mapping[str, Any]], scheduler_jobs: Callable[[], Mapping[str, Any]]) -> Busy:
