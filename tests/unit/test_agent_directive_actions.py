@@ -144,6 +144,7 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.RESUME_NODE,
         ActionKind.NOTIFY,  # without a webhook it writes the log
         "preflight",  # return to service (ftd.coordinator.upkeep.return_service)
+        "pair_test",  # issue #35: the return gate and the bisections (ftd.coordinator.upkeep.fabric_tests)
     }
     config = parse_config('[coordinator.notify]\nwebhook_url = "http://127.0.0.1:9/x"\n')
     ctx = ExecutorContext(
@@ -162,4 +163,5 @@ def test_build_executors_registers_everything() -> None:
         ActionKind.DIAGNOSE_HANG,
         ActionKind.NOTIFY,
         "preflight",
+        "pair_test",
     }
