@@ -8,8 +8,9 @@ pair-test agent process in each, one bridge):
   name that node and no other (``right``, ``wrong``, ``tests_max``, ``seconds_max``).
 * ``clean``: ``clean_runs`` bisections on the unshaped fleet: any node or link named is a false
   finding (``false_findings``).
-* ``mesh``: every agent probes its 15 peers round-robin at the default rate
-  (``agent.pair_tests.mesh_interval_s``) for ``seconds``; the CPU each agent process used over the
+* ``mesh``: every agent probes its 15 peers round-robin, one probe every :data:`MESH_INTERVAL_S`
+  (the rate ``coordinator.fabric.mesh_interval_s = 10`` asks of the whole fleet, here asked of
+  every agent at once: an upper bound), for ``seconds``; the CPU each agent process used over the
   window (``/proc/PID/stat`` utime + stime, serving its peers' probes included), as a percentage of
   one core (``cpu_pct_max``).
 * ``training``: pair tests asked of a node that trains (its server refuses; its client does not
@@ -29,7 +30,6 @@ from typing import Any
 from ftd.agent.pair_tests.client import PairPeer, run_pair_test
 from ftd.agent.pair_tests.server import PairTestServer
 from ftd.bench.netns_fleet import PORT, NetnsFleet, available, hunt
-from ftd.config.schema import PairTestsConfig
 
 __all__ = ["bench_fabric"]
 
@@ -39,6 +39,9 @@ MB = 1024 * 1024
 #: 64 MiB bursts of ~20 MiB last 10-30 ms (worst clean direction in 30 runs: 0.33 x the median).
 #: The shaped direction stops at its time cap (15 s / 3 / 3 per burst), measured on what arrived.
 RIG_BYTES = 64 * MB
+#: The pingmesh rate measured: one probe per agent every 10 s (the recommended fleet-wide rate of
+#: ``coordinator.fabric.mesh_interval_s``, here asked of every agent at once: an upper bound).
+MESH_INTERVAL_S = 10.0
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -141,7 +144,7 @@ def bench_fabric(
     if why is not None:
         return {"skipped": why, "training": training}
     rng = random.Random(seed)
-    interval = PairTestsConfig().mesh_interval_s
+    interval = MESH_INTERVAL_S
     started = time.monotonic()
     with NetnsFleet(nodes, max_bytes=RIG_BYTES, timeout_s=15.0) as fleet:
         setup_s = time.monotonic() - started

@@ -454,13 +454,6 @@ class PairTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     pings: Annotated[
         int, _doc("Small-message round trips per test (the median is reported).", ge=1, le=64)
     ] = 5
-    mesh_interval_s: Annotated[
-        float,
-        _doc(
-            "Pingmesh: one probe (handshake and 3 pings, no bulk data) to the next peer every this often.",
-            ge=1.0,
-        ),
-    ] = 10.0
 
 
 class InventoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -1080,6 +1073,15 @@ class FabricTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     bisect_cooldown_s: Annotated[
         float, _doc("At most one bisection started by a slow pair test per this many seconds.", ge=0)
     ] = 600.0
+    mesh_interval_s: Annotated[
+        float,
+        _doc(
+            "Pingmesh: one probe (handshake and pings, no bulk data) to the next pair of idle nodes, "
+            "round-robin, every this often (10 is a low rate); 0: none. Off by default: it needs "
+            "agent.pair_tests.key_file on every agent.",
+            ge=0,
+        ),
+    ] = 0.0
     port: Annotated[int, _doc("The agents' pair-test port (agent.pair_tests.port).", ge=1, le=65535)] = 7411
     deadline_s: Annotated[
         float, _doc("How long a pair_test directive may take before the test counts as failed.", gt=0)

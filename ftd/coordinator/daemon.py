@@ -301,10 +301,22 @@ class Coordinator:
         announced = asyncio.create_task(self.interruptions.run(), name="scheduler-interruptions")
         watchdog: asyncio.Task[None] | None = None
         reconcile: asyncio.Task[None] | None = None
+        mesh: asyncio.Task[None] | None = None
         try:
             await asyncio.sleep(0.5)
             await self.engine.resume_unfinished()
             reconcile = asyncio.create_task(self.reconciler.run(), name="reconcile")
+            fabric = self.config.coordinator.fabric
+            if self.fabric_tests is not None and fabric.mesh_interval_s > 0:
+                mesh = asyncio.create_task(
+                    self.fabric_tests.run_mesh(
+                        self.directives.send,
+                        port=fabric.port,
+                        interval_s=fabric.mesh_interval_s,
+                        forget=self.acks.forget,
+                    ),
+                    name="pingmesh",
+                )
             online = Message(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
             self.bus.set_birth(online)  # said again on every reconnect: agents then resend unreceipted events
             await self._publish_when_connected(online.topic, online.payload, retain=True)
@@ -323,6 +335,8 @@ class Coordinator:
                 watchdog.cancel()
             if reconcile is not None:
                 reconcile.cancel()
+            if mesh is not None:
+                mesh.cancel()
 
     @staticmethod
     def _grace_watch(scheduler: SlurmScheduler, config: Config) -> GraceWatch:

@@ -103,6 +103,17 @@ class PairResult:
             allreduce_skipped=text("allreduce_skipped"),
         )
 
+    @property
+    def probe(self) -> bool:
+        """A pingmesh probe: completed, round trips only, no bulk data (judged on its RTT alone)."""
+        return (
+            not self.error
+            and self.bytes_moved == 0
+            and self.a_to_b_gbps is None
+            and self.b_to_a_gbps is None
+            and self.rtt_ms is not None
+        )
+
     def directions(self) -> tuple[tuple[str, str, float | None], tuple[str, str, float | None]]:
         """``(sender, receiver, gbps)`` for each direction."""
         return (self.a, self.b, self.a_to_b_gbps), (self.b, self.a, self.b_to_a_gbps)
@@ -183,10 +194,16 @@ def judge_pair(
 
     ``expect`` is ``None`` for an unknown profile: the baseline alone judges, and the verdict says
     so; with neither a spec nor a baseline the check is ``skipped`` with its reason. A test that
-    did not complete, or a direction that was not measured, is ``failed``: never a pass.
+    did not complete, or a direction that was not measured, is ``failed``: never a pass. A pingmesh
+    probe (:attr:`PairResult.probe`) is judged on its RTT alone (``max_rtt_ms``).
     """
     if result.error:
         return PairVerdict("failed", reasons=(f"test did not complete: {result.error}",))
+    if result.probe:
+        limit = expect.max_rtt_ms if expect is not None else None
+        if limit is not None and result.rtt_ms is not None and result.rtt_ms > limit:
+            return PairVerdict("slow", reasons=(f"probe: rtt {result.rtt_ms:.3g} ms > {limit:g} ms",))
+        return PairVerdict("pass", reasons=(f"probe: rtt {result.rtt_ms:.3g} ms",))
     reasons: list[str] = []
     floors: list[tuple[float, str]] = []
     if expect is None:

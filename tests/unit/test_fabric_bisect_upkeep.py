@@ -22,7 +22,7 @@ from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.model.state import ClusterState
 from ftd.coordinator.upkeep.fabric_tests import FabricTests
 from ftd.coordinator.wiring import build
-from ftd.events import JobAllocation, JobPresence, Kind, NodeStatus, Severity, make_event
+from ftd.events import Directive, JobAllocation, JobPresence, Kind, NodeStatus, Severity, make_event
 from ftd.fabric.pairs import PairResult
 from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
@@ -189,3 +189,34 @@ def test_the_api_refuses_a_bisection_with_fewer_than_two_idle_nodes() -> None:
 
     status, body = asyncio.run(main())
     assert status == 409 and "two idle" in body["error"]
+
+
+def test_the_pingmesh_probes_every_pair_of_idle_nodes_in_turn_for_zero_bytes() -> None:
+    state = _state(4, training="n03")  # n03 trains: never probed
+    state.apply_status(NodeStatus(node="n04", state="online", ts=1.0, addresses=["only-a-name"]))
+    tests = FabricTests(Agents("x", False).submit, state, hardware=HardwareConfig())
+    sent: list[Directive] = []
+    forgotten: list[str] = []
+
+    six = asyncio.Event()
+
+    async def send(node: str, directive: Directive) -> None:
+        assert directive.node == node
+        sent.append(directive)
+        if len(sent) >= 6:
+            six.set()
+
+    async def main() -> None:
+        for _ in range(4):
+            await tests.probe(send, 7411)
+        task = asyncio.create_task(tests.run_mesh(send, port=7411, interval_s=0.001, forget=forgotten.append))
+        async with asyncio.timeout(30):
+            await six.wait()
+        task.cancel()
+
+    asyncio.run(main())
+    pairs = [(d.node, d.params["peer"]) for d in sent[:4]]
+    assert pairs == [("n00", "n01"), ("n00", "n02"), ("n01", "n02"), ("n00", "n01")]
+    assert all(d.action == "pair_test" and d.params["max_bytes"] == 0 for d in sent)
+    assert sent[0].params["host"] == "10.0.0.1" and sent[0].params["port"] == 7411
+    assert forgotten and forgotten[0] == sent[3].id, "the previous probe's answer is dropped"

@@ -96,3 +96,22 @@ def test_the_api_serves_the_matrix() -> None:
     assert status == 200 and body["profile"] == "l40s" and body["expected_gbps"] == 10.0
     slow = [c for c in body["cells"] if c["status"] == "slow"]
     assert [(c["from"], c["to"]) for c in slow] == [("n4", "n3")]
+
+
+def test_a_pingmesh_probe_is_judged_on_its_rtt_and_kept_apart_from_bandwidth() -> None:
+    state = _state()
+    expect, profile, _ = fleet_expectation(HardwareConfig(profile="h200-sxm"))
+    for rtt, ts in ((0.3, 130.0), (5.0, 131.0)):
+        probe = PairResult(a="n1" if rtt < 1 else "n3", b="n2", rtt_ms=rtt)
+        assert probe.probe
+        event = make_event(
+            "n1", Kind.PAIR_TEST, severity=Severity.INFO, source="pair_tests", data=probe.as_dict()
+        )
+        state.apply_event(Event(**{**{f: getattr(event, f) for f in event.__struct_fields__}, "ts": ts}))
+    matrix = state.pairs.matrix(expect, profile, now=140.0)
+    probes = {(p["from"], p["to"]): p for p in matrix["probes"]}
+    assert probes[("n1", "n2")]["status"] == "pass" and probes[("n3", "n2")]["status"] == "slow"
+    assert state.pairs.pairs[("n1", "n2")].result.a_to_b_gbps == 20.0, (
+        "a probe does not replace the bandwidth"
+    )
+    assert len(state.pairs.recent) == 3, "nor joins the baseline"

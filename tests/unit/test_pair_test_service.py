@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import Any
 
 from ftd.agent.pair_tests.client import PairPeer, run_pair_test
 from ftd.agent.pair_tests.server import PairTestServer
@@ -19,6 +20,7 @@ from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig, Config
 from ftd.config.schema import PairTestsConfig
 from ftd.events import NODE_RANK, Directive, Kind, Severity
+from ftd.fabric.pairs import PairResult
 
 
 def test_the_wired_agent_runs_the_pair_test_service() -> None:
@@ -129,3 +131,21 @@ def test_check_config_reports_an_unreadable_pair_test_key(tmp_path: Path) -> Non
         == []
     )
     assert key_problems(Config()) == []
+
+
+def test_a_zero_byte_directive_is_a_pingmesh_probe(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text("k3y")
+
+    async def main() -> tuple[Any, Any]:
+        server = PairTestServer(node="n2", key=b"k3y", host="127.0.0.1")
+        port = await server.start()
+        service = PairTestService(PairTestsConfig(key_file=str(tmp_path / "key")), "n1", busy=lambda: None)
+        params = {"peer": "n2", "host": "127.0.0.1", "port": port, "max_bytes": 0, "timeout_s": 2.0}
+        try:
+            return await service.on_directive(_directive(params))
+        finally:
+            await server.close()
+
+    event, ack = asyncio.run(main())
+    result = PairResult.from_dict(event.data)
+    assert ack.ok and result.probe and result.rtt_ms is not None and result.bytes_moved == 0

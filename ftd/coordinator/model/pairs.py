@@ -1,7 +1,8 @@
 """The fleet's pair-test results: the newest per pair, the baseline, the matrix, the gate's answer.
 
 What: :class:`PairBook` folds the agents' ``pair_test`` events (:mod:`ftd.agent.pair_tests.service`)
-into the newest :class:`~ftd.fabric.pairs.PairResult` per ordered pair (``a`` ran it against ``b``)
+into the newest :class:`~ftd.fabric.pairs.PairResult` per ordered pair (``a`` ran it against ``b``;
+pingmesh probes, round trips only, apart in :attr:`PairBook.probes`)
 and a bounded list of recent completed results, whose median is the fleet's baseline
 (:func:`~ftd.fabric.pairs.fleet_baseline`). :meth:`PairBook.matrix` answers the matrix the API and
 the dashboard show: one cell per pair and direction, each with its throughput, RTT, age and verdict
@@ -44,6 +45,7 @@ class Tested:
 class PairBook:
     def __init__(self) -> None:
         self.pairs: OrderedDict[tuple[str, str], Tested] = OrderedDict()
+        self.probes: OrderedDict[tuple[str, str], Tested] = OrderedDict()  # pingmesh: RTT only
         self.recent: deque[PairResult] = deque(maxlen=RECENT_KEPT)
 
     def note(self, event: Event) -> None:
@@ -53,6 +55,12 @@ class PairBook:
         if not result.a or not result.b:
             return
         key = (result.a, result.b)
+        if result.probe:  # a pingmesh probe: its RTT, apart (it says nothing of bandwidth)
+            self.probes.pop(key, None)
+            self.probes[key] = Tested(result, event.ts)
+            while len(self.probes) > PAIRS_KEPT:
+                self.probes.popitem(last=False)
+            return
         self.pairs.pop(key, None)
         self.pairs[key] = Tested(result, event.ts)
         while len(self.pairs) > PAIRS_KEPT:
@@ -122,8 +130,19 @@ class PairBook:
                         "reasons": list(verdict.reasons),
                     }
                 )
+        probes = [
+            {
+                "from": a,
+                "to": b,
+                "rtt_ms": tested.result.rtt_ms,
+                "age_s": round(max(0.0, now - tested.ts), 1),
+                "status": self.judge(tested, expect, profile).status,
+            }
+            for (a, b), tested in self.probes.items()
+        ]
         baseline = self.baseline()
         return {
+            "probes": probes,
             "profile": profile,
             "expected_gbps": expect.expected_gbps if expect is not None else None,
             "baseline_gbps": baseline,

@@ -10,7 +10,9 @@ drained): a test never runs on a node that is training (the agents refuse too). 
 (:attr:`FabricTests.last`) for the API (``GET /v1/fabric/bisect``), which also starts one
 (``POST /v1/fabric/bisect`` with the suspects: passive evidence or a slow pair). With ``auto``, a
 ``pair_test`` event judged slow (not one of a bisection's own tests) starts one by itself, its slow
-side the suspects, at most one per ``cooldown_s``.
+side the suspects, at most one per ``cooldown_s``. :meth:`FabricTests.run_mesh` is the pingmesh: one
+probe every ``coordinator.fabric.mesh_interval_s`` to the next pair of idle nodes, round-robin (a
+``pair_test`` directive for 0 bytes, not an action: the agent's event carries the RTT into the matrix).
 
 Why an upkeep: like the return to service, it sequences ordinary actions and waits on their records
 (an :meth:`~ftd.coordinator.decide.engine.Engine.observe` observer); the planning is pure code in
@@ -21,14 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ftd.config.schema import HardwareConfig
-from ftd.coordinator.actions.pair_test import PAIR_TEST
+from ftd.coordinator.actions.directive import NodeSend
+from ftd.coordinator.actions.pair_test import PAIR_TEST, peer_address
 from ftd.coordinator.model.pairs import fleet_expectation
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import Event, Kind
+from ftd.events import Directive, Event, Kind
 from ftd.fabric.bisect import Bisection
 from ftd.fabric.pairs import PairResult, fleet_baseline, judge_pair
 from ftd.logs import get_logger
@@ -64,6 +68,8 @@ class FabricTests:
         self._last_auto = -float("inf")
         self._mine: set[str] = set()  # the pair_test actions our bisections submitted
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._mesh_turn = 0
+        self.last_probe: str | None = None  # the directive id of the newest pingmesh probe
 
     def observe(self, what: str, payload: Any) -> None:
         if what == "event":
@@ -94,6 +100,56 @@ class FabricTests:
         task = asyncio.get_running_loop().create_task(self.bisect(verdict.slow_senders), name="bisection")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def next_probe(self) -> tuple[str, str] | None:
+        """The next pair of the pingmesh: every unordered pair of idle nodes in turn, round-robin."""
+        idle = [n for n in self.idle_nodes() if peer_address(self._state, n) is not None]
+        count = len(idle) * (len(idle) - 1) // 2
+        if count == 0:
+            return None
+        k = self._mesh_turn % count
+        self._mesh_turn += 1
+        for i in range(len(idle) - 1):  # the k-th pair (i, j), i < j, in row order
+            row = len(idle) - 1 - i
+            if k < row:
+                return idle[i], idle[i + 1 + k]
+            k -= row
+        return None  # unreachable: k < count
+
+    async def probe(self, send: NodeSend, port: int) -> tuple[str, str] | None:
+        """Send the next pingmesh probe (a ``pair_test`` directive for 0 bytes, no action: the agent's
+        ``pair_test`` event carries the RTT into the matrix); the pair probed, or ``None``."""
+        pair = self.next_probe()
+        if pair is None:
+            return None
+        a, b = pair
+        host = peer_address(self._state, b)
+        directive = Directive(
+            id=f"mesh-{uuid.uuid4().hex[:12]}",
+            ts=time.time(),
+            action="pair_test",
+            node=a,
+            reason="pingmesh probe",
+            deadline_s=10.0,
+            params={"peer": b, "host": host, "port": port, "max_bytes": 0, "timeout_s": 2.0},
+        )
+        self.last_probe = directive.id
+        await send(a, directive)
+        return pair
+
+    async def run_mesh(
+        self, send: NodeSend, *, port: int, interval_s: float, forget: Callable[[str], None] = lambda _: None
+    ) -> None:
+        """One probe every ``interval_s`` until cancelled (a send that fails is logged, not fatal).
+        ``forget`` drops the previous probe's answer (nobody waits for it: the event is what counts)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            if self.last_probe is not None:
+                forget(self.last_probe)
+            try:
+                await self.probe(send, port)
+            except Exception as exc:  # the bus down: the next tick tries again
+                log.info("pingmesh_probe_not_sent", error=str(exc))
 
     async def settle(self) -> None:
         """Wait for the bisections started by slow pair tests (tests, shutdown)."""
