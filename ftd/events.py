@@ -178,6 +178,7 @@ DirectiveAction = Literal[
     "partners",
     "burn_in",
     "rma_bundle",
+    "pair_test",
 ]
 """``restart`` (issue #24) goes to a job's rank supervisors (``ftd run``), never to its ranks: start
 generation ``params["generation"]`` with node slots ``params["slots"]`` (see :class:`SupervisorInfo`).
@@ -186,7 +187,11 @@ node swapped out) exits 0, so the job step or the Kubernetes Job can complete. `
 #34) carries the coordinator's checkpoint partner node for each node of a job
 (``params["partners"]``); the agent hands it to the job's ranks as the trainer protocol's
 ``partners`` op. ``burn_in`` and ``rma_bundle`` (issue #36) go to a node's agent: run the burn-in,
-collect the repair bundle (:mod:`ftd.agent.node_actions`)."""
+collect the repair bundle (:mod:`ftd.agent.node_actions`). ``pair_test`` (issue #35) asks a node's
+agent to run one pair test against another agent (``params``: ``peer``, ``host``, ``port``, optional
+``max_bytes`` and ``timeout_s``); the agent records the result as a ``pair_test`` event and answers
+with it
+(docs/pair-tests.md)."""
 
 
 class Directive(msgspec.Struct, frozen=True, kw_only=True):

@@ -16,6 +16,8 @@ report as a ``burn_in`` event and answers with the verdict (``data["report"]``);
 collects the diagnostic bundle of a node drained for repair (:mod:`ftd.agent.rma.bundle`), publishes
 an ``rma_bundle`` event with its path and answers with it (``path``, ``data["bundle"]``). Both
 answer a re-delivered directive from their record.
+``pair_test`` runs one pair test against another agent (:mod:`ftd.agent.pair_tests.service`,
+handed in by the wiring), recorded as a ``pair_test`` event and answered with the result.
 
 Why apart: each handler is a slow side task with its own answer; the agent only decodes the
 directive, looks up :meth:`NodeActions.handler` and runs it as a side task.
@@ -61,6 +63,7 @@ class NodeActions:
         ask_flight: AskFlight | None = None,
         burn_in_now: Callable[[Mapping[str, Any]], Awaitable[BurnInReport]] | None = None,
         rma_bundle_now: Callable[[Mapping[str, Any]], Awaitable[Bundle]] | None = None,
+        pair_test: Callable[[Directive], Awaitable[tuple[Event, Ack]]] | None = None,
     ) -> None:
         self.node = node
         self._outbox = outbox
@@ -82,6 +85,9 @@ class NodeActions:
             "burn_in": self.burn_in,
             "rma_bundle": self.rma_bundle,
         }
+        self._pair_test = pair_test  # ftd.agent.pair_tests.service (a sibling: handed in by wiring)
+        if pair_test is not None:
+            self._handlers["pair_test"] = self.pair_test
 
     def handler(self, action: str) -> Handler | None:
         """The handler of a node directive's ``action`` (None: not supported)."""
@@ -93,6 +99,13 @@ class NodeActions:
     async def gpu_reset(self, directive: Directive) -> None:
         result = await self.gpu_resetter.reset(directive)
         event, ack = self.gpu_resetter.report(directive, result)
+        await self._emit(event)
+        self._answer(ack)
+
+    async def pair_test(self, directive: Directive) -> None:
+        """Run the pair test asked (issue #35), record it (a ``pair_test`` event) and answer with it."""
+        assert self._pair_test is not None
+        event, ack = await self._pair_test(directive)
         await self._emit(event)
         self._answer(ack)
 

@@ -40,6 +40,7 @@ from ftd.agent.local_api.inject import InjectMsg
 from ftd.agent.metrics import MetricsServer
 from ftd.agent.node_actions import NodeActions
 from ftd.agent.node_conditions import NodeConditionWriter
+from ftd.agent.pair_tests.service import PairTestService, training
 from ftd.agent.spool import Outbox
 from ftd.agent.storm import StormControl
 from ftd.agent.supervision import Named, WatcherSupervisor, health_reporter
@@ -178,6 +179,7 @@ def build_agent(
         from_start=cfg.kmsg_from_start,
         storm=storm,  # it offers its events (and repeats, without the event) to storm control
     )
+    pair_tests = PairTestService(cfg.pair_tests, node, busy=training(local_api.jobs, scheduler_jobs.all))
     all_watchers: list[Watcher] = [
         Named("kmsg", kmsg),
         HeartbeatWatcher(cfg.heartbeat, node, emit, local_api=local_api),
@@ -193,6 +195,8 @@ def build_agent(
             timeout_s=cfg.fs.save_path_timeout_s,
             shared_mounts=cfg.fs.shared_mounts,
         ),
+        # Active pair tests (issue #35): the server peers test against, refusing while a job trains here.
+        pair_tests,
         *(watchers or ()),
     ]
     if inventory is not None:  # what this node runs, at start and on change (issue #36)
@@ -226,6 +230,7 @@ def build_agent(
         ask_flight=local_api.ask_flight,
         burn_in_now=hooks.burn_in_now,
         rma_bundle_now=hooks.rma_bundle_now,
+        pair_test=pair_tests.on_directive,
     )
     parts = AgentParts(
         cfg=cfg,

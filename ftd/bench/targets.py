@@ -381,4 +381,19 @@ TARGETS: dict[str, Targets] = {
             _c("cloud.saved_before_deadline", ">=", Figure("cloud.runs")),
         ),
     ),
+    "pairs": Targets(
+        "one degraded node among 16 (tc tbf 20 Mbit/s on its egress) named in <= 8 pair tests, "
+        ">= 10 runs, no other node named; 0 bad nodes in 20 clean runs; pingmesh at one probe every "
+        "10 s < 1% of a core per agent; 0 tests run on a training node",
+        (
+            _c("degraded.runs", ">=", 10),
+            _c("degraded.right", ">=", Figure("degraded.runs")),
+            _c("degraded.wrong", "==", 0),
+            _c("degraded.tests_max", "<=", 8),
+            _c("clean.runs", ">=", 20),
+            _c("clean.false_findings", "==", 0),
+            _c("mesh.cpu_pct_max", "<", 1.0),
+            _c("training.ran", "==", 0),
+        ),
+    ),
 }

@@ -37,6 +37,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "culprit": ("ftd.bench.culprit", "bench_culprit"),
     "preemption": ("ftd.bench.preemption", "bench_preemption"),
     "fabric": ("ftd.bench.fabric", "bench_fabric"),
+    "pairs": ("ftd.bench.pairs", "bench_pairs"),
 }
 
 #: The command-line options each bench takes (the bench function's keyword of the same name).
@@ -51,6 +52,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "culprit": ("runs", "cases", "seed"),
     "preemption": ("runs", "cases"),
     "fabric": ("samples",),
+    "pairs": ("runs", "seconds", "nodes", "seed"),
 }
 
 
@@ -81,7 +83,8 @@ def register(sub: Any) -> None:
         "--nodes",
         type=int,
         default=None,
-        help="node sessions to hold (scale), nodes known (dashboard), inventories held (inventory); 10,000",
+        help="node sessions to hold (scale), nodes known (dashboard), inventories held (inventory); 10,000; "
+        "pairs: namespaces (16)",
     )
     parser.add_argument("--wills", type=int, default=None, help="sessions cut at once (scale; 1,000)")
     parser.add_argument(
@@ -98,7 +101,10 @@ def register(sub: Any) -> None:
         help="fairness: pace the flood at this many events/s (e.g. 10000); default as fast as accepted",
     )
     parser.add_argument(
-        "--seconds", type=_positive, default=None, help="fairness: how long the flood lasts (15)"
+        "--seconds",
+        type=_positive,
+        default=None,
+        help="fairness: how long the flood lasts (15); pairs: the pingmesh window (60)",
     )
     parser.add_argument(
         "--probes",
@@ -140,9 +146,14 @@ def register(sub: Any) -> None:
         type=_positive_int,
         default=None,
         help="checkpoint: runs of each fault case; culprit: runs per case, each a new victim (1); "
-        "preemption: preemptions of the README loop (20)",
+        "preemption: preemptions of the README loop (20); pairs: runs with a degraded node (10)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="culprit: the victims' random seed (0)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="culprit: the victims' random seed (0); pairs: the degraded nodes' seed",
+    )
     parser.set_defaults(handler=_run)
 
 

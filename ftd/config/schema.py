@@ -484,6 +484,31 @@ class PairTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """Active pair tests this agent serves and runs: bandwidth and latency to another agent (issue #35)."""
 
     enabled: Annotated[bool, _doc("Serve and run pair tests (never while a job trains here).")] = True
+    port: Annotated[
+        int, _doc("TCP port the pair-test server listens on (all the node's addresses).", ge=1, le=65535)
+    ] = 7411
+    key_file: Annotated[
+        str,
+        _doc(
+            "File holding the fleet's pair-test key (the same on every agent; root-readable only). Both "
+            "ends of a test prove they hold it (HMAC over fresh nonces); empty or unreadable: no server "
+            "runs and tests are skipped with that reason."
+        ),
+    ] = ""
+    max_bytes: Annotated[
+        int,
+        _doc(
+            "Bytes one direction of a bulk test may move at most (the server caps a peer's ask too).",
+            ge=1 << 20,
+            le=1 << 30,
+        ),
+    ] = 16 << 20
+    timeout_s: Annotated[
+        float, _doc("Longest a pair test may take, all phases; a third per direction.", gt=0, le=120)
+    ] = 10.0
+    pings: Annotated[
+        int, _doc("Small-message round trips per test (the median is reported).", ge=1, le=64)
+    ] = 5
 
 
 class InventoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -1171,6 +1196,34 @@ class FabricTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     """Pair tests the coordinator schedules: mesh, bisection, spares, return to service (issue #35)."""
 
     enabled: Annotated[bool, _doc("Schedule pair tests between idle or drained nodes.")] = True
+    return_gate: Annotated[
+        bool,
+        _doc(
+            "A node coming back through the return to service also passes a pair test against an idle "
+            "peer after its preflight (slow, failed, no idle peer or no answer: drained for RMA). Off by "
+            "default: it needs agent.pair_tests.key_file on every agent."
+        ),
+    ] = False
+    auto_bisect: Annotated[
+        bool,
+        _doc("A pair test judged slow starts a bisection over idle or drained nodes, its slow side first."),
+    ] = True
+    bisect_cooldown_s: Annotated[
+        float, _doc("At most one bisection started by a slow pair test per this many seconds.", ge=0)
+    ] = 600.0
+    mesh_interval_s: Annotated[
+        float,
+        _doc(
+            "Pingmesh: one probe (handshake and pings, no bulk data) to the next pair of idle nodes, "
+            "round-robin, every this often (10 is a low rate); 0: none. Off by default: it needs "
+            "agent.pair_tests.key_file on every agent.",
+            ge=0,
+        ),
+    ] = 0.0
+    port: Annotated[int, _doc("The agents' pair-test port (agent.pair_tests.port).", ge=1, le=65535)] = 7411
+    deadline_s: Annotated[
+        float, _doc("How long a pair_test directive may take before the test counts as failed.", gt=0)
+    ] = 60.0
 
 
 class DriftConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -74,6 +74,7 @@ from ftd.coordinator.intake.time_left import JobTimeLeft
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.leadership import HaStatus
 from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.fabric_tests import FabricTests
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.coordinator.upkeep.return_service import ReturnToService
 from ftd.events import (
@@ -162,6 +163,7 @@ class Coordinator:
         directives: SentDirectives,
         reconciler: Reconciler,
         return_to_service: ReturnToService | None = None,
+        fabric_tests: FabricTests | None = None,
         services: tuple[StartService, ...] = (),
     ) -> None:
         self.config = config
@@ -179,6 +181,7 @@ class Coordinator:
         self.directives = directives
         self.reconciler = reconciler
         self.return_to_service = return_to_service
+        self.fabric_tests = fabric_tests  # bisections by pair tests (issue #35; None: disabled)
         self.receipts = ReceiptOutbox(bus)
         self.offline_grace = OfflineGrace(config.coordinator.offline_grace)
         self.time_left = JobTimeLeft(scheduler)  # each job's time before its limit (the cost model)
@@ -297,10 +300,22 @@ class Coordinator:
         announced = asyncio.create_task(self.interruptions.run(), name="scheduler-interruptions")
         watchdog: asyncio.Task[None] | None = None
         reconcile: asyncio.Task[None] | None = None
+        mesh: asyncio.Task[None] | None = None
         try:
             await asyncio.sleep(0.5)
             await self.engine.resume_unfinished()
             reconcile = asyncio.create_task(self.reconciler.run(), name="reconcile")
+            fabric = self.config.coordinator.fabric
+            if self.fabric_tests is not None and fabric.mesh_interval_s > 0:
+                mesh = asyncio.create_task(
+                    self.fabric_tests.run_mesh(
+                        self.directives.send,
+                        port=fabric.port,
+                        interval_s=fabric.mesh_interval_s,
+                        forget=self.acks.forget,
+                    ),
+                    name="pingmesh",
+                )
             online = Message(topics.COORDINATOR_STATUS, coordinator_status("online"), retain=True)
             self.bus.set_birth(online)  # said again on every reconnect: agents then resend unreceipted events
             await self._publish_when_connected(online.topic, online.payload, retain=True)
@@ -319,6 +334,8 @@ class Coordinator:
                 watchdog.cancel()
             if reconcile is not None:
                 reconcile.cancel()
+            if mesh is not None:
+                mesh.cancel()
 
     def _grace_watch(
         self, scheduler: Scheduler | None, config: Config

@@ -44,6 +44,7 @@ from ftd.coordinator.intake.presence_memory import PresenceMemory
 from ftd.coordinator.ledger.sqlite import Ledger, as_store
 from ftd.coordinator.ledger.store import LedgerStore
 from ftd.coordinator.model.state import ClusterState
+from ftd.coordinator.upkeep.fabric_tests import FabricTests
 from ftd.coordinator.upkeep.reconcile import Reconciler
 from ftd.coordinator.upkeep.return_service import ReturnToService
 from ftd.coordinator.upkeep.rma_bundles import RmaBundles
@@ -180,6 +181,7 @@ def build(
             rules=cfg.return_to_service.rules,
             state=state,
             require_burn_in=cfg.return_to_service.require_burn_in,
+            pair_gate=cfg.fabric.enabled and cfg.fabric.return_gate,
         )
         engine.observe(return_to_service.observe, ("action",))
         unknown = sorted(set(cfg.return_to_service.rules) - {p.name for p in loaded})
@@ -189,6 +191,17 @@ def build(
             )
     if cfg.rma.enabled:  # a node drained for repair gets its diagnostic bundle (issue #36)
         engine.observe(RmaBundles(engine.submit, reasons=cfg.rma.reasons).observe, ("action",))
+    fabric_tests = None
+    if cfg.fabric.enabled:  # bisections by pair tests on idle or drained nodes (issue #35)
+        fabric_tests = FabricTests(
+            engine.submit,
+            state,
+            hardware=config.hardware,
+            deadline_s=cfg.fabric.deadline_s,
+            auto=cfg.fabric.auto_bisect,
+            cooldown_s=cfg.fabric.bisect_cooldown_s,
+        )
+        engine.observe(fabric_tests.observe, ("action", "event") if cfg.fabric.auto_bisect else ("action",))
     return Coordinator(
         config,
         bus=bus,
@@ -203,5 +216,6 @@ def build(
         directives=directives,
         reconciler=reconciler,
         return_to_service=return_to_service,
+        fabric_tests=fabric_tests,
         services=(start_api,) if api else (),
     )

@@ -146,6 +146,7 @@ def test_build_executors_registers_everything() -> None:
         "preflight",  # return to service (ftd.coordinator.upkeep.return_service)
         "burn_in",  # issue #36: a drained or new node's burn-in
         "rma_bundle",  # issue #36: coordinator.rma.enabled (default): bundles for repair drains
+        "pair_test",  # issue #35: the return gate and the bisections (ftd.coordinator.upkeep.fabric_tests)
     }
     config = parse_config('[coordinator.notify]\nwebhook_url = "http://127.0.0.1:9/x"\n')
     ctx = ExecutorContext(
@@ -166,4 +167,5 @@ def test_build_executors_registers_everything() -> None:
         "preflight",
         "burn_in",
         "rma_bundle",
+        "pair_test",
     }

@@ -124,6 +124,7 @@ MUTATING = [
     ("/v1/interruptions", {"node": "node-1", "in_s": 90}),
     ("/v1/actions/act-x/approve", {}),
     ("/v1/actions/act-x/reject", {"reason": "no"}),
+    ("/v1/fabric/bisect", {"suspects": ["node-1"]}),
 ]
 
 

@@ -74,3 +74,22 @@ def test_an_approval_records_the_name_asked_once_per_tab() -> None:
     assert run(twice, before="const a0 = null;" + browser) == ["", "", 2]  # cancelled: nothing sent
     long = run("app.approver()", before=f"const a0 = {'x' * 200!r};" + browser)
     assert long == "x" * 50 + "@dashboard"
+
+
+def test_the_pair_matrix_puts_the_slow_nodes_first_and_says_what_each_cell_is() -> None:
+    cell = {"rtt_ms": 0.1, "age_s": 1.0, "error": "", "reasons": ["ok"]}
+    matrix = {
+        "nodes": ["a", "b", "c", "d"],
+        "cells": [
+            {**cell, "from": "a", "to": "b", "gbps": 9.87, "status": "pass"},
+            {**cell, "from": "b", "to": "a", "gbps": 9.5, "status": "pass"},
+            {**cell, "from": "d", "to": "c", "gbps": 0.0191, "status": "slow", "reasons": ["d -> c: slow"]},
+            {**cell, "from": "c", "to": "d", "gbps": None, "status": "failed", "error": "timed out"},
+        ],
+    }
+    grid = run("app.pairGrid(a[0], 3)", matrix)
+    assert grid["nodes"] == ["c", "d", "a"] and grid["hidden"] == 1
+    rows = {row[0]: row[1:] for row in grid["rows"]}
+    assert rows["d"][0] == {"text": "0.0191", "status": "slow", "title": "d -> c: slow"}
+    assert rows["c"][1]["text"] == "failed" and rows["c"][0]["text"] == ""
+    assert rows["a"][0] == {"text": "·", "status": "none", "title": "not tested"}

@@ -5,7 +5,8 @@ dotted path) for each one a daemon could not use:
 
 - both daemons: ``bus.ca_file`` (loads as a CA bundle, when ``bus.tls``), ``bus.cert_file`` and
   ``bus.key_file`` (both or neither, with ``bus.tls``; readable; the pair loads; the certificate is
-  valid now, not expired), ``bus.password_file`` (readable, not empty);
+  valid now, not expired), ``bus.password_file`` (readable, not empty), and for an agent
+  ``agent.pair_tests.key_file`` (likewise);
 - the agent (role ``"agent"``): ``agent.kmsg_path`` (a readable character device, FIFO or file),
   ``agent.state_dir`` and the directory of ``agent.socket_path`` (writable, or creatable: the agent
   makes them), ``agent.socket_path`` itself (a socket if anything), ``agent.socket_group`` (a group
@@ -191,6 +192,9 @@ def _secrets(config: Config, roles: Collection[str]) -> Iterator[tuple[str, str]
     """(option, file name) of each secret file the daemons of ``roles`` read."""
     if config.bus.password_file is not None:
         yield "bus.password_file", config.bus.password_file
+    pair_tests = config.agent.pair_tests
+    if "agent" in roles and pair_tests.enabled and pair_tests.key_file:
+        yield "agent.pair_tests.key_file", pair_tests.key_file
     if "coordinator" in roles:
         coordinator = config.coordinator
         if coordinator.api.enabled and coordinator.api.token_file is not None:

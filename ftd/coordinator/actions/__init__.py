@@ -29,6 +29,7 @@ from ftd.coordinator.actions.directive import NodeSend
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.notify import Notify
+from ftd.coordinator.actions.pair_test import PAIR_TEST, PairTest
 from ftd.coordinator.actions.preflight import PREFLIGHT, Preflight
 from ftd.coordinator.actions.rma import RMA_BUNDLE, RmaBundle
 from ftd.coordinator.actions.scheduler import Scheduler
@@ -126,6 +127,15 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
             bug_report_timeout_s=cfg.rma.bug_report_timeout_s,
             state=ctx.state,
         )
+    # Pair tests (issue #35): a node's agent tests the pair it forms with an idle peer.
+    executors[PAIR_TEST] = PairTest(
+        send=ctx.send_to_node,
+        acks=ctx.acks,
+        state=ctx.state,
+        hardware=ctx.config.hardware,
+        port=cfg.fabric.port,
+        deadline_s=cfg.fabric.deadline_s,
+    )
     if ctx.scheduler is not None:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)
         executors[ActionKind.RESUME_NODE] = ResumeNode(ctx.scheduler, ctx.state)

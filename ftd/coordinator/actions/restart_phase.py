@@ -87,6 +87,13 @@ class InAllocation:
             if bad:
                 why.setdefault(node, bad)
             info = job.supervisors[node] if job else None
+            if info is not None and info.role == "spare":
+                # issue #35: a spare whose newest pair test (with the job's nodes, when it had one)
+                # was slow or failed does not join the job
+                active = [n for n, i in job.supervisors.items() if i.role == "active"] if job else []
+                slow = self._state.pairs.trouble(node, active)
+                if slow:
+                    why.setdefault(node, slow)
             if info is not None and info.role == "active" and info.state in ("failed", "lost"):
                 why.setdefault(node, f"its supervisor is {info.state}{_reason(info)}")
             elif info is not None and info.role == "out":

@@ -21,6 +21,7 @@ from ftd.coordinator.api.wire import (
     ActionOut,
     ActionsQuery,
     ApproveRequest,
+    BisectRequest,
     BurnInRequest,
     DrainRequest,
     Error,
@@ -161,6 +162,34 @@ ROUTES: tuple[Route, ...] = (
         "jobs",
         "Jobs: ranks registered at agents, and jobs the Slurm Prolog reported.",
         ok=(200, list[JobOut], ""),
+    ),
+    Route(
+        "GET",
+        "/v1/fabric/pairs",
+        "pair_matrix",
+        "The pair-test matrix (issue #35): per pair and direction the newest throughput, RTT, age and "
+        "verdict against the hardware profile's expected bandwidth and the fleet's baseline.",
+        ok=(200, dict[str, Any], ""),
+    ),
+    Route(
+        "GET",
+        "/v1/fabric/bisect",
+        "bisection",
+        "The last bisection (issue #35): nodes tested, each pair test's verdict, the node(s) or link(s) "
+        "pinned or only likely, and whether one is running. 404 when pair tests are disabled.",
+        ok=(200, dict[str, Any], ""),
+        extra=(404,),
+    ),
+    Route(
+        "POST",
+        "/v1/fabric/bisect",
+        "bisect",
+        "Start a bisection over idle or drained nodes (suspects first), each test a pair_test action "
+        "through the policy gate. 409 while one runs, or with fewer than two idle nodes to test.",
+        mutating=True,
+        body=BisectRequest,
+        ok=(202, dict[str, Any], ""),
+        extra=(400, 404, 409),
     ),
     Route(
         "GET",

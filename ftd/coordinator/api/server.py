@@ -44,6 +44,7 @@ answered as JSON too. No input produces a 500 (a schemathesis run in the tests c
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import math
 import time
@@ -72,7 +73,9 @@ from ftd.coordinator.decide.plugins import describe_plugins, disabled_plugins
 from ftd.coordinator.decide.policy import labels_from_config
 from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.coordinator.model.deadlines import stuck_after_s
+from ftd.coordinator.model.pairs import fleet_expectation
 from ftd.coordinator.model.plan import phases_of
+from ftd.coordinator.upkeep.fabric_tests import FabricTests
 from ftd.events import Interruption, Kind, make_event
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
@@ -124,6 +127,7 @@ class Api:
         coordinator.engine.observe(self._observe, ("decision", "action"))
         self.app = self._build()
         self._runner: web.AppRunner | None = None
+        self._background: set[asyncio.Task[Any]] = set()  # bisections started by POST /v1/fabric/bisect
 
     def _observe(self, what: str, payload: Any) -> None:
         if what == "decision":
@@ -384,6 +388,40 @@ class Api:
         if view is None:
             raise ApiError(404, f"node {node!r} has reported no inventory")
         return json_response({"node": node, **view})
+
+    async def pair_matrix(self, request: web.Request) -> web.Response:
+        expect, profile, why = fleet_expectation(self.coordinator.config.hardware)
+        matrix = self.coordinator.state.pairs.matrix(expect, profile, time.time())
+        return json_response({**matrix, "note": why})
+
+    def _fabric_tests(self) -> FabricTests:
+        tests = self.coordinator.fabric_tests
+        if tests is None:
+            raise ApiError(404, "pair tests are disabled (coordinator.fabric.enabled = false)")
+        return tests
+
+    async def bisection(self, request: web.Request) -> web.Response:
+        tests = self._fabric_tests()
+        return json_response({"running": tests.running, "last": tests.last})
+
+    async def bisect(self, request: web.Request) -> web.Response:
+        tests = self._fabric_tests()
+        body = await read_body(request, wire.BisectRequest, required=False)
+        if tests.running:
+            raise ApiError(409, "a bisection is running: GET /v1/fabric/bisect")
+        idle = tests.idle_nodes()
+        usable = [n for n in body.nodes if n in idle] if body.nodes is not None else idle
+        if len(usable) < 2:
+            raise ApiError(
+                409, f"a bisection needs two idle (or drained) online nodes; {len(usable)} of those asked"
+            )
+        tests.running = True  # at once: a second request before the task starts is refused too
+        task = asyncio.get_running_loop().create_task(
+            tests.bisect(body.suspects, body.nodes), name="bisection"
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return json_response({"started": True, "idle": idle}, status=202)
 
     async def jobs(self, request: web.Request) -> web.Response:
         return json_response(jobs_out(self.coordinator.state, await self._in_flight()))

@@ -82,6 +82,13 @@ class ManualRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         return {"force": True, "force_reason": self.force_reason}
 
 
+class BisectRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Start a bisection (issue #35): ``suspects`` tested first; ``nodes`` (default: every idle one)."""
+
+    suspects: Annotated[list[NodeName], msgspec.Meta(max_length=1024)] = msgspec.field(default_factory=list)
+    nodes: Annotated[list[NodeName], msgspec.Meta(max_length=100_000)] | None = None
+
+
 class DrainRequest(ManualRequest, frozen=True, kw_only=True, forbid_unknown_fields=True):
     reason: Reason
 

@@ -24,6 +24,7 @@ from typing import Any
 from ftd.coordinator.model.checkpoints import CheckpointCatalogue
 from ftd.coordinator.model.inventory import DriftChange, InventoryBook
 from ftd.coordinator.model.moved import MovedJobs
+from ftd.coordinator.model.pairs import PairBook
 from ftd.coordinator.model.save_times import SaveTimes
 from ftd.culprit.evidence import MAX_TEXT, PeerBlame
 from ftd.culprit.peers import normalize_address, resolve_peer
@@ -71,6 +72,8 @@ class ClusterState:
         self.peer_blames: dict[str, deque[PeerBlame]] = {}
         # each job's verified checkpoints per step and level, and the resume choice (issue #34)
         self.checkpoints = CheckpointCatalogue()
+        # the newest pair test per pair, the fleet's baseline and the matrix (issue #35)
+        self.pairs = PairBook()
         # how long each job's saves took per level (issue #37), for the decision against a deadline
         self.save_times = SaveTimes()
         # node -> each of its problems ("drained", "unavailable", "condition") -> when it began, so
@@ -298,6 +301,8 @@ class ClusterState:
             self._note_save_time(event)
         elif event.kind == Kind.INVENTORY:
             self.inventory.note(event.node, event.data, event.ts)
+        elif event.kind == Kind.PAIR_TEST:
+            self.pairs.note(event)
         uuid = event.data.get("uuid")
         gpu: GpuRecord | None = None
         if isinstance(uuid, str) and uuid:

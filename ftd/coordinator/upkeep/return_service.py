@@ -18,6 +18,8 @@ policy gate and the ledger:
    issue #36), a passing preflight is followed by ``burn_in`` on N
    (:class:`~ftd.coordinator.actions.burn_in.BurnIn`): passed -> ``resume_node``; failed, incomplete
    (a step skipped), refused or silent -> the drain for RMA (``RMA: burn-in failed after ...``).
+   With ``coordinator.fabric.return_gate`` (issue #35) a ``pair_test`` of N against an idle peer
+   (:class:`~ftd.coordinator.actions.pair_test.PairTest`) follows and must pass too.
 
 A node a rule drains as a *suspect* (``drain_node`` with ``params.suspect``: the ``hang`` rule's
 culprit of a hang, issue #33) takes the same way back without a reset: once its drain is done,
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftd.coordinator.actions.burn_in import BURN_IN
+from ftd.coordinator.actions.pair_test import PAIR_TEST
 from ftd.coordinator.actions.preflight import PREFLIGHT
 from ftd.coordinator.model.state import ClusterState
 from ftd.logs import get_logger
@@ -45,6 +48,10 @@ from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionSt
 log = get_logger(__name__)
 
 RULE = "return_to_service"
+#: The checks of a return to service, by their name in reasons and logs, and their action kinds.
+_KINDS = {"preflight": PREFLIGHT, "burn-in": BURN_IN, "pair test": PAIR_TEST}
+_STEPS = {kind: step for step, kind in _KINDS.items()}
+_WHY = {"preflight": "preflight", "burn-in": "burn-in required", "pair test": "pair test with an idle peer"}
 
 
 @dataclass
@@ -57,7 +64,9 @@ class _Node:
     reset_done: str | None = None  # "GPU reset" / "reboot" once the reset worked
     preflight_id: str | None = None
     burn_in_id: str | None = None
+    pair_test_id: str | None = None
     history: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)  # the checks passed so far, in order
 
 
 class ReturnToService:
@@ -70,9 +79,13 @@ class ReturnToService:
         rules: Collection[str],
         state: ClusterState | None = None,
         require_burn_in: bool = False,
+        pair_gate: bool = False,
     ) -> None:
         self._submit = submit
         self.require_burn_in = require_burn_in
+        self.pair_gate = (
+            pair_gate  # a passing pair test after the other checks (coordinator.fabric.return_gate)
+        )
         self.rules = frozenset(rules)
         self._state = state
         self._nodes: dict[str, _Node] = {}
@@ -102,10 +115,10 @@ class ReturnToService:
             track = self._nodes[node]
             if record.id == track.preflight_id:
                 self._verdict(node, track, record)
-        elif kind == BURN_IN and node in self._nodes and record.state.finished:
+        elif kind in (BURN_IN, PAIR_TEST) and node in self._nodes and record.state.finished:
             track = self._nodes[node]
-            if record.id == track.burn_in_id:
-                self._verdict(node, track, record, step="burn-in")
+            if record.id == getattr(track, f"{kind}_id"):
+                self._verdict(node, track, record, step=_STEPS[kind])
 
     def _soon(self, step: Coroutine[Any, Any, None]) -> None:
         """Run ``step`` once the engine's current decision is over (observers run inside it)."""
@@ -191,10 +204,21 @@ class ReturnToService:
             return
         self._check(node, track, "preflight", f"{track.reset_reason}")
 
+    def _next_step(self, step: str) -> str | None:
+        """The check after ``step`` passed: the burn-in where the site requires it, then the pair test
+        where the pair gate is on; None: the node resumes."""
+        order = [
+            "preflight",
+            *(["burn-in"] if self.require_burn_in else []),
+            *(["pair test"] if self.pair_gate else []),
+        ]
+        at = order.index(step) if step in order else len(order) - 1
+        return order[at + 1] if at + 1 < len(order) else None
+
     def _check(self, node: str, track: _Node, step: str, why: str) -> None:
-        """Submit the node's ``preflight`` or ``burn_in``; its verdict comes back through :meth:`observe`
-        (or at once when the gate decided it)."""
-        kind = PREFLIGHT if step == "preflight" else BURN_IN
+        """Submit the node's ``preflight``, ``burn_in`` or ``pair_test``; its verdict comes back through
+        :meth:`observe` (or at once when the gate decided it)."""
+        kind = _KINDS[step]
         setattr(track, f"{kind}_id", "pending")
         request = ActionRequest(
             kind=kind,
@@ -224,22 +248,23 @@ class ReturnToService:
             log.info("return_to_service_no_verdict", node=node, step=step, state=str(record.state))
             return
         if record.state == ActionState.SUCCEEDED:
-            if step == "preflight" and self.require_burn_in:
-                self._nodes[node] = track  # still in return to service: the burn-in decides
-                self._check(node, track, "burn-in", "burn-in required")
+            track.passed.append(step)
+            following = self._next_step(step)
+            if following is not None:
+                self._nodes[node] = track  # still in return to service: the next check decides
+                self._check(node, track, following, _WHY[following])
                 return
             self._later(
                 ActionRequest(
                     kind=ActionKind.RESUME_NODE,
                     target=node,
-                    reason=f"{step} passed after {track.reset_done}",
+                    reason=f"{' and '.join(track.passed)} passed after {track.reset_done}",
                     params={"return_to_service": track.reset_id},
                     rule=RULE,
                 )
             )
             return
-        detail_key = "preflight" if step == "preflight" else "burn_in"
-        why = str(record.detail.get(detail_key) or record.detail.get("error") or record.state)
+        why = str(record.detail.get(_KINDS[step]) or record.detail.get("error") or record.state)
         history = "; ".join([*track.history, *self._faults(node)])
         self._later(
             ActionRequest(

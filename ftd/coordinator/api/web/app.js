@@ -511,13 +511,75 @@ async function refreshGoodput() {
   ]), 6, "the run has no policies");
 }
 
+// The pair-test matrix (issue #35; GET /v1/fabric/pairs): a row per sending node, a column per
+// receiving node, each cell that direction's newest Gbit/s and its verdict (the reasons on hover).
+// The nodes with a slow or failed direction come first; at most MATRIX_MAX are drawn.
+const MATRIX_MAX = 48;
+
+function pairGrid(matrix, max = MATRIX_MAX) {
+  const cells = new Map();
+  const trouble = new Set();
+  for (const c of matrix.cells || []) {
+    cells.set(c.from + "\u0000" + c.to, c);
+    if (c.status !== "pass") { trouble.add(c.from); trouble.add(c.to); }
+  }
+  const byName = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
+  const nodes = [...(matrix.nodes || [])].sort((a, b) => (trouble.has(b) - trouble.has(a)) || byName(a, b));
+  const shown = nodes.slice(0, max);
+  const rows = shown.map((from) => [from, ...shown.map((to) => {
+    const c = cells.get(from + "\u0000" + to);
+    if (!c) return { text: from === to ? "" : "·", status: "none", title: "not tested" };
+    const text = c.error ? "failed" : c.gbps == null ? "?" : c.gbps.toPrecision(3);
+    return { text, status: c.status, title: (c.reasons || []).join("; ") };
+  })]);
+  return { nodes: shown, rows, hidden: nodes.length - shown.length };
+}
+
+async function refreshFabric() {
+  const summary = document.getElementById("fabric-summary");
+  const table = document.getElementById("pairs");
+  let matrix;
+  try {
+    matrix = await getJSON("/v1/fabric/pairs");
+  } catch (err) {
+    summary.textContent = "the pair matrix could not be read: " + err;
+    return;
+  }
+  const grid = pairGrid(matrix);
+  const head = el("tr");
+  head.appendChild(el("th", "from \\ to (Gbit/s)"));
+  for (const n of grid.nodes) head.appendChild(el("th", n));
+  const thead = el("thead");
+  thead.appendChild(head);
+  const tbody = el("tbody");
+  for (const [from, ...cells] of grid.rows) {
+    const tr = el("tr");
+    tr.appendChild(el("th", from));
+    for (const c of cells) {
+      const td = el("td", c.text, "pair-" + c.status);
+      td.title = c.title;
+      tr.appendChild(td);
+    }
+    tbody.appendChild(tr);
+  }
+  table.replaceChildren(thead, tbody);
+  const expected = matrix.expected_gbps == null ? "no spec" : `spec ${matrix.expected_gbps} Gbit/s`;
+  const baseline = matrix.baseline_gbps == null ? "no baseline yet" : `baseline ${matrix.baseline_gbps.toPrecision(3)} Gbit/s`;
+  summary.textContent = `${grid.nodes.length} node(s)` + (grid.hidden ? ` (${grid.hidden} more, all passing)` : "") +
+    ` · profile ${matrix.profile || "none"} · ${expected} · ${baseline}` + (matrix.note ? ` · ${matrix.note}` : "");
+}
+
 function route() {
   const goodput = location.hash === "#goodput";
-  document.getElementById("oncall").hidden = goodput;
+  const fabric = location.hash === "#fabric";
+  document.getElementById("oncall").hidden = goodput || fabric;
   document.getElementById("goodput-view").hidden = !goodput;
-  document.getElementById("tab-oncall").classList.toggle("current", !goodput);
+  document.getElementById("fabric-view").hidden = !fabric;
+  document.getElementById("tab-oncall").classList.toggle("current", !goodput && !fabric);
   document.getElementById("tab-goodput").classList.toggle("current", goodput);
+  document.getElementById("tab-fabric").classList.toggle("current", fabric);
   if (goodput) refreshGoodput();
+  if (fabric) refreshFabric();
   if (location.hash.startsWith("#action=")) showAction(decodeURIComponent(location.hash.slice(8)));
 }
 
@@ -559,10 +621,11 @@ function wire() {
 
 if (typeof module !== "undefined" && module.exports) {
   // loaded by node (the unit tests), not a browser
-  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom, dateTime, eventText, foldJobs, approver, driftView };
+  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom, dateTime, eventText, foldJobs, approver, driftView, pairGrid };
 } else {
   wire();
   refresh();
   setInterval(refresh, REFRESH_MS);
   setInterval(() => { if (location.hash === "#goodput") refreshGoodput(); }, 30 * REFRESH_MS);
+  setInterval(() => { if (location.hash === "#fabric") refreshFabric(); }, 5 * REFRESH_MS);
 }

@@ -1,0 +1,169 @@
+"""Running one pair test against another agent's server: :func:`run_pair_test`.
+
+What: connect to the peer's pair-test server, prove this agent holds the fleet's key (and check the
+server proves it too), then measure a few small-message round trips, this node's egress (an upload the
+server times) and its ingress (a download this side times), each direction capped at ``max_bytes`` and a
+third of ``timeout_s`` (a slow direction stops early and is measured on what arrived) and sent as
+:data:`~ftd.agent.pair_tests.wire.ROUNDS` bursts of which the fastest counts, the whole test at
+``timeout_s``. The answer is a :class:`ftd.fabric.pairs.PairResult`; anything that stops it (refused,
+not authenticated, busy, timed out, connection lost) is its ``error``, never a measurement.
+
+Why bounded and authenticated: a pair test moves real bytes over the fabric a job may need; it may never
+run long, move more than it was allowed, run while this node trains, or talk to anything that is not one
+of this fleet's agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import os
+import socket
+import statistics
+import struct
+import time
+from dataclasses import dataclass
+
+from ftd.agent.pair_tests.server import Busy
+from ftd.agent.pair_tests.wire import (
+    GREETING,
+    NONCE_BYTES,
+    ROUNDS,
+    WireError,
+    mac,
+    read_chunks,
+    read_message,
+    send_message,
+    write_chunks,
+)
+from ftd.fabric.pairs import PairResult
+
+__all__ = ["PairPeer", "run_pair_test"]
+
+_PING = struct.Struct(">d")
+
+
+@dataclass(frozen=True)
+class PairPeer:
+    """Another agent's pair-test server: its node name and where it listens."""
+
+    node: str
+    host: str
+    port: int
+
+
+def _gbps(nbytes: int, seconds: float) -> float | None:
+    return nbytes * 8 / seconds / 1e9 if nbytes > 0 and seconds > 0 else None
+
+
+def _fastest(rounds: list[tuple[int, float]]) -> float | None:
+    rates = [rate for nbytes, seconds in rounds if (rate := _gbps(nbytes, seconds)) is not None]
+    return max(rates) if rates else None
+
+
+async def run_pair_test(
+    peer: PairPeer,
+    *,
+    node: str,
+    key: bytes,
+    max_bytes: int = 4 * 1024 * 1024,
+    timeout_s: float = 10.0,
+    pings: int = 5,
+    busy: Busy | None = None,
+) -> PairResult:
+    """Test the pair ``node`` (this agent) -> ``peer``: throughput each way, RTT; bounded, authenticated."""
+    started = time.monotonic()
+
+    def failed(reason: str) -> PairResult:
+        return PairResult(a=node, b=peer.node, duration_s=time.monotonic() - started, error=reason)
+
+    reason = busy() if busy is not None else None
+    if reason is not None:
+        return failed(f"{node}: {reason}")
+    writer: asyncio.StreamWriter | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(peer.host, peer.port)
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return await _exchange(reader, writer, peer, node, key, max_bytes, timeout_s, pings, started)
+    except TimeoutError:
+        return failed(f"timed out after {timeout_s:g} s")
+    except (OSError, asyncio.IncompleteReadError, WireError, ValueError) as exc:
+        return failed(f"{type(exc).__name__}: {exc}")
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
+async def _exchange(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    peer: PairPeer,
+    node: str,
+    key: bytes,
+    max_bytes: int,
+    timeout_s: float,
+    pings: int,
+    started: float,
+) -> PairResult:
+    hello = await reader.readexactly(len(GREETING) + NONCE_BYTES)
+    if not hello.startswith(GREETING):
+        raise WireError("not a pair-test server")
+    server_nonce = hello[len(GREETING) :]
+    client_nonce = os.urandom(NONCE_BYTES)
+    fields = {"node": node, "bytes": max_bytes, "pings": pings}
+    proof = mac(key, "client", server_nonce, client_nonce, fields)
+    await send_message(writer, {**fields, "nonce": client_nonce.hex(), "mac": proof})
+    answer = await read_message(reader)
+    if answer.get("ok") is not True:
+        raise WireError(f"refused: {answer.get('reason', 'no reason given')}")
+    allowed = answer.get("bytes")
+    if not isinstance(allowed, int) or not 0 <= allowed <= max_bytes:
+        raise WireError(f"server allowed {allowed!r} bytes")
+    expected = mac(key, "server", server_nonce, client_nonce, {"node": answer.get("node"), "bytes": allowed})
+    if not hmac.compare_digest(str(answer.get("mac", "")).encode(), expected.encode()):
+        raise WireError("server not authenticated")
+    loop = asyncio.get_running_loop()
+    rtts: list[float] = []
+    for _ in range(pings):
+        sent = time.perf_counter()
+        writer.write(_PING.pack(sent))
+        await writer.drain()
+        await reader.readexactly(_PING.size)
+        rtts.append((time.perf_counter() - sent) * 1e3)
+    share = timeout_s / 3 / ROUNDS
+    per = allowed // ROUNDS
+    for _ in range(ROUNDS):
+        await write_chunks(writer, per, loop.time() + share)
+    upload = (await read_message(reader)).get("rounds")
+    if not isinstance(upload, list) or len(upload) != ROUNDS:
+        raise WireError("upload measurement malformed")
+    ups: list[tuple[int, float]] = []
+    for item in upload:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or not isinstance(item[0], int)
+            or not isinstance(item[1], int | float)
+        ):
+            raise WireError("upload measurement malformed")
+        ups.append((item[0], float(item[1])))
+    await send_message(writer, {"seconds": share * ROUNDS})
+    downs = [await read_chunks(reader, per) for _ in range(ROUNDS)]
+    await send_message(writer, {"done": True})
+    return PairResult(
+        a=node,
+        b=peer.node,
+        a_to_b_gbps=_fastest(ups),
+        b_to_a_gbps=_fastest(downs),
+        rtt_ms=statistics.median(rtts) if rtts else None,
+        bytes_moved=sum(b for b, _ in ups) + sum(b for b, _ in downs),
+        duration_s=time.monotonic() - started,
+        allreduce_skipped="gloo all-reduce step not implemented yet",
+    )

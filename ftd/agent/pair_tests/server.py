@@ -1,0 +1,165 @@
+"""The pair-test server: answers authenticated pair tests from the fleet's other agents.
+
+What: :class:`PairTestServer` listens on the configured port while pair tests are enabled. For each
+connection it greets with a fresh nonce, checks the client's HMAC (:func:`ftd.agent.pair_tests.wire.mac`
+with the fleet's pair-test key), refuses when this node is training (``busy`` says why) or already
+serving a test, proves itself with its own HMAC, then runs the phases the client asks: small pings
+echoed, an upload it receives and times, a download it sends (none of either for a pingmesh
+probe, which asks for 0 bytes; probes are answered even while a bulk test runs, bulk tests one at a
+time). Every test is bounded: the bytes per
+direction by the smaller of the client's request and :attr:`max_bytes`, the whole connection by
+:attr:`max_seconds` (then it is closed).
+
+Why here: the server is half of a test a peer runs; it never measures on its own behalf, never
+sends more than it was asked or allowed, and never talks to what cannot prove it is an agent of this
+fleet (a wrong or missing MAC closes the connection before any data moves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+from ftd.agent.pair_tests.wire import (
+    GREETING,
+    NONCE_BYTES,
+    ROUNDS,
+    WireError,
+    mac,
+    read_chunks,
+    read_message,
+    send_message,
+    write_chunks,
+)
+
+__all__ = ["Busy", "PairTestServer"]
+
+log = logging.getLogger(__name__)
+
+#: Why this node must not take part in a test now (a job trains here), or ``None``.
+Busy = Callable[[], str | None]
+
+_PING_LIMIT = 64
+
+
+def _not_busy() -> str | None:
+    return None
+
+
+class PairTestServer:
+    def __init__(
+        self,
+        *,
+        node: str,
+        key: bytes,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        max_bytes: int = 16 * 1024 * 1024,
+        max_seconds: float = 10.0,
+        busy: Busy = _not_busy,
+    ) -> None:
+        if not key:
+            raise ValueError("a pair-test server needs the fleet's pair-test key")
+        self.node = node
+        self.key = key
+        self.host = host
+        self.port = port
+        self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
+        self.busy = busy
+        self.served = 0
+        self.refused = 0
+        self._active = False
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen; the port bound (``port=0`` picks a free one)."""
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        sock = self._server.sockets[0]
+        self.port = int(sock.getsockname()[1])
+        return self.port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            async with asyncio.timeout(self.max_seconds):
+                await self._exchange(reader, writer)
+        except (TimeoutError, WireError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            log.info("pair test from %s ended: %s", peer, exc or type(exc).__name__)
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        server_nonce = os.urandom(NONCE_BYTES)
+        writer.write(GREETING + server_nonce)
+        await writer.drain()
+        request = await read_message(reader)
+        fields = {k: request.get(k) for k in ("node", "bytes", "pings")}
+        client_nonce = bytes.fromhex(str(request.get("nonce", "")))
+        expected = mac(self.key, "client", server_nonce, client_nonce, fields)
+        if len(client_nonce) != NONCE_BYTES or not _same(str(request.get("mac", "")), expected):
+            self.refused += 1
+            await send_message(writer, {"ok": False, "reason": "not authenticated"})
+            return
+        wanted = fields["bytes"]
+        pings = fields["pings"]
+        if (
+            not isinstance(wanted, int)
+            or not isinstance(pings, int)
+            or wanted < 0
+            or not 0 <= pings <= _PING_LIMIT
+        ):
+            self.refused += 1
+            await send_message(writer, {"ok": False, "reason": "bad request"})
+            return
+        reason = self.busy()
+        if reason is None and self._active and wanted > 0:
+            reason = "already serving a pair test"
+        if reason is not None:
+            self.refused += 1
+            await send_message(writer, {"ok": False, "reason": f"{self.node}: {reason}"})
+            return
+        bulk = wanted > 0
+        self._active = self._active or bulk
+        try:
+            allowed = min(wanted, self.max_bytes)
+            answer = {"node": self.node, "bytes": allowed}
+            proof = mac(self.key, "server", server_nonce, client_nonce, answer)
+            await send_message(writer, {"ok": True, **answer, "mac": proof})
+            for _ in range(pings):
+                writer.write(await reader.readexactly(8))
+                await writer.drain()
+            per = allowed // ROUNDS
+            rounds = [await read_chunks(reader, per) for _ in range(ROUNDS)]
+            await send_message(writer, {"rounds": [[received, seconds] for received, seconds in rounds]})
+            go = await read_message(reader)
+            loop = asyncio.get_running_loop()
+            share = max(0.0, min(float(go.get("seconds", 0.0)), self.max_seconds)) / ROUNDS
+            for _ in range(ROUNDS):
+                await write_chunks(writer, per, loop.time() + share)
+            await read_message(reader)  # the client's "done": the data arrived before we close
+            self.served += 1
+        finally:
+            if bulk:
+                self._active = False
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())

@@ -1,0 +1,247 @@
+"""A fleet of real pair-test agents, one per network namespace, on one bridge; a link degraded by tc.
+
+What: :class:`NetnsFleet` creates ``n`` network namespaces, each with a veth into one bridge and an
+address on a private /24, and in each a real process running the pair-test half of an agent
+(``python -m ftd.agent.pair_tests agent``: its server, and the tests it is asked on stdin).
+:meth:`NetnsFleet.degrade` shapes one node's egress with ``tc qdisc ... tbf`` (this kernel has no
+netem: delay and loss are not available, rate is); :meth:`NetnsFleet.wave` runs disjoint pair tests
+and answers their :class:`~ftd.fabric.pairs.PairResult` s; :func:`hunt` drives a
+:class:`~ftd.fabric.bisect.Bisection` over the fleet, judging each wave against the fleet's baseline
+(:func:`~ftd.fabric.pairs.judge_pair`), and answers the finding. Everything it made is removed on
+exit, also after a failure (namespaces, the bridge, the processes).
+
+Why here: the network-namespace integration test and ``ftd bench pairs`` both need it; it needs
+root and ``ip``/``tc`` (:func:`available` says why not, so a caller can skip with the reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from ftd.fabric.bisect import Bisection, Finding
+from ftd.fabric.pairs import PairExpectation, PairResult, fleet_baseline, judge_pair
+
+__all__ = ["RIG", "Hunt", "NetnsFleet", "available", "hunt"]
+
+PORT = 7411
+
+#: What this rig expects of a pair: no spec (veth has none), and a direction below a fifth of the
+#: fleet's median is slow. Veth between namespaces is bound by the CPU, not a wire: on the shared
+#: 2-core machine clean directions range 5-24 Gbit/s (a clean direction at 0.57 x the median was
+#: measured), so the packaged profiles' 0.5 would flag scheduling noise; a NIC-bound fabric varies
+#: far less. The degraded node (tbf 20 Mbit/s) measures ~0.3% of the median.
+RIG = PairExpectation(expected_gbps=None, baseline_fraction=0.2)
+RIG_PROFILE = "netns-veth"
+
+
+def available() -> str | None:
+    """Why a namespace fleet cannot be built here, or ``None`` when it can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool} (iproute2) not installed"
+    return None
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+class NetnsFleet:
+    def __init__(self, n: int, *, max_bytes: int = 4 * 1024 * 1024, timeout_s: float = 10.0) -> None:
+        self.n = n
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.tag = "ftp" + secrets.token_hex(3)
+        self.nodes = [f"node-{i:02d}" for i in range(1, n + 1)]
+        octets = secrets.randbelow(200) + 20, secrets.randbelow(250) + 1
+        self.subnet = f"10.{octets[0]}.{octets[1]}"
+        self.addresses = {node: f"{self.subnet}.{i}" for i, node in enumerate(self.nodes, start=1)}
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.degraded: dict[str, str] = {}
+        self._dir = Path(tempfile.mkdtemp(prefix="ftd-netns-"))
+        self.key_file = self._dir / "pair.key"
+        self.key_file.write_text(secrets.token_hex(32))
+        self._namespaces: list[str] = []
+        self._bridge = f"{self.tag}br"
+
+    def namespace(self, node: str) -> str:
+        return f"{self.tag}-{self.nodes.index(node) + 1}"
+
+    def __enter__(self) -> NetnsFleet:
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _build(self) -> None:
+        _ip("link", "add", self._bridge, "type", "bridge")
+        _ip("link", "set", self._bridge, "up")
+        for i, node in enumerate(self.nodes, start=1):
+            ns = self.namespace(node)
+            _ip("netns", "add", ns)
+            self._namespaces.append(ns)
+            veth = f"{self.tag}v{i}"
+            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", veth, "master", self._bridge, "up")
+            _ip("-n", ns, "addr", "add", f"{self.addresses[node]}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        for node in self.nodes:
+            command = [
+                "ip", "netns", "exec", self.namespace(node),
+                sys.executable, "-m", "ftd.agent.pair_tests", "agent",
+                "--node", node, "--key-file", str(self.key_file), "--host", self.addresses[node],
+                "--port", str(PORT), "--max-bytes", str(self.max_bytes), "--timeout", str(self.timeout_s),
+            ]  # fmt: skip
+            self.procs[node] = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, bufsize=1
+            )
+        for node, proc in self.procs.items():
+            line = self._readline(proc, 60.0)
+            if json.loads(line).get("port") != PORT:
+                raise RuntimeError(f"{node}: agent did not start: {line!r}")
+
+    @staticmethod
+    def _readline(proc: subprocess.Popen[str], timeout_s: float) -> str:
+        import selectors
+
+        out: IO[str] | None = proc.stdout
+        assert out is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(out, selectors.EVENT_READ)
+            if not sel.select(timeout_s):
+                raise TimeoutError(f"no answer from pid {proc.pid} in {timeout_s:g} s")
+        line = out.readline()
+        if not line:
+            raise RuntimeError(f"pid {proc.pid} exited (rc {proc.poll()})")
+        return line
+
+    def degrade(self, node: str, rate: str = "20mbit") -> None:
+        """Shape ``node``'s egress to ``rate`` (tbf on its eth0); undo with :meth:`restore`."""
+        _ip("netns", "exec", self.namespace(node), "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+            "rate", rate, "burst", "32kbit", "latency", "50ms")  # fmt: skip
+        self.degraded[node] = rate
+
+    def restore(self, node: str) -> None:
+        _ip("netns", "exec", self.namespace(node), "tc", "qdisc", "del", "dev", "eth0", "root")
+        self.degraded.pop(node, None)
+
+    def ask(self, node: str, request: dict[str, Any]) -> None:
+        stdin = self.procs[node].stdin
+        assert stdin is not None
+        stdin.write(json.dumps(request) + "\n")
+        stdin.flush()
+
+    def answer(self, node: str, timeout_s: float) -> dict[str, Any]:
+        data = json.loads(self._readline(self.procs[node], timeout_s))
+        if not isinstance(data, dict):
+            raise RuntimeError(f"{node}: answer not an object")
+        return data
+
+    def test_request(self, peer: str) -> dict[str, Any]:
+        return {"peer_node": peer, "host": self.addresses[peer], "port": PORT}
+
+    def wave(self, pairs: Sequence[tuple[str, str]], *, concurrent: bool = False) -> list[PairResult]:
+        """Run pair tests (``a`` tests against ``b``); all at once, or one after another."""
+        limit = self.timeout_s + 30.0
+        if concurrent:
+            for a, b in pairs:
+                self.ask(a, self.test_request(b))
+            return [PairResult.from_dict(self.answer(a, limit)) for a, _ in pairs]
+        results = []
+        for a, b in pairs:
+            self.ask(a, self.test_request(b))
+            results.append(PairResult.from_dict(self.answer(a, limit)))
+        return results
+
+    def pids(self) -> dict[str, int]:
+        return {node: proc.pid for node, proc in self.procs.items()}
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self.procs.clear()
+        for ns in self._namespaces:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
+        self._namespaces.clear()
+        subprocess.run(["ip", "link", "del", self._bridge], capture_output=True, timeout=30, check=False)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+@dataclass
+class Hunt:
+    """One bisection over a fleet: the finding, every result and verdict, and how long it took."""
+
+    finding: Finding
+    results: list[PairResult] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def hunt(
+    fleet: NetnsFleet,
+    *,
+    budget: int | None = None,
+    suspects: Sequence[str] = (),
+    expect: PairExpectation | None = RIG,
+    history: Sequence[PairResult] = (),
+    concurrent: bool = False,
+) -> Hunt:
+    """Drive a :class:`Bisection` over ``fleet``: each wave run, judged against the baseline, recorded.
+
+    The baseline is the median of ``history`` (earlier results of this fleet) and this hunt's results
+    so far; ``expect`` is the profile's expectation (:data:`RIG` by default; ``None``: baseline only at
+    the default fraction, as for an unknown profile).
+    """
+    started = time.monotonic()
+    bisection = Bisection(fleet.nodes, suspects=suspects, budget=budget)
+    out = Hunt(finding=bisection.finding())
+    while wave := bisection.next_wave():
+        results = fleet.wave(wave, concurrent=concurrent)
+        out.results.extend(results)
+        baseline = fleet_baseline([*history, *out.results])
+        for (a, b), result in zip(wave, results, strict=True):
+            verdict = judge_pair(result, expect, baseline, profile=RIG_PROFILE)
+            out.verdicts.append({"a": a, "b": b, **verdict.as_dict()})
+            bisection.record(a, b, verdict.slow_senders, failed=verdict.status in ("failed", "skipped"))
+    out.finding = bisection.finding()
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def iter_pairs(nodes: Sequence[str]) -> Iterator[tuple[str, str]]:
+    """Disjoint neighbours ``(n0, n1), (n2, n3), ...``: a warm-up wave that seeds the baseline."""
+    yield from zip(nodes[0::2], nodes[1::2], strict=False)

@@ -1,0 +1,109 @@
+"""The ``pair_test`` executor: ask a node's agent to test the pair it forms with an idle peer.
+
+Used by the return to service (:mod:`ftd.coordinator.upkeep.return_service`, after the preflight,
+when ``coordinator.fabric.return_gate`` is on) and by anything that wants one pair measured. The
+peer is ``params["peer"]`` or, when none is named, :func:`choose_peer`: an online node of the fleet
+that runs no job, is not drained, announced an address, and (preferably) passed its newest pair
+test. A ``pair_test`` node directive goes to the node (``params``: the peer, its address and the
+agents' port); the agent runs :func:`ftd.agent.pair_tests.client.run_pair_test` and answers with
+the result in its Ack, which is judged here (:func:`ftd.fabric.pairs.judge_pair`: the fleet's
+hardware profile and the baseline of :class:`~ftd.coordinator.model.pairs.PairBook`). Succeeded when
+it passes, escalated when it is slow or failed (the reasons in ``detail["pair_test"]``), failed with
+no idle peer or no answer by the deadline: a gate fails closed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from ftd.config.schema import HardwareConfig
+from ftd.coordinator.actions.acks import AckBook
+from ftd.coordinator.actions.directive import NodeSend, ask_node, directive_for
+from ftd.coordinator.model.pairs import fleet_expectation
+from ftd.coordinator.model.state import ClusterState
+from ftd.fabric.pairs import PairResult, judge_pair
+from ftd.plugin.actions import ActionRecord, ActionState
+
+__all__ = ["PAIR_TEST", "PairTest", "choose_peer", "peer_address"]
+
+PAIR_TEST = "pair_test"
+
+
+def peer_address(state: ClusterState, node: str) -> str | None:
+    """The first IP address ``node``'s agent announced (host names are skipped: no DNS here)."""
+    record = state.nodes.get(node)
+    for address in record.addresses if record is not None else ():
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            continue
+        return address
+    return None
+
+
+def choose_peer(state: ClusterState, node: str, exclude: frozenset[str] = frozenset()) -> str | None:
+    """An idle, online, undrained node with an address to test ``node`` against; one whose newest
+    pair test passed first (a known-good partner), then by name."""
+    candidates = [
+        n.name
+        for n in state.nodes.values()
+        if n.name != node
+        and n.name not in exclude
+        and n.online
+        and not n.drained_by_ftd
+        and n.name not in state.unavailable
+        and not state.jobs_on_node(n.name)
+        and peer_address(state, n.name) is not None
+    ]
+    tested_ok = {a for (a, _), t in state.pairs.pairs.items() if not t.result.error} | {
+        b for (_, b), t in state.pairs.pairs.items() if not t.result.error
+    }
+    candidates.sort(key=lambda n: (n not in tested_ok, n))
+    return candidates[0] if candidates else None
+
+
+class PairTest:
+    def __init__(
+        self,
+        *,
+        send: NodeSend,
+        acks: AckBook,
+        state: ClusterState,
+        hardware: HardwareConfig,
+        port: int,
+        deadline_s: float,
+    ) -> None:
+        self._send = send
+        self._acks = acks
+        self._state = state
+        self._hardware = hardware
+        self.port = port
+        self.deadline_s = deadline_s
+
+    async def __call__(self, record: ActionRecord) -> dict[str, Any]:
+        node = record.request.target
+        named = record.request.params.get("peer")
+        peer = named if isinstance(named, str) and named else choose_peer(self._state, node)
+        if peer is None:
+            return {"state": str(ActionState.FAILED), "pair_test": f"no idle peer to test {node} against"}
+        host = peer_address(self._state, peer)
+        if host is None:
+            return {"state": str(ActionState.FAILED), "pair_test": f"{peer} announced no address"}
+        params = {"peer": peer, "host": host, "port": self.port}
+        directive = directive_for(record, "pair_test", node=node, deadline_s=self.deadline_s, params=params)
+        ack = await ask_node(self._send, self._acks, directive, self.deadline_s)
+        if ack is None:
+            return {
+                "state": str(ActionState.FAILED),
+                "peer": peer,
+                "pair_test": f"no answer from {node}'s agent within {self.deadline_s:g} s",
+            }
+        raw = ack.data.get("pair_test")
+        result = PairResult.from_dict(raw if isinstance(raw, dict) else {"error": ack.reason or "no result"})
+        expect, profile, _ = fleet_expectation(self._hardware)
+        verdict = judge_pair(result, expect, self._state.pairs.baseline(), profile=profile)
+        detail = {"peer": peer, "pair_test": "; ".join(verdict.reasons), "result": result.as_dict()}
+        if verdict.status == "pass":
+            return {"passed": True, **detail}
+        return {"state": str(ActionState.ESCALATED), "passed": False, "verdict": verdict.status, **detail}
