@@ -65,7 +65,7 @@ async def test_a_site_that_requires_burn_in_resumes_only_after_it_passed() -> No
     assert engine.kinds() == [ActionKind.DRAIN_NODE, PREFLIGHT, BURN_IN]  # not resumed yet
     await _finish(rts, engine.submitted[2], ActionState.SUCCEEDED, passed=True, verdict="passed")
     assert engine.kinds()[-1] == ActionKind.RESUME_NODE
-    assert engine.submitted[-1].request.reason == "burn-in passed after GPU reset"
+    assert engine.submitted[-1].request.reason == "preflight and burn-in passed after GPU reset"
 
 
 async def test_a_burn_in_that_did_not_pass_drains_for_rma() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import logging
 import os
 import socket
 from collections.abc import Callable
@@ -36,10 +35,11 @@ from ftd.agent.pair_tests.wire import (
     send_message,
     write_chunks,
 )
+from ftd.logs import get_logger
 
 __all__ = ["Busy", "PairTestServer"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Why this node must not take part in a test now (a job trains here), or ``None``.
 Busy = Callable[[], str | None]
@@ -96,7 +96,7 @@ class PairTestServer:
             async with asyncio.timeout(self.max_seconds):
                 await self._exchange(reader, writer)
         except (TimeoutError, WireError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            log.info("pair test from %s ended: %s", peer, exc or type(exc).__name__)
+            log.info("pair_test_ended", peer=str(peer), why=str(exc) or type(exc).__name__)
         finally:
             writer.close()
             with contextlib.suppress(OSError):

@@ -15,7 +15,6 @@ one more long-running task with nothing else to share.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,10 +27,11 @@ from ftd.config.errors import ConfigError
 from ftd.config.schema import PairTestsConfig
 from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, Severity, make_event
 from ftd.fabric.pairs import PairResult
+from ftd.logs import get_logger
 
 __all__ = ["PairTestService", "read_key", "result_event", "training"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def read_key(path: str) -> tuple[bytes | None, str]:
@@ -83,7 +83,7 @@ class PairTestService:
             # not configured is not broken (idle); a key file named and unreadable is (unavailable)
             reason = f"no pair-test key: {why}; pair tests skipped"
             self._health = WatcherHealth("unavailable" if self.cfg.key_file else "idle", reason)
-            log.warning("pair tests not served: %s", why)
+            log.warning("pair_tests_not_served", why=why)
             await asyncio.Event().wait()
             return
         self.server = PairTestServer(
