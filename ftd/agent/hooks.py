@@ -41,6 +41,7 @@ from ftd.agent.jobs import (
 from ftd.agent.local_api import LocalApi
 from ftd.agent.local_api.inject import INJECT, DrillError, InjectMsg, injected_event
 from ftd.agent.local_api.inject import reply as inject_reply
+from ftd.agent.pair_tests.service import PairTestService
 from ftd.agent.preflight.burn_in import PairTest
 from ftd.agent.rma.bundle import Bundle
 from ftd.agent.spool import Outbox, Outgoing
@@ -89,7 +90,7 @@ class NodeHooks:
         self._nvml_backend = nvml_backend  # preflight asks the same NVML the watcher does
         self._jobs_here: set[str] = set()  # jobs with something of theirs on this node
         self.job_checks = job_checks  # a job's RDMA path at its start (issue #36); closed with the agent
-        self.pair_test: PairTest | None = None  # the burn-in's pair test, once the pair-test part wires it
+        self.pair_tests: PairTestService | None = None  # the burn-in's pair step (set by the wiring)
 
     async def presence(self, job: str, ranks: list[RankInfo]) -> None:
         """Publish ``job``'s presence on this node (retained; empty once nothing of it is here)."""
@@ -177,8 +178,8 @@ class NodeHooks:
         """The burn-in (:mod:`ftd.agent.preflight.burn_in`), its report saved under ``state_dir``. The
         profile comes from the GPU name NVML reports (the agent is not given ``hardware``); the fleet's
         figure from ``params["fleet_tflops"]`` (the coordinator's, per profile) when it has one for this
-        profile, else ``agent.preflight.burn_in_fleet_tflops``; the pair test is :attr:`pair_test` when
-        one is wired."""
+        profile, else ``agent.preflight.burn_in_fleet_tflops``; the pair step tests the peer the
+        coordinator named (:meth:`_pair_step`)."""
         from ftd.agent.preflight.burn_in import node_profile, plan_for, run_burn_in, save_report
 
         hardware = HardwareConfig()
@@ -191,15 +192,50 @@ class NodeHooks:
         def training() -> list[str]:
             return sorted(set(self._scheduler_jobs.all()) | set(self._local_api.jobs()))
 
-        report = await run_burn_in(
-            self.node, plan, training=training, pair_test=self.pair_test, profile=profile
-        )
+        pair = self._pair_step(params or {}, profile)
+        report = await run_burn_in(self.node, plan, training=training, pair_test=pair, profile=profile)
         if report.verdict != "refused":
             try:
                 await asyncio.to_thread(save_report, report, Path(self.cfg.state_dir) / "burn-in")
             except OSError as exc:
                 log.warning("burn_in_report_not_saved", error=str(exc)[:200])
         return report
+
+    def _pair_step(self, params: Mapping[str, Any], profile: str | None) -> PairTest | None:
+        """The burn-in's pair step: a pair test against the known-good peer the coordinator named
+        (``params["pair_peer"]``), judged like any pair test (``pair.toml`` for the node's profile and
+        the fleet's baseline, ``params["pair_baseline_gbps"]``); None (the step skipped, saying so)
+        when pair tests are off here or no peer was named."""
+        from ftd.catalog.hardware_profiles import HardwareCatalogError, load_hardware_catalog
+        from ftd.fabric.pairs import expectation, judge_pair
+        from ftd.platform.burn_in import StepResult
+
+        peer = params.get("pair_peer")
+        service = self.pair_tests
+        if service is None or not isinstance(peer, Mapping):
+            return None
+        raw = params.get("pair_baseline_gbps")
+        baseline = (
+            float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) and raw > 0 else None
+        )
+
+        async def step() -> StepResult:
+            started = time.monotonic()
+            cfg = service.cfg
+            result = await service.test(
+                peer.get("node"), peer.get("host"), peer.get("port"), cfg.max_bytes, cfg.timeout_s
+            )
+            try:
+                section = load_hardware_catalog().section("pair", profile) if profile else None
+            except HardwareCatalogError:
+                section = None
+            verdict = judge_pair(result, expectation(section), baseline, profile=profile)
+            status = {"pass": "pass", "skipped": "skip"}.get(verdict.status, "fail")
+            why = "; ".join(verdict.reasons) or f"pair test with {peer.get('node')} passed"
+            figures = {**result.as_dict(), "peer": peer.get("node"), "verdict": verdict.status}
+            return StepResult("pair", status, why, figures, seconds=round(time.monotonic() - started, 3))  # type: ignore[arg-type]
+
+        return step
 
     async def rma_bundle_now(self, params: Mapping[str, Any]) -> Bundle:
         """The repair bundle (:mod:`ftd.agent.rma.bundle`); ``params`` from the coordinator: its

@@ -218,6 +218,7 @@ def build_agent(
         nvml_backend=nvml_backend,
         job_checks=job_checks,
     )
+    hooks.pair_tests = pair_tests  # the burn-in's pair step tests through the same service
     gpu_resetter = GpuResetter(node, runner=gpu_runner)
     node_actions = NodeActions(
         node,

@@ -195,3 +195,24 @@ async def test_the_burn_in_directive_carries_the_fleets_figures() -> None:
         await executor(record(BURN_IN, ActionState.RUNNING))
     assert agent.sent[0].params == {"fleet_tflops": {}}
     assert agent.sent[3].params == {"fleet_tflops": {"h100-sxm": 700.0}}
+
+
+async def test_the_burn_in_names_a_known_good_pair_peer_and_the_baseline_when_there_is_one() -> None:
+    """The pair step's peer (issue #35's choice of an idle, known-good node) and the fleet's baseline
+    travel with the directive; without a peer the directive names none (the agent skips the step)."""
+    acks = AckBook()
+    report = {"verdict": "passed", "profile": "h100-sxm", "steps": []}
+    agent = Agent(acks, {"ok": True, "reason": "passed", "data": {"report": report}})
+    peer = {"node": "n9", "host": "10.0.0.9", "port": 8790}
+    peers: list[dict[str, object] | None] = [peer, None]
+    executor = BurnIn(
+        send=node_sender(agent.publish),
+        acks=acks,
+        deadline_s=2,
+        pair_peer=lambda node: peers.pop(0),
+        pair_baseline=lambda: 42.0,
+    )
+    await executor(record(BURN_IN, ActionState.RUNNING))
+    await executor(record(BURN_IN, ActionState.RUNNING))
+    assert agent.sent[0].params == {"fleet_tflops": {}, "pair_peer": peer, "pair_baseline_gbps": 42.0}
+    assert agent.sent[1].params == {"fleet_tflops": {}}

@@ -12,6 +12,8 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ftd.agent.pair_tests.client import PairPeer, run_pair_test
 from ftd.agent.pair_tests.server import PairTestServer
 from ftd.agent.pair_tests.service import PairTestService, read_key, training
@@ -149,3 +151,45 @@ def test_a_zero_byte_directive_is_a_pingmesh_probe(tmp_path: Path) -> None:
     event, ack = asyncio.run(main())
     result = PairResult.from_dict(event.data)
     assert ack.ok and result.probe and result.rtt_ms is not None and result.bytes_moved == 0
+
+
+def test_the_burn_in_pair_step_tests_the_peer_the_coordinator_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #36 item 4's pair step through issue #35's pair tests: the burn-in directive names a
+    known-good peer; the agent's NodeHooks tests it with its own service and judges it like any pair
+    test (the profile's pair.toml, the fleet's baseline). No peer, or pair tests off: no step (the
+    burn-in says the step was skipped); an expected bandwidth the pair cannot reach: the step fails."""
+    from types import SimpleNamespace
+
+    import ftd.catalog.hardware_profiles as profiles
+    from ftd.agent.hooks import NodeHooks
+
+    (tmp_path / "key").write_text("k3y")
+    site = tmp_path / "site.toml"  # a profile whose pairs must reach 100 Tbit/s: loopback cannot
+    site.write_text('[profiles.huge]\ngpu_names = ["HUGE"]\n[pair.huge]\nexpected_gbps = 100000.0\n')
+    catalog = profiles.load_hardware_catalog(site)
+    monkeypatch.setattr(profiles, "load_hardware_catalog", lambda overrides=None: catalog)
+
+    async def main() -> list[Any]:
+        server = PairTestServer(node="good", key=b"k3y", host="127.0.0.1")
+        port = await server.start()
+        cfg = PairTestsConfig(key_file=str(tmp_path / "key"), max_bytes=1 << 20)
+        hooks = SimpleNamespace(pair_tests=PairTestService(cfg, "new", busy=lambda: None))
+        peer = {"node": "good", "host": "127.0.0.1", "port": port}
+        step = NodeHooks._pair_step(hooks, {"pair_peer": peer, "pair_baseline_gbps": 0.001}, None)  # type: ignore[arg-type]
+        assert step is not None
+        passed = await step()
+        slow = await NodeHooks._pair_step(hooks, {"pair_peer": peer}, "huge")()  # type: ignore[arg-type, misc]
+        none = [
+            NodeHooks._pair_step(hooks, {}, None),  # type: ignore[arg-type]
+            NodeHooks._pair_step(SimpleNamespace(pair_tests=None), {"pair_peer": peer}, None),  # type: ignore[arg-type]
+        ]
+        await server.close()
+        return [passed, slow, none]
+
+    passed, slow, none = asyncio.run(main())
+    assert passed.name == "pair" and passed.status == "pass", passed
+    assert passed.figures["peer"] == "good" and passed.figures["a_to_b_gbps"] > 0
+    assert slow.status == "fail" and slow.figures["verdict"] == "slow", slow
+    assert none == [None, None]

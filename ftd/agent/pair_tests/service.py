@@ -110,11 +110,32 @@ class PairTestService:
         ``pair_test`` event and an Ack carrying the result. Disabled, keyless, training or a malformed
         directive: the result's error says why; nothing is measured."""
         params = directive.params
-        peer = params.get("peer")
-        host = params.get("host")
-        port = params.get("port", self.cfg.port)
-        wanted = params.get("max_bytes", self.cfg.max_bytes)
-        timeout = params.get("timeout_s", self.cfg.timeout_s)
+        result = await self.test(
+            params.get("peer"),
+            params.get("host"),
+            params.get("port", self.cfg.port),
+            params.get("max_bytes", self.cfg.max_bytes),
+            params.get("timeout_s", self.cfg.timeout_s),
+        )
+        event = result_event(self.node, result, directive)
+        ack = Ack(
+            directive_id=directive.id,
+            job=directive.job or "",
+            rank=NODE_RANK,
+            node=self.node,
+            ok=not result.error,
+            reason=result.error,
+            ts=time.time(),
+            data={"pair_test": result.as_dict()},
+        )
+        return event, ack
+
+    async def test(
+        self, peer: object, host: object, port: object, wanted: object, timeout: object
+    ) -> PairResult:
+        """One pair test against ``peer`` at ``host``:``port`` (as a directive or a burn-in names it),
+        ``wanted`` bytes and ``timeout`` seconds each capped by this agent's config. Disabled, keyless,
+        training or malformed: the result's error says why; nothing is measured."""
         key, why = read_key(self.cfg.key_file)
         if not self.cfg.enabled:
             result = PairResult(a=self.node, b=str(peer or ""), error="pair tests disabled on this node")
@@ -139,18 +160,7 @@ class PairTestService:
                 pings=self.cfg.pings,
                 busy=self.busy,
             )
-        event = result_event(self.node, result, directive)
-        ack = Ack(
-            directive_id=directive.id,
-            job=directive.job or "",
-            rank=NODE_RANK,
-            node=self.node,
-            ok=not result.error,
-            reason=result.error,
-            ts=time.time(),
-            data={"pair_test": result.as_dict()},
-        )
-        return event, ack
+        return result
 
 
 def result_event(node: str, result: PairResult, directive: Directive | None = None) -> Event:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 from ftd.config import Config
 from ftd.config.schema import SlurmConfig
@@ -29,7 +30,7 @@ from ftd.coordinator.actions.directive import NodeSend
 from ftd.coordinator.actions.drain import DrainNode, ResumeNode
 from ftd.coordinator.actions.gpu_reset import GpuReset
 from ftd.coordinator.actions.notify import Notify
-from ftd.coordinator.actions.pair_test import PAIR_TEST, PairTest
+from ftd.coordinator.actions.pair_test import PAIR_TEST, PairTest, burn_in_peer
 from ftd.coordinator.actions.preflight import PREFLIGHT, Preflight
 from ftd.coordinator.actions.rma import RMA_BUNDLE, RmaBundle
 from ftd.coordinator.actions.scheduler import Scheduler
@@ -116,7 +117,11 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
     )
     # Issue #36: a drained or new node's burn-in; a node drained for repair gets its bundle.
     executors[BURN_IN] = BurnIn(
-        send=ctx.send_to_node, acks=ctx.acks, deadline_s=cfg.return_to_service.burn_in_deadline_s
+        send=ctx.send_to_node,
+        acks=ctx.acks,
+        deadline_s=cfg.return_to_service.burn_in_deadline_s,
+        pair_peer=partial(burn_in_peer, ctx.state, cfg.fabric.port) if cfg.fabric.enabled else None,
+        pair_baseline=ctx.state.pairs.baseline,
     )
     if cfg.rma.enabled:
         executors[RMA_BUNDLE] = RmaBundle(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ftd.coordinator.actions.acks import AckBook
@@ -53,15 +54,31 @@ class FleetFigures:
 class BurnIn:
     """See the module docstring."""
 
-    def __init__(self, *, send: NodeSend, acks: AckBook, deadline_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        send: NodeSend,
+        acks: AckBook,
+        deadline_s: float,
+        pair_peer: Callable[[str], dict[str, Any] | None] | None = None,
+        pair_baseline: Callable[[], float | None] = lambda: None,
+    ) -> None:
         self._send = send
         self._acks = acks
         self.deadline_s = deadline_s
         self.fleet = FleetFigures()
+        # the pair step's known-good peer for a node (node, host, port) and the fleet's baseline
+        # (issue #35's pair tests): None where pair tests are off or no idle peer has an address
+        self.pair_peer = pair_peer
+        self.pair_baseline = pair_baseline
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         node = record.request.target
-        params = {"fleet_tflops": self.fleet.figures()}
+        params: dict[str, Any] = {"fleet_tflops": self.fleet.figures()}
+        peer = self.pair_peer(node) if self.pair_peer is not None else None
+        if peer is not None:
+            params["pair_peer"] = peer
+            params["pair_baseline_gbps"] = self.pair_baseline()
         directive = directive_for(record, "burn_in", node=node, deadline_s=self.deadline_s, params=params)
         ack = await ask_node(self._send, self._acks, directive, self.deadline_s)
         if ack is None:

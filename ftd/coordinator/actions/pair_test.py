@@ -25,7 +25,13 @@ from ftd.coordinator.model.state import ClusterState
 from ftd.fabric.pairs import PairResult, judge_pair
 from ftd.plugin.actions import ActionRecord, ActionState
 
-__all__ = ["PAIR_TEST", "PairTest", "choose_peer", "peer_address"]
+__all__ = [
+    "PAIR_TEST",
+    "PairTest",
+    "burn_in_peer",
+    "choose_peer",
+    "peer_address",
+]
 
 PAIR_TEST = "pair_test"
 
@@ -61,6 +67,16 @@ def choose_peer(state: ClusterState, node: str, exclude: frozenset[str] = frozen
     }
     candidates.sort(key=lambda n: (n not in tested_ok, n))
     return candidates[0] if candidates else None
+
+
+def burn_in_peer(state: ClusterState, port: int, node: str) -> dict[str, Any] | None:
+    """The known-good idle peer a burn-in's pair step tests ``node`` against (:func:`choose_peer`),
+    with where its pair-test server listens; None when there is none."""
+    peer = choose_peer(state, node)
+    host = peer_address(state, peer) if peer is not None else None
+    if peer is None or host is None:
+        return None
+    return {"node": peer, "host": host, "port": port}
 
 
 class PairTest:
