@@ -220,3 +220,47 @@ def test_the_pingmesh_probes_every_pair_of_idle_nodes_in_turn_for_zero_bytes() -
     assert all(d.action == "pair_test" and d.params["max_bytes"] == 0 for d in sent)
     assert sent[0].params["host"] == "10.0.0.1" and sent[0].params["port"] == 7411
     assert forgotten and forgotten[0] == sent[3].id, "the previous probe's answer is dropped"
+
+
+def test_passive_evidence_on_a_nodes_link_starts_a_bisection_with_that_node_first() -> None:
+    """Issue #35 item 4: a port's error counter crossing its rule, a port below its profile's rate or a
+    NIC's PCIe link degraded names its node as the suspect; congestion, a GPU's link, a cleared
+    condition or a skipped check starts nothing."""
+    from ftd.coordinator.upkeep.fabric_tests import passive_suspect
+
+    def fabric(node: str, **data: object) -> Any:
+        return make_event(node, Kind.FABRIC, severity=Severity.WARNING, data=dict(data))
+
+    crossed = fabric("n03", check="counter", status="crossed", source="ib", **{"class": "fatal"})
+    assert passive_suspect(crossed)
+    assert passive_suspect(fabric("n03", check="port_rate", status="degraded"))
+    nic = make_event(
+        "n03", Kind.PCIE_LINK, severity=Severity.WARNING, data={"status": "degraded", "device": "nic mlx5_0"}
+    )
+    assert passive_suspect(nic)
+    for quiet in (
+        fabric("n03", check="counter", status="crossed", source="phy", **{"class": "congestion"}),
+        fabric("n03", check="counter", status="crossed", source="nvlink", **{"class": "fatal"}),
+        fabric("n03", check="counter", status="cleared", source="ib", **{"class": "fatal"}),
+        fabric("n03", check="skipped", what="ethtool"),
+        make_event(
+            "n03", Kind.PCIE_LINK, severity=Severity.WARNING, data={"status": "degraded", "device": "gpu0"}
+        ),
+    ):
+        assert not passive_suspect(quiet), quiet.data
+
+    async def main() -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+        agents = Agents(slow="n03", later=False)
+        state = _state(6)
+        tests = FabricTests(
+            agents.submit, state, hardware=HardwareConfig(profile="h200-sxm"), auto=True, cooldown_s=600.0
+        )
+        agents.observer = tests
+        tests.observe("event", crossed)
+        tests.observe("event", nic)  # within the cooldown: nothing more
+        await tests.settle()
+        return tests.last, list(agents.tests)
+
+    last, sent = asyncio.run(main())
+    assert last is not None and last["suspects"] == ["n03"] and last["bad_nodes"] == ["n03"]
+    assert sent[0][0] == "n03" and len(sent) == last["tests"]

@@ -10,7 +10,9 @@ drained): a test never runs on a node that is training (the agents refuse too). 
 (:attr:`FabricTests.last`) for the API (``GET /v1/fabric/bisect``), which also starts one
 (``POST /v1/fabric/bisect`` with the suspects: passive evidence or a slow pair). With ``auto``, a
 ``pair_test`` event judged slow (not one of a bisection's own tests) starts one by itself, its slow
-side the suspects, at most one per ``cooldown_s``. :meth:`FabricTests.run_mesh` is the pingmesh: one
+side the suspects, and so does passive evidence on a node's link (:func:`passive_suspect`: a port's
+error counter over its rule, a port below its profile's rate, a NIC's PCIe link degraded), that node
+the suspect; at most one per ``cooldown_s``. :meth:`FabricTests.run_mesh` is the pingmesh: one
 probe every ``coordinator.fabric.mesh_interval_s`` to the next pair of idle nodes, round-robin (a
 ``pair_test`` directive for 0 bytes, not an action: the agent's event carries the RTT into the matrix).
 
@@ -45,6 +47,24 @@ log = get_logger(__name__)
 RULE = "fabric_tests"
 
 
+def passive_suspect(event: Event) -> bool:
+    """Passive evidence that points at a node's link (issue #35 item 4): a fabric counter of a port
+    or NIC crossing its warning or fatal rule (congestion is the fabric's, not a node's), a port
+    running below its profile's rate or width, or a NIC's PCIe link degraded."""
+    data = event.data
+    if event.kind == Kind.FABRIC:
+        if data.get("check") == "counter":
+            return (
+                data.get("status") == "crossed"
+                and data.get("class") in ("fatal", "warning")
+                and (data.get("source") in ("ib", "hw", "phy"))
+            )
+        return data.get("check") == "port_rate" and data.get("status") == "degraded"
+    if event.kind == Kind.PCIE_LINK:
+        return data.get("status") == "degraded" and str(data.get("device", "")).startswith("nic")
+    return False
+
+
 class FabricTests:
     def __init__(
         self,
@@ -75,6 +95,10 @@ class FabricTests:
         if what == "event":
             if self.auto and isinstance(payload, Event) and payload.kind == Kind.PAIR_TEST:
                 self._slow_pair(payload)
+            elif self.auto and isinstance(payload, Event) and passive_suspect(payload):
+                self._start(
+                    (payload.node,), f"{payload.kind} {payload.data.get('subject', '')}".strip(), payload.id
+                )
             return
         if what != "action" or not isinstance(payload, ActionRecord) or not payload.state.finished:
             return
@@ -94,10 +118,17 @@ class FabricTests:
         verdict = judge_pair(result, expect, self._state.pairs.baseline(), profile=profile)
         if verdict.status != "slow" or not verdict.slow_senders:
             return
+        self._start(verdict.slow_senders, "a slow pair test", event.id)
+
+    def _start(self, suspects: tuple[str, ...], why: str, event_id: str) -> None:
+        """Start a bisection with ``suspects`` first, unless one runs or the last automatic one
+        started within ``cooldown_s`` (the slow pair's check is made by the caller too)."""
+        if self.running or time.monotonic() - self._last_auto < self.cooldown_s:
+            return
         self._last_auto = time.monotonic()
         self.running = True  # at once: the next slow event does not start a second one
-        log.info("bisection_started", suspects=list(verdict.slow_senders), because=event.id)
-        task = asyncio.get_running_loop().create_task(self.bisect(verdict.slow_senders), name="bisection")
+        log.info("bisection_started", suspects=list(suspects), why=why, because=event_id)
+        task = asyncio.get_running_loop().create_task(self.bisect(suspects), name="bisection")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
