@@ -10,7 +10,6 @@ skipped check with its reason -- never a pass, never a crash.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from ftd.agent.watchers.nvml.backend import PcieLinkInfo
 from ftd.agent.watchers.nvml.fake import FakeNvml
 from ftd.config.schema import FabricConfig, HardwareConfig
 from ftd.events import Event, Kind
+from tests.agent_on_bus import agent_on_bus
 from tests.fabric_tree import GPU, IB_NIC, PCI_PATHS, TreeWriter, counter, fake_ethtool, node_tree
 
 
@@ -418,11 +418,7 @@ def test_the_agent_publishes_a_fatal_counter_keeps_the_condition_and_remembers_a
     """The whole agent (build_agent): the fabric watcher's event leaves through the door onto the bus,
     the node's condition book holds it (what `ftd health` answers Slurm), and a second agent on the
     same state dir judges what rose while none ran."""
-    from ftd.agent.wiring import build_agent
-    from ftd.bus import topics
-    from ftd.bus.memory import MemoryBroker, MemoryBus
     from ftd.config import AgentConfig
-    from ftd.events import decode
     from tests.unit.helpers import until
 
     kmsg = tmp_path / "kmsg"
@@ -441,41 +437,14 @@ def test_the_agent_publishes_a_fatal_counter_keeps_the_condition_and_remembers_a
         ]
 
     async def one_agent(change: str | None, wanted: str) -> tuple[list[Event], list[str]]:
-        broker = MemoryBroker()
-        sub = MemoryBus(broker, client_id="coordinator")
-        await sub.subscribe(topics.node_event("n1", str(Kind.FABRIC)))
-        await sub.start()
-        got: list[Event] = []
-
-        async def collect() -> None:
-            async for message in sub.messages():
-                got.append(decode(message.payload, Event))
-
-        agent = build_agent(
-            cfg,
-            bus=MemoryBus(broker, client_id="agent"),
-            node="n1",
-            nvml_backend=rig.nvml,
-            hardware=HardwareConfig(profile="h100-sxm"),
-        )
-        collector = asyncio.create_task(collect())
-        task = asyncio.create_task(agent.run())
-        try:
+        build = {"nvml_backend": rig.nvml, "hardware": HardwareConfig(profile="h100-sxm")}
+        async with agent_on_bus(cfg, [Kind.FABRIC], **build) as running:
             await until(lambda: rig.state.parent.parent.joinpath("s", "fabric.json").exists(), within=20)
             if change is not None:
                 rig.writer.write({counter("symbol_error"): change})
-            await until(lambda: bool(crossed(got, wanted)), within=20)
-            conditions = [c.key for c in agent.conditions.active()]
-        finally:
-            task.cancel()
-            collector.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            with contextlib.suppress(asyncio.CancelledError):
-                await collector
-            await agent.close()
-            await sub.stop()
-        return got, conditions
+            await until(lambda: bool(crossed(running.events, wanted)), within=20)
+            conditions = [c.key for c in running.agent.conditions.active()]
+            return running.events, conditions
 
     got, conditions = asyncio.run(one_agent("200\n", "symbol_error"))
     (event,) = crossed(got, "symbol_error")

@@ -10,7 +10,6 @@ nvidia_peermem, or, in a container without it, unknown with its reason.)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import resource
 import socket
@@ -19,12 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from ftd.agent.wiring import build_agent
-from ftd.bus import topics
-from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import AgentConfig, LogsConfig, NvmlConfig
 from ftd.config.schema import JobChecksConfig
-from ftd.events import Event, Kind, decode
+from ftd.events import Kind
+from tests.agent_on_bus import agent_on_bus
 from tests.unit.helpers import until
 
 RANK = """
@@ -59,62 +56,43 @@ async def test_a_slow_path_job_is_named_within_10_s_and_again_when_nccl_says_soc
         logs=LogsConfig(paths=[str(log)]),
         job_checks=JobChecksConfig(infiniband="yes", connect_attempts=1, acs=False),
     )
-    broker = MemoryBroker()
-    sub = MemoryBus(broker, client_id="coordinator")
-    await sub.subscribe(topics.node_event("n1", str(Kind.PLATFORM)))
-    await sub.start()
-    got: list[tuple[float, Event]] = []
+    async with agent_on_bus(cfg, [Kind.PLATFORM]) as running:
+        got = running.received
+        port = _closed_port()
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
-    async def collect() -> None:
-        async for message in sub.messages():
-            got.append((time.monotonic(), decode(message.payload, Event)))
+        def low_memlock() -> None:
+            resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, 64 << 10))
 
-    agent = build_agent(cfg, bus=MemoryBus(broker, client_id="agent"), node="n1")
-    collector = asyncio.create_task(collect())
-    task = asyncio.create_task(agent.run())
-    port = _closed_port()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-
-    def low_memlock() -> None:
-        resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, 64 << 10))
-
-    await until(lambda: os.path.exists(cfg.socket_path), within=10)
-    started = time.monotonic()
-    rank = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        RANK,
-        cfg.socket_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        preexec_fn=low_memlock,  # the rank's own limit, as `ulimit -l 64` gives it
-    )
-    try:
-        await until(lambda: len(got) >= 1, within=10)
-        at, first = got[0]
-        assert at - started < 10.0, at - started
-        assert first.data["job"] == "j-rdma" and first.data["pids"] == [rank.pid]
-        causes = set(first.data["causes"])
-        assert "memlock_low" in causes
-        assert "no_peermem" in causes or "/proc/modules" in first.data["unknown"]["peermem"]
-        # The rendezvous probe's answer (one attempt here) makes the next event.
-        await until(lambda: len(got) >= 2, within=10)
-        assert "rendezvous_unreachable" in got[1][1].data["causes"]
-        assert first.data["evidence"]["memlock_low"]["bytes"] == {str(rank.pid): 64 << 10}
-        assert "nccl_transport" in first.data["unknown"]
-        with log.open("a") as f:
-            f.write(f"n1:{rank.pid}:{rank.pid} [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n")
-        await until(lambda: len(got) >= 3, within=10)
-        second = got[2][1]
-        assert "nccl_socket" in second.data["causes"] and second.data["nccl"]["nets"] == ["socket"]
-    finally:
-        rank.kill()
-        await rank.wait()
-        task.cancel()
-        collector.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        with contextlib.suppress(asyncio.CancelledError):
-            await collector
-        await agent.close()
-        await sub.stop()
+        await until(lambda: os.path.exists(cfg.socket_path), within=10)
+        started = time.monotonic()
+        rank = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            RANK,
+            cfg.socket_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            preexec_fn=low_memlock,  # the rank's own limit, as `ulimit -l 64` gives it
+        )
+        try:
+            await until(lambda: len(got) >= 1, within=10)
+            at, first = got[0]
+            assert at - started < 10.0, at - started
+            assert first.data["job"] == "j-rdma" and first.data["pids"] == [rank.pid]
+            causes = set(first.data["causes"])
+            assert "memlock_low" in causes
+            assert "no_peermem" in causes or "/proc/modules" in first.data["unknown"]["peermem"]
+            # The rendezvous probe's answer (one attempt here) makes the next event.
+            await until(lambda: len(got) >= 2, within=10)
+            assert "rendezvous_unreachable" in got[1][1].data["causes"]
+            assert first.data["evidence"]["memlock_low"]["bytes"] == {str(rank.pid): 64 << 10}
+            assert "nccl_transport" in first.data["unknown"]
+            with log.open("a") as f:
+                f.write(f"n1:{rank.pid}:{rank.pid} [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n")
+            await until(lambda: len(got) >= 3, within=10)
+            second = got[2][1]
+            assert "nccl_socket" in second.data["causes"] and second.data["nccl"]["nets"] == ["socket"]
+        finally:
+            rank.kill()
+            await rank.wait()

@@ -9,8 +9,6 @@ event *and* storm control's summary of its repeats both carry the rank's job.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 from pathlib import Path
 
@@ -22,13 +20,11 @@ from ftd.agent.kmsg_parse.parser import parse_lines
 from ftd.agent.local_api.owners import RankOwners
 from ftd.agent.save_path import FS_KINDS, Mount
 from ftd.agent.watchers.kmsg import kernel_event_to_event
-from ftd.agent.wiring import build_agent
-from ftd.bus import topics
-from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.client import Client
 from ftd.config import AgentConfig
 from ftd.config.schema import StormConfig
-from ftd.events import Event, Kind, RankInfo, decode, make_event
+from ftd.events import Kind, RankInfo, make_event
+from tests.agent_on_bus import agent_on_bus
 from tests.unit.helpers import until
 
 SEGFAULT = (
@@ -126,41 +122,28 @@ async def test_the_kernel_logs_first_segfault_and_storm_controls_summary_both_ca
         socket_path=str(tmp_path / "a.sock"),
         storm=StormConfig(window_s=0.3),
     )
-    broker = MemoryBroker()
-    sub = MemoryBus(broker, client_id="coordinator")
-    await sub.subscribe(topics.node_event("n1", str(Kind.SEGFAULT)))
-    await sub.start()
-    got: list[Event] = []
-
-    async def collect() -> None:
-        async for message in sub.messages():
-            got.append(decode(message.payload, Event))
-
-    agent = build_agent(cfg, bus=MemoryBus(broker, client_id="agent"), node="n1")
-    collector = asyncio.create_task(collect())
-    task = asyncio.create_task(agent.run())
-    client = Client(job="j-nccl", rank=2, socket_path=cfg.socket_path)
-    try:
-        await until(lambda: client.connected, within=10)
-        with kmsg.open("a") as f:
-            f.write(SEGFAULT.format(pid=os.getpid()) * 3)  # a first occurrence and two repeats
-        await until(lambda: len(got) == 2, within=10)
-        first, summary = got
-        assert first.count == 1 and summary.count == 2 and summary.data["repeat_of"] == first.id
-        for event in (first, summary):
-            assert (event.data["job"], event.data["rank"], event.data["pid"]) == ("j-nccl", 2, os.getpid())
-        published = {k: n for k, n in agent.events_by_kind.items() if k != "inventory"}  # its start report
-        assert published == {"segfault": 2}
-    finally:
-        client.close()
-        task.cancel()
-        collector.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        with contextlib.suppress(asyncio.CancelledError):
-            await collector
-        await agent.close()
-        await sub.stop()
+    async with agent_on_bus(cfg, [Kind.SEGFAULT]) as running:
+        agent, got = running.agent, running.received
+        client = Client(job="j-nccl", rank=2, socket_path=cfg.socket_path)
+        try:
+            await until(lambda: client.connected, within=10)
+            with kmsg.open("a") as f:
+                f.write(SEGFAULT.format(pid=os.getpid()) * 3)  # a first occurrence and two repeats
+            await until(lambda: len(got) == 2, within=10)
+            first, summary = running.events
+            assert first.count == 1 and summary.count == 2 and summary.data["repeat_of"] == first.id
+            for event in (first, summary):
+                assert (event.data["job"], event.data["rank"], event.data["pid"]) == (
+                    "j-nccl",
+                    2,
+                    os.getpid(),
+                )
+            published = {
+                k: n for k, n in agent.events_by_kind.items() if k != "inventory"
+            }  # its start report
+            assert published == {"segfault": 2}
+        finally:
+            client.close()
 
 
 def test_no_agent_module_but_the_door_addresses_an_event_to_the_bus() -> None:
