@@ -12,6 +12,7 @@ creates is removed, also on failure.
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -61,7 +62,7 @@ def test_a_client_without_the_fleet_key_gets_no_test(fleet: NetnsFleet) -> None:
         "node='stranger',key=b'not-the-key',timeout_s=10));print(r.error);print(r.bytes_moved)"
     )
     out = subprocess.run(
-        ["ip", "netns", "exec", ns, "python", "-c", code],
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code],  # this interpreter: ftd importable
         capture_output=True,
         text=True,
         check=True,
