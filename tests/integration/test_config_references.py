@@ -600,3 +600,25 @@ def test_relations_hold_when_both_sides_are_set_and_skip_type_errors() -> None:
     assert list(problems_of("[[coordinator.policy.domain_budgets]]\nlabel = 'row'\nmax_drained = 1\n")) == [
         "coordinator.policy.domain_budgets[0].label"
     ]
+
+
+def test_the_operators_hardware_catalog_is_checked_like_the_daemons_load_it(tmp_path: Path) -> None:
+    """hardware.catalog: unreadable or malformed is a problem at that path, naming the file and key
+    (the daemons would skip every profile check on it); a good one passes."""
+    from ftd.commands.config_check.references import check_references
+    from ftd.config import Config
+    from ftd.config.schema import HardwareConfig
+
+    def problems(path: Path) -> list[str]:
+        config = Config(hardware=HardwareConfig(catalog=str(path)))
+        return [p.message for p in check_references(config, roles=["agent"]) if p.path == "hardware.catalog"]
+
+    assert problems(tmp_path / "absent.toml") == [
+        f"{tmp_path / 'absent.toml'}: cannot read: No such file or directory"
+    ]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[profiles.x]\ngpu_names = [1]\n")
+    assert problems(bad) == [f"{bad}: profiles.x.gpu_names: expected a list of names"]
+    good = tmp_path / "good.toml"
+    good.write_text("[burn_in.h100-sxm]\nmatmul_tflops = 720.0\n")
+    assert problems(good) == []

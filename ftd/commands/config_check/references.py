@@ -48,6 +48,7 @@ import os
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 
+from ftd.catalog.hardware_profiles import HardwareCatalogError, load_hardware_catalog
 from ftd.catalog.log_patterns import load_patterns
 from ftd.commands.config_check.found import Found
 from ftd.commands.config_check.rules import check_rules
@@ -89,6 +90,8 @@ def check_references(
             _client_certificate(standby, found, None, lambda key: at.get(key, f"bus.{key}"))
         _coordinator(config, found)
         check_rules(config, found)
+    if config.hardware.catalog and found.known("hardware.catalog"):
+        found.check("hardware.catalog", config.hardware.catalog, _hardware_catalog_problem)
     deferred = set() if in_service else set(deferred_credentials(config, wanted))
     for option, name in _secrets(config, wanted):
         if option not in deferred and found.known(option):
@@ -101,6 +104,16 @@ def check_references(
         found.problems.extend(unit_credential_problems(named, sorted(wanted)))
     order = {section: i for i, section in enumerate(("bus", *ROLES))}  # the tables' order in a file
     return sorted(found.problems, key=lambda p: order.get(p.path.split(".")[0], len(order)))
+
+
+def _hardware_catalog_problem(path: str) -> str | None:
+    """The operator's hardware catalog as both daemons load it: unreadable or malformed is a problem
+    (its file and key), so a check that needs a profile is never judged against nothing."""
+    try:
+        load_hardware_catalog(Path(path))
+    except HardwareCatalogError as exc:
+        return str(exc)
+    return None
 
 
 def _client_certificate(
