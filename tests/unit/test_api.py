@@ -25,7 +25,7 @@ from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
 from ftd.coordinator.wiring import build
 from ftd.events import JobPresence, Kind, NodeStatus, RankInfo, Severity, make_event
-from ftd.plugin.actions import ActionState
+from ftd.plugin.actions import ActionRecord, ActionRequest, ActionState
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -481,3 +481,31 @@ async def test_openapi_documents_every_route(env: Env) -> None:
             if method == "post":
                 assert op["security"] == [{"bearer": []}], path
                 assert {"401", "403"} <= set(op["responses"]), path
+
+
+async def test_a_drain_for_repair_links_its_diagnostic_bundle(env: Env) -> None:
+    """Issue #36 item 5: the drain's own view (GET /v1/actions/{drain}) carries the bundle of the
+    rma_bundle action asked for it; another drain shows none."""
+    resp = await env.client.post("/v1/nodes/node-1/drain", json={"reason": "bad gpu"}, headers=AUTH)
+    drain = await resp.json()
+    other = await (await env.client.post("/v1/nodes/node-2/drain", json={"reason": "x"}, headers=AUTH)).json()
+    await wait_finished(env.coordinator)
+    bundle = ActionRecord(
+        id="act-bundle-1",
+        request=ActionRequest(
+            kind="rma_bundle", target="node-1", reason="r", params={"drain_action": drain["id"]}
+        ),
+        state=ActionState.SUCCEEDED,
+        detail={"drain_action": drain["id"], "bundle": "/var/lib/ftd/rma/node-1-x.tar.gz"},
+        created=drain["created"] + 1.0,
+        updated=drain["created"] + 1.0,
+    )
+    await env.coordinator.ledger.save_action(bundle)
+    got = await (await env.client.get(f"/v1/actions/{drain['id']}")).json()
+    assert got["detail"]["rma_bundle"] == {
+        "action": "act-bundle-1",
+        "state": "succeeded",
+        "bundle": "/var/lib/ftd/rma/node-1-x.tar.gz",
+    }
+    plain = await (await env.client.get(f"/v1/actions/{other['id']}")).json()
+    assert "rma_bundle" not in plain["detail"]

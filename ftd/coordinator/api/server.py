@@ -86,6 +86,9 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
+#: Actions searched (newest first) for the repair bundle a drain's view links.
+BUNDLE_LOOKBACK = 1000
+
 RECENT_ACTIONS = 500  # the newest actions read to show each node's last one (in-flight ones always)
 
 
@@ -452,7 +455,19 @@ class Api:
 
     async def action(self, request: web.Request) -> web.Response:
         record = await self._record(request)
+        if record.request.kind == ActionKind.DRAIN_NODE:
+            bundle = await self._bundle_of(record.id)
+            if bundle is not None:  # a drain for repair links its diagnostic bundle (issue #36)
+                record = msgspec.structs.replace(record, detail={**record.detail, "rma_bundle": bundle})
         return json_response(wire.action_out(record, self._live_acks(record)))
+
+    async def _bundle_of(self, drain_id: str) -> dict[str, Any] | None:
+        """The ``rma_bundle`` action asked for the drain ``drain_id`` (the newest among the ledger's
+        last :data:`BUNDLE_LOOKBACK` actions): its id, state and the bundle's path."""
+        for other in await self.coordinator.ledger.actions(limit=BUNDLE_LOOKBACK):  # newest first
+            if other.request.kind == "rma_bundle" and other.request.params.get("drain_action") == drain_id:
+                return {"action": other.id, "state": str(other.state), "bundle": other.detail.get("bundle")}
+        return None
 
     # --- mutating handlers ------------------------------------------------------------------------
 
