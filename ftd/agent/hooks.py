@@ -41,7 +41,7 @@ from ftd.agent.jobs import (
 from ftd.agent.local_api import LocalApi
 from ftd.agent.local_api.inject import INJECT, DrillError, InjectMsg, injected_event
 from ftd.agent.local_api.inject import reply as inject_reply
-from ftd.agent.pair_tests.service import PairTestService
+from ftd.agent.pair_tests.service import PairTestService, training_jobs
 from ftd.agent.preflight.burn_in import PairTest
 from ftd.agent.rma.bundle import Bundle
 from ftd.agent.spool import Outbox, Outgoing
@@ -190,7 +190,8 @@ class NodeHooks:
         plan = plan_for(self.cfg, hardware, profile, **extra)
 
         def training() -> list[str]:
-            return sorted(set(self._scheduler_jobs.all()) | set(self._local_api.jobs()))
+            # no supervisor exception here: a burn-in loads the GPUs, never beside an idle job's slots
+            return training_jobs(self._local_api.jobs(), self._scheduler_jobs.all())
 
         pair = self._pair_step(params or {}, profile)
         report = await run_burn_in(self.node, plan, training=training, pair_test=pair, profile=profile)

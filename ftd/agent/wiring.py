@@ -179,7 +179,12 @@ def build_agent(
         from_start=cfg.kmsg_from_start,
         storm=storm,  # it offers its events (and repeats, without the event) to storm control
     )
-    pair_tests = PairTestService(cfg.pair_tests, node, busy=training(local_api.jobs, scheduler_jobs.all))
+    pair_tests = PairTestService(
+        cfg.pair_tests,
+        node,
+        busy=training(local_api.jobs, scheduler_jobs.all, local_api.supervisors),
+        host=cfg.pair_tests.host,
+    )
     all_watchers: list[Watcher] = [
         Named("kmsg", kmsg),
         HeartbeatWatcher(cfg.heartbeat, node, emit, local_api=local_api),

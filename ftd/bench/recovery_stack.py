@@ -270,7 +270,9 @@ class RecoveryStack:
         return "\n".join(parts)
 
 
-def _agent_config(port: int, node: str, kmsg: Path, state: Path, socket: Path, extra: str = "") -> str:
+def _agent_config(
+    port: int, node: str, kmsg: Path, state: Path, socket: Path, extra: str = "", keys: str = ""
+) -> str:
     return f"""[bus]
 host = "127.0.0.1"
 port = {port}
@@ -283,6 +285,7 @@ kmsg_path = "{kmsg}"
 kmsg_from_start = true
 state_dir = "{state}"
 socket_path = "{socket}"
+{keys}
 
 [log]
 level = "info"
@@ -329,11 +332,13 @@ def recovery_stack(
     coordinator_keys: dict[str, Any] | None = None,
     coordinator_extra: str = "",
     agent_extra: str = "",
+    agent_keys: Callable[[str], str] | None = None,
     start_timeout_s: float = 60.0,
 ) -> Iterator[RecoveryStack]:
     """Agents on every node of ``slurm`` and a coordinator, on the broker at ``broker_port``.
     ``coordinator_keys``: keys of ``[coordinator]`` (save/stop deadlines...); ``coordinator_extra``:
-    more TOML tables at the end of its config; ``agent_extra``: the same for every agent's."""
+    more TOML tables at the end of its config; ``agent_extra``: the same for every agent's;
+    ``agent_keys``: more keys of one node's ``[agent]`` table (TOML lines), by node."""
     keys = {"save_deadline_s": 30.0, "stop_deadline_s": 30.0, **(coordinator_keys or {})}
     workdir.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix="ftd-rec-", dir="/tmp"))  # unix socket paths must be short
@@ -362,6 +367,7 @@ def recovery_stack(
                     workdir / f"state-{node}",
                     run_dir / node / "agent.sock",
                     agent_extra,
+                    agent_keys(node) if agent_keys is not None else "",
                 ),
                 workdir,
             )

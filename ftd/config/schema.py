@@ -487,6 +487,13 @@ class PairTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     port: Annotated[
         int, _doc("TCP port the pair-test server listens on (all the node's addresses).", ge=1, le=65535)
     ] = 7411
+    host: Annotated[
+        str,
+        _doc(
+            "The address the pair-test server listens on: all of the node's (0.0.0.0) or one, e.g. the "
+            "fabric interface's, so tests move over the network jobs use and nowhere else."
+        ),
+    ] = "0.0.0.0"
     key_file: Annotated[
         str,
         _doc(
@@ -1220,6 +1227,26 @@ class FabricTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             ge=0,
         ),
     ] = 0.0
+    test_spares: Annotated[
+        bool,
+        _doc(
+            "Before a hot spare takes a slot, its agent pair-tests it against the job's slot nodes next "
+            "to that slot (while the stopped job runs no rank); slow on its side, or not tested: another "
+            "spare, else the scheduler requeue. Off by default: it needs agent.pair_tests.key_file on "
+            "every agent, and adds a test to each swap."
+        ),
+    ] = False
+    spare_test_peers: Annotated[
+        int, _doc("How many of the job's slot nodes each spare is tested against (test_spares).", ge=1, le=16)
+    ] = 2
+    spare_busy_wait_s: Annotated[
+        float,
+        _doc(
+            "How long a spare's test is retried while a job node still reports training (its ranks "
+            "not yet seen stopped) before the spare counts as untested (test_spares).",
+            ge=0,
+        ),
+    ] = 10.0
     port: Annotated[int, _doc("The agents' pair-test port (agent.pair_tests.port).", ge=1, le=65535)] = 7411
     deadline_s: Annotated[
         float, _doc("How long a pair_test directive may take before the test counts as failed.", gt=0)

@@ -25,11 +25,11 @@ from ftd.agent.watchers.base import WatcherHealth
 from ftd.config.credentials import read_secret_file
 from ftd.config.errors import ConfigError
 from ftd.config.schema import PairTestsConfig
-from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, Severity, make_event
+from ftd.events import NODE_RANK, Ack, Directive, Event, Kind, Severity, SupervisorInfo, make_event
 from ftd.fabric.pairs import PairResult
 from ftd.logs import get_logger
 
-__all__ = ["PairTestService", "read_key", "result_event", "training"]
+__all__ = ["NO_RANKS", "PairTestService", "read_key", "result_event", "training", "training_jobs"]
 
 log = get_logger(__name__)
 
@@ -48,11 +48,36 @@ def read_key(path: str) -> tuple[bytes | None, str]:
     return key.encode(), ""
 
 
-def training(ranks: Callable[[], Mapping[str, Any]], scheduler_jobs: Callable[[], Mapping[str, Any]]) -> Busy:
-    """``busy`` for this node: why it trains (the jobs), or ``None`` when no job runs here."""
+#: A rank supervisor (``ftd run``) in one of these states runs no rank here: a hot spare waiting, or a
+#: slot between two generations (its ranks stopped, exited or never started). ``lost`` is not one:
+#: its ranks may outlive it.
+NO_RANKS = frozenset({"idle", "stopped", "exited", "failed"})
+
+
+def training_jobs(
+    ranks: Mapping[str, Any],
+    scheduler_jobs: Mapping[str, Any],
+    supervisors: Mapping[str, SupervisorInfo] | None = None,
+) -> list[str]:
+    """The jobs training on this node: every job with a rank registered through the client, and every
+    job the scheduler's Prolog reported here -- unless this node's rank supervisor of that job says
+    it runs no rank now (:data:`NO_RANKS`: a hot spare, or the slots of a job stopped for a restart),
+    which is what lets a spare be tested against the nodes of the job it would join while that job is
+    stopped (issue #35). A scheduler job with no supervisor here counts as training: what it runs is
+    not known."""
+    idle = {job for job, info in (supervisors or {}).items() if info.state in NO_RANKS}
+    return sorted({*ranks, *(job for job in scheduler_jobs if job not in idle)})
+
+
+def training(
+    ranks: Callable[[], Mapping[str, Any]],
+    scheduler_jobs: Callable[[], Mapping[str, Any]],
+    supervisors: Callable[[], Mapping[str, SupervisorInfo]] | None = None,
+) -> Busy:
+    """``busy`` for this node: why it trains (the jobs, :func:`training_jobs`), or ``None``."""
 
     def busy() -> str | None:
-        jobs = sorted({*ranks(), *scheduler_jobs()})
+        jobs = training_jobs(ranks(), scheduler_jobs(), supervisors() if supervisors is not None else None)
         return f"training (job {', '.join(jobs)})" if jobs else None
 
     return busy

@@ -35,6 +35,7 @@ from ftd.coordinator.actions.preflight import PREFLIGHT, Preflight
 from ftd.coordinator.actions.rma import RMA_BUNDLE, RmaBundle
 from ftd.coordinator.actions.scheduler import Scheduler
 from ftd.coordinator.actions.slurm_signal import SlurmSignalFallback
+from ftd.coordinator.actions.spare_tests import SpareTests
 from ftd.coordinator.model.state import ClusterState
 from ftd.plugin.actions import ActionKind, ActionRecord
 from ftd.plugin.hookspecs import Executor, hookimpl
@@ -133,7 +134,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
             state=ctx.state,
         )
     # Pair tests (issue #35): a node's agent tests the pair it forms with an idle peer.
-    executors[PAIR_TEST] = PairTest(
+    pair_test = PairTest(
         send=ctx.send_to_node,
         acks=ctx.acks,
         state=ctx.state,
@@ -141,6 +142,11 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         port=cfg.fabric.port,
         deadline_s=cfg.fabric.deadline_s,
     )
+    executors[PAIR_TEST] = pair_test
+    if cfg.fabric.enabled and cfg.fabric.test_spares:  # a spare tested against the job's nodes first
+        checkpoint_restart.in_allocation.spare_tests = SpareTests(
+            pair_test, peers=cfg.fabric.spare_test_peers, busy_wait_s=cfg.fabric.spare_busy_wait_s
+        )
     if ctx.scheduler is not None:
         executors[ActionKind.DRAIN_NODE] = DrainNode(ctx.scheduler, ctx.state)
         executors[ActionKind.RESUME_NODE] = ResumeNode(ctx.scheduler, ctx.state)

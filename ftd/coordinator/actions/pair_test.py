@@ -103,23 +103,40 @@ class PairTest:
         peer = named if isinstance(named, str) and named else choose_peer(self._state, node)
         if peer is None:
             return {"state": str(ActionState.FAILED), "pair_test": f"no idle peer to test {node} against"}
+        outcome = await self.measure(record, node, peer)
+        detail = {"peer": peer, "pair_test": outcome["why"]}
+        if "result" in outcome:
+            detail["result"] = outcome["result"]
+        if outcome["status"] == "pass":
+            return {"passed": True, **detail}
+        if outcome.get("answered") is False:
+            return {"state": str(ActionState.FAILED), **detail}
+        return {"state": str(ActionState.ESCALATED), "passed": False, "verdict": outcome["status"], **detail}
+
+    async def measure(
+        self, record: ActionRecord, node: str, peer: str, *, suffix: str | None = None
+    ) -> dict[str, Any]:
+        """Have ``node``'s agent test the pair it forms with ``peer`` and judge it: ``status`` (a
+        :class:`~ftd.fabric.pairs.PairVerdict`'s: pass, slow, failed, skipped), ``why``, the
+        ``result`` when one came back, ``answered`` False when none did (failed, fails closed)."""
         host = peer_address(self._state, peer)
         if host is None:
-            return {"state": str(ActionState.FAILED), "pair_test": f"{peer} announced no address"}
+            return {"status": "failed", "answered": False, "why": f"{peer} announced no address"}
         params = {"peer": peer, "host": host, "port": self.port}
-        directive = directive_for(record, "pair_test", node=node, deadline_s=self.deadline_s, params=params)
+        directive = directive_for(
+            record, "pair_test", suffix=suffix, node=node, deadline_s=self.deadline_s, params=params
+        )
         ack = await ask_node(self._send, self._acks, directive, self.deadline_s)
         if ack is None:
-            return {
-                "state": str(ActionState.FAILED),
-                "peer": peer,
-                "pair_test": f"no answer from {node}'s agent within {self.deadline_s:g} s",
-            }
+            why = f"no answer from {node}'s agent within {self.deadline_s:g} s"
+            return {"status": "failed", "answered": False, "why": why}
         raw = ack.data.get("pair_test")
         result = PairResult.from_dict(raw if isinstance(raw, dict) else {"error": ack.reason or "no result"})
         expect, profile, _ = fleet_expectation(self._hardware)
         verdict = judge_pair(result, expect, self._state.pairs.baseline(), profile=profile)
-        detail = {"peer": peer, "pair_test": "; ".join(verdict.reasons), "result": result.as_dict()}
-        if verdict.status == "pass":
-            return {"passed": True, **detail}
-        return {"state": str(ActionState.ESCALATED), "passed": False, "verdict": verdict.status, **detail}
+        return {
+            "status": verdict.status,
+            "why": "; ".join(verdict.reasons),
+            "slow_senders": list(verdict.slow_senders),
+            "result": result.as_dict(),
+        }

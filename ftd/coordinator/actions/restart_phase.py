@@ -31,6 +31,7 @@ from ftd.bus import topics
 from ftd.client.protocol import generation_run
 from ftd.coordinator.actions.directive import Publish, directive_for, publish_with_retry
 from ftd.coordinator.actions.in_allocation import Choice, choose, next_generation
+from ftd.coordinator.actions.spare_tests import SpareTests
 from ftd.coordinator.ledger.store import LedgerUnavailable
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import RankInfo, SupervisorInfo, encode
@@ -69,6 +70,8 @@ class InAllocation:
         self.persist = persist
         self.allow_unchecked = allow_unchecked
         self.poll_s = poll_s
+        # issue #35: spares pair-tested against the job's nodes first (coordinator.fabric.test_spares)
+        self.spare_tests: SpareTests | None = None
 
     # --- the path ----------------------------------------------------------------------------
 
@@ -165,6 +168,19 @@ class InAllocation:
                 if choice.path != "requeue":
                     detail.update(choice.detail())
                     continue
+            if (
+                detail.get("path") == "spare"
+                and detail.get("restart_sent") != generation
+                and self.spare_tests
+            ):
+                # issue #35: each spare is pair-tested against its new neighbours before it joins
+                rejected = await self.spare_tests.unfit(record)
+                if rejected:
+                    log.warning("restart_spares_unfit", job=job, generation=generation, unfit=rejected)
+                    moved = await self._plan_without(record, slots, generation, rejected, requeue)
+                    if moved is not None:
+                        return moved
+                    continue
             if detail.get("restart_sent") != generation:  # a resumed action re-sends, never re-plans
                 detail["restart_sent"] = generation
                 detail["restart_sent_at"] = time.time()
@@ -181,23 +197,41 @@ class InAllocation:
                 return out
             log.warning("restart_slots_failed", job=job, generation=generation, failed=failed)
             self._quarantine_if_resume_crashed(record, slots, failed)
-            unfit = dict(detail.get("unfit") or {})
-            unfit.update(failed)
-            tries = list(detail.get("restart_failures") or [])
-            tries.append({"generation": generation, "failed": failed})
-            detail["unfit"] = unfit
-            detail["restart_failures"] = tries
-            choice = self._replan(record, slots, generation)
-            log.info("restart_path_chosen", job=job, path=choice.path, why=choice.why, retry=True)
-            if choice.path == "requeue":
-                exclude = sorted(set(record.request.params.get("exclude") or []) | set(unfit))
-                detail.update(choice.detail())
-                moved = await requeue(record, exclude)
-                moved["path"] = "requeue"
-                moved["restart_why"] = choice.why
-                moved["state"] = str(ActionState.ESCALATED)  # the in-allocation restart did not work
+            moved = await self._plan_without(record, slots, generation, failed, requeue)
+            if moved is not None:
                 return moved
+
+    async def _plan_without(
+        self,
+        record: ActionRecord,
+        slots: list[str],
+        generation: int,
+        failed: dict[str, str],
+        requeue: Requeue,
+    ) -> dict[str, Any] | None:
+        """Plan the attempt after ``generation`` with ``failed`` (node -> why) unfit: ``None`` when it
+        stays inside the allocation (the plan is in ``detail``), else the scheduler requeue's result."""
+        detail = record.detail
+        unfit = dict(detail.get("unfit") or {})
+        unfit.update(failed)
+        tries = list(detail.get("restart_failures") or [])
+        tries.append({"generation": generation, "failed": failed})
+        detail["unfit"] = unfit
+        detail["restart_failures"] = tries
+        choice = self._replan(record, slots, generation)
+        log.info(
+            "restart_path_chosen", job=record.request.target, path=choice.path, why=choice.why, retry=True
+        )
+        if choice.path == "requeue":
+            exclude = sorted(set(record.request.params.get("exclude") or []) | set(unfit))
             detail.update(choice.detail())
+            moved = await requeue(record, exclude)
+            moved["path"] = "requeue"
+            moved["restart_why"] = choice.why
+            moved["state"] = str(ActionState.ESCALATED)  # the in-allocation restart did not work
+            return moved
+        detail.update(choice.detail())
+        return None
 
     async def _persist(self, record: ActionRecord) -> None:
         """Write the attempt to the ledger. A ledger that is down does not hold the restart up (the
