@@ -23,6 +23,8 @@ agents, coordinator and ledger, with a victim rank drawn from ``--seed``:
 - ``slowed_all``: every rank is slowed so (no node is at fault);
 - ``job_wide``: every rank opens a FIFO nobody writes (a path that never answers);
 - ``clean``: nothing; the job is watched as long as a hang case would be.
+- ``clean_long``: nothing, watched for 10 minutes once the slow-rank detector is warm: any
+  ``rank_slow``, hang symptom or verdict (``alarms``), restart or exclusion makes the run wrong.
 
 And ``e2e_during_collection``: ``ftd bench e2e``'s measurement (Xid line -> the client has ``save``)
 twice on its own stack, alone and while hang-evidence collections keep running on the same coordinator
@@ -76,6 +78,7 @@ CASES = (
     "slowed_all",
     "job_wide",
     "clean",
+    "clean_long",
     "e2e_during_collection",
 )
 HANG_CASES = frozenset({"stopped", "stuck", "job_wide"})
@@ -96,6 +99,8 @@ VERDICT_TIMEOUT_S = 120.0  # fault -> hang_verdict, beyond which the case is rep
 TIME_LIMIT_MIN = 120  # the job's sbatch --time: the slow-rank cost model weighs the time it has left
 SLOW_WINDOW_S = 60.0  # how long a slowed case is watched for rank_slow (the target is 60 s)
 CLEAN_WINDOW_S = 30.0  # how long a clean case is watched (hang verdicts came within 10 s of a fault here)
+#: clean_long: a clean job watched this long once the slow-rank detector is warm (the target's 10 minutes)
+CLEAN_LONG_S = 600.0
 RECOVER_TIMEOUT_S = 180.0
 E2E_SAMPLES = 1000  # p99 of 200 samples is their second-slowest: 0.8-1.7 x between runs here
 _NOT_RUN = frozenset({"suppressed", "dry_run", "rejected", "awaiting_approval"})  # the policy gate said no
@@ -243,7 +248,7 @@ def _measure(
 ) -> dict[str, Any]:
     job = stack.submit(_spec(case, fault_dir))
     steady(stack, job, RANKS, 240)
-    if case in SLOW_CASES:
+    if case in SLOW_CASES or case == "clean_long":
         # The detector's baseline is the job's own history (coordinator.slow_ranks.warmup_samples
         # presences, at most one a second): it must be set before the slowdown, then a clean stretch.
         stack.coordinator.wait_log("slow_ranks_warm", 240)
@@ -251,7 +256,7 @@ def _measure(
     ranks = _ranks(stack, job)
     victim_node = str(ranks[victim]["node"])
     fault_at = inject(stack, job, case, victim, fault_dir, held)
-    if case not in ("stopped", "throttled", "clean"):
+    if case not in ("stopped", "throttled", "clean", "clean_long"):
         # a fault file takes hold at the rank's next step: when it said so
         since = fault_at
         if _until(lambda: _fault_times(stack, job, since), 30, "the fault to take hold") is None:
@@ -289,8 +294,10 @@ def _measure(
                 lambda: recovered(stack, job, fault_at, RANKS), RECOVER_TIMEOUT_S, "training again"
             )
     else:
-        end = time.monotonic() + CLEAN_WINDOW_S
-        wait_for(lambda: time.monotonic() > end, CLEAN_WINDOW_S + 5, "the clean window", poll=1.0)
+        window = CLEAN_LONG_S if case == "clean_long" else CLEAN_WINDOW_S
+        end = time.monotonic() + window
+        wait_for(lambda: time.monotonic() > end, window + 5, "the clean window", poll=1.0)
+        out["window_s"] = window
     out.update(read_outcome(stack, job, case, fault_at, victim_node))
     for throttle in held:
         out["throttle"] = {
@@ -349,6 +356,8 @@ def read_outcome(
             "remaining_s": data.get("remaining_s"),
             "remaining_from": data.get("remaining_from"),
         }
+    # anything that would reach an operator about this job: a slow rank, a hang symptom or verdict
+    out["alarms"] = len(slow) + len(symptoms) + len(verdicts)
     out["right"] = _right(case, out, victim_node)
     restart = restarts[-1] if restarts else None
     figures = timeline(stack.records(job), fault_at, restart["detail"] if restart else None)
@@ -375,6 +384,10 @@ def _right(case: str, out: dict[str, Any], victim_node: str) -> bool:
             [],
             [victim_node],
         )
+    if case == "clean_long":  # ten clean minutes: nothing at all (issue #33: "raises no alarm")
+        return bool(
+            out["alarms"] == 0 and out["exclusions"] == 0 and out["swaps"] == 0 and out["restarts"] == 0
+        )
     # slowed_all, clean: no node blamed, nothing excluded or swapped
     return (out.get("rank_slow") or {}).get("node") is None and out["exclusions"] == 0 and out["swaps"] == 0
 
@@ -395,6 +408,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "verdict_s_max": _max([r.get("verdict_s") for r in runs]),
         "exclusions_max": _max([r.get("exclusions") for r in runs]),
         "swaps_max": _max([r.get("swaps") for r in runs]),
+        "alarms_max": _max([r.get("alarms") for r in runs]),
         "steps_lost_max": _max([r.get("steps_lost") for r in runs]),
         "errors": sum(1 for r in runs if r.get("error")),
     }

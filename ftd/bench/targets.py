@@ -324,7 +324,8 @@ TARGETS: dict[str, Targets] = {
         "excluded in every run, >= 10 runs per case, verdict <= 30 s after the hang is detected; "
         "job-wide stall and clean run: 0 exclusions, 0 swaps; one rank at half speed (a sleep per step, "
         "or its CPU quota half a core): detected <= 60 s, right node in >= 19 of 20 runs; all ranks "
-        "slowed: 0 exclusions; e2e p99 during a collection within 10% of without",
+        "slowed: 0 exclusions; a clean job watched 10 minutes once the detector is warm: 0 alarms (no "
+        "rank_slow, hang symptom or verdict), 0 restarts; e2e p99 during a collection within 10% of without",
         (
             *(
                 check
@@ -355,6 +356,9 @@ TARGETS: dict[str, Targets] = {
                 )
             ),
             _c("cases.slowed_all.exclusions_max", "==", 0),
+            _c("cases.clean_long.runs", ">=", 1),
+            _c("cases.clean_long.wrong", "==", 0),
+            _c("cases.clean_long.alarms_max", "==", 0),
             _c("e2e_during_collection.p99_ratio", "<=", 1.1),
         ),
     ),

@@ -73,6 +73,7 @@ def test_summary_counts_and_worst_figures() -> None:
         "exclusions_max": 1,
         "swaps_max": 1,
         "steps_lost_max": 8,
+        "alarms_max": None,
         "errors": 1,
     }
     assert summarize([])["verdict_s_max"] is None
@@ -108,10 +109,17 @@ def test_the_targets_judge_a_result() -> None:
             "slowed": _case(20, 19, detect_s_max=41.0, **none),
             "throttled": _case(20, 20, detect_s_max=30.0, **none),
             "slowed_all": _case(10, 10, **none),
+            "clean_long": _case(1, 1, alarms_max=0, **none),
         },
         "e2e_during_collection": {"p99_ratio": 1.04},
     }
     assert judge("culprit", result).met
+    result["cases"]["clean_long"] = _case(1, 0, alarms_max=1, **none)  # one rank_slow in ten clean minutes
+    assert [str(o.check) for o in judge("culprit", result).missed()] == [
+        "cases.clean_long.wrong == 0",
+        "cases.clean_long.alarms_max == 0",
+    ]
+    result["cases"]["clean_long"] = _case(1, 1, alarms_max=0, **none)
     result["cases"]["stuck"] = _case(10, 9, **hang)
     assert [str(o.check) for o in judge("culprit", result).missed()] == ["cases.stuck.wrong == 0"]
     result["cases"]["stuck"] = _case(10, 10, **hang)
