@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ftd.agent.hang_evidence import collect_hang_evidence, evidence_ack, process_state
@@ -201,3 +202,51 @@ def test_actions_show_renders_the_verdict_its_sources_and_the_tree() -> None:
     assert "raw files on node-b: /var/lib/ftd/diagnostics/act-9 (2 files)" in text
     assert "    barrier (t.py)  [1] rank 0" in text
     assert "VERDICT" not in render_show({**action, "kind": "notify", "detail": {}}, None)
+
+
+async def test_the_loop_serves_other_work_while_a_big_verdict_is_drawn() -> None:
+    """Decoding and fusing the evidence runs in a worker thread (issue #33: collection never blocks
+    the coordinator's event loop). 32 ranks of 4 threads of 3,000 frames each: on the loop, a ticker
+    beside it would not run once between the verdict's start and end."""
+    from ftd.culprit.evidence import Frame, NodeEvidence, RankEvidence, ThreadStack
+
+    def rank(r: int) -> RankEvidence:
+        frames = [Frame(function=f"f{i % 97}", file=f"m{i % 13}.py", line=i) for i in range(3000)]
+        threads = [ThreadStack(thread=str(t), frames=frames, main=t == 0) for t in range(4)]
+        return RankEvidence(rank=r, node=f"node-{r // 8}", pid=1000 + r, state="sleeping", stacks=threads)
+
+    nodes = {
+        f"node-{n}": NodeEvidence(
+            node=f"node-{n}", job="j1", ranks=[rank(r) for r in range(n * 8, n * 8 + 8)]
+        )
+        for n in range(4)
+    }
+    placed = {n: [RankInfo(rank=r.rank, pid=r.pid) for r in e.ranks] for n, e in nodes.items()}
+    ex = DiagnoseHang(send=node_sender(_no_bus), state=_state(placed), acks=AckBook(), deadline_s=2.0)
+    record = _record()
+    record.detail["node_evidence"] = {n: msgspec.to_builtins(e) for n, e in nodes.items()}
+    record.detail["expected"] = {n: [r.rank for r in e.ranks] for n, e in nodes.items()}
+    record.detail["unanswered"] = []
+    ticks = 0
+    drawing = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        await drawing.wait()
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    drawing.set()
+    await asyncio.sleep(0)  # the ticker is waiting on the loop
+    before = ticks
+    out = await ex.run_phase(record, "verdict")
+    during = ticks - before
+    task.cancel()
+    assert out["verdict"]["kind"] in ("job_wide", "unknown", "culprit") and "f0" in out["tree"]
+    assert during > 10, f"the ticker ran {during} times while the verdict was drawn"
+
+
+async def _no_bus(topic: str, payload: bytes) -> None:
+    raise AssertionError(f"the verdict phase asks nobody ({topic})")

@@ -148,28 +148,24 @@ class DiagnoseHang:
     async def _verdict(self, record: ActionRecord) -> dict[str, Any]:
         job = record.request.target
         got = record.detail
-        nodes: dict[str, NodeEvidence] = {}
-        errors: list[str] = []
-        for node, raw in (got.get("node_evidence") or {}).items():
-            try:
-                nodes[node] = msgspec.convert(raw, NodeEvidence)
-            except msgspec.ValidationError as exc:
-                errors.append(f"{node}: {str(exc)[:200]}")
-        evidence = JobEvidence(
-            job=job,
-            expected={n: list(r) for n, r in (got.get("expected") or {}).items()},
-            nodes=nodes,
-            unanswered_nodes=list(got.get("unanswered") or []),
-            peer_blames=self._peer_blames(job),
-            trigger=record.request.reason[:512],
+        blames = self._peer_blames(job)  # the state is read here, on the loop; the rest is pure
+        # Decoding every node's evidence and fusing it is CPU work that grows with the stacks (a rank
+        # may send 100,000 frames): a worker thread does it, so the event loop keeps serving the bus
+        # and the other actions meanwhile (issue #33: collection never blocks the coordinator's loop).
+        verdict, tree, evidence, errors = await asyncio.to_thread(
+            _fuse_evidence,
+            job,
+            dict(got.get("node_evidence") or {}),
+            {n: list(r) for n, r in (got.get("expected") or {}).items()},
+            list(got.get("unanswered") or []),
+            blames,
+            record.request.reason[:512],
         )
-        verdict = fuse(evidence)
-        tree = render_tree(verdict.tree) if verdict.tree is not None else ""
         summary = msgspec.to_builtins(msgspec.structs.replace(verdict, tree=None))
         detail: dict[str, Any] = {"verdict": summary, "tree": tree[:MAX_TREE_CHARS]}
         if errors:
             detail["evidence_errors"] = errors
-        if got.get("unanswered") or not nodes:
+        if got.get("unanswered") or not evidence.nodes:
             detail["state"] = str(ActionState.ESCALATED)
         event = self._event(record, verdict, tree, evidence)
         detail["verdict_event"] = event.id
@@ -222,3 +218,33 @@ class DiagnoseHang:
                 "unclear": self.unclear,
             },
         )
+
+
+def _fuse_evidence(
+    job: str,
+    raw_nodes: dict[str, Any],
+    expected: dict[str, list[int]],
+    unanswered: list[str],
+    blames: list[PeerBlame],
+    trigger: str,
+) -> tuple[Verdict, str, JobEvidence, list[str]]:
+    """Each node's evidence decoded (what does not decode is an error, not a crash), fused, and the
+    merged tree rendered: pure, run in a worker thread."""
+    nodes: dict[str, NodeEvidence] = {}
+    errors: list[str] = []
+    for node, raw in raw_nodes.items():
+        try:
+            nodes[node] = msgspec.convert(raw, NodeEvidence)
+        except msgspec.ValidationError as exc:
+            errors.append(f"{node}: {str(exc)[:200]}")
+    evidence = JobEvidence(
+        job=job,
+        expected=expected,
+        nodes=nodes,
+        unanswered_nodes=unanswered,
+        peer_blames=blames,
+        trigger=trigger,
+    )
+    verdict = fuse(evidence)
+    tree = render_tree(verdict.tree) if verdict.tree is not None else ""
+    return verdict, tree, evidence, errors
