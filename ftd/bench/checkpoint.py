@@ -98,6 +98,8 @@ def _case_blocked(sizes: list[int], root: str, rounds: int) -> dict[str, Any]:
             tier.wait()
         steady = statistics.median(blocked[1:])
         history = [h for h in tier.history if "local_s" in h][1:]
+        tier.close()
+        overlap = _overlapped(state, os.path.join(base, "overlap"), rounds)
         out[f"{mb}MB"] = {
             "sync_save_s": round(durable_s, 4),
             "sync_save_page_cache_s": round(sync_s, 4),
@@ -108,10 +110,86 @@ def _case_blocked(sizes: list[int], root: str, rounds: int) -> dict[str, Any]:
             "local_s": _median(history, "local_s"),
             "flush_s": _median(history, "shared_s"),
             "errors": [v for h in tier.history for k, v in h.items() if k in ("error", "local", "shared")],
+            "overlap": {
+                **overlap,
+                "ratio": round(overlap["blocked_s"] / durable_s, 4) if durable_s > 0 else None,
+            },
         }
         del state, tier
         shutil.rmtree(base, ignore_errors=True)
     return out
+
+
+def _overlapped(state: dict[str, Any], local: str, rounds: int) -> dict[str, Any]:
+    """The tier with ``overlap=True`` in a loop that trains the state's tensors: each step computes a
+    gradient per tensor (one read and one write of the state: the least a backward pass over these
+    weights does) and takes a real ``torch.optim.SGD`` step (whose pre-hook waits for the snapshot's
+    copy). A save comes after a step, as in a loop; the copy then runs beside the next step's
+    gradients. Per save, blocked = the seconds ``save()`` took + the seconds the next step waited;
+    the loop's step time with the save's background write running beside it against without."""
+    import torch
+
+    params = [torch.nn.Parameter(t) for t in _tensors(state)]  # sharing the state's storage
+    opt = torch.optim.SGD(params, lr=1e-9)
+    tier = _overlap_tier(local)
+
+    def grads() -> None:
+        for p in params:
+            p.grad = p.detach() * 1e-3
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        grads()
+        opt.step()
+        return time.perf_counter() - t0
+
+    try:
+        plain = [step() for _ in range(rounds + 1)][1:]
+        saves, waits, during = [], [], []
+        for i in range(rounds + 1):
+            t0 = time.perf_counter()
+            tier.save(i, state)  # after a step, as a loop saves
+            saves.append(time.perf_counter() - t0)
+            before = len(tier.step_waits)
+            grads()  # the next step's backward: the copy runs beside it
+            opt.step()  # waits for the copy when it is not done yet
+            waits.append(sum(tier.step_waits[before:]))
+            during.append(step())  # the next step, the background write still running beside it
+            tier.wait()
+        blocked = [a + b for a, b in zip(saves, waits, strict=True)][1:]
+        history = [h for h in tier.history if "copy_s" in h][1:]
+        return {
+            "blocked_s": round(statistics.median(blocked), 4),
+            "save_s": round(statistics.median(saves[1:]), 4),
+            "step_wait_s": round(statistics.median(waits[1:]), 4),
+            "copy_s": _median(history, "copy_s"),
+            "step_s": round(statistics.median(plain), 4),
+            "step_s_during_write": round(statistics.median(during[1:]), 4),
+            "errors": [v for h in tier.history for k, v in h.items() if k in ("error", "local")],
+        }
+    finally:
+        tier.close()
+        for p in params:
+            p.grad = None
+
+
+def _overlap_tier(local: str) -> Any:
+    """A local-only tier with the overlapped snapshot (torch imported only when the bench runs)."""
+    from ftd.client.checkpoint import CheckpointTier
+
+    return CheckpointTier(None, local, None, keep=1, partner=False, overlap=True)
+
+
+def _tensors(obj: Any) -> list[Any]:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, list | tuple):
+        return [t for v in obj for t in _tensors(v)]
+    return []
 
 
 def _median(history: list[dict[str, Any]], key: str) -> float | None:

@@ -136,6 +136,13 @@ def _plain(obj: Any) -> Any:
 # --- the snapshot --------------------------------------------------------------------------------
 
 
+#: With ``overlap``, CPU tensors at least this large are copied behind training, the smaller ones
+#: (normalisation statistics, a loss scale: what a forward pass may update in place) at once.
+DEFER_MIN_BYTES = 1 << 20
+
+Deferred = list[tuple[torch.Tensor, torch.Tensor]]  # (staging buffer, the tensor to copy into it)
+
+
 class _Staging:
     """CPU buffers reused from one save to the next, keyed by where a tensor sits in the state."""
 
@@ -143,17 +150,17 @@ class _Staging:
         self.buffers: dict[str, torch.Tensor] = {}
         self.nbytes = 0
 
-    def stage(self, obj: Any, key: str = "") -> Any:
+    def stage(self, obj: Any, key: str = "", defer: Deferred | None = None) -> Any:
         if isinstance(obj, torch.Tensor):
-            return self._tensor(obj, key)
+            return self._tensor(obj, key, defer)
         if isinstance(obj, dict):
-            return {k: self.stage(v, f"{key}/{k}") for k, v in obj.items()}
+            return {k: self.stage(v, f"{key}/{k}", defer) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
-            staged = [self.stage(v, f"{key}/{i}") for i, v in enumerate(obj)]
+            staged = [self.stage(v, f"{key}/{i}", defer) for i, v in enumerate(obj)]
             return staged if isinstance(obj, list) else tuple(staged)
         return obj  # ints, floats, strings, None: immutable
 
-    def _tensor(self, t: torch.Tensor, key: str) -> torch.Tensor:
+    def _tensor(self, t: torch.Tensor, key: str, defer: Deferred | None) -> torch.Tensor:
         local = t.to_local() if hasattr(t, "to_local") else t  # DTensor: this rank's shard
         src = local.detach()
         buf = self.buffers.get(key)
@@ -161,16 +168,30 @@ class _Staging:
             pin = src.device.type == "cuda"
             buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pin)
             self.buffers[key] = buf
+        size = buf.numel() * buf.element_size()
+        self.nbytes += size
+        if defer is not None and src.device.type == "cpu" and size >= DEFER_MIN_BYTES:
+            defer.append((buf, src))  # copied by the background thread before the next optimizer step
+            return buf
         buf.copy_(src, non_blocking=src.device.type == "cuda")
-        self.nbytes += buf.numel() * buf.element_size()
         return buf
 
-    def snapshot(self, state: Any) -> tuple[Any, int]:
+    def snapshot(self, state: Any, *, overlap: bool = False) -> tuple[Any, int, Deferred]:
+        """The staged copy of ``state``, its bytes, and (``overlap``) the large CPU tensors whose copy
+        is left for :func:`copy_deferred`: until then the staged structure holds their buffers
+        unfilled, and the source tensors must not change."""
         self.nbytes = 0
-        staged = self.stage(state)
+        defer: Deferred | None = [] if overlap else None
+        staged = self.stage(state, defer=defer)
         if _cuda_started():
             torch.cuda.synchronize()  # the non-blocking copies are done before the write reads them
-        return staged, self.nbytes
+        return staged, self.nbytes, defer or []
+
+
+def copy_deferred(pending: Deferred) -> None:
+    """Fill the staging buffers an overlapped snapshot left (torch's copy runs without the GIL)."""
+    for buf, src in pending:
+        buf.copy_(src)
 
 
 # --- files ---------------------------------------------------------------------------------------
@@ -304,6 +325,7 @@ class CheckpointTier:
         probe_timeout_s: float = 5.0,
         generation: int | None = None,
         on_done: Callable[[dict[str, Any]], None] | None = None,
+        overlap: bool = False,
     ) -> None:
         if every_k_flush < 1 or keep < 1:
             raise ValueError("every_k_flush and keep must be >= 1")
@@ -321,6 +343,19 @@ class CheckpointTier:
         self.job = client.job if client else "default"
         self.generation = generation if generation is not None else (env_int("FTD_GENERATION") or 0)
         self._staging = _Staging()
+        # Overlapped snapshot: the large CPU tensors are copied by the background thread while the
+        # loop goes on; every torch optimizer's step waits for that copy first (a global pre-hook),
+        # so the weights and optimizer state are copied before they change. Blocked: the seconds
+        # save() took plus the seconds a step waited (``step_waits``).
+        self.overlap = overlap
+        self._copied = threading.Event()
+        self._copied.set()
+        self.step_waits: list[float] = []
+        self._hook: Any = None
+        if overlap:
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            self._hook = register_optimizer_step_pre_hook(self._before_step)
         self._saves = 0
         self._idle = threading.Event()
         self._idle.set()
@@ -398,7 +433,9 @@ class CheckpointTier:
         self._stuck = False
         self._idle.clear()
         try:
-            staged, nbytes = self._staging.snapshot(state)
+            staged, nbytes, pending = self._staging.snapshot(state, overlap=self.overlap)
+            if pending:
+                self._copied.clear()
             ids = self.client.take_pending_saves() if self.client is not None else []
         except Exception as exc:  # fail-open: said, the save skipped, pending saves left pending
             self._idle.set()
@@ -413,7 +450,7 @@ class CheckpointTier:
         flush = self.shared_dir is not None and self._saves % self.every_k_flush == 0
         threading.Thread(
             target=self._background,
-            args=(step, staged, nbytes, ids, blocked, flush),
+            args=(step, staged, nbytes, ids, blocked, flush, pending),
             name=f"ftd-ckpt-{step}",
             daemon=True,
         ).start()
@@ -429,7 +466,20 @@ class CheckpointTier:
         blocks only for the copy (allocating and touching 1 GB of host memory costs more than the
         copy itself). Writes nothing."""
         self._idle.wait()
-        self._staging.snapshot(state)
+        self._staging.snapshot(state)  # every buffer allocated and filled now, none deferred
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Every torch optimizer's step pre-hook (``overlap``): wait until the snapshot's copy is done."""
+        if not self._copied.is_set():
+            t0 = time.perf_counter()
+            self._copied.wait()
+            self.step_waits.append(time.perf_counter() - t0)
+            del self.step_waits[:-HISTORY]
+
+    def wait_snapshot(self, timeout: float | None = None) -> bool:
+        """``overlap`` in a loop that changes the saved tensors other than through a torch optimizer's
+        ``step`` (a hand-written update, weights loaded in place): call this before changing them."""
+        return self._copied.wait(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the background work (local, partner and shared); True when all of it is done."""
@@ -440,14 +490,32 @@ class CheckpointTier:
 
     def close(self, timeout: float | None = None) -> None:
         self.wait(timeout)
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
     # --- background ----------------------------------------------------------------------------
 
     def _background(
-        self, step: int, staged: Any, nbytes: int, ids: list[str], blocked: float, flush: bool
+        self,
+        step: int,
+        staged: Any,
+        nbytes: int,
+        ids: list[str],
+        blocked: float,
+        flush: bool,
+        pending: Deferred | None = None,
     ) -> None:
         record: dict[str, Any] = {"step": step, "blocked_s": blocked, "bytes": nbytes}
         try:
+            if pending:
+                t0 = time.perf_counter()
+                try:
+                    copy_deferred(pending)
+                finally:
+                    self._copied.set()  # a failed copy is said below; training never waits forever
+                record["copy_s"] = time.perf_counter() - t0
+                del pending
             local_manifest = self._save_local(step, staged, nbytes, ids, record)
             del staged
             if self.group is not None and self.partner_broken is None:

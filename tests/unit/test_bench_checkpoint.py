@@ -23,6 +23,10 @@ def test_a_tiny_blocked_run_measures_and_the_check_fails_closed(capsys: pytest.C
         assert figures["errors"] == []
         for key in ("sync_save_s", "blocked_s", "blocked_first_s", "ratio", "local_s", "flush_s"):
             assert isinstance(figures[key], float) and figures[key] >= 0, key
+        overlap = figures["overlap"]  # the overlapped snapshot in a loop of real SGD steps
+        assert overlap["errors"] == []
+        for key in ("blocked_s", "save_s", "step_wait_s", "copy_s", "step_s", "step_s_during_write", "ratio"):
+            assert isinstance(overlap[key], int | float) and overlap[key] >= 0, key
     # the judged sizes (100 MB, 1 GB) were not measured: --check fails, it never passes by default
     assert main([*argv, "--check"]) == 1
     verdict = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["verdict"]

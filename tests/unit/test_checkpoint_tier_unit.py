@@ -243,3 +243,99 @@ def test_every_rank_computes_the_same_consistent_pairing_from_the_gathered_views
     assert sorted(t for t in targets if t is not None) == list(range(len(hosts)))
     # Before the change reached any rank: the old choice.
     assert _pairing(views[:3] * 2, hosts) == [2, 3, 4, 5, 0, 1]
+
+
+@pytest.fixture
+def held_copy(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """An overlapped snapshot's background copy waits for this event (a copy still running)."""
+    from ftd.client import checkpoint
+
+    release = threading.Event()
+    real = checkpoint.copy_deferred
+
+    def slow(pending: Any) -> None:
+        assert release.wait(60), "the test never released the copy"
+        real(pending)
+
+    monkeypatch.setattr(checkpoint, "copy_deferred", slow)
+    return release
+
+
+def test_overlap_the_optimizer_step_waits_for_the_copy_and_the_save_holds_the_values_it_was_given(
+    tmp_path: Path, held_copy: threading.Event
+) -> None:
+    """With ``overlap`` the large tensors are copied behind training; a torch optimizer's step waits
+    for that copy (the tier's pre-hook), so the checkpoint holds the weights as they were at save(),
+    not after the step; a small tensor changed in place before the step (a normalisation statistic
+    in the forward pass) was copied at save() already."""
+    from ftd.client.checkpoint import CheckpointTier
+
+    weight = torch.nn.Parameter(torch.full((1024, 1024), 1.0))  # 4 MiB: copied behind training
+    stats = torch.zeros(16)  # 64 bytes: copied at once
+    opt = torch.optim.SGD([weight], lr=1.0)
+    tier = CheckpointTier(None, str(tmp_path / "local"), None, overlap=True)
+    try:
+        blocked = tier.save(3, {"model": {"w": weight.detach(), "bn": stats}, "extra": {"step": 3}})
+        assert blocked < 60 and not tier.wait_snapshot(0.05), "the copy is held: not done yet"
+        stats.add_(5.0)  # the next forward pass updates a running statistic
+        weight.grad = torch.full_like(weight, 2.0)
+        stepper = threading.Thread(target=opt.step)
+        stepper.start()
+        stepper.join(0.3)
+        assert stepper.is_alive(), "the optimizer step ran before the snapshot's copy was done"
+        assert torch.equal(weight.detach(), torch.full((1024, 1024), 1.0))
+        held_copy.set()
+        stepper.join(60)
+        assert not stepper.is_alive() and torch.equal(weight.detach(), torch.full((1024, 1024), -1.0))
+        assert tier.wait(60) and len(tier.step_waits) == 1 and tier.step_waits[0] >= 0.25
+        loaded = torch.load(tmp_path / "local/step-000000003/rank-00000/state.pt", weights_only=True)
+        assert torch.equal(loaded["model"]["w"], torch.full((1024, 1024), 1.0)), "the step's update leaked in"
+        assert torch.equal(loaded["model"]["bn"], torch.zeros(16)), "the forward's update leaked in"
+        assert mf.verify(str(tmp_path / "local/step-000000003/rank-00000.manifest.json"))[1] == ""
+        assert "copy_s" in tier.history[-1] and "error" not in tier.history[-1]
+    finally:
+        held_copy.set()
+        tier.close(60)
+    # closed: the hook is gone, a step never waits on this tier again
+    tier._copied.clear()
+    weight.grad = torch.zeros_like(weight)
+    opt.step()
+
+
+def test_overlap_a_copy_that_fails_writes_nothing_and_never_holds_a_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ftd.client import checkpoint
+    from ftd.client.checkpoint import CheckpointTier
+
+    def broken(pending: Any) -> None:
+        raise RuntimeError("copy failed half way")
+
+    monkeypatch.setattr(checkpoint, "copy_deferred", broken)
+    weight = torch.nn.Parameter(torch.ones(512, 1024))
+    opt = torch.optim.SGD([weight], lr=0.1)
+    tier = CheckpointTier(None, str(tmp_path / "local"), None, overlap=True)
+    try:
+        tier.save(4, {"w": weight.detach()})
+        weight.grad = torch.ones_like(weight)
+        opt.step()  # returns: the failed copy released the step
+        assert tier.wait(60)
+        assert "copy failed half way" in tier.history[-1]["error"]
+        assert not (tmp_path / "local/step-000000004/rank-00000.manifest.json").exists(), (
+            "a half-filled snapshot must never become a checkpoint"
+        )
+    finally:
+        tier.close(60)
+
+
+def test_without_overlap_no_hook_is_installed(tmp_path: Path) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+
+    weight = torch.nn.Parameter(torch.ones(1024, 1024))
+    tier = CheckpointTier(None, str(tmp_path / "local"), None)
+    tier.save(1, {"w": weight.detach()})  # the whole copy inside save()
+    weight.data.fill_(7.0)  # changed at once, no step, no wait: the save still holds the ones
+    assert tier.wait(60) and tier.step_waits == []
+    loaded = torch.load(tmp_path / "local/step-000000001/rank-00000/state.pt", weights_only=True)
+    assert torch.equal(loaded["w"], torch.ones(1024, 1024))
+    tier.close()
