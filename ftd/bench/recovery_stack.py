@@ -230,6 +230,18 @@ class RecoveryStack:
                         out.append(record)
         return sorted(out, key=lambda r: float(r["t"]))
 
+    def restart_action(self, job: str) -> dict[str, Any]:
+        """The job's one checkpoint_restart that ran (a later duplicate a rule asked for is suppressed);
+        ValueError while there is none, or more than one."""
+        ran = [
+            a
+            for a in self.actions()
+            if a["kind"] == "checkpoint_restart" and a["target"] == job and a["state"] != "suppressed"
+        ]
+        if len(ran) != 1:
+            raise ValueError(f"{len(ran)} checkpoint_restart actions of job {job}: {ran}")
+        return ran[0]
+
     def actions(self) -> list[dict[str, Any]]:
         """Every action in the ledger (kind, target, state, request, detail, created, updated)."""
         with contextlib.closing(sqlite3.connect(self.ledger, timeout=10)) as db:

@@ -69,17 +69,6 @@ def job_output(stack: RecoveryStack, job: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def restart_action(stack: RecoveryStack, job: str) -> dict[str, Any]:
-    """The job's checkpoint_restart that ran (a later duplicate a rule asked for is suppressed)."""
-    ran = [
-        a
-        for a in stack.actions()
-        if a["kind"] == "checkpoint_restart" and a["target"] == job and a["state"] != "suppressed"
-    ]
-    assert len(ran) == 1, stack.actions()
-    return ran[0]
-
-
 def job_status(stack: RecoveryStack, job: str) -> dict[str, Any]:
     status = stack.ftd("status", "--json")
     assert status.returncode == 0, status.stderr
@@ -101,8 +90,8 @@ def test_xid79_swaps_in_the_spare_and_resumes_from_the_agreed_save_step(stack: R
     assert re.search(rf"^{job}\s.*\snode-4\s*$", stack.ftd("status").stdout, flags=re.M), "spare column"
     fault_at = stack.kernel(FAULT_NODE, XID79)
     wait_for(lambda: recovered(stack, job, fault_at, 3), 120, "the job to train again")
-    wait_for(lambda: restart_action(stack, job)["state"] == "succeeded", 60, "checkpoint_restart to succeed")
-    detail = restart_action(stack, job)["detail"]
+    wait_for(lambda: stack.restart_action(job)["state"] == "succeeded", 60, "checkpoint_restart to succeed")
+    detail = stack.restart_action(job)["detail"]
     got = timeline(stack.records(job), fault_at, detail)
     assert detail["path"] == "spare" and detail["generation"] == 1, detail
     assert detail["slots"] == SWAPPED and detail["out"] == [FAULT_NODE] and detail["spares_left"] == 0
@@ -137,15 +126,15 @@ def test_a_coordinator_killed_mid_swap_finishes_the_restart_exactly_once(stack: 
     fault_at = stack.kernel(FAULT_NODE, XID79)
 
     def sent_not_running() -> bool:
-        detail = restart_action(stack, job)["detail"]
+        detail = stack.restart_action(job)["detail"]
         return "restart_sent_at" in detail and "restarted_at" not in detail
 
     wait_for(sent_not_running, 60, "the restart directive sent, generation 1 not running yet", poll=0.05)
     assert not [r for r in stack.records(job, "process_start") if r["generation"] == 1]
     stack.restart_coordinator(signal.SIGKILL)
 
-    wait_for(lambda: restart_action(stack, job)["state"] == "succeeded", 120, "the resumed restart to finish")
-    detail = restart_action(stack, job)["detail"]
+    wait_for(lambda: stack.restart_action(job)["state"] == "succeeded", 120, "the resumed restart to finish")
+    detail = stack.restart_action(job)["detail"]
     assert detail["generation"] == 1 and detail["slots"] == SWAPPED, detail
     assert len([a for a in stack.actions() if a["kind"] == "checkpoint_restart"]) == 1
     wait_for(
@@ -191,12 +180,12 @@ def test_a_spare_failing_its_preflight_when_given_the_slot_sends_the_job_to_the_
     stack.kernel(FAULT_NODE, XID79)
 
     wait_for(
-        lambda: restart_action(stack, job)["state"] not in ("pending", "running"),
+        lambda: stack.restart_action(job)["state"] not in ("pending", "running"),
         120,
         "checkpoint_restart to end",
     )
-    detail = restart_action(stack, job)["detail"]
-    assert detail.get("requeued") is not None, (restart_action(stack, job)["state"], detail)
+    detail = stack.restart_action(job)["detail"]
+    assert detail.get("requeued") is not None, (stack.restart_action(job)["state"], detail)
     assert FAULT_NODE in detail["requeued"]["exclude"], detail
     assert "node-4" in json.dumps(detail.get("restart_why", "")) + json.dumps(detail.get("unfit", {})), detail
     # The supervisor's failure is an event, with the preflight's reason.
@@ -222,11 +211,11 @@ def kill_node2_supervisor(stack: RecoveryStack, spec: JobSpec) -> tuple[str, flo
 def test_a_supervisor_killed_on_a_training_node_is_swapped_out_without_a_drain(stack: RecoveryStack) -> None:
     job, killed_at = kill_node2_supervisor(stack, JobSpec(name="sup-kill", nodes=3, spares=1))
     wait_for(
-        lambda: restart_action(stack, job)["state"] not in ("pending", "running"),
+        lambda: stack.restart_action(job)["state"] not in ("pending", "running"),
         60,
         "checkpoint_restart to end",
     )
-    action = restart_action(stack, job)
+    action = stack.restart_action(job)
     detail = action["detail"]
     assert action["state"] == "succeeded" and detail["path"] == "spare" and detail["slots"] == SWAPPED, detail
     assert action["request"]["params"].get("avoid") == [FAULT_NODE], action["request"]  # swapped, not drained

@@ -107,16 +107,6 @@ catalog = "{catalog(tmp_path, expected)}"
             print(stack.logs())
 
 
-def restart_action(stack: RecoveryStack, job: str) -> dict[str, Any]:
-    ran = [
-        a
-        for a in stack.actions()
-        if a["kind"] == "checkpoint_restart" and a["target"] == job and a["state"] != "suppressed"
-    ]
-    assert len(ran) == 1, stack.actions()
-    return ran[0]
-
-
 def pair_test_from(node: str, peer: str, port: int, key: Path) -> dict[str, Any]:
     """A real pair-test client process, as ``node``, against ``peer``'s agent."""
     out = subprocess.run(
@@ -160,8 +150,8 @@ def test_the_spare_is_tested_against_its_new_neighbours_only_once_the_job_stoppe
     assert idle["error"] == "" and idle["a_to_b_gbps"] > 0, "the idle spare (no rank runs there) serves one"
     fault_at = stack.kernel(FAULT_NODE, XID79)
     wait_for(lambda: recovered(stack, job, fault_at, 3), 120, "the job to train again")
-    wait_for(lambda: restart_action(stack, job)["state"] == "succeeded", 60, "checkpoint_restart to succeed")
-    detail = restart_action(stack, job)["detail"]
+    wait_for(lambda: stack.restart_action(job)["state"] == "succeeded", 60, "checkpoint_restart to succeed")
+    detail = stack.restart_action(job)["detail"]
     assert detail["path"] == "spare" and detail["slots"] == SWAPPED, detail
     tested = detail["spare_tests"]["node-4"]
     print("spare tests:", json.dumps(tested))
@@ -186,11 +176,11 @@ def test_a_spare_slow_against_the_jobs_nodes_never_joins_and_the_job_is_requeued
     steady(stack, job, 3, 120)
     stack.kernel(FAULT_NODE, XID79)
     wait_for(
-        lambda: restart_action(stack, job)["state"] not in ("pending", "running"),
+        lambda: stack.restart_action(job)["state"] not in ("pending", "running"),
         120,
         "checkpoint_restart to end",
     )
-    action = restart_action(stack, job)
+    action = stack.restart_action(job)
     detail = action["detail"]
     tested = detail["spare_tests"]["node-4"]
     assert tested["fit"] is False and "pair test with node-3 slow" in tested["why"], tested
