@@ -187,7 +187,7 @@ def inject(
         os.mkfifo(fifo)
         for record in ranks.values():
             _write_fault(fault_dir, int(record["pid"]), {"fault": "fifo", "path": str(fifo)})
-    elif case != "clean":
+    elif case not in ("clean", "clean_long"):
         raise ValueError(f"unknown case {case!r}: {', '.join(CASES)}")
     return at
 
