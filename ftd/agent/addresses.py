@@ -76,3 +76,16 @@ def node_addresses(cfg: AgentConfig) -> list[str]:
     if cfg.addresses is not None:
         return list(dict.fromkeys(cfg.addresses))[:MAX_ADDRESSES]
     return discover()
+
+
+def interface_with(address: str) -> str | None:
+    """The name of the interface that holds the IPv4 ``address`` (``SIOCGIFADDR`` over every
+    interface), or None: not IPv4, no such interface, or the lookup failed. A pair test's all-reduce
+    step pins gloo to it (``GLOO_SOCKET_IFNAME``), so the collective crosses the link the test measured."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                if socket.inet_ntoa(packed[20:24]) == address:
+                    return name
+    return None

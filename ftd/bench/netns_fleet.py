@@ -62,8 +62,11 @@ def _ip(*args: str) -> None:
 
 
 class NetnsFleet:
-    def __init__(self, n: int, *, max_bytes: int = 4 * 1024 * 1024, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, n: int, *, max_bytes: int = 4 * 1024 * 1024, timeout_s: float = 10.0, allreduce_bytes: int = 0
+    ) -> None:
         self.n = n
+        self.allreduce_bytes = allreduce_bytes  # each agent's cap on the all-reduce step (0: off)
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.tag = "ftp" + secrets.token_hex(3)
@@ -115,6 +118,7 @@ class NetnsFleet:
                 sys.executable, "-m", "ftd.agent.pair_tests", "agent",
                 "--node", node, "--key-file", str(self.key_file), "--host", self.addresses[node],
                 "--port", str(PORT), "--max-bytes", str(self.max_bytes), "--timeout", str(self.timeout_s),
+                "--allreduce-bytes", str(self.allreduce_bytes),
             ]  # fmt: skip
             self.procs[node] = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, bufsize=1

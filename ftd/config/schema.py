@@ -516,6 +516,32 @@ class PairTestsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     pings: Annotated[
         int, _doc("Small-message round trips per test (the median is reported).", ge=1, le=64)
     ] = 5
+    allreduce_bytes: Annotated[
+        int,
+        _doc(
+            "The all-reduce step of a bulk test: a 2-rank gloo all-reduce of this many bytes between the "
+            "pair, each rank a process of its own (torch needed on both nodes, else skipped with the "
+            "reason); the smaller of the two sides' values is used; 0: no step.",
+            ge=0,
+            le=1 << 30,
+        ),
+    ] = 8 << 20
+    allreduce_timeout_s: Annotated[
+        float,
+        _doc(
+            "Longest the all-reduce step may take, torch's import and the rendezvous included (on top of "
+            "timeout_s); past it both ranks are killed and the test has failed.",
+            gt=0,
+            le=600,
+        ),
+    ] = 60.0
+    allreduce_python: Annotated[
+        str,
+        _doc(
+            "The Python that runs the all-reduce ranks (a training environment's, with torch); empty: "
+            "the agent's own. The rank program imports nothing of ftd."
+        ),
+    ] = ""
 
 
 class InventoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

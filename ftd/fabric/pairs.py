@@ -31,6 +31,7 @@ __all__ = [
     "PairVerdict",
     "Status",
     "expectation",
+    "fleet_allreduce_baseline",
     "fleet_baseline",
     "judge_pair",
 ]
@@ -127,6 +128,7 @@ class PairExpectation:
     fraction: float = 0.8
     baseline_fraction: float = 0.5
     max_rtt_ms: float | None = None
+    expected_allreduce_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,7 @@ def expectation(section: Mapping[str, Any] | None) -> PairExpectation | None:
         fraction=_fraction(section.get("fraction"), 0.8),
         baseline_fraction=_fraction(section.get("baseline_fraction"), 0.5),
         max_rtt_ms=_positive(section.get("max_rtt_ms")),
+        expected_allreduce_gbps=_positive(section.get("expected_allreduce_gbps")),
     )
 
 
@@ -180,12 +183,41 @@ def fleet_baseline(results: Iterable[PairResult]) -> float | None:
     return statistics.median(values)
 
 
+def fleet_allreduce_baseline(results: Iterable[PairResult]) -> float | None:
+    """The median all-reduce bus bandwidth of completed results that ran the step; ``None`` with
+    too few to be a fleet."""
+    values = [
+        gbps
+        for r in results
+        if not r.error and (gbps := r.allreduce_gbps) is not None and math.isfinite(gbps) and gbps > 0
+    ]
+    return statistics.median(values) if len(values) >= MIN_BASELINE_SAMPLES else None
+
+
+def _allreduce_floor(
+    expect: PairExpectation | None, baseline: float | None, fraction: float
+) -> tuple[float, str] | None:
+    floors: list[tuple[float, str]] = []
+    if expect is not None and expect.expected_allreduce_gbps is not None:
+        floors.append(
+            (
+                expect.expected_allreduce_gbps * expect.fraction,
+                f"{expect.fraction:g} x spec {expect.expected_allreduce_gbps:g} Gbit/s",
+            )
+        )
+    if baseline is not None and baseline > 0:
+        why = f"{fraction:g} x fleet all-reduce baseline {baseline:.3g} Gbit/s"
+        floors.append((baseline * fraction, why))
+    return max(floors) if floors else None
+
+
 def judge_pair(
     result: PairResult,
     expect: PairExpectation | None,
     baseline_gbps: float | None,
     *,
     profile: str | None = None,
+    allreduce_baseline_gbps: float | None = None,
 ) -> PairVerdict:
     """Each direction against the larger of ``fraction`` x spec and ``baseline_fraction`` x baseline.
 
@@ -250,6 +282,17 @@ def judge_pair(
     rtt_slow = limit is not None and result.rtt_ms is not None and result.rtt_ms > limit
     if rtt_slow:
         reasons.append(f"rtt {result.rtt_ms:.3g} ms > {limit:g} ms")
-    if slow or rtt_slow:
+    allreduce_slow = False
+    if result.allreduce_gbps is not None:
+        found = _allreduce_floor(expect, allreduce_baseline_gbps, fraction)
+        if found is None:
+            reasons.append(
+                f"all-reduce {result.allreduce_gbps:.3g} Gbit/s not judged: no expected_allreduce_gbps "
+                "and no fleet all-reduce baseline yet"
+            )
+        elif result.allreduce_gbps < found[0]:
+            allreduce_slow = True  # the pair's collective: it names no one side
+            reasons.append(f"all-reduce {result.allreduce_gbps:.3g} Gbit/s < {found[0]:.3g} ({found[1]})")
+    if slow or rtt_slow or allreduce_slow:
         return PairVerdict("slow", tuple(slow), tuple(reasons))
     return PairVerdict("pass", (), (*reasons, f"both directions >= {floor:.3g} Gbit/s ({why})"))

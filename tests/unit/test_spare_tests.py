@@ -35,7 +35,9 @@ class Scripted:
         self.script = script
         self.asked: list[tuple[str, str, str | None]] = []
 
-    async def measure(self, record: ActionRecord, node: str, peer: str, *, suffix: str | None = None) -> Any:
+    async def measure(
+        self, record: ActionRecord, node: str, peer: str, *, suffix: str | None = None, allreduce: bool = True
+    ) -> Any:
         self.asked.append((node, peer, suffix))
         answers = self.script[(node, peer)]
         return dict(answers.pop(0) if len(answers) > 1 else answers[0])

@@ -3,11 +3,12 @@
 What: ``serve`` runs a :class:`~ftd.agent.pair_tests.server.PairTestServer` until SIGTERM, printing
 its port first; ``run`` runs :func:`~ftd.agent.pair_tests.client.run_pair_test` once and prints the
 result as one JSON line; ``agent`` serves and also runs the tests it is asked on stdin (one JSON
-object a line: ``{"peer_node", "host", "port", "max_bytes", "timeout", "pings"}``; or
+object a line: ``{"peer_node", "host", "port", "max_bytes", "timeout", "pings", "allreduce_bytes"}``; or
 ``{"mesh": [[node, host, port], ...], "interval": s, "seconds": s}`` to probe each peer in turn, one
 every ``interval``), answering each with one JSON line: the pair-test half of an agent, driven the
-way the coordinator's directives drive it. The key is read from a file (``--key-file``), never from
-the command line.
+way the coordinator's directives drive it. ``--allreduce-bytes`` (0: none) gives the server and
+``run`` the all-reduce step (``agent``: per request, ``allreduce_bytes``). The key is read from a
+file (``--key-file``), never from the command line.
 Why: the network-namespace test and ``ftd bench pairs`` run the real server and client as separate
 processes inside namespaces (``ip netns exec``), with the agent's code and nothing else around it.
 """
@@ -21,6 +22,7 @@ import signal
 import sys
 from pathlib import Path
 
+from ftd.agent.pair_tests.allreduce import AllReduceStep
 from ftd.agent.pair_tests.client import PairPeer, run_pair_test
 from ftd.agent.pair_tests.mesh import pingmesh
 from ftd.agent.pair_tests.server import PairTestServer
@@ -35,10 +37,18 @@ async def _started(args: argparse.Namespace, key: bytes) -> PairTestServer:
         port=args.port,
         max_bytes=args.max_bytes,
         max_seconds=args.timeout,
+        allreduce=_step(args, args.allreduce_bytes),
     )
     port = await server.start()
     print(json.dumps({"port": port}), flush=True)
     return server
+
+
+def _step(args: argparse.Namespace, nbytes: int) -> AllReduceStep | None:
+    """The all-reduce step of ``nbytes`` (0: none), with this process's timeout and Python."""
+    if nbytes <= 0:
+        return None
+    return AllReduceStep(max_bytes=nbytes, timeout_s=args.allreduce_timeout, python=args.allreduce_python)
 
 
 async def _serve(args: argparse.Namespace, key: bytes) -> None:
@@ -76,6 +86,7 @@ async def _agent(args: argparse.Namespace, key: bytes) -> None:
             max_bytes=int(request.get("max_bytes", args.max_bytes)),
             timeout_s=float(request.get("timeout", args.timeout)),
             pings=int(request.get("pings", args.pings)),
+            allreduce=_step(args, int(request.get("allreduce_bytes", 0))),
         )
         print(json.dumps(result.as_dict()), flush=True)
     await server.close()
@@ -90,6 +101,7 @@ async def _run(args: argparse.Namespace, key: bytes) -> None:
         max_bytes=args.max_bytes,
         timeout_s=args.timeout,
         pings=args.pings,
+        allreduce=_step(args, args.allreduce_bytes),
     )
     print(json.dumps(result.as_dict()), flush=True)
 
@@ -106,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-bytes", type=int, default=4 * 1024 * 1024)
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--pings", type=int, default=5)
+    parser.add_argument("--allreduce-bytes", type=int, default=0, help="the all-reduce step (0: none)")
+    parser.add_argument("--allreduce-timeout", type=float, default=60.0)
+    parser.add_argument("--allreduce-python", default="", help="the Python that runs the ranks")
     args = parser.parse_args(argv)
     key = args.key_file.read_bytes().strip()
     modes = {"serve": _serve, "run": _run, "agent": _agent}

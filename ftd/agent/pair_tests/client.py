@@ -25,9 +25,11 @@ import struct
 import time
 from dataclasses import dataclass
 
+from ftd.agent.pair_tests.allreduce import AllReduceRank, AllReduceStep
 from ftd.agent.pair_tests.server import Busy
 from ftd.agent.pair_tests.wire import (
     GREETING,
+    MAX_MESSAGE,
     NONCE_BYTES,
     ROUNDS,
     WireError,
@@ -71,9 +73,13 @@ async def run_pair_test(
     timeout_s: float = 10.0,
     pings: int = 5,
     busy: Busy | None = None,
+    allreduce: AllReduceStep | None = None,
 ) -> PairResult:
-    """Test the pair ``node`` (this agent) -> ``peer``: throughput each way, RTT; bounded, authenticated."""
+    """Test the pair ``node`` (this agent) -> ``peer``: throughput each way, RTT, and (``allreduce``
+    with bytes to move) a 2-rank gloo all-reduce; bounded (``timeout_s``, plus the step's own
+    timeout when asked), authenticated."""
     started = time.monotonic()
+    step = allreduce if allreduce is not None and allreduce.max_bytes > 0 and max_bytes > 0 else None
 
     def failed(reason: str) -> PairResult:
         return PairResult(a=node, b=peer.node, duration_s=time.monotonic() - started, error=reason)
@@ -83,15 +89,18 @@ async def run_pair_test(
         return failed(f"{node}: {reason}")
     writer: asyncio.StreamWriter | None = None
     try:
-        async with asyncio.timeout(timeout_s):
+        limit = timeout_s + (step.timeout_s if step is not None else 0.0)
+        async with asyncio.timeout(limit):
             reader, writer = await asyncio.open_connection(peer.host, peer.port)
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return await _exchange(reader, writer, peer, node, key, max_bytes, timeout_s, pings, started)
+            return await _exchange(
+                reader, writer, peer, node, key, max_bytes, timeout_s, pings, started, step
+            )
     except TimeoutError:
-        return failed(f"timed out after {timeout_s:g} s")
+        return failed(f"timed out after {timeout_s + (step.timeout_s if step else 0.0):g} s")
     except (OSError, asyncio.IncompleteReadError, WireError, ValueError) as exc:
         return failed(f"{type(exc).__name__}: {exc}")
     finally:
@@ -111,13 +120,14 @@ async def _exchange(
     timeout_s: float,
     pings: int,
     started: float,
+    step: AllReduceStep | None = None,
 ) -> PairResult:
     hello = await reader.readexactly(len(GREETING) + NONCE_BYTES)
     if not hello.startswith(GREETING):
         raise WireError("not a pair-test server")
     server_nonce = hello[len(GREETING) :]
     client_nonce = os.urandom(NONCE_BYTES)
-    fields = {"node": node, "bytes": max_bytes, "pings": pings}
+    fields = {"node": node, "bytes": max_bytes, "pings": pings, "allreduce": step.max_bytes if step else 0}
     proof = mac(key, "client", server_nonce, client_nonce, fields)
     await send_message(writer, {**fields, "nonce": client_nonce.hex(), "mac": proof})
     answer = await read_message(reader)
@@ -157,13 +167,61 @@ async def _exchange(
     await send_message(writer, {"seconds": share * ROUNDS})
     downs = [await read_chunks(reader, per) for _ in range(ROUNDS)]
     await send_message(writer, {"done": True})
+    moved = sum(b for b, _ in ups) + sum(b for b, _ in downs)
+    gbps, skipped, error, extra = None, "the all-reduce step was not asked", "", 0
+    if step is not None:
+        gbps, skipped, error, extra = await _allreduce(reader, writer, peer, step)
+    # Until the server closes: it has released its test by then, so a test right after this one (the
+    # next of a bisection's waves) is not refused as "already serving".
+    await reader.read(MAX_MESSAGE)
     return PairResult(
         a=node,
         b=peer.node,
         a_to_b_gbps=_fastest(ups),
         b_to_a_gbps=_fastest(downs),
         rtt_ms=statistics.median(rtts) if rtts else None,
-        bytes_moved=sum(b for b, _ in ups) + sum(b for b, _ in downs),
+        bytes_moved=moved + extra,
         duration_s=time.monotonic() - started,
-        allreduce_skipped="gloo all-reduce step not implemented yet",
+        error=error,
+        allreduce_gbps=gbps,
+        allreduce_skipped=skipped,
     )
+
+
+async def _allreduce(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: PairPeer, step: AllReduceStep
+) -> tuple[float | None, str, str, int]:
+    """Rank 1 of the all-reduce step: ``(gbps, why skipped, error, bytes moved)``. Skipped: the peer
+    has no torch or has the step off (nothing measured, not a failure); an error: the step started
+    and did not complete, which fails the test (never a pass)."""
+    offer = await read_message(reader)
+    if "allreduce_skipped" in offer:
+        return None, str(offer["allreduce_skipped"])[:300], "", 0
+    if "allreduce_error" in offer:
+        return None, "", f"all-reduce step: {str(offer['allreduce_error'])[:300]}", 0
+    port, nbytes = offer.get("allreduce_port"), offer.get("bytes")
+    if (
+        not isinstance(port, int)
+        or not isinstance(nbytes, int)
+        or isinstance(port, bool)
+        or not 0 < port < 65536
+        or not 0 < nbytes <= step.max_bytes
+    ):
+        raise WireError(f"all-reduce offer malformed: {offer}")
+    local = str(writer.get_extra_info("sockname")[0])
+    rank = await AllReduceRank.start(
+        step, rank=1, host=peer.host, port=port, nbytes=nbytes, local_address=local
+    )
+    got: dict[str, object] = {}
+    try:
+        got = await rank.line()
+    finally:
+        await rank.stop()
+        with contextlib.suppress(OSError):  # the peer's rank waits for a result only when there was one
+            await send_message(writer, {"allreduce_done": True, "ok": "gbps" in got})
+    value = got.get("gbps")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value), "", "", 2 * nbytes * 6  # 1 warm-up + 5 timed, each way
+    if "skipped" in got:
+        return None, f"this node: {str(got['skipped'])[:300]}", "", 0
+    return None, "", f"all-reduce step: {str(got.get('error', got))[:300]}", 0

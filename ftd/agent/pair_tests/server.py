@@ -24,6 +24,7 @@ import os
 import socket
 from collections.abc import Callable
 
+from ftd.agent.pair_tests.allreduce import AllReduceRank, AllReduceStep
 from ftd.agent.pair_tests.wire import (
     GREETING,
     NONCE_BYTES,
@@ -45,6 +46,10 @@ log = get_logger(__name__)
 Busy = Callable[[], str | None]
 
 _PING_LIMIT = 64
+#: A connection that has not proven the key within this many seconds is closed, and at most this many
+#: such connections are held at once (more are closed at once): a stranger cannot tie the server up.
+HANDSHAKE_S = 5.0
+MAX_UNAUTHENTICATED = 8
 
 
 def _not_busy() -> str | None:
@@ -62,6 +67,7 @@ class PairTestServer:
         max_bytes: int = 16 * 1024 * 1024,
         max_seconds: float = 10.0,
         busy: Busy = _not_busy,
+        allreduce: AllReduceStep | None = None,
     ) -> None:
         if not key:
             raise ValueError("a pair-test server needs the fleet's pair-test key")
@@ -72,7 +78,9 @@ class PairTestServer:
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
         self.busy = busy
+        self.allreduce = allreduce
         self.served = 0
+        self._unauthenticated = 0
         self.refused = 0
         self._active = False
         self._server: asyncio.Server | None = None
@@ -92,17 +100,31 @@ class PairTestServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
+        if self._unauthenticated >= MAX_UNAUTHENTICATED:
+            self.refused += 1
+            log.info("pair_test_refused", peer=str(peer), why=f"{MAX_UNAUTHENTICATED} handshakes pending")
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+        self._unauthenticated += 1
+        counted = [True]  # until the client proved the key
+        step = self.allreduce.timeout_s if self.allreduce is not None else 0.0
         try:
-            async with asyncio.timeout(self.max_seconds):
-                await self._exchange(reader, writer)
+            async with asyncio.timeout(self.max_seconds + step):
+                await self._exchange(reader, writer, counted)
         except (TimeoutError, WireError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             log.info("pair_test_ended", peer=str(peer), why=str(exc) or type(exc).__name__)
         finally:
+            if counted[0]:
+                self._unauthenticated -= 1
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, counted: list[bool]
+    ) -> None:
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -110,19 +132,26 @@ class PairTestServer:
         server_nonce = os.urandom(NONCE_BYTES)
         writer.write(GREETING + server_nonce)
         await writer.drain()
-        request = await read_message(reader)
-        fields = {k: request.get(k) for k in ("node", "bytes", "pings")}
+        async with asyncio.timeout(min(HANDSHAKE_S, self.max_seconds)):
+            request = await read_message(reader)
+        fields = {k: request.get(k) for k in ("node", "bytes", "pings", "allreduce")}
         client_nonce = bytes.fromhex(str(request.get("nonce", "")))
         expected = mac(self.key, "client", server_nonce, client_nonce, fields)
         if len(client_nonce) != NONCE_BYTES or not _same(str(request.get("mac", "")), expected):
             self.refused += 1
             await send_message(writer, {"ok": False, "reason": "not authenticated"})
             return
+        self._unauthenticated -= 1
+        counted[0] = False
         wanted = fields["bytes"]
         pings = fields["pings"]
+        collective = fields["allreduce"]
         if (
             not isinstance(wanted, int)
             or not isinstance(pings, int)
+            or not isinstance(collective, int)
+            or isinstance(collective, bool)
+            or collective < 0
             or wanted < 0
             or not 0 <= pings <= _PING_LIMIT
         ):
@@ -155,10 +184,39 @@ class PairTestServer:
             for _ in range(ROUNDS):
                 await write_chunks(writer, per, loop.time() + share)
             await read_message(reader)  # the client's "done": the data arrived before we close
+            if collective > 0:
+                await self._allreduce(reader, writer, collective)
             self.served += 1
         finally:
             if bulk:
                 self._active = False
+
+    async def _allreduce(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, wanted: int
+    ) -> None:
+        """Rank 0 of the all-reduce step: offer its store's port, or say why there is no step."""
+        step = self.allreduce
+        if step is None or step.max_bytes <= 0:
+            await send_message(writer, {"allreduce_skipped": f"{self.node}: the all-reduce step is off here"})
+            return
+        local = str(writer.get_extra_info("sockname")[0])
+        nbytes = min(wanted, step.max_bytes)
+        rank = await AllReduceRank.start(step, rank=0, host=local, port=0, nbytes=nbytes, local_address=local)
+        try:
+            first = await rank.line()
+            port = first.get("port")
+            if isinstance(port, int) and not isinstance(port, bool):
+                await send_message(writer, {"allreduce_port": port, "bytes": nbytes})
+                # The client's rank is done (or gave up): so is this one's collective, and it is ended
+                # now, so the next test finds this server free (the client's figure is the result).
+                done = await read_message(reader)
+                log.info("pair_test_allreduce", node=self.node, bytes=nbytes, ok=done.get("ok") is True)
+            elif "skipped" in first:
+                await send_message(writer, {"allreduce_skipped": f"{self.node}: {first['skipped']}"})
+            else:
+                await send_message(writer, {"allreduce_error": f"{self.node}: {first.get('error', first)}"})
+        finally:
+            await rank.stop()
 
 
 def _same(given: str, expected: str) -> bool:

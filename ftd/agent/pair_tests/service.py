@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ftd.agent.pair_tests.allreduce import AllReduceStep
 from ftd.agent.pair_tests.client import PairPeer, run_pair_test
 from ftd.agent.pair_tests.server import Busy, PairTestServer
 from ftd.agent.watchers.base import WatcherHealth
@@ -119,6 +120,7 @@ class PairTestService:
             max_bytes=self.cfg.max_bytes,
             max_seconds=self.cfg.timeout_s,
             busy=self.busy,
+            allreduce=self.allreduce_step(self.cfg.allreduce_bytes),
         )
         await self.server.start()
         self._health = WatcherHealth("running")
@@ -128,6 +130,18 @@ class PairTestService:
         finally:
             self.listening.clear()
             await self.server.close()
+
+    def allreduce_step(self, wanted: object) -> AllReduceStep | None:
+        """The all-reduce step of a test (``wanted`` bytes, capped by this agent's config), or None
+        when it is off here or the directive asked for none."""
+        limit = self.cfg.allreduce_bytes
+        nbytes = wanted if isinstance(wanted, int) and not isinstance(wanted, bool) else limit
+        nbytes = max(0, min(nbytes, limit))
+        if nbytes <= 0:
+            return None
+        return AllReduceStep(
+            max_bytes=nbytes, timeout_s=self.cfg.allreduce_timeout_s, python=self.cfg.allreduce_python
+        )
 
     async def on_directive(self, directive: Directive) -> tuple[Event, Ack]:
         """Run the pair test a ``pair_test`` directive asks (``params``: ``peer``, ``host``, ``port``,
@@ -141,6 +155,7 @@ class PairTestService:
             params.get("port", self.cfg.port),
             params.get("max_bytes", self.cfg.max_bytes),
             params.get("timeout_s", self.cfg.timeout_s),
+            params.get("allreduce_bytes", self.cfg.allreduce_bytes),
         )
         event = result_event(self.node, result, directive)
         ack = Ack(
@@ -156,11 +171,18 @@ class PairTestService:
         return event, ack
 
     async def test(
-        self, peer: object, host: object, port: object, wanted: object, timeout: object
+        self,
+        peer: object,
+        host: object,
+        port: object,
+        wanted: object,
+        timeout: object,
+        allreduce_bytes: object = None,
     ) -> PairResult:
         """One pair test against ``peer`` at ``host``:``port`` (as a directive or a burn-in names it),
-        ``wanted`` bytes and ``timeout`` seconds each capped by this agent's config. Disabled, keyless,
-        training or malformed: the result's error says why; nothing is measured."""
+        ``wanted`` bytes and ``timeout`` seconds each capped by this agent's config, and the all-reduce
+        step of ``allreduce_bytes`` (None: the config's; 0: none). Disabled, keyless, training or
+        malformed: the result's error says why; nothing is measured."""
         key, why = read_key(self.cfg.key_file)
         if not self.cfg.enabled:
             result = PairResult(a=self.node, b=str(peer or ""), error="pair tests disabled on this node")
@@ -184,6 +206,7 @@ class PairTestService:
                 timeout_s=max(0.1, min(float(timeout), self.cfg.timeout_s)),
                 pings=self.cfg.pings,
                 busy=self.busy,
+                allreduce=self.allreduce_step(allreduce_bytes),
             )
         return result
 

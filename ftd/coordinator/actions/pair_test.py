@@ -114,15 +114,18 @@ class PairTest:
         return {"state": str(ActionState.ESCALATED), "passed": False, "verdict": outcome["status"], **detail}
 
     async def measure(
-        self, record: ActionRecord, node: str, peer: str, *, suffix: str | None = None
+        self, record: ActionRecord, node: str, peer: str, *, suffix: str | None = None, allreduce: bool = True
     ) -> dict[str, Any]:
         """Have ``node``'s agent test the pair it forms with ``peer`` and judge it: ``status`` (a
         :class:`~ftd.fabric.pairs.PairVerdict`'s: pass, slow, failed, skipped), ``why``, the
-        ``result`` when one came back, ``answered`` False when none did (failed, fails closed)."""
+        ``result`` when one came back, ``answered`` False when none did (failed, fails closed).
+        ``allreduce`` False: the agent skips the all-reduce step (seconds of torch start-up)."""
         host = peer_address(self._state, peer)
         if host is None:
             return {"status": "failed", "answered": False, "why": f"{peer} announced no address"}
-        params = {"peer": peer, "host": host, "port": self.port}
+        params: dict[str, Any] = {"peer": peer, "host": host, "port": self.port}
+        if not allreduce:
+            params["allreduce_bytes"] = 0  # the TCP phases only (a restart waits for this test)
         directive = directive_for(
             record, "pair_test", suffix=suffix, node=node, deadline_s=self.deadline_s, params=params
         )
@@ -133,7 +136,14 @@ class PairTest:
         raw = ack.data.get("pair_test")
         result = PairResult.from_dict(raw if isinstance(raw, dict) else {"error": ack.reason or "no result"})
         expect, profile, _ = fleet_expectation(self._hardware)
-        verdict = judge_pair(result, expect, self._state.pairs.baseline(), profile=profile)
+        pairs = self._state.pairs
+        verdict = judge_pair(
+            result,
+            expect,
+            pairs.baseline(),
+            profile=profile,
+            allreduce_baseline_gbps=pairs.allreduce_baseline(),
+        )
         return {
             "status": verdict.status,
             "why": "; ".join(verdict.reasons),

@@ -26,7 +26,15 @@ from typing import Any
 from ftd.catalog.hardware_profiles import HardwareCatalogError, load_hardware_catalog
 from ftd.config.schema import HardwareConfig
 from ftd.events import Event, Kind
-from ftd.fabric.pairs import PairExpectation, PairResult, PairVerdict, expectation, fleet_baseline, judge_pair
+from ftd.fabric.pairs import (
+    PairExpectation,
+    PairResult,
+    PairVerdict,
+    expectation,
+    fleet_allreduce_baseline,
+    fleet_baseline,
+    judge_pair,
+)
 
 __all__ = ["PAIRS_KEPT", "RECENT_KEPT", "PairBook", "Tested", "fleet_expectation"]
 
@@ -71,8 +79,17 @@ class PairBook:
     def baseline(self) -> float | None:
         return fleet_baseline(self.recent)
 
+    def allreduce_baseline(self) -> float | None:
+        return fleet_allreduce_baseline(self.recent)
+
     def judge(self, tested: Tested, expect: PairExpectation | None, profile: str | None) -> PairVerdict:
-        return judge_pair(tested.result, expect, self.baseline(), profile=profile)
+        return judge_pair(
+            tested.result,
+            expect,
+            self.baseline(),
+            profile=profile,
+            allreduce_baseline_gbps=self.allreduce_baseline(),
+        )
 
     def passed_since(
         self, node: str, since: float, expect: PairExpectation | None, profile: str | None
