@@ -332,3 +332,27 @@ def test_saturation_of_the_narrow_ib_counters() -> None:
     assert saturated("ib", "local_link_integrity_errors", 15) and saturated("ib", "link_downed", 255)
     assert not saturated("ib", "port_xmit_wait", 2**32 - 1)  # not a narrow error counter
     assert not saturated("hw", "symbol_error", 65535)
+
+
+def test_the_all_reduce_step_is_judged_for_the_pair_not_a_side() -> None:
+    from ftd.fabric.pairs import PairExpectation, PairResult, fleet_allreduce_baseline, judge_pair
+
+    def result(gbps: float | None, error: str = "") -> PairResult:
+        return PairResult(
+            a="n1", b="n2", a_to_b_gbps=9.0, b_to_a_gbps=9.0, rtt_ms=0.1, allreduce_gbps=gbps, error=error
+        )
+
+    assert fleet_allreduce_baseline([result(4.0), result(6.0)]) is None, "two results are not a fleet"
+    assert (
+        fleet_allreduce_baseline([result(4.0), result(6.0), result(8.0), result(1.0, "x"), result(None)])
+        == 6.0
+    )
+    spec = PairExpectation(expected_gbps=10.0)
+    unjudged = judge_pair(result(0.5), spec, None)
+    assert unjudged.status == "pass" and "all-reduce 0.5 Gbit/s not judged" in " ".join(unjudged.reasons)
+    slow = judge_pair(result(0.5), spec, None, allreduce_baseline_gbps=6.0)
+    assert slow.status == "slow" and slow.slow_senders == ()
+    assert "all-reduce 0.5 Gbit/s < 3 (0.5 x fleet all-reduce baseline 6 Gbit/s)" in slow.reasons[-1]
+    assert judge_pair(result(4.0), spec, None, allreduce_baseline_gbps=6.0).status == "pass"
+    with_key = PairExpectation(expected_gbps=10.0, expected_allreduce_gbps=20.0)
+    assert judge_pair(result(4.0), with_key, None, allreduce_baseline_gbps=6.0).status == "slow"  # 16 > 3
