@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the real parts the tests start themselves (docs/architecture.md §12): Mosquitto, munge, Slurm 22.05,
-# PostgreSQL, Prometheus, and kubectl (kustomize, for the Kubernetes overlays' test).
+# PostgreSQL, Prometheus, iptables, and kubectl (kustomize, for the Kubernetes overlays' test).
 #
 # Idempotent: does nothing when every binary is already there, and (re)creates only what is missing.
 # The tests run their own mosquitto/slurmctld/slurmd on free loopback ports with private configs, so
@@ -24,6 +24,9 @@ done
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=("postgresql")
 # Prometheus (promtool for the alert rules' tests; a real server for the alerting end-to-end test).
 have promtool && have prometheus || missing+=("prometheus")
+# iptables (the pair tests' lossy link: netfilter's statistic match drops a fraction of a namespace's
+# packets; this kernel has no netem).
+have iptables || missing+=("iptables")
 
 if ((${#missing[@]})); then
   echo "install-real-parts: missing ${missing[*]}; installing packages"
@@ -39,9 +42,9 @@ if ((${#missing[@]})); then
   trap cleanup EXIT
   $SUDO apt-get update
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-    mosquitto mosquitto-clients munge slurmctld slurmd slurm-client postgresql prometheus
+    mosquitto mosquitto-clients munge slurmctld slurmd slurm-client postgresql prometheus iptables
 else
-  echo "install-real-parts: mosquitto, munge, slurm, postgresql and prometheus are installed"
+  echo "install-real-parts: mosquitto, munge, slurm, postgresql, prometheus and iptables are installed"
 fi
 
 # munge needs a shared key; the package usually creates one, a minimal image may not.

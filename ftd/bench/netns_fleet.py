@@ -149,9 +149,29 @@ class NetnsFleet:
             "rate", rate, "burst", "32kbit", "latency", "50ms")  # fmt: skip
         self.degraded[node] = rate
 
+    def lose(self, node: str, fraction: float) -> None:
+        """Lose ``fraction`` of ``node``'s egress packets at random on the way (netfilter's statistic
+        match in every other namespace's INPUT, on packets from ``node``'s address: a bad cable or
+        port on its transmit side, real loss that TCP must detect and send again; a drop in the
+        sender's own OUTPUT is not loss to TCP, which retries it at once); undo with :meth:`restore`."""
+        if shutil.which("iptables") is None:
+            raise RuntimeError("iptables is not installed (scripts/install-real-parts.sh installs it)")
+        source = self.addresses[node]
+        for other in self.nodes:
+            if other != node:
+                ns = self.namespace(other)
+                _ip("netns", "exec", ns, "iptables", "-A", "INPUT", "-s", source, "-m", "statistic",
+                    "--mode", "random", "--probability", f"{fraction:g}", "-j", "DROP")  # fmt: skip
+        self.degraded[node] = f"loss {fraction:g}"
+
     def restore(self, node: str) -> None:
-        _ip("netns", "exec", self.namespace(node), "tc", "qdisc", "del", "dev", "eth0", "root")
-        self.degraded.pop(node, None)
+        what = self.degraded.pop(node, "")
+        if what.startswith("loss"):
+            for other in self.nodes:
+                if other != node:
+                    _ip("netns", "exec", self.namespace(other), "iptables", "-F", "INPUT")
+        else:
+            _ip("netns", "exec", self.namespace(node), "tc", "qdisc", "del", "dev", "eth0", "root")
 
     def ask(self, node: str, request: dict[str, Any]) -> None:
         stdin = self.procs[node].stdin

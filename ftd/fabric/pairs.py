@@ -45,6 +45,11 @@ MIN_BASELINE_SAMPLES = 3
 #: Measured: a node shaped to 20 Mbit/s egress sent at 0.019 Gbit/s and received at 1.75 of a 9.2
 #: median (92x apart); two nodes degraded alike stay within a few times of each other.
 COLLATERAL_RATIO = 10.0
+#: A direction whose sender retransmitted more than this share of its segments is lossy (a profile's
+#: ``max_retrans_pct`` replaces it). On a link with a round trip of microseconds TCP recovers from
+#: loss so fast that the throughput barely moves (measured: 30% random drop on a veth pair still
+#: moved 14-25 Gbit/s); the retransmissions show it. A clean veth here retransmitted none.
+DEFAULT_MAX_RETRANS_PCT = 1.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,9 @@ class PairResult:
     error: str = ""
     allreduce_gbps: float | None = None
     allreduce_skipped: str = ""
+    #: the share (%) of each direction's segments the sender's kernel sent again (TCP_INFO): loss
+    a_to_b_retrans_pct: float | None = None
+    b_to_a_retrans_pct: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +82,8 @@ class PairResult:
             "error": self.error,
             "allreduce_gbps": self.allreduce_gbps,
             "allreduce_skipped": self.allreduce_skipped,
+            "a_to_b_retrans_pct": self.a_to_b_retrans_pct,
+            "b_to_a_retrans_pct": self.b_to_a_retrans_pct,
         }
 
     @classmethod
@@ -102,6 +112,8 @@ class PairResult:
             error=text("error"),
             allreduce_gbps=num("allreduce_gbps"),
             allreduce_skipped=text("allreduce_skipped"),
+            a_to_b_retrans_pct=num("a_to_b_retrans_pct"),
+            b_to_a_retrans_pct=num("b_to_a_retrans_pct"),
         )
 
     @property
@@ -119,6 +131,10 @@ class PairResult:
         """``(sender, receiver, gbps)`` for each direction."""
         return (self.a, self.b, self.a_to_b_gbps), (self.b, self.a, self.b_to_a_gbps)
 
+    def retransmits(self) -> tuple[tuple[str, str, float | None], tuple[str, str, float | None]]:
+        """``(sender, receiver, % of segments retransmitted)`` for each direction."""
+        return (self.a, self.b, self.a_to_b_retrans_pct), (self.b, self.a, self.b_to_a_retrans_pct)
+
 
 @dataclass(frozen=True)
 class PairExpectation:
@@ -129,6 +145,7 @@ class PairExpectation:
     baseline_fraction: float = 0.5
     max_rtt_ms: float | None = None
     expected_allreduce_gbps: float | None = None
+    max_retrans_pct: float | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +183,7 @@ def expectation(section: Mapping[str, Any] | None) -> PairExpectation | None:
         baseline_fraction=_fraction(section.get("baseline_fraction"), 0.5),
         max_rtt_ms=_positive(section.get("max_rtt_ms")),
         expected_allreduce_gbps=_positive(section.get("expected_allreduce_gbps")),
+        max_retrans_pct=_positive(section.get("max_retrans_pct")),
     )
 
 
@@ -278,6 +296,14 @@ def judge_pair(
                 f"by {s1}'s slow egress (its acknowledgements), not counted against {s2}"
             )
     slow = [sender for sender, _, _ in measured]
+    lossy = DEFAULT_MAX_RETRANS_PCT
+    if expect is not None and expect.max_retrans_pct is not None:
+        lossy = expect.max_retrans_pct
+    for sender, receiver, pct in result.retransmits():
+        if pct is not None and pct > lossy:
+            reasons.append(f"{sender} -> {receiver}: {pct:.3g}% of segments sent again > {lossy:g}% (loss)")
+            if sender not in slow:
+                slow.append(sender)
     limit = expect.max_rtt_ms if expect is not None else None
     rtt_slow = limit is not None and result.rtt_ms is not None and result.rtt_ms > limit
     if rtt_slow:

@@ -356,3 +356,29 @@ def test_the_all_reduce_step_is_judged_for_the_pair_not_a_side() -> None:
     assert judge_pair(result(4.0), spec, None, allreduce_baseline_gbps=6.0).status == "pass"
     with_key = PairExpectation(expected_gbps=10.0, expected_allreduce_gbps=20.0)
     assert judge_pair(result(4.0), with_key, None, allreduce_baseline_gbps=6.0).status == "slow"  # 16 > 3
+
+
+def test_a_lossy_direction_names_its_sender_even_at_full_speed() -> None:
+    from ftd.fabric.pairs import DEFAULT_MAX_RETRANS_PCT, PairExpectation, PairResult, judge_pair
+
+    def result(up: float | None, down: float | None) -> PairResult:
+        return PairResult(
+            a="n1",
+            b="n2",
+            a_to_b_gbps=9.0,
+            b_to_a_gbps=9.0,
+            rtt_ms=0.1,
+            a_to_b_retrans_pct=up,
+            b_to_a_retrans_pct=down,
+        )
+
+    spec = PairExpectation(expected_gbps=10.0)
+    assert judge_pair(result(0.0, 0.0), spec, None).status == "pass"
+    assert judge_pair(result(None, None), spec, None).status == "pass", "unknown (no TCP_INFO): not judged"
+    lossy = judge_pair(result(DEFAULT_MAX_RETRANS_PCT * 5, 0.2), spec, None)
+    assert lossy.status == "slow" and lossy.slow_senders == ("n1",) and "(loss)" in lossy.reasons[-1]
+    assert judge_pair(result(0.0, 3.0), spec, None).slow_senders == ("n2",)
+    strict = PairExpectation(expected_gbps=10.0, max_retrans_pct=0.1)
+    assert judge_pair(result(0.2, 0.0), strict, None).slow_senders == ("n1",)
+    roundtrip = PairResult.from_dict(result(2.5, 0.0).as_dict())
+    assert (roundtrip.a_to_b_retrans_pct, roundtrip.b_to_a_retrans_pct) == (2.5, 0.0)

@@ -36,7 +36,9 @@ from ftd.agent.pair_tests.wire import (
     mac,
     read_chunks,
     read_message,
+    retrans_pct,
     send_message,
+    tcp_counters,
     write_chunks,
 )
 from ftd.fabric.pairs import PairResult
@@ -149,9 +151,11 @@ async def _exchange(
         rtts.append((time.perf_counter() - sent) * 1e3)
     share = timeout_s / 3 / ROUNDS
     per = allowed // ROUNDS
+    before = tcp_counters(writer)
     for _ in range(ROUNDS):
         await write_chunks(writer, per, loop.time() + share)
     upload = (await read_message(reader)).get("rounds")
+    egress_retrans = retrans_pct(before, tcp_counters(writer))  # acknowledged by now: the server answered
     if not isinstance(upload, list) or len(upload) != ROUNDS:
         raise WireError("upload measurement malformed")
     ups: list[tuple[int, float]] = []
@@ -166,6 +170,11 @@ async def _exchange(
         ups.append((item[0], float(item[1])))
     await send_message(writer, {"seconds": share * ROUNDS})
     downs = [await read_chunks(reader, per) for _ in range(ROUNDS)]
+    ingress_retrans = None
+    if allowed > 0:
+        said = (await read_message(reader)).get("retrans_pct")
+        if isinstance(said, int | float) and not isinstance(said, bool) and 0 <= said <= 100:
+            ingress_retrans = float(said)
     await send_message(writer, {"done": True})
     moved = sum(b for b, _ in ups) + sum(b for b, _ in downs)
     gbps, skipped, error, extra = None, "the all-reduce step was not asked", "", 0
@@ -185,6 +194,8 @@ async def _exchange(
         error=error,
         allreduce_gbps=gbps,
         allreduce_skipped=skipped,
+        a_to_b_retrans_pct=egress_retrans if allowed > 0 else None,
+        b_to_a_retrans_pct=ingress_retrans,
     )
 
 

@@ -33,7 +33,9 @@ from ftd.agent.pair_tests.wire import (
     mac,
     read_chunks,
     read_message,
+    retrans_pct,
     send_message,
+    tcp_counters,
     write_chunks,
 )
 from ftd.logs import get_logger
@@ -181,8 +183,11 @@ class PairTestServer:
             go = await read_message(reader)
             loop = asyncio.get_running_loop()
             share = max(0.0, min(float(go.get("seconds", 0.0)), self.max_seconds)) / ROUNDS
+            before = tcp_counters(writer)
             for _ in range(ROUNDS):
                 await write_chunks(writer, per, loop.time() + share)
+            if bulk:  # this node's egress: how much of it the kernel had to send again
+                await send_message(writer, {"retrans_pct": retrans_pct(before, tcp_counters(writer))})
             await read_message(reader)  # the client's "done": the data arrived before we close
             if collective > 0:
                 await self._allreduce(reader, writer, collective)

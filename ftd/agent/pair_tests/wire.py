@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import socket
 import struct
 from typing import Any
 
@@ -29,7 +30,9 @@ __all__ = [
     "mac",
     "read_chunks",
     "read_message",
+    "retrans_pct",
     "send_message",
+    "tcp_counters",
     "write_chunks",
 ]
 
@@ -42,6 +45,38 @@ CHUNK = 64 * 1024
 #: scheduling hiccup on a busy host then slows one burst, not the verdict on the direction.
 ROUNDS = 3
 _LEN = struct.Struct(">I")
+
+
+_TCP_INFO_LEN = 144
+_TOTAL_RETRANS = 100  # struct tcp_info: __u32 tcpi_total_retrans
+_SEGS_OUT = 136  # __u32 tcpi_segs_out (Linux 4.2+)
+
+
+def tcp_counters(writer: asyncio.StreamWriter) -> tuple[int, int] | None:
+    """The kernel's ``(segments retransmitted, segments sent)`` of this connection so far (TCP_INFO),
+    or None where the platform does not give them: a lossy link shows here even when TCP's quick
+    recovery on a short round trip hides it from the throughput."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+    except OSError:
+        return None
+    if len(info) < _SEGS_OUT + 4:
+        return None
+    (retrans,) = struct.unpack_from("=I", info, _TOTAL_RETRANS)
+    (segs,) = struct.unpack_from("=I", info, _SEGS_OUT)
+    return int(retrans), int(segs)
+
+
+def retrans_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The percentage of the segments sent between two :func:`tcp_counters` readings that were
+    retransmissions; None when unknown or nothing was sent."""
+    if before is None or after is None:
+        return None
+    sent = after[1] - before[1]
+    return 100.0 * max(0, after[0] - before[0]) / sent if sent > 0 else None
 
 
 class WireError(Exception):
