@@ -101,3 +101,43 @@ def test_the_action_view_shows_the_phases_the_api_serves() -> None:
     html = dom.stdout
     view = html[html.index('id="action-facts"') : html.index("</dl>", html.index('id="action-facts"'))]
     assert "<dt>phase</dt><dd>running: restart (3 of 4)</dd>" in view
+
+
+async def _pairs(coordinator: Coordinator) -> None:
+    """Pair tests and pingmesh probes as the agents report them (issue #35): n1<->n2 fine, n3's
+    probe to n2 slow (5 ms against the profile's 2 ms), n4's egress to n3 slow."""
+    from ftd.events import Kind, Severity, make_event
+    from ftd.fabric.pairs import PairResult
+
+    results = [
+        PairResult(a="n1", b="n2", a_to_b_gbps=24.0, b_to_a_gbps=23.0, rtt_ms=0.31, bytes_moved=1),
+        PairResult(a="n3", b="n4", a_to_b_gbps=24.0, b_to_a_gbps=0.02, rtt_ms=0.45, bytes_moved=1),
+        PairResult(a="n1", b="n3", a_to_b_gbps=22.0, b_to_a_gbps=22.5, rtt_ms=0.4, bytes_moved=1),
+        PairResult(a="n3", b="n2", rtt_ms=5.0),  # a pingmesh probe: round trips only
+    ]
+    for result in results:
+        coordinator.state.apply_event(
+            make_event(
+                result.a, Kind.PAIR_TEST, severity=Severity.INFO, source="pair_tests", data=result.as_dict()
+            )
+        )
+
+
+def test_the_fabric_tab_draws_the_bandwidth_and_the_round_trip_matrices() -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    with live_api(seed=_pairs, hardware_profile="h200-sxm") as url:
+        dom = chromium("--dump-dom", f"{url}/#fabric")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        shot = chromium(f"--screenshot={ARTIFACTS / 'fabric.png'}", f"{url}/#fabric")
+        assert shot.returncode == 0, shot.stderr[-2000:]
+    html = dom.stdout
+    (ARTIFACTS / "fabric.html").write_text(html)
+    rtt = html[html.index('id="pair-rtt"') : html.index("</table>", html.index('id="pair-rtt"'))]
+    bandwidth = html[html.index('id="pairs"') : html.index("</table>", html.index('id="pairs"'))]
+    assert (
+        "from \\ to (Gbit/s)" in bandwidth and '<td class="pair-slow"' in bandwidth and "0.0200" in bandwidth
+    )
+    assert "from \\ to (ms)" in rtt
+    assert '<td class="pair-slow" title="probe, ' in rtt and ">5.00</td>" in rtt, rtt  # n3 -> n2's probe
+    assert '<td class="pair-pass" title="pair test, ' in rtt and ">0.310</td>" in rtt
+    assert "max 2 ms" in html and "newest of a test or a probe" in html

@@ -25,10 +25,12 @@ __all__ = ["TOKEN", "live_api"]
 def live_api(
     seed: Callable[[Coordinator], Awaitable[None]] | None = None,
     node_labels: list[NodeLabelsConfig] | None = None,
+    hardware_profile: str = "",
 ) -> Iterator[str]:
     """Yield the base URL of a running API over a populated coordinator (nodes, a job, events,
     one finished action ``act-known``) with a FakeScheduler and the token :data:`TOKEN`; ``seed``
-    adds to its state and ledger (a cluster at scale), ``node_labels`` is coordinator.node_labels."""
+    adds to its state and ledger (a cluster at scale), ``node_labels`` is coordinator.node_labels,
+    ``hardware_profile`` hardware.profile."""
     loop = asyncio.new_event_loop()
     port = free_port()
     scheduler = FakeScheduler()
@@ -38,7 +40,7 @@ def live_api(
     holder: dict[str, Any] = {}
 
     async def serve() -> None:
-        coordinator = make_coordinator(scheduler, node_labels=node_labels)
+        coordinator = make_coordinator(scheduler, node_labels=node_labels, hardware_profile=hardware_profile)
         await populate(coordinator)
         await coordinator.ledger.save_action(
             ActionRecord(

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from ftd.bus.memory import MemoryBroker, MemoryBus
 from ftd.config import ApiConfig, Config, CoordinatorConfig, PolicyConfig
-from ftd.config.schema import NodeLabelsConfig
+from ftd.config.schema import HardwareConfig, NodeLabelsConfig
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.api import ROUTES, Api, openapi_document, resolve_token
 from ftd.coordinator.daemon import Coordinator
@@ -45,12 +45,13 @@ def make_coordinator(
     dry_run: bool = False,
     approval: tuple[str, ...] = (),
     node_labels: list[NodeLabelsConfig] | None = None,
+    hardware_profile: str = "",
 ) -> Coordinator:
     policy = PolicyConfig(dry_run=dry_run, approval_required_kinds=list(approval))
     coordinator = CoordinatorConfig(
         ledger_path=":memory:", scheduler="slurm", policy=policy, node_labels=node_labels or []
     )
-    config = Config(coordinator=coordinator)
+    config = Config(coordinator=coordinator, hardware=HardwareConfig(profile=hardware_profile))
     return build(config, bus=MemoryBus(MemoryBroker()), scheduler=scheduler, ledger=Ledger(":memory:"))
 
 

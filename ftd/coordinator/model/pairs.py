@@ -162,6 +162,7 @@ class PairBook:
             "probes": probes,
             "profile": profile,
             "expected_gbps": expect.expected_gbps if expect is not None else None,
+            "max_rtt_ms": expect.max_rtt_ms if expect is not None else None,
             "baseline_gbps": baseline,
             "nodes": nodes,
             "cells": cells,

@@ -535,19 +535,45 @@ function pairGrid(matrix, max = MATRIX_MAX) {
   return { nodes: shown, rows, hidden: nodes.length - shown.length };
 }
 
-async function refreshFabric() {
-  const summary = document.getElementById("fabric-summary");
-  const table = document.getElementById("pairs");
-  let matrix;
-  try {
-    matrix = await getJSON("/v1/fabric/pairs");
-  } catch (err) {
-    summary.textContent = "the pair matrix could not be read: " + err;
-    return;
+// The round-trip matrix: per pair direction the newest RTT of a pair test or a pingmesh probe
+// (whichever is younger), a probe coloured by its own verdict, a test's RTT against the profile's
+// max_rtt_ms (no limit: shown, not judged).
+function rttGrid(matrix, max = MATRIX_MAX) {
+  const newest = new Map();
+  const keep = (key, cell) => {
+    const had = newest.get(key);
+    if (cell.rtt_ms != null && (!had || cell.age_s < had.age_s)) newest.set(key, cell);
+  };
+  const limit = matrix.max_rtt_ms;
+  for (const c of matrix.cells || []) {
+    const status = c.error ? "failed" : limit == null ? "pass" : c.rtt_ms > limit ? "slow" : "pass";
+    keep(c.from + "\u0000" + c.to, { rtt_ms: c.rtt_ms, age_s: c.age_s, status, what: "pair test" });
   }
-  const grid = pairGrid(matrix);
+  for (const p of matrix.probes || []) {
+    keep(p.from + "\u0000" + p.to, { rtt_ms: p.rtt_ms, age_s: p.age_s, status: p.status, what: "probe" });
+  }
+  const trouble = new Set();
+  const nodes = new Set(matrix.nodes || []);
+  for (const [key, c] of newest) {
+    const [from, to] = key.split("\u0000");
+    nodes.add(from); nodes.add(to);
+    if (c.status !== "pass") { trouble.add(from); trouble.add(to); }
+  }
+  const byName = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
+  const sorted = [...nodes].sort((a, b) => (trouble.has(b) - trouble.has(a)) || byName(a, b));
+  const shown = sorted.slice(0, max);
+  const rows = shown.map((from) => [from, ...shown.map((to) => {
+    const c = newest.get(from + "\u0000" + to);
+    if (!c) return { text: from === to ? "" : "·", status: "none", title: "no round trip measured" };
+    const judged = limit == null && c.what === "pair test" ? " (no max_rtt_ms: not judged)" : "";
+    return { text: c.rtt_ms.toPrecision(3), status: c.status, title: `${c.what}, ${c.age_s} s ago${judged}` };
+  })]);
+  return { nodes: shown, rows, hidden: sorted.length - shown.length };
+}
+
+function drawGrid(table, grid, corner) {
   const head = el("tr");
-  head.appendChild(el("th", "from \\ to (Gbit/s)"));
+  head.appendChild(el("th", corner));
   for (const n of grid.nodes) head.appendChild(el("th", n));
   const thead = el("thead");
   thead.appendChild(head);
@@ -563,6 +589,25 @@ async function refreshFabric() {
     tbody.appendChild(tr);
   }
   table.replaceChildren(thead, tbody);
+}
+
+async function refreshFabric() {
+  const summary = document.getElementById("fabric-summary");
+  const table = document.getElementById("pairs");
+  let matrix;
+  try {
+    matrix = await getJSON("/v1/fabric/pairs");
+  } catch (err) {
+    summary.textContent = "the pair matrix could not be read: " + err;
+    return;
+  }
+  const grid = pairGrid(matrix);
+  drawGrid(table, grid, "from \\ to (Gbit/s)");
+  const rtt = rttGrid(matrix);
+  drawGrid(document.getElementById("pair-rtt"), rtt, "from \\ to (ms)");
+  const limit = matrix.max_rtt_ms == null ? "no max_rtt_ms" : `max ${matrix.max_rtt_ms} ms`;
+  document.getElementById("rtt-summary").textContent = `${rtt.nodes.length} node(s)` +
+    (rtt.hidden ? ` (${rtt.hidden} more, all passing)` : "") + ` · ${limit} · newest of a test or a probe`;
   const expected = matrix.expected_gbps == null ? "no spec" : `spec ${matrix.expected_gbps} Gbit/s`;
   const baseline = matrix.baseline_gbps == null ? "no baseline yet" : `baseline ${matrix.baseline_gbps.toPrecision(3)} Gbit/s`;
   summary.textContent = `${grid.nodes.length} node(s)` + (grid.hidden ? ` (${grid.hidden} more, all passing)` : "") +
