@@ -163,12 +163,31 @@ class NodeHooks:
             }
         return await self.preflight_now()
 
-    async def preflight_now(self) -> dict[str, Any]:
-        """Run the node's preflight checks now (:mod:`ftd.agent.preflight`); a pass clears hardware faults."""
+    async def preflight_now(self, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run the node's preflight checks now (:mod:`ftd.agent.preflight`); a pass clears hardware
+        faults. ``params["pair_peer"]`` (the coordinator's return to service names a known-good idle
+        peer): a ``pair_test`` check runs first, judged like the burn-in's pair step; without a peer
+        it is skipped, saying why (issue #35: a pair test runs in preflight)."""
         from ftd.agent.job_checks.node_check import rdma_node_check
+        from ftd.agent.preflight.burn_in import node_profile
         from ftd.agent.preflight.runner import run_preflight
 
-        extra = {"rdma": partial(rdma_node_check, self.cfg.job_checks)} if self.cfg.job_checks.enabled else {}
+        extra: dict[str, Callable[[], tuple[str, str]]] = {}
+        if self.cfg.job_checks.enabled:
+            extra["rdma"] = partial(rdma_node_check, self.cfg.job_checks)
+        profile, _ = await asyncio.to_thread(node_profile, HardwareConfig(), self._nvml_backend)
+        pair = self._pair_step(params or {}, profile)
+        if pair is not None:
+            done = await pair()
+            verdict = {"pass": "pass", "skip": "skip"}.get(done.status, "fail")
+            extra["pair_test"] = lambda: (verdict, done.reason)
+        else:
+            why = (
+                "pair tests are off on this node"
+                if self.pair_tests is None
+                else "no peer named to test against"
+            )
+            extra["pair_test"] = lambda: ("skip", why)
         report = await asyncio.to_thread(run_preflight, self.cfg, self._nvml_backend, extra=extra)
         if report.ok:
             self._conditions.clear_all(why="preflight passed", kinds=HARDWARE_KINDS)
@@ -204,12 +223,11 @@ class NodeHooks:
 
     def _pair_step(self, params: Mapping[str, Any], profile: str | None) -> PairTest | None:
         """The burn-in's pair step: a pair test against the known-good peer the coordinator named
-        (``params["pair_peer"]``), judged like any pair test (``pair.toml`` for the node's profile and
-        the fleet's baseline, ``params["pair_baseline_gbps"]``); None (the step skipped, saying so)
-        when pair tests are off here or no peer was named."""
-        from ftd.catalog.hardware_profiles import HardwareCatalogError, load_hardware_catalog
-        from ftd.fabric.pairs import expectation, judge_pair
-        from ftd.platform.burn_in import StepResult
+        (``params["pair_peer"]``), judged like any pair test (:func:`~ftd.agent.pair_tests.check.
+        pair_check`: ``pair.toml`` for the node's profile and the fleet's baseline,
+        ``params["pair_baseline_gbps"]``); None (the step skipped, saying so) when pair tests are off
+        here or no peer was named."""
+        from ftd.agent.pair_tests.check import pair_check
 
         peer = params.get("pair_peer")
         service = self.pair_tests
@@ -219,24 +237,7 @@ class NodeHooks:
         baseline = (
             float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) and raw > 0 else None
         )
-
-        async def step() -> StepResult:
-            started = time.monotonic()
-            cfg = service.cfg
-            result = await service.test(
-                peer.get("node"), peer.get("host"), peer.get("port"), cfg.max_bytes, cfg.timeout_s
-            )
-            try:
-                section = load_hardware_catalog().section("pair", profile) if profile else None
-            except HardwareCatalogError:
-                section = None
-            verdict = judge_pair(result, expectation(section), baseline, profile=profile)
-            status = {"pass": "pass", "skipped": "skip"}.get(verdict.status, "fail")
-            why = "; ".join(verdict.reasons) or f"pair test with {peer.get('node')} passed"
-            figures = {**result.as_dict(), "peer": peer.get("node"), "verdict": verdict.status}
-            return StepResult("pair", status, why, figures, seconds=round(time.monotonic() - started, 3))  # type: ignore[arg-type]
-
-        return step
+        return partial(pair_check, service, peer, profile, baseline)
 
     async def rma_bundle_now(self, params: Mapping[str, Any]) -> Bundle:
         """The repair bundle (:mod:`ftd.agent.rma.bundle`); ``params`` from the coordinator: its

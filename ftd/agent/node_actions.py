@@ -58,7 +58,7 @@ class NodeActions:
         emit: Callable[[Event], Awaitable[None]],
         gpu_resetter: GpuResetter,
         jobs: Callable[[], dict[str, list[RankInfo]]],
-        preflight_now: Callable[[], Awaitable[dict[str, Any]]],
+        preflight_now: Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]],
         diagnostics_dir: Path,
         ask_flight: AskFlight | None = None,
         burn_in_now: Callable[[Mapping[str, Any]], Awaitable[BurnInReport]] | None = None,
@@ -114,7 +114,7 @@ class NodeActions:
         (an Ack, rank NODE_RANK) and record it (a ``gpu_health`` event, ``signal = "preflight"``)."""
         answer = self._preflight_answers.get(directive.id)
         if answer is None:  # a re-delivered directive gets the first verdict, not a second run
-            report = await self._preflight_now()
+            report = await self._preflight_now(directive.params)  # a pair_peer runs a pair test too
             answer = self._preflight_answers[directive.id] = (bool(report["ok"]), str(report["reason"]))
             while len(self._preflight_answers) > 256:
                 self._preflight_answers.pop(next(iter(self._preflight_answers)))

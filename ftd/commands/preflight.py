@@ -15,6 +15,10 @@ the site opts out explicitly (``--allow-unchecked`` or ``agent.preflight.allow_u
 a Slurm Prolog gate (a failing Prolog drains the node) and run by the agent for the coordinator's
 return to service.
 
+``--pair-peer NODE=HOST:PORT`` adds ``pair_test``: one pair test against that known-good idle agent
+(issue #35), judged like the burn-in's pair step; slow or not completed fails preflight. The
+coordinator's ``preflight`` action does the same when its request names a ``pair_peer``.
+
 ``--burn-in`` runs the long burn-in instead (:mod:`ftd.agent.preflight.burn_in`: ``dcgmi diag -r 3``,
 a GPU memory test over most of the memory, a matmul throughput probe judged against the hardware
 profile and the fleet, the pair test), refuses on a node that runs a job (the jobs the Prolog
@@ -47,6 +51,13 @@ def register(sub: Any) -> None:
         help="pass (exit 0) even when no check could run (default: exit 3; agent.preflight.allow_unchecked)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="print every check's result")
+    p.add_argument(
+        "--pair-peer",
+        default=None,
+        metavar="NODE=HOST:PORT",
+        help="also run a pair test against this known-good idle agent (its pair-test server; the key in "
+        "agent.pair_tests.key_file); a slow or failed test fails preflight",
+    )
     p.add_argument(
         "--burn-in",
         action="store_true",
@@ -107,14 +118,43 @@ def run_burn_in(args: argparse.Namespace) -> int:
     return BURN_IN_EXIT[report.verdict]
 
 
+def _pair_check(cfg: Any, hardware: Any, spec: str) -> Any:
+    """``--pair-peer NODE=HOST:PORT`` as a preflight check: one pair test through the agent's own
+    pair-test code (its key, caps, and never while a job trains here), judged like the burn-in's pair
+    step against the node's hardware profile; None when ``spec`` is malformed."""
+    import asyncio
+    from pathlib import Path
+
+    from ftd.agent.jobs import SchedulerJobs
+    from ftd.agent.pair_tests.check import pair_check
+    from ftd.agent.pair_tests.service import PairTestService, training
+    from ftd.agent.preflight.burn_in import node_profile
+
+    node, _, where = spec.partition("=")
+    host, _, port = where.rpartition(":")
+    if not node or not host or not port.isdecimal():
+        return None
+    jobs = SchedulerJobs(Path(cfg.state_dir) / "jobs.json")
+    service = PairTestService(cfg.pair_tests, cfg.resolved_node(), busy=training(dict, jobs.all))
+    peer = {"node": node, "host": host, "port": int(port)}
+
+    def check() -> tuple[str, str]:
+        profile, _ = node_profile(hardware, None)
+        done = asyncio.run(pair_check(service, peer, profile, name="pair_test", catalog=hardware.catalog))
+        return {"pass": "pass", "skip": "skip"}.get(done.status, "fail"), done.reason
+
+    return check
+
+
 def run(args: argparse.Namespace) -> int:
     from ftd.agent.preflight.runner import CHECKS, run_preflight
     from ftd.config import AgentConfig
+    from ftd.config.schema import HardwareConfig
 
     if args.burn_in:
         return run_burn_in(args)
 
-    names = (*CHECKS, "rdma")
+    names = (*CHECKS, "rdma", "pair_test")
     unknown = sorted(set(args.skip) - set(names))
     if unknown:
         print(f"preflight: unknown check(s) {', '.join(unknown)}; checks: {', '.join(names)}")
@@ -123,12 +163,13 @@ def run(args: argparse.Namespace) -> int:
         from ftd.config import ConfigError, load_config
 
         try:
-            cfg = load_config(args.config).agent
+            full = load_config(args.config)
+            cfg, hardware = full.agent, full.hardware
         except ConfigError as exc:
             print(f"preflight: {args.config}: {exc}")
             return 2
     else:
-        cfg = AgentConfig()
+        cfg, hardware = AgentConfig(), HardwareConfig()
     extra = {}
     if cfg.job_checks.enabled:  # the node's share of the RDMA path: peermem, ACS, IOMMU (issue #36)
         from functools import partial
@@ -136,6 +177,12 @@ def run(args: argparse.Namespace) -> int:
         from ftd.agent.job_checks.node_check import rdma_node_check
 
         extra["rdma"] = partial(rdma_node_check, cfg.job_checks)
+    if args.pair_peer:
+        pair = _pair_check(cfg, hardware, args.pair_peer)
+        if pair is None:
+            print(f"preflight: --pair-peer {args.pair_peer!r}: expected NODE=HOST:PORT")
+            return 2
+        extra["pair_test"] = pair
     report = run_preflight(cfg, skip=set(args.skip), allow_unchecked=args.allow_unchecked, extra=extra)
     if args.json:
         print(json.dumps(report.to_dict()))

@@ -210,7 +210,7 @@ def test_the_agents_answer_to_the_return_to_service_directive_is_not_ok(tmp_path
     async def emit(event: Event) -> None:
         events.append(event)
 
-    async def preflight_now() -> dict[str, Any]:
+    async def preflight_now(params: Any) -> dict[str, Any]:
         return run_preflight(cfg, FakeNvml(2, unavailable=NO_DRIVER)).to_dict()
 
     actions = Capturing(

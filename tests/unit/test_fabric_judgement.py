@@ -382,3 +382,12 @@ def test_a_lossy_direction_names_its_sender_even_at_full_speed() -> None:
     assert judge_pair(result(0.2, 0.0), strict, None).slow_senders == ("n1",)
     roundtrip = PairResult.from_dict(result(2.5, 0.0).as_dict())
     assert (roundtrip.a_to_b_retrans_pct, roundtrip.b_to_a_retrans_pct) == (2.5, 0.0)
+
+
+def test_a_share_of_retransmissions_needs_enough_segments_to_mean_loss() -> None:
+    from ftd.agent.pair_tests.wire import MIN_SEGMENTS, retrans_pct
+
+    assert retrans_pct((0, 0), (1, 32)) is None, "one tail-loss probe among 32 segments is not 3% loss"
+    assert retrans_pct((5, 100), (5, 100 + MIN_SEGMENTS)) == 0.0
+    assert retrans_pct((5, 100), (105, 100 + MIN_SEGMENTS)) == 10.0
+    assert retrans_pct(None, (1, 5000)) is None and retrans_pct((9, 0), (3, 5000)) == 0.0  # a reset

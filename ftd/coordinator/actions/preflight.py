@@ -44,7 +44,9 @@ class Preflight:
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         node = record.request.target
-        directive = directive_for(record, "preflight", node=node, deadline_s=self.deadline_s)
+        peer = record.request.params.get("pair_peer")  # {"node", "host", "port"}: a pair test too (#35)
+        params = {"pair_peer": peer} if isinstance(peer, dict) else None
+        directive = directive_for(record, "preflight", node=node, deadline_s=self.deadline_s, params=params)
         ack = await ask_node(self._send, self._acks, directive, self.deadline_s)
         if ack is None:
             return {
