@@ -58,13 +58,20 @@ def _log(tmp_path: Path, name: str) -> dict[str, list[str]]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended: only its parent's wait is missing)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone, or gone while being read
         return False
-    # a zombie has ended; only its parent's wait is missing
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _gone(pid: int, name: str) -> None:
+    """``pid`` ends within a second (a SIGKILL is delivered, not awaited, by ``kill``)."""
+    deadline = time.monotonic() + 1.0
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"{name} left running"
+        time.sleep(0.02)
 
 
 async def _pair(
@@ -87,6 +94,10 @@ async def _pair(
             timeout_s=timeout_s,
             allreduce=client_step,
         )
+        deadline = time.monotonic() + 10
+        while server._active:  # the server's side of the test ends on its own (its rank stopped)
+            assert time.monotonic() < deadline, "the server stayed busy after the test"
+            await asyncio.sleep(0.02)
         return result, server
     finally:
         await server.close()
@@ -118,7 +129,7 @@ def test_the_ranks_get_the_tests_address_the_smaller_sides_bytes_and_the_loopbac
     assert opts0["--timeout"] == "10" and opts1["--timeout"] == "10"
     assert server_side["ifname"] == ["lo"] and client_side["ifname"] == ["lo"]
     # the server's rank (still sleeping when the client said it was done) was ended with the test
-    assert not _alive(int(server_side["pid"][0]))
+    _gone(int(server_side["pid"][0]), "rank0")
 
 
 def test_a_rank_without_torch_is_a_skip_and_the_step_off_on_the_server_is_a_skip() -> None:
@@ -191,7 +202,7 @@ def test_a_step_that_starts_and_does_not_complete_fails_the_test_never_a_pass(
     assert judge_pair(result, PairExpectation(expected_gbps=0.0001), None).status == "failed"
     for name in ("rank0", "rank1"):
         for pid in _log(tmp_path, name).get("pid", []):
-            assert not _alive(int(pid)), f"{name} left running"
+            _gone(int(pid), name)
 
 
 def test_a_hanging_rank_is_killed_with_its_process_group_and_the_server_stays_exclusive(
