@@ -19,6 +19,13 @@ first, each against a proven-good node when one is known; the others are then co
 pairs. One degraded node among 16 is thus named in at most 8 tests (8 disjoint pairs; a 9th
 confirms it), and a clean fleet gives no finding.
 
+A test can also be slow as a pair while both directions met their floors: its all-reduce step (or
+its round trip) was slow, which names neither side (``pair_slow``). That is reasoned the same way,
+by reproduction: a node slow together with two partners is pinned (the common end); a slow pair
+with one end fine with another partner makes the other end likely (a confirmation test against a
+proven node settles it); with neither end tested elsewhere both are unresolved and each is tested
+against a proven node; both ends fine elsewhere dismiss it (or, slow twice, name the link).
+
 Why pure: the coordinator runs it against live agents, the bench and the property tests against
 measured or generated outcomes; all get the same answer.
 """
@@ -86,6 +93,8 @@ class Bisection:
         self.budget = budget if budget is not None else (len(self.nodes) + 1) // 2 + 2
         self.observations: list[Observation] = []
         self.failed: list[tuple[str, str]] = []
+        #: every completed test as ``(a, b, slow as a pair)``: all-reduce or RTT, both directions fine
+        self.together: list[tuple[str, str, bool]] = []
         self.tests = 0
         self._egress_ok: set[str] = set()
         self._ingress_ok: set[str] = set()
@@ -97,8 +106,12 @@ class Bisection:
 
     # -- recording ------------------------------------------------------------------------------
 
-    def record(self, a: str, b: str, slow_senders: Iterable[str], *, failed: bool = False) -> None:
-        """The outcome of the test ``a`` ran against ``b``: its slow senders, or that it failed.
+    def record(
+        self, a: str, b: str, slow_senders: Iterable[str], *, failed: bool = False, pair_slow: bool = False
+    ) -> None:
+        """The outcome of the test ``a`` ran against ``b``: its slow senders, or that it failed;
+        ``pair_slow``: the pair was slow as a whole with no sender named (its all-reduce step or its
+        round trip, :func:`ftd.fabric.pairs.judge_pair`'s ``slow`` with no ``slow_senders``).
 
         A failed test proves nothing either way (it counts against the budget; its nodes stay
         untested unless another test covers them).
@@ -109,6 +122,7 @@ class Bisection:
             return
         slow = set(slow_senders)
         self._tested.update((a, b))
+        self.together.append((a, b, pair_slow and not slow))
         for sender, receiver in ((a, b), (b, a)):
             is_slow = sender in slow
             self.observations.append(Observation(sender, receiver, is_slow))
@@ -181,8 +195,70 @@ class Bisection:
             elif o.receiver not in likely:
                 likely[o.receiver] = "ingress"
                 reasons.append(f"{o.receiver}: ingress slow from {o.sender} (unconfirmed)")
+        self._explain_together(pinned, likely, links, unresolved, reasons)
         unresolved = [n for n in unresolved if n not in likely]
         return pinned, likely, links, unresolved, reasons
+
+    def _explain_together(
+        self,
+        pinned: list[str],
+        likely: dict[str, str],
+        links: list[tuple[str, str]],
+        unresolved: list[str],
+        reasons: list[str],
+    ) -> None:
+        """Add what the pairs slow as a whole (no sender named) say, in place: a node slow together
+        with two partners is pinned; one end fine with another partner leaves the other likely
+        (``"pair"``); neither end tested elsewhere leaves both unresolved; both fine elsewhere is
+        dismissed, or a bad link when the pair was slow twice."""
+        slow_with: dict[str, set[str]] = {}
+        fine_with: dict[str, set[str]] = {}
+        for a, b, slow in self.together:
+            book = slow_with if slow else fine_with
+            book.setdefault(a, set()).add(b)
+            book.setdefault(b, set()).add(a)
+        for node in sorted(slow_with):
+            partners = slow_with[node]
+            if len(partners) >= 2 and node not in pinned:
+                pinned.append(node)
+                reasons.append(
+                    f"{node}: slow as a pair (all-reduce or round trip) with {len(partners)} nodes "
+                    f"({', '.join(sorted(partners))}), every direction fine: the common end"
+                )
+        seen: set[tuple[str, str]] = set()
+        for a, b, slow in self.together:
+            pair = (min(a, b), max(a, b))
+            if not slow or a in pinned or b in pinned or pair in seen:
+                continue
+            seen.add(pair)
+            a_fine = bool(fine_with.get(a, set()) - {b})
+            b_fine = bool(fine_with.get(b, set()) - {a})
+            if a_fine and b_fine:
+                repeats = sum(1 for x, y, s in self.together if s and {x, y} == {a, b})
+                if repeats >= 2 and pair not in links:
+                    links.append(pair)
+                    reasons.append(
+                        f"link {pair[0]} <-> {pair[1]}: slow as a pair {repeats} times, "
+                        "both ends fine elsewhere"
+                    )
+                elif repeats < 2:
+                    reasons.append(f"{a} <-> {b} slow as a pair once, both ends fine elsewhere: dismissed")
+            elif a_fine or b_fine:
+                node, other = (b, a) if a_fine else (a, b)
+                if node not in likely:
+                    likely[node] = "pair"
+                    reasons.append(
+                        f"{node}: slow as a pair with {other} (all-reduce or round trip), {other} fine with "
+                        "another node (unconfirmed)"
+                    )
+            else:
+                for node in (a, b):
+                    if node not in unresolved and node not in likely:
+                        unresolved.append(node)
+                        reasons.append(
+                            f"{node}: slow as a pair with {b if node == a else a} (all-reduce or round trip, "
+                            "every direction fine); which end is not known yet"
+                        )
 
     def finding(self) -> Finding:
         pinned, likely, links, unresolved, reasons = self._explain()
@@ -214,7 +290,9 @@ class Bisection:
         busy: set[str] = set()
         wave: list[tuple[str, str]] = []
         pinned, likely, _links, unresolved, _ = self._explain()
-        good = [n for n in self.nodes if n in self._egress_ok and n in self._ingress_ok and n not in pinned]
+        suspect = {*pinned, *likely, *unresolved}  # a pair-slow node's directions may all be fine
+        slow_together = {n for a, b, slow in self.together if slow for n in (a, b)}
+        good = [n for n in self.nodes if n in self._egress_ok and n in self._ingress_ok and n not in suspect]
 
         def proven_partner(node: str, avoid: set[str]) -> str | None:
             return next((o for o in good if o != node and o not in busy and o not in avoid), None)
@@ -225,6 +303,9 @@ class Bisection:
             if way == "egress":
                 tried = {o.receiver for o in self.observations if o.sender == node}
                 side = self._ingress_ok
+            elif way == "pair":  # slow together with its partner: another partner settles it
+                tried = {o.receiver for o in self.observations if o.sender == node}
+                side = set(good)
             else:
                 tried = {o.sender for o in self.observations if o.receiver == node}
                 side = self._egress_ok
@@ -255,6 +336,9 @@ class Bisection:
             other = (
                 proven_partner(node, tried) if node in unresolved else confirming_partner(node, likely[node])
             )
+            if other is None and node in unresolved and node in slow_together:
+                # no node proven yet: any other that is no suspect (slow with it too pins this one)
+                other = next((o for o in self.nodes if o != node and o not in busy | tried | suspect), None)
             if other is not None:
                 wave.append((node, other))
                 busy.update((node, other))

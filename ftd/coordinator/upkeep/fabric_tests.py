@@ -36,7 +36,7 @@ from ftd.coordinator.model.pairs import fleet_expectation
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import Directive, Event, Kind
 from ftd.fabric.bisect import Bisection
-from ftd.fabric.pairs import PairResult, fleet_baseline, judge_pair
+from ftd.fabric.pairs import PairResult, fleet_allreduce_baseline, fleet_baseline, judge_pair
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest
 
@@ -115,10 +115,19 @@ class FabricTests:
             return
         expect, profile, _ = fleet_expectation(self._hardware)
         result = PairResult.from_dict(event.data)
-        verdict = judge_pair(result, expect, self._state.pairs.baseline(), profile=profile)
-        if verdict.status != "slow" or not verdict.slow_senders:
+        pairs = self._state.pairs
+        verdict = judge_pair(
+            result,
+            expect,
+            pairs.baseline(),
+            profile=profile,
+            allreduce_baseline_gbps=pairs.allreduce_baseline(),
+        )
+        if verdict.status != "slow" or result.probe:
             return
-        self._start(verdict.slow_senders, "a slow pair test", event.id)
+        # slow as a pair with every direction fine (its all-reduce, its round trip): both ends suspect
+        suspects = verdict.slow_senders or tuple(n for n in (result.a, result.b) if n)
+        self._start(suspects, "a slow pair test", event.id)
 
     def _start(self, suspects: tuple[str, ...], why: str, event_id: str) -> None:
         """Start a bisection with ``suspects`` first, unless one runs or the last automatic one
@@ -234,11 +243,15 @@ class FabricTests:
                 results = [_result(a, b, record) for (a, b), record in zip(wave, records, strict=True)]
                 seen.extend(r for r in results if not r.error)
                 # the fleet's recent results and this bisection's (its events may not be folded yet)
-                baseline = fleet_baseline([*self._state.pairs.recent, *seen])
+                history = [*self._state.pairs.recent, *seen]
+                baseline, collective = fleet_baseline(history), fleet_allreduce_baseline(history)
                 for (a, b), record, result in zip(wave, records, results, strict=True):
-                    verdict = judge_pair(result, expect, baseline, profile=profile)
+                    verdict = judge_pair(
+                        result, expect, baseline, profile=profile, allreduce_baseline_gbps=collective
+                    )
                     failed = verdict.status in ("failed", "skipped")
-                    bisection.record(a, b, verdict.slow_senders, failed=failed)
+                    together = verdict.status == "slow" and not verdict.slow_senders
+                    bisection.record(a, b, verdict.slow_senders, failed=failed, pair_slow=together)
                     tests.append({"a": a, "b": b, "action_id": record.id, **verdict.as_dict()})
         finally:
             self.running = False
