@@ -25,7 +25,16 @@ from ftd.agent.addresses import interface_with
 from ftd.agent.pair_tests.allreduce import AllReduceStep
 from ftd.agent.pair_tests.client import PairPeer, run_pair_test
 from ftd.agent.pair_tests.server import PairTestServer
-from ftd.agent.pair_tests.wire import GREETING, NONCE_BYTES, mac, read_message, send_message
+from ftd.agent.pair_tests.wire import (
+    GREETING,
+    NONCE_BYTES,
+    ROUNDS,
+    mac,
+    read_chunks,
+    read_message,
+    send_message,
+    write_chunks,
+)
 from ftd.fabric.pairs import PairExpectation, PairResult, judge_pair
 
 KEY = b"allreduce-protocol-key"
@@ -321,3 +330,60 @@ def test_interface_with_finds_the_interface_holding_an_address() -> None:
     assert interface_with("127.0.0.1") == "lo"
     assert interface_with("192.0.2.77") is None  # TEST-NET-1: held by no interface here
     assert interface_with("::1") is None and interface_with("not an address") is None
+
+
+def test_a_step_asked_with_no_bulk_bytes_still_holds_the_server_for_one_test_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """An authenticated client asking 0 bytes (a probe's size) with the step must not get a second
+    collective (or a bulk test) running beside one in progress: the step is a bulk test too."""
+    rank0 = _rank(tmp_path, "rank0", "echo '{\"port\": 45678}'; exec sleep 30")
+
+    async def step_only(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        hello = await reader.readexactly(len(GREETING) + NONCE_BYTES)
+        server_nonce, client_nonce = hello[len(GREETING) :], os.urandom(NONCE_BYTES)
+        fields = {"node": "sly", "bytes": 0, "pings": 0, "allreduce": MB}
+        proof = mac(KEY, "client", server_nonce, client_nonce, fields)
+        await send_message(writer, {**fields, "nonce": client_nonce.hex(), "mac": proof})
+        answer = await read_message(reader)
+        if not answer.get("ok"):
+            return reader, writer, answer
+        loop = asyncio.get_running_loop()
+        for _ in range(ROUNDS):
+            await write_chunks(writer, 0, loop.time() + 1)
+        await read_message(reader)  # the rounds
+        await send_message(writer, {"seconds": 0})
+        for _ in range(ROUNDS):
+            await read_chunks(reader, 0)
+        await send_message(writer, {"done": True})
+        return reader, writer, await read_message(reader)  # the step's offer
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any], PairResult]:
+        server = PairTestServer(
+            node="srv",
+            key=KEY,
+            host="127.0.0.1",
+            max_bytes=MB,
+            max_seconds=5.0,
+            allreduce=AllReduceStep(max_bytes=MB, timeout_s=5.0, python=rank0),
+        )
+        port = await server.start()
+        try:
+            reader, writer, offer = await step_only(port)  # its rank 0 now waits for a rank 1
+            _, second_writer, second = await step_only(port)
+            bulk = await run_pair_test(
+                PairPeer("srv", "127.0.0.1", port), node="cli", key=KEY, max_bytes=MB, timeout_s=5.0
+            )
+            await send_message(writer, {"allreduce_done": True, "ok": False})
+            await reader.read()
+            for w in (writer, second_writer):
+                w.close()
+            return offer, second, bulk
+        finally:
+            await server.close()
+
+    offer, second, bulk = asyncio.run(main())
+    assert offer == {"allreduce_port": 45678, "bytes": MB}, offer
+    assert second == {"ok": False, "reason": "srv: already serving a pair test"}, second
+    assert bulk.error == "WireError: refused: srv: already serving a pair test", bulk

@@ -6,9 +6,10 @@ with the fleet's pair-test key), refuses when this node is training (``busy`` sa
 serving a test, proves itself with its own HMAC, then runs the phases the client asks: small pings
 echoed, an upload it receives and times, a download it sends (none of either for a pingmesh
 probe, which asks for 0 bytes; probes are answered even while a bulk test runs, bulk tests one at a
-time). Every test is bounded: the bytes per
-direction by the smaller of the client's request and :attr:`max_bytes`, the whole connection by
-:attr:`max_seconds` (then it is closed).
+time), and the all-reduce step when asked (a test asking for the step holds the server like a bulk
+test, whatever bytes it asks). Every test is bounded: the bytes per direction by the smaller of the
+client's request and :attr:`max_bytes`, the whole connection by :attr:`max_seconds` (plus the step's
+own timeout; then it is closed).
 
 Why here: the server is half of a test a peer runs; it never measures on its own behalf, never
 sends more than it was asked or allowed, and never talks to what cannot prove it is an agent of this
@@ -160,15 +161,17 @@ class PairTestServer:
             self.refused += 1
             await send_message(writer, {"ok": False, "reason": "bad request"})
             return
+        # a bulk test holds the server, and so does the all-reduce step even with no bulk bytes asked
+        exclusive = wanted > 0 or collective > 0
         reason = self.busy()
-        if reason is None and self._active and wanted > 0:
+        if reason is None and self._active and exclusive:
             reason = "already serving a pair test"
         if reason is not None:
             self.refused += 1
             await send_message(writer, {"ok": False, "reason": f"{self.node}: {reason}"})
             return
         bulk = wanted > 0
-        self._active = self._active or bulk
+        self._active = self._active or exclusive
         try:
             allowed = min(wanted, self.max_bytes)
             answer = {"node": self.node, "bytes": allowed}
@@ -193,7 +196,7 @@ class PairTestServer:
                 await self._allreduce(reader, writer, collective)
             self.served += 1
         finally:
-            if bulk:
+            if exclusive:
                 self._active = False
 
     async def _allreduce(
