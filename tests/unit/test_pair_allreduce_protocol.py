@@ -387,3 +387,28 @@ def test_a_step_asked_with_no_bulk_bytes_still_holds_the_server_for_one_test_at_
     assert offer == {"allreduce_port": 45678, "bytes": MB}, offer
     assert second == {"ok": False, "reason": "srv: already serving a pair test"}, second
     assert bulk.error == "WireError: refused: srv: already serving a pair test", bulk
+
+
+def test_a_rank_python_that_cannot_start_fails_the_test_saying_which(tmp_path: Path) -> None:
+    """``allreduce_python`` naming nothing runnable is a misconfiguration: the test fails (never a
+    pass, never a silent skip) and says which Python on which side."""
+    missing = str(tmp_path / "no-such-python")
+    rank0 = _rank(tmp_path, "rank0", "echo '{\"port\": 45678}'; exec sleep 30")
+
+    async def both() -> tuple[PairResult, PairResult]:
+        server_side, _ = await _pair(
+            AllReduceStep(max_bytes=MB, timeout_s=5.0, python=missing),
+            AllReduceStep(max_bytes=MB, timeout_s=5.0),
+        )
+        client_side, _ = await _pair(
+            AllReduceStep(max_bytes=MB, timeout_s=5.0, python=rank0),
+            AllReduceStep(max_bytes=MB, timeout_s=5.0, python=missing),
+        )
+        return server_side, client_side
+
+    server_side, client_side = asyncio.run(both())
+    assert server_side.error.startswith(f"all-reduce step: srv: cannot start {missing}"), server_side
+    assert client_side.error.startswith(f"all-reduce step: cannot start {missing}"), client_side
+    for result in (server_side, client_side):
+        assert judge_pair(result, PairExpectation(expected_gbps=0.0001), None).status == "failed"
+    _gone(int(_log(tmp_path, "rank0")["pid"][0]), "rank0")

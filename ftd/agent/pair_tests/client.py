@@ -220,9 +220,14 @@ async def _allreduce(
     ):
         raise WireError(f"all-reduce offer malformed: {offer}")
     local = str(writer.get_extra_info("sockname")[0])
-    rank = await AllReduceRank.start(
-        step, rank=1, host=peer.host, port=port, nbytes=nbytes, local_address=local
-    )
+    try:
+        rank = await AllReduceRank.start(
+            step, rank=1, host=peer.host, port=port, nbytes=nbytes, local_address=local
+        )
+    except OSError as exc:  # allreduce_python names nothing runnable: a misconfiguration, a failure
+        with contextlib.suppress(OSError):
+            await send_message(writer, {"allreduce_done": True, "ok": False})
+        return None, "", f"all-reduce step: cannot start {step.python}: {exc.strerror or exc}", 0
     got: dict[str, object] = {}
     try:
         got = await rank.line()

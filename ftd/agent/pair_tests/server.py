@@ -209,7 +209,14 @@ class PairTestServer:
             return
         local = str(writer.get_extra_info("sockname")[0])
         nbytes = min(wanted, step.max_bytes)
-        rank = await AllReduceRank.start(step, rank=0, host=local, port=0, nbytes=nbytes, local_address=local)
+        try:
+            rank = await AllReduceRank.start(
+                step, rank=0, host=local, port=0, nbytes=nbytes, local_address=local
+            )
+        except OSError as exc:  # allreduce_python names nothing runnable: the peer is told which
+            why = exc.strerror or str(exc)
+            await send_message(writer, {"allreduce_error": f"{self.node}: cannot start {step.python}: {why}"})
+            return
         try:
             first = await rank.line()
             port = first.get("port")
