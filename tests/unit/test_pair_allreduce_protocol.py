@@ -51,6 +51,7 @@ def _rank(tmp_path: Path, name: str, body: str) -> str:
         f'echo "pid $$" >> {log}\n'
         f'echo "args $*" >> {log}\n'
         f'echo "ifname ${{GLOO_SOCKET_IFNAME:-}}" >> {log}\n'
+        f'echo "secret ${{FTD_ALLREDUCE_SECRET:-}}" >> {log}\n'
         f"{body}\n"
     )
     script.chmod(0o755)
@@ -137,6 +138,10 @@ def test_the_ranks_get_the_tests_address_the_smaller_sides_bytes_and_the_loopbac
     assert opts1 == {**opts1, "--rank": "1", "--host": "127.0.0.1", "--port": "45678", "--bytes": str(2 * MB)}
     assert opts0["--timeout"] == "10" and opts1["--timeout"] == "10"
     assert server_side["ifname"] == ["lo"] and client_side["ifname"] == ["lo"]
+    # the rendezvous secret: made by the server, the same on both sides, in the environment, not argv
+    (secret,) = server_side["secret"]
+    assert len(secret) == 32 and int(secret, 16) >= 0 and client_side["secret"] == [secret]
+    assert secret not in server_side["args"][0] and secret not in client_side["args"][0]
     # the server's rank (still sleeping when the client said it was done) was ended with the test
     _gone(int(server_side["pid"][0]), "rank0")
 
@@ -384,7 +389,7 @@ def test_a_step_asked_with_no_bulk_bytes_still_holds_the_server_for_one_test_at_
             await server.close()
 
     offer, second, bulk = asyncio.run(main())
-    assert offer == {"allreduce_port": 45678, "bytes": MB}, offer
+    assert offer == {"allreduce_port": 45678, "bytes": MB, "secret": offer.get("secret")}, offer
     assert second == {"ok": False, "reason": "srv: already serving a pair test"}, second
     assert bulk.error == "WireError: refused: srv: already serving a pair test", bulk
 

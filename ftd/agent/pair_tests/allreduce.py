@@ -5,7 +5,8 @@ own (its own session, so a hung collective is ended with its whole process group
 the operator names (``agent.pair_tests.allreduce_python``, a training image's: the rank file imports
 nothing of ftd) or the agent's own, and ``GLOO_SOCKET_IFNAME`` set to the interface that holds the
 pair test's own local address (:func:`ftd.agent.addresses.interface_with`), so the collective crosses
-the link the test measured. It reads the rank's JSON lines: rank 0's port first, then the result
+the link the test measured, and the test's rendezvous secret in ``FTD_ALLREDUCE_SECRET`` (the
+environment, not argv, which ps shows to everyone). It reads the rank's JSON lines: rank 0's port first, then the result
 (``gbps``), ``skipped`` (no torch there) or ``error``. Every wait is bounded by the step's deadline;
 :meth:`AllReduceRank.stop` kills what is left.
 
@@ -26,9 +27,12 @@ from typing import Any
 
 from ftd.agent.addresses import interface_with
 
-__all__ = ["RANK_FILE", "AllReduceRank", "AllReduceStep"]
+__all__ = ["RANK_FILE", "SECRET_ENV", "SECRET_HEX", "AllReduceRank", "AllReduceStep"]
 
 RANK_FILE = str(Path(__file__).with_name("allreduce_rank.py"))
+#: as allreduce_rank.SECRET_ENV (that file imports nothing of ftd, so the name is written twice)
+SECRET_ENV = "FTD_ALLREDUCE_SECRET"
+SECRET_HEX = 32  # 16 random bytes, hex
 _MAX_LINE = 64 * 1024
 
 
@@ -47,9 +51,19 @@ class AllReduceRank:
 
     @classmethod
     async def start(
-        cls, step: AllReduceStep, *, rank: int, host: str, port: int, nbytes: int, local_address: str
+        cls,
+        step: AllReduceStep,
+        *,
+        rank: int,
+        host: str,
+        port: int,
+        nbytes: int,
+        local_address: str,
+        secret: str = "",
     ) -> AllReduceRank:
         env = dict(os.environ)
+        if secret:
+            env[SECRET_ENV] = secret
         ifname = interface_with(local_address)
         if ifname:
             env["GLOO_SOCKET_IFNAME"] = ifname

@@ -11,7 +11,9 @@ not a failure of the pair). Anything else: ``{"error": why}`` and exit 1.
 
 Why a process of its own: the agent never imports torch (hundreds of MB, seconds to import, threads
 of its own), and a gloo group that hangs is ended by killing its process group, which the caller
-does at its deadline. Only zeros are reduced and nothing received is unpickled: the store exchanges
+does at its deadline. The rendezvous runs under the prefix ``$FTD_ALLREDUCE_SECRET`` (the
+test's secret, which the server made and told only its peer), so one who reaches the store cannot
+join as a rank. Only zeros are reduced and nothing received is unpickled: the store exchanges
 gloo's addresses and the ranks' keys, the collective raw float32 bytes.
 """
 
@@ -19,9 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from datetime import timedelta
+
+#: the environment variable the parent passes the test's rendezvous secret in (not argv: ps shows it)
+SECRET_ENV = "FTD_ALLREDUCE_SECRET"
 
 
 def _say(message: dict[str, object]) -> None:
@@ -54,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
             store = dist.TCPStore(  # type: ignore[attr-defined]
                 args.host, args.port, 2, is_master=False, timeout=timeout
             )
-        dist.init_process_group("gloo", store=store, rank=args.rank, world_size=2, timeout=timeout)
+        # the rendezvous under the test's secret: one who reaches the store but not the test's
+        # connection finds no key of this pair's and cannot take a rank's place
+        secret = os.environ.pop(SECRET_ENV, "")
+        keys = dist.PrefixStore(f"ftd-pair-{secret}/", store) if secret else store  # type: ignore[attr-defined]
+        dist.init_process_group("gloo", store=keys, rank=args.rank, world_size=2, timeout=timeout)
         tensor = torch.zeros(max(1, args.bytes // 4), dtype=torch.float32)
         dist.all_reduce(tensor)  # warm-up: gloo's connections are made here
         seconds = []

@@ -25,7 +25,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from ftd.agent.pair_tests.allreduce import AllReduceRank, AllReduceStep
+from ftd.agent.pair_tests.allreduce import SECRET_HEX, AllReduceRank, AllReduceStep
 from ftd.agent.pair_tests.server import Busy
 from ftd.agent.pair_tests.wire import (
     GREETING,
@@ -210,19 +210,20 @@ async def _allreduce(
         return None, str(offer["allreduce_skipped"])[:300], "", 0
     if "allreduce_error" in offer:
         return None, "", f"all-reduce step: {str(offer['allreduce_error'])[:300]}", 0
-    port, nbytes = offer.get("allreduce_port"), offer.get("bytes")
+    port, nbytes, secret = offer.get("allreduce_port"), offer.get("bytes"), offer.get("secret")
     if (
         not isinstance(port, int)
         or not isinstance(nbytes, int)
         or isinstance(port, bool)
         or not 0 < port < 65536
         or not 0 < nbytes <= step.max_bytes
+        or not _is_secret(secret)
     ):
-        raise WireError(f"all-reduce offer malformed: {offer}")
+        raise WireError(f"all-reduce offer malformed: {str(offer)[:300]}")
     local = str(writer.get_extra_info("sockname")[0])
     try:
         rank = await AllReduceRank.start(
-            step, rank=1, host=peer.host, port=port, nbytes=nbytes, local_address=local
+            step, rank=1, host=peer.host, port=port, nbytes=nbytes, local_address=local, secret=str(secret)
         )
     except OSError as exc:  # allreduce_python names nothing runnable: a misconfiguration, a failure
         with contextlib.suppress(OSError):
@@ -241,3 +242,8 @@ async def _allreduce(
     if "skipped" in got:
         return None, f"this node: {str(got['skipped'])[:300]}", "", 0
     return None, "", f"all-reduce step: {str(got.get('error', got))[:300]}", 0
+
+
+def _is_secret(value: object) -> bool:
+    """The rendezvous secret of an offer: :data:`SECRET_HEX` lowercase hex digits."""
+    return isinstance(value, str) and len(value) == SECRET_HEX and all(c in "0123456789abcdef" for c in value)

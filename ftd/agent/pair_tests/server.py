@@ -22,10 +22,11 @@ import asyncio
 import contextlib
 import hmac
 import os
+import secrets
 import socket
 from collections.abc import Callable
 
-from ftd.agent.pair_tests.allreduce import AllReduceRank, AllReduceStep
+from ftd.agent.pair_tests.allreduce import SECRET_HEX, AllReduceRank, AllReduceStep
 from ftd.agent.pair_tests.wire import (
     GREETING,
     NONCE_BYTES,
@@ -209,9 +210,10 @@ class PairTestServer:
             return
         local = str(writer.get_extra_info("sockname")[0])
         nbytes = min(wanted, step.max_bytes)
+        secret = secrets.token_hex(SECRET_HEX // 2)  # the rendezvous' keys, told only to the peer
         try:
             rank = await AllReduceRank.start(
-                step, rank=0, host=local, port=0, nbytes=nbytes, local_address=local
+                step, rank=0, host=local, port=0, nbytes=nbytes, local_address=local, secret=secret
             )
         except OSError as exc:  # allreduce_python names nothing runnable: the peer is told which
             why = exc.strerror or str(exc)
@@ -221,7 +223,7 @@ class PairTestServer:
             first = await rank.line()
             port = first.get("port")
             if isinstance(port, int) and not isinstance(port, bool):
-                await send_message(writer, {"allreduce_port": port, "bytes": nbytes})
+                await send_message(writer, {"allreduce_port": port, "bytes": nbytes, "secret": secret})
                 # The client's rank is done (or gave up): so is this one's collective, and it is ended
                 # now, so the next test finds this server free (the client's figure is the result).
                 done = await read_message(reader)
