@@ -6,9 +6,9 @@ the operator names (``agent.pair_tests.allreduce_python``, a training image's: t
 nothing of ftd) or the agent's own, and ``GLOO_SOCKET_IFNAME`` set to the interface that holds the
 pair test's own local address (:func:`ftd.agent.addresses.interface_with`), so the collective crosses
 the link the test measured, and the test's rendezvous secret in ``FTD_ALLREDUCE_SECRET`` (the
-environment, not argv, which ps shows to everyone). It reads the rank's JSON lines: rank 0's port first, then the result
-(``gbps``), ``skipped`` (no torch there) or ``error``. Every wait is bounded by the step's deadline;
-:meth:`AllReduceRank.stop` kills what is left.
+environment, not argv, which ps shows to everyone). It reads the rank's JSON lines: rank 0's port
+first, then the result (``gbps``), ``skipped`` (no torch there) or ``error``. Every wait is bounded
+by the step's deadline; :meth:`AllReduceRank.stop` kills what is left.
 
 Why: the TCP phases measure one stream each way; a collective is what a job runs, with gloo's (or
 NCCL's) own transport, and it is what issue #35 asks a pair test to include where available.
