@@ -299,8 +299,8 @@ TARGETS: dict[str, Targets] = {
         ),
     ),
     "checkpoint": Targets(
-        "training blocked per save (the tier's overlapped snapshot in a training loop: save() plus the "
-        "next optimizer step's wait) <= 10% of a synchronous, durable `torch.save` of the same state "
+        "training blocked per save (the overlapped snapshot: `save()` plus the next optimizer step's "
+        "wait) <= 10% of a synchronous, durable `torch.save` of the same state "
         "(100 MB and 1 GB); fault cases: every resume from a checkpoint verified for every rank at the "
         "level it names, never newer than the newest verified, never a hang; a node killed mid-save: "
         "every rank at one step, from the fast levels (no shared-directory read), at most one save "
