@@ -22,7 +22,7 @@ from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.directive import NodeSend, ask_node, directive_for
 from ftd.coordinator.model.pairs import fleet_expectation
 from ftd.coordinator.model.state import ClusterState
-from ftd.fabric.pairs import PairResult, judge_pair
+from ftd.fabric.pairs import PairResult
 from ftd.plugin.actions import ActionRecord, ActionState
 
 __all__ = [
@@ -136,14 +136,7 @@ class PairTest:
         raw = ack.data.get("pair_test")
         result = PairResult.from_dict(raw if isinstance(raw, dict) else {"error": ack.reason or "no result"})
         expect, profile, _ = fleet_expectation(self._hardware)
-        pairs = self._state.pairs
-        verdict = judge_pair(
-            result,
-            expect,
-            pairs.baseline(),
-            profile=profile,
-            allreduce_baseline_gbps=pairs.allreduce_baseline(),
-        )
+        verdict = self._state.pairs.judge_result(result, expect, profile)
         return {
             "status": verdict.status,
             "why": "; ".join(verdict.reasons),

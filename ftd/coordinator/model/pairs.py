@@ -83,8 +83,14 @@ class PairBook:
         return fleet_allreduce_baseline(self.recent)
 
     def judge(self, tested: Tested, expect: PairExpectation | None, profile: str | None) -> PairVerdict:
+        return self.judge_result(tested.result, expect, profile)
+
+    def judge_result(
+        self, result: PairResult, expect: PairExpectation | None, profile: str | None
+    ) -> PairVerdict:
+        """``result`` against the profile and the fleet's baselines (directions and all-reduce)."""
         return judge_pair(
-            tested.result,
+            result,
             expect,
             self.baseline(),
             profile=profile,

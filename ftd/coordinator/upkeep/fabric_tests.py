@@ -115,14 +115,7 @@ class FabricTests:
             return
         expect, profile, _ = fleet_expectation(self._hardware)
         result = PairResult.from_dict(event.data)
-        pairs = self._state.pairs
-        verdict = judge_pair(
-            result,
-            expect,
-            pairs.baseline(),
-            profile=profile,
-            allreduce_baseline_gbps=pairs.allreduce_baseline(),
-        )
+        verdict = self._state.pairs.judge_result(result, expect, profile)
         if verdict.status != "slow" or result.probe:
             return
         # slow as a pair with every direction fine (its all-reduce, its round trip): both ends suspect
