@@ -47,15 +47,18 @@ ROUNDS = 3
 _LEN = struct.Struct(">I")
 
 
-_TCP_INFO_LEN = 144
+_TCP_INFO_LEN = 232
 _TOTAL_RETRANS = 100  # struct tcp_info: __u32 tcpi_total_retrans
 _SEGS_OUT = 136  # __u32 tcpi_segs_out (Linux 4.2+)
+_DSACK_DUPS = 216  # __u32 tcpi_dsack_dups (Linux 5.3+): retransmissions the receiver already had
 
 
 def tcp_counters(writer: asyncio.StreamWriter) -> tuple[int, int] | None:
-    """The kernel's ``(segments retransmitted, segments sent)`` of this connection so far (TCP_INFO),
-    or None where the platform does not give them: a lossy link shows here even when TCP's quick
-    recovery on a short round trip hides it from the throughput."""
+    """The kernel's ``(segments retransmitted because they were lost, segments sent)`` of this
+    connection so far (TCP_INFO), or None where the platform does not give them: a lossy link shows
+    here even when TCP's quick recovery on a short round trip hides it from the throughput.
+    Retransmissions the receiver reported as duplicates (D-SACK: the original had arrived, only late,
+    as when a starved CPU delays the softirq that delivers it) are not loss and are subtracted."""
     sock = writer.get_extra_info("socket")
     if sock is None or not hasattr(socket, "TCP_INFO"):
         return None
@@ -67,7 +70,8 @@ def tcp_counters(writer: asyncio.StreamWriter) -> tuple[int, int] | None:
         return None
     (retrans,) = struct.unpack_from("=I", info, _TOTAL_RETRANS)
     (segs,) = struct.unpack_from("=I", info, _SEGS_OUT)
-    return int(retrans), int(segs)
+    dups = struct.unpack_from("=I", info, _DSACK_DUPS)[0] if len(info) >= _DSACK_DUPS + 4 else 0
+    return max(0, int(retrans) - int(dups)), int(segs)
 
 
 #: Fewer segments than this and a share of retransmissions says nothing: one tail-loss probe (which
