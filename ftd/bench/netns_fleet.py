@@ -234,8 +234,9 @@ class NetnsFleet:
         """``node``'s pingmesh over every other node, ``rounds`` times, one probe every ``interval_s``
         (the agent's own :func:`~ftd.agent.pair_tests.mesh.pingmesh`): its probes' answers."""
         peers = [[n, self.addresses[n], PORT] for n in self.nodes if n != node]
-        self.ask(node, {"mesh": peers, "interval": interval_s, "seconds": interval_s * len(peers) * rounds})
-        probes = self.answer(node, interval_s * len(peers) * rounds + 30.0).get("probes")
+        seconds = interval_s * (len(peers) * rounds + 0.5)  # half an interval's grace for the last probe
+        self.ask(node, {"mesh": peers, "interval": interval_s, "seconds": seconds})
+        probes = self.answer(node, seconds + 30.0).get("probes")
         if not isinstance(probes, list):
             raise RuntimeError(f"{node}: mesh answer has no probes")
         return probes

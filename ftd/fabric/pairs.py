@@ -334,10 +334,12 @@ def judge_pair(
     if baseline_gbps is not None and baseline_gbps > 0:
         floors.append((baseline_gbps * fraction, f"{fraction:g} x fleet baseline {baseline_gbps:.3g} Gbit/s"))
     if not floors:
-        return PairVerdict(
-            "skipped",
-            reasons=(*reasons, "nothing to judge against: no expected bandwidth and no fleet baseline yet"),
-        )
+        unjudged = "nothing to judge against: no expected bandwidth and no fleet baseline yet"
+        if round_trip is not None and result.rtt_ms is not None and result.rtt_ms > round_trip[0]:
+            # the bandwidth is unjudged, but the round trip alone says the pair is slow
+            why_rtt = f"rtt {result.rtt_ms:.3g} ms > {round_trip[0]:.3g} ms ({round_trip[1]})"
+            return PairVerdict("slow", reasons=(*reasons, why_rtt, unjudged))
+        return PairVerdict("skipped", reasons=(*reasons, unjudged))
     floor, why = max(floors)
     measured: list[tuple[str, str, float]] = []
     for sender, receiver, gbps in result.directions():
