@@ -381,4 +381,6 @@ def judge_pair(
             reasons.append(f"all-reduce {result.allreduce_gbps:.3g} Gbit/s < {found[0]:.3g} ({found[1]})")
     if slow or rtt_slow or allreduce_slow:
         return PairVerdict("slow", tuple(slow), tuple(reasons))
+    if round_trip is not None and result.rtt_ms is not None:  # judged: say against what
+        reasons.append(f"rtt {result.rtt_ms:.3g} ms <= {round_trip[0]:.3g} ms ({round_trip[1]})")
     return PairVerdict("pass", (), (*reasons, f"both directions >= {floor:.3g} Gbit/s ({why})"))
