@@ -3,9 +3,11 @@
 What: :class:`NetnsFleet` creates ``n`` network namespaces, each with a veth into one bridge and an
 address on a private /24, and in each a real process running the pair-test half of an agent
 (``python -m ftd.agent.pair_tests agent``: its server, and the tests it is asked on stdin).
-:meth:`NetnsFleet.degrade` shapes one node's egress with ``tc qdisc ... tbf`` (this kernel has no
-netem: delay and loss are not available, rate is); :meth:`NetnsFleet.wave` runs disjoint pair tests
-and answers their :class:`~ftd.fabric.pairs.PairResult` s; :func:`hunt` drives a
+:meth:`NetnsFleet.degrade` shapes one node's egress with ``tc qdisc ... tbf`` (rate); this kernel has
+no netem, so :meth:`NetnsFleet.lose` drops a share of its packets with netfilter (loss) and
+:meth:`NetnsFleet.bloat` keeps a deep tbf queue on its egress full with a bulk flow (queueing delay);
+:meth:`NetnsFleet.wave` runs disjoint pair tests (or pingmesh probes) and answers their
+:class:`~ftd.fabric.pairs.PairResult` s, :meth:`NetnsFleet.mesh` a node's own pingmesh; :func:`hunt` drives a
 :class:`~ftd.fabric.bisect.Bisection` over the fleet, judging each wave against the fleet's baseline
 (:func:`~ftd.fabric.pairs.judge_pair`), and answers the finding. Everything it made is removed on
 exit, also after a failure (namespaces, the bridge, the processes).
