@@ -21,6 +21,7 @@ one job. Events leave through the agent's one door (:mod:`ftd.agent.door`) like 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
@@ -224,20 +225,25 @@ class NodeHooks:
     def _pair_step(self, params: Mapping[str, Any], profile: str | None) -> PairTest | None:
         """The burn-in's pair step: a pair test against the known-good peer the coordinator named
         (``params["pair_peer"]``), judged like any pair test (:func:`~ftd.agent.pair_tests.check.
-        pair_check`: ``pair.toml`` for the node's profile and the fleet's baseline,
-        ``params["pair_baseline_gbps"]``); None (the step skipped, saying so) when pair tests are off
-        here or no peer was named."""
+        pair_check`: ``pair.toml`` for the node's profile and the fleet's baselines,
+        ``params["pair_baseline_gbps"]`` and ``params["pair_rtt_baseline_ms"]``); None (the step
+        skipped, saying so) when pair tests are off here or no peer was named."""
         from ftd.agent.pair_tests.check import pair_check
 
         peer = params.get("pair_peer")
         service = self.pair_tests
         if service is None or not isinstance(peer, Mapping):
             return None
-        raw = params.get("pair_baseline_gbps")
-        baseline = (
-            float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) and raw > 0 else None
+
+        def positive(raw: Any) -> float | None:
+            ok = isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw) and raw > 0
+            return float(raw) if ok else None
+
+        baseline, rtt = (
+            positive(params.get("pair_baseline_gbps")),
+            positive(params.get("pair_rtt_baseline_ms")),
         )
-        return partial(pair_check, service, peer, profile, baseline)
+        return partial(pair_check, service, peer, profile, baseline, rtt_baseline_ms=rtt)
 
     async def rma_bundle_now(self, params: Mapping[str, Any]) -> Bundle:
         """The repair bundle (:mod:`ftd.agent.rma.bundle`); ``params`` from the coordinator: its

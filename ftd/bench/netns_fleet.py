@@ -3,9 +3,11 @@
 What: :class:`NetnsFleet` creates ``n`` network namespaces, each with a veth into one bridge and an
 address on a private /24, and in each a real process running the pair-test half of an agent
 (``python -m ftd.agent.pair_tests agent``: its server, and the tests it is asked on stdin).
-:meth:`NetnsFleet.degrade` shapes one node's egress with ``tc qdisc ... tbf`` (this kernel has no
-netem: delay and loss are not available, rate is); :meth:`NetnsFleet.wave` runs disjoint pair tests
-and answers their :class:`~ftd.fabric.pairs.PairResult` s; :func:`hunt` drives a
+:meth:`NetnsFleet.degrade` shapes one node's egress with ``tc qdisc ... tbf`` (rate); this kernel has
+no netem, so :meth:`NetnsFleet.lose` drops a share of its packets with netfilter (loss) and
+:meth:`NetnsFleet.bloat` keeps a deep tbf queue on its egress full with a bulk flow (queueing delay);
+:meth:`NetnsFleet.wave` runs disjoint pair tests (or pingmesh probes) and answers their
+:class:`~ftd.fabric.pairs.PairResult` s, :meth:`NetnsFleet.mesh` a node's own pingmesh; :func:`hunt` drives a
 :class:`~ftd.fabric.bisect.Bisection` over the fleet, judging each wave against the fleet's baseline
 (:func:`~ftd.fabric.pairs.judge_pair`), and answers the finding. Everything it made is removed on
 exit, also after a failure (namespaces, the bridge, the processes).
@@ -32,7 +34,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from ftd.fabric.bisect import Bisection, Finding
-from ftd.fabric.pairs import PairExpectation, PairResult, fleet_baseline, judge_pair
+from ftd.fabric.pairs import PairExpectation, PairResult, fleet_baseline, fleet_rtt_baseline, judge_pair
 
 __all__ = ["RIG", "Hunt", "NetnsFleet", "available", "hunt"]
 
@@ -76,6 +78,7 @@ class NetnsFleet:
         self.addresses = {node: f"{self.subnet}.{i}" for i, node in enumerate(self.nodes, start=1)}
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.degraded: dict[str, str] = {}
+        self._flows: dict[str, list[subprocess.Popen[str]]] = {}  # bloat(): each node's bulk flow
         self._dir = Path(tempfile.mkdtemp(prefix="ftd-netns-"))
         self.key_file = self._dir / "pair.key"
         self.key_file.write_text(secrets.token_hex(32))
@@ -164,7 +167,46 @@ class NetnsFleet:
                     "--mode", "random", "--probability", f"{fraction:g}", "-j", "DROP")  # fmt: skip
         self.degraded[node] = f"loss {fraction:g}"
 
+    def bloat(self, node: str, *, rate: str = "10mbit", queue_ms: int = 300, to: str | None = None) -> None:
+        """Queueing delay on ``node``'s egress: tbf at ``rate`` with a queue ``queue_ms`` deep, kept
+        full by a bulk TCP flow from ``node`` to ``to`` (default: the next node), so whatever else it
+        sends waits behind the flow's bytes -- a congested link with a deep buffer (bufferbloat).
+        This kernel has no netem (no fixed delay); this is real delay that a probe's round trip sees.
+        Undo with :meth:`restore` (the flow is stopped, the qdisc removed)."""
+        sink_node = to or self.nodes[(self.nodes.index(node) + 1) % len(self.nodes)]
+        _ip("netns", "exec", self.namespace(node), "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
+            "rate", rate, "burst", "32kbit", "latency", f"{queue_ms}ms")  # fmt: skip
+        self.degraded[node] = f"bloat {rate} {queue_ms}ms"
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        address, port = self.addresses[sink_node], str(PORT + 1)
+        flows = self._flows.setdefault(node, [])
+        for ns, mode in ((self.namespace(sink_node), "sink"), (self.namespace(node), "send")):
+            command = ["ip", "netns", "exec", ns, sys.executable, "-m", "ftd.bench.bulk_flow", mode,
+                       "--host", address, "--port", port]  # fmt: skip
+            flows.append(
+                subprocess.Popen(
+                    command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env
+                )
+            )
+            if mode == "sink":
+                line = self._readline(flows[-1], 30.0)
+                if json.loads(line).get("port") != PORT + 1:
+                    raise RuntimeError(f"{sink_node}: bulk-flow sink did not start: {line!r}")
+
+    def _stop_flows(self, node: str) -> None:
+        for proc in self._flows.pop(node, []):
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
     def restore(self, node: str) -> None:
+        self._stop_flows(node)
         what = self.degraded.pop(node, "")
         if what.startswith("loss"):
             for other in self.nodes:
@@ -185,19 +227,35 @@ class NetnsFleet:
             raise RuntimeError(f"{node}: answer not an object")
         return data
 
-    def test_request(self, peer: str) -> dict[str, Any]:
-        return {"peer_node": peer, "host": self.addresses[peer], "port": PORT}
+    def test_request(self, peer: str, *, probe: bool = False) -> dict[str, Any]:
+        """Ask for a pair test against ``peer``; ``probe``: a pingmesh probe (round trips, no bulk)."""
+        request: dict[str, Any] = {"peer_node": peer, "host": self.addresses[peer], "port": PORT}
+        return {**request, "max_bytes": 0, "pings": 3} if probe else request
 
-    def wave(self, pairs: Sequence[tuple[str, str]], *, concurrent: bool = False) -> list[PairResult]:
-        """Run pair tests (``a`` tests against ``b``); all at once, or one after another."""
+    def mesh(self, node: str, *, interval_s: float = 0.2, rounds: int = 1) -> list[dict[str, Any]]:
+        """``node``'s pingmesh over every other node, ``rounds`` times, one probe every ``interval_s``
+        (the agent's own :func:`~ftd.agent.pair_tests.mesh.pingmesh`): its probes' answers."""
+        peers = [[n, self.addresses[n], PORT] for n in self.nodes if n != node]
+        seconds = interval_s * (len(peers) * rounds + 0.5)  # half an interval's grace for the last probe
+        self.ask(node, {"mesh": peers, "interval": interval_s, "seconds": seconds})
+        probes = self.answer(node, seconds + 30.0).get("probes")
+        if not isinstance(probes, list):
+            raise RuntimeError(f"{node}: mesh answer has no probes")
+        return probes
+
+    def wave(
+        self, pairs: Sequence[tuple[str, str]], *, concurrent: bool = False, probe: bool = False
+    ) -> list[PairResult]:
+        """Run pair tests (``a`` tests against ``b``); all at once, or one after another; ``probe``:
+        pingmesh probes instead (round trips only)."""
         limit = self.timeout_s + 30.0
         if concurrent:
             for a, b in pairs:
-                self.ask(a, self.test_request(b))
+                self.ask(a, self.test_request(b, probe=probe))
             return [PairResult.from_dict(self.answer(a, limit)) for a, _ in pairs]
         results = []
         for a, b in pairs:
-            self.ask(a, self.test_request(b))
+            self.ask(a, self.test_request(b, probe=probe))
             results.append(PairResult.from_dict(self.answer(a, limit)))
         return results
 
@@ -205,6 +263,8 @@ class NetnsFleet:
         return {node: proc.pid for node, proc in self.procs.items()}
 
     def close(self) -> None:
+        for node in list(self._flows):
+            self._stop_flows(node)
         for proc in self.procs.values():
             if proc.stdin is not None:
                 with contextlib.suppress(OSError):
@@ -243,24 +303,30 @@ def hunt(
     expect: PairExpectation | None = RIG,
     history: Sequence[PairResult] = (),
     concurrent: bool = False,
+    probe: bool = False,
 ) -> Hunt:
     """Drive a :class:`Bisection` over ``fleet``: each wave run, judged against the baseline, recorded.
 
-    The baseline is the median of ``history`` (earlier results of this fleet) and this hunt's results
-    so far; ``expect`` is the profile's expectation (:data:`RIG` by default; ``None``: baseline only at
-    the default fraction, as for an unknown profile).
+    The baselines (bandwidth and round trip) are the medians of ``history`` (earlier results of this
+    fleet) and this hunt's results so far; ``expect`` is the profile's expectation (:data:`RIG` by
+    default; ``None``: baseline only at the default fraction, as for an unknown profile). ``probe``:
+    every test a pingmesh probe, judged on its round trip alone; a slow one is slow as a pair (it
+    names neither side) and the bisection pins the node common to the slow pairs.
     """
     started = time.monotonic()
     bisection = Bisection(fleet.nodes, suspects=suspects, budget=budget)
     out = Hunt(finding=bisection.finding())
     while wave := bisection.next_wave():
-        results = fleet.wave(wave, concurrent=concurrent)
+        results = fleet.wave(wave, concurrent=concurrent, probe=probe)
         out.results.extend(results)
-        baseline = fleet_baseline([*history, *out.results])
+        seen = [*history, *out.results]
+        baseline, rtt_baseline = fleet_baseline(seen), fleet_rtt_baseline(seen)
         for (a, b), result in zip(wave, results, strict=True):
-            verdict = judge_pair(result, expect, baseline, profile=RIG_PROFILE)
+            verdict = judge_pair(result, expect, baseline, profile=RIG_PROFILE, rtt_baseline_ms=rtt_baseline)
             out.verdicts.append({"a": a, "b": b, **verdict.as_dict()})
-            bisection.record(a, b, verdict.slow_senders, failed=verdict.status in ("failed", "skipped"))
+            together = verdict.status == "slow" and not verdict.slow_senders
+            failed = verdict.status in ("failed", "skipped")
+            bisection.record(a, b, verdict.slow_senders, failed=failed, pair_slow=together)
     out.finding = bisection.finding()
     out.seconds = time.monotonic() - started
     return out

@@ -33,7 +33,9 @@ __all__ = [
     "expectation",
     "fleet_allreduce_baseline",
     "fleet_baseline",
+    "fleet_rtt_baseline",
     "judge_pair",
+    "rtt_limit",
 ]
 
 Status = Literal["pass", "slow", "failed", "skipped"]
@@ -50,6 +52,14 @@ COLLATERAL_RATIO = 10.0
 #: loss so fast that the throughput barely moves (measured: 30% random drop on a veth pair still
 #: moved 14-25 Gbit/s); the retransmissions show it. A clean veth here retransmitted none.
 DEFAULT_MAX_RETRANS_PCT = 1.0
+#: A round trip above this many times the fleet's median round trip is slow (a profile's
+#: ``rtt_baseline_factor`` replaces it). Measured on the namespace rig: clean probes 0.04-0.11 ms;
+#: a node whose egress queue a bulk flow keeps full (tbf at 10 Mbit/s) 11-14 ms, 100x and more.
+DEFAULT_RTT_BASELINE_FACTOR = 10.0
+#: ... and above this many milliseconds: a round trip is the agent's Python on both ends, and on a
+#: busy host a starved CPU adds about a millisecond that is scheduling, not the fabric. A fabric
+#: whose every pair is slower than its spec is the profile's ``max_rtt_ms``'s to catch.
+RTT_BASELINE_FLOOR_MS = 1.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +156,7 @@ class PairExpectation:
     max_rtt_ms: float | None = None
     expected_allreduce_gbps: float | None = None
     max_retrans_pct: float | None = None
+    rtt_baseline_factor: float = DEFAULT_RTT_BASELINE_FACTOR
 
 
 @dataclass(frozen=True)
@@ -184,7 +195,13 @@ def expectation(section: Mapping[str, Any] | None) -> PairExpectation | None:
         max_rtt_ms=_positive(section.get("max_rtt_ms")),
         expected_allreduce_gbps=_positive(section.get("expected_allreduce_gbps")),
         max_retrans_pct=_positive(section.get("max_retrans_pct")),
+        rtt_baseline_factor=_factor(section.get("rtt_baseline_factor")),
     )
+
+
+def _factor(value: Any) -> float:
+    number = _positive(value)
+    return number if number is not None and number > 1.0 else DEFAULT_RTT_BASELINE_FACTOR
 
 
 def fleet_baseline(results: Iterable[PairResult]) -> float | None:
@@ -199,6 +216,36 @@ def fleet_baseline(results: Iterable[PairResult]) -> float | None:
     if len(values) < MIN_BASELINE_SAMPLES:
         return None
     return statistics.median(values)
+
+
+def fleet_rtt_baseline(results: Iterable[PairResult]) -> float | None:
+    """The median small-message round trip (ms) of completed results, pingmesh probes and pair
+    tests alike (both time a few 8-byte pings before any bulk data); ``None`` with too few."""
+    values = [
+        rtt
+        for r in results
+        if not r.error and (rtt := r.rtt_ms) is not None and math.isfinite(rtt) and rtt > 0
+    ]
+    return statistics.median(values) if len(values) >= MIN_BASELINE_SAMPLES else None
+
+
+def rtt_limit(expect: PairExpectation | None, baseline_ms: float | None) -> tuple[float, str] | None:
+    """The round trip above which a pair is slow, and why: the lower of the profile's ``max_rtt_ms``
+    and ``rtt_baseline_factor`` x the fleet's RTT baseline (at least :data:`RTT_BASELINE_FLOOR_MS`);
+    ``None`` with neither (the RTT is shown, not judged)."""
+    limits: list[tuple[float, str]] = []
+    if expect is not None and expect.max_rtt_ms is not None:
+        limits.append((expect.max_rtt_ms, f"max_rtt_ms {expect.max_rtt_ms:g}"))
+    if baseline_ms is not None and math.isfinite(baseline_ms) and baseline_ms > 0:
+        factor = expect.rtt_baseline_factor if expect is not None else DEFAULT_RTT_BASELINE_FACTOR
+        limit = max(factor * baseline_ms, RTT_BASELINE_FLOOR_MS)
+        limits.append(
+            (
+                limit,
+                f"{factor:g} x fleet RTT baseline {baseline_ms:.3g} ms, at least {RTT_BASELINE_FLOOR_MS:g}",
+            )
+        )
+    return min(limits) if limits else None
 
 
 def fleet_allreduce_baseline(results: Iterable[PairResult]) -> float | None:
@@ -236,6 +283,7 @@ def judge_pair(
     *,
     profile: str | None = None,
     allreduce_baseline_gbps: float | None = None,
+    rtt_baseline_ms: float | None = None,
 ) -> PairVerdict:
     """Each direction against the larger of ``fraction`` x spec and ``baseline_fraction`` x baseline.
 
@@ -245,15 +293,26 @@ def judge_pair(
     ``expect`` is ``None`` for an unknown profile: the baseline alone judges, and the verdict says
     so; with neither a spec nor a baseline the check is ``skipped`` with its reason. A test that
     did not complete, or a direction that was not measured, is ``failed``: never a pass. A pingmesh
-    probe (:attr:`PairResult.probe`) is judged on its RTT alone (``max_rtt_ms``).
+    probe (:attr:`PairResult.probe`) is judged on its RTT alone. The round trip, a probe's or a
+    test's, is judged against :func:`rtt_limit` (the profile's ``max_rtt_ms`` and the fleet's RTT
+    baseline ``rtt_baseline_ms``); a slow round trip names neither side (it crosses both).
     """
     if result.error:
         return PairVerdict("failed", reasons=(f"test did not complete: {result.error}",))
+    round_trip = rtt_limit(expect, rtt_baseline_ms)
     if result.probe:
-        limit = expect.max_rtt_ms if expect is not None else None
-        if limit is not None and result.rtt_ms is not None and result.rtt_ms > limit:
-            return PairVerdict("slow", reasons=(f"probe: rtt {result.rtt_ms:.3g} ms > {limit:g} ms",))
-        return PairVerdict("pass", reasons=(f"probe: rtt {result.rtt_ms:.3g} ms",))
+        if round_trip is not None and result.rtt_ms is not None and result.rtt_ms > round_trip[0]:
+            why = f"probe: rtt {result.rtt_ms:.3g} ms > {round_trip[0]:.3g} ms ({round_trip[1]})"
+            return PairVerdict("slow", reasons=(why,))
+        if round_trip is None:
+            return PairVerdict(
+                "pass",
+                reasons=(f"probe: rtt {result.rtt_ms:.3g} ms (not judged: no max_rtt_ms, no RTT baseline)",),
+            )
+        return PairVerdict(
+            "pass",
+            reasons=(f"probe: rtt {result.rtt_ms:.3g} ms <= {round_trip[0]:.3g} ms ({round_trip[1]})",),
+        )
     reasons: list[str] = []
     floors: list[tuple[float, str]] = []
     if expect is None:
@@ -275,10 +334,12 @@ def judge_pair(
     if baseline_gbps is not None and baseline_gbps > 0:
         floors.append((baseline_gbps * fraction, f"{fraction:g} x fleet baseline {baseline_gbps:.3g} Gbit/s"))
     if not floors:
-        return PairVerdict(
-            "skipped",
-            reasons=(*reasons, "nothing to judge against: no expected bandwidth and no fleet baseline yet"),
-        )
+        unjudged = "nothing to judge against: no expected bandwidth and no fleet baseline yet"
+        if round_trip is not None and result.rtt_ms is not None and result.rtt_ms > round_trip[0]:
+            # the bandwidth is unjudged, but the round trip alone says the pair is slow
+            why_rtt = f"rtt {result.rtt_ms:.3g} ms > {round_trip[0]:.3g} ms ({round_trip[1]})"
+            return PairVerdict("slow", reasons=(*reasons, why_rtt, unjudged))
+        return PairVerdict("skipped", reasons=(*reasons, unjudged))
     floor, why = max(floors)
     measured: list[tuple[str, str, float]] = []
     for sender, receiver, gbps in result.directions():
@@ -304,10 +365,9 @@ def judge_pair(
             reasons.append(f"{sender} -> {receiver}: {pct:.3g}% of segments sent again > {lossy:g}% (loss)")
             if sender not in slow:
                 slow.append(sender)
-    limit = expect.max_rtt_ms if expect is not None else None
-    rtt_slow = limit is not None and result.rtt_ms is not None and result.rtt_ms > limit
-    if rtt_slow:
-        reasons.append(f"rtt {result.rtt_ms:.3g} ms > {limit:g} ms")
+    rtt_slow = round_trip is not None and result.rtt_ms is not None and result.rtt_ms > round_trip[0]
+    if rtt_slow and round_trip is not None:
+        reasons.append(f"rtt {result.rtt_ms:.3g} ms > {round_trip[0]:.3g} ms ({round_trip[1]})")
     allreduce_slow = False
     if result.allreduce_gbps is not None:
         found = _allreduce_floor(expect, allreduce_baseline_gbps, fraction)
@@ -321,4 +381,6 @@ def judge_pair(
             reasons.append(f"all-reduce {result.allreduce_gbps:.3g} Gbit/s < {found[0]:.3g} ({found[1]})")
     if slow or rtt_slow or allreduce_slow:
         return PairVerdict("slow", tuple(slow), tuple(reasons))
+    if round_trip is not None and result.rtt_ms is not None:  # judged: say against what
+        reasons.append(f"rtt {result.rtt_ms:.3g} ms <= {round_trip[0]:.3g} ms ({round_trip[1]})")
     return PairVerdict("pass", (), (*reasons, f"both directions >= {floor:.3g} Gbit/s ({why})"))

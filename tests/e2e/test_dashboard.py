@@ -140,4 +140,39 @@ def test_the_fabric_tab_draws_the_bandwidth_and_the_round_trip_matrices() -> Non
     assert "from \\ to (ms)" in rtt
     assert '<td class="pair-slow" title="probe, ' in rtt and ">5.00</td>" in rtt, rtt  # n3 -> n2's probe
     assert '<td class="pair-pass" title="pair test, ' in rtt and ">0.310</td>" in rtt
-    assert "max 2 ms" in html and "newest of a test or a probe" in html
+    assert "RTT limit 2 ms (max_rtt_ms 2)" in html and "newest of a test or a probe" in html
+
+
+async def _delayed(coordinator: Coordinator) -> None:
+    """No hardware profile, so no max_rtt_ms: round trips judged against the fleet's RTT baseline
+    (10 x the median, at least 1 ms). n4's egress queue full (as measured in namespaces: probes
+    through it 10-80 ms, clean ones 0.04-0.22 ms): its probe to n2 and n1's pair test with it slow."""
+    from ftd.events import Kind, Severity, make_event
+    from ftd.fabric.pairs import PairResult
+
+    results = [
+        PairResult(a="n1", b="n2", rtt_ms=0.08),
+        PairResult(a="n2", b="n3", rtt_ms=0.07),
+        PairResult(a="n3", b="n1", rtt_ms=0.09),
+        PairResult(a="n4", b="n2", rtt_ms=12.0),  # a probe through the full queue
+        PairResult(a="n1", b="n4", a_to_b_gbps=20.0, b_to_a_gbps=19.0, rtt_ms=9.5, bytes_moved=1),
+    ]
+    for result in results:
+        coordinator.state.apply_event(
+            make_event(
+                result.a, Kind.PAIR_TEST, severity=Severity.INFO, source="pair_tests", data=result.as_dict()
+            )
+        )
+
+
+def test_the_fabric_tab_judges_round_trips_against_the_fleets_rtt_baseline_without_a_profile() -> None:
+    with live_api(seed=_delayed) as url:
+        dom = chromium("--dump-dom", f"{url}/#fabric")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    rtt = html[html.index('id="pair-rtt"') : html.index("</table>", html.index('id="pair-rtt"'))]
+    assert '<td class="pair-slow" title="probe, ' in rtt and ">12.0</td>" in rtt, rtt  # n4 -> n2's probe
+    assert '<td class="pair-slow" title="pair test, ' in rtt and ">9.50</td>" in rtt, rtt  # n1 <-> n4
+    assert '<td class="pair-pass" title="probe, ' in rtt and ">0.0800</td>" in rtt, rtt
+    assert "not judged" not in rtt
+    assert "RTT limit 1 ms (10 x fleet RTT baseline 0.09 ms, at least 1)" in html, html[-3000:]

@@ -55,6 +55,7 @@ expected_gbps = {expected_gbps}
 fraction = 0.8
 baseline_fraction = 0.01
 max_rtt_ms = 1000.0
+rtt_baseline_factor = 10000.0
 """
     )
     return path

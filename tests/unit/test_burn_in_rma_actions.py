@@ -211,8 +211,14 @@ async def test_the_burn_in_names_a_known_good_pair_peer_and_the_baseline_when_th
         deadline_s=2,
         pair_peer=lambda node: peers.pop(0),
         pair_baseline=lambda: 42.0,
+        pair_rtt_baseline=lambda: 0.08,
     )
     await executor(record(BURN_IN, ActionState.RUNNING))
     await executor(record(BURN_IN, ActionState.RUNNING))
-    assert agent.sent[0].params == {"fleet_tflops": {}, "pair_peer": peer, "pair_baseline_gbps": 42.0}
+    assert agent.sent[0].params == {
+        "fleet_tflops": {},
+        "pair_peer": peer,
+        "pair_baseline_gbps": 42.0,
+        "pair_rtt_baseline_ms": 0.08,
+    }
     assert agent.sent[1].params == {"fleet_tflops": {}}

@@ -93,3 +93,36 @@ def test_the_pair_matrix_puts_the_slow_nodes_first_and_says_what_each_cell_is() 
     assert rows["d"][0] == {"text": "0.0191", "status": "slow", "title": "d -> c: slow"}
     assert rows["c"][1]["text"] == "failed" and rows["c"][0]["text"] == ""
     assert rows["a"][0] == {"text": "·", "status": "none", "title": "not tested"}
+
+
+def test_the_round_trip_matrix_judges_tests_against_the_served_limit_and_says_where_it_comes_from() -> None:
+    """No profile (no max_rtt_ms): the API's rtt_limit_ms (10 x the fleet's RTT baseline, at least
+    1 ms) judges a pair test's round trip; a probe keeps its own verdict; no limit: not judged."""
+    cell = {"gbps": 9.0, "age_s": 2.0, "error": "", "reasons": [], "status": "pass"}
+    matrix = {
+        "nodes": ["a", "b", "c"],
+        "max_rtt_ms": None,
+        "rtt_limit_ms": 1.0,
+        "rtt_limit": "10 x fleet RTT baseline 0.08 ms, at least 1",
+        "cells": [
+            {**cell, "from": "a", "to": "b", "rtt_ms": 0.09},
+            {**cell, "from": "c", "to": "a", "rtt_ms": 9.5},
+        ],
+        "probes": [{"from": "b", "to": "c", "rtt_ms": 12.0, "age_s": 1.0, "status": "slow"}],
+    }
+    grid = run("app.rttGrid(a[0])", matrix)
+    assert grid["nodes"] == ["a", "b", "c"] and grid["hidden"] == 0  # each is in a slow round trip
+    rows = {row[0]: dict(zip(grid["nodes"], row[1:], strict=True)) for row in grid["rows"]}
+    assert rows["c"]["a"]["status"] == "slow" and rows["c"]["a"]["text"] == "9.50"
+    assert rows["a"]["b"]["status"] == "pass" and rows["b"]["c"]["status"] == "slow"
+    assert rows["b"]["c"]["title"].startswith("probe, ")
+    assert (
+        run("app.rttLimitText(a[0])", matrix)
+        == "RTT limit 1 ms (10 x fleet RTT baseline 0.08 ms, at least 1)"
+    )
+    unjudged = {**matrix, "rtt_limit_ms": None, "rtt_limit": ""}
+    grid = run("app.rttGrid(a[0])", unjudged)
+    rows = {row[0]: dict(zip(grid["nodes"], row[1:], strict=True)) for row in grid["rows"]}
+    assert rows["c"]["a"]["status"] == "pass" and "not judged" in rows["c"]["a"]["title"]
+    assert "round trips not judged" in run("app.rttLimitText(a[0])", unjudged)
+    assert run("app.rttLimitText(a[0])", {**unjudged, "max_rtt_ms": 2}) == "RTT limit 2 ms (max_rtt_ms)"

@@ -177,7 +177,8 @@ def test_the_burn_in_pair_step_tests_the_peer_the_coordinator_named(
         cfg = PairTestsConfig(key_file=str(tmp_path / "key"), max_bytes=1 << 20)
         hooks = SimpleNamespace(pair_tests=PairTestService(cfg, "new", busy=lambda: None))
         peer = {"node": "good", "host": "127.0.0.1", "port": port}
-        step = NodeHooks._pair_step(hooks, {"pair_peer": peer, "pair_baseline_gbps": 0.001}, None)  # type: ignore[arg-type]
+        fleet = {"pair_peer": peer, "pair_baseline_gbps": 0.001, "pair_rtt_baseline_ms": 0.05}
+        step = NodeHooks._pair_step(hooks, fleet, None)  # type: ignore[arg-type]
         assert step is not None
         passed = await step()
         slow = await NodeHooks._pair_step(hooks, {"pair_peer": peer}, "huge")()  # type: ignore[arg-type, misc]
@@ -191,5 +192,7 @@ def test_the_burn_in_pair_step_tests_the_peer_the_coordinator_named(
     passed, slow, none = asyncio.run(main())
     assert passed.name == "pair" and passed.status == "pass", passed
     assert passed.figures["peer"] == "good" and passed.figures["a_to_b_gbps"] > 0
+    # its round trip judged against the fleet's RTT baseline the coordinator sent (10 x, >= 1 ms)
+    assert "ms (10 x fleet RTT baseline 0.05 ms, at least 1)" in passed.reason, passed.reason
     assert slow.status == "fail" and slow.figures["verdict"] == "slow", slow
     assert none == [None, None]

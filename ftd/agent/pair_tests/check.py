@@ -4,9 +4,9 @@ What: :func:`pair_check` runs one pair test against a known-good peer (``{"node"
 the coordinator names one, or ``ftd preflight --pair-peer``) through the node's
 :class:`~ftd.agent.pair_tests.service.PairTestService` (its key, caps and busy check) and judges it
 like every pair test (:func:`ftd.fabric.pairs.judge_pair`: the node's hardware profile's ``pair``
-section and, when given, the fleet's baseline) into a :class:`~ftd.platform.burn_in.StepResult`:
-``pass``, ``fail`` (slow, or the test did not complete: never a pass) or ``skip`` (nothing to judge
-against), with the reasons and the result's figures.
+section and, when given, the fleet's baselines: bandwidth and round trip) into a
+:class:`~ftd.platform.burn_in.StepResult`: ``pass``, ``fail`` (slow, or the test did not complete:
+never a pass) or ``skip`` (nothing to judge against), with the reasons and the result's figures.
 
 Why one function: the burn-in and preflight must judge a pair the same way.
 """
@@ -34,6 +34,7 @@ async def pair_check(
     *,
     name: str = "pair",
     catalog: str = "",
+    rtt_baseline_ms: float | None = None,
 ) -> StepResult:
     started = time.monotonic()
     cfg = service.cfg
@@ -45,7 +46,9 @@ async def pair_check(
         section = loaded.section("pair", profile) if profile else None
     except HardwareCatalogError:
         section = None
-    verdict = judge_pair(result, expectation(section), baseline_gbps, profile=profile)
+    verdict = judge_pair(
+        result, expectation(section), baseline_gbps, profile=profile, rtt_baseline_ms=rtt_baseline_ms
+    )
     status = {"pass": "pass", "skipped": "skip"}.get(verdict.status, "fail")
     why = "; ".join(verdict.reasons) or f"pair test with {peer.get('node')} passed"
     figures = {**result.as_dict(), "peer": peer.get("node"), "verdict": verdict.status}

@@ -123,6 +123,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         deadline_s=cfg.return_to_service.burn_in_deadline_s,
         pair_peer=partial(burn_in_peer, ctx.state, cfg.fabric.port) if cfg.fabric.enabled else None,
         pair_baseline=ctx.state.pairs.baseline,
+        pair_rtt_baseline=ctx.state.pairs.rtt_baseline,
     )
     if cfg.rma.enabled:
         executors[RMA_BUNDLE] = RmaBundle(

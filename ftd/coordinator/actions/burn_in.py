@@ -62,15 +62,17 @@ class BurnIn:
         deadline_s: float,
         pair_peer: Callable[[str], dict[str, Any] | None] | None = None,
         pair_baseline: Callable[[], float | None] = lambda: None,
+        pair_rtt_baseline: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._send = send
         self._acks = acks
         self.deadline_s = deadline_s
         self.fleet = FleetFigures()
-        # the pair step's known-good peer for a node (node, host, port) and the fleet's baseline
+        # the pair step's known-good peer for a node (node, host, port) and the fleet's baselines
         # (issue #35's pair tests): None where pair tests are off or no idle peer has an address
         self.pair_peer = pair_peer
         self.pair_baseline = pair_baseline
+        self.pair_rtt_baseline = pair_rtt_baseline  # the fleet's median round trip (ms)
 
     async def __call__(self, record: ActionRecord) -> dict[str, Any]:
         node = record.request.target
@@ -79,6 +81,7 @@ class BurnIn:
         if peer is not None:
             params["pair_peer"] = peer
             params["pair_baseline_gbps"] = self.pair_baseline()
+            params["pair_rtt_baseline_ms"] = self.pair_rtt_baseline()
         directive = directive_for(record, "burn_in", node=node, deadline_s=self.deadline_s, params=params)
         ack = await ask_node(self._send, self._acks, directive, self.deadline_s)
         if ack is None:

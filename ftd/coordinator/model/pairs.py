@@ -4,10 +4,13 @@ What: :class:`PairBook` folds the agents' ``pair_test`` events (:mod:`ftd.agent.
 into the newest :class:`~ftd.fabric.pairs.PairResult` per ordered pair (``a`` ran it against ``b``;
 pingmesh probes, round trips only, apart in :attr:`PairBook.probes`)
 and a bounded list of recent completed results, whose median is the fleet's baseline
-(:func:`~ftd.fabric.pairs.fleet_baseline`). :meth:`PairBook.matrix` answers the matrix the API and
-the dashboard show: one cell per pair and direction, each with its throughput, RTT, age and verdict
-(:func:`~ftd.fabric.pairs.judge_pair` against the profile's expectation and the baseline; no
-profile: baseline only, and the matrix says so). :meth:`PairBook.passed_since` is what a return to
+(:func:`~ftd.fabric.pairs.fleet_baseline`), and one of recent round trips, probes' and tests' alike,
+whose median is the fleet's RTT baseline (:func:`~ftd.fabric.pairs.fleet_rtt_baseline`: what judges
+a round trip when the profile names no ``max_rtt_ms``, or a pair much slower than its peers).
+:meth:`PairBook.matrix` answers the matrix the API and the dashboard show: one cell per pair and
+direction, each with its throughput, RTT, age and verdict (:func:`~ftd.fabric.pairs.judge_pair`
+against the profile's expectation and the baselines; no profile: baselines only, and the matrix says
+so). :meth:`PairBook.passed_since` is what a return to
 service asks: has this node's newest pair test, taken after ``since``, passed?
 
 Why here: the coordinator is the only one that sees every pair; plain data rebuilt from the ledger's
@@ -33,7 +36,9 @@ from ftd.fabric.pairs import (
     expectation,
     fleet_allreduce_baseline,
     fleet_baseline,
+    fleet_rtt_baseline,
     judge_pair,
+    rtt_limit,
 )
 
 __all__ = ["PAIRS_KEPT", "RECENT_KEPT", "PairBook", "Tested", "fleet_expectation"]
@@ -55,6 +60,9 @@ class PairBook:
         self.pairs: OrderedDict[tuple[str, str], Tested] = OrderedDict()
         self.probes: OrderedDict[tuple[str, str], Tested] = OrderedDict()  # pingmesh: RTT only
         self.recent: deque[PairResult] = deque(maxlen=RECENT_KEPT)
+        #: completed probes and tests, for the RTT baseline (probes apart from ``recent``: they are
+        #: frequent, and would push the bandwidth results the bandwidth baseline needs out of it)
+        self.round_trips: deque[PairResult] = deque(maxlen=RECENT_KEPT)
 
     def note(self, event: Event) -> None:
         if event.kind != Kind.PAIR_TEST:
@@ -63,6 +71,8 @@ class PairBook:
         if not result.a or not result.b:
             return
         key = (result.a, result.b)
+        if not result.error and result.rtt_ms is not None:
+            self.round_trips.append(result)
         if result.probe:  # a pingmesh probe: its RTT, apart (it says nothing of bandwidth)
             self.probes.pop(key, None)
             self.probes[key] = Tested(result, event.ts)
@@ -82,19 +92,23 @@ class PairBook:
     def allreduce_baseline(self) -> float | None:
         return fleet_allreduce_baseline(self.recent)
 
+    def rtt_baseline(self) -> float | None:
+        return fleet_rtt_baseline(self.round_trips)
+
     def judge(self, tested: Tested, expect: PairExpectation | None, profile: str | None) -> PairVerdict:
         return self.judge_result(tested.result, expect, profile)
 
     def judge_result(
         self, result: PairResult, expect: PairExpectation | None, profile: str | None
     ) -> PairVerdict:
-        """``result`` against the profile and the fleet's baselines (directions and all-reduce)."""
+        """``result`` against the profile and the fleet's baselines (directions, all-reduce, RTT)."""
         return judge_pair(
             result,
             expect,
             self.baseline(),
             profile=profile,
             allreduce_baseline_gbps=self.allreduce_baseline(),
+            rtt_baseline_ms=self.rtt_baseline(),
         )
 
     def passed_since(
@@ -163,13 +177,18 @@ class PairBook:
             }
             for (a, b), tested in self.probes.items()
         ]
-        baseline = self.baseline()
+        baseline, rtt_baseline = self.baseline(), self.rtt_baseline()
+        limit = rtt_limit(expect, rtt_baseline)
         return {
             "probes": probes,
             "profile": profile,
             "expected_gbps": expect.expected_gbps if expect is not None else None,
             "max_rtt_ms": expect.max_rtt_ms if expect is not None else None,
             "baseline_gbps": baseline,
+            "rtt_baseline_ms": rtt_baseline,
+            # what a round trip is judged against (the lower of max_rtt_ms and the baseline's limit)
+            "rtt_limit_ms": limit[0] if limit is not None else None,
+            "rtt_limit": limit[1] if limit is not None else "",
             "nodes": nodes,
             "cells": cells,
         }

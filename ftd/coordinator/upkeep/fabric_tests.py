@@ -36,7 +36,13 @@ from ftd.coordinator.model.pairs import fleet_expectation
 from ftd.coordinator.model.state import ClusterState
 from ftd.events import Directive, Event, Kind
 from ftd.fabric.bisect import Bisection
-from ftd.fabric.pairs import PairResult, fleet_allreduce_baseline, fleet_baseline, judge_pair
+from ftd.fabric.pairs import (
+    PairResult,
+    fleet_allreduce_baseline,
+    fleet_baseline,
+    fleet_rtt_baseline,
+    judge_pair,
+)
 from ftd.logs import get_logger
 from ftd.plugin.actions import ActionRecord, ActionRequest
 
@@ -238,9 +244,15 @@ class FabricTests:
                 # the fleet's recent results and this bisection's (its events may not be folded yet)
                 history = [*self._state.pairs.recent, *seen]
                 baseline, collective = fleet_baseline(history), fleet_allreduce_baseline(history)
+                rtt = fleet_rtt_baseline([*self._state.pairs.round_trips, *seen])
                 for (a, b), record, result in zip(wave, records, results, strict=True):
                     verdict = judge_pair(
-                        result, expect, baseline, profile=profile, allreduce_baseline_gbps=collective
+                        result,
+                        expect,
+                        baseline,
+                        profile=profile,
+                        allreduce_baseline_gbps=collective,
+                        rtt_baseline_ms=rtt,
                     )
                     failed = verdict.status in ("failed", "skipped")
                     together = verdict.status == "slow" and not verdict.slow_senders

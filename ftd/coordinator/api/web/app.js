@@ -536,15 +536,16 @@ function pairGrid(matrix, max = MATRIX_MAX) {
 }
 
 // The round-trip matrix: per pair direction the newest RTT of a pair test or a pingmesh probe
-// (whichever is younger), a probe coloured by its own verdict, a test's RTT against the profile's
-// max_rtt_ms (no limit: shown, not judged).
+// (whichever is younger), a probe coloured by its own verdict, a test's RTT against the limit the
+// API serves (rtt_limit_ms: the lower of the profile's max_rtt_ms and 10 x the fleet's RTT baseline;
+// neither yet: shown, not judged).
 function rttGrid(matrix, max = MATRIX_MAX) {
   const newest = new Map();
   const keep = (key, cell) => {
     const had = newest.get(key);
     if (cell.rtt_ms != null && (!had || cell.age_s < had.age_s)) newest.set(key, cell);
   };
-  const limit = matrix.max_rtt_ms;
+  const limit = matrix.rtt_limit_ms ?? matrix.max_rtt_ms;
   for (const c of matrix.cells || []) {
     const status = c.error ? "failed" : limit == null ? "pass" : c.rtt_ms > limit ? "slow" : "pass";
     keep(c.from + "\u0000" + c.to, { rtt_ms: c.rtt_ms, age_s: c.age_s, status, what: "pair test" });
@@ -565,10 +566,19 @@ function rttGrid(matrix, max = MATRIX_MAX) {
   const rows = shown.map((from) => [from, ...shown.map((to) => {
     const c = newest.get(from + "\u0000" + to);
     if (!c) return { text: from === to ? "" : "·", status: "none", title: "no round trip measured" };
-    const judged = limit == null && c.what === "pair test" ? " (no max_rtt_ms: not judged)" : "";
+    const judged = limit == null && c.what === "pair test" ? " (no max_rtt_ms, no RTT baseline yet: not judged)" : "";
     return { text: c.rtt_ms.toPrecision(3), status: c.status, title: `${c.what}, ${c.age_s} s ago${judged}` };
   })]);
   return { nodes: shown, rows, hidden: sorted.length - shown.length };
+}
+
+// What the round trips are judged against, in words: the limit and where it comes from.
+function rttLimitText(matrix) {
+  if (matrix.rtt_limit_ms != null) {
+    return `RTT limit ${Number(matrix.rtt_limit_ms.toPrecision(3))} ms (${matrix.rtt_limit})`;
+  }
+  if (matrix.max_rtt_ms != null) return `RTT limit ${matrix.max_rtt_ms} ms (max_rtt_ms)`;
+  return "no max_rtt_ms, no RTT baseline yet: round trips not judged";
 }
 
 function drawGrid(table, grid, corner) {
@@ -605,7 +615,7 @@ async function refreshFabric() {
   drawGrid(table, grid, "from \\ to (Gbit/s)");
   const rtt = rttGrid(matrix);
   drawGrid(document.getElementById("pair-rtt"), rtt, "from \\ to (ms)");
-  const limit = matrix.max_rtt_ms == null ? "no max_rtt_ms" : `max ${matrix.max_rtt_ms} ms`;
+  const limit = rttLimitText(matrix);
   document.getElementById("rtt-summary").textContent = `${rtt.nodes.length} node(s)` +
     (rtt.hidden ? ` (${rtt.hidden} more, all passing)` : "") + ` · ${limit} · newest of a test or a probe`;
   const expected = matrix.expected_gbps == null ? "no spec" : `spec ${matrix.expected_gbps} Gbit/s`;
@@ -666,7 +676,7 @@ function wire() {
 
 if (typeof module !== "undefined" && module.exports) {
   // loaded by node (the unit tests), not a browser
-  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom, dateTime, eventText, foldJobs, approver, driftView, pairGrid };
+  module.exports = { haView, servedByLeader, actionPhase, ranksAcked, actionWhy, resumedFrom, dateTime, eventText, foldJobs, approver, driftView, pairGrid, rttGrid, rttLimitText };
 } else {
   wire();
   refresh();
