@@ -26,6 +26,7 @@ from ftd.agent.pair_tests.allreduce import AllReduceStep
 from ftd.agent.pair_tests.client import PairPeer, run_pair_test
 from ftd.agent.pair_tests.mesh import pingmesh
 from ftd.agent.pair_tests.server import PairTestServer
+from ftd.logs import configure
 
 
 async def _started(args: argparse.Namespace, key: bytes) -> PairTestServer:
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allreduce-timeout", type=float, default=60.0)
     parser.add_argument("--allreduce-python", default="", help="the Python that runs the ranks")
     args = parser.parse_args(argv)
+    configure("info")  # the log on stderr: stdout carries only the JSON lines the caller reads
     key = args.key_file.read_bytes().strip()
     modes = {"serve": _serve, "run": _run, "agent": _agent}
     asyncio.run(modes[args.mode](args, key))
