@@ -62,7 +62,7 @@ CASES: list[tuple[str, Kind, dict[str, Any], str]] = [
         Kind.STORAGE, {"device": "sda", "fault": "io_error"}, "error",
     ),
     (
-        "Buffer I/O error on dev sdc1, logical block 42, lost sync page write",
+        "Buffer I/O error on dev sdc1, logical block 42, async page read",
         Kind.STORAGE, {"device": "sdc1", "subsystem": "fs", "fault": "buffer_io_error"}, "error",
     ),
     (
@@ -74,8 +74,8 @@ CASES: list[tuple[str, Kind, dict[str, Any], str]] = [
         Kind.STORAGE, {"device": "sda1", "fault": "fs_error", "fstype": "ext4"}, "error",
     ),
     (
-        "XFS (nvme1n1p3): log I/O error -117",
-        Kind.STORAGE, {"device": "nvme1n1p3", "fault": "log_io_error"}, "error",
+        "XFS (nvme1n1p3): writeback error on inode 2113, off 0, sector 917504",
+        Kind.STORAGE, {"device": "nvme1n1p3", "fault": "writeback_error"}, "error",
     ),
     (
         "kworker/u98:4: attempt to access beyond end of device",
@@ -338,7 +338,7 @@ NEAR_MISSES = [
     "VFS: file-max limit 2097152",
     "VFS: file-max limit is reached",
     "vfs: File-max Limit 2097152 Reached",
-    "CPU: 44 Comm: khungtaskd2 idle",
+    "CPU: 44 Comm: ftd-watch idle",
     "CPU: abc PID: 2207 Comm: khungtaskd",
     "CPU operation back to normal",
     "mce: CPU0: Core temperature above threshold, cpu clock throttled",
