@@ -197,13 +197,7 @@ class NetnsFleet:
         for proc in self._flows.pop(node, []):
             if proc.poll() is None:
                 proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+            _reap(proc)
 
     def restore(self, node: str) -> None:
         self._stop_flows(node)
@@ -270,13 +264,7 @@ class NetnsFleet:
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
         for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
+            _reap(proc)
         self.procs.clear()
         for ns in self._namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
@@ -335,3 +323,14 @@ def hunt(
 def iter_pairs(nodes: Sequence[str]) -> Iterator[tuple[str, str]]:
     """Disjoint neighbours ``(n0, n1), (n2, n3), ...``: a warm-up wave that seeds the baseline."""
     yield from zip(nodes[0::2], nodes[1::2], strict=False)
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Wait for ``proc`` (10 s, then kill it) and close its stdout."""
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
