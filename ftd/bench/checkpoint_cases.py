@@ -10,9 +10,11 @@ of a case starts a fresh job, waits until it trains and has saved, injects the f
 (:mod:`ftd.bench.checkpoint_faults`) and waits for every rank of a new generation to say where it
 resumed from:
 
-- ``kill_mid_save``: the moment node-2's rank has taken a save's snapshot (its background write and
-  replica running), its training process and node-2's agent are SIGKILLed; nothing else is written
-  (the node went silent: its agent's Last Will);
+- ``kill_mid_save``: while node-2's rank has a save in flight (its snapshot taken, its background
+  write and replica running) and has trained 0, 1 or 2 steps since the snapshot (by run: the later,
+  the nearer the save's landing, the more a kill loses), its training process and node-2's agent
+  are SIGKILLed; nothing else is written (the node went silent: its agent's Last Will). The saves
+  are planned by ``tier.due(step, SAVE_EVERY)``, so at most one interval may be lost;
 - ``local_deleted``: node-2's rank SIGKILLed, its local checkpoint directory deleted (partner copies
   of others included), then an Xid 79 in its kernel log (the node is replaced by the spare, which
   has no local copy);
@@ -54,7 +56,7 @@ from ftd.bench.slurm_multinode import MultiNodeSlurm
 
 __all__ = ["CASES", "NO_SHARED", "SPEC", "bench_faults", "run_case", "summarize"]
 
-SAVE_EVERY = 5  # steps between saves
+SAVE_EVERY = 10  # the save interval: steps a node lost mid-save may cost at most (tier.due plans the saves)
 FLUSH_EVERY = 4  # every 4th save also goes to the shared directory
 STATE_MB = 16  # extra state per rank, so a save's background work takes a while
 FAULT_NODE = "node-2"  # rank 1: killed or replaced
@@ -81,19 +83,24 @@ def _kill_agent(stack: RecoveryStack, node: str) -> None:
     stack.agents[node].stop(signal.SIGKILL)
 
 
-def _mid_save(stack: RecoveryStack, job: str, rank: int, timeout: float) -> int:
-    """Until ``rank`` has taken a save's snapshot whose background work has not finished; its step."""
-    found: list[int] = []
+def _mid_save(stack: RecoveryStack, job: str, rank: int, timeout: float, trained: int = 0) -> tuple[int, int]:
+    """Until ``rank`` has a save whose background work has not finished and has trained at least
+    ``trained`` steps since that save's snapshot (0: at once; more: nearer the save's landing, the
+    instant that loses most); ``(the save's step, the newest step trained)``."""
+    found: list[tuple[int, int]] = []
 
     def running() -> bool:
         started = {int(r["step"]) for r in stack.records(job, "save_started") if int(r["rank"]) == rank}
-        done = set(_done_steps(stack, job, rank))
-        pending = sorted(started - done)
-        if pending:
-            found.append(pending[-1])
-        return bool(pending)
+        pending = sorted(started - set(_done_steps(stack, job, rank)))
+        if not pending:
+            return False
+        newest = max(int(r["step"]) for r in stack.records(job, "step") if int(r["rank"]) == rank)
+        if newest - pending[-1] < trained:
+            return False
+        found.append((pending[-1], newest))
+        return True
 
-    wait_for(running, timeout, f"a save of rank {rank} in progress", poll=0.01)
+    wait_for(running, timeout, f"a save of rank {rank} in progress, {trained} steps trained since", poll=0.01)
     return found[-1]
 
 
@@ -135,7 +142,8 @@ def run_case(
     old = max(incarnation(r) for r in before)
     injected: dict[str, Any] = {"case": case}
     if case == "kill_mid_save":
-        injected["save_step"] = _mid_save(stack, job, 1, 60)
+        # the kill lands 0, 1 or 2 steps after the snapshot (by run), the save still in flight
+        injected["save_step"], injected["trained_step"] = _mid_save(stack, job, 1, 60, trained=seed % 3)
         fault_at = kill_rank(stack, job, FAULT_NODE)
         _kill_agent(stack, FAULT_NODE)
     elif case == "local_deleted":  # the node dies, its disk with it (deleted once nothing writes there)

@@ -102,8 +102,12 @@ def _mesh(fleet: NetnsFleet, interval_s: float, seconds: float) -> dict[str, Any
     pids = fleet.pids()
     before = {node: _cpu_seconds(pid) for node, pid in pids.items()}
     started = time.monotonic()
-    for node in fleet.nodes:
-        peers = [[p, fleet.addresses[p], PORT] for p in fleet.nodes if p != node]
+    nodes = list(fleet.nodes)
+    for i, node in enumerate(nodes):
+        # round-robin from the next node on, so the agents' first probes are spread over the fleet
+        # (all starting at the same peer would be 15 probes at one server in the same instant)
+        order = nodes[i + 1 :] + nodes[:i]
+        peers = [[p, fleet.addresses[p], PORT] for p in order]
         fleet.ask(node, {"mesh": peers, "interval": interval_s, "seconds": seconds})
     answers = {node: fleet.answer(node, seconds + 60.0) for node in fleet.nodes}
     window = time.monotonic() - started
@@ -115,6 +119,7 @@ def _mesh(fleet: NetnsFleet, interval_s: float, seconds: float) -> dict[str, Any
         "window_s": round(window, 1),
         "probes": len(probes),
         "probes_failed": len(failed),
+        "probes_failed_why": sorted({str(p.get("error") or p.get("skipped") or p)[:120] for p in failed})[:5],
         "cpu_pct_max": round(max(cpu.values()), 3),
         "cpu_pct_mean": round(sum(cpu.values()) / len(cpu), 3),
     }

@@ -255,7 +255,10 @@ def main() -> int:
         record("step", step=step, loss=round(float(loss.item()), 6))
         client.heartbeat(step)
         save, stop = coord.agree(step)
-        periodic = bool(save_every) and step % save_every == 0 and not save
+        if tier is not None and save_every:  # planned so a node lost mid-save costs <= save_every steps
+            periodic = tier.due(step, save_every) and not save
+        else:
+            periodic = bool(save_every) and step % save_every == 0 and not save
         if tier is not None and (save or periodic):
             blocked = tier.save(step, _tier_state(model, opt, step))
             record("save_started", step=step, blocked_s=round(blocked, 6), periodic=periodic)

@@ -10,7 +10,7 @@ A few lines in a DDP (or FSDP, same world size) loop::
     for step in range(start, steps):
         train_step()
         client.heartbeat(step)
-        if step % 500 == 0 or client.should_save():
+        if tier.due(step, 500) or client.should_save():  # due: a node lost costs <= 500 steps
             tier.save(step, {"model": model.state_dict(), "optim": opt.state_dict(),
                              "extra": {"step": step, "loader": loader_position, "rng": capture_rng()}})
     tier.close()
@@ -93,6 +93,7 @@ STATE_FILE = "state.pt"
 PARTNER = "partner"
 _CHUNK = 64 * 1024 * 1024
 HISTORY = 256  # saves kept in CheckpointTier.history
+LAG_WINDOW = 8  # CheckpointTier.due plans with the slowest landing of this many recent saves
 
 
 def step_dir(root: str, step: int) -> str:
@@ -376,6 +377,14 @@ class CheckpointTier:
         self._hosts: list[str] = []
         self._agreed: tuple[int, dict[str, str]] | None = None
         self._sources: set[int] = set()  # every rank this one ever held partner copies of
+        # Loss bound (:meth:`due`): the step the loop reported last, the step of the last save taken,
+        # the landing lags (steps trained before a save reached the level that survives the node;
+        # agreed, the largest over the ranks, one per save), and the lag due() plans with, fixed at
+        # each save so every rank plans with the same number.
+        self._step_now: int | None = None
+        self._last_save_step: int | None = None
+        self.landing_lags: list[int] = []
+        self._plan_lag = 0
         if partner and self.distributed and self.world_size > 1:
             self.group = dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(seconds=transfer_timeout_s)
@@ -447,6 +456,11 @@ class CheckpointTier:
             raise
         blocked = time.perf_counter() - t0
         self._saves += 1
+        self._last_save_step = step
+        self._step_now = step
+        # the previous save's background work is over (waited for above), so the agreed lags are the
+        # same on every rank here: the plan until the next save
+        self._plan_lag = max(self.landing_lags[-LAG_WINDOW:], default=0)
         flush = self.shared_dir is not None and self._saves % self.every_k_flush == 0
         threading.Thread(
             target=self._background,
@@ -455,6 +469,33 @@ class CheckpointTier:
             daemon=True,
         ).start()
         return blocked
+
+    def due(self, step: int, every: int) -> bool:
+        """Whether to save at ``step`` so that losing this node without warning costs at most
+        ``every`` steps: call it once per step, after the step (``if tier.due(step, 500) or
+        client.should_save(): tier.save(...)``).
+
+        A save is not safe from the node's loss until it reaches the partner (with no partner level:
+        until it is on local disk); a node killed between a save's snapshot and that moment resumes
+        from the save before. Saving every ``every`` steps would then lose ``every`` plus the steps
+        trained while the save was in flight. So saves come every ``every - lag - 1`` steps (at least
+        1), where ``lag`` is the most steps any rank trained between a save's snapshot and its
+        landing, over the last :data:`LAG_WINDOW` saves (agreed by every rank at each save, so every
+        rank saves the same steps; without the tier's group in a distributed job there is no
+        agreement and the plain ``step % every`` is used). The first save is at a multiple of
+        ``every``. The bound holds while a save lands no slower than the slowest of the recent ones;
+        ``landing_lags`` has the measured lags, ``history`` each save's ``landed_steps``.
+        """
+        if every < 1:
+            raise ValueError("every must be >= 1")
+        self._step_now = step
+        if self._last_save_step is None or (self.distributed and self.group is None):
+            return step % every == 0
+        return step - self._last_save_step >= max(1, every - self._plan_lag - 1)
+
+    def _note_lag(self, lag: int) -> None:
+        self.landing_lags.append(max(0, lag))
+        del self.landing_lags[:-HISTORY]
 
     def _record(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -520,6 +561,10 @@ class CheckpointTier:
             del staged
             if self.group is not None and self.partner_broken is None:
                 self._replicate(step, local_manifest, record)
+                if self.partner_broken is None:
+                    self._landing(step, local_manifest, record)
+            elif self.group is None:
+                self._landing(step, local_manifest, record)
             if flush and local_manifest is not None:
                 self._start_flush(step, local_manifest, record)
             with self._lock:
@@ -533,6 +578,27 @@ class CheckpointTier:
             self._idle.set()
             if self.on_done is not None:
                 self.on_done(record)
+
+    def _landing(self, step: int, local_manifest: str | None, record: dict[str, Any]) -> None:
+        """Steps the loop trained (as :meth:`due` saw them) between this save's snapshot and its
+        landing where a node's loss cannot take it: at the partner when the tier has its group
+        (agreed: every rank gathers every rank's lag and keeps the largest, so every rank plans the
+        same saves), else on local disk. A save that did not land there adds no lag."""
+        if self.group is not None:
+            mine = None
+            if record.get("partner_s") is not None and self._step_now is not None:
+                mine = max(0, self._step_now - step)
+            lags: list[Any] = [None] * self.world_size
+            # collective, like the exchange before it: every rank whose exchange completed gets here
+            dist.all_gather_object(lags, mine, group=self.group)
+            known = [lag for lag in lags if isinstance(lag, int)]
+            if known:
+                record["landed_steps"] = max(known)
+                self._note_lag(max(known))
+            return
+        if local_manifest is not None and self._step_now is not None:
+            record["landed_steps"] = max(0, self._step_now - step)
+            self._note_lag(record["landed_steps"])
 
     def _manifest(self, directory: str, step: int, rank: int, level: str, save_s: float, files: Any) -> str:
         return mf.write(

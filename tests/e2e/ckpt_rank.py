@@ -4,7 +4,8 @@ flush every 2nd save), dump what was saved. ``resume``: load_resume, dump what w
 each rank stands for a node of its own (``node{rank}``); the coordinator's partner choice (version 1,
 each node to the next) is handed to every rank's client before the tier starts, then a new one
 (version 2, each node to the previous) to rank 0's client only, between the saves of steps 2 and 4,
-as an agent does when the coordinator's choice changes mid-run.
+as an agent does when the coordinator's choice changes mid-run. ``due``: 40 steps saved where
+``tier.due(step, 8)`` says, dump the steps saved and the landing lags agreed.
 
 Usage: ckpt_rank.py PHASE RANK WORLD STORE TMP OUT
 """
@@ -80,6 +81,26 @@ def main() -> None:
             history=tier.history,
             partner_broken=tier.partner_broken,
             reports=[json.loads(m) for m in client._outbox],
+        )
+    elif phase == "due":  # saves planned by tier.due: every rank must take the very same steps
+        tier = CheckpointTier(client, local, None, keep=2)
+        steps_saved = []
+        plans = []
+        for step in range(1, 41):
+            opt.zero_grad()
+            model(torch.randn(32, 256)).sum().backward()
+            opt.step()
+            if tier.due(step, 8):
+                tier.save(step, {"model": model.module.state_dict(), "extra": {"step": step}})
+                steps_saved.append(step)
+                plans.append(tier._plan_lag)
+        assert tier.wait(300), "the background work did not finish"
+        result.update(
+            saves=steps_saved,
+            plans=plans,
+            lags=tier.landing_lags,
+            landed=[h.get("landed_steps") for h in tier.history],
+            partner_broken=tier.partner_broken,
         )
     else:
         resumed = load_resume(local, shared)

@@ -7,6 +7,7 @@ test_checkpoint_tier_fsdp.py (a file of its own: the suite runs a file per proce
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -97,6 +98,24 @@ def test_save_replicate_flush_and_resume_from_the_partner(tmp_path: Path) -> Non
     assert resumed[0]["level"] == "local"
     assert resumed[1]["level"] == "partner"
     _manifest(tmp_path / "node1/local/step-000000004/rank-00001.manifest.json", "local", 1, 4)
+
+
+def test_due_plans_the_same_saves_on_every_rank_from_the_agreed_landing_lags(tmp_path: Path) -> None:
+    """``tier.due`` over real gloo: the landing lags are gathered once per save and the largest kept,
+    so every rank holds the same lags, plans with the same one and saves the very same steps (the
+    partner exchange pairs the ranks' saves: one rank saving another step would hang both)."""
+    out = _run("due", tmp_path)
+    assert all(o["partner_broken"] is None for o in out), out
+    assert out[0]["saves"] == out[1]["saves"] and out[0]["lags"] == out[1]["lags"], out
+    saves, lags, plans = out[0]["saves"], out[0]["lags"], out[0]["plans"]
+    assert saves[0] == 8 and len(lags) == len(saves), out[0]
+    assert all(isinstance(lag, int) and lag >= 0 for lag in lags)
+    # each gap is the plan fixed at the save that opened it: every - (slowest recent landing) - 1
+    for i, (a, b) in enumerate(itertools.pairwise(saves)):
+        assert plans[i] == max(lags[max(0, i - 8) : i], default=0)
+        assert b - a == max(1, 8 - plans[i] - 1), (i, saves, lags, plans)
+    for o in out:  # every save landed at the partner and says after how many steps
+        assert o["landed"] == lags, o
 
 
 def test_a_corrupt_local_copy_is_not_loaded(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ cannot take a save is skipped, the directive nacked with the reason, and trainin
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from pathlib import Path
@@ -339,3 +340,82 @@ def test_without_overlap_no_hook_is_installed(tmp_path: Path) -> None:
     loaded = torch.load(tmp_path / "local/step-000000001/rank-00000/state.pt", weights_only=True)
     assert torch.equal(loaded["w"], torch.ones(1024, 1024))
     tier.close()
+
+
+@pytest.fixture
+def write_gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Each local write waits until this event is set, then clears it: one save lands per set."""
+    from ftd.client import checkpoint
+
+    gate = threading.Event()
+    real = checkpoint._write_state
+
+    def held(directory: str, staged: Any) -> mf.FileEntry:
+        assert gate.wait(60), "the loop never let the write land"
+        gate.clear()
+        return real(directory, staged)
+
+    monkeypatch.setattr(checkpoint, "_write_state", held)
+    return gate
+
+
+def _train_with_saves(
+    tmp_path: Path, gate: threading.Event, *, every: int, lag: int, steps: int, planned: bool
+) -> tuple[list[int], dict[int, int]]:
+    """A loop of ``steps`` steps whose every save lands exactly ``lag`` steps after its snapshot (the
+    write is held until the loop has trained that many more); saves at ``tier.due`` (``planned``) or
+    at ``step % every``. Returns the saves' steps and each save's landing step."""
+    from ftd.client.checkpoint import CheckpointTier
+
+    tier = CheckpointTier(None, str(tmp_path / ("planned" if planned else "modulo")), None, keep=1)
+    saves: list[int] = []
+    landed: dict[int, int] = {}
+    for step in range(1, steps + 1):
+        due = tier.due(step, every) if planned else step % every == 0
+        if saves and saves[-1] not in landed and step - saves[-1] == lag:
+            gate.set()  # the in-flight save lands now, `lag` steps after its snapshot
+            assert tier.wait(60)
+            landed[saves[-1]] = step
+        if due:
+            tier.save(step, _state(float(step)))
+            saves.append(step)
+    gate.set()
+    tier.close(60)
+    return saves, landed
+
+
+def _worst_loss(saves: list[int], landed: dict[int, int], kills: range) -> int:
+    """The most steps lost by a node killed after any step in ``kills``: back to the newest save that
+    had landed before the step (a save landing during the killed step is counted as lost)."""
+    worst = 0
+    for kill in kills:
+        safe = [s for s in saves if landed.get(s, kill) < kill]
+        worst = max(worst, kill - max(safe, default=0))
+    return worst
+
+
+def test_due_plans_saves_so_a_node_killed_mid_save_loses_at_most_one_interval(
+    tmp_path: Path, write_gate: threading.Event
+) -> None:
+    """A save is safe from its node's loss only once it landed; saved every ``every`` steps, a kill
+    just before a save lands loses ``every`` plus the steps it was in flight. ``due`` measures that
+    lag and saves ``lag + 1`` steps earlier, so no kill loses more than ``every`` (from the second
+    save's landing on: the first interval is planned before any lag is known)."""
+    every, lag = 10, 3
+    modulo, modulo_landed = _train_with_saves(
+        tmp_path, write_gate, every=every, lag=lag, steps=80, planned=False
+    )
+    assert _worst_loss(modulo, modulo_landed, range(modulo[1] + lag + 1, 81)) == every + lag
+    saves, landed = _train_with_saves(tmp_path, write_gate, every=every, lag=lag, steps=80, planned=True)
+    assert saves[:3] == [10, 19, 25], "the first save at a multiple of every, then every - lag - 1 steps"
+    assert {b - a for a, b in itertools.pairwise(saves[1:])} == {every - lag - 1}
+    assert _worst_loss(saves, landed, range(saves[1] + lag + 1, 81)) <= every
+    assert {s: landed[s] - s for s in landed} == dict.fromkeys(landed, lag)
+
+
+def test_due_rejects_a_non_positive_interval(tmp_path: Path) -> None:
+    from ftd.client.checkpoint import CheckpointTier
+
+    tier = CheckpointTier(None, str(tmp_path), None)
+    with pytest.raises(ValueError, match="every"):
+        tier.due(1, 0)
