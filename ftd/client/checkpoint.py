@@ -430,6 +430,10 @@ class CheckpointTier:
         """Snapshot ``state`` and hand it to the background thread; returns the seconds training was
         blocked (waiting for the previous save included). Every rank saves the same steps."""
         t0 = time.perf_counter()
+        # a save asked for, taken or skipped: due() counts the next interval from here (a skipped one
+        # is not asked again at every step while the stuck save lasts)
+        self._last_save_step = step
+        self._step_now = step
         # Waited once in vain: the earlier save is stuck (a partner or a disk not answering); later
         # saves are skipped at once until it ends, instead of blocking training again and again.
         if not self._idle.wait(0.0 if self._stuck else self.busy_wait_s):
@@ -456,8 +460,6 @@ class CheckpointTier:
             raise
         blocked = time.perf_counter() - t0
         self._saves += 1
-        self._last_save_step = step
-        self._step_now = step
         # the previous save's background work is over (waited for above), so the agreed lags are the
         # same on every rank here: the plan until the next save
         self._plan_lag = max(self.landing_lags[-LAG_WINDOW:], default=0)

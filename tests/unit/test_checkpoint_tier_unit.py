@@ -419,3 +419,22 @@ def test_due_rejects_a_non_positive_interval(tmp_path: Path) -> None:
     tier = CheckpointTier(None, str(tmp_path), None)
     with pytest.raises(ValueError, match="every"):
         tier.due(1, 0)
+
+
+def test_due_after_a_skipped_save_waits_an_interval_not_a_step(
+    tmp_path: Path, held_write: threading.Event
+) -> None:
+    """A save skipped because the one before is stuck counts as the interval's save: ``due`` does not
+    ask again at every step (a skip and a warning per step) while the stuck save lasts."""
+    from ftd.client.checkpoint import CheckpointTier
+
+    tier = CheckpointTier(None, str(tmp_path), None, busy_wait_s=0.05)
+    asked = []
+    for step in range(1, 31):
+        if tier.due(step, 10):
+            tier.save(step, _state())
+            asked.append(step)
+    held_write.set()
+    assert tier.wait(60)
+    assert asked == [10, 19, 28], asked
+    assert [h["step"] for h in tier.history if "skipped" in h] == [19, 28]
