@@ -249,7 +249,7 @@ def test_line_number_is_first_line_of_record() -> None:
         "noise",
         "[  6.1] NVRM: The NVIDIA GPU 0000:02:00.0 (PCI ID: 10de:1b06)",
         "[  6.1] NVRM: installed in this system has",
-        "[  6.1] NVRM: fallen off the bus and is not responding to commands.",
+        "[  6.1] NVRM: fallen off the bus.",
         "6,10,1,-;NVRM: Xid (PCI:0000:02:00): 13, foo",
         " SUBSYSTEM=pci",
     )

@@ -167,7 +167,7 @@ def test_fallen_off_the_bus_three_line_banner(
         f"{indent}NVRM: (PCI ID: 10de:2330) installed in this system has"
         if pci_id
         else f"{indent}NVRM: installed in this system has",
-        f"{indent}NVRM: fallen off the bus and is not responding to commands.",
+        f"{indent}NVRM: fallen off the bus.",
     ]
     (event,) = parse(*lines)
     assert (event.kind, event.pci, event.line) == (Kind.GPU_FALLEN_OFF_BUS, f"{domain:04x}:{bus:02x}:00.0", 1)
