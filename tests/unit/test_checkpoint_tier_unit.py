@@ -31,20 +31,28 @@ def _sent(client: Client) -> list[dict[str, Any]]:
     return [json.loads(m) for m in client._outbox]
 
 
+def _gate_writes(monkeypatch: pytest.MonkeyPatch, *, one_per_set: bool) -> threading.Event:
+    """Every local write waits for the returned event; ``one_per_set``: each write clears it as it
+    passes, so one save lands per ``set()``."""
+    from ftd.client import checkpoint
+
+    gate = threading.Event()
+    real = checkpoint._write_state
+
+    def held(directory: str, staged: Any) -> mf.FileEntry:
+        assert gate.wait(60), "the test never released the write"
+        if one_per_set:
+            gate.clear()
+        return real(directory, staged)
+
+    monkeypatch.setattr(checkpoint, "_write_state", held)
+    return gate
+
+
 @pytest.fixture
 def held_write(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """The local write waits for this event: the test holds the background thread mid-save."""
-    from ftd.client import checkpoint
-
-    release = threading.Event()
-    real = checkpoint._write_state
-
-    def slow(directory: str, staged: Any) -> mf.FileEntry:
-        assert release.wait(60), "the test never released the write"
-        return real(directory, staged)
-
-    monkeypatch.setattr(checkpoint, "_write_state", slow)
-    return release
+    return _gate_writes(monkeypatch, one_per_set=False)
 
 
 def test_save_returns_before_the_write_and_the_snapshot_is_a_copy(
@@ -345,18 +353,7 @@ def test_without_overlap_no_hook_is_installed(tmp_path: Path) -> None:
 @pytest.fixture
 def write_gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Each local write waits until this event is set, then clears it: one save lands per set."""
-    from ftd.client import checkpoint
-
-    gate = threading.Event()
-    real = checkpoint._write_state
-
-    def held(directory: str, staged: Any) -> mf.FileEntry:
-        assert gate.wait(60), "the loop never let the write land"
-        gate.clear()
-        return real(directory, staged)
-
-    monkeypatch.setattr(checkpoint, "_write_state", held)
-    return gate
+    return _gate_writes(monkeypatch, one_per_set=True)
 
 
 def _train_with_saves(
