@@ -193,8 +193,13 @@ class MqttBus(ConnectionState):
             try:
                 await conn.open(self.host, self.port, timeout=self._publish_timeout)
                 async with asyncio.timeout(self._publish_timeout):
-                    for pattern in self._patterns:
-                        await conn.subscribe(pattern)
+                    # One SUBSCRIBE for every pattern, not one each: amqtt (the embedded broker) sends
+                    # a pattern's retained messages after its SUBACK and reads the next SUBSCRIBE only
+                    # once they are acknowledged -- by a manual-ack client (the coordinator) only when
+                    # it handles them, after this set-up: 5 s per pattern, and the set-up timed out on
+                    # every reconnect (tests/contract/test_bus_contract.py).
+                    if self._patterns:
+                        await conn.subscribe(*self._patterns)
                     if self._birth is not None:
                         await conn.publish(self._birth.topic, self._birth.payload, retain=self._birth.retain)
                 self.connects += 1
@@ -213,7 +218,10 @@ class MqttBus(ConnectionState):
                 await conn.close(graceful=False)
                 failures += 1
                 delay = _backoff_delay(failures, *self._backoff)
-                log_fn = log.warning if was_connected or failures == 1 else log.debug
+                # The first failure, then the 2nd, 4th, 8th...: a broker that stays away keeps saying
+                # so, ever less often (attempt 64 is minutes in), instead of one line and then silence.
+                repeating = failures & (failures - 1) == 0
+                log_fn = log.warning if was_connected or repeating else log.debug
                 error = str(exc) or type(exc).__name__
                 log_fn("bus_disconnected", error=error, retry_in_s=round(delay, 3), attempt=failures)
                 await asyncio.sleep(delay)
@@ -388,10 +396,11 @@ class _Connection:
         finally:
             self._publishes.pop(info.mid, None)
 
-    async def subscribe(self, pattern: str) -> None:
+    async def subscribe(self, *patterns: str) -> None:
+        """Subscribe to ``patterns`` in one SUBSCRIBE and wait for its SUBACK."""
         if self._ended.done() or self._sock is None:
             raise ConnectionLost("connection lost")
-        rc, mid = self.client.subscribe(pattern, qos=_QOS)
+        rc, mid = self.client.subscribe([(pattern, _QOS) for pattern in patterns])
         if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
             raise ConnectionLost(mqtt.error_string(rc))
         waiter = self._subscribes[mid] = self._loop.create_future()

@@ -32,7 +32,15 @@ from ftd.bus.base import Bus
 from ftd.bus.embedded import EmbeddedBroker
 from ftd.bus.mqtt import MqttBus
 from ftd.client import Client
-from ftd.config import AgentConfig, ApiConfig, Config, CoordinatorConfig, NvmlConfig, PolicyConfig
+from ftd.config import (
+    AgentConfig,
+    ApiConfig,
+    Config,
+    CoordinatorConfig,
+    NvmlConfig,
+    PairTestsConfig,
+    PolicyConfig,
+)
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.daemon import Coordinator
 from ftd.coordinator.ledger.sqlite import Ledger
@@ -215,6 +223,8 @@ class SimCluster:
                 state_dir=str(self.workdir / node / "state"),
                 socket_path=self.socket_path(node),
                 nvml=NvmlConfig(enabled=False),  # simulated nodes have no GPUs to watch
+                # nor a fabric to test (and share one host: each would want the same port)
+                pair_tests=PairTestsConfig(enabled=False),
             )
             will, birth = status_messages(node)
             agent = build_agent(cfg, bus=self._bus(f"ftd-agent-{node}", will=will, birth=birth), node=node)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ class Harness:
     make: Callable[..., Any]
     outage: Callable[[], Awaitable[None]]  # take the broker down and bring it back
     external: bool = False  # a broker in its own process: any event loop may connect to it
+    #: what makes a bus acknowledge only when told (``Bus.ack``), as the coordinator's does; the
+    #: memory bus delivers each message exactly once and has nothing to hold in flight
+    acked: dict[str, Any] = field(default_factory=lambda: {"manual_ack": True})
 
 
 @pytest.fixture(params=["memory", "mosquitto", "embedded"])
@@ -49,7 +52,7 @@ async def harness(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             await asyncio.sleep(0.05)
             broker.come_up()
 
-        yield Harness(make, outage)
+        yield Harness(make, outage, acked={})
     elif kind == "mosquitto":
         mosq = Mosquitto(tmp_path / "mosq").start()
 
@@ -172,6 +175,37 @@ async def test_fresh_subscribers_get_the_retained_message_and_stop_every_time(ha
     if harness.external:  # each in an event loop of its own, as a test's or a tool's asyncio.run does
         for _ in range(5):
             await asyncio.to_thread(asyncio.run, cycle())
+
+
+async def test_retained_messages_on_several_patterns_do_not_hold_up_a_manual_ack_connection(
+    harness: Harness,
+) -> None:
+    """The coordinator acknowledges a message once it has handled it, and handles nothing before its
+    bus is connected. Retained messages waiting on several of its patterns must not keep it from
+    connecting: amqtt sends a pattern's retained messages after its SUBACK and reads the client's next
+    SUBSCRIBE only once they are acknowledged (or after 5 s each), so one SUBSCRIBE per pattern cost 5 s
+    per pattern, the set-up's 10 s ran out, and every reconnect met the same wait -- ``ftd demo
+    --serve`` under CI load, when the agents' retained presence came before the coordinator."""
+    publisher = await started(harness.make())
+    retained = {
+        "ftd/v1/nodes/node-1/status": b"online",
+        "ftd/v1/nodes/node-1/jobs/7": b'{"rank":0}',
+        "ftd/v1/nodes/node-1/conditions/disk": b"full",
+    }
+    for topic, payload in retained.items():
+        await publisher.publish(topic, payload, retain=True)
+    bus = harness.make(**harness.acked)
+    for pattern in ("ftd/v1/nodes/+/status", "ftd/v1/nodes/+/jobs/+", "ftd/v1/nodes/+/conditions/+"):
+        await bus.subscribe(pattern)
+    await bus.start()
+    assert await bus.wait_connected(40), "the bus did not connect while retained messages waited"
+    assert getattr(bus, "connects", 1) == 1, "connected only after retrying"
+    seen: dict[str, bytes] = {}
+    for _ in retained:
+        message = await next_message(bus, 10)
+        bus.ack(message)
+        seen[message.topic] = message.payload
+    assert seen == retained
 
 
 async def test_birth_on_connect_and_will_on_abort_but_not_on_clean_stop(harness: Harness) -> None:
