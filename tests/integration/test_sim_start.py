@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from ftd.agent.app import status_messages
+from ftd.bus import topics
+from ftd.bus.embedded import EmbeddedBroker
+from ftd.bus.mqtt import MqttBus
+from ftd.events import JobPresence, NodeConditions, encode
 from ftd.sim.cluster import START_TIMEOUT_S, SimCluster, SimStartError
 from tests.realparts import free_port
 
@@ -55,3 +60,35 @@ async def test_nodes_beyond_the_agents_are_seeded_without_a_process(tmp_path: Pa
         assert racks["r000"][0] == "node-1" and racks["r003"] == [f"node-{i}" for i in range(97, 101)]
     finally:
         await cluster.stop()
+
+
+async def test_the_coordinator_comes_up_when_the_agents_retained_presence_came_first(tmp_path: Path) -> None:
+    """The CI failure of ``ftd demo --serve`` (not up after 120 s: the coordinator), forced: the
+    agents' retained status, conditions and job presence are on the embedded broker before the
+    coordinator subscribes. amqtt held each SUBSCRIBE until the one before's retained messages were
+    acknowledged, which the coordinator does only once connected: 5 s per pattern, past its 10 s
+    set-up, on every reconnect. One SUBSCRIBE for every pattern connects at once."""
+    broker = await EmbeddedBroker().start()
+    cluster = SimCluster(nodes=3, workdir=tmp_path, broker_port=broker.port, start_timeout_s=40)
+    early = MqttBus(host="127.0.0.1", port=broker.port, client_id="the-agents-before")
+    try:
+        await early.start()
+        assert await early.wait_connected(10)
+        for node in cluster.node_names:
+            _, birth = status_messages(node)
+            await early.publish(birth.topic, birth.payload, retain=True)
+            conditions = NodeConditions(node=node, ts=time.time(), conditions=[])
+            await early.publish(
+                topics.node_condition(node, topics.FTD_CONDITIONS), encode(conditions), retain=True
+            )
+            presence = JobPresence(job="7", node=node, ts=time.time())
+            await early.publish(topics.node_job(node, "7"), encode(presence), retain=True)
+        await early.stop()
+        await cluster.start()
+        assert cluster.coordinator is not None
+        assert getattr(cluster.coordinator.bus, "connects", None) == 1  # the first attempt, no retry
+        assert sorted(cluster.coordinator_state.online_nodes()) == cluster.node_names
+    finally:
+        await early.stop()
+        await cluster.stop()
+        await broker.stop()
