@@ -42,6 +42,7 @@ from ftd.config.errors import Problem
 from ftd.config.schema import (
     NODE_LABELS,
     BusConfig,
+    CoordinatorConfig,
     FsConfig,
     FsMount,
     HaConfig,
@@ -218,6 +219,14 @@ _ORDERS: tuple[tuple[str, msgspec.Struct, str, str, bool, str], ...] = (
         "available_warn_pct",
         True,
         " (critical is the lower level of available memory)",
+    ),
+    (
+        "coordinator",
+        CoordinatorConfig(),
+        "save_step_lead_s",
+        "save_deadline_s",
+        True,
+        " (a save would wait out its deadline for the step it asks for)",
     ),
 )
 

@@ -1523,13 +1523,22 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         int,
         _doc(
             "Steps ahead of the furthest step the ranks reported that a save directive asks every rank "
-            "to save at (save at the first step >= it, so ranks agree without collectives); -1: save "
-            "at once. Cover what a rank runs in about 1.5 s (progress is reported once a second, plus "
-            "the directive's trip): raise it for steps faster than 0.3 s; keep margin x step time "
-            "well under save_deadline_s.",
+            "to save at, at least (save at the first step >= it, so ranks agree without collectives); "
+            "-1: save at once. save_step_lead_s sets it further ahead for fast steps.",
             ge=-1,
         ),
     ] = 5
+    save_step_lead_s: Annotated[
+        float,
+        _doc(
+            "Seconds of training the step a save directive asks for is ahead, at least: the job's "
+            "measured pace (its ranks' step timing) turns it into steps when that is more than "
+            "save_step_margin. It covers what a rank runs before the directive arrives (progress is "
+            "reported once a second, plus the trip); a save waits this long at most for its step. "
+            "0: save_step_margin alone. Keep it well under save_deadline_s.",
+            ge=0,
+        ),
+    ] = 1.5
     placement: Annotated[
         PlacementConfig, _doc("Which node may speak for which job (checked with the scheduler).")
     ] = msgspec.field(default_factory=PlacementConfig)

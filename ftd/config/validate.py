@@ -114,7 +114,9 @@ def validate_data(data: object) -> list[Problem]:
     problems: list[Problem] = []
     _check(data, config_info(), "", problems)
     if isinstance(data, dict):
-        problems.extend(check_relations(data))
+        # A rule between options says nothing new about an option already wrong on its own.
+        wrong = {problem.path for problem in problems}
+        problems.extend(p for p in check_relations(data) if p.path not in wrong)
     return problems
 
 

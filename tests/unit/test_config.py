@@ -450,6 +450,7 @@ CROSS_FIELD_KEYS = {
         "reconnect_max_s",
         "rack_broker",
     },
+    "coordinator": {"save_step_lead_s", "save_deadline_s"},
     "coordinator.notify": {"url_file", "destinations"},
     "coordinator.ha": {
         "ledger",

@@ -15,16 +15,19 @@ from hypothesis import strategies as st
 
 from ftd.agent.local_api import LocalApi
 from ftd.client import Client
+from ftd.config import check_relations, validate_data
 from ftd.coordinator.actions.acks import AckBook
 from ftd.coordinator.actions.checkpoint_restart import (
+    MAX_LEAD_STEPS,
     CheckpointRestart,
     resume_step,
     save_at_step,
     save_level,
+    steps_in,
 )
 from ftd.coordinator.actions.scheduler import FakeScheduler
 from ftd.coordinator.model.state import ClusterState
-from ftd.events import Ack, Directive, JobPresence, NodeStatus, RankInfo, decode
+from ftd.events import Ack, Directive, JobPresence, NodeStatus, RankInfo, StepTiming, decode
 from ftd.plugin.actions import ActionKind, ActionRecord, ActionRequest, ActionState
 from ftd.plugin.view import JobRecord
 from tests.unit.helpers import until
@@ -48,6 +51,51 @@ def test_save_at_step_is_margin_steps_past_the_furthest_rank() -> None:
     assert save_at_step(ranks, 0) == 1000
     assert save_at_step(ranks, -1) is None  # configured off: save at once
     assert save_at_step([RankInfo(rank=0)], 5) is None  # no step reported yet: save at once
+    assert save_at_step(ranks, 5, lead_s=1.5) == 1005  # no timing reported: the margin alone
+
+
+def paced(rank: int, step: int, step_s: float, steps: int = 100) -> RankInfo:
+    return RankInfo(rank=rank, step=step, timing=StepTiming(steps=steps, step_s=step_s * steps))
+
+
+def test_fast_steps_put_the_save_step_lead_s_of_training_ahead() -> None:
+    # CI's operator day: 0.1 s steps, a margin of 5 (0.5 s), and the ranks passed the step before the
+    # directive came. 1.5 s at the fastest rank's 0.1 s per step is 15 steps.
+    ranks = [paced(0, 370, 0.1), paced(1, 369, 0.12)]
+    assert save_at_step(ranks, 5, lead_s=1.5) == 385
+    assert save_at_step(ranks, 5, lead_s=0.0) == 375  # lead off: the margin as before
+    assert save_at_step([paced(0, 370, 2.0), paced(1, 370, 2.0)], 5, lead_s=1.5) == 375  # slow steps
+    assert save_at_step([paced(0, 370, 0.1)], 5, lead_s=1.5) == 375  # one rank: nobody to agree with
+    assert save_at_step(ranks, -1, lead_s=1.5) is None  # save at once stays at once
+    # counters that cannot be: no steps timed, no time, or an absurd pace
+    assert steps_in([RankInfo(rank=0, timing=StepTiming(steps=0, step_s=0.0))], 1.5) == 0
+    assert steps_in([RankInfo(rank=0, timing=StepTiming(steps=5, step_s=0.0))], 1.5) == 0
+    assert steps_in([paced(0, 1, 1e-12)], 1.5) == MAX_LEAD_STEPS
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10**6), st.floats(1e-4, 100.0), st.integers(1, 10**5)),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(0, 50),
+    st.floats(0.0, 30.0),
+)
+def test_the_save_step_covers_the_lead_at_the_fastest_pace(
+    ranks: list[tuple[int, float, int]], margin: int, lead_s: float
+) -> None:
+    infos = [paced(i, step, pace, steps) for i, (step, pace, steps) in enumerate(ranks)]
+    target = save_at_step(infos, margin, lead_s)
+    assert target is not None
+    ahead = target - max(step for step, _, _ in ranks)
+    fastest = min(info.timing.step_s / info.timing.steps for info in infos if info.timing)
+    assert ahead >= margin
+    if len(infos) > 1:
+        assert ahead == MAX_LEAD_STEPS or ahead * fastest >= lead_s * (1 - 1e-9)
+    else:
+        assert ahead == margin
+    assert ahead <= max(margin, MAX_LEAD_STEPS)
 
 
 @given(st.dictionaries(st.integers(0, 64), st.integers(0, 10**6), min_size=1))
@@ -350,3 +398,16 @@ async def test_a_rank_whose_node_went_offline_is_gone_for_the_save_and_the_stop(
     assert detail["save_ranks_gone"] == [1] and detail["save_missing"] == [0, 1]
     assert detail["stopped"] is True and job.scheduler.jobs[JOB].restarts == 1
     assert JOB in job.state.jobs and 1 in job.state.jobs[JOB].ranks  # its presence is still there
+
+
+def test_a_lead_at_or_past_the_save_deadline_is_refused_with_its_path() -> None:
+    problems = check_relations({"coordinator": {"save_step_lead_s": 200.0}})
+    assert [p.path for p in problems] == ["coordinator.save_step_lead_s"]
+    assert "save_deadline_s (120.0, the default)" in problems[0].message
+    problems = check_relations({"coordinator": {"save_deadline_s": 1.0}})  # only the deadline set
+    assert [p.path for p in problems] == ["coordinator.save_deadline_s"]
+    assert check_relations({"coordinator": {"save_step_lead_s": 2.0, "save_deadline_s": 30.0}}) == []
+    # an option already wrong on its own gets its own problem, not the rule's as well
+    assert [p.message for p in validate_data({"coordinator": {"save_deadline_s": -5}})] == [
+        "must be > 0, got -5"
+    ]

@@ -75,6 +75,7 @@ def build_executors(ctx: ExecutorContext) -> dict[str, Executor]:
         stop_margin_s=cfg.interruption_stop_margin_s,
         last_will_grace_s=cfg.offline_grace.last_will_s,
         save_step_margin=cfg.save_step_margin,
+        save_step_lead_s=cfg.save_step_lead_s,
         resume_deadline_s=cfg.resume_deadline_s,
         restart_deadline_s=cfg.restart_deadline_s,
         persist=ctx.save_action,

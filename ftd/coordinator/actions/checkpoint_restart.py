@@ -10,7 +10,8 @@ recorded in the action's detail (the in-allocation path, issue #24: ``requeue`` 
 1. **stop** -- *save*: a ``save`` directive on ``ftd/v1/nodes/{node}/directives/jobs`` of every node
    the job's ranks are on; each of those agents relays it to its ranks; wait for every known rank to
    ack (``save_deadline_s``). The directive carries ``params["save_at_step"]`` = S, the furthest step
-   the ranks' heartbeats reported plus ``save_step_margin``: every rank saves at its first step >= S
+   the ranks' heartbeats reported plus ``save_step_margin`` steps, or as many as the job runs in
+   ``save_step_lead_s`` at its measured pace if more: every rank saves at its first step >= S
    (:mod:`ftd.client`), so ranks agree on the step without a collective. Acks with different steps
    make the action *escalated*, never succeeded (``detail["save_steps_differ"]``), and
    ``detail["resume_step"]`` is the newest step every rank has (the oldest of the ranks' acked steps).
@@ -84,6 +85,7 @@ agents and trainers ignore the repeats.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -113,6 +115,10 @@ from ftd.plugin.actions import ActionKind, ActionRecord, ActionState
 log = get_logger(__name__)
 
 DEFAULT_SAVE_STEP_MARGIN = 5
+DEFAULT_SAVE_STEP_LEAD_S = 1.5  # coordinator.save_step_lead_s's default
+#: The most steps a save's step is set ahead for its lead: counters claiming sub-microsecond steps
+#: must not push the save past its deadline.
+MAX_LEAD_STEPS = 100_000
 DEFAULT_RESUME_DEADLINE_S = 600.0
 #: After a rank that has not acked the save left its agent: how long the other ranks still get.
 DEFAULT_SAVE_RANK_LOST_GRACE_S = 5.0
@@ -121,22 +127,42 @@ _GONE_POLL_S = 0.25
 DEFAULT_LAST_WILL_GRACE_S = 10.0  # coordinator.offline_grace.last_will_s's default
 HUNG_STOP_WAIT_S = 2.0  # how long a hung job's ranks get to leave before its restart goes on anyway
 
-__all__ = ["WAITING", "CheckpointRestart", "not_resumed", "resume_step", "save_at_step"]
+__all__ = ["WAITING", "CheckpointRestart", "not_resumed", "resume_step", "save_at_step", "steps_in"]
 #: Scheduler job states after which a requeued job will not run again by itself.
 ENDED = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 )
 
 
-def save_at_step(ranks: list[RankInfo], margin: int) -> int | None:
+def save_at_step(ranks: list[RankInfo], margin: int, lead_s: float = 0.0) -> int | None:
     """The step every rank saves at (the first step >= it): the furthest step the ranks' heartbeats
-    reported, plus ``margin``; None when no rank reported a step or ``margin`` is negative (save at
-    once). The margin covers what the ranks ran since their last reported step (presence is sent at
-    most once a second) and the directive's trip, so no rank is already past it when it arrives."""
+    reported, plus ``margin`` steps, or more: as many as the job runs in ``lead_s`` seconds at its
+    measured pace (:func:`steps_in`); None when no rank reported a step or ``margin`` is negative
+    (save at once). The lead covers what the ranks ran since their last reported step (presence is
+    sent at most once a second) and the directive's trip, so no rank is already past the step when
+    it arrives: a fixed count of steps cannot, since jobs' steps last from milliseconds to minutes
+    (5 steps of 0.1 s were passed before the directive came, and the ranks saved 376 and 377).
+    A job of one rank has no other rank to agree with: the margin alone, so its save (a preemption
+    notice's) is not held back."""
     steps = [r.step for r in ranks if r.step is not None]
     if not steps or margin < 0:
         return None
-    return max(steps) + margin
+    lead = steps_in(ranks, lead_s) if len(ranks) > 1 else 0
+    return max(steps) + max(margin, lead)
+
+
+def steps_in(ranks: list[RankInfo], seconds: float) -> int:
+    """How many steps the job runs in ``seconds`` at its fastest rank's pace (its client's timing
+    counters: the mean step time since the clock started), rounded up and at most
+    :data:`MAX_LEAD_STEPS`; 0 when no rank reported its timing or ``seconds`` is not positive."""
+    paces = [
+        r.timing.step_s / r.timing.steps
+        for r in ranks
+        if r.timing is not None and r.timing.steps > 0 and r.timing.step_s > 0
+    ]
+    if not paces or seconds <= 0:
+        return 0
+    return min(MAX_LEAD_STEPS, math.ceil(seconds / min(paces)))
 
 
 def resume_step(acked_steps: dict[int, int | None]) -> int | None:
@@ -156,6 +182,7 @@ class CheckpointRestart:
         save_deadline_s: float,
         stop_deadline_s: float,
         save_step_margin: int = DEFAULT_SAVE_STEP_MARGIN,
+        save_step_lead_s: float = DEFAULT_SAVE_STEP_LEAD_S,
         job_moved: Callable[[str], None] = lambda job: None,
         resume_deadline_s: float = DEFAULT_RESUME_DEADLINE_S,
         resume_poll_s: float = 1.0,
@@ -180,6 +207,7 @@ class CheckpointRestart:
         self.save_deadline_s = save_deadline_s
         self.stop_deadline_s = stop_deadline_s
         self.save_step_margin = save_step_margin
+        self.save_step_lead_s = save_step_lead_s
         # Once a rank that has not acked has left its agent (its process ended), how much longer the
         # others get: the dead rank never acks, and its peers wait for it in a collective.
         self.save_rank_lost_grace_s = save_rank_lost_grace_s
@@ -304,7 +332,7 @@ class CheckpointRestart:
                 elif not detail["stopped"]:
                     detail["state"] = str(ActionState.ESCALATED)
             return detail
-        target = save_at_step(infos, self.save_step_margin)
+        target = save_at_step(infos, self.save_step_margin, self.save_step_lead_s)
         params: dict[str, Any] = {"save_at_step": target} if target is not None else {}
         if isinstance(asked.get("save_path"), str) and asked["save_path"]:
             params["save_path"] = detail["save_path"] = asked["save_path"]
