@@ -1534,7 +1534,8 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             "Seconds of training the step a save directive asks for is ahead, at least: the job's "
             "measured pace (its ranks' step timing) turns it into steps when that is more than "
             "save_step_margin. It covers what a rank runs before the directive arrives (progress is "
-            "reported once a second, plus the trip); a save waits this long at most for its step. "
+            "reported once a second, plus the trip); with fast steps a save waits up to about this long "
+            "for its step. "
             "0: save_step_margin alone. Keep it well under save_deadline_s.",
             ge=0,
         ),
