@@ -1535,8 +1535,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             "measured pace (its ranks' step timing) turns it into steps when that is more than "
             "save_step_margin. It covers what a rank runs before the directive arrives (progress is "
             "reported once a second, plus the trip); with fast steps a save waits up to about this long "
-            "for its step. "
-            "0: save_step_margin alone. Keep it well under save_deadline_s.",
+            "for its step. 0: save_step_margin alone. Keep it well under save_deadline_s.",
             ge=0,
         ),
     ] = 1.5
