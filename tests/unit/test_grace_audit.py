@@ -125,3 +125,9 @@ async def test_a_job_is_audited_once_more_when_its_own_saves_are_measured() -> N
     ]
     measured["7"] = 90.0
     assert await watch.job_seen(low) == []  # audited against a measurement already
+
+
+def test_a_grace_time_of_non_ascii_digits_is_not_read() -> None:
+    # "\u00b2" is a digit to str.isdigit() but not a number to float(): skipped, never a crash
+    grace = grace_of("KillWait = 30 sec\n", "PartitionName=x GraceTime=\u00b2 PreemptMode=OFF\n")
+    assert grace.partitions == {}

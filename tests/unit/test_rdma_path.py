@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ftd.pci import ACS_CAP_ID, acs_control, ext_capability
@@ -202,6 +202,8 @@ def test_thresholds_are_the_callers() -> None:
 
 @settings(max_examples=examples(200))
 @given(st.text(max_size=400), st.sampled_from(["", "Max locked memory", "Max locked memory   "]))
+@example(text="\u00b2", prefix="Max locked memory")  # CI found it: a digit to isdigit(), not to int()
+@example(text=" \u0663\u0660", prefix="Max locked memory")  # Arabic-Indic digits: int() reads them
 def test_any_limits_file_is_a_value_or_unknown(text: str, prefix: str) -> None:
     import tempfile
     from pathlib import Path

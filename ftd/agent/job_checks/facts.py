@@ -63,7 +63,7 @@ def memlock(pid: int, proc: Path = Path("/proc")) -> Fact[int]:
                 break
             if fields[0] == "unlimited":
                 return Fact(UNLIMITED)
-            if fields[0].isdigit():
+            if fields[0].isascii() and fields[0].isdigit():  # "\u00b2" is a digit to isdigit() only
                 return Fact(int(fields[0]))
             return Fact.unknown(f"{path}: unreadable value {fields[0][:40]!r}")
     return Fact.unknown(f"{path}: no 'Max locked memory' line")

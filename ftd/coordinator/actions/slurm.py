@@ -208,7 +208,7 @@ def grace_of(config_text: str, partitions_text: str) -> SlurmGrace:
     for line in partitions_text.splitlines():
         rec = parse_oneliner(line) if line.strip() else {}
         name, grace = rec.get("PartitionName"), rec.get("GraceTime", "")
-        if name and grace.isdigit():
+        if name and grace.isascii() and grace.isdigit():  # "\u00b2" is a digit to isdigit() only
             parts[name] = (float(grace), rec.get("PreemptMode", "OFF"))
     return SlurmGrace(kill_wait_s=kill_wait, partitions=parts)
 
